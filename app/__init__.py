@@ -1,0 +1,1 @@
+"""The Ember desktop application: main window, actions, undo, project files, settings."""

@@ -1,0 +1,19 @@
+"""Ember's engine: tensors with autodiff on NumPy/CuPy and Burn's module system in Python.
+
+No Qt anywhere below this package (an import-linter contract checks it).
+"""
+from .tensor import Device, DeviceError, Distribution, Tensor, TensorError, available_devices, dtype
+from .autodiff import Gradients, GraphReleasedError, no_recording
+
+__all__ = [
+    "Device",
+    "DeviceError",
+    "Distribution",
+    "Gradients",
+    "GraphReleasedError",
+    "Tensor",
+    "TensorError",
+    "available_devices",
+    "dtype",
+    "no_recording",
+]

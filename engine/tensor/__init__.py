@@ -1,0 +1,23 @@
+"""Tensors on NumPy (CPU) and CuPy (GPU), dtypes, devices and the operations."""
+from . import dtype
+from .device import Device, DeviceError, available_devices, default_device, set_default_device
+from .random import Distribution
+from .tensor import Tensor, TensorError, tensor_method
+
+# each file attaches its operations to Tensor
+from . import ops_elementwise, ops_reduce, ops_matmul, ops_shape, ops_device  # noqa: E402,F401
+from .ops_elementwise import where  # noqa: E402
+
+__all__ = [
+    "Tensor",
+    "TensorError",
+    "Device",
+    "DeviceError",
+    "Distribution",
+    "available_devices",
+    "default_device",
+    "set_default_device",
+    "dtype",
+    "tensor_method",
+    "where",
+]

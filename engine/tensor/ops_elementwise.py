@@ -1,0 +1,444 @@
+"""Elementwise operations with broadcasting, each beside its backward rule."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autodiff import tape as _tape
+from ..autodiff.tape import Node
+from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
+
+
+def _special(xp):
+    if xp is np:
+        import scipy.special as sp  # noqa: PLC0415
+
+        return sp
+    import cupyx.scipy.special as sp  # noqa: PLC0415
+
+    return sp
+
+
+def _bcast_error(op, a, b, exc):
+    bdesc = f"dims {list(b.shape)}" if isinstance(b, Tensor) else repr(b)
+    return TensorError(f"{op}: shapes cannot be broadcast together: dims {list(a.shape)} and {bdesc} ({exc})")
+
+
+# ---------------------------------------------------------------- binary arithmetic
+def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts):
+    b = as_operand(a, b, op)
+    dev = a._device
+    if isinstance(b, Tensor):
+        try:
+            out = fwd(a._data, b._data)
+        except ValueError as exc:
+            raise _bcast_error(op, a, b, exc) from None
+        if (a._node is None and b._node is None) or not _tape.is_recording():
+            return Tensor._wrap(out, dev, a._ad or b._ad)
+        x, y = a._data, b._data
+        return Tensor._wrap(out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, out), op))
+    out = fwd(a._data, b)
+    if a._node is None or not _tape.is_recording():
+        return Tensor._wrap(out, dev, a._ad)
+    x = a._data
+    return Tensor._wrap(out, dev, True, Node((a._node,), lambda g: (rule_ts(g, x, b, out),), op))
+
+
+def _add_tt(g, x, y, out):
+    return unbroadcast(g, x.shape), unbroadcast(g, y.shape)
+
+
+def _sub_tt(g, x, y, out):
+    return unbroadcast(g, x.shape), unbroadcast(-g, y.shape)
+
+
+def _mul_tt(g, x, y, out):
+    return unbroadcast(g * y, x.shape), unbroadcast(g * x, y.shape)
+
+
+def _div_tt(g, x, y, out):
+    gx = g / y
+    return unbroadcast(gx, x.shape), unbroadcast(-gx * out, y.shape)
+
+
+def _pow_tt(g, x, y, out):
+    xp = _xp(x)
+    gx = g * y * xp.power(x, y - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logx = xp.where(x > 0, xp.log(xp.where(x > 0, x, 1)), 0)
+    gy = g * out * logx
+    return unbroadcast(gx, x.shape), unbroadcast(gy, y.shape)
+
+
+def _xp(arr):
+    return np if isinstance(arr, np.ndarray) else __import__("cupy")
+
+
+@tensor_method
+def add(self, other):
+    return _binary(self, other, "add", lambda x, y: x + y, _add_tt, lambda g, x, s, o: g)
+
+
+@tensor_method
+def sub(self, other):
+    return _binary(self, other, "sub", lambda x, y: x - y, _sub_tt, lambda g, x, s, o: g)
+
+
+@tensor_method
+def mul(self, other):
+    return _binary(self, other, "mul", lambda x, y: x * y, _mul_tt, lambda g, x, s, o: g * s)
+
+
+@tensor_method
+def div(self, other):
+    return _binary(self, other, "div", lambda x, y: x / y, _div_tt, lambda g, x, s, o: g / s)
+
+
+@tensor_method
+def pow(self, other):
+    """Elementwise power; `other` a tensor or a number."""
+    return _binary(
+        self, other, "pow", lambda x, y: x**y, _pow_tt, lambda g, x, s, o: g * (s * x ** (s - 1)) if s != 0 else g * 0
+    )
+
+
+@tensor_method
+def rsub(self, other):
+    """`other - self`."""
+    return self.neg().add(other)
+
+
+@tensor_method
+def rdiv(self, other):
+    """`other / self` for a number `other`."""
+    return self.pow(-1.0).mul(other) if not isinstance(other, Tensor) else other.div(self)
+
+
+@tensor_method
+def neg(self):
+    return _unary(self, "neg", lambda x: -x, lambda g, x, o: -g)
+
+
+@tensor_method
+def maximum(self, other):
+    """Elementwise maximum of two tensors (the gradient goes to the larger; ties to self)."""
+    return _binary(
+        self,
+        other,
+        "maximum",
+        lambda x, y: _xp(x).maximum(x, y),
+        lambda g, x, y, o: (unbroadcast(g * (x >= y), x.shape), unbroadcast(g * (x < y), y.shape)),
+        lambda g, x, s, o: g * (x >= s),
+    )
+
+
+@tensor_method
+def minimum(self, other):
+    return _binary(
+        self,
+        other,
+        "minimum",
+        lambda x, y: _xp(x).minimum(x, y),
+        lambda g, x, y, o: (unbroadcast(g * (x <= y), x.shape), unbroadcast(g * (x > y), y.shape)),
+        lambda g, x, s, o: g * (x <= s),
+    )
+
+
+Tensor.__add__ = add
+Tensor.__radd__ = add
+Tensor.__sub__ = sub
+Tensor.__rsub__ = rsub
+Tensor.__mul__ = mul
+Tensor.__rmul__ = mul
+Tensor.__truediv__ = div
+Tensor.__rtruediv__ = rdiv
+Tensor.__neg__ = neg
+Tensor.__pow__ = pow
+
+
+# ---------------------------------------------------------------- unary
+def _unary(a: Tensor, op: str, fwd, rule):
+    x = a._data
+    out = fwd(x)
+    if a._node is None or not _tape.is_recording():
+        return Tensor._wrap(out, a._device, a._ad)
+    return Tensor._wrap(out, a._device, True, Node((a._node,), lambda g: (rule(g, x, out),), op))
+
+
+def _float_only(a: Tensor, op: str):
+    if a._data.dtype.kind != "f":
+        raise TensorError(f"{op}: expected a float tensor, got {a.dtype} (dims {list(a.shape)})")
+
+
+@tensor_method
+def exp(self):
+    return _unary(self, "exp", lambda x: _xp(x).exp(x), lambda g, x, o: g * o)
+
+
+@tensor_method
+def log(self):
+    return _unary(self, "log", lambda x: _xp(x).log(x), lambda g, x, o: g / x)
+
+
+@tensor_method
+def log1p(self):
+    return _unary(self, "log1p", lambda x: _xp(x).log1p(x), lambda g, x, o: g / (1 + x))
+
+
+@tensor_method
+def sqrt(self):
+    return _unary(self, "sqrt", lambda x: _xp(x).sqrt(x), lambda g, x, o: g * 0.5 / o)
+
+
+@tensor_method
+def rsqrt(self):
+    return _unary(self, "rsqrt", lambda x: 1 / _xp(x).sqrt(x), lambda g, x, o: g * -0.5 * o / x)
+
+
+@tensor_method
+def abs(self):
+    return _unary(self, "abs", lambda x: _xp(x).abs(x), lambda g, x, o: g * _xp(x).sign(x))
+
+
+@tensor_method
+def sign(self):
+    return _unary(self, "sign", lambda x: _xp(x).sign(x), lambda g, x, o: g * 0)
+
+
+@tensor_method
+def powf(self, exponent: float):
+    """`self ** exponent` for a number exponent."""
+    return self.pow(float(exponent))
+
+
+@tensor_method
+def square(self):
+    return _unary(self, "square", lambda x: x * x, lambda g, x, o: g * 2 * x)
+
+
+@tensor_method
+def recip(self):
+    return _unary(self, "recip", lambda x: 1 / x, lambda g, x, o: -g * o * o)
+
+
+@tensor_method
+def tanh(self):
+    return _unary(self, "tanh", lambda x: _xp(x).tanh(x), lambda g, x, o: g * (1 - o * o))
+
+
+def _sigmoid(x):
+    xp = _xp(x)
+    # stable for large |x|: exp of a non-positive number only
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+@tensor_method
+def sigmoid(self):
+    return _unary(self, "sigmoid", _sigmoid, lambda g, x, o: g * o * (1 - o))
+
+
+@tensor_method
+def erf(self):
+    sq = 2.0 / math.sqrt(math.pi)
+
+    def fwd(x):
+        return _special(_xp(x)).erf(x).astype(x.dtype, copy=False)
+
+    return _unary(self, "erf", fwd, lambda g, x, o: g * (sq * _xp(x).exp(-x * x)))
+
+
+@tensor_method
+def sin(self):
+    return _unary(self, "sin", lambda x: _xp(x).sin(x), lambda g, x, o: g * _xp(x).cos(x))
+
+
+@tensor_method
+def cos(self):
+    return _unary(self, "cos", lambda x: _xp(x).cos(x), lambda g, x, o: -g * _xp(x).sin(x))
+
+
+@tensor_method
+def relu(self):
+    return _unary(self, "relu", lambda x: _xp(x).maximum(x, 0), lambda g, x, o: g * (x > 0))
+
+
+@tensor_method
+def clamp(self, min=None, max=None):
+    """Clamp into [min, max] (either bound may be None); gradient 1 inside, 0 where clipped."""
+    if min is None and max is None:
+        raise TensorError("clamp: expected at least one of min and max")
+
+    def fwd(x):
+        return _xp(x).clip(x, min, max)
+
+    def rule(g, x, o):
+        mask = _xp(x).ones_like(x, dtype=bool)
+        if min is not None:
+            mask &= x >= min
+        if max is not None:
+            mask &= x <= max
+        return g * mask
+
+    return _unary(self, "clamp", fwd, rule)
+
+
+@tensor_method
+def clamp_min(self, min):
+    return self.clamp(min=min)
+
+
+@tensor_method
+def clamp_max(self, max):
+    return self.clamp(max=max)
+
+
+@tensor_method
+def cast(self, dtype):
+    """Convert to another dtype; float-to-float casts pass gradients through (cast back)."""
+    from . import dtype as _dt  # noqa: PLC0415
+
+    dt = _dt.as_dtype(dtype)
+    src = self._data.dtype
+    if dt.np == src:
+        return self
+    if dt.kind == "float" and src.kind == "f":
+        return _unary(self, "cast", lambda x: x.astype(dt.np), lambda g, x, o: g.astype(src))
+    return Tensor._wrap(self._data.astype(dt.np), self._device, self._ad)
+
+
+# ---------------------------------------------------------------- comparisons and masks
+def _compare(a: Tensor, b, op: str, fn):
+    b = as_operand(a, b, op)
+    y = b._data if isinstance(b, Tensor) else b
+    try:
+        out = fn(a._data, y)
+    except ValueError as exc:
+        raise _bcast_error(op, a, b, exc) from None
+    return Tensor._wrap(out, a._device, False)
+
+
+@tensor_method
+def equal(self, other):
+    return _compare(self, other, "equal", lambda x, y: x == y)
+
+
+@tensor_method
+def not_equal(self, other):
+    return _compare(self, other, "not_equal", lambda x, y: x != y)
+
+
+@tensor_method
+def greater(self, other):
+    return _compare(self, other, "greater", lambda x, y: x > y)
+
+
+@tensor_method
+def greater_equal(self, other):
+    return _compare(self, other, "greater_equal", lambda x, y: x >= y)
+
+
+@tensor_method
+def lower(self, other):
+    return _compare(self, other, "lower", lambda x, y: x < y)
+
+
+@tensor_method
+def lower_equal(self, other):
+    return _compare(self, other, "lower_equal", lambda x, y: x <= y)
+
+
+Tensor.__gt__ = greater
+Tensor.__ge__ = greater_equal
+Tensor.__lt__ = lower
+Tensor.__le__ = lower_equal
+Tensor.eq = equal
+Tensor.ne = not_equal
+Tensor.gt = greater
+Tensor.ge = greater_equal
+Tensor.lt = lower
+Tensor.le = lower_equal
+
+
+@tensor_method
+def bool_not(self):
+    return Tensor._wrap(~self._data.astype(bool), self._device, False)
+
+
+@tensor_method
+def bool_and(self, other):
+    check_same_device("bool_and", self, other)
+    return Tensor._wrap(self._data.astype(bool) & other._data.astype(bool), self._device, False)
+
+
+@tensor_method
+def bool_or(self, other):
+    check_same_device("bool_or", self, other)
+    return Tensor._wrap(self._data.astype(bool) | other._data.astype(bool), self._device, False)
+
+
+@tensor_method
+def any(self):
+    return Tensor._wrap(_xp(self._data).asarray(self._data.any()), self._device, False)
+
+
+@tensor_method
+def all(self):
+    return Tensor._wrap(_xp(self._data).asarray(self._data.all()), self._device, False)
+
+
+@tensor_method
+def is_nan(self):
+    return Tensor._wrap(_xp(self._data).isnan(self._data), self._device, False)
+
+
+@tensor_method
+def where(self, mask, other):
+    """Burn's `mask_where`: values of `other` where `mask` is true, else of self."""
+    return where(mask, other, self)
+
+
+def where(mask: Tensor, a, b) -> Tensor:
+    """`a` where `mask`, else `b` (tensors or numbers, broadcast together)."""
+    ref = a if isinstance(a, Tensor) else b
+    if not isinstance(ref, Tensor):
+        raise TensorError("where: expected at least one of the two value operands to be a tensor")
+    check_same_device("where", mask, ref)
+    m = mask._data
+    if m.dtype.kind != "b":
+        raise TensorError(f"where: expected a bool mask, got {mask.dtype} (dims {list(mask.shape)})")
+    xp = ref._device.xp
+    av = a._data if isinstance(a, Tensor) else a
+    bv = b._data if isinstance(b, Tensor) else b
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        check_same_device("where", a, b)
+    try:
+        out = xp.where(m, av, bv)
+    except ValueError as exc:
+        raise TensorError(f"where: shapes cannot be broadcast: mask {list(mask.shape)}, dims {list(ref.shape)} ({exc})") from None
+    if isinstance(a, Tensor) != isinstance(b, Tensor):
+        out = out.astype(ref._data.dtype, copy=False)
+    inputs = [t for t in (a, b) if isinstance(t, Tensor)]
+    shapes = [t._data.shape for t in inputs]
+    which = [t is a for t in inputs]
+
+    def rule(g):
+        res = []
+        for s, is_a in zip(shapes, which):
+            gm = xp.where(m, g, 0) if is_a else xp.where(m, 0, g)
+            res.append(unbroadcast(gm.astype(g.dtype, copy=False), s))
+        return tuple(res)
+
+    return record(out, ref._device, inputs, rule, "where")
+
+
+@tensor_method
+def mask_fill(self, mask, value):
+    """`value` where `mask` is true, else self."""
+    return where(mask, value, self)
+
+
+@tensor_method
+def mask_where(self, mask, other):
+    return where(mask, other, self)

@@ -1,0 +1,41 @@
+"""Matrix multiplication with batch broadcasting."""
+from __future__ import annotations
+
+from ..autodiff import tape as _tape
+from ..autodiff.tape import Node
+from .tensor import Tensor, TensorError, check_same_device, tensor_method, unbroadcast
+
+
+@tensor_method
+def matmul(self, other):
+    """`self @ other` over the last two axes; leading (batch) axes broadcast. Both rank >= 2."""
+    if not isinstance(other, Tensor):
+        raise TypeError(f"matmul: expected a Tensor, got {type(other).__name__}")
+    if self._device is not other._device:
+        check_same_device("matmul", self, other)
+    a, b = self._data, other._data
+    if a.ndim < 2 or b.ndim < 2:
+        raise TensorError(f"matmul: expected tensors of rank >= 2, got dims {list(a.shape)} and {list(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise TensorError(
+            f"matmul: inner dimensions differ: dims {list(a.shape)} @ {list(b.shape)} "
+            f"(axis -1 of the left, {a.shape[-1]}, must equal axis -2 of the right, {b.shape[-2]})"
+        )
+    try:
+        out = a @ b
+    except ValueError as exc:
+        raise TensorError(f"matmul: batch axes cannot be broadcast: dims {list(a.shape)} @ {list(b.shape)} ({exc})") from None
+    if (self._node is None and other._node is None) or not _tape.is_recording():
+        return Tensor._wrap(out, self._device, self._ad or other._ad)
+    need_a = self._node is not None
+    need_b = other._node is not None
+
+    def rule(g):
+        ga = unbroadcast(g @ b.swapaxes(-1, -2), a.shape) if need_a else None
+        gb = unbroadcast(a.swapaxes(-1, -2) @ g, b.shape) if need_b else None
+        return ga, gb
+
+    return Tensor._wrap(out, self._device, True, Node((self._node, other._node), rule, "matmul"))
+
+
+Tensor.__matmul__ = matmul
