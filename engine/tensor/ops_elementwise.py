@@ -37,7 +37,8 @@ def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts):
         if (a._node is None and b._node is None) or not _tape.is_recording():
             return Tensor._wrap(out, dev, a._ad or b._ad)
         x, y = a._data, b._data
-        return Tensor._wrap(out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, out), op))
+        na, nb = a._node is not None, b._node is not None
+        return Tensor._wrap(out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, out, na, nb), op))
     out = fwd(a._data, b)
     if a._node is None or not _tape.is_recording():
         return Tensor._wrap(out, dev, a._ad)
@@ -45,30 +46,33 @@ def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts):
     return Tensor._wrap(out, dev, True, Node((a._node,), lambda g: (rule_ts(g, x, b, out),), op))
 
 
-def _add_tt(g, x, y, out):
-    return unbroadcast(g, x.shape), unbroadcast(g, y.shape)
+# rules for tensor-tensor ops: na / nb say whether each operand needs its gradient
+def _add_tt(g, x, y, out, na, nb):
+    return (unbroadcast(g, x.shape) if na else None), (unbroadcast(g, y.shape) if nb else None)
 
 
-def _sub_tt(g, x, y, out):
-    return unbroadcast(g, x.shape), unbroadcast(-g, y.shape)
+def _sub_tt(g, x, y, out, na, nb):
+    return (unbroadcast(g, x.shape) if na else None), (unbroadcast(-g, y.shape) if nb else None)
 
 
-def _mul_tt(g, x, y, out):
-    return unbroadcast(g * y, x.shape), unbroadcast(g * x, y.shape)
+def _mul_tt(g, x, y, out, na, nb):
+    return (unbroadcast(g * y, x.shape) if na else None), (unbroadcast(g * x, y.shape) if nb else None)
 
 
-def _div_tt(g, x, y, out):
+def _div_tt(g, x, y, out, na, nb):
     gx = g / y
-    return unbroadcast(gx, x.shape), unbroadcast(-gx * out, y.shape)
+    return (unbroadcast(gx, x.shape) if na else None), (unbroadcast(-gx * out, y.shape) if nb else None)
 
 
-def _pow_tt(g, x, y, out):
+def _pow_tt(g, x, y, out, na, nb):
     xp = _xp(x)
-    gx = g * y * xp.power(x, y - 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logx = xp.where(x > 0, xp.log(xp.where(x > 0, x, 1)), 0)
-    gy = g * out * logx
-    return unbroadcast(gx, x.shape), unbroadcast(gy, y.shape)
+    gx = unbroadcast(g * y * xp.power(x, y - 1), x.shape) if na else None
+    gy = None
+    if nb:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logx = xp.where(x > 0, xp.log(xp.where(x > 0, x, 1)), 0)
+        gy = unbroadcast(g * out * logx, y.shape)
+    return gx, gy
 
 
 def _xp(arr):
@@ -128,7 +132,7 @@ def maximum(self, other):
         other,
         "maximum",
         lambda x, y: _xp(x).maximum(x, y),
-        lambda g, x, y, o: (unbroadcast(g * (x >= y), x.shape), unbroadcast(g * (x < y), y.shape)),
+        lambda g, x, y, o, na, nb: (unbroadcast(g * (x >= y), x.shape), unbroadcast(g * (x < y), y.shape)),
         lambda g, x, s, o: g * (x >= s),
     )
 
@@ -140,7 +144,7 @@ def minimum(self, other):
         other,
         "minimum",
         lambda x, y: _xp(x).minimum(x, y),
-        lambda g, x, y, o: (unbroadcast(g * (x <= y), x.shape), unbroadcast(g * (x > y), y.shape)),
+        lambda g, x, y, o, na, nb: (unbroadcast(g * (x <= y), x.shape), unbroadcast(g * (x > y), y.shape)),
         lambda g, x, s, o: g * (x <= s),
     )
 

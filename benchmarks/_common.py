@@ -1,0 +1,70 @@
+"""Shared helpers for the benchmark scripts: timing, tables, optional peers."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+STABLE_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": "268435456",
+    "MALLOC_TRIM_THRESHOLD_": "1073741824",
+    "MALLOC_TOP_PAD_": "268435456",
+}
+
+
+def malloc_note() -> str:
+    ok = all(os.environ.get(k) == v for k, v in STABLE_MALLOC.items())
+    return "stable malloc settings on" if ok else "default malloc (set MALLOC_*_ for stable numbers)"
+
+
+def torch_or_none():
+    try:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        return torch
+    except Exception:
+        return None
+
+
+def timeit(fn, *, min_time=0.5, warmup=3, repeat=5):
+    """Best-of-`repeat` mean seconds per call, each repeat running at least `min_time / repeat`."""
+    for _ in range(warmup):
+        fn()
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt >= min_time / repeat or n >= 1 << 20:
+            break
+        n *= 2
+    best = dt / n
+    for _ in range(repeat - 1):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def fmt_time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    print(f"\n{title}\n")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {malloc_note()}"
