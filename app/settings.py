@@ -1,0 +1,73 @@
+"""What the app remembers between runs, kept in QSettings: window layout, theme, recent files.
+
+The app uses `QSettings("Ember", "Ember")`; tests pass their own (an INI file in a temporary
+folder), so nothing leaks between runs or into the user's settings.
+"""
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import QByteArray, QSettings
+
+ORGANIZATION = "Ember"
+APPLICATION = "Ember"
+MAX_RECENT = 10
+THEMES = ("light", "dark")
+
+
+class Settings:
+    def __init__(self, qsettings: QSettings | None = None):
+        self.q = qsettings if qsettings is not None else QSettings(ORGANIZATION, APPLICATION)
+
+    @classmethod
+    def at(cls, path: str | os.PathLike) -> "Settings":
+        """Settings stored in an INI file at `path` (for tests and portable installs)."""
+        return cls(QSettings(str(path), QSettings.Format.IniFormat))
+
+    # ---- recent files ------------------------------------------------------------------------
+    def recent_files(self) -> list[str]:
+        value = self.q.value("recent/files", [])
+        if isinstance(value, str):  # QSettings gives back one string for a one-element list
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def add_recent(self, entry: str) -> list[str]:
+        """Put `entry` first (a path, or `path.py:factory`), dropping duplicates and the oldest."""
+        files = [entry] + [f for f in self.recent_files() if f != entry]
+        files = files[:MAX_RECENT]
+        self.q.setValue("recent/files", files)
+        return files
+
+    def remove_recent(self, entry: str) -> None:
+        self.q.setValue("recent/files", [f for f in self.recent_files() if f != entry])
+
+    def clear_recent(self) -> None:
+        self.q.setValue("recent/files", [])
+
+    # ---- theme -------------------------------------------------------------------------------
+    def theme(self) -> str:
+        value = str(self.q.value("view/theme", "light"))
+        return value if value in THEMES else "light"
+
+    def set_theme(self, name: str) -> None:
+        if name not in THEMES:
+            raise ValueError(f"unknown theme {name!r}: expected one of {', '.join(THEMES)}")
+        self.q.setValue("view/theme", name)
+
+    # ---- window layout -----------------------------------------------------------------------
+    def save_window(self, window) -> None:
+        self.q.setValue("window/geometry", window.saveGeometry())
+        self.q.setValue("window/state", window.saveState())
+
+    def restore_window(self, window) -> bool:
+        geometry = self.q.value("window/geometry")
+        state = self.q.value("window/state")
+        ok = False
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            ok = window.restoreGeometry(geometry)
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            ok = window.restoreState(state) and ok
+        return ok
+
+    def sync(self) -> None:
+        self.q.sync()
