@@ -17,3 +17,6 @@ __all__ = [
     "dtype",
     "no_recording",
 ]
+
+from .tensor import TensorIndexError, cat, stack  # noqa: E402
+__all__ += ["TensorIndexError", "cat", "stack"]

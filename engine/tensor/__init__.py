@@ -5,7 +5,7 @@ from .random import Distribution
 from .tensor import Tensor, TensorError, tensor_method
 
 # each file attaches its operations to Tensor
-from . import ops_elementwise, ops_reduce, ops_matmul, ops_shape, ops_device  # noqa: E402,F401
+from . import ops_elementwise, ops_reduce, ops_matmul, ops_shape, ops_device, ops_index  # noqa: E402,F401
 from .ops_elementwise import where  # noqa: E402
 
 __all__ = [
@@ -21,3 +21,6 @@ __all__ = [
     "tensor_method",
     "where",
 ]
+
+from .ops_index import TensorIndexError, cat, stack, tril_mask, triu_mask, diag_mask  # noqa: E402
+__all__ += ["TensorIndexError", "cat", "stack", "tril_mask", "triu_mask", "diag_mask"]
