@@ -1,0 +1,405 @@
+"""Fused tensor kernels for the built-in layers, each beside its backward rule.
+
+A layer written as a chain of small tensor operations records one autodiff node per
+operation; on the small and medium sizes the app trains, that bookkeeping costs more than the
+arithmetic. The kernels here compute a whole layer step (a linear map, a normalization, an
+activation, a softmax cross entropy) in NumPy/CuPy and record a single node whose rule returns
+the analytic gradients. Every rule is checked against finite differences in
+`tests/engine/nn`.
+
+Rules return `None` for inputs that take no part in the graph, so no work is spent on
+gradients nobody reads.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autodiff import tape as _tape
+from ..tensor import Tensor, TensorError
+from ..tensor.tensor import record, unbroadcast
+
+_SQRT_2 = math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def special(xp):
+    """scipy.special on NumPy, cupyx.scipy.special on CuPy (erf for exact Gelu)."""
+    if xp is np:
+        import scipy.special as sp  # noqa: PLC0415
+
+        return sp
+    import cupyx.scipy.special as sp  # noqa: PLC0415
+
+    return sp
+
+
+def _needs(t: Tensor | None) -> bool:
+    return t is not None and t._node is not None
+
+
+def _tracking(*ts) -> bool:
+    return _tape.is_recording() and any(_needs(t) for t in ts)
+
+
+def _float_input(op: str, x: Tensor) -> None:
+    if x._data.dtype.kind != "f":
+        raise TensorError(f"{op}: expected a float tensor, got {x.dtype} (dims {list(x.shape)})")
+
+
+# ---------------------------------------------------------------------- elementwise
+def unary(x: Tensor, op: str, fwd, grad):
+    """An elementwise op: `fwd(xd) -> out`, `grad(xd, out) -> d out / d x` (elementwise)."""
+    _float_input(op, x)
+    xd = x._data
+    out = fwd(xd)
+    if out.dtype != xd.dtype:
+        out = out.astype(xd.dtype, copy=False)
+    if not _tracking(x):
+        return Tensor._wrap(out, x._device, x._ad)
+    def rule(g):
+        gx = g * grad(xd, out)
+        return (gx.astype(g.dtype, copy=False),)
+
+    return record(out, x._device, (x,), rule, op)
+
+
+def _xp(a):
+    return np if isinstance(a, np.ndarray) else __import__("cupy")
+
+
+def _sigmoid(x):
+    xp = _xp(x)
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _softplus(x):
+    """log(1 + exp(x)), stable for large |x|."""
+    xp = _xp(x)
+    return xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))
+
+
+def gelu(x: Tensor) -> Tensor:
+    """Exact Gelu: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`."""
+
+    def fwd(a):
+        return a * (0.5 * (1.0 + special(_xp(a)).erf(a * (1.0 / _SQRT_2))))
+
+    def grad(a, out):
+        xp = _xp(a)
+        cdf = 0.5 * (1.0 + special(xp).erf(a * (1.0 / _SQRT_2)))
+        return cdf + a * (_INV_SQRT_2PI * xp.exp(-0.5 * a * a))
+
+    return unary(x, "gelu", fwd, grad)
+
+
+def relu6(x: Tensor) -> Tensor:
+    return unary(x, "relu6", lambda a: _xp(a).clip(a, 0, 6), lambda a, o: (a > 0) & (a < 6))
+
+
+def leaky_relu(x: Tensor, negative_slope: float) -> Tensor:
+    s = float(negative_slope)
+    return unary(
+        x,
+        "leaky_relu",
+        lambda a: _xp(a).where(a >= 0, a, a * s),
+        lambda a, o: _xp(a).where(a >= 0, 1.0, s).astype(a.dtype, copy=False),
+    )
+
+
+def elu(x: Tensor, alpha: float) -> Tensor:
+    al = float(alpha)
+    return unary(
+        x,
+        "elu",
+        lambda a: _xp(a).where(a > 0, a, al * _xp(a).expm1(_xp(a).minimum(a, 0))),
+        lambda a, o: _xp(a).where(a > 0, 1.0, o + al),
+    )
+
+
+def celu(x: Tensor, alpha: float) -> Tensor:
+    al = float(alpha)
+    return unary(
+        x,
+        "celu",
+        lambda a: _xp(a).maximum(a, 0) + _xp(a).minimum(0, al * _xp(a).expm1(_xp(a).minimum(a, 0) / al)),
+        lambda a, o: _xp(a).where(a > 0, 1.0, _xp(a).exp(_xp(a).minimum(a, 0) / al)),
+    )
+
+
+def selu(x: Tensor) -> Tensor:
+    al, sc = SELU_ALPHA, SELU_SCALE
+    return unary(
+        x,
+        "selu",
+        lambda a: sc * _xp(a).where(a > 0, a, al * _xp(a).expm1(_xp(a).minimum(a, 0))),
+        lambda a, o: _xp(a).where(a > 0, sc, o + sc * al),
+    )
+
+
+def hard_sigmoid(x: Tensor, alpha: float, beta: float) -> Tensor:
+    al, be = float(alpha), float(beta)
+
+    def grad(a, o):
+        z = a * al + be
+        return ((z > 0) & (z < 1)) * al
+
+    return unary(x, "hard_sigmoid", lambda a: _xp(a).clip(a * al + be, 0, 1), grad)
+
+
+def silu(x: Tensor) -> Tensor:
+    def grad(a, o):
+        s = _sigmoid(a)
+        return s * (1 + a * (1 - s))
+
+    return unary(x, "silu", lambda a: a * _sigmoid(a), grad)
+
+
+def hard_swish(x: Tensor) -> Tensor:
+    def fwd(a):
+        return a * _xp(a).clip(a + 3.0, 0, 6) * (1.0 / 6.0)
+
+    def grad(a, o):
+        xp = _xp(a)
+        return xp.where(a < -3, 0.0, xp.where(a > 3, 1.0, (2 * a + 3) * (1.0 / 6.0)))
+
+    return unary(x, "hard_swish", fwd, grad)
+
+
+def mish(x: Tensor) -> Tensor:
+    def fwd(a):
+        return a * _xp(a).tanh(_softplus(a))
+
+    def grad(a, o):
+        t = _xp(a).tanh(_softplus(a))
+        return t + a * (1 - t * t) * _sigmoid(a)
+
+    return unary(x, "mish", fwd, grad)
+
+
+def softplus(x: Tensor, beta: float) -> Tensor:
+    b = float(beta)
+    return unary(x, "softplus", lambda a: _softplus(a * b) * (1.0 / b), lambda a, o: _sigmoid(a * b))
+
+
+def softsign(x: Tensor) -> Tensor:
+    return unary(x, "softsign", lambda a: a / (1 + _xp(a).abs(a)), lambda a, o: 1 / (1 + _xp(a).abs(a)) ** 2)
+
+
+def log_sigmoid(x: Tensor) -> Tensor:
+    return unary(x, "log_sigmoid", lambda a: -_softplus(-a), lambda a, o: _sigmoid(-a))
+
+
+def hard_shrink(x: Tensor, lambd: float) -> Tensor:
+    lam = float(lambd)
+    return unary(
+        x, "hard_shrink", lambda a: _xp(a).where(_xp(a).abs(a) > lam, a, 0.0), lambda a, o: _xp(a).abs(a) > lam
+    )
+
+
+def soft_shrink(x: Tensor, lambd: float, bias: float) -> Tensor:
+    lam, bi = float(lambd), float(bias)
+
+    def fwd(a):
+        xp = _xp(a)
+        return xp.where(a > lam, a - bi, xp.where(a < -lam, a + bi, 0.0))
+
+    return unary(x, "soft_shrink", fwd, lambda a, o: _xp(a).abs(a) > lam)
+
+
+def tanhshrink(x: Tensor) -> Tensor:
+    def grad(a, o):
+        t = _xp(a).tanh(a)
+        return t * t
+
+    return unary(x, "tanhshrink", lambda a: a - _xp(a).tanh(a), grad)
+
+
+def thresholded_relu(x: Tensor, alpha: float) -> Tensor:
+    al = float(alpha)
+    return unary(x, "thresholded_relu", lambda a: _xp(a).where(a > al, a, 0.0), lambda a, o: a > al)
+
+
+def hardtanh(x: Tensor, min_val: float, max_val: float) -> Tensor:
+    lo, hi = float(min_val), float(max_val)
+    return unary(x, "hardtanh", lambda a: _xp(a).clip(a, lo, hi), lambda a, o: (a >= lo) & (a <= hi))
+
+
+def prelu(x: Tensor, alpha: Tensor) -> Tensor:
+    """`x` where x >= 0, else `alpha * x`; alpha has one weight, or one per channel (dim 1)."""
+    op = "prelu"
+    _float_input(op, x)
+    n = alpha.shape[0] if alpha.rank == 1 else -1
+    if alpha.rank != 1 or (n != 1 and (x.rank < 2 or x.shape[1] != n)):
+        raise TensorError(
+            f"{op}: expected alpha of dims [1] or [channels] with channels = dim 1 of the input, "
+            f"got alpha dims {list(alpha.shape)} for input dims {list(x.shape)}"
+        )
+    shape = [1] * x.rank
+    if n != 1:
+        shape[1] = n
+    xd = x._data
+    ad = alpha._data.reshape(shape)
+    xp = x._device.xp
+    pos = xd >= 0
+    out = xp.where(pos, xd, xd * ad)
+    if not _tracking(x, alpha):
+        return Tensor._wrap(out, x._device, x._ad or alpha._ad)
+    need_x, need_a = _needs(x), _needs(alpha)
+    ashape = alpha.shape
+
+    def rule(g):
+        gx = g * xp.where(pos, 1.0, ad).astype(g.dtype, copy=False) if need_x else None
+        ga = unbroadcast(xp.where(pos, 0.0, g * xd), tuple(shape)).reshape(ashape) if need_a else None
+        return gx, ga
+
+    return record(out, x._device, (x, alpha), rule, op)
+
+
+# ---------------------------------------------------------------------- linear
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`x @ weight + bias` over the last dim of x; weight `[d_input, d_output]`."""
+    op = "linear"
+    xd, wd = x._data, weight._data
+    if xd.ndim == 0 or xd.shape[-1] != wd.shape[0]:
+        raise TensorError(
+            f"{op}: the last dim of the input must equal d_input {wd.shape[0]} of the weight "
+            f"(weight dims {list(wd.shape)}), got input dims {list(xd.shape)}"
+        )
+    if x._device is not weight._device:
+        from ..tensor.tensor import check_same_device  # noqa: PLC0415
+
+        check_same_device(op, x, weight)
+    lead = xd.shape[:-1]
+    x2 = xd.reshape(-1, wd.shape[0]) if xd.ndim != 2 else xd
+    out2 = x2 @ wd
+    if bias is not None:
+        out2 += bias._data
+    out = out2.reshape(lead + (wd.shape[1],)) if xd.ndim != 2 else out2
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    if not _tracking(*inputs):
+        return Tensor._wrap(out, x._device, any(t._ad for t in inputs))
+    need_x, need_w = _needs(x), _needs(weight)
+    need_b = bias is not None and _needs(bias)
+    xshape = xd.shape
+
+    def rule(g):
+        g2 = g.reshape(-1, wd.shape[1]) if g.ndim != 2 else g
+        gx = (g2 @ wd.T).reshape(xshape) if need_x else None
+        gw = x2.T @ g2 if need_w else None
+        if bias is None:
+            return gx, gw
+        gb = g2.sum(axis=0) if need_b else None
+        return gx, gw, gb
+
+    return record(out, x._device, inputs, rule, op)
+
+
+# ---------------------------------------------------------------------- normalization
+def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None = None,
+              beta: Tensor | None = None, affine_shape: tuple[int, ...] | None = None,
+              stats: dict | None = None) -> Tensor:
+    """`(x - mean) / sqrt(var + eps) * gamma + beta`, mean and biased var over `axes`.
+
+    gamma / beta (optional) are reshaped to `affine_shape` to broadcast against x. When `stats`
+    is a dict, the batch mean and biased variance (arrays, reduced axes kept) are put in it.
+    """
+    op = "normalize"
+    _float_input(op, x)
+    xd = x._data
+    xp = x._device.xp
+    mean = xd.mean(axis=axes, keepdims=True)
+    xc = xd - mean
+    var = (xc * xc).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + eps)
+    xhat = xc * rstd
+    if stats is not None:
+        stats["mean"], stats["var"] = mean, var
+    gd = gamma._data.reshape(affine_shape) if gamma is not None else None
+    bd = beta._data.reshape(affine_shape) if beta is not None else None
+    out = xhat * gd if gd is not None else xhat
+    if bd is not None:
+        out = out + bd
+    inputs = tuple(t for t in (x, gamma, beta) if t is not None)
+    if not _tracking(*inputs):
+        return Tensor._wrap(out, x._device, any(t._ad for t in inputs))
+    need_x, need_g, need_b = _needs(x), _needs(gamma), _needs(beta)
+    pshape = affine_shape
+
+    def rule(g):
+        res = []
+        gxh = g * gd if gd is not None else g
+        if need_x:
+            m1 = gxh.mean(axis=axes, keepdims=True)
+            m2 = (gxh * xhat).mean(axis=axes, keepdims=True)
+            res.append(rstd * (gxh - m1 - xhat * m2))
+        else:
+            res.append(None)
+        if gamma is not None:
+            res.append(unbroadcast(g * xhat, pshape).reshape(gamma.shape) if need_g else None)
+        if beta is not None:
+            res.append(unbroadcast(g, pshape).reshape(beta.shape) if need_b else None)
+        return tuple(res)
+
+    return record(out, x._device, inputs, rule, op)
+
+
+def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
+    """`x / sqrt(mean(x^2, last dim) + eps) * gamma`."""
+    op = "rms_norm"
+    _float_input(op, x)
+    xd = x._data
+    xp = x._device.xp
+    r = 1.0 / xp.sqrt((xd * xd).mean(axis=-1, keepdims=True) + eps)
+    xhat = xd * r
+    gd = gamma._data
+    out = xhat * gd
+    if not _tracking(x, gamma):
+        return Tensor._wrap(out, x._device, x._ad or gamma._ad)
+    need_x, need_g = _needs(x), _needs(gamma)
+
+    def rule(g):
+        gxh = g * gd
+        gx = r * (gxh - xhat * (gxh * xhat).mean(axis=-1, keepdims=True)) if need_x else None
+        gg = (g * xhat).reshape(-1, gd.shape[0]).sum(axis=0) if need_g else None
+        return gx, gg
+
+    return record(out, x._device, (x, gamma), rule, op)
+
+
+# ---------------------------------------------------------------------- losses
+def softmax_cross_entropy(logits: Tensor, target_dist, denom: float, log_probs: bool = True) -> Tensor:
+    """`-sum(T * log_softmax(logits)) / denom` as a tensor of dims [1].
+
+    `target_dist` is an array `[batch, classes]` (one-hot or smoothed targets, already scaled
+    by class weights and padding masks). With `log_probs=False` the input holds probabilities
+    and their log is used instead of log_softmax (Burn's `logits: false` smoothed path).
+    """
+    op = "cross_entropy"
+    _float_input(op, logits)
+    xd = logits._data
+    xp = logits._device.xp
+    T = target_dist.astype(xd.dtype, copy=False)
+    if log_probs:
+        shifted = xd - xd.max(axis=1, keepdims=True)
+        lse = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        lp = shifted - lse
+    else:
+        lp = xp.log(xd)
+    loss = -(T * lp).sum() / denom
+    out = xp.asarray(loss, dtype=xd.dtype).reshape(1)
+    if not _tracking(logits):
+        return Tensor._wrap(out, logits._device, logits._ad)
+
+    def rule(g):
+        s = g.reshape(()) * (-1.0 / denom)
+        if log_probs:
+            p = xp.exp(lp)
+            return ((T - p * T.sum(axis=1, keepdims=True)) * s,)
+        return (T / xd * s,)
+
+    return record(out, logits._device, (logits,), rule, op)
