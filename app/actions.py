@@ -1,0 +1,87 @@
+"""Every command of the window as a QAction: menu text, shortcut, tooltip. The main window
+connects them; tests trigger them the way a menu or a key press does."""
+from __future__ import annotations
+
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QWidget
+
+Std = QKeySequence.StandardKey
+
+
+class Actions:
+    def __init__(self, parent: QWidget):
+        def make(name, text, shortcut=None, tip=None, checkable=False):
+            a = QAction(text, parent)
+            a.setObjectName(name)
+            if shortcut is not None:
+                if isinstance(shortcut, (list, tuple)):
+                    a.setShortcuts([QKeySequence(s) if isinstance(s, str) else s for s in shortcut])
+                else:
+                    a.setShortcut(QKeySequence(shortcut) if isinstance(shortcut, str) else shortcut)
+            if tip:
+                a.setToolTip(tip)
+                a.setStatusTip(tip)
+            a.setCheckable(checkable)
+            parent.addAction(a)  # shortcuts work even when the menu bar is hidden
+            setattr(self, name, a)
+            return a
+
+        # File
+        make("open_script", "Open Model &Script…", Std.Open, "Open a Python file with a factory function (path.py:build)")
+        make("open_checkpoint", "Open &Checkpoint into Architecture…", "Ctrl+Shift+O",
+             "Load a .bpk or .safetensors checkpoint into a chosen architecture")
+        make("open_project", "Open &Project…", "Ctrl+Alt+O", "Open an .ember.json project")
+        make("save_project", "&Save Project", Std.Save, "Save the project (.ember.json): source, edits, contracts")
+        make("save_project_as", "Save Project &As…", Std.SaveAs)
+        make("import_checkpoint", "&Import Checkpoint…", "Ctrl+I",
+             "Load weights from a checkpoint into the current model, with a report of missing, unused and "
+             "mismatched tensors")
+        make("export_whole", "Export &Whole Model…", "Ctrl+E", "Every parameter, base weights and adapters")
+        make("export_adapters", "Export &Adapters Only…", "Ctrl+Shift+E", "Only the LoRA factors (…lora.a, …lora.b)")
+        make("export_materialized", "Export &Materialized…", None, "Adapters folded into plain weights")
+        make("quit", "&Quit", Std.Quit)
+
+        # Edit
+        make("undo", "&Undo", Std.Undo)
+        make("redo", "&Redo", [Std.Redo, "Ctrl+Y"])
+        make("find", "&Filter Modules", Std.Find, "Filter the module tree by name or type")
+
+        # Model
+        make("freeze", "&Freeze", "Ctrl+Shift+F",
+             "Freeze the selection: no gradients, and module training flags (dropout, batch norm) off")
+        make("unfreeze", "&Unfreeze", "Ctrl+Shift+U", "Make the selection trainable again")
+        make("no_grad", "&No Grad", "Ctrl+Shift+N", "Stop gradient tracking for the selection (training flags stay)")
+        make("param_group", "Parameter &Group…", "Ctrl+G",
+             "Freeze, unfreeze or stop gradients for the parameters matching a regex, path or predicate")
+        make("attach_lora", "Attach &LoRA…", "Ctrl+L", "Attach low-rank adapters (LoRA or QLoRA)")
+        make("detach_lora", "&Detach LoRA", "Ctrl+Shift+L", "Undo back to before the last LoRA attachment")
+        make("materialize", "&Materialize", "Ctrl+M", "Fold the adapters into plain weights")
+        make("fork", "Fork to Device", "Ctrl+Shift+D")
+        make("transfer", "Transfer to Device", "Ctrl+Alt+D")
+        make("check_contracts", "&Check Shape Contracts", "Ctrl+K",
+             "Run an example input through the model with checks at every module boundary")
+
+        # Train (the training dashboard lives in its own tab)
+        make("train_show", "Show &Training", "Ctrl+3")
+
+        # View
+        self.theme_group = QActionGroup(parent)
+        for name, text in (("theme_light", "&Light Theme"), ("theme_dark", "&Dark Theme")):
+            a = make(name, text, checkable=True)
+            self.theme_group.addAction(a)
+        make("expand_all", "&Expand All", "Ctrl+Shift+Right")
+        make("collapse_all", "&Collapse All", "Ctrl+Shift+Left")
+        make("show_display", "Show &Display", "Ctrl+1")
+        make("show_designer", "Show &Graph / Designer", "Ctrl+2")
+
+        # Help
+        make("shortcuts", "&Keyboard Shortcuts", "F1")
+        make("about", "&About Ember")
+
+        self.model_actions = [self.freeze, self.unfreeze, self.no_grad, self.param_group, self.attach_lora,
+                              self.materialize, self.fork, self.transfer, self.check_contracts,
+                              self.import_checkpoint, self.export_whole, self.export_adapters,
+                              self.export_materialized, self.save_project, self.save_project_as]
+
+    def all(self) -> list[QAction]:
+        return [v for v in vars(self).values() if isinstance(v, QAction)]
