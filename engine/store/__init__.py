@@ -1,0 +1,10 @@
+"""Checkpoints: burnpack (.bpk) and safetensors files, records of modules, adapters.
+
+`from engine.store import ModuleRecord, RecordError`; see `record.py`.
+"""
+from .adapters import Adapter, PyTorchAdapter
+from .burnpack import Scalar, TensorEntry
+from .errors import RecordError
+from .record import ModuleRecord
+
+__all__ = ["Adapter", "ModuleRecord", "PyTorchAdapter", "RecordError", "Scalar", "TensorEntry"]

@@ -1,0 +1,221 @@
+"""`ModuleRecord`: a module's parameters as named tensors, saved and loaded as files.
+
+    record = module.into_record()
+    record.save("model")                       # writes model.bpk (burnpack)
+    record = ModuleRecord.load("model.bpk")    # zero-copy: arrays are views of the mapped file
+    module = module.load_record(record)
+
+    ModuleRecord.load("m.safetensors", adapter="pytorch")    # PyTorch names and layouts
+    record.save("m.safetensors", adapter="pytorch")
+
+Format by extension: `.safetensors` is safetensors, anything else burnpack (`.bpk` appended
+when the path has none). Loading maps the file copy-on-write (`mmap.ACCESS_COPY`): nothing is
+read until a tensor is used, arrays are writable, and writing to them never touches the file.
+A module that loads the record gets those views (no copy) the first time; a second module
+loading the same record gets copies, so two modules never share memory. Saving is atomic
+(see `atomic.py`).
+
+A record built by `into_record()` holds the module's own arrays (no copy) and, per tensor, the
+kind of module that owns it (`Linear`, `BatchNorm`, ...) so that adapters can translate it.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import burnpack, safetensors_io
+from .adapters import get_adapter
+from .atomic import atomic_write
+from .burnpack import Scalar, TensorEntry
+from .errors import RecordError
+
+__all__ = ["ModuleRecord", "RecordError", "TensorEntry", "Scalar"]
+
+
+def _is_safetensors(path: Path) -> bool:
+    return path.suffix.lower() == ".safetensors"
+
+
+class ModuleRecord:
+    """Named tensors in traversal order, plus user metadata (text to text) and typed scalars."""
+
+    def __init__(self, entries=(), metadata=None, scalars=None, *, adapter=None):
+        self._entries: dict[str, TensorEntry] = {}
+        for e in entries:
+            if e.name in self._entries:
+                raise RecordError(f"duplicate tensor name {e.name!r} in a record")
+            self._entries[e.name] = e
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.scalars: dict[str, Scalar] = {k: Scalar.of(v) for k, v in (scalars or {}).items()}
+        self.adapter = get_adapter(adapter)
+        self._partial = False
+        self._unused = False
+        self._owners: dict[str, str] = {}  # name -> owning module's class name (from into_record)
+        self._claimed: set[str] = set()    # names whose arrays a module already took
+
+    # ------------------------------------------------------------------ contents
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name) -> bool:
+        return name in self._entries
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __getitem__(self, name) -> TensorEntry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in the record; it holds {list(self._entries)[:20]}") from None
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def entries(self) -> list[TensorEntry]:
+        return list(self._entries.values())
+
+    def items(self):
+        return self._entries.items()
+
+    def get(self, name, default=None):
+        return self._entries.get(name, default)
+
+    def owner(self, name: str) -> str | None:
+        """The class name of the module that owned tensor `name` when the record was built from
+        a module, else None."""
+        return self._owners.get(name)
+
+    def set_owner(self, name: str, owner: str | None) -> None:
+        if owner is None:
+            self._owners.pop(name, None)
+        else:
+            self._owners[name] = owner
+
+    def add(self, entry: TensorEntry, owner: str | None = None) -> None:
+        if entry.name in self._entries:
+            raise RecordError(f"duplicate tensor name {entry.name!r} in a record")
+        self._entries[entry.name] = entry
+        self.set_owner(entry.name, owner)
+
+    def num_params(self) -> int:
+        return sum(int(np.prod(e.shape)) for e in self._entries.values())
+
+    def __repr__(self) -> str:
+        return f"ModuleRecord({len(self._entries)} tensors, {self.num_params()} values)"
+
+    # ------------------------------------------------------------------ loading options
+    def allow_partial(self, flag: bool = True) -> "ModuleRecord":
+        """Loading leaves parameters the record lacks as they are (instead of failing)."""
+        self._partial = bool(flag)
+        return self
+
+    def allow_unused(self, flag: bool = True) -> "ModuleRecord":
+        """Loading ignores tensors the module has no parameter for (instead of failing)."""
+        self._unused = bool(flag)
+        return self
+
+    @property
+    def partial_allowed(self) -> bool:
+        return self._partial
+
+    @property
+    def unused_allowed(self) -> bool:
+        return self._unused
+
+    def claim(self, name: str) -> np.ndarray:
+        """The entry's values for a module to keep: the array itself the first time, a copy
+        after that (so two modules never share one buffer)."""
+        e = self._entries[name]
+        values = e.values()
+        if name in self._claimed:
+            return np.array(values, copy=True)
+        self._claimed.add(name)
+        return values
+
+    # ------------------------------------------------------------------ bytes
+    def to_bytes(self) -> bytes:
+        """The record as a burnpack."""
+        return burnpack.encode(self.entries(), self.metadata, self.scalars)
+
+    @classmethod
+    def from_bytes(cls, data, adapter=None) -> "ModuleRecord":
+        """A record from burnpack bytes (copied once, so that arrays are writable)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise RecordError(f"from_bytes expects bytes, got {type(data).__name__}")
+        contents = burnpack.decode(bytearray(data), where="bytes")
+        return cls._from_contents(contents, adapter)
+
+    @classmethod
+    def _from_contents(cls, contents, adapter) -> "ModuleRecord":
+        rec = cls(contents.entries, contents.metadata, contents.scalars)
+        rec.adapter = get_adapter(adapter)
+        if rec.adapter is not None:
+            rec.adapter.on_read(rec)
+        return rec
+
+    # ------------------------------------------------------------------ files
+    def save(self, path, adapter=None) -> Path:
+        """Write the record atomically; returns the path written (`.bpk` appended when `path`
+        has no extension). `.safetensors` paths are written as safetensors."""
+        target = Path(os.fspath(path))
+        if not target.suffix:
+            target = target.with_name(target.name + ".bpk")
+        entries, metadata = self.entries(), self.metadata
+        ad = get_adapter(adapter)
+        if ad is not None:
+            entries = ad.on_write(self)
+        if _is_safetensors(target):
+            if self.scalars:
+                raise RecordError(f"cannot save to {target}: safetensors has no place for the record's "
+                                  f"scalars {sorted(self.scalars)}; save as .bpk instead")
+            def write(fp):
+                safetensors_io.write(fp, entries, metadata)
+        else:
+            def write(fp):
+                burnpack.write(fp, entries, metadata, self.scalars)
+        try:
+            return atomic_write(target, write)
+        except OSError as exc:
+            raise RecordError(f"cannot save to {target}: {exc.strerror or exc}") from None
+
+    @classmethod
+    def load(cls, path, adapter=None) -> "ModuleRecord":
+        """Read a burnpack (or, for `.safetensors`, a safetensors file) by memory-mapping it."""
+        p = Path(os.fspath(path))
+        if not p.exists() and not p.suffix and p.with_name(p.name + ".bpk").exists():
+            p = p.with_name(p.name + ".bpk")
+        where = str(p)
+        try:
+            with open(p, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    raise RecordError("the file is empty", where=where)
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise RecordError("no such file", where=where) from None
+        except IsADirectoryError:
+            raise RecordError("is a folder, not a file", where=where) from None
+        except OSError as exc:
+            raise RecordError(f"cannot read: {exc.strerror or exc}", where=where) from None
+        try:
+            if _is_safetensors(p):
+                contents = safetensors_io.decode(buf, where=where)
+            else:
+                contents = burnpack.decode(buf, where=where)
+        except BaseException:
+            _close_quietly(buf)
+            raise
+        if not contents.entries:
+            _close_quietly(buf)  # nothing views it
+        return cls._from_contents(contents, adapter)
+
+
+def _close_quietly(buf) -> None:
+    try:
+        buf.close()
+    except BufferError:  # an array still views it; it closes when that array goes
+        pass
