@@ -20,3 +20,6 @@ __all__ = [
 
 from .tensor import TensorIndexError, cat, stack  # noqa: E402
 __all__ += ["TensorIndexError", "cat", "stack"]
+
+from .module import Module, Param, ParamGroup, ShapeError, assert_shape, debug_assert_shape, set_debug_assertions  # noqa: E402
+__all__ += ["Module", "Param", "ParamGroup", "ShapeError", "assert_shape", "debug_assert_shape", "set_debug_assertions"]

@@ -1,0 +1,693 @@
+"""The Module base class: field discovery, traversal with paths, and transitions.
+
+A module is a subclass of `Module` whose instance attributes are its fields, in the order they
+were first assigned (names starting with `_` are private and never fields):
+
+    class Mlp(Module):
+        def __init__(self, device=None):
+            self.linear = Linear(...)          # a child module
+            self.scale = Param(Tensor.ones([4], device=device))   # a parameter
+            self.table = Tensor.arange(4)      # a constant: recreated with the module
+            self.blocks = [Block(), Block()]   # a list (tuple, dict) of children
+            self.norm = None                   # an absent optional child
+            self.d_model = 4                   # a plain attribute (int, float, str, enum, ...)
+
+Modules, `Param`s, `Flag`s, constant `Tensor`s, lists / tuples / dicts holding them, and None
+are traversed; anything else is a plain attribute, copied as it is.
+
+Paths (burnpack names): field names joined with '.', list / tuple elements by index, dict
+entries by key; an optional child (None or a module) adds no segment of its own; a parameter's
+reparameterization adds its name (`weight.lora.a`).
+
+Transitions (`clone`, `map`, `to_device`, `fork`, `train`, `valid`, `no_grad`,
+`set_require_grad`, `freeze`, `unfreeze` and the `_group` variants) return a new module of the
+same class, built without calling `__init__`: every field is carried over, traversed children
+transformed; the receiver is left usable and unchanged. Parameters are immutable and shared
+between the receiver and the result as Burn's clones share them (the same id, the same value
+or lazy state).
+
+Training behaviour owned by a module (dropout, batch-norm running statistics, noise) is a
+`Flag` field, e.g. `self.training = Flag(True)`, read in `forward` with `if self.training:`.
+Flags are the generic mechanism: `valid()` turns every flag off and keeps its configured value,
+`train()` restores it, `freeze()` / `unfreeze()` (and `freeze_group` / `unfreeze_group`)
+configure it persistently, `no_grad()` / `set_require_grad()` leave it alone. A module that
+needs more than a flag (say, a cached mask to drop) may override `on_training_change(self,
+enabled) -> Module` which every transition calls on the rebuilt module with whether its flags
+are now on; the default returns the module unchanged.
+
+Display: `str(module)` renders as Burn does; override `custom_settings(self)` and
+`custom_content(self, content)` to customize (see `engine.module.display`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..tensor import Device, Tensor
+from .flag import Flag
+from .group import ParamGroup
+from .param import Param
+
+__all__ = ["Module"]
+
+# Child kinds
+_PLAIN, _NONE, _MODULE, _PARAM, _FLAG, _CONST, _SEQ, _MAP = range(8)
+
+
+def _classify(v) -> int:
+    if isinstance(v, Module):
+        return _MODULE
+    if isinstance(v, Param):
+        return _PARAM
+    if isinstance(v, Tensor):
+        return _CONST
+    if v is None:
+        return _NONE
+    if isinstance(v, Flag):
+        return _FLAG
+    if isinstance(v, (list, tuple)):
+        return _SEQ if _has_children(v) else _PLAIN
+    if isinstance(v, dict):
+        return _MAP if _has_children(v.values()) else _PLAIN
+    return _PLAIN
+
+
+def _has_children(items) -> bool:
+    for x in items:
+        if _classify(x) > _NONE:
+            return True
+    return False
+
+
+def _copy_plain(v):
+    # Plain mutable containers are copied so that the result and the receiver never alias them
+    # (Rust's clone copies a Vec<usize> field).
+    if type(v) is list:
+        return list(v)
+    if type(v) is dict:
+        return dict(v)
+    if type(v) is set:
+        return set(v)
+    return v
+
+
+def _rebuild_seq(v, items):
+    if isinstance(v, list):
+        return type(v)(items) if type(v) is not list else items
+    if hasattr(v, "_fields"):  # a namedtuple
+        return type(v)(*items)
+    return type(v)(items) if type(v) is not tuple else tuple(items)
+
+
+def reparameterization_name(r) -> str:
+    """The path segment of a reparameterization module (its `NAME`, e.g. "lora")."""
+    name = getattr(r, "NAME", None)
+    return name if isinstance(name, str) and name else type(r).__name__.lower()
+
+
+# ---------------------------------------------------------------------------------- walking
+class _Walker:
+    """One traversal: keeps the path, transforms (or only reads) params, flags, constants."""
+
+    rebuild = True
+
+    def __init__(self):
+        self.path: list[str] = []
+
+    def enter(self, name: str, container_type: str) -> None:
+        self.path.append(name)
+
+    def exit(self, name: str, container_type: str) -> None:
+        self.path.pop()
+
+    def path_str(self) -> str:
+        return ".".join(self.path)
+
+    def on_param(self, p: Param):  # must keep p.reparameterization as it is
+        return p.clone()
+
+    def on_flag(self, f: Flag):
+        return f
+
+    def on_const(self, t: Tensor):
+        return t
+
+    def on_module(self, old: "Module", new: "Module"):
+        return new
+
+
+def _walk_module(m: "Module", w: _Walker):
+    rebuild = w.rebuild
+    new = object.__new__(type(m)) if rebuild else None
+    nd = new.__dict__ if rebuild else None
+    ct = "Struct:" + type(m).__name__
+    for name, v in list(m.__dict__.items()):
+        if name[:1] == "_":
+            if rebuild:
+                nd[name] = v
+            continue
+        r = _walk_value(v, name, ct, w)
+        if rebuild:
+            nd[name] = r
+    return w.on_module(m, new) if rebuild else None
+
+
+def _walk_value(v, name: str, ct: str, w: _Walker):
+    k = _classify(v)
+    if k == _PLAIN:
+        return _copy_plain(v) if w.rebuild else None
+    if k == _NONE:
+        return None
+    if k == _CONST:
+        return w.on_const(v)
+    w.enter(name, ct)
+    try:
+        if k == _MODULE:
+            return _walk_module(v, w)
+        if k == _PARAM:
+            return _walk_param(v, w)
+        if k == _FLAG:
+            return w.on_flag(v)
+        if k == _SEQ:
+            ct2 = "Tuple" if isinstance(v, tuple) else "Vec"
+            items = [_walk_value(x, str(i), ct2, w) for i, x in enumerate(v)]
+            return _rebuild_seq(v, items) if w.rebuild else None
+        items = {key: _walk_value(x, str(key), "Map", w) for key, x in v.items()}
+        return type(v)(items) if w.rebuild else None
+    finally:
+        w.exit(name, ct)
+
+
+def _walk_param(p: Param, w: _Walker):
+    r = p.reparameterization
+    newp = w.on_param(p)
+    if r is None:
+        return newp
+    rname = reparameterization_name(r)
+    w.enter(rname, "Reparameterization")
+    try:
+        nr = _walk_module(r, w)
+    finally:
+        w.exit(rname, "Reparameterization")
+    if w.rebuild:
+        if not isinstance(newp, Param):
+            return newp
+        return newp._derive(reparameterization=nr)
+    return None
+
+
+def _iter_children(obj):
+    """(segment, container_type, value, kind) for the traversed children of a module / list / dict."""
+    if isinstance(obj, Module):
+        ct = "Struct:" + type(obj).__name__
+        for name, v in list(obj.__dict__.items()):
+            if name[:1] == "_":
+                continue
+            k = _classify(v)
+            if k > _NONE:
+                yield name, ct, v, k
+    elif isinstance(obj, (list, tuple)):
+        ct = "Tuple" if isinstance(obj, tuple) else "Vec"
+        for i, v in enumerate(obj):
+            k = _classify(v)
+            if k > _NONE:
+                yield str(i), ct, v, k
+    elif isinstance(obj, dict):
+        for key, v in obj.items():
+            k = _classify(v)
+            if k > _NONE:
+                yield str(key), "Map", v, k
+    elif isinstance(obj, Param) and obj.reparameterization is not None:
+        r = obj.reparameterization
+        yield reparameterization_name(r), "Reparameterization", r, _MODULE
+
+
+class _Apply(_Walker):
+    """A transition: functions for params, flags and constants, optionally limited to a group.
+
+    `floats_only`: the param function applies to float parameters only (others are cloned).
+    """
+
+    def __init__(self, param=None, flag=None, const=None, group: ParamGroup | None = None,
+                 floats_only: bool = False, training=None):
+        super().__init__()
+        self.fp = param
+        self.ff = flag
+        self.fc = const
+        self.group = group
+        self.floats_only = floats_only
+        self.training = training  # None, or the value given to on_training_change
+
+    def _selected(self, item) -> bool:
+        g = self.group
+        return g is None or g.matches(item.id, self.path_str())
+
+    def on_param(self, p):
+        fp = self.fp
+        if fp is None or (self.floats_only and p.kind != "float") or not self._selected(p):
+            return p.clone()
+        return fp(p)
+
+    def on_flag(self, f):
+        ff = self.ff
+        if ff is None or not self._selected(f):
+            return f.clone()
+        return ff(f)
+
+    def on_const(self, t):
+        return t if self.fc is None else self.fc(t)
+
+    def on_module(self, old, new):
+        return _apply_on_module(self, old, new)
+
+
+class _MapWalker(_Walker):
+    def __init__(self, mapper):
+        super().__init__()
+        self.mapper = mapper
+
+    def enter(self, name, ct):
+        self.path.append(name)
+        self.mapper.enter_module(name, ct)
+
+    def exit(self, name, ct):
+        self.mapper.exit_module(name, ct)
+        self.path.pop()
+
+    def on_param(self, p):
+        view = p if p.reparameterization is None else p.without_reparameterization()
+        kind = p.kind
+        fn = self.mapper.map_float if kind == "float" else (self.mapper.map_int if kind == "int" else self.mapper.map_bool)
+        out = fn(view)
+        if not isinstance(out, Param):
+            raise TypeError(
+                f"{type(self.mapper).__name__}.map_{kind} must return a Param, it returned "
+                f"{type(out).__name__} (at '{self.path_str()}')"
+            )
+        return out
+
+    def on_flag(self, f):
+        out = self.mapper.map_flag(f)
+        if not isinstance(out, Flag):
+            raise TypeError(
+                f"{type(self.mapper).__name__}.map_flag must return a Flag, it returned {type(out).__name__} "
+                f"(at '{self.path_str()}')"
+            )
+        return out
+
+
+class _VisitWalker(_Walker):
+    rebuild = False
+
+    def __init__(self, visitor):
+        super().__init__()
+        self.visitor = visitor
+
+    def enter(self, name, ct):
+        self.path.append(name)
+        self.visitor.enter_module(name, ct)
+
+    def exit(self, name, ct):
+        self.visitor.exit_module(name, ct)
+        self.path.pop()
+
+    def on_param(self, p):
+        view = p if p.reparameterization is None else p.without_reparameterization()
+        kind = p.kind
+        v = self.visitor
+        (v.visit_float if kind == "float" else (v.visit_int if kind == "int" else v.visit_bool))(view)
+
+    def on_flag(self, f):
+        self.visitor.visit_flag(f)
+
+    def on_const(self, t):
+        return None
+
+
+class _Collect(_Walker):
+    """Reads params / flags / constants with their paths (no rebuild)."""
+
+    rebuild = False
+
+    def __init__(self, params=None, flags=None, consts=None):
+        super().__init__()
+        self.fp, self.ff, self.fc = params, flags, consts
+
+    def on_param(self, p):
+        if self.fp is not None:
+            self.fp(self.path_str(), p)
+
+    def on_flag(self, f):
+        if self.ff is not None:
+            self.ff(self.path_str(), f)
+
+    def on_const(self, t):
+        if self.fc is not None:
+            self.fc(t)
+
+
+def _delegate(package: str, function: str, issue: str):
+    import importlib
+
+    try:
+        mod = importlib.import_module(package)
+    except ImportError:
+        mod = None
+    fn = getattr(mod, function, None) if mod is not None else None
+    if fn is None:
+        raise NotImplementedError(
+            f"{function}() is provided by {package}.{function}, which does not exist yet ({issue})"
+        )
+    return fn
+
+
+# ---------------------------------------------------------------------------------- Module
+class Module:
+    """Base class of every module; see this file's docstring for fields, paths and flags."""
+
+    # ---------------------------------------------------------------- structure
+    def named_fields(self) -> list[tuple[str, object]]:
+        """Every field (traversed children and plain attributes) in assignment order."""
+        return [(k, v) for k, v in self.__dict__.items() if k[:1] != "_"]
+
+    def named_children(self) -> list[tuple[str, object]]:
+        """The traversed fields: modules, params, flags, constants, containers of them."""
+        return [(name, v) for name, _, v, _ in _iter_children(self)]
+
+    def named_params(self) -> list[tuple[str, Param]]:
+        """`(path, param)` for every parameter in traversal order (float, int and bool).
+
+        A reparameterized parameter appears as its base (a Param without reparameterization) at
+        its own path, followed by the reparameterization's parameters (`weight.lora.a`, ...).
+        """
+        out: list[tuple[str, Param]] = []
+
+        def add(path, p):
+            out.append((path, p if p.reparameterization is None else p.without_reparameterization()))
+
+        _walk_module(self, _Collect(params=add))
+        return out
+
+    def params(self) -> list[Param]:
+        return [p for _, p in self.named_params()]
+
+    def named_flags(self) -> list[tuple[str, Flag]]:
+        """`(path, flag)` for every module-owned training flag."""
+        out: list[tuple[str, Flag]] = []
+        _walk_module(self, _Collect(flags=lambda path, f: out.append((path, f))))
+        return out
+
+    def named_modules(self) -> Iterator[tuple[str, "Module"]]:
+        """`(path, module)` for this module (path "") and every descendant module, depth first."""
+        stack = [("", self)]
+        while stack:
+            path, obj = stack.pop()
+            if isinstance(obj, Module):
+                yield path, obj
+            kids = []
+            for seg, _, v, k in _iter_children(obj):
+                if k in (_MODULE, _SEQ, _MAP) or (k == _PARAM and v.reparameterization is not None):
+                    kids.append((f"{path}.{seg}" if path else seg, v))
+            stack.extend(reversed(kids))
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def get_child(self, path: str):
+        """The value at `path` (a module, param, flag, constant, list, ...); KeyError if none."""
+        obj = self
+        if path == "":
+            return obj
+        walked = []
+        for seg in path.split("."):
+            found = _MISSING
+            for name, _, v, _ in _iter_children(obj):
+                if name == seg:
+                    found = v
+                    break
+            if found is _MISSING:
+                where = ".".join(walked) or type(self).__name__
+                raise KeyError(f"no child '{seg}' under '{where}' (path '{path}')")
+            walked.append(seg)
+            obj = found
+        return obj
+
+    def set_child(self, path: str, value) -> None:
+        """Replace the value at `path` in place, like assigning the field (`model.a.b = value`)."""
+        parent_path, _, last = path.rpartition(".")
+        parent = self.get_child(parent_path) if parent_path else self
+        _assign(parent, last, value, path)
+
+    def with_child(self, path: str, value) -> "Module":
+        """A new module with `value` at `path`; the receiver is unchanged (modules along the path
+        are shallow-copied, everything else is shared)."""
+        if not path:
+            raise KeyError("with_child: the path must not be empty")
+        segs = path.split(".")
+
+        def rebuild(obj, i):
+            seg = segs[i]
+            child = self_child(obj, seg, i)
+            new_child = value if i == len(segs) - 1 else rebuild(child, i + 1)
+            return _replaced(obj, seg, new_child, path)
+
+        def self_child(obj, seg, i):
+            for name, _, v, _ in _iter_children(obj):
+                if name == seg:
+                    return v
+            if i == len(segs) - 1 and isinstance(obj, Module) and seg in obj.__dict__:
+                return obj.__dict__[seg]
+            raise KeyError(f"no child '{seg}' at '{'.'.join(segs[:i]) or type(self).__name__}' (path '{path}')")
+
+        return rebuild(self, 0)
+
+    # ---------------------------------------------------------------- visitors, counts
+    def visit(self, visitor):
+        """Call the visitor on every parameter (and flag) in traversal order; returns the visitor."""
+        _walk_module(self, _VisitWalker(visitor))
+        return visitor
+
+    def map(self, mapper) -> "Module":
+        """A module whose parameters are the mapper's results."""
+        return _walk_module(self, _MapWalker(mapper))
+
+    def num_params(self) -> int:
+        """The number of parameter elements (never initializes a lazy parameter)."""
+        total = 0
+
+        def add(_, p):
+            nonlocal total
+            n = 1
+            for s in p.lazy_shape():
+                n *= s
+            total += n
+
+        _walk_module(self, _Collect(params=add))
+        return total
+
+    def devices(self) -> list[Device]:
+        """The devices of the parameters and constants, in traversal order, without repeats
+        (a lazy parameter reports the device it will be initialized on)."""
+        out: list[Device] = []
+
+        def add_dev(d):
+            if d not in out:
+                out.append(d)
+
+        _walk_module(self, _Collect(params=lambda _, p: add_dev(p.lazy_device()), consts=lambda t: add_dev(t.device)))
+        return out
+
+    # ---------------------------------------------------------------- transitions
+    def clone(self) -> "Module":
+        """A new module sharing parameter state (ids, values, lazy initialization) like Burn's clone."""
+        return _walk_module(self, _Apply(param=Param.clone, flag=Flag.clone))
+
+    def to_device(self, device) -> "Module":
+        """Parameters and constants on `device`; initialized parameters' transfers are recorded
+        so gradients flow back to the source parameters (which stay the ones to optimize)."""
+        dst = Device(device)
+        return _walk_module(self, _Apply(param=lambda p: p._to_device_base(dst), const=lambda t: t.to_device(dst)))
+
+    def fork(self, device) -> "Module":
+        """Parameters and constants on `device`, parameters detached with their gradient
+        retention restored: a module to optimize on the destination."""
+        dst = Device(device)
+        return _walk_module(self, _Apply(param=lambda p: p._fork_base(dst), const=lambda t: t.to_device(dst)))
+
+    def valid(self) -> "Module":
+        """Autodiff and training flags off; their configured state is kept for `train()`."""
+        return _walk_module(self, _Apply(param=Param._valid_base, flag=Flag.valid, const=Tensor.inner, training=False))
+
+    def train(self) -> "Module":
+        """Autodiff on, configured trainability and training flags restored (an explicit
+        `no_grad()` or `freeze()` stays in force)."""
+        return _walk_module(self, _Apply(param=Param._train_base, flag=Flag.train, const=_autodiff_const, training=True))
+
+    def no_grad(self) -> "Module":
+        """Float parameters stop retaining gradients (flags untouched)."""
+        return self.set_require_grad(False)
+
+    def set_require_grad(self, flag: bool) -> "Module":
+        """Configure whether float parameters retain gradients; applied now where autodiff is
+        on, and by `train()` otherwise. Training flags are untouched."""
+        flag = bool(flag)
+        return _walk_module(self, _Apply(param=lambda p: p.set_require_grad(flag), floats_only=True))
+
+    def freeze(self) -> "Module":
+        """No gradients for float parameters and every training flag off, persistently."""
+        return self._configure(False, None)
+
+    def unfreeze(self) -> "Module":
+        """Float parameters trainable and every training flag configured on."""
+        return self._configure(True, None)
+
+    def no_grad_group(self, group: ParamGroup) -> "Module":
+        return self.set_require_grad_group(group, False)
+
+    def set_require_grad_group(self, group: ParamGroup, flag: bool) -> "Module":
+        flag = bool(flag)
+        return _walk_module(self, _Apply(param=lambda p: p.set_require_grad(flag), group=_group(group), floats_only=True))
+
+    def freeze_group(self, group: ParamGroup) -> "Module":
+        return self._configure(False, _group(group))
+
+    def unfreeze_group(self, group: ParamGroup) -> "Module":
+        return self._configure(True, _group(group))
+
+    def _configure(self, on: bool, group):
+        def flag_fn(f):
+            return f.with_value(on)
+
+        return _walk_module(self, _Apply(param=lambda p: p.set_require_grad(on), flag=flag_fn, group=group,
+                                         floats_only=True, training=_Deferred))
+
+    def on_training_change(self, enabled) -> "Module":
+        """Hook called on the rebuilt module by valid() (False), train() (True), freeze(),
+        unfreeze() and their group variants; returns the module to use. Default: unchanged."""
+        return self
+
+    # ---------------------------------------------------------------- records, reparameterization
+    def into_record(self):
+        """The module's parameters as a `ModuleRecord` (engine.store)."""
+        return _delegate("engine.store", "into_record", "the checkpoint issue")(self)
+
+    def into_record_group(self, group: ParamGroup):
+        return _delegate("engine.store", "into_record_group", "the checkpoint issue")(self, group)
+
+    def load_record(self, record) -> "Module":
+        return _delegate("engine.store", "load_record", "the checkpoint issue")(self, record)
+
+    def apply_reparameterization(self, reparameterizer) -> "Module":
+        return _delegate("engine.module.reparam", "apply_reparameterization", "the reparameterization issue")(
+            self, reparameterizer)
+
+    def apply_lora(self, lora) -> "Module":
+        return _delegate("engine.module.reparam", "apply_lora", "the reparameterization issue")(self, lora)
+
+    def apply_qlora(self, qlora) -> "Module":
+        return _delegate("engine.module.reparam", "apply_qlora", "the reparameterization issue")(self, qlora)
+
+    def materialize(self) -> "Module":
+        return _delegate("engine.module.reparam", "materialize", "the reparameterization issue")(self)
+
+    # ---------------------------------------------------------------- display
+    def custom_settings(self):
+        """Override to return `DisplaySettings` for this module and its children (or None)."""
+        return None
+
+    def custom_content(self, content):
+        """Override to return the `Content` to display (or None for the default: every field)."""
+        return None
+
+    def content(self, content):
+        """The default content: every field, children formatted, plain attributes as Rust's Debug."""
+        from .display import default_content
+
+        return default_content(self, content)
+
+    def format(self, settings=None) -> str:
+        """The display with the given `DisplaySettings` (defaults when None)."""
+        from .display import DisplaySettings, format_module
+
+        return format_module(self, DisplaySettings() if settings is None else settings)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __repr__(self) -> str:
+        return self.format()
+
+
+class _DeferredType:
+    """Marker: freeze/unfreeze call on_training_change with whether the module's flags are on."""
+
+
+_Deferred = _DeferredType()
+_MISSING = object()
+
+
+def _autodiff_const(t: Tensor) -> Tensor:
+    return t if t._ad else t.autodiff()
+
+
+def _group(group) -> ParamGroup:
+    if not isinstance(group, ParamGroup):
+        raise TypeError(f"expected a ParamGroup, got {type(group).__name__}")
+    return group
+
+
+def _flags_on(module: Module):
+    """Whether the module's own flags are on (None when it has none)."""
+    states = [bool(v) for _, v in module.__dict__.items() if isinstance(v, Flag)]
+    return None if not states else any(states)
+
+
+def _apply_on_module(self, old, new):
+    """Call the module's on_training_change after a transition that changes training state:
+    valid() passes False, train() True, freeze/unfreeze whether the module's own flags are on
+    (modules without flags are not called for those)."""
+    t = self.training
+    if t is None:
+        return new
+    value = _flags_on(new) if t is _Deferred else t
+    if t is _Deferred and value is None:
+        return new
+    out = new.on_training_change(value)
+    if not isinstance(out, Module):
+        raise TypeError(
+            f"{type(old).__name__}.on_training_change must return a Module, it returned {type(out).__name__}"
+        )
+    return out
+
+
+
+def _assign(parent, seg: str, value, path: str) -> None:
+    if isinstance(parent, Module):
+        if seg[:1] == "_":
+            raise KeyError(f"set_child: '{seg}' is private, not a field (path '{path}')")
+        setattr(parent, seg, value)
+    elif isinstance(parent, list):
+        parent[int(seg)] = value
+    elif isinstance(parent, dict):
+        key = next((k for k in parent if str(k) == seg), seg)
+        parent[key] = value
+    else:
+        raise KeyError(f"set_child: cannot assign into a {type(parent).__name__} at '{path}'")
+
+
+def _replaced(obj, seg: str, value, path: str):
+    if isinstance(obj, Module):
+        new = object.__new__(type(obj))
+        new.__dict__.update(obj.__dict__)
+        new.__dict__[seg] = value
+        return new
+    if isinstance(obj, (list, tuple)):
+        items = list(obj)
+        items[int(seg)] = value
+        return _rebuild_seq(obj, items)
+    if isinstance(obj, dict):
+        new = type(obj)(obj)
+        key = next((k for k in obj if str(k) == seg), seg)
+        new[key] = value
+        return new
+    raise KeyError(f"with_child: cannot replace inside a {type(obj).__name__} at '{path}'")

@@ -1,0 +1,443 @@
+"""Parameters: a tensor with an identity, lazily initialized, with a configured trainability.
+
+A `Param` holds:
+
+- `id`: a `ParamId`, a random unsigned 64-bit integer that names the parameter in records and
+  optimizer state. Every transition (clone, map, to_device, valid, ...) keeps it.
+- its base tensor, or, until first use, a lazy state: the initializer, the device it will run
+  on, the shape and kind. `shape`, `lazy_shape()`, `lazy_device()`, `kind` and
+  `is_require_grad()` answer from the lazy state without initializing. `val()` / `base()`
+  initialize on first use. Clones share one lazy state, so the initializer runs once and every
+  clone sees the same values.
+- its configured trainability (Burn's `is_active`): whether the parameter should retain its
+  gradient while autodiff is on. It survives `valid()` (which turns autodiff off) and is applied
+  again by `train()`.
+- `reparameterization`: None, or a module whose `apply(base)` gives the effective value
+  (`val()`); see `engine.module.reparam`.
+
+A Param never changes after construction: methods return new Params.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import random
+import weakref
+
+from ..tensor import Device, Tensor, TensorError
+from ..tensor.device import as_device
+
+__all__ = ["Param", "ParamId"]
+
+# A private generator so that seeding Python's or a device's generator never repeats ids.
+_ID_RNG = random.Random(int.from_bytes(os.urandom(16), "little"))
+
+
+class ParamId:
+    """A parameter id: an unsigned 64-bit integer, shown as 13 base32hex characters.
+
+    `str(ParamId(123456)) == "83h0200000000"`: the 8 little-endian bytes in lowercase base32hex
+    without padding, as Burn shows it. `ParamId()` draws a fresh random id.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: int | None = None):
+        if value is None:
+            value = _ID_RNG.getrandbits(64)
+        elif isinstance(value, ParamId):
+            value = value._value
+        else:
+            value = int(value)
+            if not 0 <= value < 1 << 64:
+                raise ValueError(f"ParamId: expected an unsigned 64-bit integer, got {value}")
+        self._value = value
+
+    def val(self) -> int:
+        """The id as an int."""
+        return self._value
+
+    def __int__(self) -> int:
+        return self._value
+
+    def encode(self) -> str:
+        return base64.b32hexencode(self._value.to_bytes(8, "little")).decode("ascii").rstrip("=").lower()
+
+    @staticmethod
+    def decode(text: str) -> "ParamId":
+        """The id whose `str()` is `text` (13 base32hex characters)."""
+        if not isinstance(text, str) or len(text) != 13:
+            raise ValueError(f"ParamId.decode: expected 13 base32hex characters, got {text!r}")
+        try:
+            raw = base64.b32hexdecode(text.upper() + "===")
+        except Exception:
+            raise ValueError(f"ParamId.decode: {text!r} is not base32hex") from None
+        return ParamId(int.from_bytes(raw, "little"))
+
+    def __str__(self) -> str:
+        return self.encode()
+
+    def __repr__(self) -> str:
+        return f"ParamId({self.encode()})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ParamId) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self):
+        return (ParamId, (self._value,))
+
+
+class _Lazy:
+    """The shared lazy state of a parameter and its clones."""
+
+    __slots__ = ("init", "device", "require_grad", "shape", "kind", "value", "holders", "__weakref__")
+
+    def __init__(self, init, device: Device, require_grad: bool, shape: tuple, kind: str):
+        self.init = init
+        self.device = device
+        self.require_grad = require_grad
+        self.shape = shape
+        self.kind = kind
+        self.value: Tensor | None = None
+        self.holders: weakref.WeakSet = weakref.WeakSet()
+
+    def shared_with_other_than(self, param) -> bool:
+        """True when a live Param other than `param` still holds this state uninitialized."""
+        for p in self.holders:
+            if p is not param:
+                return True
+        return False
+
+    def initialize(self, require_grad: bool) -> Tensor:
+        if self.value is None:
+            t = self.init(self.device, require_grad)
+            if not isinstance(t, Tensor):
+                raise TypeError(f"a parameter initializer must return a Tensor, it returned {type(t).__name__}")
+            if tuple(t.shape) != self.shape:
+                raise TensorError(
+                    f"a parameter initializer returned dims {list(t.shape)}, expected {list(self.shape)} "
+                    f"(the shape given to Param.uninitialized)"
+                )
+            if t.device is not self.device:
+                raise TensorError(f"a parameter initializer returned a tensor on {t.device}, expected {self.device}")
+            self.value = t
+            self.init = None  # release the closure
+        return self.value
+
+
+def _adapt(t: Tensor, autodiff: bool, require_grad: bool) -> Tensor:
+    """`t` with the requested autodiff association and gradient retention (never mutates `t`)."""
+    if not autodiff:
+        if t._ad or t._node is not None:
+            return t.inner()
+        return t
+    if require_grad:
+        if t.is_require_grad():
+            return t
+        return Tensor._wrap(t._data, t._device, True, None).set_require_grad(True)
+    if t._node is not None and t._node.leaf:
+        return Tensor._wrap(t._data, t._device, True, None)
+    if not t._ad:
+        return t.autodiff()
+    return t
+
+
+def _view(t: Tensor, autodiff: bool, active: bool) -> Tensor:
+    """The tensor a parameter shows: float tensors follow autodiff and trainability, others
+    only the autodiff association."""
+    if t._data.dtype.kind == "f":
+        return _adapt(t, autodiff, active and autodiff)
+    if autodiff:
+        return t if t._ad else t.autodiff()
+    return t.inner() if t._ad else t
+
+
+_UNSET = object()
+
+
+class Param:
+    """A module parameter: an id, a (possibly lazy) tensor, and a configured trainability.
+
+    `Param(tensor)` makes a trainable parameter (a float tensor retains its gradient).
+    `Param.uninitialized(init, device, require_grad, shape)` defers `init(device, require_grad)`
+    until the value is first needed.
+    """
+
+    __slots__ = ("id", "_value", "_lazy", "_active", "_ad", "reparameterization", "__weakref__")
+
+    def __init__(self, tensor: Tensor, id: ParamId | None = None, require_grad: bool | None = None):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"Param expects a Tensor, got {type(tensor).__name__}")
+        is_float = tensor._data.dtype.kind == "f"
+        active = is_float if require_grad is None else bool(require_grad)
+        if active and not is_float:
+            raise TensorError(f"Param: only float tensors can require grad, this one is {tensor.dtype}")
+        self.id = ParamId() if id is None else ParamId(id)
+        self._value = _adapt(tensor, True, active) if is_float else tensor
+        self._lazy = None
+        self._active = active
+        self._ad = True
+        self.reparameterization = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def _make(cls, id, value, lazy, active, ad, reparameterization) -> "Param":
+        p = object.__new__(cls)
+        p.id = id
+        p._value = value
+        p._lazy = lazy
+        p._active = active
+        p._ad = ad
+        p.reparameterization = reparameterization
+        if lazy is not None:
+            lazy.holders.add(p)
+        return p
+
+    @classmethod
+    def initialized(cls, tensor: Tensor, id: ParamId | None = None, active: bool | None = None) -> "Param":
+        """A parameter holding `tensor` exactly as it is (its autodiff state untouched).
+
+        `active` is the configured trainability; by default whether `tensor` retains its gradient
+        (or, for a tensor without autodiff, whether it is a float tensor).
+        """
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"Param.initialized expects a Tensor, got {type(tensor).__name__}")
+        is_float = tensor._data.dtype.kind == "f"
+        if active is None:
+            active = tensor.is_require_grad() if tensor._ad else is_float
+        return cls._make(ParamId() if id is None else ParamId(id), tensor, None, bool(active) and is_float,
+                         tensor._ad, None)
+
+    @classmethod
+    def uninitialized(cls, init, device=None, require_grad: bool = True, shape=(), *, kind: str = "float",
+                      id: ParamId | None = None) -> "Param":
+        """A lazy parameter: `init(device, require_grad) -> Tensor` runs on first use.
+
+        `shape` (and `kind`: "float", "int" or "bool") describe the tensor `init` will return, so
+        that counting, display and shape queries never initialize.
+        """
+        if not callable(init):
+            raise TypeError(f"Param.uninitialized: init must be callable, got {type(init).__name__}")
+        if kind not in ("float", "int", "bool"):
+            raise ValueError(f"Param.uninitialized: kind must be 'float', 'int' or 'bool', got {kind!r}")
+        try:
+            dims = tuple(int(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"Param.uninitialized: shape must be a sequence of ints, got {shape!r}") from None
+        active = bool(require_grad) and kind == "float"
+        lazy = _Lazy(init, as_device(device), active, dims, kind)
+        return cls._make(ParamId() if id is None else ParamId(id), None, lazy, active, True, None)
+
+    # ------------------------------------------------------------------ values
+    def val(self) -> Tensor:
+        """The effective value: the base, through the reparameterization when there is one."""
+        v = self._value
+        if v is not None and self.reparameterization is None:
+            return v
+        base = v if v is not None else self._materialize()
+        if self.reparameterization is None:
+            return base
+        return self.reparameterization.apply(base)
+
+    def base(self) -> Tensor:
+        """The stored base tensor (initializing it if needed), without any reparameterization."""
+        v = self._value
+        return v if v is not None else self._materialize()
+
+    def _materialize(self) -> Tensor:
+        lazy = self._lazy
+        t = _view(lazy.initialize(self._active and self._ad), self._ad, self._active)
+        self._value = t
+        self._lazy = None
+        lazy.holders.discard(self)
+        return t
+
+    def is_initialized(self) -> bool:
+        return self._value is not None or self._lazy.value is not None
+
+    def lazy_shape(self) -> tuple[int, ...]:
+        """The shape, without initializing."""
+        v = self._value
+        return tuple(v.shape) if v is not None else self._lazy.shape
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The base's shape; never initializes."""
+        return self.lazy_shape()
+
+    def dims(self) -> tuple[int, ...]:
+        return self.lazy_shape()
+
+    @property
+    def rank(self) -> int:
+        return len(self.lazy_shape())
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.lazy_shape():
+            n *= s
+        return n
+
+    def lazy_device(self) -> Device:
+        """The device the parameter is on, or will be initialized on; never initializes."""
+        v = self._value
+        return v.device if v is not None else self._lazy.device
+
+    @property
+    def device(self) -> Device:
+        return self.lazy_device()
+
+    @property
+    def kind(self) -> str:
+        """'float', 'int' or 'bool'; never initializes."""
+        v = self._value
+        return v.kind if v is not None else self._lazy.kind
+
+    def is_require_grad(self) -> bool:
+        """Whether the base retains its gradient now (lazily: whether it will)."""
+        v = self._value
+        if v is not None:
+            return v.is_require_grad()
+        return self._active and self._ad and self._lazy.kind == "float"
+
+    def lazy_is_require_grad(self) -> bool:
+        return self.is_require_grad()
+
+    def is_autodiff(self) -> bool:
+        v = self._value
+        return v._ad if v is not None else self._ad
+
+    def is_active(self) -> bool:
+        """The configured trainability, applied whenever autodiff is on (kept across valid())."""
+        return self._active
+
+    # ------------------------------------------------------------------ derived params
+    def _derive(self, value=_UNSET, lazy=_UNSET, active=_UNSET, ad=_UNSET, reparameterization=_UNSET) -> "Param":
+        return Param._make(
+            self.id,
+            self._value if value is _UNSET else value,
+            self._lazy if lazy is _UNSET else lazy,
+            self._active if active is _UNSET else active,
+            self._ad if ad is _UNSET else ad,
+            self.reparameterization if reparameterization is _UNSET else reparameterization,
+        )
+
+    def clone(self) -> "Param":
+        """Same id, shared value or shared lazy state (like Burn's clone)."""
+        return self._derive()
+
+    def with_id(self, id: ParamId) -> "Param":
+        return Param._make(ParamId(id), self._value, self._lazy, self._active, self._ad, self.reparameterization)
+
+    def with_reparameterization(self, reparameterization) -> "Param":
+        return self._derive(reparameterization=reparameterization)
+
+    def without_reparameterization(self) -> "Param":
+        return self._derive(reparameterization=None)
+
+    def map(self, fn) -> "Param":
+        """A parameter with base `fn(base)`; keeps the id, the reparameterization and the
+        configured trainability (applied again by a later `train()`)."""
+        t = fn(self.base())
+        if not isinstance(t, Tensor):
+            raise TypeError(f"Param.map: the function must return a Tensor, it returned {type(t).__name__}")
+        return self._derive(value=t, lazy=None, ad=t._ad)
+
+    def set_require_grad(self, flag: bool) -> "Param":
+        """Configure trainability; applied now when autodiff is on, else at the next train()."""
+        flag = bool(flag)
+        if self.kind != "float":
+            if flag:
+                raise TensorError(f"set_require_grad: only float parameters have gradients, this one is {self.kind}")
+            return self._derive()
+        if self._value is None:
+            return self._derive(active=flag)
+        t = self._value
+        if t._ad:
+            t = _adapt(t, True, flag)
+        return self._derive(value=t, active=flag)
+
+    def no_grad(self) -> "Param":
+        return self.set_require_grad(False)
+
+    # ------------------------------------------------------------------ transitions
+    # Each public transition applies to the base and to the reparameterization module; the
+    # `_..._base` forms leave the reparameterization object as it is (module traversal walks it
+    # separately, with paths).
+    def _reparam(self, method: str, *args):
+        r = self.reparameterization
+        return None if r is None else getattr(r, method)(*args)
+
+    def to_device(self, device) -> "Param":
+        """On `device`. An initialized tensor's transfer is recorded by autodiff (gradients flow
+        back to the source, none is retained here); a lazy parameter no other live Param shares
+        just changes where it will be initialized."""
+        dst = Device(device)
+        return self._to_device_base(dst)._derive(reparameterization=self._reparam("to_device", dst))
+
+    def fork(self, device) -> "Param":
+        """On `device`, detached from the source's graph, gradient retention restored: the
+        destination parameter can be optimized independently."""
+        dst = Device(device)
+        return self._fork_base(dst)._derive(reparameterization=self._reparam("fork", dst))
+
+    def valid(self) -> "Param":
+        """Without autodiff; the configured trainability is kept for `train()`."""
+        return self._valid_base()._derive(reparameterization=self._reparam("valid"))
+
+    def train(self) -> "Param":
+        """With autodiff and the configured trainability applied (a tensor that is already part
+        of a graph, e.g. a recorded transfer, is kept as it is)."""
+        return self._train_base()._derive(reparameterization=self._reparam("train"))
+
+    def _lazy_movable(self) -> bool:
+        lazy = self._lazy
+        return lazy is not None and lazy.value is None and not lazy.shared_with_other_than(self)
+
+    def _moved_lazy(self, dst: Device) -> _Lazy:
+        old = self._lazy
+        return _Lazy(old.init, dst, old.require_grad, old.shape, old.kind)
+
+    def _to_device_base(self, dst: Device) -> "Param":
+        if self._lazy_movable():
+            return self._derive(lazy=self._moved_lazy(dst))
+        t = self.base().to_device(dst)
+        return self._derive(value=t, lazy=None, ad=t._ad)
+
+    def _fork_base(self, dst: Device) -> "Param":
+        if self._lazy_movable():
+            return self._derive(lazy=self._moved_lazy(dst))
+        src = self.base()
+        if src._data.dtype.kind == "f":
+            rg = src.is_require_grad()
+            t = src.to_device(dst).detach()
+            if rg:
+                t = t.set_require_grad(True)
+        else:
+            t = src.to_device(dst)
+        return self._derive(value=t, lazy=None, ad=t._ad)
+
+    def _valid_base(self) -> "Param":
+        if self._value is None:
+            return self._derive(ad=False)
+        return self._derive(value=_view(self._value, False, False), ad=False)
+
+    def _train_base(self) -> "Param":
+        if self._value is None:
+            return self._derive(ad=True)
+        t = self._value
+        if not (t._ad and t._node is not None and not t._node.leaf):
+            t = _view(t, True, self._active)
+        return self._derive(value=t, ad=True)
+
+    # ------------------------------------------------------------------ misc
+    def __repr__(self) -> str:
+        state = "initialized" if self.is_initialized() else "lazy"
+        return (f"Param(id={self.id}, dims={list(self.lazy_shape())}, kind={self.kind}, device={self.lazy_device()}, "
+                f"{state}{', require_grad' if self.is_require_grad() else ''})")
+
+    def __str__(self) -> str:
+        return f"Param: {self.id}"
