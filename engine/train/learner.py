@@ -1,0 +1,364 @@
+"""The training loop: epochs of training and validation steps, events, pause / resume / stop,
+seeds, checkpoints.
+
+```python
+learner = Learner(model, optim.AdamConfig().init(), lr=1e-3, task=build_task("spirals"),
+                  config=TrainingConfig(num_epochs=20, batch_size=64, seed=7))
+learner.subscribe(print)          # every event (see events.py)
+result = learner.run()            # blocks; run it on a worker thread for a GUI
+result.model, result.status       # "finished" | "stopped" | "failed"
+```
+
+Control. `pause()`, `resume()` and `stop()` may be called from any thread; the loop honours
+them between two steps (a step is never interrupted). `stop()` also ends a pause.
+
+One step. By default a step is `output = model.forward(inputs)`, then the task's loss
+(`cross_entropy` for classification, `mse_loss` for regression); pass `step=fn(model, batch)`
+returning a `StepOutput` for anything else (several named losses, a custom forward). A loss
+that is NaN or infinite ends the run with a `Failed` event saying which loss, at which epoch
+and step, and its value; the step's update is not applied.
+
+Reproducibility. `seed` fixes the shuffling (epoch `e` is shuffled by `(seed, e)`) and, at
+the start of each epoch, reseeds the training device's generator from `(seed, e)`, so dropout
+masks and any random op of epoch `e` do not depend on what ran before. A model given as a
+factory `fn(device) -> Module` is built after the device is seeded with `seed`. Resuming from
+a checkpoint written at the end of epoch `e` therefore gives the very losses of the
+uninterrupted run from epoch `e + 1` on.
+
+Checkpoints. With `checkpoint_every=N` and `checkpoint_dir`, the end of every N-th epoch
+writes `checkpoint_dir/epoch-<e>/`: `model.bpk` (the module record), `optimizer.bpk` (the
+optimizer state record), `scheduler.bpk` (the scheduler's scalars) and `training.json` (epoch,
+global step, seed, history). `Learner.resume_from(path)` (or `TrainingConfig.resume_from`)
+loads them and continues with the next epoch.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..autodiff import no_recording
+from ..tensor.device import as_device
+from . import events as ev
+from .data import DataLoader, Dataset
+from .losses import cross_entropy, mse_loss
+from .metrics import LossMetric, Metric, default_metrics
+
+
+@dataclass
+class TrainingConfig:
+    num_epochs: int = 10
+    batch_size: int = 64
+    valid_batch_size: int | None = None
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    checkpoint_every: int = 0  # epochs; 0: never
+    checkpoint_dir: str | None = None
+    resume_from: str | None = None
+    throughput_interval: float = 1.0  # seconds between Throughput events
+    device: object = None
+
+    def __post_init__(self):
+        if self.num_epochs < 1:
+            raise ValueError(f"TrainingConfig: num_epochs must be at least 1, got {self.num_epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"TrainingConfig: batch_size must be at least 1, got {self.batch_size}")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("TrainingConfig: checkpoint_every is set but checkpoint_dir is not: say where to write")
+
+
+@dataclass
+class StepOutput:
+    """What one step produced: the loss to minimize, and what metrics read.
+
+    `losses` optionally names the loss's parts (each is checked for NaN / infinity)."""
+
+    loss: object  # Tensor, rank 0
+    output: object = None  # Tensor
+    targets: object = None  # Tensor
+    losses: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainingResult:
+    status: str  # "finished" | "stopped" | "failed"
+    model: object
+    epochs_completed: int
+    step_losses: list  # training loss of every step, in order
+    history: list  # per epoch: {"epoch", "train": {...}, "valid": {...}}
+    error: str | None = None
+
+
+def default_step(kind: str, pad_token: int | None = None):
+    loss_fn = cross_entropy if kind == "classification" else mse_loss
+
+    def step(model, batch) -> StepOutput:
+        output = model.forward(batch.inputs)
+        if kind == "classification":
+            loss = loss_fn(output, batch.targets, pad_token) if pad_token is not None else loss_fn(output, batch.targets)
+        else:
+            loss = loss_fn(output, batch.targets)
+        return StepOutput(loss, output, batch.targets)
+
+    return step
+
+
+def _derived_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(epoch), 0x5EED]).generate_state(1)[0])
+
+
+class Learner:
+    def __init__(self, model, optimizer, lr=1e-3, task=None, train=None, valid=None, config=None, kind=None,
+                 step=None, valid_step=None, metrics=None, listeners=()):
+        from ..optim.lr_scheduler import as_scheduler
+
+        self.config = config or TrainingConfig()
+        self.device = as_device(self.config.device)
+        self.task = task
+        self.train_set: Dataset = train if train is not None else (task.train if task is not None else None)
+        self.valid_set: Dataset | None = valid if valid is not None else (task.valid if task is not None else None)
+        if self.train_set is None:
+            raise ValueError("Learner: give a task or a training data set (train=...)")
+        self.kind = kind or (task.kind if task is not None else "classification")
+        self.step_fn = step or default_step(self.kind)
+        self.valid_step_fn = valid_step or self.step_fn
+        self._model_arg = model
+        self.optimizer = optimizer
+        self.scheduler = as_scheduler(lr)
+        self.metric_factory = metrics
+        self._listeners = list(listeners)
+        self._cond = threading.Condition()
+        self._paused = False
+        self._stop = False
+        self.state = "idle"  # idle | running | paused | finished | stopped | failed
+        self._start_epoch = 1
+        self._global_step = 0
+        self._step_losses: list = []
+        self._history: list = []
+        if self.config.resume_from:
+            self.resume_from(self.config.resume_from)
+
+    # ------------------------------------------------------------------ listeners
+    def subscribe(self, listener) -> None:
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener) -> None:
+        self._listeners.remove(listener)
+
+    def _emit(self, event) -> None:
+        for listener in list(self._listeners):
+            listener(event)
+
+    # ------------------------------------------------------------------ control (any thread)
+    def pause(self) -> None:
+        with self._cond:
+            self._paused = True
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    def _checkpoint_between_steps(self, epoch: int, step: int) -> bool:
+        """Honour pause and stop; True when the run must stop."""
+        if not self._paused and not self._stop:
+            return False
+        with self._cond:
+            if self._paused and not self._stop:
+                self.state = "paused"
+                self._emit(ev.Paused(epoch, step))
+                while self._paused and not self._stop:
+                    self._cond.wait()
+                if not self._stop:
+                    self.state = "running"
+                    self._emit(ev.Resumed(epoch, step))
+            return self._stop
+
+    # ------------------------------------------------------------------ metrics
+    def _new_metrics(self) -> list[Metric]:
+        if self.metric_factory is None:
+            return default_metrics(self.kind)
+        ms = self.metric_factory() if callable(self.metric_factory) else list(self.metric_factory)
+        if not any(isinstance(m, LossMetric) for m in ms):
+            ms = [LossMetric(), *ms]
+        return ms
+
+    # ------------------------------------------------------------------ checkpoints
+    def resume_from(self, path) -> None:
+        """Load a checkpoint written by this loop; the run continues with the next epoch."""
+        from .checkpoint import load_checkpoint
+
+        state = load_checkpoint(path, self._model_arg if not callable(self._model_arg) or hasattr(self._model_arg, "named_params") else None,
+                                self.optimizer, self.scheduler)
+        self._model_arg = state["model"]
+        self.optimizer = state["optimizer"]
+        self._start_epoch = state["epoch"] + 1
+        self._global_step = state["global_step"]
+        self._step_losses = list(state["step_losses"])
+        self._history = list(state["history"])
+
+    def _save_checkpoint(self, model, epoch: int) -> str:
+        from .checkpoint import save_checkpoint
+
+        path = Path(self.config.checkpoint_dir) / f"epoch-{epoch}"
+        save_checkpoint(path, model, self.optimizer, self.scheduler, dict(
+            epoch=epoch, global_step=self._global_step, seed=self.config.seed,
+            step_losses=self._step_losses, history=self._history))
+        return str(path)
+
+    # ------------------------------------------------------------------ the loop
+    def _build_model(self):
+        m = self._model_arg
+        if callable(m) and not hasattr(m, "named_params"):
+            self.device.seed(self.config.seed)
+            m = m(self.device)
+        return m
+
+    def run(self) -> TrainingResult:
+        cfg = self.config
+        with self._cond:
+            self._stop = False
+        self.state = "running"
+        epoch, step = self._start_epoch, 0
+        model = None
+        try:
+            model = self._build_model()
+            if hasattr(model, "train"):
+                model = model.train()
+            loader = DataLoader(self.train_set, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed,
+                                drop_last=cfg.drop_last, device=self.device)
+            valid_loader = None
+            if self.valid_set is not None and len(self.valid_set):
+                valid_loader = DataLoader(self.valid_set, cfg.valid_batch_size or cfg.batch_size, shuffle=False,
+                                          device=self.device)
+            self._emit(ev.Started(cfg.num_epochs, len(loader), self._start_epoch, cfg.seed))
+            last_metrics: dict = {}
+            from ..optim import GradientsParams
+
+            for epoch in range(self._start_epoch, cfg.num_epochs + 1):
+                loader.set_epoch(epoch)
+                self.device.seed(_derived_seed(cfg.seed, epoch))
+                metrics = self._new_metrics()
+                t_mark, items_mark, steps_mark = time.perf_counter(), 0, 0
+                step = 0
+                for step, batch in enumerate(loader, start=1):
+                    if self._checkpoint_between_steps(epoch, step - 1):
+                        return self._finish_stopped(model, epoch, step - 1)
+                    lr = self.scheduler.step()
+                    out = self.step_fn(model, batch)
+                    bad = _non_finite(out)
+                    if bad is not None:
+                        name, value = bad
+                        message = (f"the {name} is {value} at epoch {epoch}, step {step} "
+                                   f"(global step {self._global_step + 1}); the run stopped before applying this step")
+                        return self._finish_failed(model, epoch, step, message, name, value)
+                    loss_value = float(out.loss)
+                    grads = GradientsParams.from_grads(out.loss.backward(), model)
+                    model = self.optimizer.step(lr, model, grads)
+                    self._global_step += 1
+                    self._step_losses.append(loss_value)
+                    n = len(batch)
+                    for m in metrics:
+                        m.update(out.output, out.targets, loss_value)
+                    self._emit(ev.StepLoss(epoch, step, len(loader), self._global_step, loss_value))
+                    self._emit(ev.LearningRate(epoch, step, self._global_step, float(lr)))
+                    items_mark += n
+                    steps_mark += 1
+                    now = time.perf_counter()
+                    if now - t_mark >= cfg.throughput_interval or step == len(loader):
+                        dt = max(now - t_mark, 1e-9)
+                        self._emit(ev.Throughput(epoch, self._global_step, items_mark / dt, steps_mark / dt))
+                        t_mark, items_mark, steps_mark = now, 0, 0
+                train_metrics = {m.name: m.value() for m in metrics}
+                self._emit(ev.EpochMetrics(epoch, train_metrics))
+                record = {"epoch": epoch, "train": train_metrics}
+                last_metrics = train_metrics
+                if valid_loader is not None:
+                    valid_metrics = self._validate(model, valid_loader, epoch)
+                    if valid_metrics is None:
+                        return self._finish_stopped(model, epoch, step)
+                    record["valid"] = valid_metrics
+                    last_metrics = valid_metrics
+                    self._emit(ev.ValidationMetrics(epoch, valid_metrics))
+                self._history.append(record)
+                if cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0:
+                    path = self._save_checkpoint(model, epoch)
+                    self._emit(ev.CheckpointSaved(epoch, path))
+            self.state = "finished"
+            self._emit(ev.Finished(cfg.num_epochs, last_metrics))
+            return TrainingResult("finished", model, cfg.num_epochs, self._step_losses, self._history)
+        except _NonFiniteLoss as e:
+            return self._finish_failed(model, epoch, step, e.message, e.name, e.value)
+        except Exception as e:  # reported as an event: the worker thread must not die silently
+            message = f"{type(e).__name__}: {e} (at epoch {epoch}, step {step})"
+            self.state = "failed"
+            self._emit(ev.Failed(epoch, step, message))
+            return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history,
+                                  error=message + "\n" + traceback.format_exc())
+
+    def _validate(self, model, loader, epoch):
+        metrics = self._new_metrics()
+        vmodel = model.valid() if hasattr(model, "valid") else model
+        with no_recording():
+            for i, batch in enumerate(loader):
+                if self._stop:
+                    return None
+                out = self.valid_step_fn(vmodel, batch)
+                bad = _non_finite(out, "validation")
+                if bad is not None:
+                    name, value = bad
+                    raise _NonFiniteLoss(name, value, f"the {name} is {value} at epoch {epoch}, validation batch {i + 1}")
+                loss_value = float(out.loss)
+                for m in metrics:
+                    m.update(out.output, out.targets, loss_value)
+        return {m.name: m.value() for m in metrics}
+
+    def _finish_stopped(self, model, epoch, step) -> TrainingResult:
+        self.state = "stopped"
+        self._emit(ev.Stopped(epoch, step))
+        return TrainingResult("stopped", model, epoch - 1, self._step_losses, self._history)
+
+    def _finish_failed(self, model, epoch, step, message, name, value) -> TrainingResult:
+        self.state = "failed"
+        self._emit(ev.Failed(epoch, step, message, name, value))
+        return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history, error=message)
+
+
+class _NonFiniteLoss(Exception):
+    def __init__(self, name, value, message):
+        super().__init__(message)
+        self.name, self.value, self.message = name, value, message
+
+
+def _non_finite(out: StepOutput, split: str = "training"):
+    """(name, value) of the first NaN / infinite loss of a step, or None; a named part that
+    went bad is reported rather than the total it spoiled."""
+    for name, part in (out.losses or {}).items():
+        v = float(part)
+        if not math.isfinite(v):
+            return f"{split} loss '{name}'", v
+    value = float(out.loss)
+    if not math.isfinite(value):
+        return f"{split} loss", value
+    return None
+
+
+def history_json(history) -> str:
+    return json.dumps(history)

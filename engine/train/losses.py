@@ -1,0 +1,80 @@
+"""The training loop's default losses, each one recorded node with its own backward rule.
+
+- `cross_entropy(logits, targets, pad_token=None)`: mean over items of
+  `logsumexp(logits) - logits[target]`; logits `[..., classes]`, integer targets `[...]`.
+  Fused: the backward rule is `(softmax - one_hot) / n`, so a step records one node instead
+  of four. Items whose target is `pad_token` count for nothing.
+- `mse_loss(output, targets)`: mean of squared differences (targets as a constant).
+
+`engine.nn` has Burn's loss modules (CrossEntropyLoss, MseLoss, ...); a training step may use
+those instead. These are what the loop uses when the step is left to it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor.tensor import Tensor, TensorError, record
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, pad_token: int | None = None) -> Tensor:
+    x = logits._data
+    y = targets._data if isinstance(targets, Tensor) else targets
+    xp = logits.device.xp
+    if logits.kind != "float":
+        raise TensorError(f"cross_entropy: expected float logits, got {logits.dtype}")
+    if y.dtype.kind not in "iu":
+        raise TensorError(f"cross_entropy: expected integer class targets, got dtype {y.dtype}")
+    if x.ndim < 1 or tuple(y.shape) != tuple(x.shape[:-1]):
+        raise TensorError(
+            f"cross_entropy: expected targets of dims {list(x.shape[:-1])} (the logits' dims without the "
+            f"class axis), got logits {list(x.shape)} and targets {list(y.shape)}"
+        )
+    c = x.shape[-1]
+    x2 = x.reshape(-1, c)
+    y1 = y.reshape(-1)
+    if y1.size and (int(y1.min()) < 0 or int(y1.max()) >= c) and pad_token is None:
+        bad = int(y1.min()) if int(y1.min()) < 0 else int(y1.max())
+        raise TensorError(f"cross_entropy: class index {bad} is out of range for {c} classes")
+    keep = None
+    if pad_token is not None:
+        keep = y1 != pad_token
+        y1 = xp.where(keep, y1, 0)
+    n = int(keep.sum()) if keep is not None else y1.shape[0]
+    m = x2.max(axis=1, keepdims=True)
+    shifted = x2 - m
+    e = xp.exp(shifted)
+    s = e.sum(axis=1, keepdims=True)
+    rows = xp.arange(x2.shape[0])
+    per_item = xp.log(s[:, 0]) - shifted[rows, y1]
+    if keep is not None:
+        per_item = per_item * keep
+    out = per_item.sum() / max(n, 1)
+    out = xp.asarray(out, dtype=x.dtype)
+    shape = x.shape
+
+    def rule(g):
+        grad = e / s  # softmax, a fresh array
+        grad[rows, y1] -= 1.0
+        scale = g * (1.0 / max(n, 1))
+        if keep is not None:
+            grad *= keep[:, None]
+        grad *= scale.astype(grad.dtype)
+        return (grad.reshape(shape),)
+
+    return record(out, logits.device, (logits,), rule, "cross_entropy")
+
+
+def mse_loss(output: Tensor, targets: Tensor) -> Tensor:
+    x = output._data
+    y = targets._data if isinstance(targets, Tensor) else targets
+    xp = output.device.xp
+    if tuple(y.shape) != tuple(x.shape):
+        raise TensorError(f"mse_loss: expected targets of dims {list(x.shape)} like the output, got {list(y.shape)}")
+    diff = x - y.astype(x.dtype, copy=False)
+    n = diff.size
+    out = xp.asarray((diff * diff).sum() / max(n, 1), dtype=x.dtype)
+
+    def rule(g):
+        return (diff * (g * (2.0 / max(n, 1))).astype(diff.dtype),)
+
+    return record(out, output.device, (output,), rule, "mse_loss")
