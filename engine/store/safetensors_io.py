@@ -63,7 +63,9 @@ def decode(buf, where: str = "bytes") -> Burnpack:
         _fail(where, f"safetensors header is not valid JSON: {exc}")
     if not isinstance(header, dict):
         _fail(where, f"safetensors header: a JSON object expected, found {type(header).__name__}")
-    meta = header.pop("__metadata__", None) or {}
+    meta = header.pop("__metadata__", None)
+    if meta is None:
+        meta = {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         _fail(where, "safetensors __metadata__ must map text to text")
     if len(header) > MAX_TENSORS:
@@ -76,7 +78,7 @@ def decode(buf, where: str = "bytes") -> Burnpack:
         if not isinstance(desc, dict):
             _fail(where, f"tensor {name!r}: a descriptor object expected, found {type(desc).__name__}")
         st_dtype = desc.get("dtype")
-        if st_dtype not in _TO_BURN:
+        if not isinstance(st_dtype, str) or st_dtype not in _TO_BURN:
             _fail(where, f"tensor {name!r}: dtype {st_dtype!r} is not supported, expected one of {', '.join(_TO_BURN)}")
         dtype = _TO_BURN[st_dtype]
         shape = desc.get("shape")
