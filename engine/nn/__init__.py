@@ -1,0 +1,16 @@
+"""Burn's built-in layers and losses under Burn's names.
+
+    from engine import nn
+    linear = nn.LinearConfig(d_input=3, d_output=5).init(device)
+    print(linear)   # Linear {d_input: 3, d_output: 5, bias: true, params: 20}
+
+Each layer has a `…Config` dataclass with Burn's fields and defaults, built by
+`config.init(device)` (parameter-free layers take no device), a `forward` whose docstring has a
+`Shapes` section and whose inputs are checked with `assert_shape` at the boundary, Burn's
+parameter names and layouts, Burn's default initializers and Burn's display.
+"""
+from .linear import *  # noqa: F401,F403
+from .embedding import *  # noqa: F401,F403
+from .dropout import *  # noqa: F401,F403
+from .norm import *  # noqa: F401,F403
+from .activation import *  # noqa: F401,F403

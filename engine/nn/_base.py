@@ -1,0 +1,122 @@
+"""What every built-in layer file shares: configs, display helpers, lazy parameters."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..module import init as initializers
+from ..module.display import Content, Debug, DisplaySettings, option, rust_debug  # noqa: F401
+from ..module.flag import Flag
+from ..module.module import Module
+from ..module.param import Param
+from ..module.shape import ShapeError, assert_shape  # noqa: F401
+
+__all__ = [
+    "Config",
+    "Module",
+    "Param",
+    "Flag",
+    "Content",
+    "DisplaySettings",
+    "assert_shape",
+    "row_settings",
+    "f64",
+    "f32",
+    "dbg",
+    "rust_bool",
+    "initializers",
+    "init_with",
+    "state",
+]
+
+
+def init_with(initializer, shape, fan_in, fan_out, device, require_grad: bool = True):
+    """A lazy parameter drawn by `initializer` on first use (Burn's `Initializer::init_with`)."""
+    if require_grad:
+        return initializer.init_with(tuple(shape), fan_in, fan_out, device)
+    dims = tuple(int(s) for s in shape)
+    return Param.uninitialized(lambda d, rg: initializer.init_tensor(dims, fan_in, fan_out, d), device, False, dims)
+
+
+def state(initializer, shape, device):
+    """Saved running state (Burn's `RunningState`): a lazy parameter without gradient."""
+    return init_with(initializer, shape, None, None, device, require_grad=False)
+
+
+class Config:
+    """Mixin for the `…Config` dataclasses: Burn's `with_<field>(value)` builders.
+
+    `LinearConfig(3, 5).with_bias(False)` is `dataclasses.replace(config, bias=False)`.
+    """
+
+    def __getattr__(self, name: str):
+        if name.startswith("with_"):
+            field = name[5:]
+            names = {f.name for f in dataclasses.fields(self)}
+            if field in names:
+                return lambda value: dataclasses.replace(self, **{field: value})
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+
+def row_settings():
+    """Burn's built-in layers print on one line: `with_new_line_after_attribute(false)`."""
+    return DisplaySettings().with_new_line_after_attribute(False).optional()
+
+
+def f64(x) -> str:
+    """A float as Rust's `Display` for f64 writes it: shortest round trip, never an exponent."""
+    x = float(x)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return np.format_float_positional(x, unique=True, trim="-")
+
+
+def f32(x) -> str:
+    """A float as Rust's `Display` for f32 writes it (the shortest f32 round trip)."""
+    x = np.float32(x)
+    if np.isnan(x):
+        return "NaN"
+    if np.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return np.format_float_positional(x, unique=True, trim="-")
+
+
+def f32_debug(x) -> str:
+    """A float as Rust's `Debug` for f32 writes it (`2.0`, `0.5`)."""
+    s = f32(x)
+    if s.lstrip("-").isdigit():
+        s += ".0"
+    return s
+
+
+def dbg(value) -> str:
+    """Rust's `{:?}` of an int, a bool, a float (f64) or a sequence of those: `[1, 1]`."""
+    if isinstance(value, bool):
+        return rust_bool(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(dbg(v) for v in value) + "]"
+    if isinstance(value, float):
+        s = f64(value)
+        return s + ".0" if s.lstrip("-").isdigit() else s
+    return str(value)
+
+
+def rust_bool(value) -> str:
+    return "true" if value else "false"
+
+
+def pair(value, n: int, name: str, owner: str) -> tuple:
+    """An int or a sequence of `n` ints as a tuple of `n` ints (for kernel sizes, strides)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value),) * n
+    try:
+        items = tuple(int(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{owner}: expected {name} as {n} ints, got {value!r}") from None
+    if len(items) != n:
+        raise ValueError(f"{owner}: expected {name} as {n} ints, got {list(items)}")
+    return items

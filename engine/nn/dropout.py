@@ -1,0 +1,52 @@
+"""Dropout: zero entries at random while training, scaling the rest by `1 / (1 - prob)`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._base import Config, Flag, Module, f64, row_settings
+
+__all__ = ["DropoutConfig", "Dropout"]
+
+
+@dataclass
+class DropoutConfig(Config):
+    """Configuration of a [`Dropout`] layer."""
+
+    prob: float
+
+    def init(self, device=None) -> "Dropout":
+        if not 0.0 <= self.prob <= 1.0:
+            raise ValueError(f"Dropout probability should be between 0 and 1, but got {f64(self.prob)}")
+        return Dropout(self.prob)
+
+
+class Dropout(Module):
+    """Sets entries of the input to zero with probability `prob` during training.
+
+    Active only while the module's training flag is on (`valid()` and `freeze()` turn it off)
+    and the input is associated with autodiff, as Burn's dropout is only active on an autodiff
+    backend. Kept entries are scaled by `1 / (1 - prob)`.
+    """
+
+    def __init__(self, prob: float):
+        super().__init__()
+        self.prob = float(prob)
+        self.training = Flag(True)
+
+    def forward(self, input):
+        """Applies the forward pass on the input tensor.
+
+        # Shapes
+
+        - input: `[..., any]`
+        - output: `[..., any]`
+        """
+        if not self.training or self.prob == 0.0 or not input.is_autodiff():
+            return input
+        return input.dropout(self.prob)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("prob", f64(self.prob)).optional()
