@@ -7,7 +7,7 @@ from .tensor import Tensor, TensorError, tensor_method
 # each file attaches its operations to Tensor
 from . import ops_elementwise, ops_reduce, ops_matmul, ops_shape, ops_device, ops_index  # noqa: E402,F401
 from .ops_elementwise import where  # noqa: E402
-from . import ops_conv, ops_pool  # noqa: E402,F401
+from . import ops_conv, ops_pool, ops_interp  # noqa: E402,F401
 
 __all__ = [
     "Tensor",
