@@ -4,7 +4,12 @@
     grads = optim.GradientsParams.from_grads(loss.backward(), model)
     model = optimizer.step(lr, model, grads)
 """
+from .adam import Adam, AdamConfig
+from .adamw import AdamW, AdamWConfig
+from .base import ModuleOptimizer, OptimizerRecord, SimpleOptimizer
+from .decay import MomentumConfig, WeightDecayConfig
 from .grad_clipping import GradientClipping, GradientClippingConfig
+from .grads import GradientsParams
 from .lr_scheduler import (
     ConstantLr,
     CosineAnnealingLrSchedulerConfig,
@@ -18,19 +23,32 @@ from .lr_scheduler import (
     as_scheduler,
     linear_warmup,
 )
+from .sgd import Sgd, SgdConfig
 
 __all__ = [
+    "Adam",
+    "AdamConfig",
+    "AdamW",
+    "AdamWConfig",
     "ConstantLr",
     "CosineAnnealingLrSchedulerConfig",
     "ExponentialLrSchedulerConfig",
     "GradientClipping",
     "GradientClippingConfig",
+    "GradientsParams",
     "LinearLrSchedulerConfig",
     "LrScheduler",
     "LrSchedulerError",
+    "ModuleOptimizer",
+    "MomentumConfig",
     "NoamLrSchedulerConfig",
+    "OptimizerRecord",
     "SequentialLrSchedulerConfig",
+    "Sgd",
+    "SgdConfig",
+    "SimpleOptimizer",
     "StepLrSchedulerConfig",
+    "WeightDecayConfig",
     "as_scheduler",
     "linear_warmup",
 ]
