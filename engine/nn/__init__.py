@@ -14,3 +14,5 @@ from .embedding import *  # noqa: F401,F403
 from .dropout import *  # noqa: F401,F403
 from .norm import *  # noqa: F401,F403
 from .activation import *  # noqa: F401,F403
+from .misc import *  # noqa: F401,F403
+from .loss import *  # noqa: F401,F403

@@ -1,0 +1,785 @@
+"""Loss functions under Burn's names, each a module with a `…Config` where Burn has one.
+
+Reduced losses are tensors of dims `[1]`, as Burn returns them; `forward_no_reduction` keeps
+the element-wise values.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..tensor import Tensor, TensorError
+from . import _ops
+from ._base import Config, Module, assert_shape, f64, row_settings
+from .misc import cosine_similarity, lp_norm
+
+__all__ = [
+    "Reduction",
+    "CrossEntropyLossConfig", "CrossEntropyLoss",
+    "BinaryCrossEntropyLossConfig", "BinaryCrossEntropyLoss",
+    "MseLoss",
+    "HuberLossConfig", "HuberLoss",
+    "SmoothL1LossConfig", "SmoothL1Loss",
+    "KLDivLossConfig", "KLDivLoss",
+    "CosineEmbeddingLossConfig", "CosineEmbeddingLoss",
+    "MarginRankingLossConfig", "MarginRankingLoss",
+    "TripletMarginLossConfig", "TripletMarginLoss",
+    "GaussianNLLLossConfig", "GaussianNLLLoss",
+    "PoissonNllLossConfig", "PoissonNllLoss",
+    "HingeEmbeddingLossConfig", "HingeEmbeddingLoss",
+    "MultiMarginLossConfig", "MultiMarginLoss",
+    "SoftMarginLoss",
+]
+
+
+class Reduction(enum.Enum):
+    """How a loss reduces its element-wise values: `Auto` is `Mean` (KLDivLoss: `BatchMean`)."""
+
+    Mean = "Mean"
+    Sum = "Sum"
+    Auto = "Auto"
+    BatchMean = "BatchMean"
+
+    @staticmethod
+    def of(value) -> "Reduction":
+        if isinstance(value, Reduction):
+            return value
+        if isinstance(value, str):
+            for r in Reduction:
+                if r.name.lower() == value.replace("_", "").lower():
+                    return r
+        raise ValueError(f"unknown reduction {value!r}: expected one of {[r.name for r in Reduction]}")
+
+
+def _reduce(loss, reduction, owner: str, batch_mean: bool = False):
+    r = Reduction.of(reduction)
+    if r is Reduction.Sum:
+        return loss.sum().reshape(1)
+    if r is Reduction.Mean or (r is Reduction.Auto and not batch_mean):
+        return loss.mean().reshape(1)
+    if batch_mean:
+        return (loss.sum() * (1.0 / loss.shape[0])).reshape(1)
+    raise ValueError(f"{owner}: {r.name} reduction is not supported (expected Mean, Sum or Auto)")
+
+
+def _same_dims(owner: str, a, b, a_name: str, b_name: str):
+    if tuple(a.shape) != tuple(b.shape):
+        raise TensorError(
+            f"{owner}: shape of {b_name} ({list(b.shape)}) should correspond to the shape of {a_name} ({list(a.shape)})"
+        )
+
+
+def _f32(x):
+    return None if x is None else np.float32(x)
+
+
+# ---------------------------------------------------------------------- cross entropy
+@dataclass
+class CrossEntropyLossConfig(Config):
+    """Configuration of a [`CrossEntropyLoss`]: pad tokens, class weights, label smoothing."""
+
+    pad_tokens: list | None = None
+    weights: list | None = None
+    smoothing: float | None = None
+    logits: bool = True
+
+    def init(self, device=None) -> "CrossEntropyLoss":
+        if self.smoothing is not None and not 0.0 <= self.smoothing <= 1.0:
+            raise ValueError(
+                f"Alpha of Cross-entropy loss with smoothed labels should be in interval [0, 1]. Got {f64(self.smoothing)}"
+            )
+        if self.weights is not None and not all(w > 0 for w in self.weights):
+            raise ValueError("Weights of cross-entropy have to be positive.")
+        weights = None
+        if self.weights is not None:
+            weights = Tensor.from_data(np.asarray(self.weights, dtype=np.float32), device=device)
+        pads = None if self.pad_tokens is None else [int(p) for p in self.pad_tokens]
+        return CrossEntropyLoss(pads, weights, self.smoothing, self.logits)
+
+
+class CrossEntropyLoss(Module):
+    """Cross entropy of logits against integer class targets.
+
+    Pad tokens contribute zero (and still count in the batch mean, as in Burn); class weights
+    give `-sum(w[t] * log p[t]) / sum(w[t])`; label smoothing `a` replaces the one-hot targets
+    by `y (1 - a) + a / classes`.
+    """
+
+    def __init__(self, pad_tokens, weights, smoothing, logits: bool):
+        super().__init__()
+        self.pad_tokens = pad_tokens
+        self.weights = weights
+        self.smoothing = None if smoothing is None else float(smoothing)
+        self.logits = bool(logits)
+
+    def forward(self, logits, targets):
+        """Compute the criterion on the input tensor.
+
+        # Shapes
+
+        - logits: `[batch_size, num_targets]`
+        - targets: `[batch_size]`
+        - output: `[1]`
+        """
+        assert_shape(logits, [None, None])
+        batch_size, num_targets = logits.dims()
+        assert_shape(targets, [batch_size])
+        if targets.kind != "int":
+            raise TensorError(f"CrossEntropyLoss: expected int class targets, got {targets.dtype}")
+        xp = logits.device.xp
+        t = targets.to_device(logits.device)._data
+        if t.size and (int(t.min()) < 0 or int(t.max()) >= num_targets):
+            bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
+            raise TensorError(
+                f"CrossEntropyLoss: target class {bad} is out of range for {num_targets} classes "
+                f"(expected 0 <= target < {num_targets})"
+            )
+        dtype = logits._data.dtype
+        dist = (t[:, None] == xp.arange(num_targets)[None, :]).astype(dtype)
+        if self.smoothing is not None:
+            a = float(np.float32(self.smoothing))
+            dist = dist * (1.0 - a) + a / num_targets
+        if self.weights is not None:
+            w = self.weights.to_device(logits.device)._data.astype(dtype)
+            dist = dist * w[None, :]
+            denom = float(w[t].sum())
+        else:
+            denom = float(batch_size)
+        if self.pad_tokens:
+            keep = ~xp.isin(t, xp.asarray(self.pad_tokens))
+            dist = dist * keep[:, None]
+        log_probs = self.logits or self.smoothing is None
+        return _ops.softmax_cross_entropy(logits, dist, denom, log_probs)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        pads = "None" if self.pad_tokens is None else f"Vec<0..{len(self.pad_tokens)}>"
+        return (
+            content.add("pad_tokens", pads)
+            .add("weights", self.weights)
+            .add("smoothing", _f32(self.smoothing))
+            .add("logits", self.logits)
+            .optional()
+        )
+
+
+@dataclass
+class BinaryCrossEntropyLossConfig(Config):
+    """Configuration of a [`BinaryCrossEntropyLoss`]."""
+
+    weights: list | None = None
+    smoothing: float | None = None
+    logits: bool = False
+
+    def init(self, device=None) -> "BinaryCrossEntropyLoss":
+        if self.smoothing is not None and not 0.0 <= self.smoothing <= 1.0:
+            raise ValueError(
+                f"Alpha of Cross-entropy loss with smoothed labels should be in interval [0, 1]. Got {f64(self.smoothing)}"
+            )
+        if self.weights is not None and not all(w > 0 for w in self.weights):
+            raise ValueError("Weights of cross-entropy have to be positive.")
+        weights = None
+        if self.weights is not None:
+            weights = Tensor.from_data(np.asarray(self.weights, dtype=np.float32), device=device)
+        return BinaryCrossEntropyLoss(weights, self.smoothing, self.logits)
+
+
+class BinaryCrossEntropyLoss(Module):
+    """Binary (or multi-label) cross entropy of probabilities, or of logits with `logits=True`."""
+
+    def __init__(self, weights, smoothing, logits: bool):
+        super().__init__()
+        self.weights = weights
+        self.smoothing = None if smoothing is None else float(smoothing)
+        self.logits = bool(logits)
+
+    def forward(self, logits, targets):
+        """Compute the criterion on the input tensor.
+
+        # Shapes
+
+        Binary:
+        - logits: `[batch_size]`
+        - targets: `[batch_size]`
+
+        Multi-label:
+        - logits: `[batch_size, num_classes]`
+        - targets: `[batch_size, num_classes]`
+        - output: `[1]`
+        """
+        assert_shape(targets, list(logits.dims()))
+        if self.weights is not None and logits.rank > 1:
+            assert_shape(self.weights, [logits.dims()[-1]])
+        t = targets.to_device(logits.device).cast(logits.dtype)
+        if self.smoothing is not None:
+            a = float(np.float32(self.smoothing))
+            classes = logits.shape[-1] if logits.rank > 1 else 2
+            t = t * (1.0 - a) + a / classes
+        if self.logits:
+            loss = (1.0 - t) * logits - _ops.log_sigmoid(logits)
+        else:
+            loss = (t - 1.0) * logits.neg().log1p().clamp_min(-100.0) - t * logits.log().clamp_min(-100.0)
+        if self.weights is not None:
+            w = self.weights.to_device(logits.device).cast(logits.dtype)
+            if logits.rank > 1:
+                loss = loss * w
+            else:
+                idx = targets.to_device(logits.device)._data
+                loss = loss * Tensor._wrap(w._data[idx], logits.device)
+        return loss.mean().reshape(1)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return (
+            content.add("weights", self.weights)
+            .add("smoothing", _f32(self.smoothing))
+            .add("logits", self.logits)
+            .optional()
+        )
+
+
+# ---------------------------------------------------------------------- regression losses
+class MseLoss(Module):
+    """Mean squared error: `(logits - targets)^2`, reduced."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, logits, targets, reduction=Reduction.Auto):
+        """Compute the criterion on the input tensor.
+
+        # Shapes
+
+        - logits: `[batch_size, num_targets]`
+        - targets: `[batch_size, num_targets]`
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(logits, targets), reduction, "MseLoss")
+
+    def forward_no_reduction(self, logits, targets):
+        """The element-wise squared errors (same dims as the inputs)."""
+        assert_shape(targets, list(logits.dims()))
+        d = logits - targets
+        return d * d
+
+
+@dataclass
+class HuberLossConfig(Config):
+    """Configuration of a [`HuberLoss`]."""
+
+    delta: float
+
+    def init(self, device=None) -> "HuberLoss":
+        if not self.delta >= 0.0:
+            raise ValueError("Delta for Huber loss must be a non-negative number.")
+        return HuberLoss(self.delta)
+
+
+class HuberLoss(Module):
+    """`0.5 r^2` where `|r| <= delta`, else `delta * |r| - 0.5 delta^2` (`r = targets - predictions`)."""
+
+    def __init__(self, delta: float):
+        super().__init__()
+        self.delta = np.float32(delta)
+        self.lin_bias = np.float32(self.delta * self.delta * np.float32(0.5))
+
+    def forward(self, predictions, targets, reduction=Reduction.Auto):
+        """Compute the loss element-wise, then reduce to a single value.
+
+        # Shapes
+
+        - predictions: `[...dims]`
+        - targets: `[...dims]`
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(predictions, targets), reduction, "HuberLoss")
+
+    def forward_no_reduction(self, predictions, targets):
+        """The element-wise loss (same dims as the inputs)."""
+        assert_shape(targets, list(predictions.dims()))
+        return self.forward_residuals(targets - predictions)
+
+    def forward_residuals(self, residuals):
+        """The element-wise loss of residuals `targets - predictions`."""
+        d = float(self.delta)
+        large = residuals.abs() > d
+        outside = residuals.clamp(-d, d) * residuals - float(self.lin_bias)
+        inside = residuals * residuals * 0.5
+        return inside.mask_where(large, outside)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("delta", self.delta).add("lin_bias", self.lin_bias).optional()
+
+
+@dataclass
+class SmoothL1LossConfig(Config):
+    """Configuration of a [`SmoothL1Loss`]."""
+
+    beta: float = 1.0
+
+    def init(self, device=None) -> "SmoothL1Loss":
+        if not self.beta > 0.0:
+            raise ValueError("The parameter beta must be positive.")
+        return SmoothL1Loss(self.beta)
+
+
+class SmoothL1Loss(Module):
+    """`0.5 e^2 / beta` where `|e| < beta`, else `|e| - 0.5 beta` (`e = predictions - targets`)."""
+
+    def __init__(self, beta: float = 1.0):
+        super().__init__()
+        self.beta = np.float32(beta)
+
+    def forward(self, predictions, targets):
+        """The element-wise smooth L1 loss (Burn's `forward` does not reduce).
+
+        # Shapes
+
+        - predictions: `[...dims]`
+        - targets: `[...dims]`
+        - output: `[...dims]`
+        """
+        assert_shape(targets, list(predictions.dims()))
+        beta = float(self.beta)
+        err = predictions - targets
+        absd = err.abs()
+        return (absd - 0.5 * beta).mask_where(absd < beta, err * err * (0.5 / beta))
+
+    def forward_with_reduction(self, predictions, targets, reduction=Reduction.Auto):
+        """The loss reduced to dims `[1]`."""
+        return _reduce(self.forward(predictions, targets), reduction, "SmoothL1Loss")
+
+    def forward_reduce_dims(self, predictions, targets, dims):
+        """The loss averaged over `dims` (kept with size 1)."""
+        out = self.forward(predictions, targets)
+        for d in sorted(dims, reverse=True):
+            out = out.mean(d, keepdim=True)
+        return out
+
+
+@dataclass
+class KLDivLossConfig(Config):
+    """Configuration of a [`KLDivLoss`]."""
+
+    log_target: bool = False
+
+    def init(self, device=None) -> "KLDivLoss":
+        return KLDivLoss(self.log_target)
+
+
+class KLDivLoss(Module):
+    """Kullback-Leibler divergence of log-probability predictions against targets.
+
+    `Auto` (and `BatchMean`) divide the sum by the batch size, as the definition wants.
+    """
+
+    def __init__(self, log_target: bool = False):
+        super().__init__()
+        self.log_target = bool(log_target)
+
+    def forward(self, predictions, targets, reduction=Reduction.Auto):
+        """Compute the criterion on the input tensor.
+
+        # Shapes
+
+        - predictions: `[batch_size, num_targets]`
+        - targets: `[batch_size, num_targets]`
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(predictions, targets), reduction, "KLDivLoss", batch_mean=True)
+
+    def forward_no_reduction(self, predictions, targets):
+        """The element-wise divergence terms."""
+        assert_shape(targets, list(predictions.dims()))
+        if self.log_target:
+            return targets.exp() * (targets - predictions)
+        return targets * (targets.clamp(1e-8, 1.0).log() - predictions)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("log_target", self.log_target).optional()
+
+
+# ---------------------------------------------------------------------- embedding / ranking losses
+@dataclass
+class CosineEmbeddingLossConfig(Config):
+    """Configuration of a [`CosineEmbeddingLoss`]."""
+
+    margin: float = 0.0
+    reduction: Reduction = Reduction.Mean
+
+    def init(self, device=None) -> "CosineEmbeddingLoss":
+        return CosineEmbeddingLoss(self.margin, Reduction.of(self.reduction))
+
+
+class CosineEmbeddingLoss(Module):
+    """`1 - cos(x1, x2)` for target 1, `max(0, cos(x1, x2) - margin)` for target -1."""
+
+    def __init__(self, margin: float = 0.0, reduction: Reduction = Reduction.Mean):
+        super().__init__()
+        self.margin = np.float32(margin)
+        self.reduction = Reduction.of(reduction)
+
+    def forward(self, input1, input2, target):
+        """Compute the loss with the configured reduction.
+
+        # Shapes
+
+        - input1: `[batch_size, embedding_dim]`
+        - input2: `[batch_size, embedding_dim]`
+        - target: `[batch_size]` with values 1 or -1
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(input1, input2, target), self.reduction, "CosineEmbeddingLoss")
+
+    def forward_no_reduction(self, input1, input2, target):
+        """The loss of each pair, dims `[batch_size]`."""
+        assert_shape(input1, [None, None])
+        batch_size, embedding_dim = input1.dims()
+        assert_shape(input2, [batch_size, embedding_dim])
+        assert_shape(target, [batch_size])
+        cos = cosine_similarity(input1, input2, 1).squeeze(1)
+        t = target.to_device(cos.device)
+        zero = cos * 0.0
+        loss = zero.mask_where(t.equal(1), 1.0 - cos)
+        return loss.mask_where(t.equal(-1), (cos - float(self.margin)).relu())
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("margin", self.margin).add("reduction", self.reduction.name).optional()
+
+
+@dataclass
+class MarginRankingLossConfig(Config):
+    """Configuration of a [`MarginRankingLoss`]."""
+
+    margin: float = 0.0
+
+    def init(self, device=None) -> "MarginRankingLoss":
+        if not self.margin >= 0.0:
+            raise ValueError("Margin for margin ranking loss must be a non-negative number.")
+        return MarginRankingLoss(self.margin)
+
+
+class MarginRankingLoss(Module):
+    """`max(0, -y * (x1 - x2) + margin)` for targets `y` of +1 or -1."""
+
+    def __init__(self, margin: float = 0.0):
+        super().__init__()
+        self.margin = float(margin)
+
+    def forward(self, first, second, target, reduction=Reduction.Auto):
+        """Compute the loss element-wise, then reduce to a single value.
+
+        # Shapes
+
+        - first: `[...dims]`
+        - second: `[...dims]`
+        - target: `[...dims]`
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(first, second, target), reduction, "MarginRankingLoss")
+
+    def forward_no_reduction(self, first, second, target):
+        """The element-wise loss."""
+        dims = list(first.dims())
+        assert_shape(second, dims)
+        assert_shape(target, dims)
+        return (target * (first - second) * -1.0 + self.margin).relu()
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("margin", self.margin).optional()
+
+
+@dataclass
+class TripletMarginLossConfig(Config):
+    """Configuration of a [`TripletMarginLoss`]."""
+
+    margin: float = 1.0
+    p: float = 2.0
+
+    def init(self, device=None) -> "TripletMarginLoss":
+        return TripletMarginLoss(self.margin, self.p)
+
+
+class TripletMarginLoss(Module):
+    """`max(0, |a - p|_p - |a - n|_p + margin)` per triplet."""
+
+    def __init__(self, margin: float = 1.0, p: float = 2.0):
+        super().__init__()
+        self.margin = float(margin)
+        self.p = float(p)
+
+    def forward(self, anchor, positive, negative, reduction=Reduction.Auto):
+        """Compute the loss for each triplet, then reduce to a single value.
+
+        # Shapes
+
+        - anchor: `[batch_size, embedding_dim]`
+        - positive: `[batch_size, embedding_dim]`
+        - negative: `[batch_size, embedding_dim]`
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(anchor, positive, negative), reduction, "TripletMarginLoss")
+
+    def forward_no_reduction(self, anchor, positive, negative):
+        """The loss of each triplet, dims `[batch_size]`."""
+        assert_shape(anchor, [None, None])
+        batch_size, embedding_dim = anchor.dims()
+        assert_shape(positive, [batch_size, embedding_dim])
+        assert_shape(negative, [batch_size, embedding_dim])
+        dp = lp_norm(anchor - positive, self.p, 1).squeeze(1)
+        dn = lp_norm(anchor - negative, self.p, 1).squeeze(1)
+        return (dp - dn + self.margin).clamp_min(0.0)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("margin", self.margin).add("p", self.p).optional()
+
+
+@dataclass
+class GaussianNLLLossConfig(Config):
+    """Configuration of a [`GaussianNLLLoss`]."""
+
+    eps: float = 1e-6
+    full: bool = False
+
+    def init(self, device=None) -> "GaussianNLLLoss":
+        return GaussianNLLLoss(self.eps, self.full)
+
+
+_HALF_LN_TWO_PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class GaussianNLLLoss(Module):
+    """`0.5 * (log(var) + (input - target)^2 / var)`, var clamped to at least `eps`."""
+
+    def __init__(self, eps: float = 1e-6, full: bool = False):
+        super().__init__()
+        self.eps = float(eps)
+        self.full = bool(full)
+
+    def forward(self, input, target, var, reduction=Reduction.Auto):
+        """Compute the loss element-wise, then reduce to a single value.
+
+        # Shapes
+
+        - input: `[...dims]` (predicted mean)
+        - target: `[...dims]`
+        - var: `[...dims]` (predicted variance, positive)
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(input, target, var), reduction, "GaussianNLLLoss")
+
+    def forward_no_reduction(self, input, target, var):
+        """The element-wise loss."""
+        dims = list(input.dims())
+        assert_shape(target, dims)
+        assert_shape(var, dims)
+        v = var.clamp_min(self.eps)
+        d = input - target
+        loss = (v.log() + d * d / v) * 0.5
+        return loss + _HALF_LN_TWO_PI if self.full else loss
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("eps", self.eps).add("full", self.full).optional()
+
+
+@dataclass
+class PoissonNllLossConfig(Config):
+    """Configuration of a [`PoissonNllLoss`]."""
+
+    log_input: bool = True
+    full: bool = False
+    eps: float = 1e-8
+
+    def init(self, device=None) -> "PoissonNllLoss":
+        if not self.eps > 0.0:
+            raise ValueError("eps for PoissonNllLoss must be a positive number.")
+        return PoissonNllLoss(self.log_input, self.full, self.eps)
+
+
+class PoissonNllLoss(Module):
+    """Poisson negative log likelihood: `exp(p) - t p` (log input) or `p - t log(p + eps)`.
+
+    With `full`, Stirling's term `t log t - t + 0.5 log(2 pi t)` is added where `t > 1`.
+    """
+
+    def __init__(self, log_input: bool = True, full: bool = False, eps: float = 1e-8):
+        super().__init__()
+        self.log_input = bool(log_input)
+        self.full = bool(full)
+        self.eps = float(eps)
+
+    def forward(self, predictions, targets, reduction=Reduction.Auto):
+        """Compute the loss element-wise, then reduce to a single value.
+
+        # Shapes
+
+        - predictions: `[...dims]`
+        - targets: `[...dims]`
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(predictions, targets), reduction, "PoissonNllLoss")
+
+    def forward_no_reduction(self, predictions, targets):
+        """The element-wise loss."""
+        assert_shape(targets, list(predictions.dims()))
+        if bool((targets < 0).any()):
+            raise ValueError("All the values of `targets` must be non-negative.")
+        if not self.log_input and bool((predictions < 0).any()):
+            raise ValueError("When `log_input` is `false`, all the values of `predictions` must be non-negative.")
+        if self.log_input:
+            loss = predictions.exp() - targets * predictions
+        else:
+            loss = predictions - targets * (predictions + self.eps).log()
+        if self.full:
+            safe = targets.clamp_min(1.0)
+            stirling = safe * safe.log() - safe + (safe * (2.0 * math.pi)).log() * 0.5
+            loss = loss + stirling.mask_fill(targets <= 1.0, 0.0)
+        return loss
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("log_input", self.log_input).add("full", self.full).add("eps", self.eps).optional()
+
+
+@dataclass
+class HingeEmbeddingLossConfig(Config):
+    """Configuration of a [`HingeEmbeddingLoss`]."""
+
+    margin: float = 1.0
+
+    def init(self, device=None) -> "HingeEmbeddingLoss":
+        return HingeEmbeddingLoss(self.margin)
+
+
+class HingeEmbeddingLoss(Module):
+    """`x` where the target is 1, `max(0, margin - x)` where it is -1."""
+
+    def __init__(self, margin: float = 1.0):
+        super().__init__()
+        self.margin = float(margin)
+
+    def forward(self, input, target, reduction=Reduction.Auto):
+        """Compute the loss element-wise, then reduce to a single value.
+
+        # Shapes
+
+        - input: `[...dims]`
+        - target: `[...dims]` (values in `{-1, 1}`)
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(input, target), reduction, "HingeEmbeddingLoss")
+
+    def forward_no_reduction(self, input, target):
+        """The element-wise loss."""
+        assert_shape(target, list(input.dims()))
+        negative = (input * -1.0 + self.margin).clamp_min(0.0)
+        return negative.mask_where(target.equal(1), input)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("margin", self.margin).optional()
+
+
+@dataclass
+class MultiMarginLossConfig(Config):
+    """Configuration of a [`MultiMarginLoss`]."""
+
+    margin: float = 1.0
+    p: int = 1
+
+    def init(self, device=None) -> "MultiMarginLoss":
+        if not self.margin >= 0.0:
+            raise ValueError(f"Margin for multi margin loss must be non-negative, got {f64(self.margin)}")
+        if self.p not in (1, 2):
+            raise ValueError(f"Multi margin loss only supports p = 1 or p = 2, got {self.p}")
+        return MultiMarginLoss(self.margin, self.p)
+
+
+class MultiMarginLoss(Module):
+    """`(1 / C) * sum over i != y of max(0, margin - x[y] + x[i])^p` per sample."""
+
+    def __init__(self, margin: float = 1.0, p: int = 1):
+        super().__init__()
+        self.margin = float(margin)
+        self.p = int(p)
+
+    def forward(self, input, target, reduction=Reduction.Auto):
+        """Compute the loss for each sample, then reduce to a single value.
+
+        # Shapes
+
+        - input: `[batch_size, num_classes]`
+        - target: `[batch_size]` (class indices in `0..num_classes`)
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(input, target), reduction, "MultiMarginLoss")
+
+    def forward_no_reduction(self, input, target):
+        """The loss of each sample, dims `[batch_size]`."""
+        assert_shape(input, [None, None])
+        batch_size, num_classes = input.dims()
+        assert_shape(target, [batch_size])
+        correct = input.gather(1, target.reshape(batch_size, 1))
+        h = (input - correct + self.margin).clamp_min(0.0)
+        if self.p == 2:
+            h = h * h
+        margin_p = self.margin**self.p
+        return (h.sum(1) - margin_p) * (1.0 / num_classes)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("margin", self.margin).add("p", self.p).optional()
+
+
+class SoftMarginLoss(Module):
+    """`log(1 + exp(-target * logit))` for targets of +1 or -1."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, logits, targets, reduction=Reduction.Auto):
+        """Compute the criterion on the input tensor.
+
+        # Shapes
+
+        - logits: `[batch_size, num_targets]`
+        - targets: `[batch_size, num_targets]` (values in `{-1, 1}`)
+        - output: `[1]`
+        """
+        return _reduce(self.forward_no_reduction(logits, targets), reduction, "SoftMarginLoss")
+
+    def forward_no_reduction(self, logits, targets):
+        """The element-wise loss."""
+        assert_shape(targets, list(logits.dims()))
+        return _ops.softplus(targets * logits * -1.0, 1.0)
