@@ -8,3 +8,8 @@ from .errors import RecordError
 from .record import ModuleRecord
 
 __all__ = ["Adapter", "ModuleRecord", "PyTorchAdapter", "RecordError", "Scalar", "TensorEntry"]
+
+# Module.into_record / into_record_group / load_record delegate to these
+from .module_io import into_record, into_record_group, load_record  # noqa: E402
+
+__all__ += ["into_record", "into_record_group", "load_record"]

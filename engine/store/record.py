@@ -146,6 +146,7 @@ class ModuleRecord:
         """A record from burnpack bytes (copied once, so that arrays are writable)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise RecordError(f"from_bytes expects bytes, got {type(data).__name__}")
+        adapter = get_adapter(adapter)
         contents = burnpack.decode(bytearray(data), where="bytes")
         return cls._from_contents(contents, adapter)
 
@@ -185,6 +186,7 @@ class ModuleRecord:
     @classmethod
     def load(cls, path, adapter=None) -> "ModuleRecord":
         """Read a burnpack (or, for `.safetensors`, a safetensors file) by memory-mapping it."""
+        adapter = get_adapter(adapter)  # an unknown adapter fails before the file is read
         p = Path(os.fspath(path))
         if not p.exists() and not p.suffix and p.with_name(p.name + ".bpk").exists():
             p = p.with_name(p.name + ".bpk")
