@@ -205,8 +205,7 @@ class Learner:
         """Load a checkpoint written by this loop; the run continues with the next epoch."""
         from .checkpoint import load_checkpoint
 
-        state = load_checkpoint(path, self._model_arg if not callable(self._model_arg) or hasattr(self._model_arg, "named_params") else None,
-                                self.optimizer, self.scheduler)
+        state = load_checkpoint(path, self._build_model(), self.optimizer, self.scheduler)
         self._model_arg = state["model"]
         self.optimizer = state["optimizer"]
         self._start_epoch = state["epoch"] + 1
@@ -226,7 +225,7 @@ class Learner:
     # ------------------------------------------------------------------ the loop
     def _build_model(self):
         m = self._model_arg
-        if callable(m) and not hasattr(m, "named_params"):
+        if _is_factory(m):
             self.device.seed(self.config.seed)
             m = m(self.device)
         return m
@@ -275,8 +274,7 @@ class Learner:
                     self._global_step += 1
                     self._step_losses.append(loss_value)
                     n = len(batch)
-                    for m in metrics:
-                        m.update(out.output, out.targets, loss_value)
+                    _update_metrics(metrics, out, batch, loss_value)
                     self._emit(ev.StepLoss(epoch, step, len(loader), self._global_step, loss_value))
                     self._emit(ev.LearningRate(epoch, step, self._global_step, float(lr)))
                     items_mark += n
@@ -325,9 +323,7 @@ class Learner:
                 if bad is not None:
                     name, value = bad
                     raise _NonFiniteLoss(name, value, f"the {name} is {value} at epoch {epoch}, validation batch {i + 1}")
-                loss_value = float(out.loss)
-                for m in metrics:
-                    m.update(out.output, out.targets, loss_value)
+                _update_metrics(metrics, out, batch, float(out.loss))
         return {m.name: m.value() for m in metrics}
 
     def _finish_stopped(self, model, epoch, step) -> TrainingResult:
@@ -339,6 +335,20 @@ class Learner:
         self.state = "failed"
         self._emit(ev.Failed(epoch, step, message, name, value))
         return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history, error=message)
+
+
+def _update_metrics(metrics, out: StepOutput, batch, loss_value: float) -> None:
+    targets = out.targets if out.targets is not None else batch.targets
+    for m in metrics:
+        if out.output is None and not isinstance(m, LossMetric):
+            continue  # a step that reports only its loss feeds only the loss metric
+        m.update(out.output, targets, loss_value)
+
+
+def _is_factory(m) -> bool:
+    from ..module import Module
+
+    return not isinstance(m, Module) and callable(m)
 
 
 class _NonFiniteLoss(Exception):

@@ -1,0 +1,67 @@
+"""Training checkpoints: a folder holding the model record, the optimizer state, the
+scheduler state and the loop's progress.
+
+    epoch-<e>/model.bpk        module.into_record() (burnpack)
+    epoch-<e>/optimizer.bpk    optimizer.to_record() (burnpack, Burn's optimizer-record names)
+    epoch-<e>/scheduler.bpk    the scheduler's scalars (burnpack scalars, no tensors)
+    epoch-<e>/training.json    {"epoch", "global_step", "seed", "step_losses", "history"}
+
+The folder is written under a temporary name and renamed when complete, so a crash never
+leaves a half checkpoint under the final name.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+FILES = ("model.bpk", "optimizer.bpk", "scheduler.bpk", "training.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder cannot be used; the message says which file and why."""
+
+
+def save_checkpoint(path, model, optimizer, scheduler, progress: dict) -> Path:
+    from ..store import burnpack as bp
+
+    final = Path(path)
+    tmp = final.with_name(final.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.into_record().save(tmp / "model.bpk")
+    optimizer.save(tmp / "optimizer.bpk")
+    scalars = {k: bp.Scalar.of(v) for k, v in scheduler.to_record().items()}
+    (tmp / "scheduler.bpk").write_bytes(bp.encode([], None, scalars))
+    (tmp / "training.json").write_text(json.dumps(progress))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def load_checkpoint(path, model, optimizer, scheduler) -> dict:
+    """Load a checkpoint into `model` (a module of the same structure), `optimizer` and
+    `scheduler`; returns the progress dict with the loaded `model` and `optimizer` added."""
+    from ..store import ModuleRecord
+    from ..store import burnpack as bp
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: expected a checkpoint folder (epoch-<n>), found none")
+    missing = [f for f in FILES if not (folder / f).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder}: expected the files {list(FILES)}, missing {missing}")
+    try:
+        progress = json.loads((folder / "training.json").read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{folder / 'training.json'}: expected JSON, line {e.lineno} column {e.colno}: {e.msg}") from None
+    for key in ("epoch", "global_step", "step_losses", "history"):
+        if key not in progress:
+            raise CheckpointError(f"{folder / 'training.json'}: expected a field {key!r}, found {sorted(progress)}")
+    model = model.load_record(ModuleRecord.load(folder / "model.bpk"))
+    optimizer = optimizer.load(folder / "optimizer.bpk")
+    pack = bp.decode((folder / "scheduler.bpk").read_bytes(), str(folder / "scheduler.bpk"))
+    scheduler.load_record({k: s.value for k, s in pack.scalars.items()})
+    return dict(progress, model=model, optimizer=optimizer)
