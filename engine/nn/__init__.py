@@ -16,3 +16,5 @@ from .norm import *  # noqa: F401,F403
 from .activation import *  # noqa: F401,F403
 from .misc import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
+from .conv import *  # noqa: F401,F403
+from .pool import *  # noqa: F401,F403
