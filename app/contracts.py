@@ -146,7 +146,7 @@ def _contract_from_doc(doc: str) -> str | None:
         m = _ENTRY.match(line)
         if m:
             name, shape = m.group(1).strip(), m.group(2)
-            shape = shape.replace("...", "..")
+            shape = re.sub(r"(?<=[\[,\s])\*(?=[\],\s])", "..", shape.replace("...", ".."))
             (outputs if name.lower().startswith("output") else inputs).append(shape)
         elif line.strip() and not line.startswith((" ", "\t")) and (inputs or outputs):
             break  # the next section begins
@@ -168,10 +168,23 @@ class ContractMismatch(Exception):
 
 
 def _module_env(module: Any) -> dict[str, int]:
+    """The names a contract may use for the module's own sizes: its int fields, and the int
+    attributes its display shows (`Linear`'s `d_input`, `d_output`)."""
     env = {}
     for k, v in getattr(module, "__dict__", {}).items():
         if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_"):
             env[k] = v
+    custom = getattr(module, "custom_content", None)
+    if custom is not None:
+        try:
+            from engine.module import Content  # noqa: PLC0415
+
+            content = custom(Content())
+        except Exception:  # a display that fails is not this check's business
+            content = None
+        for attr in getattr(content, "attributes", None) or ():
+            if attr.name not in env and re.fullmatch(r"-?\d+", attr.value or ""):
+                env[attr.name] = int(attr.value)
     return env
 
 
