@@ -18,3 +18,4 @@ from .misc import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 from .conv import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
+from .interpolate import *  # noqa: F401,F403
