@@ -19,3 +19,4 @@ from .loss import *  # noqa: F401,F403
 from .conv import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
 from .interpolate import *  # noqa: F401,F403
+from .rnn import *  # noqa: F401,F403
