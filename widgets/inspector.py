@@ -1,0 +1,131 @@
+"""The inspector: the selection's parameters and constants, and its freeze / LoRA state.
+
+Reads metadata only: a lazy parameter shows as lazy and stays so.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from engine.module import Param
+
+from . import module_info as mi
+from .common import count, monospace_font
+
+PARAM_COLUMNS = ["Path", "Id", "Shape", "DType", "Device", "State", "Require grad", "Reparameterized"]
+CONST_COLUMNS = ["Path", "Shape", "DType", "Device"]
+MAX_ROWS = 2000
+
+
+def _shape(dims) -> str:
+    return "[" + ", ".join(str(int(d)) for d in dims) + "]"
+
+
+def param_row(path: str, p: Param) -> list[str]:
+    if p.is_initialized():
+        dtype = str(p.base().dtype)
+        state = "initialized"
+    else:
+        dtype = p.kind
+        state = "lazy"
+    r = p.reparameterization
+    reparam = type(r).__name__ if r is not None else ""
+    return [path, str(p.id), _shape(p.shape), dtype, str(p.lazy_device()), state,
+            "yes" if mi.param_trainable(p) else "no", reparam]
+
+
+class Inspector(QWidget):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.header = QLabel("Nothing selected.")
+        self.header.setObjectName("inspector-header")
+        self.header.setWordWrap(True)
+        self.header.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.state = QLabel("")
+        self.state.setObjectName("inspector-state")
+        self.state.setWordWrap(True)
+        self.params = self._table(PARAM_COLUMNS)
+        self.params.setObjectName("inspector-params")
+        self.consts = self._table(CONST_COLUMNS)
+        self.consts.setObjectName("inspector-consts")
+        self.more = QLabel("")
+        split = QSplitter(Qt.Orientation.Vertical)
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.addWidget(QLabel("<b>Parameters</b>"))
+        tl.addWidget(self.params, 1)
+        tl.addWidget(self.more)
+        bottom = QWidget()
+        bl = QVBoxLayout(bottom)
+        bl.setContentsMargins(0, 0, 0, 0)
+        bl.addWidget(QLabel("<b>Constants</b>"))
+        bl.addWidget(self.consts, 1)
+        split.addWidget(top)
+        split.addWidget(bottom)
+        split.setSizes([300, 100])
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.header)
+        layout.addWidget(self.state)
+        layout.addWidget(split, 1)
+
+    @staticmethod
+    def _table(columns: list[str]) -> QTableWidget:
+        t = QTableWidget(0, len(columns))
+        t.setHorizontalHeaderLabels(columns)
+        t.verticalHeader().setVisible(False)
+        t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        t.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+        t.setAlternatingRowColors(True)
+        t.setFont(monospace_font())
+        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        t.horizontalHeader().setStretchLastSection(True)
+        return t
+
+    def set_selection(self, module: Any, path: str | None, stats: "mi.ModelStats | None" = None) -> None:
+        """Show what is at `path` in `module` (None: nothing selected)."""
+        found = mi.get_path(module, path) if path is not None else None
+        if found is None:
+            self.header.setText("Nothing selected." if module is None or path is None else f"{path}: not in the model")
+            self.state.setText("")
+            self._fill(self.params, [])
+            self._fill(self.consts, [])
+            self.more.setText("")
+            return
+        kind, value = found
+        self.header.setText(f"<b>{path or '(the whole model)'}</b> — {mi.type_name(kind, value)}")
+        params = mi.named_params_below(module, path)
+        rows = [param_row(p, v) for p, v in params[:MAX_ROWS]]
+        self._fill(self.params, rows)
+        self.more.setText(f"… and {len(params) - MAX_ROWS:,} more parameters" if len(params) > MAX_ROWS else "")
+        consts = mi.constants_below(value, path) if kind in (mi.MODULE, mi.CONTAINER, mi.REPARAM) else []
+        self._fill(self.consts, [[p, _shape(t.shape), str(t.dtype), str(t.device)] for p, t in consts])
+        st = (stats or mi.ModelStats(module)).get(path)
+        parts = []
+        if st.floats:
+            parts.append(f"{st.state}: {count(st.trainable)} of {count(st.numel)} values trainable")
+        elif st.numel:
+            parts.append(f"{count(st.numel)} values, none trainable")
+        if st.reparameterized:
+            parts.append(f"{st.reparameterized} reparameterized (LoRA)")
+        lazy = sum(1 for _, p in params if not p.is_initialized())
+        if lazy:
+            parts.append(f"{lazy} of {len(params)} parameters lazy (not allocated)")
+        self.state.setText(" · ".join(parts))
+
+    @staticmethod
+    def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
+        table.setUpdatesEnabled(False)
+        table.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            for c, text in enumerate(row):
+                item = QTableWidgetItem(text)
+                table.setItem(r, c, item)
+        table.setUpdatesEnabled(True)
+
+    def rows(self, table: QTableWidget | None = None) -> list[list[str]]:
+        t = table or self.params
+        return [[t.item(r, c).text() for c in range(t.columnCount())] for r in range(t.rowCount())]
