@@ -66,6 +66,12 @@ class Flag:
     def clone(self) -> "Flag":
         return Flag._make(self.id, self.enabled, self.configured, self._ad)
 
+    def __copy__(self) -> "Flag":
+        return self
+
+    def __deepcopy__(self, memo) -> "Flag":
+        return self
+
     def __eq__(self, other) -> bool:
         if isinstance(other, bool):
             return self.enabled == other

@@ -60,6 +60,12 @@ class ParamId:
     def __int__(self) -> int:
         return self._value
 
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     def encode(self) -> str:
         return base64.b32hexencode(self._value.to_bytes(8, "little")).decode("ascii").rstrip("=").lower()
 
@@ -432,6 +438,28 @@ class Param:
         if not (t._ad and t._node is not None and not t._node.leaf):
             t = _view(t, True, self._active)
         return self._derive(value=t, ad=True)
+
+    # ------------------------------------------------------------------ copies
+    def __copy__(self) -> "Param":
+        return self.clone()
+
+    def __deepcopy__(self, memo) -> "Param":
+        """An independent parameter with the same id: copied values (a lazy one gets its own
+        lazy state; a tensor inside a graph is copied as a leaf)."""
+        import copy
+
+        r = self.reparameterization
+        r2 = None if r is None else copy.deepcopy(r, memo)
+        if self._value is None and self._lazy.value is None:
+            old = self._lazy
+            return Param._make(self.id, None, _Lazy(old.init, old.device, old.require_grad, old.shape, old.kind),
+                               self._active, self._ad, r2)
+        t = self.base()
+        data = t._data.copy()
+        c = Tensor._wrap(data, t._device, t._ad, None)
+        if t.is_require_grad():
+            c = c.set_require_grad(True)
+        return Param._make(self.id, c, None, self._active, t._ad, r2)
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:

@@ -183,3 +183,26 @@ def test_receiver_is_unchanged_by_every_transition():
         assert m.dropout.training is flag and flag.enabled
         for _, p in m.named_params():
             assert p.val().is_require_grad() and p.val().device is Device("cpu")
+
+
+def test_copy_and_deepcopy():
+    import copy
+
+    m = Mlp()
+    shallow = copy.copy(m.linear1.weight)
+    assert shallow.val() is m.linear1.weight.val()
+    deep = copy.deepcopy(m)
+    assert [p.id for p in deep.params()] == [p.id for p in m.params()]
+    w, w2 = m.linear1.weight.val(), deep.linear1.weight.val()
+    assert w2 is not w and w2.is_require_grad()
+    np.testing.assert_array_equal(w2.numpy(), w.numpy())
+    grads = deep.forward(Tensor.ones([1, 3])).sum().backward()
+    assert w.grad(grads) is None and w2.grad(grads) is not None
+    init = Counter([2])
+
+    class Lazy(Module):
+        def __init__(self):
+            self.p = init.param()
+
+    lazy = copy.deepcopy(Lazy())
+    assert init.calls == 0 and not lazy.p.is_initialized()

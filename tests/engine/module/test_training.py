@@ -178,3 +178,11 @@ def test_param_tensors_report_state_through_is_autodiff_and_is_require_grad():
     assert y.is_autodiff()
     grads = y.sum().backward()
     assert model.linear1.weight.val().grad(grads) is not None
+
+
+def test_unfreeze_during_validation_takes_effect_at_train():
+    model = Mlp().freeze().valid().unfreeze()
+    assert not model.dropout.training  # still validating
+    assert all(not p.is_require_grad() for _, p in float_params(model))
+    back = model.train()
+    assert back.dropout.training and all(p.is_require_grad() for _, p in float_params(back))
