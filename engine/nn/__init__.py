@@ -20,3 +20,6 @@ from .conv import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
 from .interpolate import *  # noqa: F401,F403
 from .rnn import *  # noqa: F401,F403
+from .attention import *  # noqa: F401,F403
+from .transformer import *  # noqa: F401,F403
+from .pos_encoding import *  # noqa: F401,F403

@@ -403,3 +403,34 @@ def softmax_cross_entropy(logits: Tensor, target_dist, denom: float, log_probs: 
         return (T / xd * s,)
 
     return record(out, logits._device, (logits,), rule, op)
+
+
+# ---------------------------------------------------------------------- rotary encoding
+def rotary(x: Tensor, cos, sin) -> Tensor:
+    """Rotate each pair (x[2i], x[2i+1]) of the last dim by the angle whose cos / sin are
+    given per (position, pair): `cos`, `sin` arrays `[seq_length, d_model / 2]`."""
+    op = "rotary"
+    _float_input(op, x)
+    xd = x._data
+    xp = x._device.xp
+    shape = xd.shape
+    x2 = xd.reshape(shape[:-1] + (shape[-1] // 2, 2))
+    a, b = x2[..., 0], x2[..., 1]
+    c = cos.astype(xd.dtype, copy=False)
+    s = sin.astype(xd.dtype, copy=False)
+    out = xp.empty_like(x2)
+    out[..., 0] = a * c - b * s
+    out[..., 1] = a * s + b * c
+    out = out.reshape(shape)
+    if not _tracking(x):
+        return Tensor._wrap(out, x._device, x._ad)
+
+    def rule(g):
+        g2 = g.reshape(x2.shape)
+        g0, g1 = g2[..., 0], g2[..., 1]
+        gx = xp.empty_like(g2)
+        gx[..., 0] = g0 * c + g1 * s
+        gx[..., 1] = g1 * c - g0 * s
+        return (gx.reshape(shape),)
+
+    return record(out, x._device, (x,), rule, op)

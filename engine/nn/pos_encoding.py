@@ -1,0 +1,158 @@
+"""Positional encodings: sinusoidal `PositionalEncoding` and rotary `RotaryEncoding`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..tensor import Tensor
+from ..tensor.device import as_device
+from . import _ops
+from ._base import Config, Module, assert_shape, row_settings
+
+__all__ = ["PositionalEncodingConfig", "PositionalEncoding", "generate_sinusoids", "RotaryEncodingConfig",
+           "RotaryEncoding"]
+
+
+def generate_sinusoids(length: int, d_model: int, max_timescale: int, device=None) -> Tensor:
+    """`[length, d_model]`: sin / cos pairs of position `i` at frequencies `exp(-k ln(T) / d)`
+    (computed in float32, as Burn does)."""
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
+    if max_timescale < length:
+        raise ValueError(f"max_timescale must be greater than length (max_timescale {max_timescale}, length {length})")
+    inc = np.float32(-np.log(np.float32(max_timescale)) / np.float32(d_model))
+    k = np.arange(0, d_model, 2, dtype=np.float32)
+    div = np.exp(k * inc).astype(np.float32)
+    pos = np.arange(length, dtype=np.float32)[:, None]
+    angles = (div[None, :] * pos).astype(np.float32)
+    out = np.empty((length, d_model), dtype=np.float32)
+    out[:, 0::2] = np.sin(angles)
+    out[:, 1::2] = np.cos(angles)
+    return Tensor.from_data(out, device=device)
+
+
+@dataclass
+class PositionalEncodingConfig(Config):
+    """Configuration of a [`PositionalEncoding`] layer."""
+
+    d_model: int
+    max_sequence_size: int = 5000
+    max_timescale: int = 10000
+
+    def init(self, device=None) -> "PositionalEncoding":
+        sin = generate_sinusoids(self.max_sequence_size, self.d_model, self.max_timescale, device)
+        return PositionalEncoding(sin.unsqueeze(0), self.max_sequence_size, self.max_timescale)
+
+
+class PositionalEncoding(Module):
+    """Adds the sinusoids of "Attention Is All You Need" to the input (a constant, not a parameter)."""
+
+    def __init__(self, sinusoids, max_sequence_size: int, max_timescale: int):
+        super().__init__()
+        self.sinusoids = sinusoids
+        self.max_sequence_size = int(max_sequence_size)
+        self.max_timescale = int(max_timescale)
+
+    def forward(self, input):
+        """Applies the forward pass on the input tensor by adding the sinusoids to the input.
+
+        # Shapes
+
+        - input: `[batch_size, seq_length, d_model]`
+        - output: `[batch_size, seq_length, d_model]`
+        """
+        _, max_sequence_size, d_model = self.sinusoids.shape
+        assert_shape(input, [None, None, d_model])
+        seq_length = input.dims()[1]
+        if seq_length > max_sequence_size:
+            raise ValueError(
+                f"max_sequence_size({max_sequence_size}) must be greater or equal than length({seq_length})"
+            )
+        sin = self.sinusoids.to_device(input.device).narrow(1, 0, seq_length)
+        return input + sin.cast(input.dtype)
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        d_model = self.sinusoids.shape[2]
+        return (
+            content.add("d_model", d_model)
+            .add("max_sequence_size", self.max_sequence_size)
+            .add("max_timescale", self.max_timescale)
+            .optional()
+        )
+
+
+@dataclass
+class RotaryEncodingConfig(Config):
+    """Configuration of a [`RotaryEncoding`] layer."""
+
+    max_sequence_length: int
+    d_model: int
+    theta: float = 10000.0
+
+    def init(self, device=None) -> "RotaryEncoding":
+        if self.d_model % 2:
+            raise ValueError(f"The input embedding dimension must be even, got d_model {self.d_model}")
+        if not self.theta > 0.0:
+            raise ValueError("Theta parameter must be positive (default: 10000).")
+        return RotaryEncoding(self.max_sequence_length, self.d_model, self.theta, device)
+
+
+class RotaryEncoding(Module):
+    """Rotary position encoding (RoFormer): rotates each pair `(x[2i], x[2i+1])` of the last
+    dim at position `p` by the angle `p * theta^(-2i / d_model)`.
+
+    The rotation table `[max_sequence_length, d_model / 2]` is computed on first use per device
+    and cached outside the module's fields, so building and displaying a large model with
+    rotary encoding allocates nothing.
+    """
+
+    def __init__(self, max_sequence_length: int, d_model: int, theta: float, device=None):
+        super().__init__()
+        self.max_sequence_length = int(max_sequence_length)
+        self.d_model = int(d_model)
+        self.theta = float(np.float32(theta))
+        self._cache = {}
+
+    def frequencies(self, device=None):
+        """(cos, sin) arrays `[max_sequence_length, d_model / 2]` on `device`."""
+        dev = as_device(device)
+        hit = self.__dict__.setdefault("_cache", {}).get(dev)
+        if hit is None:
+            exponent = np.arange(0, self.d_model, 2, dtype=np.float32) / np.float32(self.d_model)
+            inv = (1.0 / np.exp(exponent * np.float32(np.log(np.float32(self.theta))))).astype(np.float32)
+            angles = np.arange(self.max_sequence_length, dtype=np.float32)[:, None] * inv[None, :]
+            hit = (dev.asarray(np.cos(angles)), dev.asarray(np.sin(angles)))
+            self._cache[dev] = hit
+        return hit
+
+    def forward(self, x):
+        """Applies rotary positional encoding.
+
+        # Shapes
+
+        - x: `[..., seq_length, d_model]` (e.g. `[batch, seq, d]` or `[batch, heads, seq, d]`)
+        - output: same as the input
+        """
+        return self.apply(x, 0)
+
+    def apply(self, x, start: int = 0):
+        """Rotary encoding of positions `start .. start + seq_length`."""
+        assert_shape(x, [..., None, self.d_model])
+        seq_length = x.dims()[-2]
+        if start + seq_length > self.max_sequence_length:
+            raise ValueError(
+                f"RotaryEncoding: positions {start}..{start + seq_length} exceed max_sequence_length "
+                f"{self.max_sequence_length}"
+            )
+        cos, sin = self.frequencies(x.device)
+        return _ops.rotary(x, cos[start:start + seq_length], sin[start:start + seq_length])
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        return content.add("d_model", self.d_model).add("max_sequence_length", self.max_sequence_length).optional()
