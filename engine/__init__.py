@@ -23,3 +23,6 @@ __all__ += ["TensorIndexError", "cat", "stack"]
 
 from .module import Module, Param, ParamGroup, ShapeError, assert_shape, debug_assert_shape, set_debug_assertions  # noqa: E402
 __all__ += ["Module", "Param", "ParamGroup", "ShapeError", "assert_shape", "debug_assert_shape", "set_debug_assertions"]
+
+from . import nn  # noqa: E402
+__all__ += ["nn"]
