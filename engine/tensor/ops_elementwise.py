@@ -423,9 +423,11 @@ def where(mask: Tensor, a, b) -> Tensor:
         raise TensorError(f"where: shapes cannot be broadcast: mask {list(mask.shape)}, dims {list(ref.shape)} ({exc})") from None
     if isinstance(a, Tensor) != isinstance(b, Tensor):
         out = out.astype(ref._data.dtype, copy=False)
-    inputs = [t for t in (a, b) if isinstance(t, Tensor)]
+    # positional, not by identity: where(m, x, x) has x on both sides
+    picked = [(t, is_a) for t, is_a in ((a, True), (b, False)) if isinstance(t, Tensor)]
+    inputs = [t for t, _ in picked]
     shapes = [t._data.shape for t in inputs]
-    which = [t is a for t in inputs]
+    which = [is_a for _, is_a in picked]
 
     def rule(g):
         res = []

@@ -1,6 +1,8 @@
 """Reductions (sum, mean, max, min, var, argmax, argmin) and the softmax family."""
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
 from .tensor import Tensor, TensorError, dim_index, record, tensor_method
@@ -55,9 +57,9 @@ def mean(self, dim=None, keepdim=False):
 def _extreme(self, dim, keepdim, op, argfn):
     x = self._data
     xp = self._device.xp
-    if x.size == 0:
-        raise TensorError(f"{op}: cannot reduce an empty tensor (dims {list(x.shape)})")
     if dim is None:
+        if x.size == 0:
+            raise TensorError(f"{op}: cannot reduce an empty tensor (dims {list(x.shape)})")
         flat = x.reshape(-1)
         i = int(argfn(flat))
         out = flat[i]
@@ -70,6 +72,8 @@ def _extreme(self, dim, keepdim, op, argfn):
 
         return record(xp.asarray(out), self._device, (self,), rule_all, op)
     axis = dim_index(op, dim, x.ndim)
+    if x.shape[axis] == 0:
+        raise TensorError(f"{op}: cannot reduce along dim {dim} of size 0 (dims {list(x.shape)})")
     idx = xp.expand_dims(argfn(x, axis=axis), axis)
     out = xp.take_along_axis(x, idx, axis=axis)
     if not keepdim:
@@ -123,7 +127,7 @@ def var(self, dim=None, keepdim=False, correction=1):
     m = self.mean(dim, keepdim=True)
     d = self - m
     n = self._data.size if dim is None else self._data.shape[dim_index("var", dim, self._data.ndim)]
-    return (d * d).sum(dim, keepdim=keepdim) * (1.0 / max(n - correction, 1))
+    return (d * d).sum(dim, keepdim=keepdim) * (1.0 / builtins.max(n - correction, 1))
 
 
 @tensor_method
@@ -166,6 +170,8 @@ def prod(self, dim=None, keepdim=False):
 
     def rule(g):
         # the product of all the other elements, without dividing (exact where x has zeros)
+        if x.size == 0:
+            return (xp.zeros(x.shape, dtype=g.dtype),)
         flat = x.reshape(1, -1) if axis is None else xp.moveaxis(x, axis, -1)
         ones = xp.ones(flat.shape[:-1] + (1,), dtype=x.dtype)
         left = xp.concatenate([ones, xp.cumprod(flat, axis=-1)[..., :-1]], axis=-1)

@@ -113,6 +113,9 @@ def expand(self, *shape):
     if len(shape) < x.ndim:
         raise TensorError(f"expand: cannot expand dims {list(x.shape)} to fewer axes {list(shape)}")
     lead = len(shape) - x.ndim
+    for i in range(lead):
+        if int(shape[i]) < 0:
+            raise TensorError(f"expand: a new leading axis needs an explicit size, got {shape[i]} at axis {i} (dims {list(x.shape)} to {list(shape)})")
     target = tuple(x.shape[i - lead] if s == -1 and i >= lead else int(s) for i, s in enumerate(shape))
     for i, s in enumerate(x.shape):
         if s != 1 and s != target[i + lead]:
