@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import os
 import random
+import threading
 import weakref
 
 from ..tensor import Device, Tensor, TensorError
@@ -31,6 +32,7 @@ __all__ = ["Param", "ParamId"]
 
 # A private generator so that seeding Python's or a device's generator never repeats ids.
 _ID_RNG = random.Random(int.from_bytes(os.urandom(16), "little"))
+_INIT_LOCK = threading.RLock()
 
 
 class ParamId:
@@ -118,20 +120,26 @@ class _Lazy:
         return False
 
     def initialize(self, require_grad: bool) -> Tensor:
-        if self.value is None:
-            t = self.init(self.device, require_grad)
-            if not isinstance(t, Tensor):
-                raise TypeError(f"a parameter initializer must return a Tensor, it returned {type(t).__name__}")
-            if tuple(t.shape) != self.shape:
-                raise TensorError(
-                    f"a parameter initializer returned dims {list(t.shape)}, expected {list(self.shape)} "
-                    f"(the shape given to Param.uninitialized)"
-                )
-            if t.device is not self.device:
-                raise TensorError(f"a parameter initializer returned a tensor on {t.device}, expected {self.device}")
-            self.value = t
-            self.init = None  # release the closure
+        if self.value is not None:
+            return self.value
+        with _INIT_LOCK:  # two threads reading one lazy parameter must not initialize it twice
+            if self.value is None:
+                self._run(require_grad)
         return self.value
+
+    def _run(self, require_grad: bool) -> None:
+        t = self.init(self.device, require_grad)
+        if not isinstance(t, Tensor):
+            raise TypeError(f"a parameter initializer must return a Tensor, it returned {type(t).__name__}")
+        if tuple(t.shape) != self.shape:
+            raise TensorError(
+                f"a parameter initializer returned dims {list(t.shape)}, expected {list(self.shape)} "
+                f"(the shape given to Param.uninitialized)"
+            )
+        if t.device is not self.device:
+            raise TensorError(f"a parameter initializer returned a tensor on {t.device}, expected {self.device}")
+        self.value = t
+        self.init = None  # release the closure
 
 
 def _adapt(t: Tensor, autodiff: bool, require_grad: bool) -> Tensor:

@@ -131,3 +131,25 @@ def test_uninitialized_rejects_bad_arguments():
         Param.uninitialized(lambda d, r: None, None, True, [2], kind="complex")
     with pytest.raises(TypeError, match="Tensor"):
         Param([1.0, 2.0])
+
+
+def test_concurrent_first_reads_initialize_once():
+    import threading
+    import time
+
+    calls = []
+
+    def slow(device, require_grad):
+        calls.append(1)
+        time.sleep(0.05)
+        return Tensor.zeros([2], device=device).require_grad()
+
+    p = Param.uninitialized(slow, None, True, [2])
+    clones = [p.clone() for _ in range(4)]
+    threads = [threading.Thread(target=c.val) for c in clones]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert len({id(c.val()) for c in clones}) == 1
