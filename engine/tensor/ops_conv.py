@@ -21,6 +21,9 @@ import numpy as np
 from .tensor import Tensor, TensorError, check_same_device, record, tensor_method
 
 _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
+# below this inner dimension (channels_in/groups * kernel size) one matrix product per image
+# beats one large product followed by a transpose of its result
+_SMALL_K = 32
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -131,13 +134,21 @@ def _back_cast(g, like):
 
 
 # ---------------------------------------------------------------------- im2col / col2im
-def _pad(xp, x, pads):
-    """Zero-pad the spatial axes (all axes after the first two) by (before, after) pairs."""
+# Columns are channel-major, `[channels, *kernel, batch, *out]`: each kernel offset's copy then
+# writes one contiguous block, and `[channels * kernel, batch * out]` is the right operand of
+# a single large matrix product (much faster than one small product per image).
+
+
+def _pad_cm(xp, x, pads):
+    """`x` [B, C, *S] as channel-major [C, B, *S'], zero-padded by (before, after) pairs.
+
+    Without padding this is a transposed view (no copy)."""
+    xt = xp.moveaxis(x, 1, 0)
     if not any(lo or hi for lo, hi in pads):
-        return x
-    shape = x.shape[:2] + tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads))
+        return xt
+    shape = xt.shape[:2] + tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads))
     out = xp.zeros(shape, dtype=x.dtype)
-    out[(slice(None), slice(None)) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], pads))] = x
+    out[(slice(None), slice(None)) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], pads))] = xt
     return out
 
 
@@ -150,22 +161,23 @@ def _window_slices(kernel, stride, dilation, out):
         yield offs, sl
 
 
-def _im2col(xp, xpad, kernel, stride, dilation, out):
-    """Columns `[batch, channels, *kernel, *out]`: cols[b, c, k, o] = xpad[b, c, o*s + k*d]."""
-    b, c = xpad.shape[:2]
-    cols = xp.empty((b, c) + tuple(kernel) + tuple(out), dtype=xpad.dtype)
+def _im2col(xp, xpad_cm, kernel, stride, dilation, out):
+    """Columns [C, *kernel, B, *out] from a channel-major padded input [C, B, *S]:
+    cols[c, k, b, o] = xpad[c, b, o*s + k*d]."""
+    c, b = xpad_cm.shape[:2]
+    cols = xp.empty((c,) + tuple(kernel) + (b,) + tuple(out), dtype=xpad_cm.dtype)
     lead = (slice(None), slice(None))
     for offs, sl in _window_slices(kernel, stride, dilation, out):
-        cols[lead + offs] = xpad[lead + sl]
+        cols[(slice(None),) + offs] = xpad_cm[lead + sl]
     return cols
 
 
-def _col2im(xp, cols, padded_shape, kernel, stride, dilation, out):
-    """The adjoint of `_im2col`: sum every column entry back into a zero `padded_shape` array."""
-    res = xp.zeros(padded_shape, dtype=cols.dtype)
+def _col2im(xp, cols, padded_cm_shape, kernel, stride, dilation, out):
+    """The adjoint of `_im2col`: sum columns [C, *kernel, B, *out] into zeros [C, B, *S]."""
+    res = xp.zeros(padded_cm_shape, dtype=cols.dtype)
     lead = (slice(None), slice(None))
     for offs, sl in _window_slices(kernel, stride, dilation, out):
-        res[lead + sl] += cols[lead + offs]
+        res[lead + sl] += cols[(slice(None),) + offs]
     return res
 
 
@@ -173,6 +185,32 @@ def _crop(x, pads, sizes):
     if not any(lo or hi for lo, hi in pads) and x.shape[2:] == tuple(sizes):
         return x
     return x[(slice(None), slice(None)) + tuple(slice(lo, lo + s) for (lo, _), s in zip(pads, sizes))]
+
+
+def _from_cm(xp, a):
+    """[C, B, ...] channel-major to a C-contiguous [B, C, ...]."""
+    return xp.ascontiguousarray(xp.moveaxis(a, 0, 1))
+
+
+def _to_cm_groups(xp, a, groups):
+    """[B, C, *S] to a C-contiguous [G, C/G, B * prod(S)]."""
+    b, c = a.shape[:2]
+    return xp.ascontiguousarray(xp.moveaxis(a, 1, 0)).reshape(groups, c // groups, -1)
+
+
+def _matmul_cm(xp, w_m, cols_m, batch, small_k):
+    """[G, M, K] @ [G, K, B*P] -> [B, G*M, P].
+
+    One large product and a transpose of the result, except for a tiny inner dimension
+    (a first layer on one channel), where the transpose would cost as much as the product:
+    then one product per image, writing the [B, G*M, P] layout directly."""
+    g_, m, k = w_m.shape
+    p = cols_m.shape[-1] // batch
+    if small_k:
+        res = xp.matmul(w_m[None], xp.moveaxis(cols_m.reshape(g_, k, batch, p), 2, 0))  # [B, G, M, P]
+        return res.reshape(batch, g_ * m, p)
+    res = xp.matmul(w_m, cols_m)  # [G, M, B*P]
+    return xp.ascontiguousarray(xp.moveaxis(res.reshape(g_ * m, batch, p), 1, 0))
 
 
 def _out_sizes(op, in_sizes, kernel, stride, dilation, pads):
@@ -225,35 +263,36 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
     c_out_g = c_out // g_
     ksize = int(np.prod(kernel))
     p = int(np.prod(out_sp))
+    small_k = c_in_g * ksize < _SMALL_K
     with dev.context():
-        xpad = _pad(xp, xa, pads)
-        cols = _im2col(xp, xpad, kernel, stride, dilation, out_sp)  # [B, C, *K, *O]
-        cols_m = cols.reshape(batch, g_, c_in_g * ksize, p)
+        xpad = _pad_cm(xp, xa, pads)  # [C, B, *S]
+        cols = _im2col(xp, xpad, kernel, stride, dilation, out_sp)  # [C, *K, B, *O]
+        cols_m = cols.reshape(g_, c_in_g * ksize, batch * p)
         w_m = wa.reshape(g_, c_out_g, c_in_g * ksize)
-        out = xp.matmul(w_m, cols_m)  # [B, G, Og, P]
-        out = out.reshape((batch, c_out) + out_sp)
+        out = _matmul_cm(xp, w_m, cols_m, batch, small_k).reshape((batch, c_out) + out_sp)
         if ba is not None:
             out += ba.reshape((1, c_out) + (1,) * n)
 
     need_x = x._node is not None
     need_w = weight._node is not None
     need_b = bias is not None and bias._node is not None
-    xshape, padded_shape = xa.shape, xpad.shape
-    del xpad
+    in_sp, padded_cm_shape = xa.shape[2:], xpad.shape
+    del xpad, cols
     if not need_w:
         cols_m = None  # the weight gradient is the only user of the columns
 
     def rule(g):
         with dev.context():
-            gm = g.reshape(batch, g_, c_out_g, p)
             gx = gw = gb = None
+            if need_x or need_w:
+                g2 = _to_cm_groups(xp, g, g_)  # [G, Og, B*P]
             if need_w:
-                gw = xp.matmul(gm, cols_m.swapaxes(-1, -2)).sum(axis=0).reshape(wa.shape)
+                gw = xp.matmul(g2, cols_m.swapaxes(-1, -2)).reshape(wa.shape)
             if need_x:
-                gcols = xp.matmul(w_m.swapaxes(-1, -2), gm)  # [B, G, Cg*K, P]
-                gcols = gcols.reshape((batch, c_in) + tuple(kernel) + out_sp)
-                gpad = _col2im(xp, gcols, padded_shape, kernel, stride, dilation, out_sp)
-                gx = _crop(gpad, pads, xshape[2:])
+                gcols = xp.matmul(w_m.swapaxes(-1, -2), g2)  # [G, Cg*K, B*P]
+                gcols = gcols.reshape((c_in,) + tuple(kernel) + (batch,) + out_sp)
+                gpad = _col2im(xp, gcols, padded_cm_shape, kernel, stride, dilation, out_sp)
+                gx = _from_cm(xp, _crop(gpad, pads, in_sp))
             if need_b:
                 gb = g.sum(axis=(0,) + tuple(range(2, n + 2)))
         res = (_back_cast(gx, x._data), _back_cast(gw, weight._data))
@@ -341,34 +380,34 @@ def _conv_transpose(op, n, x, weight, bias, stride, padding, padding_out, dilati
     c_in_g = c_in // g_
     ksize = int(np.prod(kernel))
     p_in = int(np.prod(in_sp))
+    small_k = c_out_g * ksize < _SMALL_K
     with dev.context():
-        x_m = xa.reshape(batch, g_, c_in_g, p_in)
+        x2 = _to_cm_groups(xp, xa, g_)  # [G, Cg_in, B*P_in]
         w_m = wa.reshape(g_, c_in_g, c_out_g * ksize)
-        cols = xp.matmul(w_m.swapaxes(-1, -2), x_m)  # [B, G, Og*K, P_in]
-        cols = cols.reshape((batch, c_out) + tuple(kernel) + tuple(in_sp))
-        res = _col2im(xp, cols, (batch, c_out) + full, kernel, stride, dilation, in_sp)
+        cols = xp.matmul(w_m.swapaxes(-1, -2), x2)  # [G, Og*K, B*P_in]
+        cols = cols.reshape((c_out,) + tuple(kernel) + (batch,) + tuple(in_sp))
+        res = _col2im(xp, cols, (c_out, batch) + full, kernel, stride, dilation, in_sp)  # [C_out, B, *full]
         del cols
-        out = _crop(res, pads, out_sp)
+        out = _from_cm(xp, _crop(res, pads, out_sp))
         if ba is not None:
-            out = out + ba.reshape((1, c_out) + (1,) * n)
-        elif not out.flags.c_contiguous:
-            out = xp.ascontiguousarray(out)
+            out += ba.reshape((1, c_out) + (1,) * n)
 
     need_x = x._node is not None
     need_w = weight._node is not None
     need_b = bias is not None and bias._node is not None
+    if not need_w:
+        x2 = None
 
     def rule(g):
         with dev.context():
             gx = gw = gb = None
             if need_x or need_w:
-                gpad = _pad(xp, g, tuple((p, f - o - p) for p, f, o in zip(pad, full, out_sp)))
-                gcols = _im2col(xp, gpad, kernel, stride, dilation, in_sp)
-                gcols = gcols.reshape(batch, g_, c_out_g * ksize, p_in)
+                gpad = _pad_cm(xp, g, pads)  # [C_out, B, *full]
+                gcols = _im2col(xp, gpad, kernel, stride, dilation, in_sp).reshape(g_, c_out_g * ksize, batch * p_in)
                 if need_x:
-                    gx = xp.matmul(w_m, gcols).reshape(xa.shape)
+                    gx = _matmul_cm(xp, w_m, gcols, batch, small_k).reshape(xa.shape)
                 if need_w:
-                    gw = xp.matmul(x_m, gcols.swapaxes(-1, -2)).sum(axis=0).reshape(wa.shape)
+                    gw = xp.matmul(x2, gcols.swapaxes(-1, -2)).reshape(wa.shape)
             if need_b:
                 gb = g.sum(axis=(0,) + tuple(range(2, n + 2)))
         r = (_back_cast(gx, x._data), _back_cast(gw, weight._data))

@@ -62,6 +62,15 @@ def t64(a):
     return Tensor.from_data(a, dtype="float64")
 
 
+@pytest.fixture(params=["per-image products", "one large product"])
+def product_path(request, monkeypatch):
+    """Run a test through both matrix-product strategies of ops_conv (chosen by inner size)."""
+    from engine.tensor import ops_conv
+
+    monkeypatch.setattr(ops_conv, "_SMALL_K", 10**9 if request.param == "per-image products" else 0)
+    return request.param
+
+
 CONV_CASES = [
     # n, batch, c_in, c_out, spatial, kernel, stride, padding, dilation, groups
     (1, 2, 3, 4, (7,), (3,), 1, 0, 1, 1),
@@ -87,7 +96,7 @@ def _tup(v, n):
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv_forward_matches_loops(case):
+def test_conv_forward_matches_loops(case, product_path):
     n, batch, c_in, c_out, spatial, kernel, stride, padding, dilation, groups = case
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, c_in) + spatial)
@@ -106,7 +115,7 @@ def test_conv_forward_matches_loops(case):
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv_gradients(case):
+def test_conv_gradients(case, product_path):
     n, batch, c_in, c_out, spatial, kernel, stride, padding, dilation, groups = case
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, c_in) + spatial)
@@ -146,7 +155,7 @@ TRANSPOSE_CASES = [
 
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES)
-def test_conv_transpose_forward_matches_loops(case):
+def test_conv_transpose_forward_matches_loops(case, product_path):
     n, batch, c_in, og, spatial, kernel, stride, padding, padding_out, dilation, groups = case
     rng = np.random.default_rng(3)
     x = rng.standard_normal((batch, c_in) + spatial)
@@ -162,7 +171,7 @@ def test_conv_transpose_forward_matches_loops(case):
 
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES)
-def test_conv_transpose_gradients(case):
+def test_conv_transpose_gradients(case, product_path):
     n, batch, c_in, og, spatial, kernel, stride, padding, padding_out, dilation, groups = case
     rng = np.random.default_rng(4)
     x = rng.standard_normal((batch, c_in) + spatial)
