@@ -135,3 +135,14 @@ def test_random_sigkills_never_leave_a_partial_file(tmp_path):
         outcomes.add(value)
         if value == 1.0:
             assert data == before
+
+
+def test_saving_over_a_file_that_is_still_mapped_keeps_the_loaded_values(tmp_path):
+    target = _record(1.0).save(tmp_path / "m.bpk")
+    loaded = ModuleRecord.load(target)  # views into a mapping of the old file
+    view = loaded["w"].array
+    _record(2.0).save(target)  # replaces the path; the mapped old file lives on
+    assert (view == 1.0).all()
+    assert (ModuleRecord.load(target)["w"].array == 2.0).all()
+    view[0] = 5.0  # the mapping is copy-on-write: the file on disk never changes
+    assert ModuleRecord.load(target)["w"].array[0] == 2.0
