@@ -1,0 +1,249 @@
+"""Reparameterization: change how a parameter's effective value is computed, not the model.
+
+A `Reparameterizer` is offered every float parameter of a module with its path
+(`reparameterize(path, param) -> (base_param, reparameterization or None)`). It decides which
+parameters to transform, prepares their structural bases (freezing, packing, ...) and may attach
+a `Reparameterization`: a regular `Module` whose `apply(base) -> Tensor` computes the value
+`Param.val()` returns. Because it is a module attached to the parameter, its own parameters take
+part in visitors, mappers, optimizers, records, device moves and autodiff, at paths below the
+parameter's: `<param path>.<NAME>.<field>` (`fc1.weight.lora.a`). `Param.base()` is the stored
+base, `Param.val()` the materialized value.
+
+    model = model.apply_reparameterization(MyReparameterizer())
+    model = model.apply_lora(Lora(8, 16.0))           # engine.module.lora
+    merged = model.materialize()                       # plain weights, no structure
+
+Reparameterizations are not nested: applying one to a module that already holds
+reparameterized parameters is refused with a `ReparameterizationError` naming them.
+`materialize()` folds every reparameterization into a plain parameter (same id, the base's
+configured trainability, the value detached from the factors' graph); the receiver keeps its
+reparameterizations, parameters without one are left as they are (lazy ones stay lazy).
+
+The `Module` methods `apply_reparameterization`, `apply_lora`, `apply_qlora` and `materialize`
+delegate to the functions of the same names here.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..tensor import Tensor
+from .module import Module, reparameterization_name
+from .param import Param
+
+__all__ = [
+    "Reparameterization",
+    "ReparameterizationError",
+    "Reparameterizer",
+    "apply_lora",
+    "apply_qlora",
+    "apply_reparameterization",
+    "iter_param_slots",
+    "materialize",
+]
+
+
+class ReparameterizationError(ValueError):
+    """A reparameterization cannot be applied: nesting, or a reparameterizer broke its contract."""
+
+
+class Reparameterization(Module):
+    """The state attached to a parameter; `apply(base)` computes its effective value.
+
+    Subclass it as any module (its `Param` fields are trained, saved and moved with the model)
+    and set `NAME`, the path segment its parameters appear under (`weight.<NAME>.<field>`).
+    """
+
+    NAME: str = ""
+
+    def apply(self, base: Tensor) -> Tensor:
+        """The effective value computed from the stored base tensor."""
+        raise NotImplementedError(f"{type(self).__name__}.apply(base) is not implemented")
+
+    # A Reparameterization has no forward pass of its own; `apply` is its computation.
+
+
+class Reparameterizer:
+    """Decides, for every float parameter, its structural base and optional reparameterization."""
+
+    def reparameterize(self, path: str, param: Param) -> tuple[Param, Reparameterization | None]:
+        """Return `(base_param, reparameterization or None)` for the float parameter at `path`.
+
+        The default leaves every parameter unchanged and attaches nothing.
+        """
+        return param, None
+
+
+# ---------------------------------------------------------------------------------- walking
+def _children(obj) -> Iterator[tuple[str, object]]:
+    if isinstance(obj, Module):
+        yield from obj.named_children()
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield str(i), v
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield str(k), v
+
+
+def iter_param_slots(module: Module, skip=None) -> Iterator[tuple[str, Param]]:
+    """`(path, param)` for every parameter as it is stored in the tree (with its
+    reparameterization attached), followed by the parameters of that reparameterization.
+
+    `skip(module) -> bool` prunes modules (inside reparameterizations too). Never initializes.
+    """
+
+    def walk(path: str, obj):
+        if isinstance(obj, Param):
+            yield path, obj
+            r = obj.reparameterization
+            if r is not None:
+                yield from walk(f"{path}.{reparameterization_name(r)}", r)
+            return
+        if isinstance(obj, Module):
+            if skip is not None and path and skip(obj):
+                return
+        elif not isinstance(obj, (list, tuple, dict)):
+            return  # a Flag, a constant Tensor, a plain value
+        for seg, v in _children(obj):
+            yield from walk(f"{path}.{seg}" if path else seg, v)
+
+    yield from walk("", module)
+
+
+def _reparameterized(module: Module) -> list[tuple[str, Param]]:
+    return [(path, p) for path, p in iter_param_slots(module) if p.reparameterization is not None]
+
+
+def _refuse_nesting(module: Module, what: str) -> None:
+    found = _reparameterized(module)
+    if found:
+        names = ", ".join(f"'{path}' ({type(p.reparameterization).__name__})" for path, p in found[:8])
+        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+        raise ReparameterizationError(
+            f"{what}: reparameterizations cannot be nested, and this {type(module).__name__} already "
+            f"has reparameterized parameters: {names}{more}. Call materialize() first to fold them into "
+            f"plain weights, or start from the module without them."
+        )
+
+
+# ---------------------------------------------------------------------------------- applying
+class _ApplyReparameterization:
+    """A module mapper that offers every float parameter, with its path, to a reparameterizer."""
+
+    def __init__(self, reparameterizer):
+        self.reparameterizer = reparameterizer
+        self.path: list[str] = []
+
+    def enter_module(self, name, container_type):
+        self.path.append(name)
+
+    def exit_module(self, name, container_type):
+        self.path.pop()
+
+    def map_float(self, param: Param) -> Param:
+        path = ".".join(self.path)
+        name = type(self.reparameterizer).__name__
+        out = self.reparameterizer.reparameterize(path, param)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ReparameterizationError(
+                f"{name}.reparameterize must return (base_param, reparameterization or None), it returned "
+                f"{type(out).__name__} for '{path}'"
+            )
+        base, r = out
+        if not isinstance(base, Param):
+            raise ReparameterizationError(
+                f"{name}.reparameterize must return a Param as the base, it returned {type(base).__name__} "
+                f"for '{path}'"
+            )
+        if base.kind != "float" or base.rank != param.rank:
+            raise ReparameterizationError(
+                f"{name}.reparameterize must return a float base of rank {param.rank} for '{path}', it "
+                f"returned a {base.kind} base of dims {list(base.shape)}"
+            )
+        if base.reparameterization is not None:
+            raise ReparameterizationError(
+                f"{name}.reparameterize returned a base for '{path}' that already has a reparameterization "
+                f"({type(base.reparameterization).__name__}); reparameterizations cannot be nested"
+            )
+        if r is None:
+            return base
+        if not isinstance(r, Module) or not callable(getattr(r, "apply", None)):
+            raise ReparameterizationError(
+                f"{name}.reparameterize must return a Reparameterization (a Module with apply(base)) or None "
+                f"for '{path}', it returned {type(r).__name__}"
+            )
+        inner = _reparameterized(r)
+        if inner:
+            raise ReparameterizationError(
+                f"{name}.reparameterize returned a {type(r).__name__} for '{path}' whose own parameter "
+                f"'{inner[0][0]}' is reparameterized; reparameterizations cannot be nested"
+            )
+        return base.with_reparameterization(r)
+
+    def map_int(self, param):
+        return param
+
+    def map_bool(self, param):
+        return param
+
+    def map_flag(self, flag):
+        return flag
+
+
+def apply_reparameterization(module: Module, reparameterizer) -> Module:
+    """`module` with every float parameter passed through `reparameterizer` (see the module doc)."""
+    if not isinstance(module, Module):
+        raise TypeError(f"apply_reparameterization expects a Module, got {type(module).__name__}")
+    if not callable(getattr(reparameterizer, "reparameterize", None)):
+        raise TypeError(
+            f"apply_reparameterization expects a Reparameterizer (an object with reparameterize(path, param)), "
+            f"got {type(reparameterizer).__name__}"
+        )
+    _refuse_nesting(module, f"apply_reparameterization({type(reparameterizer).__name__})")
+    return module.map(_ApplyReparameterization(reparameterizer))
+
+
+def apply_lora(module: Module, lora) -> Module:
+    """`module` with LoRA adapters (see `engine.module.lora.Lora`)."""
+    from .lora import Lora  # noqa: PLC0415  (lora.py imports this file)
+
+    if not isinstance(lora, Lora):
+        raise TypeError(f"apply_lora expects a Lora, got {type(lora).__name__}; use apply_qlora for a QLora")
+    return apply_reparameterization(module, lora)
+
+
+def apply_qlora(module: Module, qlora) -> Module:
+    """`module` with NF4-packed bases and LoRA adapters (see `engine.module.lora.QLora`)."""
+    from .lora import QLora  # noqa: PLC0415
+
+    if not isinstance(qlora, QLora):
+        raise TypeError(f"apply_qlora expects a QLora, got {type(qlora).__name__}")
+    return apply_reparameterization(module, qlora)
+
+
+# ---------------------------------------------------------------------------------- materializing
+def materialized_param(param: Param) -> Param:
+    """`param` with its reparameterization folded in: a plain parameter with the same id whose
+    value is `param.val()` cut from the factors' graph, with the base's configured trainability
+    and autodiff association."""
+    if param.reparameterization is None:
+        return param.clone()
+    value = param.val().detach()
+    active = param.is_active()
+    if param.is_autodiff():
+        value = value.autodiff()
+        if active:
+            value = value.set_require_grad(True)
+    else:
+        value = value.inner()
+    return Param.initialized(value, id=param.id, active=active)
+
+
+def materialize(module: Module) -> Module:
+    """A module whose reparameterized parameters are plain weights (the receiver is unchanged)."""
+    if not isinstance(module, Module):
+        raise TypeError(f"materialize expects a Module, got {type(module).__name__}")
+    out = module.clone()
+    for path, p in _reparameterized(module):
+        out = out.with_child(path, materialized_param(p))
+    return out
