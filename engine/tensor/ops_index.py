@@ -183,7 +183,12 @@ def _ranges_key(op: str, shape, ranges) -> tuple:
 
 
 def _ranges_text(key) -> str:
-    return "[" + ", ".join(f"{k.start}..{k.stop}" + (f";{k.step}" if k.step not in (None, 1) else "") for k in key) + "]"
+    def one(k):
+        lo = "" if k.start is None else k.start
+        hi = "" if k.stop is None else k.stop
+        return f"{lo}..{hi}" + (f";{k.step}" if k.step not in (None, 1) else "")
+
+    return "[" + ", ".join(one(k) for k in key) + "]"
 
 
 def _getitem_key(shape, key) -> tuple:
