@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from engine import Tensor, nn
+from engine.module.init import Initializer
 from engine.module.param import Param
 from tests.engine.gradcheck import check_grads
 
@@ -42,7 +43,7 @@ def test_linear_default_init_is_kaiming_uniform_within_sqrt_one_over_d_input():
 
 
 def test_linear_1d_input_and_config_builders(dev64):
-    cfg = nn.LinearConfig(2, 3).with_bias(False).with_initializer(nn.LinearConfig(1, 1).initializer.__class__(gain=1.0, fan_out_only=False))
+    cfg = nn.LinearConfig(2, 3).with_bias(False).with_initializer(Initializer.KaimingUniform(gain=1.0, fan_out_only=False))
     lin = cfg.init(dev64)
     assert lin.bias is None
     out = lin.forward(T([1.0, 2.0], dev64))
