@@ -66,7 +66,7 @@ class Device:
 
     __slots__ = ("kind", "index", "xp", "_rng", "_default_float", "_lock", "__weakref__")
     _instances: dict[tuple[str, int], "Device"] = {}
-    _creation_lock = threading.Lock()
+    _creation_lock = threading.RLock()
 
     def __new__(cls, spec: "str | Device" = "cpu"):
         if isinstance(spec, Device):

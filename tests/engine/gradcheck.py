@@ -11,7 +11,7 @@ def numeric_grad(f, arrays, i, eps=1e-6):
     base = [a.copy() for a in arrays]
     x = base[i]
     g = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
+    it = np.nditer(x, flags=["multi_index", "zerosize_ok"])
     for _ in it:
         idx = it.multi_index
         old = x[idx]

@@ -56,12 +56,6 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 
 
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present here, so cuda:0 exists")
-@pytest.mark.xfail(
-    strict=True,
-    reason="device.Device.__new__ builds the 'not available' message (available_devices(), which "
-    "creates cpu:1..cpu:3) while holding the non-reentrant _creation_lock: in a process where "
-    "cpu:3 does not exist yet, Device('cuda:0') deadlocks instead of raising",
-)
 def test_cuda_error_does_not_deadlock_in_a_fresh_process():
     code = (
         "from engine import Device, DeviceError\n"
