@@ -18,7 +18,7 @@ from engine.store.burnpack import TensorEntry
 
 from .helpers import craft
 
-SETTINGS = settings(max_examples=150, deadline=None, database=None,
+SETTINGS = settings(max_examples=150, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 CASE_SECONDS = 2.0
 HEADROOM = 512 * 1024 * 1024
