@@ -223,7 +223,8 @@ class BinaryCrossEntropyLoss(Module):
         if self.logits:
             loss = (1.0 - t) * logits - _ops.log_sigmoid(logits)
         else:
-            loss = (t - 1.0) * logits.neg().log1p().clamp_min(-100.0) - t * logits.log().clamp_min(-100.0)
+            with np.errstate(divide="ignore"):  # log(0) = -inf, clamped to -100 as in Burn
+                loss = (t - 1.0) * logits.neg().log1p().clamp_min(-100.0) - t * logits.log().clamp_min(-100.0)
         if self.weights is not None:
             w = self.weights.to_device(logits.device).cast(logits.dtype)
             if logits.rank > 1:
