@@ -120,7 +120,11 @@ class Learner:
         from ..optim.lr_scheduler import as_scheduler
 
         self.config = config or TrainingConfig()
-        self.device = as_device(self.config.device)
+        device = self.config.device
+        if device is None and not _is_factory(model) and hasattr(model, "devices"):
+            devices = model.devices()  # train where the model lives
+            device = devices[0] if devices else None
+        self.device = as_device(device)
         self.task = task
         self.train_set: Dataset = train if train is not None else (task.train if task is not None else None)
         self.valid_set: Dataset | None = valid if valid is not None else (task.valid if task is not None else None)

@@ -239,3 +239,13 @@ def test_bad_config_is_refused():
         TrainingConfig(checkpoint_every=2)
     with pytest.raises(ValueError, match="num_epochs"):
         TrainingConfig(num_epochs=0)
+
+
+def test_the_loop_trains_where_the_model_lives():
+    from engine import Device
+
+    model = MLP(Device("cpu:2"))
+    result = Learner(model, optim.SgdConfig().init(), task=build_task("spirals", n_train=32, n_valid=8),
+                     config=TrainingConfig(num_epochs=1, batch_size=16)).run()
+    assert result.status == "finished", result.error
+    assert [str(d) for d in result.model.devices()] == ["cpu:2"]
