@@ -91,67 +91,104 @@ def _max_pool(op, n, x, kernel, stride, padding, dilation, ceil_mode, with_indic
     xa = x._data
     is_float = xa.dtype.kind == "f"
     lowest = -np.inf if is_float else np.iinfo(xa.dtype).min
-    need_idx = with_indices or x._node is not None
-    # row-major strides of one (batch, channel) plane of the unpadded input
-    plane = int(np.prod(in_sp))
-    in_strides = [int(np.prod(in_sp[i + 1:])) for i in range(n)]
+    need_arg = with_indices or x._node is not None
+    windows = list(_window_slices(kernel, stride, dilation, out_sp))
     lead = (slice(None), slice(None))
     with dev.context():
         xpad = _pad_value(xp, xa, pads, lowest)
-        best = xp.full((xa.shape[0], xa.shape[1]) + out_sp, lowest, dtype=xa.dtype)
-        if need_idx:
-            # PyTorch's scan: a value replaces the running max when it is greater or NaN;
-            # -1 marks a window that has not seen a value above the dtype's lowest yet
-            arg = xp.full(best.shape, -1, dtype=np.int64)
-            for offs, sl in _window_slices(kernel, stride, dilation, out_sp):
-                v = xpad[lead + sl]
-                m = v > best
-                if is_float:
-                    m |= xp.isnan(v)
-                xp.copyto(best, v, where=m)
-                xp.copyto(arg, sum(o * d * st for o, d, st in zip(offs, dilation, in_strides)), where=m)
-            # windows whose values are all the lowest value (-inf) point at their first
-            # position inside the input, as PyTorch's kernels do
-            base_ax, first_ax = [], []
-            for i in range(n):
-                starts = np.arange(out_sp[i]) * stride[i] - padding[i]
-                first = np.where(starts < 0, starts + (-starts + dilation[i] - 1) // dilation[i] * dilation[i], starts)
-                first = np.minimum(first, in_sp[i] - 1)
-                shp = [1] * n
-                shp[i] = out_sp[i]
-                base_ax.append(xp.asarray((starts * in_strides[i]).reshape(shp)))
-                first_ax.append(xp.asarray((first * in_strides[i]).reshape(shp)))
-            missing = arg < 0
-            idx = arg + sum(base_ax)
-            if bool(missing.any()):
-                idx = xp.where(missing, xp.broadcast_to(sum(first_ax), idx.shape), idx)
-        else:
-            for _, sl in _window_slices(kernel, stride, dilation, out_sp):
-                xp.maximum(best, xpad[lead + sl], out=best)  # NaN propagates, as in PyTorch
+        best = xpad[lead + windows[0][1]].copy()
+        for _, sl in windows[1:]:
+            xp.maximum(best, xpad[lead + sl], out=best)  # NaN propagates, as in PyTorch
+        if need_arg:
+            arg = _argmax_offsets(xp, xpad, best, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation)
     values = best
 
     if x._node is not None:
-        batch, chans = xa.shape[:2]
+        padded_shape = xpad.shape
         non_overlap = all(s >= d * (k - 1) + 1 for s, d, k in zip(stride, dilation, kernel))
-        flat_idx = idx
+        # windows that tile the padded input exactly write every position once
+        tiled = all(s == k and d == 1 and o * k == size for s, d, k, o, size in zip(stride, dilation, kernel, out_sp, xpad.shape[2:]))
+        del xpad
 
         def rule(g):
+            # each window's gradient goes to its max: one strided write (or add, where windows
+            # overlap) of the masked gradient per kernel offset
             with dev.context():
-                offsets = (xp.arange(batch * chans, dtype=np.int64) * plane).reshape((batch, chans) + (1,) * n)
-                pos = (flat_idx + offsets).ravel()
-                if non_overlap:
-                    gx = xp.zeros(batch * chans * plane, dtype=g.dtype)
-                    gx[pos] = g.ravel()  # every input position is in at most one window
-                else:
-                    gx = xp.bincount(pos, weights=g.ravel(), minlength=batch * chans * plane).astype(g.dtype, copy=False)
-            return (gx.reshape(xa.shape),)
+                gpad = (xp.empty if tiled else xp.zeros)(padded_shape, dtype=g.dtype)
+                zero = xp.zeros((), dtype=g.dtype)
+                for k, (_, sl) in enumerate(windows):
+                    part = xp.where(arg == k, g, zero)
+                    if non_overlap:
+                        gpad[lead + sl] = part
+                    else:
+                        gpad[lead + sl] += part
+                return (_crop(gpad, pads, in_sp),)
 
         out = record(values, dev, (x,), rule, op)
     else:
         out = Tensor._wrap(values, dev, x._ad)
     if with_indices:
-        return out, Tensor._wrap(idx, dev)
+        return out, Tensor._wrap(_flat_indices(xp, arg, windows, in_sp, out_sp, stride, padding, dilation), dev)
     return out
+
+
+def _argmax_offsets(xp, xpad, best, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation):
+    """For each window, the index (in scan order) of the kernel offset PyTorch's kernel picks.
+
+    PyTorch scans a window's in-input positions in order and replaces the running max
+    (initially -inf at the first position inside the input) when a value is greater or NaN:
+    the first maximum wins, NaN beats everything (the last NaN wins), and a window whose
+    values are all -inf (the dtype's lowest) points at its first position inside the input.
+    """
+    n = len(in_sp)
+    nk = len(windows)
+    dt = np.int16 if nk < 2**15 else np.int32
+    arg = xp.zeros(best.shape, dtype=dt)
+    eq = xp.empty(best.shape, dtype=bool)
+    tmp = xp.empty(best.shape, dtype=dt)
+    lead = (slice(None), slice(None))
+    for k in range(nk - 1, -1, -1):  # the smallest offset holding the max writes last
+        xp.equal(xpad[lead + windows[k][1]], best, out=eq)
+        # arg = where(eq, k, arg) without a masked copy (which is slow on random masks)
+        xp.subtract(arg, dt(k), out=tmp)
+        xp.multiply(tmp, eq, out=tmp)
+        xp.subtract(arg, tmp, out=arg)
+    if is_float:
+        nan = xp.isnan(best)
+        if bool(nan.any()):
+            for k, (_, sl) in enumerate(windows):
+                xp.copyto(arg, k, where=nan & xp.isnan(xpad[lead + sl]))
+    missing = best == lowest
+    if bool(missing.any()):
+        # the first kernel offset inside the input, per axis, combined in row-major order
+        first = None
+        for i in range(n):
+            starts = np.arange(out_sp[i]) * stride[i] - padding[i]
+            j = np.minimum(np.maximum(-(starts // dilation[i]), 0), kernel[i] - 1)  # ceil(-start / d)
+            shp = [1] * n
+            shp[i] = out_sp[i]
+            term = (j * int(np.prod(kernel[i + 1:]))).reshape(shp)
+            first = term if first is None else first + term
+        arg = xp.where(missing, xp.asarray(first.astype(arg.dtype)), arg)
+    return arg
+
+
+def _flat_indices(xp, arg, windows, in_sp, out_sp, stride, padding, dilation):
+    """PyTorch's int64 indices into each flattened input plane, from the chosen offsets."""
+    n = len(in_sp)
+    in_strides = [int(np.prod(in_sp[i + 1:])) for i in range(n)]
+    deltas = np.array([sum(o * d * st for o, d, st in zip(offs, dilation, in_strides)) for offs, _ in windows], dtype=np.int64)
+    base = None
+    for i in range(n):
+        shp = [1] * n
+        shp[i] = out_sp[i]
+        term = ((np.arange(out_sp[i]) * stride[i] - padding[i]) * in_strides[i]).reshape(shp)
+        base = term if base is None else base + term
+    idx = xp.take(xp.asarray(deltas), arg)
+    idx += xp.asarray(base)
+    # a window lying wholly in the padding (possible with dilation) has no position to
+    # point at: clamp into the plane rather than return an out-of-range index
+    return xp.clip(idx, 0, int(np.prod(in_sp)) - 1, out=idx)
 
 
 @tensor_method

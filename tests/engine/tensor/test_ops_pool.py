@@ -97,6 +97,8 @@ MAX_CASES = [
     ((7, 7), (3, 3), (2, 3), (1, 0), (2, 2), False),
     ((6, 5), (2, 3), (3, 2), (1, 1), (1, 1), True),
     ((4, 4), (3, 3), (1, 1), (1, 1), (1, 1), False),
+    ((4, 6), (2, 2), (2, 2), (0, 0), (1, 1), False),  # windows tile the input
+    ((6, 6), (3, 2), (3, 2), (0, 0), (1, 1), True),  # tiled, ceil_mode changes nothing
 ]
 
 
@@ -145,6 +147,25 @@ def test_max_pool_overlapping_windows_accumulate_gradient():
     xt = t64(x).require_grad()
     g = xt.max_pool1d(3, 1).sum().backward()  # 5.0 is the max of all three windows
     np.testing.assert_array_equal(xt.grad(g).numpy(), [[[0.0, 0.0, 3.0, 0.0, 0.0]]])
+
+
+def test_max_pool_minus_infinity_windows_point_at_their_first_input_position():
+    x = np.full((1, 1, 5, 5), -np.inf)
+    x[0, 0, 3, 4] = 1.0
+    x[0, 0, 0, 2] = np.nan
+    for k, s, p, d, ceil in [(3, 2, 1, 1, False), (2, 2, 1, 2, True), (3, 1, 1, 1, True)]:
+        v, i = t64(x).max_pool2d_with_indices(k, s, p, d, ceil)
+        rv, ri = ref_max_pool(x, (k, k), (s, s), (p, p), (d, d), ceil)
+        np.testing.assert_array_equal(v.numpy(), rv)
+        np.testing.assert_array_equal(i.numpy(), ri)
+        # the gradient follows the indices
+        xt = t64(x).require_grad()
+        out = xt.max_pool2d(k, s, p, d, ceil)
+        probe = np.arange(1.0, 1.0 + out.numel()).reshape(out.shape)
+        gx = xt.grad(out.backward(t64(probe))).numpy().reshape(-1)
+        expected = np.zeros(25)
+        np.add.at(expected, ri.reshape(-1), probe.reshape(-1))
+        np.testing.assert_array_equal(gx, expected)
 
 
 def test_max_pool_nan_wins_and_int_input():
