@@ -1,17 +1,45 @@
-"""`python -m app [--example NAME | --open FILE] [--screenshot PATH]`."""
+"""`python -m app [--example NAME | --open FILE] [--screenshot PATH]`.
+
+`--open` takes a project (`.ember.json`), a model script (`net.py` or `net.py:factory`), or a
+checkpoint (`.bpk`, `.safetensors`) together with `--example NAME` as its architecture.
+With `--screenshot` the window renders once with default settings, is saved as PNG, and the
+app exits (non-zero when the model could not be opened).
+"""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import tempfile
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="ember", description="Ember: design, inspect and fine-tune neural networks.")
     p.add_argument("--example", help="open a built-in example model by name")
-    p.add_argument("--open", dest="open_path", help="open a project, design, checkpoint or model script")
+    p.add_argument("--open", dest="open_path", help="open a project, model script (path.py[:factory]) or checkpoint")
     p.add_argument("--screenshot", help="render the window once, save it as PNG, and exit")
+    p.add_argument("--theme", choices=("light", "dark"), help="the colour theme (remembered)")
+    p.add_argument("--select", help="with --screenshot: select this module path in the tree")
+    p.add_argument("--size", default="1400x860", help="with --screenshot: the window size, WIDTHxHEIGHT")
     return p.parse_args(argv)
+
+
+def open_requested(window, args) -> bool:
+    from pathlib import Path  # noqa: PLC0415
+
+    if args.open_path and Path(args.open_path.rsplit(":", 1)[0]).suffix.lower() in (".bpk", ".safetensors"):
+        if not args.example:
+            window.error("Open", f"{args.open_path} is a checkpoint: give its architecture with --example NAME, "
+                         "or open it with File ▸ Open Checkpoint into Architecture")
+            return False
+        source = {"kind": "checkpoint", "path": str(Path(args.open_path).resolve()),
+                  "architecture": {"kind": "example", "name": args.example}, "allow_partial": False}
+        return window.open_source(source)
+    if args.open_path:
+        return window.open_path(args.open_path)
+    if args.example:
+        return window.open_example(args.example)
+    return True
 
 
 def main(argv=None) -> int:
@@ -22,17 +50,46 @@ def main(argv=None) -> int:
     from PySide6.QtWidgets import QApplication  # noqa: PLC0415
 
     from .main_window import MainWindow  # noqa: PLC0415
+    from .settings import Settings  # noqa: PLC0415
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Ember")
+    app.setOrganizationName("Ember")
     app.setStyle("Fusion")
-    window = MainWindow()
-    window.show()
+    # a screenshot shows the default layout and never touches the user's settings
+    settings = Settings.at(os.path.join(tempfile.mkdtemp(prefix="ember-shot-"), "settings.ini")) \
+        if args.screenshot else Settings()
+    if args.theme:
+        settings.set_theme(args.theme)
+    window = MainWindow(settings=settings, confirm_close=not args.screenshot)
     if args.screenshot:
-        app.processEvents()
-        ok = window.grab().save(args.screenshot, "PNG")
-        window.close()
-        return 0 if ok else 1
+        w, _, h = args.size.partition("x")
+        window.resize(int(w), int(h))
+    window.show()
+    ok = open_requested(window, args)
+    if args.screenshot:
+        return screenshot(app, window, args, ok)
     return app.exec()
+
+
+def screenshot(app, window, args, ok: bool) -> int:
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + 120
+    while window.running_tasks and time.monotonic() < deadline:  # a checkpoint loading
+        app.processEvents()
+        time.sleep(0.01)
+    if args.select is not None:
+        window.tree.select_path(args.select)
+    for _ in range(3):
+        app.processEvents()
+    window.display.display_text()  # render the display now
+    app.processEvents()
+    saved = window.grab().save(args.screenshot, "PNG")
+    window.close()
+    if window.last_message is not None and not ok:
+        print(window.last_message.text(), file=sys.stderr)
+    return 0 if (saved and ok) else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ exact error at the first failing node.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import threading
@@ -122,7 +123,12 @@ _ENTRY = re.compile(r"^\s*[-*]\s*([A-Za-z_][\w ]*?)\s*:\s*`?\s*(\[[^\]]*\])\s*`?
 
 def docstring_contract(module: Any) -> str | None:
     """The contract in the `Shapes` section of the module's `forward` (or class) docstring."""
-    cls = type(module)
+    return class_contract(type(module))
+
+
+@functools.lru_cache(maxsize=1024)
+def class_contract(cls: type) -> str | None:
+    """`docstring_contract` for a class (cached: docstrings do not change)."""
     for doc in (getattr(getattr(cls, "forward", None), "__doc__", None), cls.__doc__):
         if not doc:
             continue
@@ -392,17 +398,29 @@ class _Patcher:
 
 
 class _Run:
-    def __init__(self, paths: dict[int, str], contracts: dict[str, Contract], result: CheckResult):
+    def __init__(self, paths: dict[int, str], contracts: dict[str, Contract], result: CheckResult,
+                 checkpoint: Callable[[], None] | None):
         self.paths = paths
         self.contracts = contracts
         self.result = result
         self.active: list[NodeReport] = []
+        self.checkpoint = checkpoint
+        self.interrupted: BaseException | None = None
+
+    def _tick(self) -> None:
+        if self.checkpoint is not None:
+            try:
+                self.checkpoint()
+            except BaseException as e:
+                self.interrupted = e
+                raise
 
     def call(self, module, original, args, kwargs):
         path = self.paths.get(id(module))
         if path is None or (self.active and self.active[-1].path == path):
             # not part of the tree, or a class calling its parent's forward (super().forward)
             return original(module, *args, **kwargs)
+        self._tick()
         node = self.result.nodes[path]
         node.inputs = _shapes(list(args) + list(kwargs.values()))
         node.outputs = []
@@ -418,6 +436,8 @@ class _Run:
             if contract is not None:
                 self._check(contract.outputs, node.outputs, env, module, "output", node)
         except BaseException as exc:
+            if exc is self.interrupted:
+                raise
             if self.result.failure is None:
                 self.result.failure = node
                 self.result.error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
@@ -440,12 +460,13 @@ class _Run:
 
 
 def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
-          modules: list[tuple[str, Any]]) -> CheckResult:
+          modules: list[tuple[str, Any]], checkpoint: Callable[[], None] | None = None) -> CheckResult:
     """Run `root.forward(*inputs)` with contract checks at every module boundary.
 
     `modules` lists `(path, module)` for every module in the tree (root first, path "");
     `contracts` maps paths to their contracts. Never raises for a failure inside the model:
-    the result says where it failed and why.
+    the result says where it failed and why. `checkpoint()` is called as each module is
+    entered; what it raises (a cancellation) stops the run and propagates.
     """
     parsed = {p: (c if isinstance(c, Contract) else parse_contract(c)) for p, c in contracts.items() if c}
     nodes: dict[str, NodeReport] = {}
@@ -456,16 +477,81 @@ def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
         nodes[path] = NodeReport(path, type(m).__name__, contract=str(c) if c else None)
     result = CheckResult(nodes, [])
     classes = {k for _, m in modules for k in type(m).__mro__ if "forward" in k.__dict__}
-    run = _Run(paths, parsed, result)
+    run = _Run(paths, parsed, result, checkpoint)
     _Patcher.install(classes)
     _Patcher._local.ctx = run
     try:
         out = root.forward(*inputs)
         result.output_shapes = _shapes(out)
     except BaseException as exc:  # noqa: BLE001 - reported, never raised
+        if exc is run.interrupted:
+            raise
         if result.failure is None:
             result.error = f"{type(exc).__name__}: {exc}"
     finally:
         _Patcher._local.ctx = None
         _Patcher.uninstall(classes)
     return result
+
+
+# ---- example inputs ----------------------------------------------------------------------------
+EXAMPLE = "example"
+_INPUT = re.compile(r"\s*(int|float)?\s*\[([^\]]*)\]\s*,?")
+
+
+def parse_example_input(text: str) -> list[tuple[str, list[int]]] | str:
+    """`[2, 784]`, `int[2, 16]`, `[2, 8], [2, 8]` -> [(kind, dims), ...]; `example` -> "example".
+
+    A `ContractSyntaxError` says what was expected and where.
+    """
+    t = text.strip()
+    if t.lower() == EXAMPLE:
+        return EXAMPLE
+    if not t:
+        raise ContractSyntaxError("an example input is required: a shape such as [2, 784], or 'example'")
+    out = []
+    pos = 0
+    while pos < len(t):
+        m = _INPUT.match(t, pos)
+        if not m:
+            raise ContractSyntaxError(f"example input: expected a shape such as [2, 784] or int[2, 16] at column "
+                                      f"{pos + 1}, found {t[pos:pos + 12]!r}")
+        dims = []
+        for part in m.group(2).split(","):
+            part = part.strip()
+            if not part.isdigit() or int(part) < 1:
+                raise ContractSyntaxError(f"example input: every axis must be a positive integer, found {part!r} "
+                                          f"in [{m.group(2)}]")
+            dims.append(int(part))
+        out.append((m.group(1) or "float", dims))
+        pos = m.end()
+    return out
+
+
+def make_example_input(spec: list[tuple[str, list[int]]], device, seed: int = 0) -> list:
+    """Tensors for a parsed spec: float ones normal(0, 1) from a seeded generator, int ones zero."""
+    import numpy as np  # noqa: PLC0415
+
+    from engine import Tensor  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for kind, dims in spec:
+        if kind == "int":
+            out.append(Tensor.zeros(dims, device=device, dtype="int64"))
+        else:
+            out.append(Tensor.from_data(rng.standard_normal(dims).astype("float32"), device=device))
+    return out
+
+
+def example_input_text(contract_text: str | None, module: Any) -> str:
+    """A default example input from the model's contract: `[batch, 784]` -> `[2, 784]`."""
+    if not contract_text:
+        return ""
+    try:
+        shapes = example_shape(parse_contract(contract_text), module)
+    except ContractSyntaxError:
+        return ""
+    if not shapes:
+        return ""
+    return ", ".join("[" + ", ".join(str(d) for d in s) + "]" for s in shapes)

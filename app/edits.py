@@ -9,12 +9,12 @@ transitions and returns the new module; the receiver is unchanged.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from engine.module import ParamGroup
+from widgets.module_info import group_from_spec
 
 GROUP_OPS = ("freeze", "unfreeze", "no_grad")
-GROUP_KINDS = ("all", "regex", "path", "predicate")
 OP_TEXT = {"freeze": "Freeze", "unfreeze": "Unfreeze", "no_grad": "No grad"}
 
 
@@ -29,19 +29,11 @@ def subtree_group(path: str) -> dict:
     return {"kind": "regex", "pattern": "^" + re.escape(path) + r"(\.|$)"}
 
 
-def make_group(spec: dict) -> ParamGroup:
-    kind = spec.get("kind")
-    if kind == "all":
-        return ParamGroup.all()
-    if kind == "regex":
-        return ParamGroup.from_regex(spec["pattern"])
-    if kind == "path":
-        return ParamGroup.from_path(spec["path"])
-    if kind == "paths":
-        return ParamGroup.from_paths(spec["paths"])
-    if kind == "predicate":
-        return ParamGroup.from_predicate(spec["text"])
-    raise EditError(f"unknown parameter group kind {kind!r}: expected one of {', '.join(GROUP_KINDS)}")
+def make_group(spec: dict):
+    try:
+        return group_from_spec(spec)
+    except ValueError as e:
+        raise EditError(str(e)) from e
 
 
 def describe_group(spec: dict) -> str:
@@ -80,6 +72,8 @@ def describe(edit: dict) -> str:
         return f"Fork to {edit['device']}"
     if op == "to_device":
         return f"Transfer to {edit['device']}"
+    if op == "load":
+        return f"Load weights from {Path(edit['path']).name}"
     return str(op)
 
 
@@ -110,7 +104,11 @@ def apply_edit(module: Any, edit: dict) -> Any:
         return module.fork(edit["device"])
     if op == "to_device":
         return module.to_device(edit["device"])
-    raise EditError(f"unknown edit {op!r}: expected freeze, unfreeze, no_grad, lora, materialize, fork or to_device")
+    if op == "load":
+        from .checkpoints import load  # noqa: PLC0415
+
+        return load(module, edit["path"], edit.get("allow_partial", False))[0]
+    raise EditError(f"unknown edit {op!r}: expected freeze, unfreeze, no_grad, lora, materialize, fork, to_device or load")
 
 
 def replay(module: Any, edits: list[dict]) -> Any:

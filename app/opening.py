@@ -15,7 +15,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "resources" / "examples"
 DEFAULT_FACTORY = "build"
 
 
@@ -92,27 +91,49 @@ def _check_module(model: Any, where: str) -> None:
 
 # ---- examples ----------------------------------------------------------------------------------
 def list_examples() -> list[str]:
-    """The names of the built-in examples (files in resources/examples with a build())."""
-    if not EXAMPLES_DIR.is_dir():
-        return []
-    names = []
-    for p in sorted(EXAMPLES_DIR.glob("*.py")):
-        if p.name.startswith("_"):
-            continue
-        names.append(p.stem.replace("_", "-"))
-    return names
+    """The names of the built-in examples (resources/examples)."""
+    from resources.examples import list_examples as names  # noqa: PLC0415
+
+    return names()
 
 
-def example_path(name: str) -> Path:
-    return EXAMPLES_DIR / (name.replace("-", "_") + ".py")
+def describe_example(name: str) -> str:
+    from resources.examples import describe_example as describe  # noqa: PLC0415
+
+    try:
+        return describe(name)
+    except Exception:  # a broken example file shows up when it is opened
+        return ""
 
 
-def load_example(name: str) -> Any:
-    path = example_path(name)
-    if not path.is_file():
-        known = ", ".join(list_examples()) or "none installed"
-        raise OpenError(f"no example named {name!r}: expected one of {known}")
-    return load_script(path, DEFAULT_FACTORY)
+def load_example(name: str, device=None) -> Any:
+    from resources.examples import ExampleError, build_example, example_path  # noqa: PLC0415
+
+    try:
+        path = example_path(name)
+    except ExampleError as e:
+        raise OpenError(str(e)) from None
+    try:
+        model = build_example(name, device)
+    except (Exception, SystemExit) as e:
+        raise OpenError(f"example {name!r} raised {type(e).__name__}: {e}", _user_traceback(e, path)) from e
+    _check_module(model, f"example {name!r}")
+    return model
+
+
+def example_input(source: dict | None, batch: int, device=None):
+    """The example model's own input batch, or None when its source has none."""
+    if not source or source.get("kind") != "example":
+        return None
+    from resources.examples import ExampleError  # noqa: PLC0415
+    from resources.examples import example_input as make  # noqa: PLC0415
+
+    try:
+        return make(source["name"], batch, device)
+    except ExampleError:
+        return None
+    except Exception as e:
+        raise OpenError(f"example {source['name']!r}: example_input() raised {type(e).__name__}: {e}") from e
 
 
 # ---- sources -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPlainTextEdit, QSpinBox, QToolButton, QVBoxLayout,
+from PySide6.QtWidgets import (QCheckBox, QGridLayout, QLabel, QPlainTextEdit, QSpinBox, QToolButton, QVBoxLayout,
                                QWidget)
 
 from engine.module import DisplaySettings, Module
@@ -22,16 +22,16 @@ class DisplayPanel(QWidget):
         super().__init__(parent)
         self.title = QLabel("")
         self.title.setObjectName("display-title")
-        self.show_all = self._option("All attributes", "show_all_attributes")
-        self.new_line = self._option("New line after attribute", "new_line_after_attribute")
-        self.num_params = self._option("Parameter counts", "show_num_parameters")
-        self.param_ids = self._option("Parameter ids", "show_param_id")
+        self.show_all = self._option("All attributes", "show_all_attributes", "All attributes (not only those a module chooses to show)")
+        self.new_line = self._option("New lines", "new_line_after_attribute", "New line after each attribute")
+        self.num_params = self._option("Counts", "show_num_parameters", "Parameter counts")
+        self.param_ids = self._option("Ids", "show_param_id", "Parameter ids")
         self.indent = QSpinBox()
         self.indent.setObjectName("indentation_size")
         self.indent.setRange(-1, 16)
         self.indent.setValue(-1)
         self.indent.setPrefix("indent ")
-        self.indent.setSpecialValueText("indent: each module's own")
+        self.indent.setSpecialValueText("indent: own")
         self.indent.setToolTip("Spaces per level; at the minimum, each module's own setting (2 by default)")
         self.copy_button = QToolButton()
         self.copy_button.setText("Copy")
@@ -43,11 +43,14 @@ class DisplayPanel(QWidget):
         self.text.setFont(monospace_font())
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
                                           | Qt.TextInteractionFlag.TextSelectableByKeyboard)
-        controls = QHBoxLayout()
-        for w in (self.show_all, self.new_line, self.num_params, self.param_ids, self.indent):
-            controls.addWidget(w)
-        controls.addStretch(1)
-        controls.addWidget(self.copy_button)
+        controls = QGridLayout()  # two rows, so that the panel stays narrow beside the docks
+        controls.addWidget(self.show_all, 0, 0)
+        controls.addWidget(self.new_line, 0, 1)
+        controls.addWidget(self.indent, 0, 2)
+        controls.addWidget(self.num_params, 1, 0)
+        controls.addWidget(self.param_ids, 1, 1)
+        controls.addWidget(self.copy_button, 1, 2, Qt.AlignmentFlag.AlignRight)
+        controls.setColumnStretch(3, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.title)
@@ -62,12 +65,12 @@ class DisplayPanel(QWidget):
         self._pending = False
 
     @staticmethod
-    def _option(text: str, name: str) -> QCheckBox:
+    def _option(text: str, name: str, what: str) -> QCheckBox:
         box = QCheckBox(text)
         box.setObjectName(name)
         box.setTristate(True)
         box.setCheckState(Qt.CheckState.PartiallyChecked)
-        box.setToolTip(f"{text}: checked forces it on, unchecked off; partly checked leaves each module its own "
+        box.setToolTip(f"{what}: checked forces it on, unchecked off; partly checked leaves each module its own "
                        f"setting (a module's custom display, e.g. Linear on one line, wins)")
         return box
 

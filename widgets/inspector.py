@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from engine.module import Param
@@ -71,6 +71,9 @@ class Inspector(QWidget):
         layout.addWidget(self.header)
         layout.addWidget(self.state)
         layout.addWidget(split, 1)
+
+    def sizeHint(self):
+        return QSize(480, 420)
 
     @staticmethod
     def _table(columns: list[str]) -> QTableWidget:

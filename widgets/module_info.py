@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import Tensor
-from engine.module import Flag, Module, Param
+from engine.module import Flag, Module, Param, ParamGroup
 
 MODULE, CONTAINER, PARAM, REPARAM, CONST, FLAG = "module", "container", "param", "reparam", "const", "flag"
 
@@ -208,3 +208,30 @@ def named_params_below(module: Any, path: str) -> list[tuple[str, Param]]:
 def constants_below(value: Any, path: str) -> list[tuple[str, Tensor]]:
     """`(path, tensor)` for the constant tensors directly held by a module (or container)."""
     return [(join(path, seg), v) for seg, k, v in children(value, with_leaves=True) if k == CONST]
+
+
+GROUP_KINDS = ("all", "regex", "path", "paths", "predicate")
+
+
+def group_from_spec(spec: dict) -> ParamGroup:
+    """The engine's ParamGroup for a group spec: `{"kind": "regex", "pattern": "^enc\\."}`,
+    `{"kind": "path", "path": "fc1.weight"}`, `{"kind": "paths", "paths": [...]}`,
+    `{"kind": "predicate", "text": "attn"}` or `{"kind": "all"}`. A bad regex raises
+    `ParamGroupError` with the regex module's message."""
+    kind = spec.get("kind")
+    if kind == "all":
+        return ParamGroup.all()
+    if kind == "regex":
+        return ParamGroup.from_regex(spec["pattern"])
+    if kind == "path":
+        return ParamGroup.from_path(spec["path"])
+    if kind == "paths":
+        return ParamGroup.from_paths(spec["paths"])
+    if kind == "predicate":
+        return ParamGroup.from_predicate(spec["text"])
+    raise ValueError(f"unknown parameter group kind {kind!r}: expected one of {', '.join(GROUP_KINDS)}")
+
+
+def group_matches(module: Any, group: ParamGroup) -> list[tuple[str, Param]]:
+    """The parameters of `module` (adapter factors included) that `group` selects."""
+    return [(path, p) for path, p in module.named_params() if group.matches(p.id, path)]

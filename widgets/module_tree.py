@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPoint, QRectF, Qt, Signal
+from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPoint, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QAction, QBrush, QColor, QFont, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMenu, QSpinBox,
                                QTreeView, QVBoxLayout, QWidget)
@@ -347,6 +347,7 @@ class ModuleTree(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.model = ModuleTreeModel(self)
+        self._restoring = False
         self.filter_edit = QLineEdit()
         self.filter_edit.setPlaceholderText("Filter by name, type or path…")
         self.filter_edit.setClearButtonEnabled(True)
@@ -365,11 +366,8 @@ class ModuleTree(QWidget):
         header = self.view.header()
         header.setStretchLastSection(True)
         header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Interactive)
-        self.view.setColumnWidth(NAME, 200)
-        self.view.setColumnWidth(TYPE, 150)
-        self.view.setColumnWidth(PARAMS, 100)
-        self.view.setColumnWidth(TRAINABLE, 100)
-        self.view.setColumnWidth(DEVICE, 60)
+        for column, width in ((NAME, 170), (TYPE, 115), (PARAMS, 85), (TRAINABLE, 95), (DEVICE, 50)):
+            self.view.setColumnWidth(column, width)
         self.empty_label = QLabel("No model open.")
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         top = QHBoxLayout()
@@ -387,6 +385,9 @@ class ModuleTree(QWidget):
         self.model.trainable_toggled.connect(self.trainable_toggled)
         self._set_empty(True)
 
+    def sizeHint(self):
+        return QSize(640, 600)
+
     def _set_empty(self, empty: bool) -> None:
         self.view.setVisible(not empty)
         self.empty_label.setVisible(empty)
@@ -397,6 +398,13 @@ class ModuleTree(QWidget):
         expanded = self.expanded_paths()
         selected = self.selected_path()
         first = self.model.module is None
+        self._restoring = True  # the selection put back is not the user's
+        try:
+            self._restore(module, expanded, selected, first)
+        finally:
+            self._restoring = False
+
+    def _restore(self, module, expanded, selected, first) -> None:
         self.model.set_module(module)
         self._set_empty(module is None)
         if module is None:
@@ -481,7 +489,7 @@ class ModuleTree(QWidget):
 
     def _on_current(self, current: QModelIndex, _previous: QModelIndex) -> None:
         path = self.model.path_of(current)
-        if path is not None:
+        if path is not None and not self._restoring:
             self.selection_changed.emit(path)
 
     def _context_menu(self, pos: QPoint) -> None:

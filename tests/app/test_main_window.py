@@ -48,11 +48,11 @@ def test_dark_theme_changes_the_palette_and_is_remembered(window, settings, qtbo
 
 def test_dock_layout_is_restored_on_the_next_start(window, settings, qtbot):
     window.inspector_dock.hide()
-    window.resize(760, 540)
+    window.resize(780, 590)
     window.close()
     w2 = MainWindow(settings=settings)
     qtbot.addWidget(w2)
     w2.show()
     assert w2.inspector_dock.isHidden()
     assert not w2.tree_dock.isHidden()
-    assert (w2.width(), w2.height()) == (760, 540)
+    assert (w2.width(), w2.height()) == (780, 590)

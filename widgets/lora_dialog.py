@@ -1,0 +1,199 @@
+"""The LoRA dialog: rank, alpha, init std, parameter group, and QLoRA (block size, double
+quantization), with a live preview of the parameters LoRA adds and of what stays trainable.
+
+LoRA (Burn's): every float parameter is frozen; each rank-2 float parameter in the group gets
+factors `a` [d_in, rank] and `b` [rank, d_out], trainable, so the preview is plain arithmetic
+on shapes and never touches a value.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel, QLineEdit,
+                               QVBoxLayout)
+
+from .common import ErrorLabel, count, monospace_font
+from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
+
+
+def lora_targets(params: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The parameters LoRA attaches to: rank-2 float parameters without a reparameterization."""
+    return [(p, v) for p, v in params if v.kind == "float" and len(v.shape) == 2 and v.reparameterization is None]
+
+
+def lora_preview(params: list[tuple[str, Any]], targets: list[tuple[str, Any]], rank: int) -> dict:
+    """Counts after attaching LoRA of `rank` to `targets`: added, trainable, all, trainable%."""
+    added = sum(rank * (v.shape[0] + v.shape[1]) for _, v in targets)
+    total = sum(v.numel() for _, v in params) + added
+    return {"added": added, "trainable": added, "all": total,
+            "percent": 100.0 * added / total if total else 0.0, "targets": len(targets)}
+
+
+class LoraDialog(QDialog):
+    """Emits `lora_chosen(edit)` with `{"op": "lora", "rank", "alpha", "init_std", "group",
+    "qlora"}` when accepted."""
+
+    lora_chosen = Signal(dict)
+
+    def __init__(self, module: Any, parent=None, *, group_text: str = "", group_mode: str = "all"):
+        super().__init__(parent)
+        self.setWindowTitle("Attach LoRA")
+        self.setObjectName("lora-dialog")
+        self.params = module.named_params()
+        self.rank = self._field("rank", "8", "the adapters' inner dimension, an integer ≥ 1")
+        self.rank_error = ErrorLabel()
+        self.alpha = self._field("alpha", "16", "scale: the update is (alpha / rank) · a @ b")
+        self.alpha_error = ErrorLabel()
+        self.init_std = self._field("init_std", "", "std of a's normal init; empty: 1 / rank")
+        self.init_std.setPlaceholderText("1 / rank")
+        self.init_std_error = ErrorLabel()
+        self.group = GroupSelector(mode=group_mode, text=group_text)
+        self.qlora = QCheckBox("QLoRA: pack the base weights to 4-bit NF4")
+        self.qlora.setObjectName("qlora")
+        self.block_size = self._field("block_size", "64", "values per quantization block (absmax scale each)")
+        self.block_size_error = ErrorLabel()
+        self.double_quant = QCheckBox("Double quantization of the block scales")
+        self.double_quant.setObjectName("double_quant")
+        self.double_quant.setChecked(True)
+        self.summary = QLabel("")
+        self.summary.setObjectName("summary")
+        self.summary.setWordWrap(True)
+        self.preview = preview_table(["Parameter", "Shape", "a", "b", "Added"])
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+
+        form = QFormLayout()
+        form.addRow("Rank", self.rank)
+        form.addRow("", self.rank_error)
+        form.addRow("Alpha", self.alpha)
+        form.addRow("", self.alpha_error)
+        form.addRow("Init std", self.init_std)
+        form.addRow("", self.init_std_error)
+        form.addRow("Parameters", self.group)
+        qbox = QGroupBox("Quantization")
+        qform = QFormLayout(qbox)
+        qform.addRow(self.qlora)
+        qform.addRow("Block size", self.block_size)
+        qform.addRow("", self.block_size_error)
+        qform.addRow(self.double_quant)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(qbox)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.preview, 1)
+        layout.addWidget(self.buttons)
+        self.resize(680, 620)
+        for w in (self.rank, self.alpha, self.init_std, self.block_size):
+            w.textChanged.connect(self._update)
+        self.group.changed.connect(self._update)
+        self.qlora.toggled.connect(self._update)
+        self.double_quant.toggled.connect(self._update)
+        self.buttons.accepted.connect(self._accept)
+        self.buttons.rejected.connect(self.reject)
+        self._edit: dict | None = None
+        self._update()
+
+    def _field(self, name: str, text: str, tip: str) -> QLineEdit:
+        w = QLineEdit(text)
+        w.setObjectName(name)
+        w.setToolTip(tip)
+        w.setFont(monospace_font())
+        return w
+
+    def ok_button(self):
+        return self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+
+    # ---- validation ----------------------------------------------------------------------
+    @staticmethod
+    def _int(text: str, what: str, minimum: int) -> tuple[int | None, str | None]:
+        t = text.strip()
+        try:
+            v = int(t)
+        except ValueError:
+            return None, f"{what} must be a whole number ≥ {minimum}, got {t!r}" if t else f"{what} is required"
+        if v < minimum:
+            return None, f"{what} must be ≥ {minimum}, got {v}"
+        return v, None
+
+    @staticmethod
+    def _float(text: str, what: str, positive: bool) -> tuple[float | None, str | None]:
+        t = text.strip()
+        try:
+            v = float(t)
+        except ValueError:
+            return None, f"{what} must be a number, got {t!r}" if t else f"{what} is required"
+        if not math.isfinite(v):
+            return None, f"{what} must be finite, got {t}"
+        if positive and v <= 0:
+            return None, f"{what} must be > 0, got {t}"
+        return v, None
+
+    def _update(self, *_):
+        ok = True
+        rank, err = self._int(self.rank.text(), "rank", 1)
+        self.rank_error.show_error(err)
+        ok &= err is None
+        alpha, err = self._float(self.alpha.text(), "alpha", positive=False)
+        self.alpha_error.show_error(err)
+        ok &= err is None
+        init_std = None
+        if self.init_std.text().strip():
+            init_std, err = self._float(self.init_std.text(), "init std", positive=True)
+        else:
+            err = None
+        self.init_std_error.show_error(err)
+        ok &= err is None
+        quant = self.qlora.isChecked()
+        self.block_size.setEnabled(quant)
+        self.double_quant.setEnabled(quant)
+        block = 64
+        if quant:
+            block, err = self._int(self.block_size.text(), "block size", 2)
+            if err is None and block % 2:
+                err = f"block size must be even (two 4-bit codes a byte), got {block}"
+            self.block_size_error.show_error(err)
+            ok &= err is None
+        else:
+            self.block_size_error.show_error(None)
+        matches = self.group.select(self.params)
+        targets = lora_targets(matches or [])
+        if matches is not None and not targets:
+            self.group.error.show_error("none of the selected parameters is a rank-2 float weight; "
+                                        "LoRA attaches to matrices")
+        ok &= bool(targets)
+        self.ok_button().setEnabled(ok)
+        if rank is not None and targets:
+            pv = lora_preview(self.params, targets, rank)
+            text = (f"LoRA on {pv['targets']} weight(s) adds {count(pv['added'])} parameters. After: "
+                    f"trainable params: {count(pv['trainable'])} || all params: {count(pv['all'])} || "
+                    f"trainable%: {pv['percent']:.4f}")
+            if quant:
+                bits = 4 + (8 / block + 32 / (block * 256) if self.double_quant.isChecked() else 32 / block)
+                text += f". Base weights packed to NF4, about {bits:.3f} bits per weight."
+            self.summary.setText(text)
+            fill_preview(self.preview, [(p, shape_text(v.shape), shape_text([v.shape[0], rank]),
+                                         shape_text([rank, v.shape[1]]), count(rank * (v.shape[0] + v.shape[1])))
+                                        for p, v in targets])
+            self.preview_counts = pv
+        else:
+            self.summary.setText("")
+            fill_preview(self.preview, [])
+            self.preview_counts = None
+        self._edit = {"op": "lora", "rank": rank, "alpha": alpha, "init_std": init_std,
+                      "group": self.group.spec(),
+                      "qlora": {"block_size": block, "double_quant": self.double_quant.isChecked()} if quant else None
+                      } if ok else None
+
+    def edit(self) -> dict | None:
+        return self._edit
+
+    def errors(self) -> list[str]:
+        return [e.error() for e in (self.rank_error, self.alpha_error, self.init_std_error, self.block_size_error,
+                                    self.group.error) if e.error()]
+
+    def _accept(self) -> None:
+        if self._edit is None:
+            return
+        self.lora_chosen.emit(dict(self._edit))
+        self.accept()
