@@ -141,6 +141,10 @@ class QLoraAdapter(LoraAdapter):
     """
 
     NAME = "lora"
+    # The packed weight is the stored base; the parameter's own base is a placeholder. Module
+    # traversal that honours this flag leaves the placeholder out of visits, records and
+    # optimizers, and Param.val() passes None instead of materializing it.
+    STORES_BASE = True
 
     def __init__(self, a: Param, b: Param, scale: float, nf4: NF4Weight):
         super().__init__(a, b, scale)

@@ -130,7 +130,8 @@ def double_quantize(absmax, block_size: int = DOUBLE_QUANT_BLOCK_SIZE) -> Double
     xp = _xp(absmax)
     absmax = absmax.astype(np.float32, copy=False).reshape(-1)
     n = absmax.shape[0]
-    mean = np.float32(absmax.mean()) if n else np.float32(0.0)
+    # float64 accumulation, then float(): the same mean on NumPy and CuPy (0-d arrays too)
+    mean = np.float32(float(absmax.astype(np.float64).mean())) if n else np.float32(0.0)
     nb = -(-n // block_size)
     centred = xp.zeros(nb * block_size, dtype=np.float32)
     centred[:n] = absmax - mean

@@ -388,3 +388,29 @@ def test_only_the_factors_require_grad(pretrained):
     t = pretrained.apply_lora(Lora(2, 4.0))
     trainable = [path for path, p in t.named_params() if p.is_require_grad()]
     assert trainable == ["fc1.weight.lora.a", "fc1.weight.lora.b", "fc2.weight.lora.a", "fc2.weight.lora.b"]
+
+
+# ---------------------------------------------------------------------------------- GPU
+def _cuda_available() -> bool:
+    from engine.tensor.device import cuda_device_count
+
+    return cuda_device_count() > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda_available(), reason="needs CuPy and a GPU")
+def test_qlora_on_cuda_packs_like_the_cpu_and_gives_the_same_outputs(pretrained):
+    gpu = Device("cuda:0")
+    q = pretrained.apply_qlora(QLora(Lora(4, 8.0))).map(_Perturb())
+    x, y = _data(seed=12)
+    expected = q.forward(x).numpy()
+    moved = q.fork(gpu)
+    assert moved.devices() == [gpu]
+    np.testing.assert_allclose(moved.forward(x.to_device(gpu)).numpy(), expected, rtol=1e-5, atol=1e-6)
+    # packing on the GPU gives the CPU's codes and constants
+    packed_here = pretrained.fork(gpu).apply_qlora(QLora(Lora(4, 8.0)))
+    for name in ["codes", "absmax_q", "absmax_scale", "absmax_mean"]:
+        np.testing.assert_array_equal(getattr(packed_here.fc1.weight.reparameterization.nf4, name).val().numpy(),
+                                      getattr(q.fc1.weight.reparameterization.nf4, name).val().numpy())
+    grads = _mse(moved, x.to_device(gpu), y.to_device(gpu)).backward()
+    assert moved.fc1.weight.reparameterization.a.val().grad(grads) is not None

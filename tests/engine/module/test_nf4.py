@@ -167,3 +167,25 @@ def test_dtype_and_shape_round_trip():
     out = p.dequantize()
     assert out.shape == (5, 6) and out.dtype == np.float64
     assert p.dequantize(np.float32).dtype == np.float32
+
+
+def _cuda_available() -> bool:
+    from engine.tensor.device import cuda_device_count
+
+    return cuda_device_count() > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda_available(), reason="needs CuPy and a GPU")
+def test_cupy_arrays_pack_exactly_like_numpy():
+    import cupy
+
+    rng = np.random.default_rng(6)
+    w = rng.normal(0, 0.02, size=(300, 70)).astype(np.float32)
+    for dq in (False, True):
+        ref = quantize_nf4(w, double_quant=dq)
+        got = quantize_nf4(cupy.asarray(w), double_quant=dq)
+        assert isinstance(got.codes, cupy.ndarray)
+        np.testing.assert_array_equal(got.codes.get(), ref.codes)
+        np.testing.assert_array_equal(got.block_absmax().get(), ref.block_absmax())
+        np.testing.assert_array_equal(got.dequantize().get(), ref.dequantize())
