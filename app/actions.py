@@ -42,8 +42,8 @@ class Actions:
         make("quit", "&Quit", Std.Quit)
 
         # Edit
-        make("undo", "&Undo", Std.Undo)
-        make("redo", "&Redo", [Std.Redo, "Ctrl+Y"])
+        make("undo", "&Undo", "Ctrl+Z")
+        make("redo", "&Redo", ["Ctrl+Shift+Z", "Ctrl+Y"])
         make("find", "&Filter Modules", Std.Find, "Filter the module tree by name or type")
 
         # Model

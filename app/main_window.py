@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer
+from shiboken6 import isValid
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QTabWidget,
                                QToolBar)
@@ -200,7 +201,7 @@ class MainWindow(QMainWindow):
         stack.canRedoChanged.connect(a.redo.setEnabled)
         stack.undoTextChanged.connect(lambda t: a.undo.setText(f"&Undo {t}".rstrip()))
         stack.redoTextChanged.connect(lambda t: a.redo.setText(f"&Redo {t}".rstrip()))
-        stack.indexChanged.connect(lambda _i: self._update_actions())
+        stack.indexChanged.connect(self._on_index_changed)
         a.undo.setEnabled(False)
         a.redo.setEnabled(False)
         a.quit.triggered.connect(self.close)
@@ -263,6 +264,10 @@ class MainWindow(QMainWindow):
         self.device_selector.set_model_devices(stats.total.devices if module is not None else [])
         self._show_selection(self.tree.selected_path())
         self._update_actions()
+
+    def _on_index_changed(self, _index: int) -> None:
+        if isValid(self.document.undo_stack):  # not while the window is being torn down
+            self._update_actions()
 
     def _update_actions(self) -> None:
         has = self.document.module is not None

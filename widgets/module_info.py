@@ -87,7 +87,8 @@ def type_name(kind: str, value: Any) -> str:
 
 
 def param_trainable(p: Param) -> bool:
-    return p.kind == "float" and p.is_require_grad()
+    """Configured to train (the engine's summary counts the same: `Param.is_active()`)."""
+    return p.kind == "float" and p.is_active()
 
 
 @dataclass

@@ -24,3 +24,26 @@ def window(qtbot, settings):
         task.cancel()
         task.wait_thread(5)
     apply_theme(QApplication.instance(), "light")
+
+
+MLP_SCRIPT = """
+from tests.widgets.models import Mlp
+
+
+def build():
+    return Mlp()
+"""
+
+
+@pytest.fixture
+def mlp_script(tmp_path):
+    path = tmp_path / "mlp_model.py"
+    path.write_text(MLP_SCRIPT)
+    return path
+
+
+@pytest.fixture
+def opened(window, mlp_script):
+    """The window with the test Mlp opened from a script."""
+    assert window.open_script(str(mlp_script))
+    return window

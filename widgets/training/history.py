@@ -1,0 +1,228 @@
+"""What a training run produced so far, kept for plotting: per-step losses and learning rates,
+per-epoch training and validation metrics, progress and status. No Qt here.
+
+A `RunHistory` is fed the loop's events (`engine.train.events`) in order with `apply(event)`;
+it counts its changes in `version`, so a view redraws only what changed. `ema()` is the
+smoothing the curves use; `to_csv_rows()` writes one long table for any number of runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.train import events as ev
+
+CSV_HEADER = ["run", "granularity", "split", "series", "epoch", "global_step", "value"]
+
+
+@dataclass(frozen=True)
+class GradNorms(ev.Event):
+    """Per-module gradient L2 norms at `global_step` (module path -> norm; `None` when no
+    parameter below the module received a gradient, i.e. it is frozen)."""
+
+    epoch: int
+    global_step: int
+    norms: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prefill(ev.Event):
+    """The progress a resumed run starts from (read from its checkpoint)."""
+
+    step_losses: tuple
+    history: tuple
+    global_step: int
+
+
+def ema(values, weight: float) -> np.ndarray:
+    """Exponential moving average with the start-up bias removed (as TensorBoard smooths):
+    `s_t = w s_{t-1} + (1 - w) x_t`, divided by `1 - w^t`. `weight` 0 returns the values."""
+    x = np.asarray(values, dtype=np.float64)
+    w = float(weight)
+    if not 0.0 <= w < 1.0:
+        raise ValueError(f"ema: weight must be in [0, 1), got {weight}")
+    if w == 0.0 or x.size == 0:
+        return x.copy()
+    from scipy.signal import lfilter  # noqa: PLC0415 - only when smoothing
+
+    raw = lfilter([1.0 - w], [1.0, -w], x)
+    debias = 1.0 - w ** np.arange(1, x.size + 1, dtype=np.float64)
+    return raw / debias
+
+
+class RunHistory:
+    """The curves and progress of one run."""
+
+    def __init__(self, name: str, description: str = ""):
+        self.name = name
+        self.description = description
+        self.status = "idle"  # idle | running | paused | finished | stopped | failed
+        self.message = ""
+        self.total_epochs = 0
+        self.steps_per_epoch = 0
+        self.start_epoch = 1
+        self.epoch = 0
+        self.global_step = 0
+        self.start_step = 0  # global step the current session began at (resume)
+        self.steps_per_second: float | None = None
+        self.items_per_second: float | None = None
+        self.steps: list[int] = []
+        self.losses: list[float] = []
+        self.lr_steps: list[int] = []
+        self.lrs: list[float] = []
+        self.epochs: list[dict] = []  # {"epoch", "global_step", "train": {...}, "valid": {...}}
+        self.checkpoints: list[tuple[int, str]] = []
+        self.grad_norms: dict = {}
+        self.grad_norm_step = 0
+        self.version = 0
+
+    # ---- events ------------------------------------------------------------------------------
+    def apply(self, event) -> None:
+        """Take one event of the loop (or a `GradNorms` / `Prefill`)."""
+        self.version += 1
+        if isinstance(event, ev.StepLoss):
+            self.steps.append(event.global_step)
+            self.losses.append(float(event.loss))
+            self.epoch, self.global_step = event.epoch, event.global_step
+            self.steps_per_epoch = event.steps_per_epoch
+        elif isinstance(event, ev.LearningRate):
+            self.lr_steps.append(event.global_step)
+            self.lrs.append(float(event.lr))
+        elif isinstance(event, ev.Throughput):
+            self.steps_per_second = event.steps_per_second
+            self.items_per_second = event.items_per_second
+        elif isinstance(event, ev.EpochMetrics):
+            self._epoch_row(event.epoch)["train"] = dict(event.metrics)
+        elif isinstance(event, ev.ValidationMetrics):
+            self._epoch_row(event.epoch)["valid"] = dict(event.metrics)
+        elif isinstance(event, ev.Started):
+            self.status = "running"
+            self.total_epochs = event.total_epochs
+            self.steps_per_epoch = event.steps_per_epoch
+            self.start_epoch = event.start_epoch
+            self.epoch = event.start_epoch
+            self.start_step = self.global_step
+        elif isinstance(event, ev.Paused):
+            self.status = "paused"
+        elif isinstance(event, ev.Resumed):
+            self.status = "running"
+        elif isinstance(event, ev.Stopped):
+            self.status = "stopped"
+            self.message = f"stopped at epoch {event.epoch}, step {event.step}"
+        elif isinstance(event, ev.Finished):
+            self.status = "finished"
+            self.message = f"finished {event.epochs} epochs"
+        elif isinstance(event, ev.Failed):
+            self.status = "failed"
+            self.message = event.message
+        elif isinstance(event, ev.CheckpointSaved):
+            self.checkpoints.append((event.epoch, event.path))
+        elif isinstance(event, GradNorms):
+            self.grad_norms = dict(event.norms)
+            self.grad_norm_step = event.global_step
+        elif isinstance(event, Prefill):
+            self._prefill(event)
+
+    def _epoch_row(self, epoch: int) -> dict:
+        if self.epochs and self.epochs[-1]["epoch"] == epoch:
+            return self.epochs[-1]
+        row = {"epoch": epoch, "global_step": self.global_step, "train": {}, "valid": {}}
+        self.epochs.append(row)
+        return row
+
+    def _prefill(self, p: Prefill) -> None:
+        self.steps = list(range(1, len(p.step_losses) + 1))
+        self.losses = [float(v) for v in p.step_losses]
+        done = len(p.history)
+        per_epoch = p.global_step // done if done else 0
+        self.epochs = [{"epoch": int(r["epoch"]), "global_step": int(r["epoch"]) * per_epoch,
+                        "train": dict(r.get("train", {})), "valid": dict(r.get("valid", {}))} for r in p.history]
+        self.global_step = p.global_step
+        self.epoch = done
+
+    # ---- series ------------------------------------------------------------------------------
+    def step_series(self, smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        x = np.asarray(self.steps, dtype=np.float64)
+        y = np.asarray(self.losses, dtype=np.float64)
+        return x, (ema(y, smoothing) if smoothing else y)
+
+    def lr_series(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.lr_steps, dtype=np.float64), np.asarray(self.lrs, dtype=np.float64)
+
+    def epoch_series(self, split: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """(global step at each epoch's end, value) for one metric of one split."""
+        xs, ys = [], []
+        for row in self.epochs:
+            v = row.get(split, {}).get(metric)
+            if v is not None:
+                xs.append(row["global_step"])
+                ys.append(float(v))
+        return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+
+    def metric_names(self) -> list[str]:
+        names: list[str] = []
+        for row in self.epochs:
+            for split in ("train", "valid"):
+                for k in row.get(split, {}):
+                    if k not in names:
+                        names.append(k)
+        return names
+
+    # ---- progress ----------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        return self.total_epochs * self.steps_per_epoch
+
+    def fraction_done(self) -> float:
+        total = self.total_steps
+        return min(1.0, self.global_step / total) if total else 0.0
+
+    def seconds_left(self) -> float | None:
+        sps = self.steps_per_second
+        if not sps or not self.total_steps or not math.isfinite(sps):
+            return None
+        return max(0.0, (self.total_steps - self.global_step) / sps)
+
+    # ---- export ------------------------------------------------------------------------------
+    def csv_rows(self) -> list[list]:
+        rows: list[list] = []
+        for s, v in zip(self.steps, self.losses):
+            rows.append([self.name, "step", "train", "loss", _epoch_of(s, self.steps_per_epoch), s, repr(v)])
+        for s, v in zip(self.lr_steps, self.lrs):
+            rows.append([self.name, "step", "train", "lr", _epoch_of(s, self.steps_per_epoch), s, repr(v)])
+        for row in self.epochs:
+            for split in ("train", "valid"):
+                for k, v in row.get(split, {}).items():
+                    rows.append([self.name, "epoch", split, k, row["epoch"], row["global_step"], repr(float(v))])
+        return rows
+
+
+def _epoch_of(step: int, per_epoch: int) -> int | str:
+    return (step - 1) // per_epoch + 1 if per_epoch else ""
+
+
+def write_csv(path, runs) -> int:
+    """Write every run's series to one CSV file (long format, `CSV_HEADER`); returns the rows."""
+    import csv  # noqa: PLC0415
+
+    n = 0
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_HEADER)
+        for run in runs:
+            rows = run.csv_rows()
+            w.writerows(rows)
+            n += len(rows)
+    return n
+
+
+def format_duration(seconds: float | None) -> str:
+    """`1:05:03`, `4:07`, `0:09`; `?` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
