@@ -58,6 +58,15 @@ def test_every_code_value_maps_to_its_own_index():
     assert quantize_codes(NF4_CODE).tolist() == list(range(16))
 
 
+def test_code_lookup_equals_searchsorted_on_the_midpoints_at_every_edge():
+    mid = ((NF4_CODE[:-1].astype(np.float64) + NF4_CODE[1:]) / 2).astype(np.float32)
+    edges = np.concatenate([mid, np.nextafter(mid, np.float32(-2)), np.nextafter(mid, np.float32(2)),
+                            NF4_CODE, np.linspace(-1, 1, 200_001, dtype=np.float32),
+                            np.random.default_rng(9).uniform(-1, 1, 100_000).astype(np.float32)])
+    expected = np.searchsorted(mid, edges, side="left")
+    np.testing.assert_array_equal(quantize_codes(edges), expected)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.floats(-1.0, 1.0, allow_nan=False, width=32))
 def test_nearest_code_is_chosen(x):
