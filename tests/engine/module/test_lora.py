@@ -226,6 +226,19 @@ def test_valid_keeps_adapters_and_records_both():
     assert not back.fc1.weight.is_require_grad()
 
 
+@pytest.mark.parametrize("qlora", [False, True])
+def test_applied_to_a_validation_module_the_factors_follow_its_state(qlora):
+    v = Mlp().valid()
+    t = v.apply_qlora(QLora(Lora(2, 4.0))) if qlora else v.apply_lora(Lora(2, 4.0))
+    ad = t.fc1.weight.reparameterization
+    assert not ad.a.is_autodiff() and not ad.a.is_require_grad() and ad.a.is_active()
+    assert not t.fc1.weight.is_autodiff()
+    assert not t.forward(_data()[0]).is_autodiff()
+    trained = t.train()
+    assert trained.fc1.weight.reparameterization.a.is_require_grad()
+    assert not trained.fc1.weight.is_require_grad()
+
+
 def test_adapter_only_round_trip_gives_identical_outputs(pretrained, tmp_path):
     x, y = _data(shift=1.0)
     tuned, _ = _train(pretrained.apply_lora(Lora(4, 8.0)), x, y, steps=5, lr=0.01)
