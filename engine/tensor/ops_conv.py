@@ -164,11 +164,21 @@ def _window_slices(kernel, stride, dilation, out):
         yield offs, sl
 
 
-def _im2col(xp, xpad_cm, kernel, stride, dilation, out):
+def _col_buffer(xp, rows, cols, dtype, with_ones):
+    """A [rows (+1), cols] buffer for columns; the optional last row of ones carries the bias
+    through the matrix product (saving a pass over the output)."""
+    buf = xp.empty((rows + (1 if with_ones else 0), cols), dtype=dtype)
+    if with_ones:
+        buf[-1] = 1
+    return buf
+
+
+def _im2col(xp, xpad_cm, kernel, stride, dilation, out, cols=None):
     """Columns [C, *kernel, B, *out] from a channel-major padded input [C, B, *S]:
-    cols[c, k, b, o] = xpad[c, b, o*s + k*d]."""
+    cols[c, k, b, o] = xpad[c, b, o*s + k*d]. Written into `cols` when given."""
     c, b = xpad_cm.shape[:2]
-    cols = xp.empty((c,) + tuple(kernel) + (b,) + tuple(out), dtype=xpad_cm.dtype)
+    if cols is None:
+        cols = xp.empty((c,) + tuple(kernel) + (b,) + tuple(out), dtype=xpad_cm.dtype)
     lead = (slice(None), slice(None))
     for offs, sl in _window_slices(kernel, stride, dilation, out):
         cols[(slice(None),) + offs] = xpad_cm[lead + sl]
@@ -272,12 +282,20 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
         return _conv_wide(op, dev, inputs, xa, wa, ba, groups, kernel, dilation, stride, pads, out_sp)
     with dev.context():
         xpad = _pad_cm(xp, xa, pads)  # [C, B, *S]
-        cols = _im2col(xp, xpad, kernel, stride, dilation, out_sp)  # [C, *K, B, *O]
+        fold = ba is not None and g_ == 1  # the bias rides along in the product
+        buf = _col_buffer(xp, c_in * ksize, batch * p, xa.dtype, fold)
+        cols = buf[: c_in * ksize].reshape((c_in,) + tuple(kernel) + (batch,) + out_sp)
+        _im2col(xp, xpad, kernel, stride, dilation, out_sp, cols)  # [C, *K, B, *O]
         cols_m = cols.reshape(g_, c_in_g * ksize, batch * p)
         w_m = wa.reshape(g_, c_out_g, c_in_g * ksize)
-        out = _matmul_cm(xp, w_m, cols_m, batch, small_k).reshape((batch, c_out) + out_sp)
-        if ba is not None:
-            out += ba.reshape((1, c_out) + (1,) * n)
+        if fold:
+            w_b = xp.concatenate([w_m, ba.reshape(1, c_out, 1)], axis=2)
+            out = _matmul_cm(xp, w_b, buf[None], batch, small_k).reshape((batch, c_out) + out_sp)
+        else:
+            out = _matmul_cm(xp, w_m, cols_m, batch, small_k).reshape((batch, c_out) + out_sp)
+            if ba is not None:
+                out += ba.reshape((1, c_out) + (1,) * n)
+        del buf
 
     need_x = x._node is not None
     need_w = weight._node is not None
@@ -361,16 +379,22 @@ def _conv_wide(op, dev, inputs, xa, wa, ba, groups, kernel, dilation, stride, pa
     with dev.context():
         flat, padded = _flat_planes(xp, xa, pads, slack)
         out_wide = tuple(out_sp[:-1]) + (padded[-1],)
-        cols = xp.empty((c_in,) + tuple(kernel) + (batch,) + out_wide, dtype=xa.dtype)
+        fold = ba is not None and g_ == 1  # the bias rides along in the product
+        buf = _col_buffer(xp, c_in * ksize, batch * int(np.prod(out_wide)), xa.dtype, fold)
+        cols = buf[: c_in * ksize].reshape((c_in,) + tuple(kernel) + (batch,) + out_wide)
         for offs, view in _wide_views(xp, flat, padded, kernel, stride, dilation, out_wide):
             cols[(slice(None),) + offs] = view
         del flat
         cols_m = cols.reshape(g_, c_in_g * ksize, -1)
         w_m = wa.reshape(g_, c_out_g, c_in_g * ksize)
-        res = xp.matmul(w_m, cols_m).reshape((c_out, batch) + out_wide)
+        if fold:
+            res = xp.matmul(xp.concatenate([w_m, ba.reshape(1, c_out, 1)], axis=2), buf[None])
+        else:
+            res = xp.matmul(w_m, cols_m)
+        res = res.reshape((c_out, batch) + out_wide)
         out = xp.ascontiguousarray(xp.moveaxis(res[..., : out_sp[-1]], 1, 0))
-        del res
-        if ba is not None:
+        del res, buf
+        if ba is not None and not fold:
             out += ba.reshape((1, c_out) + (1,) * n)
 
     need_x = x._node is not None
