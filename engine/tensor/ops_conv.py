@@ -5,11 +5,15 @@ weight is `[channels_out, channels_in / groups, *kernel]`, a transposed convolut
 `[channels_in, channels_out / groups, *kernel]`; the bias is `[channels_out]`.
 
 One implementation serves every number of spatial dimensions. A convolution gathers the
-input windows into a column buffer ("im2col": one strided copy per kernel offset, no loop
-over output positions) and multiplies it with the weight in one batched matrix product.
-The backward pass reuses that buffer for the weight gradient and spreads the column
-gradient back over the input ("col2im": one strided add per kernel offset). A transposed
-convolution is the same two steps in the other order.
+input windows into a channel-major column buffer ("im2col": one strided copy per kernel
+offset, no loop over output positions) and multiplies it with the weight in one large
+matrix product (per image when the inner dimension is tiny, as for a one-channel first
+layer); with groups 1 the bias rides along as a row of ones. The backward pass reuses that
+buffer for the weight gradient and spreads the column gradient back over the input
+("col2im": one strided add per kernel offset). With stride 1 along the last axis the
+columns cover whole padded rows (`_conv_wide`), so each copy and add moves long contiguous
+runs. A transposed convolution is the same two steps in the other order. Every path is
+tested against loop references (tests/engine/tensor/test_ops_conv.py forces each one).
 """
 from __future__ import annotations
 
