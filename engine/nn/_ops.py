@@ -312,18 +312,23 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     _float_input(op, x)
     xd = x._data
     xp = x._device.xp
+    # few full-size temporaries: these tensors are the largest a conv net makes
     mean = xd.mean(axis=axes, keepdims=True)
-    xc = xd - mean
-    var = (xc * xc).mean(axis=axes, keepdims=True)
-    rstd = 1.0 / xp.sqrt(var + eps)
-    xhat = xc * rstd
+    xhat = xd - mean
+    sq = xhat * xhat
+    var = sq.mean(axis=axes, keepdims=True)
+    rstd = (1.0 / xp.sqrt(var + eps)).astype(xd.dtype, copy=False)
+    xhat *= rstd
     if stats is not None:
         stats["mean"], stats["var"] = mean, var
     gd = gamma._data.reshape(affine_shape) if gamma is not None else None
     bd = beta._data.reshape(affine_shape) if beta is not None else None
-    out = xhat * gd if gd is not None else xhat
-    if bd is not None:
-        out = out + bd
+    if gd is not None:
+        out = xp.multiply(xhat, gd, out=sq)
+        if bd is not None:
+            out += bd
+    else:
+        out = xhat + bd if bd is not None else xhat
     inputs = tuple(t for t in (x, gamma, beta) if t is not None)
     if not _tracking(*inputs):
         return Tensor._wrap(out, x._device, any(t._ad for t in inputs))
@@ -331,18 +336,28 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     pshape = affine_shape
 
     def rule(g):
-        res = []
-        gxh = g * gd if gd is not None else g
+        gx = gg = gb = None
+        tmp = g * xhat
+        if need_g:
+            gg = unbroadcast(tmp, pshape).reshape(gamma.shape)
+        if need_b:
+            gb = unbroadcast(g, pshape).reshape(beta.shape)
         if need_x:
+            gxh = g * gd if gd is not None else g.copy()
             m1 = gxh.mean(axis=axes, keepdims=True)
-            m2 = (gxh * xhat).mean(axis=axes, keepdims=True)
-            res.append(rstd * (gxh - m1 - xhat * m2))
-        else:
-            res.append(None)
+            if gd is not None:
+                xp.multiply(gxh, xhat, out=tmp)
+            m2 = tmp.mean(axis=axes, keepdims=True)
+            xp.multiply(xhat, m2, out=tmp)
+            gxh -= m1
+            gxh -= tmp
+            gxh *= rstd
+            gx = gxh
+        res = [gx]
         if gamma is not None:
-            res.append(unbroadcast(g * xhat, pshape).reshape(gamma.shape) if need_g else None)
+            res.append(gg)
         if beta is not None:
-            res.append(unbroadcast(g, pshape).reshape(beta.shape) if need_b else None)
+            res.append(gb)
         return tuple(res)
 
     return record(out, x._device, inputs, rule, op)
