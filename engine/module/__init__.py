@@ -8,12 +8,26 @@ from .module import Module
 from .display import Content, DisplaySettings, option, rust_debug, rust_display
 from .shape import ShapeError, assert_shape, debug_assert_shape, set_debug_assertions
 from .init import Initializer
+from .reparam import Reparameterization, ReparameterizationError, Reparameterizer
+from .lora import Lora, LoraAdapter, NF4Weight, QLora, QLoraAdapter
+from .summary import TrainableCounts, trainable_counts, trainable_summary
 
 __all__ = [
     "Content",
     "DisplaySettings",
     "Flag",
     "Initializer",
+    "Lora",
+    "LoraAdapter",
+    "NF4Weight",
+    "QLora",
+    "QLoraAdapter",
+    "Reparameterization",
+    "ReparameterizationError",
+    "Reparameterizer",
+    "TrainableCounts",
+    "trainable_counts",
+    "trainable_summary",
     "Module",
     "ModuleMapper",
     "ModuleVisitor",

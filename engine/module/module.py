@@ -109,6 +109,7 @@ class _Walker:
     """One traversal: keeps the path, transforms (or only reads) params, flags, constants."""
 
     rebuild = True
+    skips_stored_base = False  # see _walk_param
 
     def __init__(self):
         self.path: list[str] = []
@@ -179,7 +180,12 @@ def _walk_value(v, name: str, ct: str, w: _Walker):
 
 def _walk_param(p: Param, w: _Walker):
     r = p.reparameterization
-    newp = w.on_param(p)
+    if r is not None and w.skips_stored_base and getattr(r, "STORES_BASE", False):
+        # the reparameterization holds the real base (QLoRA's packed weight); the param's own
+        # base is a placeholder that visitors, mappers, records and optimizers never see
+        newp = p
+    else:
+        newp = w.on_param(p)
     if r is None:
         return newp
     rname = reparameterization_name(r)
@@ -261,6 +267,8 @@ class _Apply(_Walker):
 
 
 class _MapWalker(_Walker):
+    skips_stored_base = True
+
     def __init__(self, mapper):
         super().__init__()
         self.mapper = mapper
@@ -297,6 +305,7 @@ class _MapWalker(_Walker):
 
 class _VisitWalker(_Walker):
     rebuild = False
+    skips_stored_base = True
 
     def __init__(self, visitor):
         super().__init__()

@@ -249,15 +249,18 @@ class Param:
     def val(self) -> Tensor:
         """The effective value: the base, through the reparameterization when there is one."""
         v = self._value
-        if v is not None and self.reparameterization is None:
-            return v
-        base = v if v is not None else self._materialize()
-        if self.reparameterization is None:
-            return base
-        return self.reparameterization.apply(base)
+        r = self.reparameterization
+        if r is None:
+            return v if v is not None else self._materialize()
+        if getattr(r, "STORES_BASE", False):
+            return r.apply(None)  # the reparameterization holds the base (QLoRA's packed weight)
+        return r.apply(v if v is not None else self._materialize())
 
     def base(self) -> Tensor:
         """The stored base tensor (initializing it if needed), without any reparameterization."""
+        r = self.reparameterization
+        if r is not None and getattr(r, "STORES_BASE", False):
+            return r.base()
         v = self._value
         return v if v is not None else self._materialize()
 

@@ -427,3 +427,16 @@ def test_qlora_on_cuda_packs_like_the_cpu_and_gives_the_same_outputs(pretrained)
                                       getattr(q.fc1.weight.reparameterization.nf4, name).val().numpy())
     grads = _mse(moved, x.to_device(gpu), y.to_device(gpu)).backward()
     assert moved.fc1.weight.reparameterization.a.val().grad(grads) is not None
+
+
+def test_qlora_record_holds_the_packed_base_and_no_dense_placeholder():
+    from engine import nn
+    from engine.module import Lora, QLora
+
+    model = nn.LinearConfig(d_input=128, d_output=64).init().apply_qlora(QLora(Lora(4, 8.0)))
+    names = model.into_record().names()
+    assert "weight" not in names  # the dense placeholder is never written
+    assert {"weight.lora.a", "weight.lora.b", "weight.lora.nf4.codes", "bias"} <= set(names)
+    # the forward pass does not materialize the placeholder either
+    model.weight.val()
+    assert not model.weight.is_initialized() or model.weight.base().shape == (128, 64)
