@@ -23,3 +23,4 @@ from .rnn import *  # noqa: F401,F403
 from .attention import *  # noqa: F401,F403
 from .transformer import *  # noqa: F401,F403
 from .pos_encoding import *  # noqa: F401,F403
+from ..module.init import Initializer  # noqa: E402,F401  (Burn re-exports it as nn::Initializer)
