@@ -77,15 +77,22 @@ def describe(edit: dict) -> str:
     return str(op)
 
 
+def lora_classes():
+    """`Lora` and `QLora` from the engine (api.md names them in engine.module)."""
+    try:
+        from engine.module import Lora, QLora  # noqa: PLC0415
+    except ImportError:  # not exported from engine.module yet
+        from engine.module.lora import Lora, QLora  # noqa: PLC0415
+    return Lora, QLora
+
+
 def lora_config(edit: dict):
     """The engine's `Lora` (or `QLora`) for a LoRA edit."""
-    from engine.module import Lora  # noqa: PLC0415 - issue 7 may not have landed
+    Lora, QLora = lora_classes()
 
     lora = Lora(edit["rank"], edit["alpha"], init_std=edit.get("init_std"), param_group=make_group(edit["group"]))
     q = edit.get("qlora")
     if q:
-        from engine.module import QLora  # noqa: PLC0415
-
         return QLora(lora, block_size=q.get("block_size", 64), double_quant=q.get("double_quant", True))
     return lora
 

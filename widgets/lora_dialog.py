@@ -14,13 +14,20 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel, QLineEdit,
                                QVBoxLayout)
 
+from . import module_info as mi
 from .common import ErrorLabel, count, monospace_font
 from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
 
 
 def lora_targets(params: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The parameters LoRA attaches to: rank-2 float parameters without a reparameterization."""
-    return [(p, v) for p, v in params if v.kind == "float" and len(v.shape) == 2 and v.reparameterization is None]
+    """The parameters LoRA attaches to among `params` (those a group selected): the float ones
+    the engine's `Lora.adapts` accepts (rank 2)."""
+    try:
+        from engine.module.lora import Lora  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - before the reparameterization issue
+        return [(p, v) for p, v in params if v.kind == "float" and len(v.shape) == 2]
+    probe = Lora(1, 1.0)  # every parameter handed in is in the group already
+    return [(p, v) for p, v in params if v.kind == "float" and probe.adapts(p, v)]
 
 
 def lora_preview(params: list[tuple[str, Any]], targets: list[tuple[str, Any]], rank: int) -> dict:
@@ -42,6 +49,7 @@ class LoraDialog(QDialog):
         self.setWindowTitle("Attach LoRA")
         self.setObjectName("lora-dialog")
         self.params = module.named_params()
+        self.reparameterized = [p for p, v in mi.named_params_below(module, "") if v.reparameterization is not None]
         self.rank = self._field("rank", "8", "the adapters' inner dimension, an integer ≥ 1")
         self.rank_error = ErrorLabel()
         self.alpha = self._field("alpha", "16", "scale: the update is (alpha / rank) · a @ b")
@@ -158,7 +166,12 @@ class LoraDialog(QDialog):
             self.block_size_error.show_error(None)
         matches = self.group.select(self.params)
         targets = lora_targets(matches or [])
-        if matches is not None and not targets:
+        if self.reparameterized:
+            self.group.error.show_error(
+                f"the model already has {len(self.reparameterized)} reparameterized parameter(s) "
+                f"({self.reparameterized[0]}, …): reparameterizations do not nest; detach or materialize first")
+            targets = []
+        elif matches is not None and not targets:
             self.group.error.show_error("none of the selected parameters is a rank-2 float weight; "
                                         "LoRA attaches to matrices")
         ok &= bool(targets)
@@ -168,7 +181,7 @@ class LoraDialog(QDialog):
             text = (f"LoRA on {pv['targets']} weight(s) adds {count(pv['added'])} parameters. After: "
                     f"trainable params: {count(pv['trainable'])} || all params: {count(pv['all'])} || "
                     f"trainable%: {pv['percent']:.4f}")
-            if quant:
+            if quant and block is not None:
                 bits = 4 + (8 / block + 32 / (block * 256) if self.double_quant.isChecked() else 32 / block)
                 text += f". Base weights packed to NF4, about {bits:.3f} bits per weight."
             self.summary.setText(text)

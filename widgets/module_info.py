@@ -86,6 +86,17 @@ def type_name(kind: str, value: Any) -> str:
     return type(value).__name__
 
 
+try:  # QLoRA's packed base (issue 7)
+    from engine.module.lora import NF4Weight as _Packed
+except ImportError:  # pragma: no cover - before the reparameterization issue lands
+    _Packed = ()
+
+
+def is_packed_storage(value: Any) -> bool:
+    """The packed NF4 storage of a QLoRA base: its parameters are bytes standing for the base."""
+    return bool(_Packed) and isinstance(value, _Packed)
+
+
 def param_trainable(p: Param) -> bool:
     """Configured to train (the engine's summary counts the same: `Param.is_active()`)."""
     return p.kind == "float" and p.is_active()
@@ -130,6 +141,11 @@ class ModelStats:
         for seg, kind, v in children(value):
             p = join(path, seg)
             s = self._get(p)
+            if is_packed_storage(v):
+                # QLoRA's packed bytes stand for the base weight, which is counted already:
+                # their numbers stay on their own nodes (as the engine's summary counts them)
+                self._walk(v, p, [s])
+                continue
             chain.append(s)
             if kind == PARAM:
                 self._add_param(v, chain)

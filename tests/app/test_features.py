@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QDialogButtonBox, QFileDialog, QMessageBox
 
 from engine.module import DisplaySettings
 from tests.widgets.models import mlp_param_count
+from tests.widgets.qt_helpers import click_box
 from widgets.module_tree import CONTRACT, TRAINABLE
 
 
@@ -180,8 +181,8 @@ def test_selecting_in_the_tree_drives_display_and_inspector(opened, qtbot):
     qtbot.mouseClick(tree.view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert opened.display.display_text() == "Linear {d_input: 16, d_output: 3, bias: true, params: 51}"
     assert [r[0] for r in opened.inspector.rows()] == ["head.weight", "head.bias"]
-    qtbot.mouseClick(opened.display.num_params, Qt.MouseButton.LeftButton)
-    qtbot.mouseClick(opened.display.num_params, Qt.MouseButton.LeftButton)
+    click_box(qtbot, opened.display.num_params)
+    click_box(qtbot, opened.display.num_params)
     assert opened.display.display_text() == "Linear {d_input: 16, d_output: 3, bias: true}"
     tree.select_path("")
     assert opened.display.display_text() == opened.document.module.format(DisplaySettings().with_show_num_parameters(False))

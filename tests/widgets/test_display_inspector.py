@@ -5,6 +5,7 @@ from PySide6.QtGui import QGuiApplication
 
 from engine.module import DisplaySettings, ParamGroup
 from tests.widgets.models import Mlp
+from tests.widgets.qt_helpers import click_box
 from widgets.display_panel import DisplayPanel
 from widgets.inspector import Inspector
 
@@ -18,17 +19,17 @@ def test_display_follows_every_setting(qtbot):
     panel.set_value(m)
     assert panel.display_text() == m.format(DisplaySettings())
     # a click cycles: each module's own -> on -> off
-    qtbot.mouseClick(panel.num_params, Qt.MouseButton.LeftButton)
+    click_box(qtbot, panel.num_params)
     assert panel.num_params.checkState() == Qt.CheckState.Checked
-    qtbot.mouseClick(panel.num_params, Qt.MouseButton.LeftButton)
+    click_box(qtbot, panel.num_params)
     assert "params:" not in panel.display_text()
-    qtbot.mouseClick(panel.param_ids, Qt.MouseButton.LeftButton)
+    click_box(qtbot, panel.param_ids)
     assert str(m.scale.id) in panel.display_text()
     assert str(m.head.weight.id) not in panel.display_text()  # Linear shows its config, not its fields
-    qtbot.mouseClick(panel.new_line, Qt.MouseButton.LeftButton)
-    qtbot.mouseClick(panel.new_line, Qt.MouseButton.LeftButton)
+    click_box(qtbot, panel.new_line)
+    click_box(qtbot, panel.new_line)
     panel.indent.setValue(4)
-    qtbot.mouseClick(panel.show_all, Qt.MouseButton.LeftButton)
+    click_box(qtbot, panel.show_all)
     expected = m.format(DisplaySettings().with_show_all_attributes(True).with_new_line_after_attribute(False)
                         .with_show_num_parameters(False).with_indentation_size(4).with_show_param_id(True))
     assert panel.display_text() == expected
@@ -46,7 +47,7 @@ def test_display_of_a_child_and_copy(qtbot):
     panel.set_value(m.head, "head")
     assert panel.display_text() == "Linear {d_input: 16, d_output: 3, bias: true, params: 51}"
     assert panel.title.text() == "head"
-    qtbot.mouseClick(panel.copy_button, Qt.MouseButton.LeftButton)
+    click_box(qtbot, panel.copy_button)
     assert QGuiApplication.clipboard().text() == panel.display_text()
 
 

@@ -1,0 +1,83 @@
+"""The LoRA dialog: every field validated in place, and a live preview that matches what the
+engine then does."""
+import pytest
+from PySide6.QtCore import Qt
+
+from engine.module.lora import Lora
+from engine.module.summary import trainable_counts
+from tests.widgets.models import Mlp
+from tests.widgets.qt_helpers import click_box, type_into
+from widgets.lora_dialog import LoraDialog
+
+
+@pytest.fixture
+def dialog(qtbot):
+    d = LoraDialog(Mlp())
+    qtbot.addWidget(d)
+    d.show()
+    return d
+
+
+def test_preview_counts_match_the_engine(dialog, qtbot):
+    type_into(qtbot, dialog.rank, "4")
+    type_into(qtbot, dialog.alpha, "8")
+    m = Mlp()
+    after = trainable_counts(m.apply_lora(Lora(4, 8.0)))
+    pv = dialog.preview_counts
+    assert (pv["trainable"], pv["all"]) == (after.trainable, after.total)
+    assert dialog.summary.text().startswith("LoRA on 3 weight(s) adds 300 parameters. After: "
+                                            f"trainable params: 300 || all params: 770 || trainable%: {after.percent:.4f}")
+    rows = [[dialog.preview.item(r, c).text() for c in range(5)] for r in range(dialog.preview.rowCount())]
+    assert rows[0] == ["blocks.0.linear.weight", "[8, 16]", "[8, 4]", "[4, 16]", "96"]
+    assert dialog.edit() == {"op": "lora", "rank": 4, "alpha": 8.0, "init_std": None, "group": {"kind": "all"},
+                             "qlora": None}
+
+
+@pytest.mark.parametrize("field, text, message", [
+    ("rank", "0", "rank must be ≥ 1, got 0"),
+    ("rank", "2.5", "rank must be a whole number ≥ 1, got '2.5'"),
+    ("rank", "", "rank is required"),
+    ("alpha", "abc", "alpha must be a number, got 'abc'"),
+    ("alpha", "inf", "alpha must be finite, got inf"),
+    ("init_std", "-1", "init std must be > 0, got -1"),
+])
+def test_bad_fields_are_explained_next_to_them(dialog, qtbot, field, text, message):
+    type_into(qtbot, getattr(dialog, field), text)
+    label = getattr(dialog, f"{field}_error")
+    assert label.error() == message and label.isVisible()
+    assert not dialog.ok_button().isEnabled() and dialog.edit() is None
+    emitted = []
+    dialog.lora_chosen.connect(emitted.append)
+    qtbot.keyClick(dialog, Qt.Key.Key_Return)
+    assert emitted == [] and dialog.isVisible()
+
+
+def test_group_errors_and_targets(dialog, qtbot):
+    dialog.group.mode.setCurrentIndex(dialog.group.mode.findData("regex"))
+    type_into(qtbot, dialog.group.pattern, "blocks[")
+    assert "invalid regex pattern" in dialog.group.error.error()
+    assert not dialog.ok_button().isEnabled()
+    type_into(qtbot, dialog.group.pattern, r"\.bias$")
+    assert "none of the selected parameters is a rank-2 float weight" in dialog.group.error.error()
+    type_into(qtbot, dialog.group.pattern, r"^head\.")
+    assert dialog.group.error.error() == "" and dialog.ok_button().isEnabled()
+    assert dialog.preview.rowCount() == 1
+
+
+def test_qlora_fields(dialog, qtbot):
+    assert not dialog.block_size.isEnabled()
+    click_box(qtbot, dialog.qlora)
+    assert dialog.block_size.isEnabled()
+    type_into(qtbot, dialog.block_size, "7")
+    assert dialog.block_size_error.error() == "block size must be even (two 4-bit codes a byte), got 7"
+    type_into(qtbot, dialog.block_size, "16")
+    assert "about 4.508 bits per weight" in dialog.summary.text()  # 4 + 8/16 + 32/(16*256)
+    click_box(qtbot, dialog.double_quant)
+    assert "about 6.000 bits per weight" in dialog.summary.text()  # 4 + 32/16
+    assert dialog.edit()["qlora"] == {"block_size": 16, "double_quant": False}
+
+
+def test_a_model_with_lora_refuses_a_second(qtbot):
+    d = LoraDialog(Mlp().apply_lora(Lora(2, 2.0)))
+    qtbot.addWidget(d)
+    assert "do not nest" in d.group.error.error() and not d.ok_button().isEnabled()

@@ -1,0 +1,403 @@
+"""Live training curves on pyqtgraph: loss per step and per epoch, a chosen metric per epoch,
+and the learning rate, for any number of overlaid runs.
+
+Controls: a smoothing slider (a debiased EMA of the step losses), a log-scale toggle for the
+loss, a crosshair whose read-out gives every visible run's values at the step under the mouse,
+a check box per run to show or hide it, and export as CSV (every run) or PNG (the plots).
+
+Redrawing is throttled: `mark_dirty()` arms a single-shot timer, so however many events
+arrive, the plots are drawn at most `max_fps` times a second, and only runs whose data changed
+are touched.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
+                               QListWidgetItem, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
+
+from ..common import monospace_font
+from .history import RunHistory, write_csv
+
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+LOSS, METRIC, LR = "loss", "metric", "lr"
+
+
+class _RunCurves:
+    """The plot items of one run."""
+
+    def __init__(self, run: RunHistory, color: QColor, plots: dict):
+        self.run = run
+        self.color = color
+        faint = QColor(color)
+        faint.setAlpha(70)
+        name = run.name
+        self.raw = plots[LOSS].plot(pen=pg.mkPen(faint, width=1), name=f"{name} step")
+        self.smooth = plots[LOSS].plot(pen=pg.mkPen(color, width=2), name=f"{name} step (smoothed)")
+        self.epoch_train = plots[LOSS].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine), symbol="o",
+                                            symbolSize=6, symbolBrush=color, name=f"{name} train / epoch")
+        self.epoch_valid = plots[LOSS].plot(pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DotLine), symbol="t",
+                                            symbolSize=8, symbolBrush=color, name=f"{name} valid / epoch")
+        self.metric_train = plots[METRIC].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine), symbol="o",
+                                               symbolSize=6, symbolBrush=color, name=f"{name} train")
+        self.metric_valid = plots[METRIC].plot(pen=pg.mkPen(color, width=2), symbol="t", symbolSize=8,
+                                               symbolBrush=color, name=f"{name} valid")
+        self.lr = plots[LR].plot(pen=pg.mkPen(color, width=2), name=f"{name} lr")
+        for item in self.items():
+            item.setClipToView(True)
+        for item in (self.raw, self.smooth, self.lr):
+            item.setDownsampling(auto=True, method="peak")
+        self.drawn_version = -1
+        self.drawn_key = None
+
+    def set_raw_emphasis(self, strong: bool) -> None:
+        """Without smoothing the raw step losses are the curve: draw them in full colour."""
+        pen_color = QColor(self.color)
+        if not strong:
+            pen_color.setAlpha(70)
+        self.raw.setPen(pg.mkPen(pen_color, width=2 if strong else 1))
+
+    def items(self):
+        return (self.raw, self.smooth, self.epoch_train, self.epoch_valid, self.metric_train, self.metric_valid,
+                self.lr)
+
+    def set_visible(self, on: bool) -> None:
+        for item in self.items():
+            item.setVisible(on)
+
+    def remove(self, plots: dict) -> None:
+        for item in self.items():
+            for plot in plots.values():
+                if item in plot.listDataItems():
+                    plot.removeItem(item)
+
+
+class TrainingCurves(QWidget):
+    """The curves of several runs; feed it `RunHistory` objects and call `mark_dirty()`."""
+
+    run_toggled = Signal(str, bool)  # run name, visible
+
+    def __init__(self, parent=None, max_fps: float = 12.0):
+        super().__init__(parent)
+        self._curves: dict[str, _RunCurves] = {}
+        self._smoothing = 0.6
+        self._log = False
+        self._metric = "accuracy"
+        self._cursor_step: float | None = None
+        self.redraws = 0  # how many times the plots were actually redrawn (tests, benchmarks)
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(max(1, int(1000 / max_fps)))
+        self._timer.timeout.connect(self.redraw)
+
+        pg.setConfigOptions(antialias=False)
+        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setObjectName("curves-graphics")
+        self.graphics.setBackground("w")
+        self.plots = {
+            LOSS: self.graphics.addPlot(row=0, col=0, title="Loss"),
+            METRIC: self.graphics.addPlot(row=1, col=0, title="Metric per epoch"),
+            LR: self.graphics.addPlot(row=2, col=0, title="Learning rate"),
+        }
+        self.graphics.ci.layout.setRowStretchFactor(0, 3)
+        self.graphics.ci.layout.setRowStretchFactor(1, 2)
+        self.graphics.ci.layout.setRowStretchFactor(2, 1)
+        self.legend = self.plots[LOSS].addLegend(offset=(-10, 10), labelTextSize="8pt")
+        for key, plot in self.plots.items():
+            plot.showGrid(x=True, y=True, alpha=0.25)
+            plot.setLabel("bottom", "step")
+            plot.setDownsampling(mode="peak")
+            plot.setClipToView(True)
+            if key != LOSS:
+                plot.setXLink(self.plots[LOSS])
+        self.plots[LR].getAxis("left").enableAutoSIPrefix(False)
+        self.crosshair = {k: pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", width=1,
+                                                                                  style=Qt.PenStyle.DashLine))
+                          for k in self.plots}
+        for k, line in self.crosshair.items():
+            line.setVisible(False)
+            self.plots[k].addItem(line, ignoreBounds=True)
+        self.graphics.scene().sigMouseMoved.connect(self._on_mouse_moved)
+
+        # controls
+        self.smoothing_slider = QSlider(Qt.Orientation.Horizontal)
+        self.smoothing_slider.setObjectName("smoothing")
+        self.smoothing_slider.setRange(0, 99)
+        self.smoothing_slider.setValue(int(round(self._smoothing * 100)))
+        self.smoothing_slider.setMaximumWidth(160)
+        self.smoothing_slider.setToolTip("Smoothing of the step losses: the weight of an exponential moving average")
+        self.smoothing_label = QLabel()
+        self.smoothing_slider.valueChanged.connect(self._on_smoothing)
+        self.log_check = QCheckBox("Log scale")
+        self.log_check.setObjectName("log-scale")
+        self.log_check.setToolTip("Show the loss on a logarithmic axis")
+        self.log_check.toggled.connect(self.set_log_scale)
+        self.metric_combo = QComboBox()
+        self.metric_combo.setObjectName("metric")
+        self.metric_combo.setToolTip("The per-epoch metric in the middle plot")
+        self.metric_combo.addItem(self._metric)
+        self.metric_combo.currentTextChanged.connect(self._on_metric)
+        self.csv_button = QPushButton("Export CSV…")
+        self.csv_button.setObjectName("export-csv")
+        self.csv_button.clicked.connect(self._ask_csv)
+        self.png_button = QPushButton("Export PNG…")
+        self.png_button.setObjectName("export-png")
+        self.png_button.clicked.connect(self._ask_png)
+        self.readout = QLabel("")
+        self.readout.setObjectName("readout")
+        self.readout.setFont(monospace_font())
+        self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.readout.setWordWrap(True)
+        self.run_list = QListWidget()
+        self.run_list.setObjectName("runs")
+        self.run_list.setMaximumWidth(220)
+        self.run_list.setToolTip("Runs: tick to overlay, untick to hide")
+        self.run_list.itemChanged.connect(self._on_run_item)
+
+        controls = QHBoxLayout()
+        controls.addWidget(QLabel("Smoothing"))
+        controls.addWidget(self.smoothing_slider)
+        controls.addWidget(self.smoothing_label)
+        controls.addSpacing(12)
+        controls.addWidget(self.log_check)
+        controls.addSpacing(12)
+        controls.addWidget(QLabel("Metric"))
+        controls.addWidget(self.metric_combo)
+        controls.addStretch(1)
+        controls.addWidget(self.csv_button)
+        controls.addWidget(self.png_button)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        side = QWidget()
+        side_layout = QVBoxLayout(side)
+        side_layout.setContentsMargins(0, 0, 0, 0)
+        side_layout.addWidget(QLabel("Runs"))
+        side_layout.addWidget(self.run_list)
+        split.addWidget(side)
+        split.addWidget(self.graphics)
+        split.setStretchFactor(1, 1)
+        split.setSizes([150, 700])
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(controls)
+        layout.addWidget(split, 1)
+        layout.addWidget(self.readout)
+        self._on_smoothing(self.smoothing_slider.value())
+
+    # ---- runs --------------------------------------------------------------------------------
+    def add_run(self, run: RunHistory, visible: bool = True) -> None:
+        if run.name in self._curves:
+            raise ValueError(f"a run named {run.name!r} is already shown")
+        color = QColor(PALETTE[len(self._curves) % len(PALETTE)])
+        self._curves[run.name] = _RunCurves(run, color, self.plots)
+        item = QListWidgetItem(run.name)
+        item.setData(Qt.ItemDataRole.UserRole, run.name)
+        item.setForeground(color)
+        item.setToolTip(run.description or run.name)
+        item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+        self.run_list.blockSignals(True)
+        item.setCheckState(Qt.CheckState.Checked if visible else Qt.CheckState.Unchecked)
+        self.run_list.addItem(item)
+        self.run_list.blockSignals(False)
+        self._curves[run.name].set_visible(visible)
+        self._curves[run.name].set_raw_emphasis(self._smoothing == 0)
+        self.mark_dirty()
+
+    def remove_run(self, name: str) -> None:
+        curves = self._curves.pop(name)
+        curves.remove(self.plots)
+        for i in range(self.run_list.count()):
+            if self.run_list.item(i).data(Qt.ItemDataRole.UserRole) == name:
+                self.run_list.takeItem(i)
+                break
+
+    def runs(self) -> list[RunHistory]:
+        return [c.run for c in self._curves.values()]
+
+    def run(self, name: str) -> RunHistory:
+        return self._curves[name].run
+
+    def set_run_visible(self, name: str, visible: bool) -> None:
+        for i in range(self.run_list.count()):
+            item = self.run_list.item(i)
+            if item.data(Qt.ItemDataRole.UserRole) == name:
+                item.setCheckState(Qt.CheckState.Checked if visible else Qt.CheckState.Unchecked)
+
+    def is_run_visible(self, name: str) -> bool:
+        return self._curves[name].raw.isVisible()
+
+    def _on_run_item(self, item: QListWidgetItem) -> None:
+        name = item.data(Qt.ItemDataRole.UserRole)
+        on = item.checkState() == Qt.CheckState.Checked
+        if name in self._curves:
+            self._curves[name].set_visible(on)
+            self.run_toggled.emit(name, on)
+            self._update_readout()
+
+    # ---- drawing -----------------------------------------------------------------------------
+    def mark_dirty(self) -> None:
+        """Ask for a redraw; several requests within one frame interval draw once."""
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def redraw(self) -> None:
+        """Draw every run whose data (or the view settings) changed since it was last drawn."""
+        self._timer.stop()
+        key = (self._smoothing, self._metric)
+        names = set()
+        for c in self._curves.values():
+            names.update(c.run.metric_names())
+            if c.drawn_version == c.run.version and c.drawn_key == key:
+                continue
+            self._draw(c)
+            c.drawn_version, c.drawn_key = c.run.version, key
+        self._update_metric_choices(names)
+        self.redraws += 1
+        if self._cursor_step is not None:
+            self._update_readout()
+
+    def _draw(self, c: _RunCurves) -> None:
+        run = c.run
+        x, y = run.step_series()
+        c.raw.setData(x, y)
+        if self._smoothing > 0 and len(y):
+            c.smooth.setData(x, run.step_series(self._smoothing)[1])
+        else:
+            c.smooth.setData([], [])
+        c.epoch_train.setData(*run.epoch_series("train", "loss"))
+        c.epoch_valid.setData(*run.epoch_series("valid", "loss"))
+        c.metric_train.setData(*run.epoch_series("train", self._metric))
+        c.metric_valid.setData(*run.epoch_series("valid", self._metric))
+        c.lr.setData(*run.lr_series())
+
+    def _update_metric_choices(self, names: set[str]) -> None:
+        wanted = sorted(n for n in names if n != "loss")
+        have = [self.metric_combo.itemText(i) for i in range(self.metric_combo.count())]
+        missing = [n for n in wanted if n not in have]
+        if missing:
+            self.metric_combo.blockSignals(True)
+            self.metric_combo.addItems(missing)
+            self.metric_combo.blockSignals(False)
+
+    # ---- settings ----------------------------------------------------------------------------
+    def smoothing(self) -> float:
+        return self._smoothing
+
+    def set_smoothing(self, weight: float) -> None:
+        self.smoothing_slider.setValue(int(round(weight * 100)))
+
+    def _on_smoothing(self, value: int) -> None:
+        self._smoothing = value / 100.0
+        self.smoothing_label.setText(f"{self._smoothing:.2f}")
+        for c in self._curves.values():
+            c.set_raw_emphasis(self._smoothing == 0)
+        self.mark_dirty()
+
+    def set_log_scale(self, on: bool) -> None:
+        self._log = bool(on)
+        if self.log_check.isChecked() != self._log:
+            self.log_check.setChecked(self._log)
+        self.plots[LOSS].setLogMode(y=self._log)
+
+    def log_scale(self) -> bool:
+        return self._log
+
+    def set_metric(self, name: str) -> None:
+        if self.metric_combo.findText(name) < 0:
+            self.metric_combo.addItem(name)
+        self.metric_combo.setCurrentText(name)
+
+    def _on_metric(self, name: str) -> None:
+        if name:
+            self._metric = name
+            self.plots[METRIC].setTitle(f"{name} per epoch")
+            self.mark_dirty()
+
+    # ---- what is drawn (for tests and the read-out) -------------------------------------------
+    def curve_data(self, run: str, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """The points a curve holds: which is raw | smooth | epoch_train | epoch_valid |
+        metric_train | metric_valid | lr."""
+        item = getattr(self._curves[run], which)
+        x, y = item.getData()
+        if x is None:
+            return np.zeros(0), np.zeros(0)
+        return np.asarray(x), np.asarray(y)
+
+    # ---- crosshair ---------------------------------------------------------------------------
+    def _on_mouse_moved(self, pos) -> None:
+        for plot in self.plots.values():
+            if plot.sceneBoundingRect().contains(pos):
+                step = plot.vb.mapSceneToView(pos).x()
+                self.set_cursor(step)
+                return
+
+    def set_cursor(self, step: float | None) -> str:
+        """Put the crosshair at `step` (None hides it); returns the read-out text."""
+        self._cursor_step = step
+        for line in self.crosshair.values():
+            line.setVisible(step is not None)
+            if step is not None:
+                line.setPos(step)
+        return self._update_readout()
+
+    def _update_readout(self) -> str:
+        step = self._cursor_step
+        if step is None:
+            self.readout.setText("")
+            return ""
+        parts = []
+        for c in self._curves.values():
+            if not c.raw.isVisible():
+                continue
+            parts.append(self._readout_for(c.run, step))
+        text = "\n".join(p for p in parts if p)
+        self.readout.setText(text)
+        return text
+
+    def _readout_for(self, run: RunHistory, step: float) -> str:
+        if not run.steps:
+            return ""
+        x = np.asarray(run.steps)
+        i = int(np.clip(np.searchsorted(x, step), 0, len(x) - 1))
+        if i > 0 and abs(x[i - 1] - step) <= abs(x[i] - step):
+            i -= 1
+        s = int(x[i])
+        fields = [f"{run.name}: step {s}", f"loss {run.losses[i]:.4g}"]
+        if self._smoothing:
+            fields.append(f"smoothed {run.step_series(self._smoothing)[1][i]:.4g}")
+        if run.lr_steps:
+            j = min(int(np.searchsorted(np.asarray(run.lr_steps), s)), len(run.lrs) - 1)
+            fields.append(f"lr {run.lrs[j]:.3g}")
+        row = None
+        for r in run.epochs:
+            if r["global_step"] <= s:
+                row = r
+        if row is not None:
+            fields.append(f"epoch {row['epoch']}")
+            for split in ("train", "valid"):
+                for k, v in row.get(split, {}).items():
+                    if isinstance(v, float) and math.isfinite(v):
+                        fields.append(f"{split} {k} {v:.4g}")
+        return " · ".join(fields)
+
+    # ---- export ------------------------------------------------------------------------------
+    def export_csv(self, path) -> int:
+        """Every run's curves to one CSV file; returns the number of data rows."""
+        return write_csv(path, self.runs())
+
+    def export_png(self, path) -> bool:
+        self.redraw()
+        return self.graphics.grab().save(str(path), "PNG")
+
+    def _ask_csv(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export curves as CSV", "curves.csv", "CSV (*.csv)")
+        if path:
+            self.export_csv(path)
+
+    def _ask_png(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export curves as PNG", "curves.png", "PNG image (*.png)")
+        if path:
+            self.export_png(path)
