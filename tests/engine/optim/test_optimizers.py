@@ -220,3 +220,23 @@ def test_updates_never_write_into_arrays_the_model_shares():
     opt = AdamConfig().init()
     run(opt, steps=2, model=model)
     np.testing.assert_array_equal(clone.w.val().numpy(), before)
+
+
+@pytest.mark.cuda
+def test_adam_on_a_gpu_matches_the_cpu():
+    from engine import available_devices, Device
+
+    if not any(d.is_cuda for d in available_devices()):
+        pytest.skip("no CUDA device here (CuPy with a GPU is needed)")
+    dev = Device("cuda:0")
+    cpu = Vec()
+    gpu = cpu.fork(dev)
+    _, v_cpu = run(AdamConfig().init(), model=cpu)
+    opt = AdamConfig().init()
+    model = gpu
+    for t in range(2):
+        c = Tensor.from_data(G[t], device=dev)
+        loss = (model.w.val() * c).sum()
+        model = opt.step(LR, model, GradientsParams.from_grads(loss.backward(), model))
+    np.testing.assert_allclose(model.w.val().numpy(), v_cpu[1], rtol=1e-6)
+    assert opt.to_record().tensors  # state comes back to the host for records
