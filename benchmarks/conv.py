@@ -6,14 +6,23 @@ Ember engine, a straightforward NumPy reference (sliding_window_view + tensordot
 PyTorch CPU when it is installed (a benchmark-only peer, not a project dependency).
 Run with the stable malloc settings for steady numbers:
     MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 \
-        .venv/bin/python benchmarks/conv.py
+        .venv/bin/python benchmarks/conv.py [--threads N]
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import numpy as np
+# `--threads N` pins both NumPy's BLAS and PyTorch to N threads: on a shared machine a
+# one-thread comparison is less disturbed by other processes than a two-thread one
+THREADS = None
+if "--threads" in sys.argv:
+    THREADS = int(sys.argv[sys.argv.index("--threads") + 1])
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(THREADS)
+
+import numpy as np  # noqa: E402
 from numpy.lib.stride_tricks import sliding_window_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -112,6 +121,8 @@ def best_of_rounds(runners: dict, rounds: int = 3) -> dict:
 
 def main():
     torch = torch_or_none()
+    if torch is not None and THREADS is not None:
+        torch.set_num_threads(THREADS)
     peer = f"PyTorch CPU {torch.__version__}" if torch is not None else None
     rows = []
     for name, c_in, c_out, size in CASES:
@@ -168,7 +179,8 @@ def main():
         rows.append([name, "engine / PyTorch", f"{best[('Ember engine', 'f')] / best[(peer, 'f')]:.2f}×",
                      f"{best[('Ember engine', 'fb')] / best[(peer, 'fb')]:.2f}×"])
 
-    print_table(f"conv2d / max_pool2d, batch {BATCH}, float32, best of 3 interleaved rounds ({machine()})",
+    threads = f", {THREADS} thread(s)" if THREADS is not None else ""
+    print_table(f"conv2d / max_pool2d, batch {BATCH}, float32, best of 3 interleaved rounds{threads} ({machine()})",
                 ["operation", "implementation", "forward", "forward + backward"], rows)
     print("\nforward + backward: gradients of input, weight and bias from a given output gradient.")
     if torch is None:
