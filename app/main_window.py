@@ -559,8 +559,6 @@ class MainWindow(QMainWindow):
 
     def _set_model(self, module: Any, source: dict, **kw) -> None:
         self.document.set_model(module, source, **kw)
-        if self.tree.selected_path() is None:
-            self.tree.select_path("")
 
     def open_example(self, name: str) -> bool:
         try:

@@ -4,6 +4,7 @@ Reads metadata only: a lazy parameter shows as lazy and stays so.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from PySide6.QtCore import QSize, Qt
@@ -16,7 +17,7 @@ from .common import count, monospace_font
 
 PARAM_COLUMNS = ["Path", "Id", "Shape", "DType", "Device", "State", "Require grad", "Reparameterized"]
 CONST_COLUMNS = ["Path", "Shape", "DType", "Device"]
-MAX_ROWS = 2000
+MAX_ROWS = 500
 
 
 def _shape(dims) -> str:
@@ -100,13 +101,12 @@ class Inspector(QWidget):
             return
         kind, value = found
         self.header.setText(f"<b>{path or '(the whole model)'}</b> — {mi.type_name(kind, value)}")
-        params = mi.named_params_below(module, path)
-        rows = [param_row(p, v) for p, v in params[:MAX_ROWS]]
+        st = (stats or mi.ModelStats(module)).get(path)
+        rows = [param_row(p, v) for p, v in itertools.islice(mi.iter_params_below(module, path), MAX_ROWS)]
         self._fill(self.params, rows)
-        self.more.setText(f"… and {len(params) - MAX_ROWS:,} more parameters" if len(params) > MAX_ROWS else "")
+        self.more.setText(f"… and {st.tensors - len(rows):,} more parameters" if st.tensors > len(rows) else "")
         consts = mi.constants_below(value, path) if kind in (mi.MODULE, mi.CONTAINER, mi.REPARAM) else []
         self._fill(self.consts, [[p, _shape(t.shape), str(t.dtype), str(t.device)] for p, t in consts])
-        st = (stats or mi.ModelStats(module)).get(path)
         parts = []
         if st.floats:
             parts.append(f"{st.state}: {count(st.trainable)} of {count(st.numel)} values trainable")
@@ -114,9 +114,9 @@ class Inspector(QWidget):
             parts.append(f"{count(st.numel)} values, none trainable")
         if st.reparameterized:
             parts.append(f"{st.reparameterized} reparameterized (LoRA)")
-        lazy = sum(1 for _, p in params if not p.is_initialized())
+        lazy = st.tensors - st.initialized
         if lazy:
-            parts.append(f"{lazy} of {len(params)} parameters lazy (not allocated)")
+            parts.append(f"{lazy:,} of {st.tensors:,} parameters lazy (not allocated)")
         self.state.setText(" · ".join(parts))
 
     @staticmethod

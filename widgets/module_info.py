@@ -106,6 +106,8 @@ def param_trainable(p: Param) -> bool:
 class Stats:
     numel: int = 0
     trainable: int = 0
+    tensors: int = 0  # parameters (each a tensor), packed storage included on its own nodes
+    initialized: int = 0  # of those, how many hold a value (the rest are lazy)
     floats: int = 0  # float tensors
     trainable_floats: int = 0
     devices: list = field(default_factory=list)
@@ -163,7 +165,10 @@ class ModelStats:
         trainable = param_trainable(p)
         is_float = p.kind == "float"
         dev = str(p.lazy_device())
+        init = p.is_initialized()
         for s in chain:
+            s.tensors += 1
+            s.initialized += init
             s.numel += n
             if is_float:
                 s.floats += 1
@@ -204,22 +209,22 @@ def get_path(module: Any, path: str) -> tuple[str, Any] | None:
     return kind, value
 
 
-def named_params_below(module: Any, path: str) -> list[tuple[str, Param]]:
-    """`(path, param)` for every parameter at or below `path`, reparameterization factors included."""
+def iter_params_below(module: Any, path: str):
+    """`(path, param)` for every parameter at or below `path` in traversal order, reparameterization
+    parameters included (a generator: take what you show)."""
     found = get_path(module, path)
     if found is None:
-        return []
-    kind, value = found
-    out: list[tuple[str, Param]] = []
-
-    def walk(v, p):
+        return
+    stack = [(path, found[1])]
+    while stack:
+        p, v = stack.pop()
         if isinstance(v, Param):
-            out.append((p, v))
-        for seg, _k, c in children(v):
-            walk(c, join(p, seg))
+            yield p, v
+        stack.extend((join(p, seg), c) for seg, _k, c in reversed(children(v)))
 
-    walk(value, path)
-    return out
+
+def named_params_below(module: Any, path: str) -> list[tuple[str, Param]]:
+    return list(iter_params_below(module, path))
 
 
 def constants_below(value: Any, path: str) -> list[tuple[str, Tensor]]:

@@ -417,8 +417,8 @@ class ModuleTree(QWidget):
                 self._expand(index)
         if self.model.filter_text():
             self.expand_all()
-        if selected is not None:
-            self.select_path(selected if self.model.index_of(selected).isValid() else "")
+        # the selection that still exists, else the whole model
+        self.select_path(selected if selected is not None and self.model.index_of(selected).isValid() else "")
 
     def expanded_paths(self) -> list[str]:
         out = []
