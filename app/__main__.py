@@ -21,6 +21,9 @@ def parse_args(argv=None):
     p.add_argument("--theme", choices=("light", "dark"), help="the colour theme (remembered)")
     p.add_argument("--select", help="with --screenshot: select this module path in the tree")
     p.add_argument("--size", default="1400x860", help="with --screenshot: the window size, WIDTHxHEIGHT")
+    p.add_argument("--expand", type=int, help="with --screenshot: expand the tree to this depth")
+    p.add_argument("--check", metavar="INPUT", help="with --screenshot: run the shape-contract check with this "
+                   "example input ('example', or shapes such as [2, 784]) before the shot")
     return p.parse_args(argv)
 
 
@@ -75,12 +78,22 @@ def main(argv=None) -> int:
 def screenshot(app, window, args, ok: bool) -> int:
     import time  # noqa: PLC0415
 
-    deadline = time.monotonic() + 120
-    while window.running_tasks and time.monotonic() < deadline:  # a checkpoint loading
-        app.processEvents()
-        time.sleep(0.01)
+    def settle():
+        deadline = time.monotonic() + 120
+        while window.running_tasks and time.monotonic() < deadline:  # a load or a check running
+            app.processEvents()
+            time.sleep(0.01)
+
+    settle()
+    window._default_dock_sizes()  # the first-start layout, whatever the model's widgets asked for
+    if args.expand is not None:
+        window.tree.expand_to_depth(args.expand)
     if args.select is not None:
         window.tree.select_path(args.select)
+    if args.check:
+        window.contract_editor.input.setText(args.check)
+        window.run_check(args.check)
+        settle()
     for _ in range(3):
         app.processEvents()
     window.display.display_text()  # render the display now

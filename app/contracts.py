@@ -304,9 +304,20 @@ class NodeReport:
 
 
 @dataclass
+class Call:
+    """One call of a module's forward during a check (a module may be called several times)."""
+
+    path: str
+    type_name: str
+    inputs: list[tuple[int, ...]]
+    outputs: list[tuple[int, ...]] = field(default_factory=list)
+    status: str = NOT_RUN
+
+
+@dataclass
 class CheckResult:
     nodes: dict[str, NodeReport]
-    flow: list[NodeReport]  # in the order the modules were entered
+    flow: list[Call]  # every module call, in the order they were entered
     failure: NodeReport | None = None
     error: str = ""  # the exact message at the first failing node
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
@@ -422,33 +433,35 @@ class _Run:
             return original(module, *args, **kwargs)
         self._tick()
         node = self.result.nodes[path]
-        node.inputs = _shapes(list(args) + list(kwargs.values()))
-        node.outputs = []
-        self.result.flow.append(node)
+        call = Call(path, node.type_name, _shapes(list(args) + list(kwargs.values())))
+        node.inputs, node.outputs = call.inputs, []
+        self.result.flow.append(call)
         contract = self.contracts.get(path)
         env = _module_env(module)
         self.active.append(node)
         try:
             if contract is not None:
-                self._check(contract.inputs, node.inputs, env, module, "input", node)
+                self._check(contract.inputs, call.inputs, env, module, "input", node)
             out = original(module, *args, **kwargs)
-            node.outputs = _shapes(out)
+            call.outputs = node.outputs = _shapes(out)
             if contract is not None:
-                self._check(contract.outputs, node.outputs, env, module, "output", node)
+                self._check(contract.outputs, call.outputs, env, module, "output", node)
         except BaseException as exc:
             if exc is self.interrupted:
                 raise
             if self.result.failure is None:
                 self.result.failure = node
                 self.result.error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-                node.status = VIOLATED
+                call.status = node.status = VIOLATED
                 node.message = self.result.error
             else:
-                node.status = INSIDE
+                call.status = node.status = INSIDE
             raise
         finally:
             self.active.pop()
-        node.status = OK
+        call.status = OK
+        if node.status == NOT_RUN:
+            node.status = OK
         return out
 
     def _check(self, patterns, shapes, env, module, label, node):

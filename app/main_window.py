@@ -796,7 +796,7 @@ class MainWindow(QMainWindow):
 
     def _default_dock_sizes(self) -> None:
         w = self.width()
-        self.resizeDocks([self.tree_dock, self.inspector_dock], [int(w * 0.40), int(w * 0.30)],
+        self.resizeDocks([self.tree_dock, self.inspector_dock], [int(w * 0.46), int(w * 0.27)],
                          Qt.Orientation.Horizontal)
 
     # ---- closing ---------------------------------------------------------------------------------------

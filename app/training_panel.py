@@ -330,7 +330,8 @@ class RunOutcome:
     message: str = ""
     error: str = ""
     reached_max_steps: bool = False
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole task: data, checks, training, checkpoints
+    train_seconds: float = 0.0  # from the loop's start to its end
 
 
 class _Forwarder:
@@ -348,12 +349,15 @@ class _Forwarder:
         self.global_step = 0
         self.first_step: int | None = None
         self.reached_max = False
+        self.started_at: float | None = None
         self.lock = threading.Lock()
 
     def __call__(self, event) -> None:
         with self.lock:
             self.buffer.append(event)
-        if isinstance(event, ev.StepLoss):
+        if isinstance(event, ev.Started):
+            self.started_at = time.perf_counter()
+        elif isinstance(event, ev.StepLoss):
             self.epoch, self.global_step = event.epoch, event.global_step
             if self.first_step is None:
                 self.first_step = event.global_step - 1
@@ -428,6 +432,7 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
         raise TrainingSetupError(f"the run could not start: {type(e).__name__}: {e}") from e
     control.attach(learner)
     result = learner.run()
+    ended = time.perf_counter()
     forwarder.flush()
     steps = (forwarder.global_step - forwarder.first_step) if forwarder.first_step is not None else 0
     status = result.status
@@ -435,7 +440,8 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
         status = "finished"  # the asked-for number of steps
     return RunOutcome(status, result.model, steps, forwarder.global_step, error=result.error or "",
                       message=result.error.splitlines()[0] if result.error else "",
-                      reached_max_steps=forwarder.reached_max, seconds=time.perf_counter() - started)
+                      reached_max_steps=forwarder.reached_max, seconds=time.perf_counter() - started,
+                      train_seconds=ended - forwarder.started_at if forwarder.started_at is not None else 0.0)
 
 
 # ---- run folders ---------------------------------------------------------------------------------

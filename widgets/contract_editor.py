@@ -59,6 +59,7 @@ class ContractEditor(QWidget):
         self.report = QPlainTextEdit()
         self.report.setObjectName("check-report")
         self.report.setReadOnly(True)
+        self.report.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.report.setFont(mono)
         self.report.setMaximumHeight(180)
         buttons = QHBoxLayout()

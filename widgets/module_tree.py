@@ -366,7 +366,7 @@ class ModuleTree(QWidget):
         header = self.view.header()
         header.setStretchLastSection(True)
         header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Interactive)
-        for column, width in ((NAME, 170), (TYPE, 115), (PARAMS, 85), (TRAINABLE, 95), (DEVICE, 50)):
+        for column, width in ((NAME, 150), (TYPE, 105), (PARAMS, 100), (TRAINABLE, 105), (DEVICE, 45)):
             self.view.setColumnWidth(column, width)
         self.empty_label = QLabel("No model open.")
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)

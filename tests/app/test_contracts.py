@@ -141,3 +141,21 @@ def test_forward_is_restored_after_a_check():
     check(net, [Tensor.ones([3, 784])], contracts_of(net), tree(net))
     assert Block.__dict__["forward"].__name__ == "forward" and not hasattr(Block.__dict__["forward"], "__wrapped__")
     assert Net.__dict__["forward"].__doc__.startswith("Run the blocks")
+
+
+class Twice:
+    def __init__(self, block):
+        self.block = block
+
+    def forward(self, x):
+        return self.block.forward(self.block.forward(x))
+
+
+def test_a_module_called_twice_appears_twice_in_the_flow():
+    b = Block(4, 4, Tensor.ones([4, 4]))
+    t = Twice(b)
+    r = check(t, [Tensor.ones([3, 4])], {}, [("", t), ("block", b)])
+    assert [(c.path, c.inputs, c.outputs) for c in r.flow] == [
+        ("", [(3, 4)], [(3, 4)]), ("block", [(3, 4)], [(3, 4)]), ("block", [(3, 4)], [(3, 4)])]
+    r = check(t, [Tensor.ones([3, 4])], {"block": "[n, 4] -> [n, 4]"}, [("", t), ("block", b)])
+    assert r.ok and r.status("block") == OK

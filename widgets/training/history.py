@@ -39,17 +39,34 @@ class Prefill(ev.Event):
 def ema(values, weight: float) -> np.ndarray:
     """Exponential moving average with the start-up bias removed (as TensorBoard smooths):
     `s_t = w s_{t-1} + (1 - w) x_t`, divided by `1 - w^t`. `weight` 0 returns the values."""
-    x = np.asarray(values, dtype=np.float64)
-    w = float(weight)
-    if not 0.0 <= w < 1.0:
-        raise ValueError(f"ema: weight must be in [0, 1), got {weight}")
-    if w == 0.0 or x.size == 0:
-        return x.copy()
-    from scipy.signal import lfilter  # noqa: PLC0415 - only when smoothing
+    out = EmaState(weight)
+    out.extend(values)
+    return np.asarray(out.values, dtype=np.float64)
 
-    raw = lfilter([1.0 - w], [1.0, -w], x)
-    debias = 1.0 - w ** np.arange(1, x.size + 1, dtype=np.float64)
-    return raw / debias
+
+class EmaState:
+    """The smoothed series, extended as points arrive (each point is smoothed once)."""
+
+    def __init__(self, weight: float):
+        w = float(weight)
+        if not 0.0 <= w < 1.0:
+            raise ValueError(f"ema: weight must be in [0, 1), got {weight}")
+        self.weight = w
+        self.values: list[float] = []
+        self._acc = 0.0
+        self._wt = 1.0  # w ** t
+
+    def extend(self, xs) -> None:
+        w, acc, wt = self.weight, self._acc, self._wt
+        out = self.values
+        if w == 0.0:
+            out.extend(float(x) for x in xs)
+            return
+        for x in xs:
+            acc = w * acc + (1.0 - w) * float(x)
+            wt *= w
+            out.append(acc / (1.0 - wt))
+        self._acc, self._wt = acc, wt
 
 
 class RunHistory:
@@ -77,6 +94,7 @@ class RunHistory:
         self.grad_norms: dict = {}
         self.grad_norm_step = 0
         self.version = 0
+        self._ema: EmaState | None = None
 
     # ---- events ------------------------------------------------------------------------------
     def apply(self, event) -> None:
@@ -133,8 +151,12 @@ class RunHistory:
         return row
 
     def _prefill(self, p: Prefill) -> None:
+        self._ema = None  # the series is replaced, not extended
         self.steps = list(range(1, len(p.step_losses) + 1))
         self.losses = [float(v) for v in p.step_losses]
+        keep = sum(1 for s in self.lr_steps if s <= p.global_step)
+        del self.lr_steps[keep:], self.lrs[keep:]
+        self.checkpoints = [(e, c) for e, c in self.checkpoints if e <= len(p.history)]
         done = len(p.history)
         per_epoch = p.global_step // done if done else 0
         self.epochs = [{"epoch": int(r["epoch"]), "global_step": int(r["epoch"]) * per_epoch,
@@ -144,9 +166,16 @@ class RunHistory:
 
     # ---- series ------------------------------------------------------------------------------
     def step_series(self, smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """(global steps, losses); with `smoothing`, the losses' EMA (computed incrementally)."""
         x = np.asarray(self.steps, dtype=np.float64)
-        y = np.asarray(self.losses, dtype=np.float64)
-        return x, (ema(y, smoothing) if smoothing else y)
+        if not smoothing:
+            return x, np.asarray(self.losses, dtype=np.float64)
+        e = self._ema
+        if e is None or e.weight != smoothing or len(e.values) > len(self.losses):
+            e = self._ema = EmaState(smoothing)
+        if len(e.values) < len(self.losses):
+            e.extend(self.losses[len(e.values):])
+        return x, np.asarray(e.values, dtype=np.float64)
 
     def lr_series(self) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(self.lr_steps, dtype=np.float64), np.asarray(self.lrs, dtype=np.float64)
