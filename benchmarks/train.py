@@ -8,7 +8,10 @@ A step is forward, cross-entropy, backward, gradients matched to parameters, Ada
   this package owns;
 - the whole loop (`Learner`, events, DataLoader) on the MLP, to show what the loop adds.
 
-PyTorch runs with whichever of 1 or 2 threads is faster for each model.
+Both sides run with the same number of threads, 1 and then 2, each in a fresh process
+(NumPy's OpenBLAS reads OPENBLAS_NUM_THREADS at start-up; PyTorch gets `set_num_threads`):
+on a 2-core machine that other work shares, two spinning BLAS threads can cost more than they
+gain, for either library.
 Target: the engine within 1.3x of PyTorch (ratio = engine time / PyTorch time).
 Run with the stable malloc settings for steady numbers:
     MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 \
@@ -16,6 +19,9 @@ Run with the stable malloc settings for steady numbers:
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -110,8 +116,10 @@ def batches():
     }
 
 
-def main() -> None:
+def measure(threads: int) -> list:
     torch = torch_or_none()
+    if torch is not None:
+        torch.set_num_threads(threads)
     data = batches()
     rows = []
     for name, label in (("spirals", "MLP 2-64-64-2, batch 64"), ("digits", "MNIST CNN, batch 64")):
@@ -121,17 +129,9 @@ def main() -> None:
         t_engine = timeit(step, min_time=min_time, warmup=3, repeat=3)
         t_torch = None
         if torch is not None:
-            # PyTorch's best of 1 and 2 threads: its OpenMP threads spin, which costs a small
-            # model more than it gains
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                tstep, tmodel, topt = torch_stepper(torch, name, x, y)
-                t = timeit(tstep, min_time=min_time, warmup=3, repeat=3)
-                if t_torch is None or t < t_torch:
-                    t_torch, best_threads = t, threads
-            torch.set_num_threads(best_threads)
             tstep, tmodel, topt = torch_stepper(torch, name, x, y)
-        rows.append(_row(f"train step: {label}", t_engine, t_torch))
+            t_torch = timeit(tstep, min_time=min_time, warmup=3, repeat=3)
+        rows.append((f"train step: {label}", t_engine, t_torch))
 
         if name == "digits":
             # the optimizer update alone, on the same gradients each time
@@ -151,7 +151,7 @@ def main() -> None:
                 tstep()  # gradients in place
                 t_tupd = timeit(topt.step, min_time=1.0, warmup=3, repeat=3)
             n = sum(p.numel() for _, p in state["model"].named_params() if p.is_require_grad())
-            rows.append(_row(f"Adam update alone ({n:,} params)", t_upd, t_tupd))
+            rows.append((f"Adam update alone ({n:,} params)", t_upd, t_tupd))
 
     # the whole loop on the MLP: Learner with DataLoader, metrics and events
     task = build_task("spirals", n_train=B * 50, n_valid=B)
@@ -159,20 +159,32 @@ def main() -> None:
                       config=TrainingConfig(num_epochs=3, batch_size=B, seed=0))
     t0 = time.perf_counter()
     result = learner.run()
-    dt = time.perf_counter() - t0
     steps = len(result.step_losses)
-    rows.append([f"Learner loop: MLP, batch 64 ({steps} steps + validation)", f"{steps / dt:,.0f}",
-                 fmt_time(dt / steps), "-", "-", "-"])
+    rows.append((f"Learner loop: MLP, batch 64 ({steps} steps + validation)", (time.perf_counter() - t0) / steps, None))
+    return rows
 
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print(json.dumps(measure(int(sys.argv[2]))))
+        return
+    torch = torch_or_none()
+    rows = []
+    for threads in (1, 2):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        out = subprocess.run([sys.executable, __file__, "--child", str(threads)], env=env, capture_output=True,
+                             text=True, check=True)
+        for label, t_engine, t_torch in json.loads(out.stdout.strip().splitlines()[-1]):
+            rows.append(_row(label, threads, t_engine, t_torch))
     print_table(f"Training steps per second — {machine()}, PyTorch {torch.__version__ if torch else 'not installed'}",
-                ["what", "engine steps/s", "engine time/step", "PyTorch steps/s", "PyTorch time/step",
+                ["what", "threads", "engine steps/s", "engine time/step", "PyTorch steps/s", "PyTorch time/step",
                  "engine / PyTorch time"], rows)
 
 
-def _row(label, t_engine, t_torch):
+def _row(label, threads, t_engine, t_torch):
     if t_torch is None:
-        return [label, f"{1 / t_engine:,.0f}", fmt_time(t_engine), "-", "-", "-"]
-    return [label, f"{1 / t_engine:,.0f}", fmt_time(t_engine), f"{1 / t_torch:,.0f}", fmt_time(t_torch),
+        return [label, threads, f"{1 / t_engine:,.0f}", fmt_time(t_engine), "-", "-", "-"]
+    return [label, threads, f"{1 / t_engine:,.0f}", fmt_time(t_engine), f"{1 / t_torch:,.0f}", fmt_time(t_torch),
             f"{t_engine / t_torch:.2f}x"]
 
 
