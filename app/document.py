@@ -45,14 +45,15 @@ class Document(QObject):
         self.contracts: dict[str, str] = {}  # module path -> contract text edited by the user
         self.runs: list[dict] = []
         self.check_result = None  # the last contract check (app.contracts.CheckResult)
-        self._extra_dirty = False  # changes outside the undo stack (a new source, base edits)
+        self._extra_dirty = False  # differs from the file outside the undo stack (a recovered autosave)
         self.undo_stack.cleanChanged.connect(self._on_clean_changed)
 
     # ---- the model -----------------------------------------------------------------------
     def set_model(self, module: Any, source: dict | None, *, edits: list[dict] | None = None,
                   contracts: dict[str, str] | None = None, project_path: Path | None = None,
-                  runs: list[dict] | None = None) -> None:
-        """Start over with a new model: the undo history is cleared."""
+                  runs: list[dict] | None = None, dirty: bool = False) -> None:
+        """Start over with a new model: the undo history is cleared. `dirty` marks a document
+        that differs from its file from the start (one recovered from an autosave)."""
         self.undo_stack.clear()
         self.module = module
         self.source = source
@@ -62,7 +63,7 @@ class Document(QObject):
         self.project_path = Path(project_path) if project_path else None
         self.check_result = None
         self.undo_stack.setClean()
-        self._extra_dirty = project_path is None and module is not None and bool(self.base_edits)
+        self._extra_dirty = bool(dirty)
         self.source_changed.emit()
         self.model_changed.emit()
         self.contracts_changed.emit()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer
 from shiboken6 import isValid
-from PySide6.QtGui import QKeySequence
+from PySide6.QtGui import QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QTabWidget,
                                QToolBar)
 
@@ -42,6 +42,16 @@ EXPORT_FILTER = "Burnpack (*.bpk);;Safetensors, PyTorch layout (*.safetensors)"
 AUTOSAVE_MS = 30_000
 
 
+ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons" / "app"
+
+
+def app_icon() -> QIcon:
+    icon = QIcon()
+    for png in sorted(ICONS.glob("ember-*.png")):
+        icon.addFile(str(png))
+    return icon
+
+
 class MainWindow(QMainWindow):
     def __init__(self, document: Document | None = None, settings: Settings | None = None, parent=None, *,
                  confirm_close: bool = False):
@@ -53,6 +63,7 @@ class MainWindow(QMainWindow):
         self.last_message: QMessageBox | None = None
         self.dialog = None  # the open LoRA / group / checkpoint dialog, if any
         self.setObjectName("ember-main-window")
+        self.setWindowIcon(app_icon())
         self.resize(1400, 860)
         self.actions = Actions(self)
         self._build_central()
@@ -620,7 +631,7 @@ class MainWindow(QMainWindow):
         self.open_source(source)
 
     def open_source(self, source: dict, *, edits_: list[dict] | None = None, contracts_: dict | None = None,
-                    project_path: Path | None = None) -> bool:
+                    project_path: Path | None = None, dirty: bool = False) -> bool:
         """Make the model a source describes, replay `edits_`, and show it. A checkpoint source
         loads on a worker; the window stays responsive."""
         kind = source.get("kind")
@@ -636,7 +647,8 @@ class MainWindow(QMainWindow):
             except edits.EditError as e:
                 self.error("Open project", f"the model opened, but replaying its edits failed: {e}")
                 return
-            self._set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path)
+            self._set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path,
+                            dirty=dirty)
 
         if kind != "checkpoint":
             finish(base)
@@ -674,6 +686,7 @@ class MainWindow(QMainWindow):
                               project_path=Path(path))
         if ok:
             self.settings.add_recent(str(Path(path).resolve()))
+            self.offer_recovery(Path(path))
         return ok
 
     def save_project(self) -> bool:
@@ -700,9 +713,7 @@ class MainWindow(QMainWindow):
 
     def autosave_path(self) -> Path:
         own = self.document.autosave_path()
-        if own is not None:
-            return own
-        return Path(self.settings.q.fileName()).parent / "untitled.ember.json.autosave"
+        return own if own is not None else self._untitled_autosave()
 
     def autosave(self) -> bool:
         """Keep a copy of an unsaved document beside it (recovered after a crash)."""
@@ -714,6 +725,44 @@ class MainWindow(QMainWindow):
         except OSError:
             return False
         return True
+
+    def offer_recovery(self, project_path: Path | None = None) -> QMessageBox | None:
+        """After a crash: offer the autosave of `project_path` (or of the untitled document) when it
+        is newer than the project. Recover opens it unsaved; Discard deletes it."""
+        project_path = Path(project_path) if project_path else None
+        auto = project_path.with_name(project_path.name + ".autosave") if project_path else \
+            self._untitled_autosave()
+        if not auto.is_file():
+            return None
+        if project_path is not None and project_path.is_file() and \
+                auto.stat().st_mtime <= project_path.stat().st_mtime:
+            return None
+        try:
+            data = read_project(auto)
+        except ProjectError:
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(auto.stat().st_mtime))
+        box = QMessageBox(QMessageBox.Icon.Question, "Recover unsaved changes?",
+                          f"Ember kept unsaved changes to {project_path.name if project_path else 'an untitled model'} "
+                          f"from {when} ({len(data['edits'])} edit(s)). Recover them?",
+                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Discard, self)
+        box.setObjectName("recovery")
+        box.button(QMessageBox.StandardButton.Yes).setText("Recover")
+
+        def answered(button):
+            if box.buttonRole(button) == QMessageBox.ButtonRole.YesRole:
+                self.open_source(data["source"], edits_=data["edits"], contracts_=data["contracts"],
+                                 project_path=project_path, dirty=True)
+            else:
+                auto.unlink(missing_ok=True)
+
+        box.buttonClicked.connect(answered)
+        box.open()
+        self.last_message = box
+        return box
+
+    def _untitled_autosave(self) -> Path:
+        return Path(self.settings.q.fileName()).parent / "untitled.ember.json.autosave"
 
     def _remove_autosave(self) -> None:
         try:

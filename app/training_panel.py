@@ -53,6 +53,7 @@ from .workers import Task
 
 FLUSH_S = 1 / 25  # the worker sends batched events at most this often
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
+REFRESH_HZ = 10  # curves and progress redraw at most this often
 FILE_TASK = "file"
 LOSSES = ("auto", "cross-entropy", "mse")
 CONTROL_EVENTS = (ev.Started, ev.Paused, ev.Resumed, ev.Stopped, ev.Finished, ev.Failed, ev.CheckpointSaved)
@@ -516,6 +517,11 @@ class TrainingPanel(QWidget):
         self.pending_apply: _Run | None = None
         self.last_error = ""
         self._build()
+        self._shown_run: _Run | None = None
+        self.refresh_timer = QTimer(self)  # at most REFRESH_HZ redraws a second, however fast events come
+        self.refresh_timer.setSingleShot(True)
+        self.refresh_timer.setInterval(int(1000 / REFRESH_HZ))
+        self.refresh_timer.timeout.connect(self.refresh)
         self.cancel_poll = QTimer(self)
         self.cancel_poll.setInterval(200)
         self.cancel_poll.timeout.connect(self._poll_cancel)
@@ -904,10 +910,20 @@ class TrainingPanel(QWidget):
                                                    f"(epoch {event.epoch})")
             elif isinstance(event, ev.Failed):
                 self._show_error(f"{run.name} failed: {event.message}")
-        self.controls.set_progress(h.fraction_done(), h.steps_per_second, h.seconds_left() if h.status == "running"
-                                   else None, f"epoch {h.epoch}/{h.total_epochs} · step {h.global_step}"
-                                   f"/{h.total_steps}")
-        self.curves.mark_dirty()
+        self._shown_run = run
+        if not self.refresh_timer.isActive():
+            self.refresh_timer.start()
+
+    def refresh(self) -> None:
+        """Redraw the curves and the progress line (throttled by `refresh_timer`)."""
+        self.refresh_timer.stop()
+        run = self._shown_run
+        if run is not None:
+            h = run.history
+            self.controls.set_progress(h.fraction_done(), h.steps_per_second,
+                                       h.seconds_left() if h.status == "running" else None,
+                                       f"epoch {h.epoch}/{h.total_epochs} · step {h.global_step}/{h.total_steps}")
+        self.curves.redraw()
 
     def _on_outcome(self, run: _Run, out: RunOutcome) -> None:
         run.outcome = out
@@ -967,7 +983,7 @@ class TrainingPanel(QWidget):
         if self.active is run:
             self.active = None
         self.cancel_poll.stop()
-        self.curves.redraw()
+        self.refresh()
         self._update_can_start()
         self.active_changed.emit(False)
 

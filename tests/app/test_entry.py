@@ -1,14 +1,46 @@
+"""`python -m app`: --screenshot renders once, saves a PNG and exits; --example and --open choose
+the model; a model that cannot be opened makes the exit status non-zero."""
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run_app(*args, home):
+    env = {"QT_QPA_PLATFORM": "offscreen", "PATH": "/usr/bin:/bin", "HOME": str(home),
+           "XDG_CONFIG_HOME": str(home / "config")}
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_app_opens_and_saves_a_screenshot(tmp_path):
     out = tmp_path / "shot.png"
-    env = {"QT_QPA_PLATFORM": "offscreen", "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "app", "--screenshot", str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = run_app("--screenshot", str(out), home=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.read_bytes()[:8] == PNG
+    assert not (tmp_path / "config" / "Ember").exists()  # a screenshot leaves the user's settings alone
+
+
+def test_screenshot_of_an_example_with_a_selection_and_a_check(tmp_path):
+    out = tmp_path / "shot.png"
+    r = run_app("--example", "burn-book", "--select", "linear1", "--check", "example", "--theme", "dark",
+                "--size", "1200x700", "--screenshot", str(out), home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    from PySide6.QtGui import QImage
+
+    image = QImage(str(out))
+    assert (image.width(), image.height()) == (1200, 700)
+    assert image.pixelColor(600, 350).lightness() < 128  # the dark theme
+
+
+def test_a_model_that_cannot_be_opened_fails_the_screenshot(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("def build():\n    raise ValueError('no weights here')\n")
+    r = run_app("--open", f"{script}:build", "--screenshot", str(tmp_path / "x.png"), home=tmp_path)
+    assert r.returncode == 1
+    assert "bad.py:build() raised ValueError: no weights here" in r.stderr
+    r = run_app("--example", "nope", "--screenshot", str(tmp_path / "y.png"), home=tmp_path)
+    assert r.returncode == 1 and "no-such" not in r.stderr and "'nope'" in r.stderr

@@ -420,3 +420,35 @@ def test_cancel_from_the_status_bar_stops_a_task(opened, qtbot):
     with qtbot.waitSignal(task.cancelled, timeout=5000):
         qtbot.mouseClick(opened.task_progress.cancel_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not opened.task_progress.isVisible(), timeout=2000)
+
+
+def test_an_autosave_newer_than_its_project_is_offered_for_recovery(opened, qtbot, tmp_path):
+    import os
+
+    path = tmp_path / "p.ember.json"
+    opened._save_to(path)
+    opened.group_op("freeze", "head")
+    assert opened.autosave()
+    auto = path.with_name(path.name + ".autosave")
+    os.utime(auto, (path.stat().st_mtime + 10, path.stat().st_mtime + 10))  # written after the save
+    opened.open_example("spirals")  # the crash: the window moved on without saving
+    opened.open_project(path)
+    box = opened.last_message
+    assert box.objectName() == "recovery" and "1 edit(s)" in box.text()
+    assert trainable(opened.document.module) == all_float(opened.document.module)  # the saved state
+    box.button(QMessageBox.StandardButton.Yes).click()
+    doc = opened.document
+    assert "head.weight" not in trainable(doc.module) and doc.is_dirty() and doc.project_path == path
+    opened.save_project()
+    assert not auto.exists() and not doc.is_dirty()
+
+
+def test_discarding_recovery_deletes_the_autosave(window, qtbot, settings):
+    from app.document import write_json_atomic
+
+    auto = window._untitled_autosave()
+    write_json_atomic(auto, {"format": 1, "source": {"kind": "example", "name": "spirals"},
+                             "edits": [{"op": "freeze", "group": {"kind": "all"}}], "contracts": {}, "runs": []})
+    box = window.offer_recovery(None)
+    box.button(QMessageBox.StandardButton.Discard).click()
+    assert not auto.exists() and window.document.module is None
