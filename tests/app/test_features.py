@@ -452,3 +452,22 @@ def test_discarding_recovery_deletes_the_autosave(window, qtbot, settings):
     box = window.offer_recovery(None)
     box.button(QMessageBox.StandardButton.Discard).click()
     assert not auto.exists() and window.document.module is None
+
+
+def test_export_safetensors_with_the_pytorch_adapter_and_load_it_back(opened, qtbot, tmp_path, monkeypatch):
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "model.safetensors"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
+    opened.actions.export_whole.trigger()
+    with qtbot.waitSignal(opened.running_tasks[0].done, timeout=20000):
+        pass
+    tensors = load_file(str(out))
+    head = opened.document.module.head.weight.val().numpy()
+    assert tensors["head.weight"].shape == (3, 16)  # PyTorch's [out, in] layout
+    assert (tensors["head.weight"] == head.T).all()
+    opened.open_script(opened.document.source["path"])
+    task = opened.import_checkpoint(str(out), allow_partial=False)
+    with qtbot.waitSignal(task.done, timeout=20000):
+        pass
+    assert (opened.document.module.head.weight.val().numpy() == head).all()
