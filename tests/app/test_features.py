@@ -2,7 +2,6 @@
 state in the document and what the window shows."""
 from pathlib import Path
 
-import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QDialogButtonBox, QFileDialog, QMessageBox
 

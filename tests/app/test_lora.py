@@ -5,7 +5,7 @@ from PySide6.QtWidgets import QDialogButtonBox, QFileDialog
 
 from engine.module.summary import trainable_summary
 from tests.widgets.qt_helpers import click_box, type_into
-from widgets.module_tree import NAME, TRAINABLE
+from widgets.module_tree import TRAINABLE
 
 
 def attach(qtbot, window, rank="4", alpha="8", pattern=None, qlora=False):
