@@ -53,7 +53,7 @@ class DesignModel(Module):
 
     def forward(self, *args, **kwargs):
         prog: Program = self._program
-        vals = _bind(type(self).__name__, prog, args, kwargs)
+        vals, axes = _bind(type(self).__name__, prog, args, kwargs)
         for step in prog.steps:
             op = step[0]
             if op == "layer":
@@ -71,7 +71,8 @@ class DesignModel(Module):
             elif op == "reshape":
                 _, plan, i, out = step
                 x = vals[i]
-                vals[out] = x.reshape(tuple(x.shape[v] if k == "axis" else v for k, v in plan))
+                vals[out] = x.reshape(tuple(x.shape[v] if k == "axis" else (axes[v][0] if k == "named" else v)
+                                            for k, v in plan))
             elif op == "flatten":
                 _, s, e, i, out = step
                 vals[out] = vals[i].flatten(s, e)
@@ -139,7 +140,7 @@ def _bind(owner: str, prog: Program, args, kwargs) -> list:
         if problem:
             raise ShapeError(f"{owner}.forward({name}: {format_dims(dims)}): {problem} (dims {format_dims(shape)})")
         vals[slot] = x
-    return vals
+    return vals, axes
 
 
 # ---------------------------------------------------------------------------------- building
@@ -197,7 +198,8 @@ def compile_program(design: Design, analysis: Analysis) -> Program:
             steps.append(("concat", dim, tuple(ins), slot((n, "output"))))
         elif kind == "Reshape":
             src = state.inputs["input"]
-            plan = tuple(("axis", src.dims.index(s)) if isinstance(s, str) else ("size", s) for s in values["shape"])
+            plan = tuple((("axis", src.dims.index(s)) if s in src.dims else ("named", s)) if isinstance(s, str)
+                         else ("size", s) for s in values["shape"])
             steps.append(("reshape", plan, ins[0], slot((n, "output"))))
         elif kind == "Flatten":
             rank = state.inputs["input"].rank

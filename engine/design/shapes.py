@@ -168,6 +168,10 @@ def analyze(design: Design) -> Analysis:
                 continue
             st.inputs[port] = t
             ins.append(t)
+        bad_config = None if spec.structural else _config_error(spec, values)
+        if bad_config:
+            st.error = bad_config
+            continue
         if missing:
             if spec.kind == "Output":
                 st.error = "not connected: connect the tensor this output returns"
@@ -260,10 +264,14 @@ def _reshape(t: SymTensor, shape: list, env: dict) -> SymTensor:
         out = []
         for s in shape:
             if isinstance(s, str):
-                if s not in t.dims:
-                    raise NodeError(f"{s!r} is not a named axis of the input {t.text()}: use a size, -1, or one of "
-                                    f"{', '.join(str(d) for d in t.dims if isinstance(d, str)) or 'no names'}")
-                out.append(t.runs[r][t.dims.index(s)])
+                if s in t.dims:
+                    out.append(t.runs[r][t.dims.index(s)])
+                elif s in env:  # a named axis of the model's inputs
+                    out.append(env[s][r])
+                else:
+                    names = sorted(set(env) | {d for d in t.dims if isinstance(d, str) and is_axis_name(d)})
+                    raise NodeError(f"{s!r} is not a named axis of the input {t.text()} nor of the model's "
+                                    f"inputs: use a size, -1, or one of {', '.join(names) or 'no names'}")
             else:
                 out.append(s)
         total = math.prod(t.runs[r])
@@ -437,6 +445,23 @@ def _compute_runs(spec: NodeSpec, values: dict, ins: list):
         outs.append(tuple(int(s) for s in y.shape))
         kind = y.kind
     return ("ok", tuple(outs), kind)
+
+
+_CONFIG_CACHE: OrderedDict = OrderedDict()
+
+
+def _config_error(spec: NodeSpec, values: dict) -> str | None:
+    """Why the node's configuration cannot make its layer (checked even while inputs are missing)."""
+    key = (spec.kind, json.dumps(values, sort_keys=True))
+    if key not in _CONFIG_CACHE:
+        try:
+            spec.create(values, Device(_PROBE_DEVICE))
+            _CONFIG_CACHE[key] = None
+        except Exception as e:  # noqa: BLE001 - the config's own check
+            _CONFIG_CACHE[key] = _config_message(e)
+        if len(_CONFIG_CACHE) > _CACHE_SIZE:
+            _CONFIG_CACHE.popitem(last=False)
+    return _CONFIG_CACHE[key]
 
 
 def _config_message(e: Exception) -> str:
