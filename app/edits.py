@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from engine.module import Lora, QLora
 from widgets.module_info import group_from_spec
 
 GROUP_OPS = ("freeze", "unfreeze", "no_grad")
@@ -77,19 +78,8 @@ def describe(edit: dict) -> str:
     return str(op)
 
 
-def lora_classes():
-    """`Lora` and `QLora` from the engine (api.md names them in engine.module)."""
-    try:
-        from engine.module import Lora, QLora  # noqa: PLC0415
-    except ImportError:  # not exported from engine.module yet
-        from engine.module.lora import Lora, QLora  # noqa: PLC0415
-    return Lora, QLora
-
-
 def lora_config(edit: dict):
     """The engine's `Lora` (or `QLora`) for a LoRA edit."""
-    Lora, QLora = lora_classes()
-
     lora = Lora(edit["rank"], edit["alpha"], init_std=edit.get("init_std"), param_group=make_group(edit["group"]))
     q = edit.get("qlora")
     if q:

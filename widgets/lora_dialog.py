@@ -14,6 +14,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel, QLineEdit,
                                QVBoxLayout)
 
+from engine.module import Lora
+
 from . import module_info as mi
 from .common import ErrorLabel, count, monospace_font
 from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
@@ -22,10 +24,6 @@ from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
 def lora_targets(params: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """The parameters LoRA attaches to among `params` (those a group selected): the float ones
     the engine's `Lora.adapts` accepts (rank 2)."""
-    try:
-        from engine.module.lora import Lora  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - before the reparameterization issue
-        return [(p, v) for p, v in params if v.kind == "float" and len(v.shape) == 2]
     probe = Lora(1, 1.0)  # every parameter handed in is in the group already
     return [(p, v) for p, v in params if v.kind == "float" and probe.adapts(p, v)]
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from engine import Tensor
 from engine.module import Flag, Module, Param, ParamGroup
+from engine.module.lora import NF4Weight
+from engine.module.summary import TrainableCounts
 
 MODULE, CONTAINER, PARAM, REPARAM, CONST, FLAG = "module", "container", "param", "reparam", "const", "flag"
 
@@ -86,15 +88,9 @@ def type_name(kind: str, value: Any) -> str:
     return type(value).__name__
 
 
-try:  # QLoRA's packed base (issue 7)
-    from engine.module.lora import NF4Weight as _Packed
-except ImportError:  # pragma: no cover - before the reparameterization issue lands
-    _Packed = ()
-
-
 def is_packed_storage(value: Any) -> bool:
     """The packed NF4 storage of a QLoRA base: its parameters are bytes standing for the base."""
-    return bool(_Packed) and isinstance(value, _Packed)
+    return isinstance(value, NF4Weight)
 
 
 def param_trainable(p: Param) -> bool:
@@ -187,9 +183,9 @@ class ModelStats:
 
 
 def trainable_summary(stats: Stats) -> str:
-    """PEFT's line: `trainable params: 2,048 || all params: 36,618 || trainable%: 5.5929`."""
-    pct = 100.0 * stats.trainable / stats.numel if stats.numel else 0.0
-    return f"trainable params: {stats.trainable:,} || all params: {stats.numel:,} || trainable%: {pct:.4f}"
+    """PEFT's line, `trainable params: 2,048 || all params: 36,618 || trainable%: 5.5929`, from the
+    counts of one stats pass (the engine's own formatting)."""
+    return str(TrainableCounts(stats.trainable, stats.numel))
 
 
 def get_path(module: Any, path: str) -> tuple[str, Any] | None:

@@ -12,12 +12,13 @@ are touched.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
 
 from ..common import monospace_font
@@ -25,6 +26,18 @@ from .history import RunHistory, write_csv
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 LOSS, METRIC, LR = "loss", "metric", "lr"
+
+
+def _slack_range(lo: float, hi: float, current: tuple | None) -> tuple[float, float]:
+    """A y range holding [lo, hi] that changes rarely: the current one while it holds the data
+    and the data fill at least half of it; else the data plus 8 % on each side."""
+    if current is not None:
+        c_lo, c_hi = current
+        if c_lo <= lo and hi <= c_hi and (hi - lo) >= 0.5 * (c_hi - c_lo):
+            return current
+    span = hi - lo
+    pad = 0.08 * span if span > 0 else max(abs(hi) * 0.1, 1e-3)
+    return (lo - pad, hi + pad)
 
 
 class _RunCurves:
@@ -38,12 +51,12 @@ class _RunCurves:
         name = run.name
         self.raw = plots[LOSS].plot(pen=pg.mkPen(faint, width=1), name=f"{name} step")
         self.smooth = plots[LOSS].plot(pen=pg.mkPen(color, width=2), name=f"{name} step (smoothed)")
-        self.epoch_train = plots[LOSS].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine), symbol="o",
-                                            symbolSize=6, symbolBrush=color, name=f"{name} train / epoch")
+        self.epoch_train = plots[LOSS].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine),
+                                            name=f"{name} train / epoch")
         self.epoch_valid = plots[LOSS].plot(pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DotLine), symbol="t",
                                             symbolSize=8, symbolBrush=color, name=f"{name} valid / epoch")
-        self.metric_train = plots[METRIC].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine), symbol="o",
-                                               symbolSize=6, symbolBrush=color, name=f"{name} train")
+        self.metric_train = plots[METRIC].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine),
+                                               name=f"{name} train")
         self.metric_valid = plots[METRIC].plot(pen=pg.mkPen(color, width=2), symbol="t", symbolSize=8,
                                                symbolBrush=color, name=f"{name} valid")
         self.lr = plots[LR].plot(pen=pg.mkPen(color, width=2), name=f"{name} lr")
@@ -53,6 +66,7 @@ class _RunCurves:
             item.setDownsampling(auto=True, method="peak")
         self.drawn_version = -1
         self.drawn_key = None
+        self.drawn_epochs = None  # (epoch_version, key) of the per-epoch curves
 
     def set_raw_emphasis(self, strong: bool) -> None:
         """Without smoothing the raw step losses are the curve: draw them in full colour."""
@@ -76,6 +90,18 @@ class _RunCurves:
                     plot.removeItem(item)
 
 
+class _Graphics(pg.GraphicsLayoutWidget):
+    """The plots' canvas; remembers how long its last paint took (the dashboard budgets its
+    redraws by it)."""
+
+    paint_seconds = 0.0
+
+    def paintEvent(self, event) -> None:
+        t = time.perf_counter()
+        super().paintEvent(event)
+        self.paint_seconds = time.perf_counter() - t
+
+
 class TrainingCurves(QWidget):
     """The curves of several runs; feed it `RunHistory` objects and call `mark_dirty()`."""
 
@@ -95,26 +121,39 @@ class TrainingCurves(QWidget):
         self._timer.timeout.connect(self.redraw)
 
         pg.setConfigOptions(antialias=False)
-        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics = _Graphics()
         self.graphics.setObjectName("curves-graphics")
         self.graphics.setBackground("w")
         self.plots = {
             LOSS: self.graphics.addPlot(row=0, col=0, title="Loss"),
-            METRIC: self.graphics.addPlot(row=1, col=0, title="Metric per epoch"),
+            METRIC: self.graphics.addPlot(row=1, col=0, title=f"{self._metric} per epoch"),
             LR: self.graphics.addPlot(row=2, col=0, title="Learning rate"),
         }
         self.graphics.ci.layout.setRowStretchFactor(0, 3)
         self.graphics.ci.layout.setRowStretchFactor(1, 2)
         self.graphics.ci.layout.setRowStretchFactor(2, 1)
-        self.legend = self.plots[LOSS].addLegend(offset=(-10, 10), labelTextSize="8pt")
+        # Cheap frames: the ranges are set here (x: the runs' planned steps; y: with slack, so they
+        # change rarely) instead of pyqtgraph's auto range, and the axes (which draw the grid)
+        # are cached as pixmaps, so a frame mostly redraws curves.
+        self._follow = True  # False once the user pans or zooms; 'Fit' turns it back on
+        self._ranges: dict[str, tuple] = {}
         for key, plot in self.plots.items():
             plot.showGrid(x=True, y=True, alpha=0.25)
-            plot.setLabel("bottom", "step")
             plot.setDownsampling(mode="peak")
             plot.setClipToView(True)
+            plot.disableAutoRange()
+            plot.hideButtons()
+            plot.vb.sigRangeChangedManually.connect(self._on_manual_range)
+            left = plot.getAxis("left")
+            left.enableAutoSIPrefix(False)
+            left.setWidth(52)  # aligned plots, and no relayout as tick labels change
             if key != LOSS:
                 plot.setXLink(self.plots[LOSS])
-        self.plots[LR].getAxis("left").enableAutoSIPrefix(False)
+            if key != LR:  # the shared x axis is drawn once, under the last plot
+                plot.hideAxis("bottom")
+            for name in ("left", "bottom"):
+                plot.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        self.plots[LR].setLabel("bottom", "step")
         self.crosshair = {k: pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", width=1,
                                                                                   style=Qt.PenStyle.DashLine))
                           for k in self.plots}
@@ -128,6 +167,7 @@ class TrainingCurves(QWidget):
         self.smoothing_slider.setObjectName("smoothing")
         self.smoothing_slider.setRange(0, 99)
         self.smoothing_slider.setValue(int(round(self._smoothing * 100)))
+        self.smoothing_slider.setMinimumWidth(100)
         self.smoothing_slider.setMaximumWidth(160)
         self.smoothing_slider.setToolTip("Smoothing of the step losses: the weight of an exponential moving average")
         self.smoothing_label = QLabel()
@@ -141,6 +181,13 @@ class TrainingCurves(QWidget):
         self.metric_combo.setToolTip("The per-epoch metric in the middle plot")
         self.metric_combo.addItem(self._metric)
         self.metric_combo.currentTextChanged.connect(self._on_metric)
+        self.fit_button = QPushButton("Fit")
+        self.fit_button.setObjectName("fit")
+        self.fit_button.setToolTip("Show all the data again (after zooming or panning)")
+        self.fit_button.clicked.connect(self.fit)
+        self.key_label = QLabel("— step loss (smoothed over faint raw) · - - train per epoch · ▲ validation per epoch")
+        self.key_label.setObjectName("key")
+        self.key_label.setStyleSheet("color: #666;")
         self.csv_button = QPushButton("Export CSV…")
         self.csv_button.setObjectName("export-csv")
         self.csv_button.clicked.connect(self._ask_csv)
@@ -168,6 +215,7 @@ class TrainingCurves(QWidget):
         controls.addWidget(QLabel("Metric"))
         controls.addWidget(self.metric_combo)
         controls.addStretch(1)
+        controls.addWidget(self.fit_button)
         controls.addWidget(self.csv_button)
         controls.addWidget(self.png_button)
         split = QSplitter(Qt.Orientation.Horizontal)
@@ -184,6 +232,7 @@ class TrainingCurves(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(controls)
         layout.addWidget(split, 1)
+        layout.addWidget(self.key_label)
         layout.addWidget(self.readout)
         self._on_smoothing(self.smoothing_slider.value())
 
@@ -255,6 +304,7 @@ class TrainingCurves(QWidget):
             self._draw(c)
             c.drawn_version, c.drawn_key = c.run.version, key
         self._update_metric_choices(names)
+        self._update_ranges()
         self.redraws += 1
         if self._cursor_step is not None:
             self._update_readout()
@@ -267,11 +317,61 @@ class TrainingCurves(QWidget):
             c.smooth.setData(x, run.step_series(self._smoothing)[1])
         else:
             c.smooth.setData([], [])
-        c.epoch_train.setData(*run.epoch_series("train", "loss"))
-        c.epoch_valid.setData(*run.epoch_series("valid", "loss"))
-        c.metric_train.setData(*run.epoch_series("train", self._metric))
-        c.metric_valid.setData(*run.epoch_series("valid", self._metric))
         c.lr.setData(*run.lr_series())
+        epochs_key = (run.epoch_version, self._metric)
+        if c.drawn_epochs != epochs_key:  # per-epoch curves change once an epoch
+            c.drawn_epochs = epochs_key
+            c.epoch_train.setData(*run.epoch_series("train", "loss"))
+            c.epoch_valid.setData(*run.epoch_series("valid", "loss"))
+            c.metric_train.setData(*run.epoch_series("train", self._metric))
+            c.metric_valid.setData(*run.epoch_series("valid", self._metric))
+
+    # ---- ranges ------------------------------------------------------------------------------
+    def _on_manual_range(self, *_args) -> None:
+        self._follow = False
+
+    def fit(self) -> None:
+        """Follow the data again: every visible run in full."""
+        self._follow = True
+        self._ranges.clear()
+        self._update_ranges()
+
+    def _visible(self) -> list[_RunCurves]:
+        return [c for c in self._curves.values() if c.raw.isVisible()]
+
+    def _update_ranges(self) -> None:
+        if not self._follow:
+            return
+        shown = self._visible()
+        x_end = max([1.0] + [float(max(c.run.total_steps, c.run.global_step)) for c in shown])
+        self._set_range(LOSS, "x", (0.0, x_end))
+        for key, items in ((LOSS, ("raw", "smooth", "epoch_train", "epoch_valid")),
+                           (METRIC, ("metric_train", "metric_valid")), (LR, ("lr",))):
+            ys = [self._series_y(c, which) for c in shown for which in items]
+            ys = [y for y in ys if y.size]
+            if not ys:
+                continue
+            y = np.concatenate(ys)
+            if key == LOSS and self._log:
+                y = np.log10(y[y > 0])
+            y = y[np.isfinite(y)]
+            if y.size:
+                self._set_range(key, "y", _slack_range(float(y.min()), float(y.max()), self._ranges.get((key, "y"))))
+
+    @staticmethod
+    def _series_y(c: _RunCurves, which: str) -> np.ndarray:
+        _x, y = getattr(c, which).getData()
+        return np.asarray(y, dtype=np.float64) if y is not None else np.zeros(0)
+
+    def _set_range(self, key: str, axis: str, span: tuple) -> None:
+        if self._ranges.get((key, axis)) == span:
+            return
+        self._ranges[(key, axis)] = span
+        vb = self.plots[key].vb
+        if axis == "x":
+            vb.setXRange(*span, padding=0.01)
+        else:
+            vb.setYRange(*span, padding=0)
 
     def _update_metric_choices(self, names: set[str]) -> None:
         wanted = sorted(n for n in names if n != "loss")
@@ -301,6 +401,8 @@ class TrainingCurves(QWidget):
         if self.log_check.isChecked() != self._log:
             self.log_check.setChecked(self._log)
         self.plots[LOSS].setLogMode(y=self._log)
+        self._ranges.pop((LOSS, "y"), None)
+        self._update_ranges()
 
     def log_scale(self) -> bool:
         return self._log

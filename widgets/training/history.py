@@ -93,7 +93,8 @@ class RunHistory:
         self.checkpoints: list[tuple[int, str]] = []
         self.grad_norms: dict = {}
         self.grad_norm_step = 0
-        self.version = 0
+        self.version = 0  # counts every change
+        self.epoch_version = 0  # counts changes of the per-epoch rows
         self._ema: EmaState | None = None
 
     # ---- events ------------------------------------------------------------------------------
@@ -113,8 +114,10 @@ class RunHistory:
             self.items_per_second = event.items_per_second
         elif isinstance(event, ev.EpochMetrics):
             self._epoch_row(event.epoch)["train"] = dict(event.metrics)
+            self.epoch_version += 1
         elif isinstance(event, ev.ValidationMetrics):
             self._epoch_row(event.epoch)["valid"] = dict(event.metrics)
+            self.epoch_version += 1
         elif isinstance(event, ev.Started):
             self.status = "running"
             self.total_epochs = event.total_epochs
@@ -142,6 +145,7 @@ class RunHistory:
             self.grad_norm_step = event.global_step
         elif isinstance(event, Prefill):
             self._prefill(event)
+            self.epoch_version += 1
 
     def _epoch_row(self, epoch: int) -> dict:
         if self.epochs and self.epochs[-1]["epoch"] == epoch:

@@ -7,7 +7,7 @@ The widget only asks: each button emits a signal; `set_state` says which buttons
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 from .history import format_duration
 
@@ -50,9 +50,13 @@ class RunControls(QWidget):
         self.bar.setFormat("%p%")
         self.rate_label = QLabel("")
         self.rate_label.setObjectName("rate")
+        # fixed sizes: text changing several times a second must not relayout the dashboard
+        self.rate_label.setMinimumWidth(self.rate_label.fontMetrics().horizontalAdvance(
+            "epoch 000/000 · step 000000/000000 · 00,000.0 steps/s · 0:00:00 left"))
         self.status_label = QLabel("Ready.")
         self.status_label.setObjectName("run-status")
-        self.status_label.setWordWrap(True)
+        self.status_label.setFixedHeight(self.status_label.fontMetrics().height() + 4)
+        self.status_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         row = QHBoxLayout()
         for b in (self.start_button, self.pause_button, self.resume_button, self.stop_button, self.checkpoint_button):
             row.addWidget(b)
@@ -83,6 +87,7 @@ class RunControls(QWidget):
         self.state = state
         if message is not None:
             self.status_label.setText(message)
+            self.status_label.setToolTip(message)
         self._update()
 
     def _update(self) -> None:
