@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoStack
+
+from engine.store.atomic import atomic_write_text
 
 from .commands import ContractCommand, ModuleCommand
 
@@ -175,21 +176,7 @@ def describe_source(source: dict) -> str:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    path = Path(path)
-    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def read_project(path: str | os.PathLike) -> dict:

@@ -24,12 +24,15 @@ def _file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
-def atomic_write(path, write) -> Path:
-    """Call `write(fp)` on a temporary binary file beside `path`, then move it into place."""
+def atomic_write(path, write, error=RecordError) -> Path:
+    """Call `write(fp)` on a temporary binary file beside `path`, then move it into place.
+
+    A missing folder raises `error` (RecordError for checkpoints; callers saving other files
+    pass their own error type)."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
-        raise RecordError(f"cannot save to {target}: the folder {directory} does not exist")
+        raise error(f"cannot save to {target}: the folder {directory} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fp:  # buffered: loops over partial writes
@@ -55,3 +58,9 @@ def atomic_write(path, write) -> Path:
     finally:
         os.close(dfd)
     return target
+
+
+def atomic_write_text(path, text: str, error=OSError) -> Path:
+    """Atomically replace `path` with UTF-8 `text` (project and design files)."""
+    data = text.encode("utf-8")
+    return atomic_write(path, lambda fp: fp.write(data), error=error)
