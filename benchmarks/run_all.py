@@ -1,0 +1,512 @@
+"""Run every benchmark and write benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/run_all.py [--only ops,mlp] [--out benchmarks/RESULTS.md]
+
+Each script (benchmarks/*.py, in the order of SCRIPTS, then any others) runs as its own
+process with the stable malloc settings (engine-notes.md: glibc otherwise returns large freed
+temporaries to the OS and every step pays for page faults again), Qt offscreen. Its printed
+tables go into RESULTS.md verbatim, and TARGETS picks the headline figures out of them: the
+Ember figure, its peer measured in the same run (hand-written NumPy, PyTorch CPU,
+safetensors), the ratio and the target, met or not. A figure that a script did not print (a
+script missing, failing, or PyTorch absent) is listed as not measured, with the reason.
+
+PyTorch is a benchmark-only peer, not a dependency: `.venv/bin/pip install torch==2.13.0`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(ROOT))
+from benchmarks._common import STABLE_MALLOC  # noqa: E402
+
+SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training"]
+NOT_BENCHMARKS = {"run_all", "_common"}
+TIMEOUT_S = 45 * 60
+
+
+# ---------------------------------------------------------------------------------- parsing
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+    def column(self, name: str) -> int:
+        for i, h in enumerate(self.header):
+            if h == name:
+                return i
+        for i, h in enumerate(self.header):
+            if name.lower() in h.lower():
+                return i
+        raise LookupError(f"table {self.title!r} has no column {name!r} (columns: {self.header})")
+
+    def row(self, *needles: str) -> list[str]:
+        """The first row whose first cells contain the needles, in order (case-insensitive)."""
+        for r in self.rows:
+            if all(n.lower() in c.lower() for n, c in zip(needles, r)):
+                return r
+        raise LookupError(f"table {self.title!r} has no row {needles} (first cells: {[r[0] for r in self.rows]})")
+
+    def cell(self, column: str, *needles: str) -> str:
+        return self.row(*needles)[self.column(column)]
+
+
+def parse_tables(text: str) -> list[Table]:
+    """The markdown tables `_common.print_table` prints: a title line, a blank line, a header
+    row, a rule, rows."""
+    lines = text.splitlines()
+    tables, i = [], 0
+    while i < len(lines):
+        if lines[i].startswith("| ") and i + 1 < len(lines) and re.match(r"^\|[-|]+\|$", lines[i + 1]):
+            title = ""
+            j = i - 1
+            while j >= 0 and not lines[j].strip():
+                j -= 1
+            if j >= 0 and not lines[j].startswith("|"):
+                title = lines[j].strip()
+            header = _cells(lines[i])
+            rows, k = [], i + 2
+            while k < len(lines) and lines[k].startswith("|"):
+                rows.append(_cells(lines[k]))
+                k += 1
+            tables.append(Table(title, header, rows))
+            i = k
+        else:
+            i += 1
+    return tables
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split(" | ")]
+
+
+def find_table(tables: list[Table], title_part: str) -> Table:
+    for t in tables:
+        if title_part.lower() in t.title.lower():
+            return t
+    raise LookupError(f"no table titled like {title_part!r} (found: {[t.title[:60] for t in tables]})")
+
+
+_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def seconds(text: str) -> float:
+    """'12.3 µs' / '4.56 ms' / '1.20 s' -> seconds."""
+    m = re.fullmatch(r"\s*([0-9.,]+)\s*(ns|µs|us|ms|s)\s*", text)
+    if not m:
+        raise ValueError(f"expected a time such as '4.56 ms', found {text!r}")
+    return float(m.group(1).replace(",", "")) * _UNITS[m.group(2)]
+
+
+def number(text: str) -> float:
+    """'1.23x' / '1.23×' / '97 %' / '12,345' / '3.4 MB' -> the number."""
+    m = re.search(r"-?[0-9][0-9,]*(?:\.[0-9]+)?", text)
+    if not m:
+        raise ValueError(f"expected a number, found {text!r}")
+    return float(m.group(0).replace(",", ""))
+
+
+def fmt_seconds(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+# ---------------------------------------------------------------------------------- targets
+@dataclass
+class Figure:
+    """One summary row: the Ember figure, its peer, the ratio and whether the target is met."""
+
+    ember: str
+    peer: str = "–"
+    peer_value: str = "–"
+    ratio: str = "–"
+    met: bool | None = None
+
+
+@dataclass
+class Target:
+    script: str
+    figure: str
+    target: str
+    source: str  # where the target comes from: "script" (stated in the benchmark), or "assumed"
+    extract: Callable[[str, list[Table]], Figure]
+
+
+def vs(ember_s: float, peer: str, peer_s: float, limit: float) -> Figure:
+    ratio = ember_s / peer_s
+    return Figure(fmt_seconds(ember_s), peer, fmt_seconds(peer_s), f"{ratio:.2f}×", ratio <= limit)
+
+
+def torch_row(table: Table) -> list[str]:
+    return table.row("PyTorch")
+
+
+def _ops_headline(out, tables):
+    t = find_table(tables, "c = a + b")
+    return vs(seconds(t.cell("time", "Ember")), torch_row(t)[0], seconds(torch_row(t)[1]), 1.0)
+
+
+def _ops_worst(out, tables):
+    t = find_table(tables, "Per-op overhead")
+    col = t.column("fwd+bwd engine/PyTorch")
+    worst = max(t.rows, key=lambda r: number(r[col]))
+    ratio = number(worst[col])
+    return Figure(f"{worst[0]}: {worst[t.column('engine fwd+bwd')]}", "PyTorch CPU",
+                  worst[t.column("PyTorch fwd+bwd")], f"{ratio:.2f}×", ratio <= 1.0)
+
+
+def _mlp(peer_needle: str, limit: float):
+    def extract(out, tables):
+        t = find_table(tables, "MLP training step")
+        ember = seconds(t.cell("time", "Ember"))
+        row = t.row(peer_needle)
+        return vs(ember, row[0], seconds(row[1]), limit)
+    return extract
+
+
+def _lazy(which: str):
+    def extract(out, tables):
+        t = find_table(tables, "Lazy parameters")
+        if which == "time":
+            value = seconds(t.cell("result", "total"))
+            return Figure(fmt_seconds(value), met=value < 0.5)
+        mb = number(t.cell("result", "resident memory"))
+        init = t.cell("result", "initializers run")
+        return Figure(f"{mb:.1f} MB ({init} initializers run)", met=mb < 50 and init == "0")
+    return extract
+
+
+def _conv(case: str, column: str, limit: float):
+    def extract(out, tables):
+        t = find_table(tables, "conv2d / max_pool2d")
+        col = t.column(column)
+        ember = seconds(t.row(case, "Ember")[col])
+        peer = t.row(case, "PyTorch")
+        return vs(ember, peer[1], seconds(peer[col]), limit)
+    return extract
+
+
+def _layers(case: str, limit: float):
+    def extract(out, tables):
+        t = find_table(tables, "Layers, engine vs PyTorch")
+        r = t.row(case)
+        if "not installed" in r[2]:
+            raise LookupError("PyTorch is not installed")
+        return vs(seconds(r[1]), "PyTorch CPU", seconds(r[2]), limit)
+    return extract
+
+
+def _store(label: str, limit: float):
+    def extract(out, tables):
+        m = re.search(re.escape(label) + r"\s*:\s*([0-9.]+)x", out)
+        if not m:
+            raise LookupError(f"no line {label!r}")
+        ratio = float(m.group(1))
+        t = find_table(tables, "Checkpoint save / load")
+        if label.startswith("save"):
+            ember, peer = (t.cell("best", "save", "Ember burnpack (atomic"),
+                           t.cell("best", "save", "safetensors.numpy.save_file + fsync"))
+            peer_name = "safetensors save_file + fsync"
+        else:
+            ember, peer = (t.cell("best", "load", "Ember load + load_record into"),
+                           t.cell("best", "load", "safetensors.numpy.load_file"))
+            peer_name = "safetensors load_file"
+        return Figure(ember, peer_name, peer, f"{ratio:.3g}×", ratio <= limit)
+    return extract
+
+
+def _train(what: str, threads: str, limit: float):
+    def extract(out, tables):
+        t = find_table(tables, "Training steps per second")
+        for r in t.rows:
+            if what.lower() in r[0].lower() and r[1] == threads:
+                if r[t.column("PyTorch time/step")] == "-":
+                    raise LookupError("PyTorch is not installed")
+                return vs(seconds(r[t.column("engine time/step")]), "PyTorch CPU",
+                          seconds(r[t.column("PyTorch time/step")]), limit)
+        raise LookupError(f"no row {what!r} at {threads} thread(s)")
+    return extract
+
+
+def _gui_open(model: str, limit: float):
+    def extract(out, tables):
+        for line in out.splitlines():
+            if line.startswith(model):
+                # model, modules, parameters, build s, tree s, target, window s, RSS, init, rows
+                rest = line[len(model):].split()
+                tree_s, init = float(rest[3]), rest[-2]
+                return Figure(f"tree {tree_s:.3f} s (window {float(rest[6]):.3f} s, {init} initialized)",
+                              met=tree_s < limit and init == "0")
+        raise LookupError(f"no line for {model!r}")
+    return extract
+
+
+def _gui_training(which: str):
+    def extract(out, tables):
+        t = find_table(tables, "Training dashboard")
+        r = t.row("dashboard")
+        if which == "delay":
+            delay = number(r[t.column("max delay")])
+            return Figure(f"{delay:.1f} ms (p99 {r[t.column('p99')]})", met=delay < 50)
+        head = t.row("headless")
+        share = number(r[t.column("vs headless")])
+        return Figure(f"{r[t.column('steps/s')]} steps/s", "headless run", f"{head[t.column('steps/s')]} steps/s",
+                      f"{share / 100:.2f}×", share >= 90)
+    return extract
+
+
+TARGETS = [
+    Target("ops", "c = a + b; c.sum().backward() on 2×2", "≤ 1.0× PyTorch", "assumed", _ops_headline),
+    Target("ops", "worst per-op fwd+bwd on 2×2", "≤ 1.0× PyTorch", "assumed", _ops_worst),
+    Target("mlp", "MLP train step 784→512→10, batch 256", "≤ 1.2× NumPy", "assumed", _mlp("NumPy", 1.2)),
+    Target("mlp", "MLP train step 784→512→10, batch 256", "≤ 1.2× PyTorch", "assumed", _mlp("PyTorch", 1.2)),
+    Target("lazy_params", "6.7 B lazy params: build + count + display", "< 0.5 s", "script", _lazy("time")),
+    Target("lazy_params", "6.7 B lazy params: memory added", "< 50 MB, none initialized", "script", _lazy("memory")),
+    Target("conv", "conv2d 1→64 3x3, 28x28, fwd+bwd", "≤ 1.3× PyTorch", "assumed",
+           _conv("1→64", "forward + backward", 1.3)),
+    Target("conv", "conv2d 64→64 3x3, 13x13, fwd+bwd", "≤ 1.3× PyTorch", "assumed",
+           _conv("64→64", "forward + backward", 1.3)),
+    Target("conv", "max_pool2d 2x2, 64x26x26, fwd+bwd", "≤ 1.3× PyTorch", "assumed",
+           _conv("max_pool2d", "forward + backward", 1.3)),
+    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64", "≤ 1.3× PyTorch", "assumed",
+           _layers("burn-mnist", 1.3)),
+    Target("layers", "TransformerEncoder layer fwd+bwd", "≤ 1.3× PyTorch", "assumed",
+           _layers("TransformerEncoder", 1.3)),
+    Target("store", "save 100 M params, durable", "≤ 1.2× safetensors", "script",
+           _store("save, durable (Ember atomic vs safetensors + fsync)", 1.2)),
+    Target("store", "load 100 M params into the model", "≤ 1× safetensors", "script",
+           _store("load into the model vs safetensors load_file", 1.0)),
+    Target("train", "train step, MLP (spirals), 1 thread", "≤ 1.3× PyTorch", "script", _train("MLP", "1", 1.3)),
+    Target("train", "train step, MLP (spirals), 2 threads", "≤ 1.3× PyTorch", "script", _train("MLP", "2", 1.3)),
+    Target("train", "train step, MNIST CNN, 1 thread", "≤ 1.3× PyTorch", "script", _train("MNIST", "1", 1.3)),
+    Target("train", "train step, MNIST CNN, 2 threads", "≤ 1.3× PyTorch", "script", _train("MNIST", "2", 1.3)),
+    Target("train", "Adam update alone, 2 threads", "≤ 1.3× PyTorch", "script", _train("Adam update", "2", 1.3)),
+    Target("gui_open", "open the 6.7 B lazy model: tree painted", "< 1 s", "script", _gui_open("llama-7b", 1.0)),
+    Target("gui_open", "open a 10,000-module model: tree painted", "< 2 s", "script", _gui_open("generated 10k", 2.0)),
+    Target("gui_training", "timer delay while training (10 ms timer)", "< 50 ms", "script", _gui_training("delay")),
+    Target("gui_training", "dashboard throughput", "≥ 0.90× headless", "script", _gui_training("throughput")),
+]
+
+
+# ---------------------------------------------------------------------------------- running
+@dataclass
+class Run:
+    name: str
+    returncode: int | None
+    seconds: float
+    stdout: str
+    stderr: str
+    note: str = ""
+
+
+def discover(only: list[str] | None) -> list[str]:
+    found = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in NOT_BENCHMARKS and not p.stem.startswith("_"))
+    ordered = [s for s in SCRIPTS if s in found] + [s for s in found if s not in SCRIPTS]
+    if only:
+        unknown = [s for s in only if s not in found]
+        if unknown:
+            raise SystemExit(f"unknown benchmark(s) {unknown}: expected some of {ordered}")
+        ordered = [s for s in ordered if s in only]
+    return ordered
+
+
+def bench_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(STABLE_MALLOC)
+    env.setdefault("QT_QPA_PLATFORM", "offscreen")
+    env.setdefault("PYQTGRAPH_QT_LIB", "PySide6")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_script(name: str, timeout: float) -> Run:
+    cmd = [sys.executable, str(BENCH / f"{name}.py")]
+    print(f"--- {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=str(ROOT), env=bench_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return Run(name, None, time.perf_counter() - t0, out, "", f"stopped after {timeout:.0f} s")
+    run = Run(name, proc.returncode, time.perf_counter() - t0, proc.stdout, proc.stderr)
+    print(proc.stdout, flush=True)
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr, flush=True)
+    return run
+
+
+def torch_version() -> str | None:
+    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                          text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def machine_lines() -> list[str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 2**20:.0f} GiB memory"
+    except (OSError, StopIteration, ValueError):
+        pass
+    import numpy as np  # noqa: PLC0415
+
+    blas = ""
+    try:
+        cfg = np.show_config(mode="dicts")
+        info = cfg["Build Dependencies"]["blas"]
+        blas = f" ({info.get('name', '?')} {info.get('version', '')})".replace(" )", ")")
+    except Exception:
+        pass
+    return [
+        f"- CPU: {cpu}, {os.cpu_count()} logical cores{mem}",
+        f"- OS: {platform.system()} {platform.release()}",
+        f"- Python {platform.python_version()}, NumPy {np.__version__}{blas}",
+    ]
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def git_commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(ROOT), capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=str(ROOT),
+                           capture_output=True, text=True).stdout.strip()
+    return (proc.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
+# ---------------------------------------------------------------------------------- the report
+def summarize(runs: dict[str, Run], torch: str | None) -> list[list[str]]:
+    rows = []
+    for t in TARGETS:
+        run = runs.get(t.script)
+        status_reason = None
+        if run is None:
+            status_reason = "not run" if (BENCH / f"{t.script}.py").is_file() else "no such benchmark yet"
+        elif run.returncode is None:
+            status_reason = run.note
+        fig = None
+        if status_reason is None:
+            try:
+                fig = t.extract(run.stdout, parse_tables(run.stdout))
+            except (LookupError, ValueError, IndexError) as e:
+                failed = f"exit status {run.returncode}; " if run.returncode else ""
+                if torch is None and "PyTorch" in t.target:
+                    status_reason = "PyTorch not installed"
+                else:
+                    status_reason = f"{failed}not in the output ({e})"
+        target = t.target + (" *" if t.source == "assumed" else "")
+        if fig is None:
+            rows.append([t.script, t.figure, "–", "–", "–", "–", target, f"not measured: {status_reason}"])
+        else:
+            verdict = "met" if fig.met else ("**not met**" if fig.met is False else "–")
+            rows.append([t.script, t.figure, fig.ember, fig.peer, fig.peer_value, fig.ratio, target, verdict])
+    return rows
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    def esc(c: str) -> str:
+        return str(c).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report(runs: dict[str, Run], order: list[str], torch: str | None, started: str, load_before: str,
+           load_after: str, total_s: float) -> str:
+    summary = summarize(runs, torch)
+    met = sum(1 for r in summary if r[-1] == "met")
+    not_met = sum(1 for r in summary if "not met" in r[-1])
+    unmeasured = sum(1 for r in summary if r[-1].startswith("not measured"))
+    out = ["# Benchmark results", "",
+           f"Made by `benchmarks/run_all.py` (`make bench`) on {started}, commit {git_commit()}, in "
+           f"{total_s / 60:.1f} minutes. Every peer was measured in the same run, on the same machine.", "",
+           "## The machine", ""]
+    out += machine_lines()
+    out += [f"- PyTorch CPU (benchmark-only peer): {torch}" if torch else
+            "- PyTorch: **not installed** — the PyTorch columns are empty and every ratio against PyTorch is "
+            "not measured (`.venv/bin/pip install torch==2.13.0` installs the peer)",
+            "- malloc: " + " ".join(f"{k}={v}" for k, v in STABLE_MALLOC.items()),
+            f"- load average (1 / 5 / 15 min) before: {load_before}; after: {load_after}"
+            + (" — **the machine was busy: figures are noisy**" if _busy(load_before, load_after) else ""),
+            "", "## Summary", "",
+            f"{met} targets met, {not_met} not met, {unmeasured} not measured. Ratio = Ember / peer "
+            "(lower is better) unless the target says otherwise. Targets marked * are assumed for this "
+            "report (no benchmark script states them); the others are stated by the benchmark script.", "",
+            md_table(["benchmark", "figure", "Ember", "peer", "peer value", "ratio", "target", "result"], summary),
+            "", "## Each benchmark's output", ""]
+    for name in order:
+        run = runs[name]
+        status = (f"exit status {run.returncode}" if run.returncode is not None else run.note)
+        out += [f"### {name}.py", "", f"`{Path(sys.executable).name} benchmarks/{name}.py`: {status}, "
+                f"{run.seconds:.0f} s.", "", "```text", run.stdout.strip() or "(no output)", "```", ""]
+        if run.returncode != 0 and run.stderr.strip():
+            out += ["stderr (last lines):", "", "```text", "\n".join(run.stderr.strip().splitlines()[-15:]), "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _busy(*loads: str) -> bool:
+    try:
+        return any(float(x.split(" / ")[0]) > (os.cpu_count() or 1) * 0.75 for x in loads)
+    except ValueError:
+        return False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated benchmark names (default: all)")
+    ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per benchmark")
+    args = ap.parse_args(argv)
+    order = discover(args.only.split(",") if args.only else None)
+    torch = torch_version()
+    if torch is None:
+        print("PyTorch is not installed: ratios against PyTorch will be listed as not measured "
+              "(.venv/bin/pip install torch==2.13.0 installs the benchmark-only peer)", flush=True)
+    started = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    load_before = load_average()
+    t0 = time.perf_counter()
+    runs = {name: run_script(name, args.timeout) for name in order}
+    total = time.perf_counter() - t0
+    text = report(runs, order, torch, started, load_before, load_average(), total)
+    Path(args.out).write_text(text, encoding="utf-8")
+    summary = summarize(runs, torch)
+    print(md_table(["benchmark", "figure", "Ember", "peer", "peer value", "ratio", "target", "result"], summary))
+    print(f"\nwrote {args.out}")
+    # a target not met is a result, not a failure; a script that crashed or hung is one
+    broken = [n for n, r in runs.items() if r.returncode is None or (r.returncode != 0 and not parse_tables(r.stdout)
+                                                                       and n != "gui_open")]
+    if broken:
+        print(f"benchmarks that crashed or timed out: {', '.join(broken)}", file=sys.stderr)
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
