@@ -54,6 +54,7 @@ from .workers import Task
 FLUSH_S = 1 / 25  # the worker sends batched events at most this often
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
 REFRESH_HZ = 10  # curves and progress redraw at most this often
+GUI_BUDGET = 0.1  # ... and less often when a redraw (with its paint) costs more than this share of the time
 FILE_TASK = "file"
 LOSSES = ("auto", "cross-entropy", "mse")
 CONTROL_EVENTS = (ev.Started, ev.Paused, ev.Resumed, ev.Stopped, ev.Finished, ev.Failed, ev.CheckpointSaved)
@@ -384,7 +385,7 @@ class _Forwarder:
 
 
 def run_training(state, control: RunControl, model, spec: RunSpec, run_dir: str, resume_from: str | None = None,
-                 max_steps: int | None = None, yield_between_steps: bool = True) -> RunOutcome:
+                 max_steps: int | None = None, yield_between_steps: bool = False) -> RunOutcome:
     """The worker function: train a fork of `model`; events go out through `state`'s partial
     results in batches. Setup problems raise `TrainingSetupError`; problems during the loop come
     back as a failed `RunOutcome` (and a `Failed` event). The outcome (or the exception) is also
@@ -407,6 +408,11 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
         kind = "regression"
     elif spec.data.loss == "cross-entropy":
         kind = "classification"
+    # A lazy parameter forked before its first read would be initialized again, differently, in
+    # every run: read them once here, so every run starts from the document's own values.
+    for param in model.params():
+        if not param.is_initialized():
+            param.val()
     try:
         fork = model.fork(cfg.device)
     except Exception as e:  # noqa: BLE001
@@ -505,7 +511,7 @@ class TrainingPanel(QWidget):
     active_changed = Signal(bool)
 
     def __init__(self, document, parent=None, *, runs_dir: str | Path | None = None,
-                 start_task: Callable | None = None, yield_between_steps: bool = True):
+                 start_task: Callable | None = None, yield_between_steps: bool = False):
         super().__init__(parent)
         self.setObjectName("training-panel")
         self.document = document
@@ -917,6 +923,7 @@ class TrainingPanel(QWidget):
     def refresh(self) -> None:
         """Redraw the curves and the progress line (throttled by `refresh_timer`)."""
         self.refresh_timer.stop()
+        started = time.perf_counter()
         run = self._shown_run
         if run is not None:
             h = run.history
@@ -924,6 +931,9 @@ class TrainingPanel(QWidget):
                                        h.seconds_left() if h.status == "running" else None,
                                        f"epoch {h.epoch}/{h.total_epochs} · step {h.global_step}/{h.total_steps}")
         self.curves.redraw()
+        # the next redraw waits long enough for this one (and the last paint) to stay in budget
+        cost = time.perf_counter() - started + self.curves.graphics.paint_seconds
+        self.refresh_timer.setInterval(int(1000 * min(1.0, max(1.0 / REFRESH_HZ, cost / GUI_BUDGET))))
 
     def _on_outcome(self, run: _Run, out: RunOutcome) -> None:
         run.outcome = out
@@ -935,6 +945,7 @@ class TrainingPanel(QWidget):
             self.controls.set_state("failed", f"Failed: {message}")
             run.write("failed", message=message, error=out.error)
         else:
+            h.status = out.status
             how = f"trained {out.steps} steps" + (f" in {out.seconds:.1f} s" if out.seconds else "")
             word = "Finished" if out.status == "finished" else "Stopped"
             self.controls.set_state(out.status, f"{word}: {run.name}, {how}.")

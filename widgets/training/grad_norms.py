@@ -64,7 +64,7 @@ class GradNormTable(QTableWidget):
                     cell = QTableWidgetItem("")
                     cell.setFont(self._mono)
                     self.setItem(row, col, cell)
-                self.item(row, 1).setTextAlignment(int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter))
+                self.item(row, 1).setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         finite = [v for v in norms.values() if v is not None and math.isfinite(v)]
         largest = max(finite) if finite else 0.0
         grey = QBrush(QColor("#8a8f98"))
