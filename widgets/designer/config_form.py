@@ -81,13 +81,12 @@ class ConfigForm(QWidget):
         self.name_edit.editingFinished.connect(self._name_finished)
 
     def set_node(self, name: str, spec: NodeSpec, values: dict, state: NodeState | None = None) -> None:
-        """Show the node's fields. Re-showing the same node keeps the editor that has focus."""
-        same = self.node == name and self.spec is spec
-        if same and self._focused_field() is not None:
+        """Show the node's fields. Re-showing the same node updates the editors in place (focus stays)."""
+        if self.node == name and self.spec is spec and set(self.editors) == {f.name for f in spec.fields}:
             self.values = dict(values)
             self._show_state(state)
             for f in spec.fields:
-                if f.name != self._focused_field():
+                if self._editor_text(f.name) != self._value_text(f.name, values.get(f.name)):
                     self._set_editor_value(f.name, values.get(f.name))
             return
         self.node, self.spec, self.values = name, spec, dict(values)
@@ -122,11 +121,21 @@ class ConfigForm(QWidget):
                 lines.append("waiting for an input upstream")
         self.shapes.setText("\n".join(lines))
 
-    def _focused_field(self) -> str | None:
-        for name, w in self.editors.items():
-            if w.hasFocus():
-                return name
-        return None
+    def _editor_text(self, name: str) -> str:
+        w = self.editors[name]
+        if isinstance(w, QCheckBox):
+            return "true" if w.isChecked() else "false"
+        if isinstance(w, QComboBox):
+            return w.currentText()
+        return w.text()
+
+    def _value_text(self, name: str, value) -> str:
+        w = self.editors[name]
+        if isinstance(w, QComboBox):
+            return "" if value is None else str(value)
+        if isinstance(w, QCheckBox):
+            return "true" if value else "false"
+        return self.spec.field(name).to_text(value)
 
     def _make_editor(self, f) -> QWidget:
         if f.kind == "bool" and not f.optional:
