@@ -575,3 +575,59 @@ def open_design_in_window(window, path) -> bool:
     if panel.analysis.ok:
         panel.build()
     return True
+
+
+def designer_screenshot(png_path, design_path=None, select: str | None = "conv2.conv", size=(1800, 1000)) -> bool:
+    """Render the main window with the designer tab showing a design (the MNIST sample when no
+    path is given) and save it as PNG. `python -m app.designer_panel --open D --screenshot P`."""
+    import tempfile  # noqa: PLC0415
+
+    from PySide6.QtWidgets import QApplication  # noqa: PLC0415
+
+    from .main_window import MainWindow  # noqa: PLC0415
+    from .settings import Settings  # noqa: PLC0415
+    from engine.design import mnist_design  # noqa: PLC0415
+
+    app = QApplication.instance() or QApplication([])
+    app.setStyle("Fusion")
+    tmp = Path(tempfile.mkdtemp(prefix="ember-designer-shot-"))
+    window = MainWindow(settings=Settings.at(str(tmp / "settings.ini")))
+    window.resize(*size)
+    window.show()
+    for dock in ("inspector_dock", "contract_dock"):  # room for the canvas
+        if hasattr(window, dock):
+            getattr(window, dock).hide()
+    if hasattr(window, "tree_dock"):
+        window.resizeDocks([window.tree_dock], [470], Qt.Orientation.Horizontal)
+    install_designer(window, autosave_dir=tmp / "autosave")
+    if design_path is None:
+        design_path = save_design(mnist_design(), tmp / "mnist.ember.json")
+    ok = open_design_in_window(window, design_path)
+    panel = window.designer
+    for _ in range(3):
+        app.processEvents()
+    panel.splitter.setSizes([200, 1000, 330])
+    panel.canvas.resetTransform()
+    panel.canvas.scale(0.85, 0.85)
+    if select and select in panel.design:
+        panel.canvas.select([select])
+        panel.canvas.centerOn(panel.canvas.nodes[select])
+    for _ in range(3):
+        app.processEvents()
+    saved = window.grab().save(str(png_path), "PNG")
+    panel.shutdown()
+    window.close()
+    return bool(ok and saved)
+
+
+if __name__ == "__main__":  # pragma: no cover - a manual entry point
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m app.designer_panel")
+    parser.add_argument("--open", dest="open_path", help="a design file (.ember.json)")
+    parser.add_argument("--screenshot", required=True, help="the PNG to write")
+    parser.add_argument("--select", default="conv2.conv", help="the node to select")
+    args = parser.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    sys.exit(0 if designer_screenshot(args.screenshot, args.open_path, args.select) else 1)

@@ -255,12 +255,21 @@ class DesignCanvas(QGraphicsView):
         scene.setSceneRect(rect)
         self._rendering = False
 
+    MIN_FIT_SCALE = 0.6  # below this the text is unreadable: show the top of the design instead
+
     def fit(self) -> None:
-        if self.nodes:
-            self.fitInView(self.scene().itemsBoundingRect().adjusted(-30, -30, 30, 30),
-                           Qt.AspectRatioMode.KeepAspectRatio)
-            if self.transform().m11() > 1.0:
-                self.resetTransform()
+        if not self.nodes:
+            return
+        rect = self.scene().itemsBoundingRect().adjusted(-30, -30, 30, 30)
+        self.fitInView(rect, Qt.AspectRatioMode.KeepAspectRatio)
+        scale = self.transform().m11()
+        if scale > 1.0 or scale < self.MIN_FIT_SCALE:
+            self.resetTransform()
+            s = min(1.0, max(scale, self.MIN_FIT_SCALE))
+            self.scale(s, s)
+            if scale < self.MIN_FIT_SCALE:
+                view = self.mapToScene(self.viewport().rect()).boundingRect()
+                self.centerOn(rect.center().x(), rect.top() + view.height() / 2)
 
     def zoom(self, factor: float) -> None:
         self.scale(factor, factor)
