@@ -13,7 +13,6 @@ and returns the Output nodes' tensors (one tensor, or a tuple for several output
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..module import Module, ShapeError

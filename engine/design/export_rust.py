@@ -371,10 +371,9 @@ def _reshape(x: str, state, plan: Plan) -> str:
     if all(p is not None for p in parts):
         return f"{x}.reshape([{', '.join(parts)}])"
     # a size only the run time knows: Burn infers one -1 from an i32 shape
-    target = plan.design.config(plan.order[0]) if False else None  # noqa: F841 - keep the plain form above
     src = state.inputs["input"]
     values = []
-    for dd, p in zip(out.dims, parts):
+    for p in parts:
         values.append(f"{p} as i32" if p is not None and not p.isdigit() else (p if p is not None else "-1"))
     if values.count("-1") != 1:
         raise ExportError(f"cannot express the reshape of {src.text()} into {out.text()} in Rust")
