@@ -345,23 +345,25 @@ class TrainingCurves(QWidget):
         shown = self._visible()
         x_end = max([1.0] + [float(max(c.run.total_steps, c.run.global_step)) for c in shown])
         self._set_range(LOSS, "x", (0.0, x_end))
-        for key, items in ((LOSS, ("raw", "smooth", "epoch_train", "epoch_valid")),
-                           (METRIC, ("metric_train", "metric_valid")), (LR, ("lr",))):
-            ys = [self._series_y(c, which) for c in shown for which in items]
-            ys = [y for y in ys if y.size]
+        for key in (LOSS, METRIC, LR):
+            ys = [y for c in shown for y in self._y_data(c.run, key) if y.size]
             if not ys:
                 continue
             y = np.concatenate(ys)
             if key == LOSS and self._log:
-                y = np.log10(y[y > 0])
+                y = np.log10(y[y > 0])  # the log view's coordinates are decades
             y = y[np.isfinite(y)]
             if y.size:
                 self._set_range(key, "y", _slack_range(float(y.min()), float(y.max()), self._ranges.get((key, "y"))))
 
-    @staticmethod
-    def _series_y(c: _RunCurves, which: str) -> np.ndarray:
-        _x, y = getattr(c, which).getData()
-        return np.asarray(y, dtype=np.float64) if y is not None else np.zeros(0)
+    def _y_data(self, run: RunHistory, key: str) -> list[np.ndarray]:
+        """The values a plot shows for a run (the smoothed curve lies within the raw one's range)."""
+        if key == LOSS:
+            return [np.asarray(run.losses, dtype=np.float64), run.epoch_series("train", "loss")[1],
+                    run.epoch_series("valid", "loss")[1]]
+        if key == METRIC:
+            return [run.epoch_series("train", self._metric)[1], run.epoch_series("valid", self._metric)[1]]
+        return [np.asarray(run.lrs, dtype=np.float64)]
 
     def _set_range(self, key: str, axis: str, span: tuple) -> None:
         if self._ranges.get((key, axis)) == span:
