@@ -613,8 +613,11 @@ class TrainingPanel(QWidget):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(settings)
-        scroll.setMinimumWidth(290)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        # as wide as the widest form (AdamW's), so nothing is cut off at the right
+        widest = max(f.minimumSizeHint().width() for f in self.optimizer_forms.values())
+        settings_width = max(settings.minimumSizeHint().width(), widest + 40)
+        scroll.setMinimumWidth(settings_width + scroll.verticalScrollBar().sizeHint().width() + 2 * scroll.frameWidth())
 
         self.controls = RunControls()
         self.controls.start_requested.connect(self.start)
@@ -678,8 +681,15 @@ class TrainingPanel(QWidget):
 
     # ---- settings -----------------------------------------------------------------------------
     def _on_choice_changed(self, *_args) -> None:
-        self.optimizer_stack.setCurrentWidget(self.optimizer_forms[self.optimizer_combo.currentText()])
-        self.schedule_stack.setCurrentWidget(self.schedule_forms[self.schedule_combo.currentText()])
+        from PySide6.QtWidgets import QSizePolicy  # noqa: PLC0415
+
+        for stack, forms, name in ((self.optimizer_stack, self.optimizer_forms, self.optimizer_combo.currentText()),
+                                   (self.schedule_stack, self.schedule_forms, self.schedule_combo.currentText())):
+            for key, form in forms.items():  # the stack is as tall as the form shown, not the tallest
+                policy = QSizePolicy.Policy.Preferred if key == name else QSizePolicy.Policy.Ignored
+                form.setSizePolicy(policy, policy)
+            stack.setCurrentWidget(forms[name])
+            stack.adjustSize()
         self._update_can_start()
 
     def _forms(self) -> list[DataclassForm]:

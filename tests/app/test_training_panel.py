@@ -207,7 +207,7 @@ def test_a_crashed_run_resumes_in_a_new_window(window, panel, qtbot, settings, t
     other.close()
 
 
-@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow is the point
 def test_a_nan_loss_stops_the_run_with_its_place_and_keeps_the_model(window, panel, qtbot, tmp_path):
     x = np.random.default_rng(0).normal(size=(200, 2)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)

@@ -53,11 +53,11 @@ class _RunCurves:
         self.smooth = plots[LOSS].plot(pen=pg.mkPen(color, width=2), name=f"{name} step (smoothed)")
         self.epoch_train = plots[LOSS].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine),
                                             name=f"{name} train / epoch")
-        self.epoch_valid = plots[LOSS].plot(pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DotLine), symbol="t",
+        self.epoch_valid = plots[LOSS].plot(pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DotLine), symbol="t1",
                                             symbolSize=8, symbolBrush=color, name=f"{name} valid / epoch")
         self.metric_train = plots[METRIC].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine),
                                                name=f"{name} train")
-        self.metric_valid = plots[METRIC].plot(pen=pg.mkPen(color, width=2), symbol="t", symbolSize=8,
+        self.metric_valid = plots[METRIC].plot(pen=pg.mkPen(color, width=2), symbol="t1", symbolSize=8,
                                                symbolBrush=color, name=f"{name} valid")
         self.lr = plots[LR].plot(pen=pg.mkPen(color, width=2), name=f"{name} lr")
         for item in self.items():
@@ -167,7 +167,7 @@ class TrainingCurves(QWidget):
         self.smoothing_slider.setObjectName("smoothing")
         self.smoothing_slider.setRange(0, 99)
         self.smoothing_slider.setValue(int(round(self._smoothing * 100)))
-        self.smoothing_slider.setMinimumWidth(100)
+        self.smoothing_slider.setMinimumWidth(80)
         self.smoothing_slider.setMaximumWidth(160)
         self.smoothing_slider.setToolTip("Smoothing of the step losses: the weight of an exponential moving average")
         self.smoothing_label = QLabel()
@@ -202,6 +202,8 @@ class TrainingCurves(QWidget):
         self.run_list = QListWidget()
         self.run_list.setObjectName("runs")
         self.run_list.setMaximumWidth(220)
+        self.run_list.setMinimumWidth(90)
+        self.run_list.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.run_list.setToolTip("Runs: tick to overlay, untick to hide")
         self.run_list.itemChanged.connect(self._on_run_item)
 
@@ -215,19 +217,18 @@ class TrainingCurves(QWidget):
         controls.addWidget(QLabel("Metric"))
         controls.addWidget(self.metric_combo)
         controls.addStretch(1)
-        controls.addWidget(self.fit_button)
-        controls.addWidget(self.csv_button)
-        controls.addWidget(self.png_button)
         split = QSplitter(Qt.Orientation.Horizontal)
         side = QWidget()
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 0)
         side_layout.addWidget(QLabel("Runs"))
-        side_layout.addWidget(self.run_list)
+        side_layout.addWidget(self.run_list, 1)
+        for b in (self.fit_button, self.csv_button, self.png_button):
+            side_layout.addWidget(b)
         split.addWidget(side)
         split.addWidget(self.graphics)
         split.setStretchFactor(1, 1)
-        split.setSizes([150, 700])
+        split.setSizes([130, 700])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(controls)

@@ -69,6 +69,7 @@ class GradNormTable(QTableWidget):
         largest = max(finite) if finite else 0.0
         grey = QBrush(QColor("#8a8f98"))
         normal = QBrush(self.palette().text().color())
+        bar = QBrush(QColor("#1f77b4"))
         for row, path in enumerate(paths):
             v = norms[path]
             frozen = v is None
@@ -76,7 +77,7 @@ class GradNormTable(QTableWidget):
             self.item(row, 2).setText(bar_text(v, largest))
             for col in range(3):
                 it = self.item(row, col)
-                it.setForeground(grey if frozen else normal)
+                it.setForeground(grey if frozen else (bar if col == 2 else normal))
                 f = QFont(it.font())
                 f.setItalic(frozen)
                 it.setFont(f)

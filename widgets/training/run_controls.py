@@ -50,9 +50,9 @@ class RunControls(QWidget):
         self.bar.setFormat("%p%")
         self.rate_label = QLabel("")
         self.rate_label.setObjectName("rate")
-        # fixed sizes: text changing several times a second must not relayout the dashboard
-        self.rate_label.setMinimumWidth(self.rate_label.fontMetrics().horizontalAdvance(
-            "epoch 000/000 · step 000000/000000 · 00,000.0 steps/s · 0:00:00 left"))
+        # own rows and fixed heights: text changing several times a second must not relayout
+        self.rate_label.setFixedHeight(self.rate_label.fontMetrics().height() + 4)
+        self.rate_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.status_label = QLabel("Ready.")
         self.status_label.setObjectName("run-status")
         self.status_label.setFixedHeight(self.status_label.fontMetrics().height() + 4)
@@ -61,13 +61,11 @@ class RunControls(QWidget):
         for b in (self.start_button, self.pause_button, self.resume_button, self.stop_button, self.checkpoint_button):
             row.addWidget(b)
         row.addStretch(1)
-        bar_row = QHBoxLayout()
-        bar_row.addWidget(self.bar, 1)
-        bar_row.addWidget(self.rate_label)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(row)
-        layout.addLayout(bar_row)
+        layout.addWidget(self.bar)
+        layout.addWidget(self.rate_label)
         layout.addWidget(self.status_label)
         self.set_state("idle")
 
