@@ -72,6 +72,8 @@ def main(argv=None) -> int:
     ok = open_requested(window, args)
     if not (args.screenshot or args.open_path or args.example):
         window.offer_recovery(None)  # an untitled model's changes, kept when the app last crashed
+    if not args.screenshot:
+        window.designer.offer_recovery()  # a design's edits, kept when the app last crashed
     if args.screenshot:
         return screenshot(app, window, args, ok)
     return app.exec()

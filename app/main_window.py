@@ -29,6 +29,7 @@ from widgets.lora_dialog import LoraDialog
 from widgets.module_tree import CONTRACT, ModuleTree
 from widgets.task_progress import TaskProgress
 
+from .designer_panel import install_designer, open_design_in_window
 from . import checkpoints, contracts, edits, opening
 from .actions import Actions
 from .document import PROJECT_SUFFIX, Document, ProjectError, read_project, write_json_atomic
@@ -78,6 +79,8 @@ class MainWindow(QMainWindow):
         self.autosave_timer.setInterval(AUTOSAVE_MS)
         self.autosave_timer.timeout.connect(self.autosave)
         self.autosave_timer.start()
+        data_dir = self.settings.data_dir()
+        self.designer = install_designer(self, autosave_dir=None if data_dir is None else data_dir / "autosave")
         self._on_model_changed()
 
     # ---- layout --------------------------------------------------------------------------------
@@ -682,6 +685,11 @@ class MainWindow(QMainWindow):
         except ProjectError as e:
             self.error("Open project", str(e))
             return False
+        if data["source"].get("kind") == "design":
+            ok = open_design_in_window(self, path)
+            if ok:
+                self.settings.add_recent(str(Path(path).resolve()))
+            return ok
         ok = self.open_source(data["source"], edits_=data["edits"], contracts_=data["contracts"],
                               project_path=Path(path))
         if ok:
@@ -844,8 +852,11 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(0, self._default_dock_sizes)
 
     def _default_dock_sizes(self) -> None:
+        """The first-start layout: wide docks around the display, narrow ones around the canvas."""
         w = self.width()
-        self.resizeDocks([self.tree_dock, self.inspector_dock], [int(w * 0.46), int(w * 0.27)],
+        wide_center = self.tabs.currentWidget() is not self.display
+        tree, inspector = (0.24, 0.18) if wide_center else (0.46, 0.27)
+        self.resizeDocks([self.tree_dock, self.inspector_dock], [int(w * tree), int(w * inspector)],
                          Qt.Orientation.Horizontal)
 
     # ---- closing ---------------------------------------------------------------------------------------
@@ -860,6 +871,7 @@ class MainWindow(QMainWindow):
                 event.ignore()
                 return
         self.cancel_tasks()
+        self.designer.shutdown()
         self.settings.save_window(self)
         self.settings.sync()
         if not self.document.is_dirty():

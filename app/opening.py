@@ -146,7 +146,14 @@ def build(source: dict) -> Any:
         return load_script(source["path"], source.get("factory", DEFAULT_FACTORY))
     if kind == "checkpoint":
         raise OpenError("a checkpoint source needs its weights loaded: use the window's open, not build()")
-    raise OpenError(f"unknown model source {kind!r}: expected example, script or checkpoint")
+    if kind == "design":
+        from engine.design import BuildError, DesignFileError, build_source  # noqa: PLC0415
+
+        try:
+            return build_source(source)
+        except (BuildError, DesignFileError) as e:
+            raise OpenError(f"design: {e}") from e
+    raise OpenError(f"unknown model source {kind!r}: expected example, script, checkpoint or design")
 
 
 def source_for_script(spec: str) -> dict:

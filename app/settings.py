@@ -6,6 +6,7 @@ folder), so nothing leaks between runs or into the user's settings.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings
 
@@ -23,6 +24,13 @@ class Settings:
     def at(cls, path: str | os.PathLike) -> "Settings":
         """Settings stored in an INI file at `path` (for tests and portable installs)."""
         return cls(QSettings(str(path), QSettings.Format.IniFormat))
+
+    def data_dir(self) -> "Path | None":
+        """A folder for the app's own files (design autosaves) beside an INI settings file,
+        or None for the platform's settings store (callers then use the app data location)."""
+        if self.q.format() == QSettings.Format.IniFormat:
+            return Path(self.q.fileName()).parent
+        return None
 
     # ---- recent files ------------------------------------------------------------------------
     def recent_files(self) -> list[str]:
