@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..store.atomic import atomic_write_text
 from .graph import Design, DesignError
 
 __all__ = [
@@ -169,21 +169,8 @@ def dumps(data: dict) -> str:
 
 
 def write_atomic(path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write `text` to `path` atomically (temporary file beside it, fsync, rename)."""
+    atomic_write_text(path, text, error=DesignFileError)
 
 
 def save_design(design: Design, path) -> Path:
