@@ -1,7 +1,10 @@
 """Pooling over the spatial axes of `[batch, channels, *spatial]` tensors, with backward rules.
 
 Max and average pooling walk the kernel offsets (one strided slice of the padded input per
-offset, no loop over output positions); adaptive average pooling multiplies each spatial
+offset, no loop over output positions). Max pooling finds each window's max and argmax by
+combining the offsets pairwise in scan order; where windows do not overlap (the usual
+kernel == stride), its backward is one scatter of the gradient to the argmax positions.
+Adaptive average pooling multiplies each spatial
 axis by a small averaging matrix. Output sizes, `ceil_mode`, padding rules, the average's
 divisor and the max indices follow PyTorch (and Burn, which matches it):
 
@@ -11,6 +14,8 @@ divisor and the max indices follow PyTorch (and Burn, which matches it):
 - max indices index the flattened spatial input of each (batch, channel) plane.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -96,32 +101,32 @@ def _max_pool(op, n, x, kernel, stride, padding, dilation, ceil_mode, with_indic
     lead = (slice(None), slice(None))
     with dev.context():
         xpad = _pad_value(xp, xa, pads, lowest)
-        best = xpad[lead + windows[0][1]].copy()
-        for _, sl in windows[1:]:
-            xp.maximum(best, xpad[lead + sl], out=best)  # NaN propagates, as in PyTorch
         if need_arg:
-            arg = _argmax_offsets(xp, xpad, best, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation)
+            best, arg = _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation)
+        else:
+            best = xpad[lead + windows[0][1]].copy()
+            for _, sl in windows[1:]:
+                xp.maximum(best, xpad[lead + sl], out=best)  # NaN propagates, as in PyTorch
     values = best
 
     if x._node is not None:
         padded_shape = xpad.shape
         non_overlap = all(s >= d * (k - 1) + 1 for s, d, k in zip(stride, dilation, kernel))
-        # windows that tile the padded input exactly write every position once
-        tiled = all(s == k and d == 1 and o * k == size for s, d, k, o, size in zip(stride, dilation, kernel, out_sp, xpad.shape[2:]))
         del xpad
 
         def rule(g):
-            # each window's gradient goes to its max: one strided write (or add, where windows
-            # overlap) of the masked gradient per kernel offset
             with dev.context():
-                gpad = (xp.empty if tiled else xp.zeros)(padded_shape, dtype=g.dtype)
-                zero = xp.zeros((), dtype=g.dtype)
-                for k, (_, sl) in enumerate(windows):
-                    part = xp.where(arg == k, g, zero)
-                    if non_overlap:
-                        gpad[lead + sl] = part
-                    else:
-                        gpad[lead + sl] += part
+                if non_overlap:
+                    # every input position belongs to at most one window: one scatter of the
+                    # gradient to the flat positions of the window maxima
+                    gpad = xp.zeros(padded_shape, dtype=g.dtype)
+                    flat = _padded_flat_indices(xp, arg, windows, padded_shape, out_sp, stride, dilation)
+                    gpad.reshape(-1)[flat.reshape(-1)] = g.reshape(-1)
+                else:
+                    # overlapping windows: one strided add of the masked gradient per offset
+                    gpad = xp.zeros(padded_shape, dtype=g.dtype)
+                    for k, (_, sl) in enumerate(windows):
+                        gpad[lead + sl] += g * (arg == k)
                 return (_crop(gpad, pads, in_sp),)
 
         out = record(values, dev, (x,), rule, op)
@@ -132,27 +137,49 @@ def _max_pool(op, n, x, kernel, stride, padding, dilation, ceil_mode, with_indic
     return out
 
 
-def _argmax_offsets(xp, xpad, best, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation):
-    """For each window, the index (in scan order) of the kernel offset PyTorch's kernel picks.
+def _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation):
+    """Each window's max and the index (in scan order) of the kernel offset PyTorch's kernel picks.
 
     PyTorch scans a window's in-input positions in order and replaces the running max
     (initially -inf at the first position inside the input) when a value is greater or NaN:
     the first maximum wins, NaN beats everything (the last NaN wins), and a window whose
     values are all -inf (the dtype's lowest) points at its first position inside the input.
+
+    The offsets are combined pairwise in scan order (a tree: neighbours, then pairs of
+    neighbours, ...), the right one winning only where strictly greater, which keeps the
+    first maximum; only the first level reads the strided input windows. NaN and all -inf
+    windows are then fixed up.
     """
     n = len(in_sp)
     nk = len(windows)
-    dt = np.int16 if nk < 2**15 else np.int32
-    arg = xp.zeros(best.shape, dtype=dt)
-    eq = xp.empty(best.shape, dtype=bool)
-    tmp = xp.empty(best.shape, dtype=dt)
+    dt = np.uint8 if nk < 2**8 else (np.int16 if nk < 2**15 else np.int32)
     lead = (slice(None), slice(None))
-    for k in range(nk - 1, -1, -1):  # the smallest offset holding the max writes last
-        xp.equal(xpad[lead + windows[k][1]], best, out=eq)
-        # arg = where(eq, k, arg) without a masked copy (which is slow on random masks)
-        xp.subtract(arg, dt(k), out=tmp)
-        xp.multiply(tmp, eq, out=tmp)
-        xp.subtract(arg, tmp, out=arg)
+    level = [(xpad[lead + sl], k) for k, (_, sl) in enumerate(windows)]
+    if nk == 1:
+        level = [(level[0][0].copy(), xp.zeros(level[0][0].shape, dtype=dt))]
+    while len(level) > 1:
+        nxt = []
+        for i in range(0, len(level) - 1, 2):
+            (vl, il), (vr, ir) = level[i], level[i + 1]
+            right = xp.greater(vr, vl)
+            v = xp.maximum(vl, vr)  # NaN propagates, as in PyTorch
+            if isinstance(il, int):  # first level: constant offsets
+                idx = right.astype(dt)
+                if ir - il != 1:
+                    idx *= dt(ir - il)
+                if il:
+                    idx += dt(il)
+            else:
+                if isinstance(ir, int):
+                    ir = xp.full(vl.shape, ir, dtype=dt)
+                idx = ir - il  # wraps for unsigned types, but il + right * (ir - il) is exact
+                idx *= right
+                idx += il
+            nxt.append((v, idx))
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    best, arg = level[0]
     if is_float:
         nan = xp.isnan(best)
         if bool(nan.any()):
@@ -170,7 +197,40 @@ def _argmax_offsets(xp, xpad, best, windows, lowest, is_float, in_sp, out_sp, ke
             term = (j * int(np.prod(kernel[i + 1:]))).reshape(shp)
             first = term if first is None else first + term
         arg = xp.where(missing, xp.asarray(first.astype(arg.dtype)), arg)
-    return arg
+    return best, arg
+
+
+def _padded_flat_indices(xp, arg, windows, padded_shape, out_sp, stride, dilation):
+    """Flat int64 indices into the whole padded input `[B, C, *S']` of each window's max."""
+    if xp is np:
+        deltas, base = _flat_geometry(tuple(padded_shape), tuple(out_sp), tuple(stride), tuple(dilation),
+                                      tuple(offs for offs, _ in windows))
+    else:
+        deltas, base = (xp.asarray(a) for a in _flat_geometry.__wrapped__(
+            tuple(padded_shape), tuple(out_sp), tuple(stride), tuple(dilation), tuple(offs for offs, _ in windows)))
+    idx = xp.take(deltas, arg)
+    idx += base
+    return idx
+
+
+@functools.lru_cache(maxsize=8)
+def _flat_geometry(padded_shape, out_sp, stride, dilation, offsets):
+    """Per kernel offset, its flat distance from a window's origin; per window, the flat index
+    of its origin in the whole padded input. Cached (read-only): a training loop pools the
+    same shapes every step."""
+    n = len(out_sp)
+    sp = padded_shape[2:]
+    st = [int(np.prod(sp[i + 1:])) for i in range(n)]
+    deltas = np.array([sum(o * d * t for o, d, t in zip(offs, dilation, st)) for offs in offsets], dtype=np.int64)
+    base = np.arange(padded_shape[0] * padded_shape[1], dtype=np.int64).reshape(padded_shape[:2] + (1,) * n)
+    base = base * int(np.prod(sp))
+    for i in range(n):
+        shp = [1] * (n + 2)
+        shp[2 + i] = out_sp[i]
+        base = base + (np.arange(out_sp[i], dtype=np.int64) * (stride[i] * st[i])).reshape(shp)
+    deltas.flags.writeable = False
+    base.flags.writeable = False
+    return deltas, base
 
 
 def _flat_indices(xp, arg, windows, in_sp, out_sp, stride, padding, dilation):

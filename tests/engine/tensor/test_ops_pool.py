@@ -179,6 +179,41 @@ def test_max_pool_nan_wins_and_int_input():
     assert ii.numpy()[0, 0].tolist() == [0, 2, 4, 5]
 
 
+@pytest.mark.parametrize("case", MAX_CASES + [((9, 9), (3, 3), (3, 3), (0, 0), (1, 1), False),
+                                             ((7, 10), (3, 5), (3, 5), (1, 2), (1, 1), True),
+                                             ((8,), (7,), (7,), (3,), (1,), False)])
+def test_max_pool_many_ties_and_nans_pick_what_pytorch_picks(case):
+    # values from a tiny set: most windows hold ties (and some NaN), so every level of the
+    # pairwise combination meets equal values; indices and the gradient must follow the scan
+    sp, k, s, p, d, ceil = case
+    n = len(sp)
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 3, (2, 3) + sp).astype(np.float64)
+    for with_nan in (False, True):
+        if with_nan:
+            x.reshape(-1)[rng.choice(x.size, max(1, x.size // 15), replace=False)] = np.nan
+        vals, idx = getattr(Tensor, f"max_pool{n}d_with_indices")(t64(x), k, s, p, d, ceil)
+        rv, ri = ref_max_pool(x, k, s, p, d, ceil)
+        np.testing.assert_array_equal(vals.numpy(), rv)
+        np.testing.assert_array_equal(idx.numpy(), ri)
+        xt = t64(x).require_grad()
+        out = getattr(Tensor, f"max_pool{n}d")(xt, k, s, p, d, ceil)
+        probe = np.arange(1.0, 1.0 + out.numel()).reshape(out.shape)
+        gx = xt.grad(out.backward(t64(probe))).numpy().reshape(2, 3, -1)
+        expected = np.zeros((2, 3, int(np.prod(sp))))
+        for b in range(2):
+            for c in range(3):
+                np.add.at(expected[b, c], ri[b, c].reshape(-1), probe[b, c].reshape(-1))
+        np.testing.assert_array_equal(gx, expected)
+
+
+def test_max_pool_float32_stays_float32():
+    x = Tensor.from_data(np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)).require_grad()
+    out = x.max_pool2d(2)
+    assert out.dtype == "float32"
+    assert x.grad(out.sum().backward()).dtype == "float32"
+
+
 AVG_CASES = [
     # spatial, kernel, stride, padding, count_include_pad, ceil
     ((7,), (3,), (2,), (1,), True, False),
