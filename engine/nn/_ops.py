@@ -300,6 +300,53 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 # ---------------------------------------------------------------------- normalization
+def _reduction_plan(shape, axes):
+    """How to reduce `axes` of an array of `shape` with matrix-vector products.
+
+    ("rows", R, P): the axes are the trailing ones, each of R rows sums P contiguous values;
+    ("bn", B, C, P): all axes but 1 (batch norm's per-channel statistics); None: neither.
+    """
+    nd = len(shape)
+    ax = tuple(sorted(a % nd for a in axes))
+    if ax == tuple(range(nd - len(ax), nd)) and len(ax) < nd:
+        return ("rows", int(np.prod(shape[: nd - len(ax)])), int(np.prod(shape[nd - len(ax):])))
+    if nd >= 2 and ax == (0,) + tuple(range(2, nd)):
+        return ("bn", shape[0], shape[1], int(np.prod(shape[2:])))
+    return None
+
+
+def _keep_shape(shape, axes):
+    nd = len(shape)
+    red = {a % nd for a in axes}
+    return tuple(1 if i in red else n for i, n in enumerate(shape))
+
+
+def _sum_keep(a, axes, plan):
+    """`a.sum(axes, keepdims=True)`; on NumPy as one BLAS matrix-vector product per call
+    (several times faster than NumPy's reduction over non-trailing axes)."""
+    if plan is None or not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+        return a.sum(axis=axes, keepdims=True)
+    keep = _keep_shape(a.shape, axes)
+    if plan[0] == "rows":
+        _, r, p = plan
+        return (a.reshape(r, p) @ np.ones(p, dtype=a.dtype)).reshape(keep)
+    _, b, c, p = plan
+    return (a.reshape(b * c, p) @ np.ones(p, dtype=a.dtype)).reshape(b, c).sum(axis=0).reshape(keep)
+
+
+def _dot_keep(a, b_, axes, plan):
+    """`(a * b_).sum(axes, keepdims=True)` without the full-size product on NumPy."""
+    if (plan is None or not isinstance(a, np.ndarray) or not a.flags.c_contiguous
+            or not b_.flags.c_contiguous or a.shape != b_.shape):
+        return (a * b_).sum(axis=axes, keepdims=True)
+    keep = _keep_shape(a.shape, axes)
+    if plan[0] == "rows":
+        _, r, p = plan
+        return np.vecdot(a.reshape(r, p), b_.reshape(r, p)).reshape(keep)
+    _, b, c, p = plan
+    return np.vecdot(a.reshape(b * c, p), b_.reshape(b * c, p)).reshape(b, c).sum(axis=0).reshape(keep)
+
+
 def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None = None,
               beta: Tensor | None = None, affine_shape: tuple[int, ...] | None = None,
               stats: dict | None = None) -> Tensor:
@@ -307,28 +354,50 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
 
     gamma / beta (optional) are reshaped to `affine_shape` to broadcast against x. When `stats`
     is a dict, the batch mean and biased variance (arrays, reduced axes kept) are put in it.
+
+    Few full-size passes: these tensors are the largest a conv net makes. The statistics are
+    matrix-vector products; where gamma is constant over the reduced axes (batch norm) the
+    output is `xc * (gamma * rstd) + beta` from the centred input `xc`, which the backward
+    keeps, and the input gradient is `a * g + c1 + c2 * xc` with per-channel a, c1, c2.
     """
     op = "normalize"
     _float_input(op, x)
     xd = x._data
     xp = x._device.xp
-    # few full-size temporaries: these tensors are the largest a conv net makes
-    mean = xd.mean(axis=axes, keepdims=True)
-    xhat = xd - mean
-    sq = xhat * xhat
-    var = sq.mean(axis=axes, keepdims=True)
+    nd = xd.ndim
+    plan = _reduction_plan(xd.shape, axes)
+    count = int(np.prod([xd.shape[a % nd] for a in axes]))
+    inv_n = 1.0 / count
+    mean = _sum_keep(xd, axes, plan)
+    mean *= inv_n
+    xc = xd - mean
+    var = _dot_keep(xc, xc, axes, plan)
+    var *= inv_n
     rstd = (1.0 / xp.sqrt(var + eps)).astype(xd.dtype, copy=False)
-    xhat *= rstd
     if stats is not None:
         stats["mean"], stats["var"] = mean, var
     gd = gamma._data.reshape(affine_shape) if gamma is not None else None
     bd = beta._data.reshape(affine_shape) if beta is not None else None
-    if gd is not None:
-        out = xp.multiply(xhat, gd, out=sq)
+    red = {a % nd for a in axes}
+    # gamma constant over the reduced axes: fold it with rstd into one per-statistic scale
+    fold = gd is not None and all(gd.shape[i] == 1 for i in red if i < gd.ndim) and gd.ndim == nd
+    if fold:
+        scale = (gd * rstd).astype(xd.dtype, copy=False)
+        out = xp.multiply(xc, scale)
         if bd is not None:
             out += bd
+        z, z_scale = xc, rstd  # xhat = z * z_scale
     else:
-        out = xhat + bd if bd is not None else xhat
+        xhat = xc
+        xhat *= rstd
+        if gd is not None:
+            out = xhat * gd
+            if bd is not None:
+                out += bd
+        else:
+            out = xhat + bd if bd is not None else xhat
+        z, z_scale = xhat, None
+    del xc
     inputs = tuple(t for t in (x, gamma, beta) if t is not None)
     if not _tracking(*inputs):
         return Tensor._wrap(out, x._device, any(t._ad for t in inputs))
@@ -337,22 +406,38 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
 
     def rule(g):
         gx = gg = gb = None
-        tmp = g * xhat
-        if need_g:
-            gg = unbroadcast(tmp, pshape).reshape(gamma.shape)
-        if need_b:
-            gb = unbroadcast(g, pshape).reshape(beta.shape)
-        if need_x:
-            gxh = g * gd if gd is not None else g.copy()
-            m1 = gxh.mean(axis=axes, keepdims=True)
-            if gd is not None:
-                xp.multiply(gxh, xhat, out=tmp)
-            m2 = tmp.mean(axis=axes, keepdims=True)
-            xp.multiply(xhat, m2, out=tmp)
-            gxh -= m1
-            gxh -= tmp
-            gxh *= rstd
-            gx = gxh
+        if fold:
+            # per-statistic sums: sum(g) and sum(g * xhat) = z_scale * sum(g * z)
+            sg = _sum_keep(g, axes, plan) if (need_x or need_b) else None
+            sgx = _dot_keep(g, z, axes, plan) * z_scale if (need_x or need_g) else None
+            if need_g:
+                gg = unbroadcast(sgx, pshape).reshape(gamma.shape)
+            if need_b:
+                gb = unbroadcast(sg, pshape).reshape(beta.shape)
+            if need_x:
+                a = gd * rstd
+                c1 = (a * sg) * -inv_n
+                c2 = (a * sgx * z_scale) * -inv_n
+                gx = xp.multiply(g, a.astype(g.dtype, copy=False))
+                t = xp.multiply(z, c2.astype(g.dtype, copy=False))
+                gx += t
+                del t
+                gx += c1.astype(g.dtype, copy=False)
+        else:
+            if need_g:
+                gg = unbroadcast(g * z, pshape).reshape(gamma.shape)
+            if need_b:
+                gb = unbroadcast(g, pshape).reshape(beta.shape)
+            if need_x:
+                gxh = g * gd if gd is not None else g.copy()
+                m1 = _sum_keep(gxh, axes, plan)
+                m2 = _dot_keep(gxh, z, axes, plan)
+                t = xp.multiply(z, (m2 * inv_n).astype(g.dtype, copy=False))
+                gxh -= t
+                del t
+                gxh -= (m1 * inv_n).astype(g.dtype, copy=False)
+                gxh *= rstd
+                gx = gxh
         res = [gx]
         if gamma is not None:
             res.append(gg)

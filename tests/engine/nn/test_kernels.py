@@ -117,6 +117,35 @@ def test_normalize(axes, pshape):
     check_grads(lambda xt: _ops.normalize(xt, axes, 1e-5), x)
 
 
+@pytest.mark.parametrize("axes,pshape", [((0, 2, 3), (1, 3, 1, 1)), ((-1,), (5,)), ((2, 3), (1, 1, 4, 5))])
+@pytest.mark.parametrize("grad_of", ["x", "gamma", "beta", "gamma+beta"])
+def test_normalize_partial_gradients_and_float32(axes, pshape, grad_of):
+    # each gradient alone (the others not tracked) equals the full float64 gradient, and a
+    # float32 input stays float32 in the output and in every gradient
+    x = RNG.standard_normal((2, 3, 4, 5)) * 2 + 0.5
+    n = int(np.prod(pshape))
+    gam, bet = RNG.standard_normal(n) + 1, RNG.standard_normal(n)
+    up = RNG.standard_normal(x.shape)
+
+    def run(dtype, tracked):
+        ts = [Tensor.from_data(a, dtype=dtype) for a in (x, gam, bet)]
+        ts = [t.require_grad() if name in tracked else t for t, name in zip(ts, ("x", "gamma", "beta"))]
+        out = _ops.normalize(ts[0], axes, 1e-5, ts[1], ts[2], pshape)
+        grads = out.backward(Tensor.from_data(up, dtype=dtype))
+        return out, {name: t.grad(grads) for t, name in zip(ts, ("x", "gamma", "beta")) if name in tracked}
+
+    _, full = run("float64", {"x", "gamma", "beta"})
+    tracked = set(grad_of.split("+"))
+    _, part = run("float64", tracked)
+    assert set(part) == tracked
+    for name, g in part.items():
+        np.testing.assert_allclose(g.numpy(), full[name].numpy(), rtol=1e-12, atol=1e-12)
+    out32, g32 = run("float32", {"x", "gamma", "beta"})
+    assert out32.dtype == "float32" and all(g.dtype == "float32" for g in g32.values())
+    for name, g in g32.items():
+        np.testing.assert_allclose(g.numpy(), full[name].numpy(), rtol=2e-4, atol=2e-5)
+
+
 def test_rms_norm():
     x = RNG.standard_normal((2, 3, 5))
     g = RNG.standard_normal(5)
