@@ -35,12 +35,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QStandardPaths, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton,
-                               QScrollArea, QSplitter, QStackedWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel,
+                               QPushButton, QScrollArea, QSizePolicy, QSplitter, QStackedWidget, QVBoxLayout, QWidget)
 
-from engine import optim
-from engine.train import TASKS, Learner, StepOutput, TrainingConfig, build_task, cross_entropy, mse_loss
+# Everything the worker uses is imported here, not on first use: an import on the worker thread
+# holds the GIL while PySide's import hook reads the module's source, and the window stalls.
+import engine.store  # noqa: F401 - checkpoints
+from engine import available_devices, optim
+from engine.autodiff import no_recording
+from engine.train import (TASKS, DataLoader, Learner, StepOutput, TrainingConfig, build_task, cross_entropy,
+                          load_data_file, mse_loss)
 from engine.train import events as ev
+from engine.train.checkpoint import FILES
 from widgets.common import ErrorLabel
 from widgets.training.config_form import DataclassForm, FieldOptions, FormError, from_dict, to_dict
 from widgets.training.curves import TrainingCurves
@@ -48,13 +54,14 @@ from widgets.training.grad_norms import GradNormTable
 from widgets.training.history import GradNorms, Prefill, RunHistory
 from widgets.training.run_controls import RunControls
 
+from . import contracts
 from .document import write_json_atomic
-from .workers import Task
+from .workers import Task, TaskFailure
 
 FLUSH_S = 1 / 25  # the worker sends batched events at most this often
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
 REFRESH_HZ = 10  # curves and progress redraw at most this often
-GUI_BUDGET = 0.1  # ... and less often when a redraw (with its paint) costs more than this share of the time
+GUI_BUDGET = 0.05  # ... and less often when a redraw (with its paint) costs more than this share of the time
 FILE_TASK = "file"
 LOSSES = ("auto", "cross-entropy", "mse")
 CONTROL_EVENTS = (ev.Started, ev.Paused, ev.Resumed, ev.Stopped, ev.Finished, ev.Failed, ev.CheckpointSaved)
@@ -172,7 +179,6 @@ def example_task(source: dict | None) -> str | None:
 def make_data(settings: DataSettings, seed: int):
     """(train, valid, kind, description) for the data settings."""
     if settings.task == FILE_TASK:
-        from engine.train import load_data_file  # noqa: PLC0415
 
         data = load_data_file(Path(settings.file).expanduser())
         train, valid = data.split(1.0 - settings.valid_fraction, seed=seed)
@@ -202,10 +208,7 @@ def _dims(shape) -> str:
 def preflight(model, train, kind: str, loss: str, device, name: str) -> None:
     """Run two items through the model and the loss; a `TrainingSetupError` says what does not
     fit and at which module."""
-    from engine.autodiff import no_recording  # noqa: PLC0415
-    from engine.train import DataLoader  # noqa: PLC0415
 
-    from . import contracts  # noqa: PLC0415
 
     if len(train) == 0:
         raise TrainingSetupError(f"the data set {name} has no training items")
@@ -454,7 +457,6 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
 # ---- run folders ---------------------------------------------------------------------------------
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """The newest complete `epoch-<e>/` checkpoint of a run folder."""
-    from engine.train.checkpoint import FILES  # noqa: PLC0415
 
     best = None
     if not run_dir.is_dir():
@@ -511,11 +513,13 @@ class TrainingPanel(QWidget):
     active_changed = Signal(bool)
 
     def __init__(self, document, parent=None, *, runs_dir: str | Path | None = None,
-                 start_task: Callable | None = None, yield_between_steps: bool = False):
+                 default_runs_dir: str | Path | None = None, start_task: Callable | None = None,
+                 yield_between_steps: bool = False):
         super().__init__(parent)
         self.setObjectName("training-panel")
         self.document = document
         self._runs_dir = Path(runs_dir) if runs_dir is not None else None
+        self._default_runs_dir = Path(default_runs_dir) if default_runs_dir is not None else None
         self._start_task = start_task
         self.yield_between_steps = yield_between_steps
         self.runs: list[_Run] = []
@@ -672,7 +676,6 @@ class TrainingPanel(QWidget):
 
     @staticmethod
     def _device_choices() -> list[str]:
-        from engine import available_devices  # noqa: PLC0415
 
         try:
             return [str(d) for d in available_devices()]
@@ -681,7 +684,6 @@ class TrainingPanel(QWidget):
 
     # ---- settings -----------------------------------------------------------------------------
     def _on_choice_changed(self, *_args) -> None:
-        from PySide6.QtWidgets import QSizePolicy  # noqa: PLC0415
 
         for stack, forms, name in ((self.optimizer_stack, self.optimizer_forms, self.optimizer_combo.currentText()),
                                    (self.schedule_stack, self.schedule_forms, self.schedule_combo.currentText())):
@@ -750,6 +752,8 @@ class TrainingPanel(QWidget):
         project = getattr(self.document, "project_path", None)
         if project is not None:
             return Path(project).parent / (Path(project).name.split(".")[0] + ".runs")
+        if self._default_runs_dir is not None:
+            return self._default_runs_dir
         base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation) or str(Path.home())
         return Path(base) / "runs"
 
@@ -981,7 +985,6 @@ class TrainingPanel(QWidget):
         if c.outcome is not None:
             self._on_outcome(run, c.outcome)
         else:
-            from .workers import TaskFailure  # noqa: PLC0415
 
             exc = c.exception or RuntimeError("the run was cancelled before it started")
             self._on_failure(run, TaskFailure(exc, c.traceback))
@@ -1038,7 +1041,6 @@ class TrainingPanel(QWidget):
     # ---- for tests, --train-steps and benchmarks ---------------------------------------------------
     def wait(self, timeout: float = 120.0) -> bool:
         """Process events until no run is active; False on timeout."""
-        from PySide6.QtWidgets import QApplication  # noqa: PLC0415
 
         deadline = time.monotonic() + timeout
         while self.active is not None and time.monotonic() < deadline:
@@ -1050,7 +1052,12 @@ class TrainingPanel(QWidget):
 
 def install(window, **kwargs) -> TrainingPanel:
     """Put a TrainingPanel in the window's 'Training' tab (replacing the placeholder) and wire it
-    to the window: its document, its task runner (status-bar progress and Cancel), the tree."""
+    to the window: its document, its task runner (status-bar progress and Cancel), and the app's
+    data folder for the runs of an unsaved document."""
+    if "runs_dir" not in kwargs and "default_runs_dir" not in kwargs:
+        data_dir = getattr(getattr(window, "settings", None), "data_dir", lambda: None)()
+        if data_dir is not None:
+            kwargs["default_runs_dir"] = Path(data_dir) / "runs"
     panel = TrainingPanel(window.document, window, start_task=getattr(window, "start_task", None), **kwargs)
     tabs = window.tabs
     index = next((i for i in range(tabs.count()) if tabs.tabText(i).replace("&", "") == "Training"), tabs.count())

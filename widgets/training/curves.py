@@ -28,45 +28,76 @@ PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 LOSS, METRIC, LR = "loss", "metric", "lr"
 
 
-def _slack_range(lo: float, hi: float, current: tuple | None) -> tuple[float, float]:
-    """A y range holding [lo, hi] that changes rarely: the current one while it holds the data
-    and the data fill at least half of it; else the data plus 8 % on each side."""
+def _slack_range(lo: float, hi: float, current: tuple | None, floor: float | None = None) -> tuple[float, float]:
+    """A y range holding [lo, hi] that changes rarely (each change redraws the axis): the current
+    one while it holds the data and the data fill at least half of it; else the data with 15 %
+    slack on each side, from `floor` (0 for losses) when the data lie above it."""
     if current is not None:
         c_lo, c_hi = current
-        if c_lo <= lo and hi <= c_hi and (hi - lo) >= 0.5 * (c_hi - c_lo):
+        if c_lo <= lo and hi <= c_hi and (hi - (c_lo if floor is not None and lo >= floor else lo)) >= 0.5 * (c_hi - c_lo):
             return current
     span = hi - lo
-    pad = 0.08 * span if span > 0 else max(abs(hi) * 0.1, 1e-3)
-    return (lo - pad, hi + pad)
+    pad = 0.15 * span if span > 0 else max(abs(hi) * 0.1, 1e-3)
+    low = floor if floor is not None and lo >= floor else lo - pad
+    return (low, hi + pad)
+
+
+MAX_POINTS = 2000  # a step curve longer than this is drawn decimated (min and max per bucket)
+
+
+def decimate(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most about `max_points` points keeping every bucket's extremes, so spikes stay visible."""
+    n = len(x)
+    if n <= max_points:
+        return x, y
+    buckets = max_points // 2
+    size = -(-n // buckets)
+    pad = buckets * size - n
+    yy = np.concatenate([y, np.full(pad, y[-1])]).reshape(buckets, size)
+    xx = np.concatenate([x, np.full(pad, x[-1])]).reshape(buckets, size)
+    lo, hi = yy.argmin(axis=1), yy.argmax(axis=1)
+    rows = np.arange(buckets)
+    first = np.minimum(lo, hi)
+    second = np.maximum(lo, hi)
+    xs = np.stack([xx[rows, first], xx[rows, second]], axis=1).ravel()
+    ys = np.stack([yy[rows, first], yy[rows, second]], axis=1).ravel()
+    return xs, ys
 
 
 class _RunCurves:
-    """The plot items of one run."""
+    """The plot items of one run: plain curve and scatter items (PlotDataItem's per-update
+    bookkeeping costs more than drawing these), fed already decimated and, for a log axis,
+    already in decades."""
 
     def __init__(self, run: RunHistory, color: QColor, plots: dict):
         self.run = run
         self.color = color
         faint = QColor(color)
         faint.setAlpha(70)
-        name = run.name
-        self.raw = plots[LOSS].plot(pen=pg.mkPen(faint, width=1), name=f"{name} step")
-        self.smooth = plots[LOSS].plot(pen=pg.mkPen(color, width=2), name=f"{name} step (smoothed)")
-        self.epoch_train = plots[LOSS].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine),
-                                            name=f"{name} train / epoch")
-        self.epoch_valid = plots[LOSS].plot(pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DotLine), symbol="t1",
-                                            symbolSize=8, symbolBrush=color, name=f"{name} valid / epoch")
-        self.metric_train = plots[METRIC].plot(pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine),
-                                               name=f"{name} train")
-        self.metric_valid = plots[METRIC].plot(pen=pg.mkPen(color, width=2), symbol="t1", symbolSize=8,
-                                               symbolBrush=color, name=f"{name} valid")
-        self.lr = plots[LR].plot(pen=pg.mkPen(color, width=2), name=f"{name} lr")
-        for item in self.items():
-            item.setClipToView(True)
-        for item in (self.raw, self.smooth, self.lr):
-            item.setDownsampling(auto=True, method="peak")
+
+        def curve(key, pen):
+            item = pg.PlotCurveItem(pen=pen)
+            plots[key].addItem(item)
+            return item
+
+        def points(key):
+            item = pg.ScatterPlotItem(symbol="t1", size=8, brush=pg.mkBrush(color), pen=pg.mkPen(color))
+            plots[key].addItem(item)
+            return item
+
+        self.raw = curve(LOSS, pg.mkPen(faint, width=1))
+        self.smooth = curve(LOSS, pg.mkPen(color, width=2))
+        self.epoch_train = curve(LOSS, pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine))
+        self.epoch_valid = curve(LOSS, pg.mkPen(color, width=2, style=Qt.PenStyle.DotLine))
+        self.epoch_valid_points = points(LOSS)
+        self.metric_train = curve(METRIC, pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine))
+        self.metric_valid = curve(METRIC, pg.mkPen(color, width=2))
+        self.metric_valid_points = points(METRIC)
+        self.lr = curve(LR, pg.mkPen(color, width=2))
         self.drawn_version = -1
         self.drawn_key = None
         self.drawn_epochs = None  # (epoch_version, key) of the per-epoch curves
+        self.data: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # what each curve shows, undecimated
 
     def set_raw_emphasis(self, strong: bool) -> None:
         """Without smoothing the raw step losses are the curve: draw them in full colour."""
@@ -76,8 +107,21 @@ class _RunCurves:
         self.raw.setPen(pg.mkPen(pen_color, width=2 if strong else 1))
 
     def items(self):
-        return (self.raw, self.smooth, self.epoch_train, self.epoch_valid, self.metric_train, self.metric_valid,
-                self.lr)
+        return (self.raw, self.smooth, self.epoch_train, self.epoch_valid, self.epoch_valid_points, self.metric_train,
+                self.metric_valid, self.metric_valid_points, self.lr)
+
+    def set(self, which: str, x, y, log: bool = False) -> None:
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        self.data[which] = (x, y)
+        if log and len(y):
+            keep = y > 0
+            x, y = x[keep], np.log10(y[keep])
+        if which in ("raw", "smooth", "lr"):
+            x, y = decimate(x, y)
+        getattr(self, which).setData(x, y)
+        if which in ("epoch_valid", "metric_valid"):
+            getattr(self, which + "_points").setData(x, y)
 
     def set_visible(self, on: bool) -> None:
         for item in self.items():
@@ -86,7 +130,7 @@ class _RunCurves:
     def remove(self, plots: dict) -> None:
         for item in self.items():
             for plot in plots.values():
-                if item in plot.listDataItems():
+                if item.scene() is not None and item.parentItem() is plot.vb.childGroup:
                     plot.removeItem(item)
 
 
@@ -139,10 +183,9 @@ class TrainingCurves(QWidget):
         self._ranges: dict[str, tuple] = {}
         for key, plot in self.plots.items():
             plot.showGrid(x=True, y=True, alpha=0.25)
-            plot.setDownsampling(mode="peak")
-            plot.setClipToView(True)
             plot.disableAutoRange()
             plot.hideButtons()
+            plot.setMenuEnabled(False)  # its log / transform options would bypass this widget's own
             plot.vb.sigRangeChangedManually.connect(self._on_manual_range)
             left = plot.getAxis("left")
             left.enableAutoSIPrefix(False)
@@ -296,7 +339,7 @@ class TrainingCurves(QWidget):
     def redraw(self) -> None:
         """Draw every run whose data (or the view settings) changed since it was last drawn."""
         self._timer.stop()
-        key = (self._smoothing, self._metric)
+        key = (self._smoothing, self._metric, self._log)
         names = set()
         for c in self._curves.values():
             names.update(c.run.metric_names())
@@ -313,19 +356,20 @@ class TrainingCurves(QWidget):
     def _draw(self, c: _RunCurves) -> None:
         run = c.run
         x, y = run.step_series()
-        c.raw.setData(x, y)
+        log = self._log
+        c.set("raw", x, y, log)
         if self._smoothing > 0 and len(y):
-            c.smooth.setData(x, run.step_series(self._smoothing)[1])
+            c.set("smooth", x, run.step_series(self._smoothing)[1], log)
         else:
-            c.smooth.setData([], [])
-        c.lr.setData(*run.lr_series())
-        epochs_key = (run.epoch_version, self._metric)
+            c.set("smooth", [], [])
+        c.set("lr", *run.lr_series())
+        epochs_key = (run.epoch_version, self._metric, log)
         if c.drawn_epochs != epochs_key:  # per-epoch curves change once an epoch
             c.drawn_epochs = epochs_key
-            c.epoch_train.setData(*run.epoch_series("train", "loss"))
-            c.epoch_valid.setData(*run.epoch_series("valid", "loss"))
-            c.metric_train.setData(*run.epoch_series("train", self._metric))
-            c.metric_valid.setData(*run.epoch_series("valid", self._metric))
+            c.set("epoch_train", *run.epoch_series("train", "loss"), log)
+            c.set("epoch_valid", *run.epoch_series("valid", "loss"), log)
+            c.set("metric_train", *run.epoch_series("train", self._metric))
+            c.set("metric_valid", *run.epoch_series("valid", self._metric))
 
     # ---- ranges ------------------------------------------------------------------------------
     def _on_manual_range(self, *_args) -> None:
@@ -355,7 +399,9 @@ class TrainingCurves(QWidget):
                 y = np.log10(y[y > 0])  # the log view's coordinates are decades
             y = y[np.isfinite(y)]
             if y.size:
-                self._set_range(key, "y", _slack_range(float(y.min()), float(y.max()), self._ranges.get((key, "y"))))
+                floor = 0.0 if key == LOSS and not self._log else None  # losses sit on zero
+                self._set_range(key, "y", _slack_range(float(y.min()), float(y.max()), self._ranges.get((key, "y")),
+                                                       floor))
 
     def _y_data(self, run: RunHistory, key: str) -> list[np.ndarray]:
         """The values a plot shows for a run (the smoothed curve lies within the raw one's range)."""
@@ -403,9 +449,9 @@ class TrainingCurves(QWidget):
         self._log = bool(on)
         if self.log_check.isChecked() != self._log:
             self.log_check.setChecked(self._log)
-        self.plots[LOSS].setLogMode(y=self._log)
+        self.plots[LOSS].getAxis("left").setLogMode(False, self._log)  # ticks as powers of ten
         self._ranges.pop((LOSS, "y"), None)
-        self._update_ranges()
+        self.redraw()
 
     def log_scale(self) -> bool:
         return self._log
@@ -423,13 +469,19 @@ class TrainingCurves(QWidget):
 
     # ---- what is drawn (for tests and the read-out) -------------------------------------------
     def curve_data(self, run: str, which: str) -> tuple[np.ndarray, np.ndarray]:
-        """The points a curve holds: which is raw | smooth | epoch_train | epoch_valid |
-        metric_train | metric_valid | lr."""
-        item = getattr(self._curves[run], which)
-        x, y = item.getData()
-        if x is None:
-            return np.zeros(0), np.zeros(0)
-        return np.asarray(x), np.asarray(y)
+        """The points a curve shows (before decimation; in decades on a log axis): which is raw |
+        smooth | epoch_train | epoch_valid | metric_train | metric_valid | lr."""
+        c = self._curves[run]
+        x, y = c.data.get(which, (np.zeros(0), np.zeros(0)))
+        if self._log and which in ("raw", "smooth", "epoch_train", "epoch_valid") and len(y):
+            keep = y > 0
+            return x[keep], np.log10(y[keep])
+        return x, y
+
+    def drawn_data(self, run: str, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """What the plot item itself holds (decimated)."""
+        x, y = getattr(self._curves[run], which).getData()
+        return (np.zeros(0), np.zeros(0)) if x is None else (np.asarray(x), np.asarray(y))
 
     # ---- crosshair ---------------------------------------------------------------------------
     def _on_mouse_moved(self, pos) -> None:

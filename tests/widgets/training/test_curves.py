@@ -36,6 +36,25 @@ def feed(h, epochs=3, steps=10, scale=1.0, lr=0.01):
     h.apply(ev.Finished(epochs, {}))
 
 
+def test_long_curves_are_drawn_decimated_keeping_the_spikes(curves):
+    from widgets.training.curves import MAX_POINTS, decimate
+
+    h = RunHistory("long")
+    curves.add_run(h)
+    n = 25_000
+    h.apply(ev.Started(1, n, 1, 0))
+    for g in range(1, n + 1):
+        h.apply(ev.StepLoss(1, g, n, g, 5.0 if g == 12_345 else 1.0 / np.sqrt(g)))
+    curves.smoothing_slider.setValue(0)
+    curves.redraw()
+    x, y = curves.drawn_data("long", "raw")
+    assert len(x) <= MAX_POINTS and 12_345 in x and y.max() == 5.0  # the spike survives
+    assert np.all(np.diff(x) >= 0)  # still in step order
+    assert len(curves.curve_data("long", "raw")[0]) == n  # the full data is kept
+    xs, ys = decimate(np.arange(10.0), np.arange(10.0), 100)
+    assert len(xs) == 10  # short curves are drawn as they are
+
+
 def test_a_run_is_plotted_per_step_and_per_epoch(curves):
     h = RunHistory("one")
     curves.add_run(h)
@@ -66,7 +85,8 @@ def test_smoothing_slider_and_log_scale(curves, qtbot):
     assert len(curves.curve_data("one", "smooth")[0]) == 0  # raw alone
     qtbot.mouseClick(curves.log_check, Qt.MouseButton.LeftButton, pos=curves.log_check.rect().center())
     assert curves.log_scale()
-    assert curves.plots["loss"].ctrl.logYCheck.isChecked()
+    assert curves.plots["loss"].getAxis("left").logMode  # ticks as powers of ten
+    assert np.allclose(curves.drawn_data("one", "raw")[1], np.log10(h.losses))  # drawn in decades
     _, (y0, y1) = curves.plots["loss"].vb.viewRange()
     assert y0 <= np.log10(min(h.losses)) and y1 >= np.log10(max(h.losses))  # the range is in decades
 
@@ -193,3 +213,7 @@ def test_y_ranges_change_only_when_the_data_leaves_or_shrinks():
     assert _slack_range(0.0, 0.1, r) != r  # fills less than half
     lo, hi = _slack_range(5.0, 5.0, None)
     assert lo < 5.0 < hi
+    # a loss range starts at zero and stays while the loss falls
+    r = _slack_range(0.2, 0.7, None, floor=0.0)
+    assert r[0] == 0.0 and r[1] > 0.7
+    assert _slack_range(0.01, 0.7, r, floor=0.0) == r
