@@ -362,6 +362,8 @@ class _Forwarder:
             self.buffer.append(event)
         if isinstance(event, ev.Started):
             self.started_at = time.perf_counter()
+            if self.control.stopped:  # asked while the run was being set up: run() cleared it
+                self.control.stop()
         elif isinstance(event, ev.StepLoss):
             self.epoch, self.global_step = event.epoch, event.global_step
             if self.first_step is None:
@@ -440,6 +442,8 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
                           step=make_step(spec.data.loss), config=config, listeners=[forwarder])
     except Exception as e:  # noqa: BLE001 - a checkpoint that does not fit, a bad schedule
         raise TrainingSetupError(f"the run could not start: {type(e).__name__}: {e}") from e
+    if control.stopped:  # stopped while the data and the model were being prepared
+        return RunOutcome("stopped", fork, 0, 0, seconds=time.perf_counter() - started)
     control.attach(learner)
     result = learner.run()
     ended = time.perf_counter()

@@ -155,6 +155,26 @@ def test_a_pause_asked_before_the_loop_exists_is_honoured(tmp_path):
     assert box["out"].status == "stopped" and box["out"].steps == 0
 
 
+def test_a_stop_asked_before_the_loop_starts_is_not_lost(tmp_path, monkeypatch):
+    control = RunControl()
+    control.stop()
+    out = run_training(_State(), control, build_example("spirals"), spec(), str(tmp_path))
+    assert out.status == "stopped" and out.steps == 0
+    # between attaching the learner and its run() (which clears its stop flag)
+    from engine.train import Learner
+
+    control = RunControl()
+    original = Learner.run
+
+    def run_after_a_stop(self):
+        control.stop()
+        return original(self)
+
+    monkeypatch.setattr(Learner, "run", run_after_a_stop)
+    out = run_training(_State(), control, build_example("spirals"), spec(), str(tmp_path))
+    assert out.status == "stopped" and out.steps == 0
+
+
 def test_partial_checkpoint_folders_are_not_resumed_from(tmp_path):
     (tmp_path / "epoch-3.partial").mkdir()
     (tmp_path / "epoch-5").mkdir()  # incomplete: no files
