@@ -126,6 +126,32 @@ def test_conv_gradients(case, product_path):
     check_grads(lambda x, w, b: fn(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups), x, w, b)
 
 
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_parameter_gradients_without_an_input_gradient(case, product_path):
+    # a first layer: the input takes no part in the graph, so only weight and bias gradients
+    # are computed (by a different product in the per-image path); they equal the full ones
+    n, batch, c_in, c_out, spatial, kernel, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((batch, c_in) + spatial)
+    w = rng.standard_normal((c_out, c_in // groups) + kernel)
+    b = rng.standard_normal(c_out)
+    fn = getattr(Tensor, f"conv{n}d")
+    for with_bias in (True, False):
+        ts = [t64(x).require_grad(), t64(w).require_grad(), t64(b).require_grad() if with_bias else None]
+        probe = None
+        results = []
+        for track_x in (True, False):
+            xt = ts[0] if track_x else t64(x)
+            y = fn(xt, ts[1], ts[2], stride=stride, padding=padding, dilation=dilation, groups=groups)
+            if probe is None:
+                probe = t64(rng.standard_normal(y.shape))
+            grads = y.backward(probe)
+            results.append([t.grad(grads).numpy() for t in ts[1:] if t is not None])
+            assert xt.grad(grads) is None if not track_x else xt.grad(grads) is not None
+        for full, partial in zip(*results):
+            np.testing.assert_allclose(partial, full, rtol=1e-12, atol=1e-12)
+
+
 def test_conv2d_same_padding_keeps_size_and_matches_explicit_pairs():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, 2, 5, 6))
