@@ -343,8 +343,10 @@ class _Forwarder:
     """The learner's listener on the worker thread: batches events and sends them on."""
 
     def __init__(self, send: Callable[[list], None], control: RunControl, max_steps: int | None,
-                 yield_between_steps: bool):
+                 yield_between_steps: bool, progress: Callable[[float], None] | None = None):
         self.send = send
+        self.progress = progress  # the task's progress (the window's status bar shows it)
+        self.total_steps = 0
         self.control = control
         self.max_steps = max_steps
         self.yield_between_steps = yield_between_steps
@@ -362,6 +364,7 @@ class _Forwarder:
             self.buffer.append(event)
         if isinstance(event, ev.Started):
             self.started_at = time.perf_counter()
+            self.total_steps = event.total_epochs * event.steps_per_epoch
             if self.control.stopped:  # asked while the run was being set up: run() cleared it
                 self.control.stop()
         elif isinstance(event, ev.StepLoss):
@@ -387,6 +390,8 @@ class _Forwarder:
         self.last_flush = now if now is not None else time.perf_counter()
         if batch:
             self.send(batch)
+            if self.progress is not None and self.total_steps:
+                self.progress(self.global_step / self.total_steps)
 
 
 def run_training(state, control: RunControl, model, spec: RunSpec, run_dir: str, resume_from: str | None = None,
@@ -424,7 +429,8 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
         raise TrainingSetupError(f"the model cannot be moved to {cfg.device}: {type(e).__name__}: {e}") from e
     devices = fork.devices()
     preflight(fork, train, kind, spec.data.loss, devices[0] if devices else None, data_name)
-    forwarder = _Forwarder(state.set_partial_result, control, max_steps, yield_between_steps)
+    forwarder = _Forwarder(state.set_partial_result, control, max_steps, yield_between_steps,
+                           getattr(state, "set_progress", None))
     optimizer = GradTap(spec.optimizer_config.init(), forwarder.grad_norms)
     epochs, done = cfg.num_epochs, 0
     if resume_from:
@@ -492,6 +498,7 @@ class _Run:
         self.spec = spec
         self.history = history
         self.source_module = source_module
+        self.source = None  # the document's source when the run started (the same model family)
         self.control = RunControl()
         self.task: Task | None = None
         self.outcome: RunOutcome | None = None
@@ -532,6 +539,7 @@ class TrainingPanel(QWidget):
         self.last_error = ""
         self._build()
         self._shown_run: _Run | None = None
+        self._seen_source: Any = object()  # the source the settings were last defaulted for
         self.refresh_timer = QTimer(self)  # at most REFRESH_HZ redraws a second, however fast events come
         self.refresh_timer.setSingleShot(True)
         self.refresh_timer.setInterval(int(1000 / REFRESH_HZ))
@@ -707,7 +715,6 @@ class TrainingPanel(QWidget):
 
     def _update_can_start(self) -> None:
         self.controls.set_can_start(self.document.module is not None and self.settings_valid())
-        self._update_checkpoint_button()
 
     def current_spec(self) -> RunSpec:
         """The run the forms describe; raises `FormError` when a form is invalid."""
@@ -740,14 +747,17 @@ class TrainingPanel(QWidget):
 
     def _on_model_changed(self) -> None:
         module = self.document.module
-        if module is not None and self.active is None and not self.runs:
-            task = example_task(self.document.source)
+        source = getattr(self.document, "source", None)
+        if module is not None and source != self._seen_source:  # another model was opened
+            self._seen_source = source
+            task = example_task(source)
             if task:
                 self.data_form.set_field("task", task)
             devices = module.devices() if hasattr(module, "devices") else []
             if devices and str(devices[0]) in self._device_choices():
                 self.training_form.set_field("device", str(devices[0]))
         self._update_can_start()
+        self._update_checkpoint_button()
 
     # ---- run folders ------------------------------------------------------------------------------
     def runs_dir(self) -> Path:
@@ -857,6 +867,7 @@ class TrainingPanel(QWidget):
         return self._launch(run, str(checkpoint), max_steps)
 
     def _launch(self, run: _Run, resume_from: str | None, max_steps: int | None) -> _Run:
+        run.source = getattr(self.document, "source", None)
         self.runs.append(run)
         self.active = run
         self.pending_apply = None
@@ -1013,6 +1024,7 @@ class TrainingPanel(QWidget):
         self.cancel_poll.stop()
         self.refresh()
         self._update_can_start()
+        self._update_checkpoint_button()
         self.active_changed.emit(False)
 
     def _record_run(self, run: _Run, status: str) -> None:
@@ -1031,6 +1043,11 @@ class TrainingPanel(QWidget):
         """Make the last run's trained model the document's model (one undoable step)."""
         run = self.pending_apply
         if run is None or run.outcome is None or self.document.module is None:
+            return False
+        if getattr(self.document, "source", None) != run.source:
+            self._show_error(f"{run.name} trained another model than the one open now; it was not applied.")
+            self.pending_apply = None
+            self.apply_button.setEnabled(False)
             return False
         out = run.outcome
         self.document.push_module(f"Train {run.name} ({out.steps} steps)", out.model)

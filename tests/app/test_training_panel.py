@@ -325,6 +325,45 @@ def test_several_runs_overlay_with_other_settings(window, panel, qtbot):
     assert panel.runs[-1].spec.optimizer_config.momentum.momentum == 0.9
 
 
+def test_a_run_is_applied_on_request_when_the_model_changed_meanwhile(window, panel, qtbot):
+    set_field(qtbot, panel.training_form, "num_epochs", 300)
+    click(qtbot, panel.controls.start_button)
+    run = panel.runs[-1]
+    qtbot.waitUntil(lambda: run.history.global_step > 5, timeout=TIMEOUT)
+    assert window.group_op("freeze", "fc2")  # the user edits the model while it trains
+    edited = window.document.module
+    click(qtbot, panel.controls.stop_button)
+    wait_ended(qtbot, panel)
+    assert window.document.module is edited  # not replaced behind the user's back
+    assert panel.apply_button.isEnabled() and "Apply trained model" in panel.controls.status_label.text()
+    click(qtbot, panel.apply_button)
+    assert window.document.module is run.outcome.model
+    window.document.undo_stack.undo()
+    assert window.document.module is edited
+
+    # a run of another model is never applied to a different one
+    click(qtbot, panel.controls.start_button)
+    run = panel.runs[-1]
+    qtbot.waitUntil(lambda: run.history.global_step > 2, timeout=TIMEOUT)
+    panel.apply_check.setChecked(False)
+    click(qtbot, panel.controls.stop_button)
+    wait_ended(qtbot, panel)
+    assert window.open_example("digits")
+    assert not panel.apply_pending() and "another model" in panel.last_error
+    assert panel.data_form.value().task == "digits"  # the newly opened example's own task
+
+
+def test_the_windows_status_bar_follows_the_run(window, panel, qtbot):
+    set_field(qtbot, panel.training_form, "num_epochs", 300)
+    click(qtbot, panel.controls.start_button)
+    run = panel.runs[-1]
+    qtbot.waitUntil(lambda: window.task_progress.bar.value() > 0, timeout=TIMEOUT)
+    assert window.task_progress.isVisible() and run.name in window.task_progress.label.text()
+    click(qtbot, panel.controls.stop_button)
+    wait_ended(qtbot, panel)
+    qtbot.waitUntil(lambda: not window.task_progress.isVisible(), timeout=TIMEOUT)
+
+
 def test_train_steps_trains_exactly_that_many_steps(window, qtbot, tmp_path):
     assert window.open_example("spirals")
     p = install(window, runs_dir=tmp_path / "runs")
