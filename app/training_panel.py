@@ -58,7 +58,8 @@ from . import contracts
 from .document import write_json_atomic
 from .workers import Task, TaskFailure
 
-FLUSH_S = 1 / 25  # the worker sends batched events at most this often
+FLUSH_S = 1 / 10  # the worker sends batched events at most this often (control events at once)
+PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most this often
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
 REFRESH_HZ = 10  # curves and progress redraw at most this often
 GUI_BUDGET = 0.05  # ... and less often when a redraw (with its paint) costs more than this share of the time
@@ -346,6 +347,7 @@ class _Forwarder:
                  yield_between_steps: bool, progress: Callable[[float], None] | None = None):
         self.send = send
         self.progress = progress  # the task's progress (the window's status bar shows it)
+        self.last_progress = -math.inf
         self.total_steps = 0
         self.control = control
         self.max_steps = max_steps
@@ -390,7 +392,8 @@ class _Forwarder:
         self.last_flush = now if now is not None else time.perf_counter()
         if batch:
             self.send(batch)
-            if self.progress is not None and self.total_steps:
+            if self.progress is not None and self.total_steps and self.last_flush - self.last_progress >= PROGRESS_S:
+                self.last_progress = self.last_flush
                 self.progress(self.global_step / self.total_steps)
 
 
