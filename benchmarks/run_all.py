@@ -245,13 +245,16 @@ def _train(what: str, threads: str, limit: float):
 
 def _gui_open(model: str, limit: float):
     def extract(out, tables):
+        # model, modules, parameters, build s, tree s, target ("<1 ok"), window s, RSS +MiB, init, rows
+        pattern = re.compile(r"\s+".join([re.escape(model) + r".*?", r"(?P<modules>[\d,]+)", r"(?P<params>[\d,]+)",
+                                         r"(?P<build>[\d.]+)", r"(?P<tree>[\d.]+)", r"<[\d.]+ (?:ok|NO)",
+                                         r"(?P<window>[\d.]+)", r"(?P<rss>[\d.]+)", r"(?P<init>\d+)", r"\d+"]))
         for line in out.splitlines():
-            if line.startswith(model):
-                # model, modules, parameters, build s, tree s, target, window s, RSS, init, rows
-                rest = line[len(model):].split()
-                tree_s, init = float(rest[3]), rest[-2]
-                return Figure(f"tree {tree_s:.3f} s (window {float(rest[6]):.3f} s, {init} initialized)",
-                              met=tree_s < limit and init == "0")
+            m = pattern.match(line)
+            if m:
+                tree_s, init = float(m["tree"]), m["init"]
+                return Figure(f"tree {tree_s:.3f} s (window {float(m['window']):.3f} s, +{m['rss']} MiB, "
+                              f"{init} initialized)", met=tree_s < limit and init == "0")
         raise LookupError(f"no line for {model!r}")
     return extract
 
