@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import threading
 import time
 import traceback
@@ -60,6 +61,10 @@ from .workers import Task, TaskFailure
 
 FLUSH_S = 1 / 10  # the worker sends batched events at most this often (control events at once)
 PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most this often
+# While a run trains, the GIL is handed over this fast (Python's default is 5 ms): a paint calls
+# back into Python (pyqtgraph's items) many times, and each call waits for the GIL the worker holds.
+SWITCH_INTERVAL_S = 0.0005
+GUI_WAIT_S = 0.05  # the longest a step waits for a paint of the curves to end
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
 REFRESH_HZ = 10  # curves and progress redraw at most this often
 GUI_BUDGET = 0.05  # ... and less often when a redraw (with its paint) costs more than this share of the time
@@ -294,6 +299,7 @@ class RunControl:
         self.learner: Learner | None = None
         self.paused = False
         self.stopped = False
+        self.gui_idle: threading.Event | None = None  # cleared while the GUI paints the curves
         self.outcome: "RunOutcome | None" = None
         self.exception: BaseException | None = None
         self.traceback = ""
@@ -379,8 +385,12 @@ class _Forwarder:
         now = time.perf_counter()
         if isinstance(event, CONTROL_EVENTS) or now - self.last_flush >= FLUSH_S:
             self.flush(now)
-        if self.yield_between_steps and isinstance(event, ev.LearningRate):
-            time.sleep(0)  # let the GUI thread take the GIL between two steps
+        if isinstance(event, ev.LearningRate):  # between two steps
+            idle = self.control.gui_idle
+            if idle is not None and not idle.is_set():
+                idle.wait(GUI_WAIT_S)  # the curves are being painted: let the paint have the GIL
+            if self.yield_between_steps:
+                time.sleep(0)  # let the GUI thread take the GIL between two steps
 
     def grad_norms(self, norms: dict) -> None:
         with self.lock:
@@ -528,8 +538,10 @@ class TrainingPanel(QWidget):
 
     def __init__(self, document, parent=None, *, runs_dir: str | Path | None = None,
                  default_runs_dir: str | Path | None = None, start_task: Callable | None = None,
-                 yield_between_steps: bool = False):
+                 yield_between_steps: bool = False, switch_interval: float | None = SWITCH_INTERVAL_S):
         super().__init__(parent)
+        self.switch_interval = switch_interval
+        self._saved_switch_interval: float | None = None
         self.setObjectName("training-panel")
         self.document = document
         self._runs_dir = Path(runs_dir) if runs_dir is not None else None
@@ -877,6 +889,7 @@ class TrainingPanel(QWidget):
         self.apply_button.setEnabled(False)
         self._show_error("")
         run.write("running", resumed_from=resume_from)
+        run.control.gui_idle = self.curves.graphics.idle
         task = Task(run_training, run.control, run.source_module, run.spec, str(run.folder), resume_from,
                     max_steps, self.yield_between_steps, title=f"Training {run.name}")
         run.task = task
@@ -892,6 +905,9 @@ class TrainingPanel(QWidget):
             task.failed.connect(lambda failure, r=run: self._on_failure(r, failure))
             task.start()
         self.cancel_poll.start()
+        if self.switch_interval is not None and self._saved_switch_interval is None:
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(self.switch_interval)
         self.run_started.emit(run.name)
         self.active_changed.emit(True)
         return run
@@ -956,13 +972,18 @@ class TrainingPanel(QWidget):
         """Redraw the curves and the progress line (throttled by `refresh_timer`)."""
         self.refresh_timer.stop()
         started = time.perf_counter()
-        run = self._shown_run
-        if run is not None:
-            h = run.history
-            self.controls.set_progress(h.fraction_done(), h.steps_per_second,
-                                       h.seconds_left() if h.status == "running" else None,
-                                       f"epoch {h.epoch}/{h.total_epochs} · step {h.global_step}/{h.total_steps}")
-        self.curves.redraw()
+        idle = self.curves.graphics.idle
+        idle.clear()  # the worker waits between two steps while this runs (see _Graphics)
+        try:
+            run = self._shown_run
+            if run is not None:
+                h = run.history
+                self.controls.set_progress(h.fraction_done(), h.steps_per_second,
+                                           h.seconds_left() if h.status == "running" else None,
+                                           f"epoch {h.epoch}/{h.total_epochs} · step {h.global_step}/{h.total_steps}")
+            self.curves.redraw()
+        finally:
+            idle.set()
         # the next redraw waits long enough for this one (and the last paint) to stay in budget
         cost = time.perf_counter() - started + self.curves.graphics.paint_seconds
         self.refresh_timer.setInterval(int(1000 * min(1.0, max(1.0 / REFRESH_HZ, cost / GUI_BUDGET))))
@@ -1024,6 +1045,9 @@ class TrainingPanel(QWidget):
     def _end(self, run: _Run) -> None:
         if self.active is run:
             self.active = None
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
         self.cancel_poll.stop()
         self.refresh()
         self._update_can_start()
