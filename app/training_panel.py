@@ -344,6 +344,7 @@ class RunOutcome:
     reached_max_steps: bool = False
     seconds: float = 0.0  # the whole task: data, checks, training, checkpoints
     train_seconds: float = 0.0  # from the loop's start to its end
+    weights: str = ""  # the trained model's record (run folder / trained.bpk) when it trained
 
 
 class _Forwarder:
@@ -471,7 +472,11 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
     status = result.status
     if status == "stopped" and forwarder.reached_max:
         status = "finished"  # the asked-for number of steps
-    return RunOutcome(status, result.model, steps, forwarder.global_step, error=result.error or "",
+    weights = ""
+    if status != "failed" and steps > 0:
+        # the project keeps an edit that loads these weights, so reopening it gives the trained model
+        weights = str(result.model.into_record().save(Path(run_dir) / "trained.bpk"))
+    return RunOutcome(status, result.model, steps, forwarder.global_step, weights=weights, error=result.error or "",
                       message=result.error.splitlines()[0] if result.error else "",
                       reached_max_steps=forwarder.reached_max, seconds=time.perf_counter() - started,
                       train_seconds=ended - forwarder.started_at if forwarder.started_at is not None else 0.0)
@@ -933,6 +938,9 @@ class TrainingPanel(QWidget):
         if run is not None and run.task is not None:
             run.control.stop()
             run.task.wait_thread(timeout)
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
 
     def _poll_cancel(self) -> None:
         run = self.active
@@ -1077,7 +1085,8 @@ class TrainingPanel(QWidget):
             self.apply_button.setEnabled(False)
             return False
         out = run.outcome
-        self.document.push_module(f"Train {run.name} ({out.steps} steps)", out.model)
+        edit = {"op": "load", "path": out.weights, "allow_partial": False} if out.weights else None
+        self.document.push_module(f"Train {run.name} ({out.steps} steps)", out.model, edit)
         self.pending_apply = None
         self.apply_button.setEnabled(False)
         return True

@@ -87,6 +87,14 @@ def test_a_built_in_example_trains_to_the_end_through_the_widgets(window, panel,
     after_params = param_arrays(trained)
     assert all(not np.array_equal(start_params[k], after_params[k]) for k in start_params)
     assert window.document.undo_stack.undoText().startswith("Train ")
+    # the project records the training as loading the run's trained weights: replaying it gives them back
+    from app import edits
+    from resources.examples import build_example
+
+    edit = window.document.edits[-1]
+    assert edit == {"op": "load", "path": str(run.folder / "trained.bpk"), "allow_partial": False}
+    replayed = param_arrays(edits.replay(build_example("spirals"), window.document.edits))
+    assert all(np.array_equal(replayed[k], v) for k, v in after_params.items())
     window.document.undo_stack.undo()
     assert window.document.module is before
     assert all(np.array_equal(start_params[k], v) for k, v in param_arrays(before).items())
