@@ -84,17 +84,29 @@ def _softplus(x):
 
 
 def gelu(x: Tensor) -> Tensor:
-    """Exact Gelu: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`."""
+    """Exact Gelu: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`; the backward reuses Phi(x)."""
+    op = "gelu"
+    _float_input(op, x)
+    xd = x._data
+    xp = x._device.xp
+    cdf = special(xp).erf(xd * (1.0 / _SQRT_2))
+    cdf += 1.0
+    cdf *= 0.5
+    cdf = cdf.astype(xd.dtype, copy=False)
+    out = xd * cdf
+    if not _tracking(x):
+        return Tensor._wrap(out, x._device, x._ad)
 
-    def fwd(a):
-        return a * (0.5 * (1.0 + special(_xp(a)).erf(a * (1.0 / _SQRT_2))))
+    def rule(g):
+        # d/dx x Phi(x) = Phi(x) + x phi(x)
+        pdf = xp.exp(xd * xd * -0.5)
+        pdf *= xd
+        pdf *= _INV_SQRT_2PI
+        pdf += cdf
+        pdf *= g
+        return (pdf.astype(g.dtype, copy=False),)
 
-    def grad(a, out):
-        xp = _xp(a)
-        cdf = 0.5 * (1.0 + special(xp).erf(a * (1.0 / _SQRT_2)))
-        return cdf + a * (_INV_SQRT_2PI * xp.exp(-0.5 * a * a))
-
-    return unary(x, "gelu", fwd, grad)
+    return record(out, x._device, (x,), rule, op)
 
 
 def relu6(x: Tensor) -> Tensor:
