@@ -10,14 +10,18 @@ How a run goes:
   and the loss (a mismatch names the module where it failed), then runs a `Learner`.
 - The loop's events are batched on the worker and sent as one queued signal at most every
   `FLUSH_S` seconds (control events at once); the GUI thread applies them to the run's
-  `RunHistory`, and the curves redraw at most ~12 times a second.
+  `RunHistory`, and the curves and progress redraw at most `REFRESH_HZ` times a second, less
+  often when a redraw with its paint costs more than `GUI_BUDGET` of the time. While the
+  curves paint, the worker waits between two steps (at most `GUI_WAIT_S`), so the paint's many
+  Python callbacks do not each queue for the GIL.
 - Every `GRAD_NORM_S` seconds the optimizer wrapper (`GradTap`) computes, before the update,
   the L2 norm of the gradients below every module (None for modules with no gradient:
   frozen); the panel shows them and re-emits them as `grad_norms_changed(dict)`.
 - Pause / resume / stop go to the learner from the GUI thread (it honours them between two
-  steps). A run that ends finished or stopped replaces the document's model with the trained
-  value as one undoable step (unless the document's model changed meanwhile: then 'Apply
-  trained model' does it on request). A failed run (NaN loss, an exception, data that does
+  steps). A run that ends finished or stopped saves the trained weights in its folder
+  (`trained.bpk`) and replaces the document's model with the trained value as one undoable
+  step whose edit loads those weights (so a saved project reopens trained), unless the
+  document's model changed meanwhile: then 'Apply trained model' does it on request. A failed run (NaN loss, an exception, data that does
   not fit) shows what happened and where, and leaves the model as it was.
 - 'Resume from checkpoint' continues the last stopped, failed or crashed run (in this session
   or found on disk) from its newest checkpoint.
@@ -61,9 +65,11 @@ from .workers import Task, TaskFailure
 
 FLUSH_S = 1 / 10  # the worker sends batched events at most this often (control events at once)
 PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most this often
-# While a run trains, the GIL is handed over this fast (Python's default is 5 ms): a paint calls
-# back into Python (pyqtgraph's items) many times, and each call waits for the GIL the worker holds.
-SWITCH_INTERVAL_S = 0.0005
+# A paint of the curves calls back into Python (pyqtgraph's items) many times, and each call would
+# queue for the GIL behind the training thread: the worker waits between two steps while the GUI
+# paints (`wait_for_paint`). Lowering Python's switch interval during runs (`switch_interval`, off
+# by default) was measured too: it cut the paints' delays less and cost more throughput.
+SWITCH_INTERVAL_S = None
 GUI_WAIT_S = 0.05  # the longest a step waits for a paint of the curves to end
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
 REFRESH_HZ = 10  # curves and progress redraw at most this often
@@ -543,9 +549,11 @@ class TrainingPanel(QWidget):
 
     def __init__(self, document, parent=None, *, runs_dir: str | Path | None = None,
                  default_runs_dir: str | Path | None = None, start_task: Callable | None = None,
-                 yield_between_steps: bool = False, switch_interval: float | None = SWITCH_INTERVAL_S):
+                 yield_between_steps: bool = False, switch_interval: float | None = SWITCH_INTERVAL_S,
+                 wait_for_paint: bool = True):
         super().__init__(parent)
         self.switch_interval = switch_interval
+        self.wait_for_paint = wait_for_paint
         self._saved_switch_interval: float | None = None
         self.setObjectName("training-panel")
         self.document = document
@@ -894,7 +902,7 @@ class TrainingPanel(QWidget):
         self.apply_button.setEnabled(False)
         self._show_error("")
         run.write("running", resumed_from=resume_from)
-        run.control.gui_idle = self.curves.graphics.idle
+        run.control.gui_idle = self.curves.graphics.idle if self.wait_for_paint else None
         task = Task(run_training, run.control, run.source_module, run.spec, str(run.folder), resume_from,
                     max_steps, self.yield_between_steps, title=f"Training {run.name}")
         run.task = task
