@@ -10,10 +10,10 @@ offset, no loop over output positions) and multiplies it with the weight in one 
 matrix product (per image when the inner dimension is tiny, as for a one-channel first
 layer); with groups 1 the bias rides along as a row of ones. The backward pass reuses that
 buffer for the weight gradient and spreads the column gradient back over the input
-("col2im": one strided add per kernel offset). With stride 1 along the last axis the
-columns cover whole padded rows (`_conv_wide`), so each copy and add moves long contiguous
-runs. A transposed convolution is the same two steps in the other order. Every path is
-tested against loop references (tests/engine/tensor/test_ops_conv.py forces each one).
+("col2im": one strided add per kernel offset). Both go in two stages (the last axis's
+offsets first), so that every copy and add moves whole output rows or planes. A transposed
+convolution is the same two steps in the other order. Every path is tested against loop
+references (tests/engine/tensor/test_ops_conv.py forces each one).
 """
 from __future__ import annotations
 
@@ -28,9 +28,6 @@ _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
 # below this inner dimension (channels_in/groups * kernel size) one matrix product per image
 # beats one large product followed by a transpose of its result
 _SMALL_K = 32
-# the "wide" im2col computes whole padded rows (see _conv_wide) while they are at most this
-# much longer than the output rows
-_WIDE_MAX_RATIO = 1.34
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -177,24 +174,59 @@ def _col_buffer(xp, rows, cols, dtype, with_ones):
     return buf
 
 
+def _last_axis_slice(k, dilation, stride, out):
+    """The strided slice of the last (padded) input axis that kernel offset `k` reads."""
+    return slice(k * dilation, k * dilation + stride * (out - 1) + 1, stride)
+
+
+def _lead_windows(kernel, stride, dilation, out):
+    """Per offset along the leading spatial axes (all but the last): the offset tuple and its
+    strided slices of those axes."""
+    for offs in itertools.product(*[range(k) for k in kernel]):
+        yield offs, tuple(slice(o * d, o * d + s * (m - 1) + 1, s) for o, d, s, m in zip(offs, dilation, stride, out))
+
+
 def _im2col(xp, xpad_cm, kernel, stride, dilation, out, cols=None):
     """Columns [C, *kernel, B, *out] from a channel-major padded input [C, B, *S]:
-    cols[c, k, b, o] = xpad[c, b, o*s + k*d]. Written into `cols` when given."""
+    cols[c, k, b, o] = xpad[c, b, o*s + k*d]. Written into `cols` when given.
+
+    Two stages, so that no copy moves runs shorter than an output row: per offset along the
+    last axis, that axis's strided slice of every input row (one copy, [C, B, *S_lead, O_last]);
+    then per offset along the leading axes, whole output planes of that copy (contiguous runs of
+    O_last, and of whole planes with stride 1)."""
     c, b = xpad_cm.shape[:2]
+    n = len(kernel)
     if cols is None:
         cols = xp.empty((c,) + tuple(kernel) + (b,) + tuple(out), dtype=xpad_cm.dtype)
     lead = (slice(None), slice(None))
-    for offs, sl in _window_slices(kernel, stride, dilation, out):
-        cols[(slice(None),) + offs] = xpad_cm[lead + sl]
+    for k in range(kernel[-1]):
+        last = xpad_cm[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
+        if n == 1:
+            cols[:, k] = last
+            continue
+        last = xp.ascontiguousarray(last)
+        for offs, sl in _lead_windows(kernel[:-1], stride[:-1], dilation[:-1], out[:-1]):
+            cols[(slice(None),) + offs + (k,)] = last[lead + sl]
     return cols
 
 
 def _col2im(xp, cols, padded_cm_shape, kernel, stride, dilation, out):
-    """The adjoint of `_im2col`: sum columns [C, *kernel, B, *out] into zeros [C, B, *S]."""
+    """The adjoint of `_im2col`: sum columns [C, *kernel, B, *out] into zeros [C, B, *S], in
+    the same two stages (leading-axis offsets into one buffer per last-axis offset, then that
+    buffer into its strided slice of the last axis)."""
+    n = len(kernel)
     res = xp.zeros(padded_cm_shape, dtype=cols.dtype)
     lead = (slice(None), slice(None))
-    for offs, sl in _window_slices(kernel, stride, dilation, out):
-        res[lead + sl] += cols[(slice(None),) + offs]
+    acc = xp.empty(padded_cm_shape[:-1] + (out[-1],), dtype=cols.dtype) if n > 1 else None
+    for k in range(kernel[-1]):
+        target = res[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
+        if n == 1:
+            target += cols[:, k]
+            continue
+        acc[...] = 0
+        for offs, sl in _lead_windows(kernel[:-1], stride[:-1], dilation[:-1], out[:-1]):
+            acc[lead + sl] += cols[(slice(None),) + offs + (k,)]
+        target += acc
     return res
 
 
@@ -281,9 +313,6 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
     ksize = int(np.prod(kernel))
     p = int(np.prod(out_sp))
     small_k = c_in_g * ksize < _SMALL_K
-    padded_last = x.shape[-1] + pads[-1][0] + pads[-1][1]
-    if not small_k and stride[-1] == 1 and padded_last <= _WIDE_MAX_RATIO * out_sp[-1]:
-        return _conv_wide(op, dev, inputs, xa, wa, ba, groups, kernel, dilation, stride, pads, out_sp)
     with dev.context():
         xpad = _pad_cm(xp, xa, pads)  # [C, B, *S]
         fold = ba is not None and g_ == 1  # the bias rides along in the product
@@ -351,112 +380,6 @@ def _channel_sum(xp, g):
         p = g.size // max(b * c, 1)
         return (g.reshape(b * c, p) @ np.ones(p, dtype=g.dtype)).reshape(b, c).sum(axis=0)
     return g.sum(axis=(0,) + tuple(range(2, g.ndim)))
-
-
-def _flat_planes(xp, x, pads, slack):
-    """[B, C, *S] as channel-major flat planes [C, B, prod(S') + slack], zero-padded."""
-    b, c = x.shape[:2]
-    padded = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads))
-    plane = int(np.prod(padded))
-    if any(lo or hi for lo, hi in pads):
-        flat = xp.zeros((c, b, plane + slack), dtype=x.dtype)
-        view = flat[:, :, :plane].reshape((c, b) + padded)
-        view[(slice(None), slice(None)) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], pads))] = xp.moveaxis(x, 1, 0)
-    else:
-        flat = xp.empty((c, b, plane + slack), dtype=x.dtype)
-        flat[:, :, :plane] = xp.moveaxis(x, 1, 0).reshape(c, b, plane)
-        flat[:, :, plane:] = 0
-    return flat, padded
-
-
-def _wide_views(xp, flat, padded, kernel, stride, dilation, out_wide):
-    """For each kernel offset: (offset, view [C, B, *out_wide] of the flat planes).
-
-    Output rows are taken as whole padded rows: view[c, b, o..., j] is the flat element at
-    sum_i (o_i * s_i + k_i * d_i) * st_i + k_n * d_n + j; columns past the true output run
-    on into the next row (or the zero slack) and are discarded or multiplied by zero.
-    """
-    n = len(padded)
-    st = [int(np.prod(padded[i + 1:])) for i in range(n)]
-    item = flat.itemsize
-    shape = flat.shape[:2] + tuple(out_wide)
-    strides = flat.strides[:2] + tuple(stride[i] * st[i] * item for i in range(n - 1)) + (item,)
-    for offs in itertools.product(*[range(k) for k in kernel]):
-        base = sum(o * d * t for o, d, t in zip(offs, dilation, st))
-        yield offs, xp.lib.stride_tricks.as_strided(flat[:, :, base:], shape=shape, strides=strides)
-
-
-def _conv_wide(op, dev, inputs, xa, wa, ba, groups, kernel, dilation, stride, pads, out_sp):
-    """Convolution with stride 1 along the last axis, computed on whole padded rows.
-
-    Each kernel offset then copies (and, backward, adds) long contiguous runs instead of
-    output-row-long ones, for a few percent more arithmetic in the matrix products."""
-    x, weight = inputs[0], inputs[1]
-    bias = inputs[2] if len(inputs) > 2 else None
-    xp = dev.xp
-    n = len(kernel)
-    batch, c_in = xa.shape[:2]
-    c_out, c_in_g = wa.shape[:2]
-    g_ = groups
-    c_out_g = c_out // g_
-    ksize = int(np.prod(kernel))
-    slack = dilation[-1] * (kernel[-1] - 1)
-    lead = (slice(None), slice(None))
-    with dev.context():
-        flat, padded = _flat_planes(xp, xa, pads, slack)
-        out_wide = tuple(out_sp[:-1]) + (padded[-1],)
-        fold = ba is not None and g_ == 1  # the bias rides along in the product
-        buf = _col_buffer(xp, c_in * ksize, batch * int(np.prod(out_wide)), xa.dtype, fold)
-        cols = buf[: c_in * ksize].reshape((c_in,) + tuple(kernel) + (batch,) + out_wide)
-        for offs, view in _wide_views(xp, flat, padded, kernel, stride, dilation, out_wide):
-            cols[(slice(None),) + offs] = view
-        del flat
-        cols_m = cols.reshape(g_, c_in_g * ksize, -1)
-        w_m = wa.reshape(g_, c_out_g, c_in_g * ksize)
-        if fold:
-            res = xp.matmul(xp.concatenate([w_m, ba.reshape(1, c_out, 1)], axis=2), buf[None])
-        else:
-            res = xp.matmul(w_m, cols_m)
-        res = res.reshape((c_out, batch) + out_wide)
-        out = xp.ascontiguousarray(xp.moveaxis(res[..., : out_sp[-1]], 1, 0))
-        del res, buf
-        if ba is not None and not fold:
-            out += ba.reshape((1, c_out) + (1,) * n)
-
-    need_x = x._node is not None
-    need_w = weight._node is not None
-    need_b = bias is not None and bias._node is not None
-    in_sp = xa.shape[2:]
-    if not need_w:
-        cols_m = None
-    del cols
-
-    def rule(g):
-        with dev.context():
-            gx = gw = gb = None
-            if need_x or need_w:
-                g2 = xp.zeros((c_out, batch) + out_wide, dtype=g.dtype)
-                g2[..., : out_sp[-1]] = xp.moveaxis(g, 1, 0)
-                g2 = g2.reshape(g_, c_out_g, -1)
-            if need_w:
-                gw = xp.matmul(g2, cols_m.swapaxes(-1, -2)).reshape(wa.shape)
-            if need_x:
-                gcols = xp.matmul(w_m.swapaxes(-1, -2), g2)  # [G, Cg*K, B*P_wide], zero past each row
-                gcols = gcols.reshape((c_in,) + tuple(kernel) + (batch,) + out_wide)
-                gflat = xp.zeros((c_in, batch, int(np.prod(padded)) + slack), dtype=g.dtype)
-                for offs, view in _wide_views(xp, gflat, padded, kernel, stride, dilation, out_wide):
-                    view += gcols[(slice(None),) + offs]
-                del gcols
-                gpad = gflat[:, :, : int(np.prod(padded))].reshape((c_in, batch) + padded)
-                gx = _from_cm(xp, _crop(gpad, pads, in_sp))
-            if need_b:
-                gb = _channel_sum(xp, g)
-        res_ = (_back_cast(gx, x._data), _back_cast(gw, weight._data))
-        if bias is not None:
-            res_ += (_back_cast(gb, bias._data),)
-        return res_
-
-    return record(out, dev, inputs, rule, op)
 
 
 @tensor_method

@@ -62,13 +62,12 @@ def t64(a):
     return Tensor.from_data(a, dtype="float64")
 
 
-@pytest.fixture(params=["per-image products", "one large product", "whole padded rows"])
+@pytest.fixture(params=["per-image products", "one large product"])
 def product_path(request, monkeypatch):
     """Run a test through each computation strategy of ops_conv (normally chosen by shape)."""
     from engine.tensor import ops_conv
 
     monkeypatch.setattr(ops_conv, "_SMALL_K", 10**9 if request.param == "per-image products" else 0)
-    monkeypatch.setattr(ops_conv, "_WIDE_MAX_RATIO", 10**9 if request.param == "whole padded rows" else 0)
     return request.param
 
 
