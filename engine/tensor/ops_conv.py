@@ -210,22 +210,34 @@ def _im2col(xp, xpad_cm, kernel, stride, dilation, out, cols=None):
     return cols
 
 
-def _col2im(xp, cols, padded_cm_shape, kernel, stride, dilation, out):
-    """The adjoint of `_im2col`: sum columns [C, *kernel, B, *out] into zeros [C, B, *S], in
-    the same two stages (leading-axis offsets into one buffer per last-axis offset, then that
-    buffer into its strided slice of the last axis)."""
+def _col2im_matmul(xp, w_r, rhs, padded_cm_shape, kernel, stride, dilation, out):
+    """The adjoint of `_im2col` applied to the columns `w^T @ rhs`, summed into zeros [C, B, *S].
+
+    `w_r` is a weight `[G, R, Cc, *kernel]` (R the contracted channels), `rhs` `[G, R, B * P]`;
+    column row (c, k) is `sum_r w_r[g, r, c, k] * rhs[g, r]`. The product is formed per offset
+    along the last kernel axis into one reused buffer, which is spread over the input while it
+    is in cache: first its leading-axis offsets into a buffer of whole output rows, then that
+    buffer into its strided slice of the last axis."""
+    g_, r, cc = w_r.shape[:3]
     n = len(kernel)
-    res = xp.zeros(padded_cm_shape, dtype=cols.dtype)
+    klead = tuple(kernel[:-1])
+    nlead = int(np.prod(klead))
+    c, b = padded_cm_shape[:2]
+    res = xp.zeros(padded_cm_shape, dtype=rhs.dtype)
     lead = (slice(None), slice(None))
-    acc = xp.empty(padded_cm_shape[:-1] + (out[-1],), dtype=cols.dtype) if n > 1 else None
+    acc = xp.empty(padded_cm_shape[:-1] + (out[-1],), dtype=rhs.dtype) if n > 1 else None
+    blk = None
     for k in range(kernel[-1]):
+        wk = w_r[..., k].reshape(g_, r, cc * nlead).swapaxes(-1, -2)  # [G, Cc * K_lead, R]
+        blk = xp.matmul(wk, rhs, out=blk)
+        cols_k = blk.reshape((c,) + klead + (b,) + tuple(out))
         target = res[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
         if n == 1:
-            target += cols[:, k]
+            target += cols_k
             continue
         acc[...] = 0
-        for offs, sl in _lead_windows(kernel[:-1], stride[:-1], dilation[:-1], out[:-1]):
-            acc[lead + sl] += cols[(slice(None),) + offs + (k,)]
+        for offs, sl in _lead_windows(klead, stride[:-1], dilation[:-1], out[:-1]):
+            acc[lead + sl] += cols_k[(slice(None),) + offs]
         target += acc
     return res
 
@@ -358,9 +370,8 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
             if need_w and not per_image_w:
                 gw = xp.matmul(g2, cols_m.swapaxes(-1, -2)).reshape(wa.shape)
             if need_x:
-                gcols = xp.matmul(w_m.swapaxes(-1, -2), g2)  # [G, Cg*K, B*P]
-                gcols = gcols.reshape((c_in,) + tuple(kernel) + (batch,) + out_sp)
-                gpad = _col2im(xp, gcols, padded_cm_shape, kernel, stride, dilation, out_sp)
+                w_r = wa.reshape((g_, c_out_g, c_in_g) + tuple(kernel))
+                gpad = _col2im_matmul(xp, w_r, g2, padded_cm_shape, kernel, stride, dilation, out_sp)
                 gx = _from_cm(xp, _crop(gpad, pads, in_sp))
             if need_b and gb is None:
                 gb = _channel_sum(xp, g)
@@ -463,10 +474,8 @@ def _conv_transpose(op, n, x, weight, bias, stride, padding, padding_out, dilati
     with dev.context():
         x2 = _to_cm_groups(xp, xa, g_)  # [G, Cg_in, B*P_in]
         w_m = wa.reshape(g_, c_in_g, c_out_g * ksize)
-        cols = xp.matmul(w_m.swapaxes(-1, -2), x2)  # [G, Og*K, B*P_in]
-        cols = cols.reshape((c_out,) + tuple(kernel) + (batch,) + tuple(in_sp))
-        res = _col2im(xp, cols, (c_out, batch) + full, kernel, stride, dilation, in_sp)  # [C_out, B, *full]
-        del cols
+        w_r = wa.reshape((g_, c_in_g, c_out_g) + tuple(kernel))
+        res = _col2im_matmul(xp, w_r, x2, (c_out, batch) + full, kernel, stride, dilation, in_sp)  # [C_out, B, *full]
         out = _from_cm(xp, _crop(res, pads, out_sp))
         if ba is not None:
             out += ba.reshape((1, c_out) + (1,) * n)
