@@ -18,6 +18,8 @@ def parse_args(argv=None):
     p.add_argument("--example", help="open a built-in example model by name")
     p.add_argument("--open", dest="open_path", help="open a project, model script (path.py[:factory]) or checkpoint")
     p.add_argument("--screenshot", help="render the window once, save it as PNG, and exit")
+    p.add_argument("--train-steps", type=int, metavar="N",
+                   help="train the opened model N steps in the Training tab (an example with a task)")
     p.add_argument("--theme", choices=("light", "dark"), help="the colour theme (remembered)")
     p.add_argument("--select", help="with --screenshot: select this module path in the tree")
     p.add_argument("--size", default="1400x860", help="with --screenshot: the window size, WIDTHxHEIGHT")
@@ -70,6 +72,10 @@ def main(argv=None) -> int:
         window.resize(int(w), int(h))
     window.show()
     ok = open_requested(window, args)
+    if ok and args.train_steps:
+        from .training_panel import train_steps  # noqa: PLC0415
+
+        ok = train_steps(window, args.train_steps)
     if not (args.screenshot or args.open_path or args.example):
         window.offer_recovery(None)  # an untitled model's changes, kept when the app last crashed
     if not args.screenshot:

@@ -30,6 +30,7 @@ from widgets.module_tree import CONTRACT, ModuleTree
 from widgets.task_progress import TaskProgress
 
 from .designer_panel import install_designer, open_design_in_window
+from .training_panel import install as install_training
 from . import checkpoints, contracts, edits, opening
 from .actions import Actions
 from .document import PROJECT_SUFFIX, Document, ProjectError, read_project, write_json_atomic
@@ -81,6 +82,8 @@ class MainWindow(QMainWindow):
         self.autosave_timer.start()
         data_dir = self.settings.data_dir()
         self.designer = install_designer(self, autosave_dir=None if data_dir is None else data_dir / "autosave")
+        self.training_panel = install_training(self)
+        self.training_panel.grad_norms_changed.connect(self.tree.model.set_grad_norms)
         self._on_model_changed()
 
     # ---- layout --------------------------------------------------------------------------------
@@ -854,8 +857,13 @@ class MainWindow(QMainWindow):
     def _default_dock_sizes(self) -> None:
         """The first-start layout: wide docks around the display, narrow ones around the canvas."""
         w = self.width()
-        wide_center = self.tabs.currentWidget() is not self.display
-        tree, inspector = (0.24, 0.18) if wide_center else (0.46, 0.27)
+        current = self.tabs.currentWidget()
+        if current is self.display:
+            tree, inspector = 0.46, 0.27
+        elif current is getattr(self, "training_panel", None):
+            tree, inspector = 0.14, 0.17
+        else:
+            tree, inspector = 0.24, 0.18
         self.resizeDocks([self.tree_dock, self.inspector_dock], [int(w * tree), int(w * inspector)],
                          Qt.Orientation.Horizontal)
 
@@ -870,6 +878,7 @@ class MainWindow(QMainWindow):
                     answer == QMessageBox.StandardButton.Save and not self.save_project()):
                 event.ignore()
                 return
+        self.training_panel.shutdown()
         self.cancel_tasks()
         self.designer.shutdown()
         self.settings.save_window(self)

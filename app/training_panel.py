@@ -1130,6 +1130,8 @@ def install(window, **kwargs) -> TrainingPanel:
     if old is not None:
         tabs.removeTab(index)
         old.deleteLater()
+    # the dashboard's own minimum width must not widen the window: it shrinks with the tab
+    panel.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
     tabs.insertTab(index, panel, "Training")
     window.training_tab = panel
     window.training_panel = panel

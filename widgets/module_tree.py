@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
 from . import module_info as mi
 from .common import count, monospace_font
 
-NAME, TYPE, PARAMS, TRAINABLE, DEVICE, CONTRACT = range(6)
-HEADERS = ["Name", "Type", "Parameters", "Trainable", "Device", "Contract"]
+NAME, TYPE, PARAMS, TRAINABLE, DEVICE, CONTRACT, GRAD = range(7)
+HEADERS = ["Name", "Type", "Parameters", "Trainable", "Device", "Contract", "Grad norm"]
 PATH_ROLE = Qt.ItemDataRole.UserRole + 1
 KIND_ROLE = Qt.ItemDataRole.UserRole + 2
 STATE_ROLE = Qt.ItemDataRole.UserRole + 3
@@ -83,6 +83,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._filter = ""
         self._visible: set[str] | None = None  # paths shown while filtering
         self._contracts: ContractProvider | None = None
+        self._grad_norms: dict | None = None  # module path -> live gradient norm (None: frozen)
         self._mono = monospace_font()
 
     # ---- content -------------------------------------------------------------------------
@@ -99,6 +100,11 @@ class ModuleTreeModel(QAbstractItemModel):
     def set_contract_provider(self, provider: ContractProvider | None) -> None:
         self._contracts = provider
         self.refresh_column(CONTRACT)
+
+    def set_grad_norms(self, norms: dict | None) -> None:
+        """Live gradient norms per module path while training (None for a frozen module)."""
+        self._grad_norms = norms
+        self.refresh_column(GRAD)
 
     def set_filter(self, text: str) -> None:
         """Show only nodes whose name, type or path contains `text` (and their ancestors)."""
@@ -287,6 +293,12 @@ class ModuleTreeModel(QAbstractItemModel):
                     return ""
                 mark = STATUS_MARK.get(status, "")
                 return f"{mark} {text or '(no contract)'}".strip()
+            if col == GRAD:
+                norms = self._grad_norms
+                if not norms or node.path not in norms:
+                    return ""
+                value = norms[node.path]
+                return "frozen" if value is None else f"{value:.2e}"
             return None
         if role == Qt.ItemDataRole.CheckStateRole and col == TRAINABLE and st.floats:
             state = st.state
@@ -297,10 +309,13 @@ class ModuleTreeModel(QAbstractItemModel):
             return Qt.CheckState.PartiallyChecked
         if role == Qt.ItemDataRole.DecorationRole and col == NAME and st.reparameterized:
             return lora_badge()
-        if role == Qt.ItemDataRole.TextAlignmentRole and col in (PARAMS, TRAINABLE):
+        if role == Qt.ItemDataRole.TextAlignmentRole and col in (PARAMS, TRAINABLE, GRAD):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        if role == Qt.ItemDataRole.FontRole and col in (CONTRACT, TYPE):
+        if role == Qt.ItemDataRole.FontRole and col in (CONTRACT, TYPE, GRAD):
             return self._mono
+        if role == Qt.ItemDataRole.ForegroundRole and col == GRAD and self._grad_norms \
+                and self._grad_norms.get(node.path, 0.0) is None:
+            return QBrush(QColor("#8a8f98"))
         if role == Qt.ItemDataRole.ForegroundRole and col == CONTRACT:
             _, status, _ = self._contract(node)
             color = STATUS_COLOR.get(status)
