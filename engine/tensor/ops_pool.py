@@ -180,13 +180,15 @@ def _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, 
             nxt.append(level[-1])
         level = nxt
     best, arg = level[0]
-    if is_float:
+    # one reduction rules both fix-ups out in the usual case: the min is NaN if any value is,
+    # and above the dtype's lowest if no window is all -inf
+    low = best.min() if best.size else lowest
+    if is_float and bool(xp.isnan(low)):
         nan = xp.isnan(best)
-        if bool(nan.any()):
-            for k, (_, sl) in enumerate(windows):
-                xp.copyto(arg, k, where=nan & xp.isnan(xpad[lead + sl]))
-    missing = best == lowest
-    if bool(missing.any()):
+        for k, (_, sl) in enumerate(windows):
+            xp.copyto(arg, k, where=nan & xp.isnan(xpad[lead + sl]))
+    missing = (best == lowest) if bool(xp.isnan(low)) or low <= lowest else None
+    if missing is not None and bool(missing.any()):
         # the first kernel offset inside the input, per axis, combined in row-major order
         first = None
         for i in range(n):
