@@ -380,3 +380,25 @@ def test_train_steps_trains_exactly_that_many_steps(window, qtbot, tmp_path):
     assert run.outcome.status == "finished" and run.outcome.steps == 50
     assert window.tabs.currentWidget() is p
     assert window.document.module is run.outcome.model
+
+
+def test_the_window_tree_shows_live_gradient_norms_per_module(window, qtbot):
+    from widgets.module_tree import GRAD, PATH_ROLE
+
+    assert window.open_example("spirals")
+    panel = window.training_panel  # the one the window installed and wired to its tree
+    window.tabs.setCurrentWidget(panel)
+    set_field(qtbot, panel.training_form, "num_epochs", 2)
+    click(qtbot, panel.controls.start_button)
+    wait_ended(qtbot, panel)
+    assert panel.runs[-1].outcome.status == "finished", panel.last_error
+    model = window.tree.model
+    assert model.headerData(GRAD, Qt.Orientation.Horizontal) == "Grad norm"
+    root = model.index(0, 0)
+    shown = {}
+    for row in range(model.rowCount(root)):
+        path = model.index(row, 0, root).data(PATH_ROLE)
+        shown[path] = model.index(row, GRAD, root).data()
+    assert set(shown) >= {"fc1", "fc2", "fc3"}
+    assert all(float(shown[p]) > 0 for p in ("fc1", "fc2", "fc3")), shown
+    panel.shutdown()
