@@ -201,13 +201,19 @@ def _conv(case: str, column: str, limit: float):
     return extract
 
 
-def _layers(case: str, limit: float):
+def _layers(case: str, threads: str, limit: float):
     def extract(out, tables):
         t = find_table(tables, "Layers, engine vs PyTorch")
-        r = t.row(case)
-        if "not installed" in r[2]:
+        rows = [r for r in t.rows if case.lower() in r[0].lower()]
+        if "threads" in t.header:
+            rows = [r for r in rows if r[t.column("threads")] == threads]
+        if not rows:
+            raise LookupError(f"no row {case!r} at {threads} thread(s)")
+        r = rows[0]
+        peer = r[t.column("PyTorch")]
+        if "not installed" in peer or peer == "-":
             raise LookupError("PyTorch is not installed")
-        return vs(seconds(r[1]), "PyTorch CPU", seconds(r[2]), limit)
+        return vs(seconds(r[t.column("engine")]), "PyTorch CPU", seconds(peer), limit)
     return extract
 
 
@@ -286,10 +292,14 @@ TARGETS = [
            _conv("64→64", "forward + backward", 1.3)),
     Target("conv", "max_pool2d 2x2, 64x26x26, fwd+bwd", "≤ 1.3× PyTorch", "assumed",
            _conv("max_pool2d", "forward + backward", 1.3)),
-    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64", "≤ 1.3× PyTorch", "assumed",
-           _layers("burn-mnist", 1.3)),
-    Target("layers", "TransformerEncoder layer fwd+bwd", "≤ 1.3× PyTorch", "assumed",
-           _layers("TransformerEncoder", 1.3)),
+    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64, 1 thread", "≤ 1.3× PyTorch", "assumed",
+           _layers("burn-mnist", "1", 1.3)),
+    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64, 2 threads", "≤ 1.3× PyTorch", "assumed",
+           _layers("burn-mnist", "2", 1.3)),
+    Target("layers", "TransformerEncoder layer fwd+bwd, 1 thread", "≤ 1.3× PyTorch", "assumed",
+           _layers("TransformerEncoder", "1", 1.3)),
+    Target("layers", "TransformerEncoder layer fwd+bwd, 2 threads", "≤ 1.3× PyTorch", "assumed",
+           _layers("TransformerEncoder", "2", 1.3)),
     Target("store", "save 100 M params, durable", "≤ 1.2× safetensors", "script",
            _store("save, durable (Ember atomic vs safetensors + fsync)", 1.2)),
     Target("store", "load 100 M params into the model", "≤ 1× safetensors", "script",
@@ -475,6 +485,37 @@ def report(runs: dict[str, Run], order: list[str], torch: str | None, started: s
     return "\n".join(out).rstrip() + "\n"
 
 
+def runs_from_report(text: str) -> tuple[dict[str, Run], list[str]]:
+    """The outputs a RESULTS.md recorded, as runs (to summarize them again without running)."""
+    runs, order = {}, []
+    pattern = re.compile(r"^### (\w+)\.py\n\n`[^`]*`: (.*?), (\d+) s\.\n\n```text\n(.*?)\n```", re.M | re.S)
+    for m in pattern.finditer(text):
+        name, status, secs, out = m.groups()
+        code = re.fullmatch(r"exit status (-?\d+)", status)
+        runs[name] = Run(name, int(code.group(1)) if code else None, float(secs), out, "", "" if code else status)
+        order.append(name)
+    return runs, order
+
+
+def resummarize(path: Path) -> str:
+    """RESULTS.md with its summary made again from its own recorded outputs (TARGETS changed)."""
+    text = path.read_text(encoding="utf-8")
+    runs, _ = runs_from_report(text)
+    torch = None if "- PyTorch: **not installed**" in text else "installed"
+    start, end = text.index("## Summary"), text.index("## Each benchmark's output")
+    old = text[start:end]
+    intro = old.split("\n\n")[1]  # the counts line
+    summary = summarize(runs, torch)
+    met = sum(1 for r in summary if r[-1] == "met")
+    not_met = sum(1 for r in summary if "not met" in r[-1])
+    unmeasured = sum(1 for r in summary if r[-1].startswith("not measured"))
+    intro = re.sub(r"^\d+ targets met, \d+ not met, \d+ not measured\.",
+                   f"{met} targets met, {not_met} not met, {unmeasured} not measured.", intro)
+    header = ["benchmark", "figure", "Ember", "peer", "peer value", "ratio", "target", "result"]
+    new = "\n\n".join(["## Summary", intro, md_table(header, summary), ""])
+    return text[:start] + new + text[end:]
+
+
 def _busy(*loads: str) -> bool:
     try:
         return any(float(x.split(" / ")[0]) > (os.cpu_count() or 1) * 0.75 for x in loads)
@@ -487,7 +528,15 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated benchmark names (default: all)")
     ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per benchmark")
+    ap.add_argument("--resummarize", metavar="RESULTS_MD",
+                    help="run nothing: make the summary of an existing RESULTS.md again from the outputs it "
+                         "recorded (after changing TARGETS), writing it to --out")
     args = ap.parse_args(argv)
+    if args.resummarize:
+        text = resummarize(Path(args.resummarize))
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(text[text.index("## Summary"):text.index("## Each benchmark's output")])
+        return 0
     order = discover(args.only.split(",") if args.only else None)
     torch = torch_version()
     if torch is None:
