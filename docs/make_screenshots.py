@@ -107,8 +107,8 @@ def planned_shots(folder: Path) -> list[Shot]:
     if design is not None:
         shots.append(Shot("guide-design.png", "A model built from a design graph (the MNIST sample design).",
                           ["--expand", "1"], project(design)))
-    # The training dashboard mid-run cannot be reached from the command line (no flag starts a
-    # run); the guide shows docs/screenshots/training.png, which the dashboard's authors made.
+    shots.append(Shot("guide-train.png", "The spirals example after 600 training steps in the Training tab.",
+                      ["--example", "spirals", "--train-steps", "600"]))
     for shot in shots:
         if shot.project is not None:
             shot.project_path = folder / (shot.name.removesuffix(".png") + ".ember.json")
