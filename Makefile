@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 export PYTEST_QT_API := pyside6
 export PYQTGRAPH_QT_LIB := PySide6
 
-.PHONY: run test bench clean
+.PHONY: run test bench package clean
+
+# build-time only, never a runtime dependency
+PYINSTALLER := pyinstaller==6.22.3
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,8 +23,16 @@ run: $(STAMP)
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
 
+# PyTorch CPU is a benchmark-only peer (never a dependency); without it the peer columns say so
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q torch==2.13.0 || echo "PyTorch not installed: its peer columns stay empty"
 	$(BIN)/python benchmarks/run_all.py
+
+package: $(STAMP)
+	$(BIN)/python -m pip install -q $(PYINSTALLER)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python packaging/render_icons.py --check
+	$(BIN)/pyinstaller --noconfirm --clean --distpath dist --workpath build/pyinstaller packaging/ember.spec
+	QT_QPA_PLATFORM=offscreen $(BIN)/python packaging/smoke.py dist/ember
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

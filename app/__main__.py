@@ -61,6 +61,7 @@ def main(argv=None) -> int:
     app.setApplicationName("Ember")
     app.setOrganizationName("Ember")
     app.setStyle("Fusion")
+    app.setDesktopFileName("org.emberstudio.Ember")  # matches packaging/org.emberstudio.Ember.desktop
     # a screenshot shows the default layout and never touches the user's settings
     settings = Settings.at(os.path.join(tempfile.mkdtemp(prefix="ember-shot-"), "settings.ini")) \
         if args.screenshot else Settings()
