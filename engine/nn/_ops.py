@@ -359,6 +359,81 @@ def _dot_keep(a, b_, axes, plan):
     return np.vecdot(a.reshape(b * c, p), b_.reshape(b * c, p)).reshape(b, c).sum(axis=0).reshape(keep)
 
 
+# bytes of one block of images for the blocked batch norm passes (about half an L2 cache):
+# the passes over a block find it in cache instead of streaming the whole tensor each time
+_BN_BLOCK_BYTES = 1 << 19
+
+
+def _bn_blocks(b, c, p, itemsize):
+    step = max(1, _BN_BLOCK_BYTES // max(c * p * itemsize, 1))
+    return [slice(lo, min(lo + step, b)) for lo in range(0, b, step)]
+
+
+def _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd):
+    """Batch statistics and `xc * (gamma * rstd) + beta` of a C-contiguous NumPy `[B, C, ...]`,
+    a block of images at a time. Returns mean, var, rstd (reduced axes kept), the output and
+    the centred input xc."""
+    _, b, c, p = plan
+    keep = _keep_shape(xd.shape, axes)
+    mean = _sum_keep(xd, axes, plan)
+    mean *= inv_n
+    x3, m3 = xd.reshape(b, c, p), mean.reshape(1, c, 1)
+    xc = np.empty_like(xd)
+    xc3 = xc.reshape(b, c, p)
+    sq = np.empty((b, c), dtype=xd.dtype)
+    blocks = _bn_blocks(b, c, p, xd.itemsize)
+    for s in blocks:
+        np.subtract(x3[s], m3, out=xc3[s])
+        sq[s] = np.vecdot(xc3[s], xc3[s])
+    var = sq.sum(axis=0).reshape(keep)
+    var *= inv_n
+    rstd = (1.0 / np.sqrt(var + eps)).astype(xd.dtype, copy=False)
+    scale3 = (gd * rstd).astype(xd.dtype, copy=False).reshape(1, c, 1)
+    shift3 = bd.reshape(1, c, 1) if bd is not None else None
+    out = np.empty_like(xd)
+    o3 = out.reshape(b, c, p)
+    for s in blocks:
+        np.multiply(xc3[s], scale3, out=o3[s])
+        if shift3 is not None:
+            o3[s] += shift3
+    return mean, var, rstd, out, xc
+
+
+def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
+    """`_batch_norm_forward`'s backward, a block of images at a time: the input gradient
+    `a * g + c1 + c2 * xc` (None unless `need_x`), sum(g) and sum(g * xhat) (reduced axes kept)."""
+    _, b, c, p = plan
+    keep = _keep_shape(xc.shape, axes)
+    g = np.ascontiguousarray(g)
+    g3, z3 = g.reshape(b, c, p), xc.reshape(b, c, p)
+    ones = np.ones(p, dtype=g.dtype)
+    sums = np.empty((b, c), dtype=g.dtype)
+    dots = np.empty((b, c), dtype=g.dtype)
+    blocks = _bn_blocks(b, c, p, g.itemsize)
+    for s in blocks:
+        sums[s] = g3[s] @ ones
+        dots[s] = np.vecdot(g3[s], z3[s])
+    sg = sums.sum(axis=0).reshape(keep)
+    sgx = dots.sum(axis=0).reshape(keep) * rstd  # sum(g * xhat)
+    if not need_x:
+        return None, sg, sgx
+    a = gd * rstd
+    a3 = a.astype(g.dtype, copy=False).reshape(1, c, 1)
+    c1 = ((a * sg) * -inv_n).astype(g.dtype, copy=False).reshape(1, c, 1)
+    c2 = ((a * sgx * rstd) * -inv_n).astype(g.dtype, copy=False).reshape(1, c, 1)
+    gx = np.empty_like(g)
+    gx3 = gx.reshape(b, c, p)
+    tmp = np.empty((blocks[0].stop - blocks[0].start, c, p), dtype=g.dtype)
+    for s in blocks:
+        out = gx3[s]
+        t = tmp[: out.shape[0]]
+        np.multiply(g3[s], a3, out=out)
+        np.multiply(z3[s], c2, out=t)
+        out += t
+        out += c1
+    return gx, sg, sgx
+
+
 def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None = None,
               beta: Tensor | None = None, affine_shape: tuple[int, ...] | None = None,
               stats: dict | None = None) -> Tensor:
@@ -370,7 +445,8 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     Few full-size passes: these tensors are the largest a conv net makes. The statistics are
     matrix-vector products; where gamma is constant over the reduced axes (batch norm) the
     output is `xc * (gamma * rstd) + beta` from the centred input `xc`, which the backward
-    keeps, and the input gradient is `a * g + c1 + c2 * xc` with per-channel a, c1, c2.
+    keeps, and the input gradient is `a * g + c1 + c2 * xc` with per-channel a, c1, c2. On
+    NumPy batch norm runs its passes a block of images at a time, while the block is in cache.
     """
     op = "normalize"
     _float_input(op, x)
@@ -380,24 +456,30 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     plan = _reduction_plan(xd.shape, axes)
     count = int(np.prod([xd.shape[a % nd] for a in axes]))
     inv_n = 1.0 / count
-    mean = _sum_keep(xd, axes, plan)
-    mean *= inv_n
-    xc = xd - mean
-    var = _dot_keep(xc, xc, axes, plan)
-    var *= inv_n
-    rstd = (1.0 / xp.sqrt(var + eps)).astype(xd.dtype, copy=False)
-    if stats is not None:
-        stats["mean"], stats["var"] = mean, var
     gd = gamma._data.reshape(affine_shape) if gamma is not None else None
     bd = beta._data.reshape(affine_shape) if beta is not None else None
     red = {a % nd for a in axes}
     # gamma constant over the reduced axes: fold it with rstd into one per-statistic scale
     fold = gd is not None and all(gd.shape[i] == 1 for i in red if i < gd.ndim) and gd.ndim == nd
+    # batch norm on NumPy: the same arithmetic, a few images at a time while they are in cache
+    blocked = fold and xp is np and plan is not None and plan[0] == "bn" and xd.flags.c_contiguous
+    if blocked:
+        mean, var, rstd, out, xc = _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd)
+    else:
+        mean = _sum_keep(xd, axes, plan)
+        mean *= inv_n
+        xc = xd - mean
+        var = _dot_keep(xc, xc, axes, plan)
+        var *= inv_n
+        rstd = (1.0 / xp.sqrt(var + eps)).astype(xd.dtype, copy=False)
+    if stats is not None:
+        stats["mean"], stats["var"] = mean, var
     if fold:
-        scale = (gd * rstd).astype(xd.dtype, copy=False)
-        out = xp.multiply(xc, scale)
-        if bd is not None:
-            out += bd
+        if not blocked:
+            scale = (gd * rstd).astype(xd.dtype, copy=False)
+            out = xp.multiply(xc, scale)
+            if bd is not None:
+                out += bd
         z, z_scale = xc, rstd  # xhat = z * z_scale
     else:
         xhat = xc
@@ -418,7 +500,13 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
 
     def rule(g):
         gx = gg = gb = None
-        if fold:
+        if blocked:
+            gx, sg, sgx = _batch_norm_backward(g, z, plan, axes, inv_n, gd, rstd, need_x)
+            if need_g:
+                gg = unbroadcast(sgx, pshape).reshape(gamma.shape)
+            if need_b:
+                gb = unbroadcast(sg, pshape).reshape(beta.shape)
+        elif fold:
             # per-statistic sums: sum(g) and sum(g * xhat) = z_scale * sum(g * z)
             sg = _sum_keep(g, axes, plan) if (need_x or need_b) else None
             sgx = _dot_keep(g, z, axes, plan) * z_scale if (need_x or need_g) else None

@@ -146,6 +146,28 @@ def test_normalize_partial_gradients_and_float32(axes, pshape, grad_of):
         np.testing.assert_allclose(g.numpy(), full[name].numpy(), rtol=2e-4, atol=2e-5)
 
 
+def test_batch_norm_blocks_give_the_same_result(monkeypatch):
+    # batch norm on NumPy runs a block of images at a time: blocks of one image (and an uneven
+    # last block) give what one block of the whole batch gives
+    x = RNG.standard_normal((5, 3, 4, 2)) * 2 + 0.5
+    gam, bet, up = RNG.standard_normal(3) + 1, RNG.standard_normal(3), RNG.standard_normal(x.shape)
+
+    def run():
+        ts = [Tensor.from_data(a, dtype="float64").require_grad() for a in (x, gam, bet)]
+        stats = {}
+        out = _ops.normalize(ts[0], (0, 2, 3), 1e-5, ts[1], ts[2], (1, 3, 1, 1), stats)
+        grads = out.backward(Tensor.from_data(up, dtype="float64"))
+        return [out.numpy(), stats["mean"], stats["var"]] + [t.grad(grads).numpy() for t in ts]
+
+    whole = run()
+    for block_bytes in (1, 2 * 3 * 8 * 8):  # one image per block; two images, then one
+        monkeypatch.setattr(_ops, "_BN_BLOCK_BYTES", block_bytes)
+        for got, want in zip(run(), whole):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(whole[0], _norm_ref(x, (0, 2, 3), 1e-5) * gam.reshape(1, 3, 1, 1) + bet.reshape(1, 3, 1, 1),
+                               rtol=1e-10)
+
+
 def test_rms_norm():
     x = RNG.standard_normal((2, 3, 5))
     g = RNG.standard_normal(5)
