@@ -120,8 +120,7 @@ def _max_pool(op, n, x, kernel, stride, padding, dilation, ceil_mode, with_indic
                     # every input position belongs to at most one window: one scatter of the
                     # gradient to the flat positions of the window maxima
                     gpad = xp.zeros(padded_shape, dtype=g.dtype)
-                    flat = _padded_flat_indices(xp, arg, windows, padded_shape, out_sp, stride, dilation)
-                    gpad.reshape(-1)[flat.reshape(-1)] = g.reshape(-1)
+                    _scatter_to_argmax(xp, gpad, g, arg, windows, out_sp, stride, dilation)
                 else:
                     # overlapping windows: one strided add of the masked gradient per offset
                     gpad = xp.zeros(padded_shape, dtype=g.dtype)
@@ -137,26 +136,17 @@ def _max_pool(op, n, x, kernel, stride, padding, dilation, ceil_mode, with_indic
     return out
 
 
-def _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation):
-    """Each window's max and the index (in scan order) of the kernel offset PyTorch's kernel picks.
+# bytes of input per block of images for the max-pool tree (about an L2 cache)
+_POOL_BLOCK_BYTES = 1 << 20
 
-    PyTorch scans a window's in-input positions in order and replaces the running max
-    (initially -inf at the first position inside the input) when a value is greater or NaN:
-    the first maximum wins, NaN beats everything (the last NaN wins), and a window whose
-    values are all -inf (the dtype's lowest) points at its first position inside the input.
 
-    The offsets are combined pairwise in scan order (a tree: neighbours, then pairs of
-    neighbours, ...), the right one winning only where strictly greater, which keeps the
-    first maximum; only the first level reads the strided input windows. NaN and all -inf
-    windows are then fixed up.
-    """
-    n = len(in_sp)
-    nk = len(windows)
-    dt = np.uint8 if nk < 2**8 else (np.int16 if nk < 2**15 else np.int32)
-    lead = (slice(None), slice(None))
-    level = [(xpad[lead + sl], k) for k, (_, sl) in enumerate(windows)]
-    if nk == 1:
-        level = [(level[0][0].copy(), xp.zeros(level[0][0].shape, dtype=dt))]
+def _pairwise_argmax(xp, views, dt):
+    """Max and scan-order argmax over `views` (one per kernel offset, in scan order), combined
+    pairwise: neighbours, then pairs of neighbours, ...; the right one wins only where strictly
+    greater, which keeps the first maximum."""
+    level = list(zip(views, range(len(views))))
+    if len(level) == 1:
+        return level[0][0].copy(), xp.zeros(level[0][0].shape, dtype=dt)
     while len(level) > 1:
         nxt = []
         for i in range(0, len(level) - 1, 2):
@@ -179,7 +169,38 @@ def _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, 
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
-    best, arg = level[0]
+    return level[0]
+
+
+def _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, stride, padding, dilation):
+    """Each window's max and the index (in scan order) of the kernel offset PyTorch's kernel picks.
+
+    PyTorch scans a window's in-input positions in order and replaces the running max
+    (initially -inf at the first position inside the input) when a value is greater or NaN:
+    the first maximum wins, NaN beats everything (the last NaN wins), and a window whose
+    values are all -inf (the dtype's lowest) points at its first position inside the input.
+
+    The offsets are combined pairwise in scan order (a tree: neighbours, then pairs of
+    neighbours, ...), the right one winning only where strictly greater, which keeps the
+    first maximum; only the first level reads the strided input windows. NaN and all -inf
+    windows are then fixed up.
+    """
+    n = len(in_sp)
+    nk = len(windows)
+    dt = np.uint8 if nk < 2**8 else (np.int16 if nk < 2**15 else np.int32)
+    lead = (slice(None), slice(None))
+    batch = xpad.shape[0]
+    per_image = int(np.prod(xpad.shape[1:])) * xpad.itemsize
+    step = max(1, _POOL_BLOCK_BYTES // max(per_image, 1)) if xp is np else batch
+    if step >= batch:
+        best, arg = _pairwise_argmax(xp, [xpad[lead + sl] for _, sl in windows], dt)
+    else:
+        # a block of images at a time: the tree's passes over a block find it in cache
+        best = xp.empty((batch,) + xpad.shape[1:2] + tuple(out_sp), dtype=xpad.dtype)
+        arg = xp.empty(best.shape, dtype=dt)
+        for lo in range(0, batch, step):
+            blk = xpad[lo:lo + step]
+            best[lo:lo + step], arg[lo:lo + step] = _pairwise_argmax(xp, [blk[lead + sl] for _, sl in windows], dt)
     # one reduction rules both fix-ups out in the usual case: the min is NaN if any value is,
     # and above the dtype's lowest if no window is all -inf
     low = best.min() if best.size else lowest
@@ -202,17 +223,25 @@ def _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, 
     return best, arg
 
 
-def _padded_flat_indices(xp, arg, windows, padded_shape, out_sp, stride, dilation):
-    """Flat int64 indices into the whole padded input `[B, C, *S']` of each window's max."""
+def _scatter_to_argmax(xp, gpad, g, arg, windows, out_sp, stride, dilation):
+    """gpad (zeros, the whole padded input `[B, C, *S']`) at each window's argmax = g.
+
+    The flat int64 targets are the window origins (cached per geometry) plus the offset of
+    the chosen kernel position; on NumPy a block of images at a time, so that the indices
+    are consumed while in cache."""
+    padded_shape = gpad.shape
+    geometry = (tuple(padded_shape), tuple(out_sp), tuple(stride), tuple(dilation), tuple(offs for offs, _ in windows))
     if xp is np:
-        deltas, base = _flat_geometry(tuple(padded_shape), tuple(out_sp), tuple(stride), tuple(dilation),
-                                      tuple(offs for offs, _ in windows))
+        deltas, base = _flat_geometry(*geometry)
     else:
-        deltas, base = (xp.asarray(a) for a in _flat_geometry.__wrapped__(
-            tuple(padded_shape), tuple(out_sp), tuple(stride), tuple(dilation), tuple(offs for offs, _ in windows)))
-    idx = xp.take(deltas, arg)
-    idx += base
-    return idx
+        deltas, base = (xp.asarray(a) for a in _flat_geometry.__wrapped__(*geometry))
+    flat = gpad.reshape(-1)
+    batch = padded_shape[0]
+    step = max(1, _POOL_BLOCK_BYTES // max(arg[:1].size * 8, 1)) if xp is np else batch
+    for lo in range(0, batch, step):
+        idx = xp.take(deltas, arg[lo:lo + step])
+        idx += base[lo:lo + step]
+        flat[idx.reshape(-1)] = g[lo:lo + step].reshape(-1)
 
 
 @functools.lru_cache(maxsize=8)

@@ -207,6 +207,35 @@ def test_max_pool_many_ties_and_nans_pick_what_pytorch_picks(case):
         np.testing.assert_array_equal(gx, expected)
 
 
+def test_max_pool_by_blocks_of_images_gives_the_same(monkeypatch):
+    # on NumPy the argmax tree runs a block of images at a time: one image per block
+    from engine.tensor import ops_pool
+
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 3, (3, 2, 6, 7)).astype(np.float64)
+    x[1, 0, 2, 3] = np.nan
+    ref = [a.numpy() for a in t64(x).max_pool2d_with_indices((2, 3), (2, 2), (1, 1))]
+    monkeypatch.setattr(ops_pool, "_POOL_BLOCK_BYTES", 1)
+    got = [a.numpy() for a in t64(x).max_pool2d_with_indices((2, 3), (2, 2), (1, 1))]
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    rv, ri = ref_max_pool(x, (2, 3), (2, 2), (1, 1), (1, 1), False)
+    np.testing.assert_array_equal(got[0], rv)
+    np.testing.assert_array_equal(got[1], ri)
+    # the backward scatter, a block of images at a time, follows the same indices
+    x[1, 0, 2, 3] = 5.0
+    xt = t64(x).require_grad()
+    out = xt.max_pool2d((2, 3), (3, 3))  # windows apart: the scatter path
+    probe = np.arange(1.0, 1.0 + out.numel()).reshape(out.shape)
+    gx = xt.grad(out.backward(t64(probe))).numpy().reshape(3, 2, -1)
+    _, ri = ref_max_pool(x, (2, 3), (3, 3), (0, 0), (1, 1), False)
+    expected = np.zeros((3, 2, 42))
+    for b in range(3):
+        for c in range(2):
+            np.add.at(expected[b, c], ri[b, c].reshape(-1), probe[b, c].reshape(-1))
+    np.testing.assert_array_equal(gx, expected)
+
+
 def test_max_pool_float32_stays_float32():
     x = Tensor.from_data(np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)).require_grad()
     out = x.max_pool2d(2)
