@@ -180,9 +180,9 @@ def example_task(source: dict | None) -> str | None:
     if not source or source.get("kind") != "example":
         return None
     try:
-        from resources.examples import _module  # noqa: PLC0415 - the examples' loader
-        fn = getattr(_module(source["name"]), "task", None)
-        name = fn() if callable(fn) else None
+        from resources.examples import example_task as task_of  # noqa: PLC0415
+
+        name = task_of(source["name"])
     except Exception:  # noqa: BLE001 - a broken example shows up when it is opened
         return None
     return name if name in TASKS else None

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-__all__ = ["ExampleError", "list_examples", "build_example", "example_input", "describe_example", "example_path"]
+__all__ = ["ExampleError", "list_examples", "build_example", "example_input", "describe_example", "example_path",
+           "example_task"]
 
 _HERE = Path(__file__).resolve().parent
 _LOADED: dict[str, object] = {}
@@ -78,3 +79,9 @@ def example_input(name: str, batch: int = 1, device=None):
 def describe_example(name: str) -> str:
     """The example's one-line description (empty when it has none)."""
     return str(getattr(_module(name), "DESCRIPTION", ""))
+
+
+def example_task(name: str) -> str | None:
+    """The built-in training task the example `name` pairs with (`task()`), or None."""
+    fn = getattr(_module(name), "task", None)
+    return None if fn is None else str(fn())

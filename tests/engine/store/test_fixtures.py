@@ -114,8 +114,9 @@ def test_burn_mnist_saved_again_is_the_same_file(mnist_path, tmp_path):
 
 
 def test_burn_mnist_loads_into_the_shipped_example(mnist_path):
-    digits = pytest.importorskip("resources.examples.digits")
-    model = digits.Model().load_record(ModuleRecord.load(mnist_path)).valid()
+    from resources.examples import build_example
+
+    model = build_example("digits").load_record(ModuleRecord.load(mnist_path)).valid()
     assert model.forward(_digit_batch()).numpy().argmax(1).tolist() == list(range(10))
 
 
