@@ -235,9 +235,15 @@ class Learner:
         return m
 
     def run(self) -> TrainingResult:
+        """Train; a `stop()` asked before or during the run ends it between two steps."""
+        try:
+            return self._run()
+        finally:
+            with self._cond:  # the request is used up: a later run() starts afresh
+                self._stop = False
+
+    def _run(self) -> TrainingResult:
         cfg = self.config
-        with self._cond:
-            self._stop = False
         self.state = "running"
         epoch, step = self._start_epoch, 0
         model = None

@@ -249,3 +249,13 @@ def test_the_loop_trains_where_the_model_lives():
                      config=TrainingConfig(num_epochs=1, batch_size=16)).run()
     assert result.status == "finished", result.error
     assert [str(d) for d in result.model.devices()] == ["cpu:2"]
+
+
+def test_a_stop_asked_before_the_run_starts_is_honoured_and_then_used_up():
+    learner = Learner(MLP, optim.SgdConfig().init(), task=build_task("spirals", n_train=32, n_valid=8),
+                      config=TrainingConfig(num_epochs=1, batch_size=16))
+    learner.stop()  # e.g. the user pressed Stop while the worker thread was starting
+    first = learner.run()
+    assert first.status == "stopped" and first.step_losses == []
+    second = learner.run()  # the request was used up by the first run
+    assert second.status == "finished" and len(second.step_losses) == 2
