@@ -472,7 +472,7 @@ def report(runs: dict[str, Run], order: list[str], torch: str | None, started: s
             "", "## Summary", "",
             f"{met} targets met, {not_met} not met, {unmeasured} not measured. Ratio = Ember / peer "
             "(lower is better) unless the target says otherwise. Targets marked * are assumed for this "
-            "report (no benchmark script states them); the others are stated by the benchmark script.", "",
+            "report (no issue states them); the others are the targets the issues set.", "",
             md_table(["benchmark", "figure", "Ember", "peer", "peer value", "ratio", "target", "result"], summary),
             "", "## Each benchmark's output", ""]
     for name in order:
