@@ -63,7 +63,7 @@ from . import contracts
 from .document import write_json_atomic
 from .workers import Task, TaskFailure
 
-FLUSH_S = 1 / 10  # the worker sends batched events at most this often (control events at once)
+FLUSH_S = 1 / 4  # the worker sends batched events at most this often (control events at once)
 PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most this often
 # A paint of the curves calls back into Python (pyqtgraph's items) many times, and each call would
 # queue for the GIL behind the training thread: the worker waits between two steps while the GUI
@@ -72,7 +72,7 @@ PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most th
 SWITCH_INTERVAL_S = None
 GUI_WAIT_S = 0.05  # the longest a step waits for a paint of the curves to end
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
-REFRESH_HZ = 10  # curves and progress redraw at most this often
+REFRESH_HZ = 4  # curves and progress redraw at most this often
 GUI_BUDGET = 0.05  # ... and less often when a redraw (with its paint) costs more than this share of the time
 FILE_TASK = "file"
 LOSSES = ("auto", "cross-entropy", "mse")
