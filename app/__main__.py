@@ -47,11 +47,22 @@ def open_requested(window, args) -> bool:
     return True
 
 
+def no_display() -> bool:
+    """True on Linux without an X or Wayland display and no platform chosen (Qt would abort)."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return False
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("PYQTGRAPH_QT_LIB", "PySide6")
     if args.screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    elif no_display():
+        print("ember: no display found (neither DISPLAY nor WAYLAND_DISPLAY is set). Run it on a desktop, "
+              "or render a picture with --screenshot PATH.", file=sys.stderr)
+        return 2
     from PySide6.QtWidgets import QApplication  # noqa: PLC0415
 
     from .main_window import MainWindow  # noqa: PLC0415

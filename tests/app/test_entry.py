@@ -44,3 +44,11 @@ def test_a_model_that_cannot_be_opened_fails_the_screenshot(tmp_path):
     assert "bad.py:build() raised ValueError: no weights here" in r.stderr
     r = run_app("--example", "nope", "--screenshot", str(tmp_path / "y.png"), home=tmp_path)
     assert r.returncode == 1 and "no-such" not in r.stderr and "'nope'" in r.stderr
+
+
+def test_without_a_display_the_app_says_so_instead_of_aborting():
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}  # no DISPLAY, WAYLAND_DISPLAY or QT_QPA_PLATFORM
+    r = subprocess.run([sys.executable, "-m", "app", "--example", "burn-book"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "no display found" in r.stderr and "--screenshot" in r.stderr
