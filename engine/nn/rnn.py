@@ -202,13 +202,18 @@ class BiLstmConfig(Config):
         return BiLstm(base.init(device), base.init(device), self.d_hidden, self.batch_first)
 
 
-class BiLstm(Module):
-    """A bidirectional LSTM: a forward and a reverse Lstm, outputs concatenated."""
+class _Bidirectional(Module):
+    """A forward and a reverse recurrent layer, outputs concatenated along the features.
+
+    Burn names the forward direction's field `forward`; it is kept in the instance dict (a field,
+    so paths read `forward.…`) while `layer.forward(...)` still runs the layer (see
+    `__getattribute__`). Subclasses name `_GATE`, the gate whose input transform tells d_input.
+    """
+
+    _GATE = ""
 
     def __init__(self, forward, reverse, d_hidden: int, batch_first: bool):
         super().__init__()
-        # Burn names the field `forward`; it is kept in the instance dict (a field) while
-        # `bilstm.forward(...)` still runs the layer (see __getattribute__)
         self.__dict__["forward"] = forward
         self.reverse = reverse
         self.d_hidden = int(d_hidden)
@@ -220,9 +225,48 @@ class BiLstm(Module):
         return object.__getattribute__(self, name)
 
     @property
+    def forward_direction(self):
+        """The forward-direction layer (the field `forward`, as Burn names it)."""
+        return self.__dict__["forward"]
+
+    def _input_transform(self):
+        return getattr(self.forward_direction, self._GATE).input_transform
+
+    def _sequence_first(self, batched_input):
+        assert_shape(batched_input, [None, None, self._input_transform().weight.shape[0]])
+        return batched_input if self.batch_first else batched_input.swap_dims(0, 1)
+
+    def _both(self, x, state_forward, state_reverse):
+        """Both directions over `x` (batch first): the concatenated output and each final state."""
+        from ..tensor.ops_index import cat  # noqa: PLC0415
+
+        out_f, st_f = self.forward_direction._run(x, state_forward, False)
+        out_r, st_r = self.reverse._run(x, state_reverse, True)
+        out = cat([out_f, out_r], 2)
+        return (out if self.batch_first else out.swap_dims(0, 1)), st_f, st_r
+
+    def custom_settings(self):
+        return row_settings()
+
+    def custom_content(self, content):
+        transform = self._input_transform()
+        return (
+            content.add("d_input", transform.weight.shape[0])
+            .add("d_hidden", self.d_hidden)
+            .add("bias", transform.bias is not None)
+            .optional()
+        )
+
+
+class BiLstm(_Bidirectional):
+    """A bidirectional LSTM: a forward and a reverse Lstm, outputs concatenated."""
+
+    _GATE = "input_gate"
+
+    @property
     def forward_lstm(self):
         """The forward-direction Lstm (the field `forward`, as Burn names it)."""
-        return self.__dict__["forward"]
+        return self.forward_direction
 
     def _bi_forward(self, batched_input, state: LstmState | None = None):
         """Runs both directions over the sequence.
@@ -234,10 +278,7 @@ class BiLstm(Module):
         - output: `[batch_size, seq_length, 2 * d_hidden]`
         - final state: cell and hidden `[2, batch_size, d_hidden]`
         """
-        fwd = self.forward_lstm
-        d_input = fwd.input_gate.input_transform.weight.shape[0]
-        assert_shape(batched_input, [None, None, d_input])
-        x = batched_input if self.batch_first else batched_input.swap_dims(0, 1)
+        x = self._sequence_first(batched_input)
         batch_size = x.shape[0]
         sf = sr = None
         if state is not None:
@@ -245,25 +286,8 @@ class BiLstm(Module):
             assert_shape(state.hidden, [2, batch_size, self.d_hidden])
             sf = LstmState(state.cell[0], state.hidden[0])
             sr = LstmState(state.cell[1], state.hidden[1])
-        out_f, st_f = fwd._run(x, sf, False)
-        out_r, st_r = self.reverse._run(x, sr, True)
-        from ..tensor.ops_index import cat  # noqa: PLC0415
-
-        out = cat([out_f, out_r], 2)
-        out = out if self.batch_first else out.swap_dims(0, 1)
+        out, st_f, st_r = self._both(x, sf, sr)
         return out, LstmState(stack([st_f.cell, st_r.cell], 0), stack([st_f.hidden, st_r.hidden], 0))
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        fwd = self.forward_lstm
-        return (
-            content.add("d_input", fwd.input_gate.input_transform.weight.shape[0])
-            .add("d_hidden", self.d_hidden)
-            .add("bias", fwd.input_gate.input_transform.bias is not None)
-            .optional()
-        )
 
 
 # ---------------------------------------------------------------------- GRU
@@ -381,25 +405,15 @@ class BiGruConfig(Config):
         return BiGru(base.init(device), base.init(device), self.d_hidden, self.batch_first)
 
 
-class BiGru(Module):
+class BiGru(_Bidirectional):
     """A bidirectional GRU: a forward and a reverse Gru, outputs concatenated."""
 
-    def __init__(self, forward, reverse, d_hidden: int, batch_first: bool):
-        super().__init__()
-        self.__dict__["forward"] = forward
-        self.reverse = reverse
-        self.d_hidden = int(d_hidden)
-        self.batch_first = bool(batch_first)
-
-    def __getattribute__(self, name):
-        if name == "forward":
-            return object.__getattribute__(self, "_bi_forward")
-        return object.__getattribute__(self, name)
+    _GATE = "update_gate"
 
     @property
     def forward_gru(self):
         """The forward-direction Gru (the field `forward`, as Burn names it)."""
-        return self.__dict__["forward"]
+        return self.forward_direction
 
     def _bi_forward(self, batched_input, state=None):
         """Runs both directions over the sequence.
@@ -411,30 +425,10 @@ class BiGru(Module):
         - output: `[batch_size, seq_length, 2 * d_hidden]`
         - final state: `[2, batch_size, d_hidden]`
         """
-        fwd = self.forward_gru
-        d_input = fwd.update_gate.input_transform.weight.shape[0]
-        assert_shape(batched_input, [None, None, d_input])
-        x = batched_input if self.batch_first else batched_input.swap_dims(0, 1)
+        x = self._sequence_first(batched_input)
         sf = sr = None
         if state is not None:
             assert_shape(state, [2, x.shape[0], self.d_hidden])
             sf, sr = state[0], state[1]
-        out_f, h_f = fwd._run(x, sf, False)
-        out_r, h_r = self.reverse._run(x, sr, True)
-        from ..tensor.ops_index import cat  # noqa: PLC0415
-
-        out = cat([out_f, out_r], 2)
-        out = out if self.batch_first else out.swap_dims(0, 1)
+        out, h_f, h_r = self._both(x, sf, sr)
         return out, stack([h_f, h_r], 0)
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        fwd = self.forward_gru
-        return (
-            content.add("d_input", fwd.update_gate.input_transform.weight.shape[0])
-            .add("d_hidden", self.d_hidden)
-            .add("bias", fwd.update_gate.input_transform.bias is not None)
-            .optional()
-        )
