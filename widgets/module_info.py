@@ -14,14 +14,10 @@ from typing import Any
 from engine import Tensor
 from engine.module import Flag, Module, Param, ParamGroup
 from engine.module.lora import NF4Weight
+from engine.module.module import reparameterization_name
 from engine.module.summary import TrainableCounts
 
 MODULE, CONTAINER, PARAM, REPARAM, CONST, FLAG = "module", "container", "param", "reparam", "const", "flag"
-
-
-def reparameterization_name(r: Any) -> str:
-    name = getattr(r, "NAME", None)
-    return name if isinstance(name, str) and name else type(r).__name__.lower()
 
 
 def kind_of(value: Any) -> str | None:

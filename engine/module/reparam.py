@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 from ..tensor import Tensor
 from .module import Module, reparameterization_name
+from .visitor import ModuleMapper
 from .param import Param
 
 __all__ = [
@@ -127,7 +128,7 @@ def _refuse_nesting(module: Module, what: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- applying
-class _ApplyReparameterization:
+class _ApplyReparameterization(ModuleMapper):
     """A module mapper that offers every float parameter, with its path, to a reparameterizer."""
 
     def __init__(self, reparameterizer):
@@ -179,15 +180,6 @@ class _ApplyReparameterization:
                 f"'{inner[0][0]}' is reparameterized; reparameterizations cannot be nested"
             )
         return base.with_reparameterization(r)
-
-    def map_int(self, param):
-        return param
-
-    def map_bool(self, param):
-        return param
-
-    def map_flag(self, flag):
-        return flag
 
 
 def apply_reparameterization(module: Module, reparameterizer) -> Module:
