@@ -133,6 +133,14 @@ def _common(xp, arrays):
     return dt, [a if a.dtype == dt else a.astype(dt) for a in arrays]
 
 
+def _operands(xp, x, weight, bias):
+    """The op's tensor inputs (for `record`), their common dtype, and the input, weight and bias
+    arrays in it (bias None when absent)."""
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    dt, arrs = _common(xp, [t._data for t in inputs])
+    return inputs, dt, arrs[0], arrs[1], (arrs[2] if bias is not None else None)
+
+
 def _back_cast(g, like):
     return g if g is None or g.dtype == like.dtype else g.astype(like.dtype)
 
@@ -315,10 +323,7 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
 
     dev = x._device
     xp = dev.xp
-    inputs = [x, weight] + ([bias] if bias is not None else [])
-    dt, arrs = _common(xp, [t._data for t in inputs])
-    xa, wa = arrs[0], arrs[1]
-    ba = arrs[2] if bias is not None else None
+    inputs, dt, xa, wa, ba = _operands(xp, x, weight, bias)
 
     g_ = groups
     c_out_g = c_out // g_
@@ -462,10 +467,7 @@ def _conv_transpose(op, n, x, weight, bias, stride, padding, padding_out, dilati
 
     dev = x._device
     xp = dev.xp
-    inputs = [x, weight] + ([bias] if bias is not None else [])
-    dt, arrs = _common(xp, [t._data for t in inputs])
-    xa, wa = arrs[0], arrs[1]
-    ba = arrs[2] if bias is not None else None
+    inputs, dt, xa, wa, ba = _operands(xp, x, weight, bias)
     g_ = groups
     c_in_g = c_in // g_
     ksize = int(np.prod(kernel))
