@@ -35,18 +35,22 @@ class Node:
         return f"<Node {kind}{' released' if self.released else ''}>"
 
 
-_state = threading.local()
+class _State(threading.local):
+    paused = False  # a class default: each thread starts recording, and the lookup stays cheap
+
+
+_state = _State()
 
 
 def is_recording() -> bool:
-    return not getattr(_state, "paused", False)
+    return not _state.paused
 
 
 class no_recording:
     """Context manager: operations inside record nothing (like PyTorch's no_grad)."""
 
     def __enter__(self):
-        self._prev = getattr(_state, "paused", False)
+        self._prev = _state.paused
         _state.paused = True
         return self
 
@@ -56,25 +60,35 @@ class no_recording:
 
 
 def _topological(root: Node) -> list[Node]:
-    """Nodes reachable from root, each after all of its parents (iterative DFS)."""
-    order: list[Node] = []
-    seen = {id(root)}
-    stack = [(root, iter(root.parents or ()))]
+    """Nodes reachable from root, each after all of its parents (iterative DFS).
+
+    Nodes are hashed by identity (Node defines no __eq__), so they key the `seen` set
+    directly; leaves have no parents and go straight into the order.
+    """
     if root.released:
         raise GraphReleasedError(_released_message(root))
+    order: list[Node] = []
+    append = order.append
+    seen = {root}
+    add = seen.add
+    stack = [(root, iter(root.parents))]
+    push = stack.append
     while stack:
         node, it = stack[-1]
         for parent in it:
-            if parent is None or id(parent) in seen:
+            if parent is None or parent in seen:
                 continue
             if parent.released:
                 raise GraphReleasedError(_released_message(parent))
-            seen.add(id(parent))
-            stack.append((parent, iter(parent.parents or ())))
+            add(parent)
+            if parent.leaf:
+                append(parent)
+                continue
+            push((parent, iter(parent.parents)))
             break
         else:
             stack.pop()
-            order.append(node)
+            append(node)
     return order
 
 
@@ -86,15 +100,25 @@ def _released_message(node: Node) -> str:
 
 
 def backward(root: Node, seed) -> Gradients:
-    """Propagate `seed` (the gradient of the root's output) back to every leaf."""
+    """Propagate `seed` (the gradient of the root's output) back to every leaf.
+
+    A gradient reaching a node from several children is summed. The first sum allocates a
+    fresh array that this pass owns; later contributions are added into it in place (never
+    into an array a rule handed over, which may be shared by several parents or be a
+    read-only broadcast view).
+    """
     grads = Gradients()
     if root.leaf:
         grads._put(root, seed)
         return grads
     order = _topological(root)
-    pending = {id(root): seed}
+    pending = {root: seed}
+    owned: set[int] = set()  # ids of the accumulation arrays this pass allocated
+    pop = pending.pop
     for node in reversed(order):
-        g = pending.pop(id(node), None)
+        g = pop(node, None)
+        if owned and g is not None:
+            owned.discard(id(g))  # handed on: a rule may pass it to several parents
         if node.leaf:
             if g is not None:
                 grads._put(node, g)
@@ -104,9 +128,17 @@ def backward(root: Node, seed) -> Gradients:
             for parent, pg in zip(node.parents, parent_grads):
                 if parent is None or pg is None:
                     continue
-                key = id(parent)
-                prev = pending.get(key)
-                pending[key] = pg if prev is None else prev + pg
+                prev = pending.get(parent)
+                if prev is None:
+                    pending[parent] = pg
+                elif id(prev) in owned and prev.shape == pg.shape and prev.dtype == pg.dtype:
+                    prev += pg
+                else:
+                    owned.discard(id(prev))
+                    acc = prev + pg
+                    if acc.ndim:  # a rank-0 sum may come back as an immutable scalar
+                        owned.add(id(acc))
+                    pending[parent] = acc
         node.rule = None
         node.parents = None
         node.released = True

@@ -53,22 +53,34 @@ __all__ = ["Module"]
 _PLAIN, _NONE, _MODULE, _PARAM, _FLAG, _CONST, _SEQ, _MAP = range(8)
 
 
+_KIND_OF_TYPE: dict[type, int] = {}  # classes whose kind does not depend on the value's content
+
+
 def _classify(v) -> int:
+    k = _KIND_OF_TYPE.get(type(v))
+    if k is not None:
+        return k
+    t = type(v)
     if isinstance(v, Module):
-        return _MODULE
-    if isinstance(v, Param):
-        return _PARAM
-    if isinstance(v, Tensor):
-        return _CONST
-    if v is None:
-        return _NONE
-    if isinstance(v, Flag):
-        return _FLAG
-    if isinstance(v, (list, tuple)):
+        k = _MODULE
+    elif isinstance(v, Param):
+        k = _PARAM
+    elif isinstance(v, Tensor):
+        k = _CONST
+    elif v is None:
+        k = _NONE
+    elif isinstance(v, Flag):
+        k = _FLAG
+    elif isinstance(v, (list, tuple)):
         return _SEQ if _has_children(v) else _PLAIN
-    if isinstance(v, dict):
+    elif isinstance(v, dict):
         return _MAP if _has_children(v.values()) else _PLAIN
-    return _PLAIN
+    elif isinstance(v, (int, float, complex, str, bytes)):
+        k = _PLAIN
+    else:
+        return _PLAIN  # other objects: not cached (a class may later gain a Module base)
+    _KIND_OF_TYPE[t] = k
+    return k
 
 
 def _has_children(items) -> bool:
@@ -160,22 +172,23 @@ def _walk_value(v, name: str, ct: str, w: _Walker):
         return None
     if k == _CONST:
         return w.on_const(v)
+    # no try/finally around enter/exit: an exception abandons the whole walk (and its path)
     w.enter(name, ct)
-    try:
-        if k == _MODULE:
-            return _walk_module(v, w)
-        if k == _PARAM:
-            return _walk_param(v, w)
-        if k == _FLAG:
-            return w.on_flag(v)
-        if k == _SEQ:
-            ct2 = "Tuple" if isinstance(v, tuple) else "Vec"
-            items = [_walk_value(x, str(i), ct2, w) for i, x in enumerate(v)]
-            return _rebuild_seq(v, items) if w.rebuild else None
+    if k == _MODULE:
+        out = _walk_module(v, w)
+    elif k == _PARAM:
+        out = _walk_param(v, w)
+    elif k == _FLAG:
+        out = w.on_flag(v)
+    elif k == _SEQ:
+        ct2 = "Tuple" if isinstance(v, tuple) else "Vec"
+        items = [_walk_value(x, str(i), ct2, w) for i, x in enumerate(v)]
+        out = _rebuild_seq(v, items) if w.rebuild else None
+    else:
         items = {key: _walk_value(x, str(key), "Map", w) for key, x in v.items()}
-        return type(v)(items) if w.rebuild else None
-    finally:
-        w.exit(name, ct)
+        out = type(v)(items) if w.rebuild else None
+    w.exit(name, ct)
+    return out
 
 
 def _walk_param(p: Param, w: _Walker):

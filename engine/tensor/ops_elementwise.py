@@ -26,7 +26,10 @@ def _bcast_error(op, a, b, exc):
 
 
 # ---------------------------------------------------------------- binary arithmetic
-def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts):
+def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts, saves: str = "xyo"):
+    """`saves` names the arrays the rules read (x, y, o: the operands and the output); only
+    those stay alive in the graph until backward, the others reach the rules as None. The
+    tensor-tensor rule also gets both operands' shapes, to reduce broadcast gradients."""
     b = as_operand(a, b, op)
     dev = a._device
     if isinstance(b, Tensor):
@@ -36,42 +39,49 @@ def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts):
             raise _bcast_error(op, a, b, exc) from None
         if (a._node is None and b._node is None) or not _tape.is_recording():
             return Tensor._wrap(out, dev, a._ad or b._ad)
-        x, y = a._data, b._data
+        x = a._data if "x" in saves else None
+        y = b._data if "y" in saves else None
+        o = out if "o" in saves else None
+        xs, ys = a._data.shape, b._data.shape
         na, nb = a._node is not None, b._node is not None
-        return Tensor._wrap(out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, out, na, nb), op))
+        return Tensor._wrap(
+            out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, o, na, nb, xs, ys), op)
+        )
     out = fwd(a._data, b)
     if a._node is None or not _tape.is_recording():
         return Tensor._wrap(out, dev, a._ad)
-    x = a._data
-    return Tensor._wrap(out, dev, True, Node((a._node,), lambda g: (rule_ts(g, x, b, out),), op))
+    x = a._data if "x" in saves else None
+    o = out if "o" in saves else None
+    return Tensor._wrap(out, dev, True, Node((a._node,), lambda g: (rule_ts(g, x, b, o),), op))
 
 
-# rules for tensor-tensor ops: na / nb say whether each operand needs its gradient
-def _add_tt(g, x, y, out, na, nb):
-    return (unbroadcast(g, x.shape) if na else None), (unbroadcast(g, y.shape) if nb else None)
+# rules for tensor-tensor ops: na / nb say whether each operand needs its gradient, xs / ys
+# are the operands' shapes
+def _add_tt(g, x, y, out, na, nb, xs, ys):
+    return (unbroadcast(g, xs) if na else None), (unbroadcast(g, ys) if nb else None)
 
 
-def _sub_tt(g, x, y, out, na, nb):
-    return (unbroadcast(g, x.shape) if na else None), (unbroadcast(-g, y.shape) if nb else None)
+def _sub_tt(g, x, y, out, na, nb, xs, ys):
+    return (unbroadcast(g, xs) if na else None), (unbroadcast(-g, ys) if nb else None)
 
 
-def _mul_tt(g, x, y, out, na, nb):
-    return (unbroadcast(g * y, x.shape) if na else None), (unbroadcast(g * x, y.shape) if nb else None)
+def _mul_tt(g, x, y, out, na, nb, xs, ys):
+    return (unbroadcast(g * y, xs) if na else None), (unbroadcast(g * x, ys) if nb else None)
 
 
-def _div_tt(g, x, y, out, na, nb):
+def _div_tt(g, x, y, out, na, nb, xs, ys):
     gx = g / y
-    return (unbroadcast(gx, x.shape) if na else None), (unbroadcast(-gx * out, y.shape) if nb else None)
+    return (unbroadcast(gx, xs) if na else None), (unbroadcast(-gx * out, ys) if nb else None)
 
 
-def _pow_tt(g, x, y, out, na, nb):
+def _pow_tt(g, x, y, out, na, nb, xs, ys):
     xp = _xp(x)
-    gx = unbroadcast(g * y * xp.power(x, y - 1), x.shape) if na else None
+    gx = unbroadcast(g * y * xp.power(x, y - 1), xs) if na else None
     gy = None
     if nb:
         with np.errstate(divide="ignore", invalid="ignore"):
             logx = xp.where(x > 0, xp.log(xp.where(x > 0, x, 1)), 0)
-        gy = unbroadcast(g * out * logx, y.shape)
+        gy = unbroadcast(g * out * logx, ys)
     return gx, gy
 
 
@@ -81,22 +91,22 @@ def _xp(arr):
 
 @tensor_method
 def add(self, other):
-    return _binary(self, other, "add", lambda x, y: x + y, _add_tt, lambda g, x, s, o: g)
+    return _binary(self, other, "add", lambda x, y: x + y, _add_tt, lambda g, x, s, o: g, saves="")
 
 
 @tensor_method
 def sub(self, other):
-    return _binary(self, other, "sub", lambda x, y: x - y, _sub_tt, lambda g, x, s, o: g)
+    return _binary(self, other, "sub", lambda x, y: x - y, _sub_tt, lambda g, x, s, o: g, saves="")
 
 
 @tensor_method
 def mul(self, other):
-    return _binary(self, other, "mul", lambda x, y: x * y, _mul_tt, lambda g, x, s, o: g * s)
+    return _binary(self, other, "mul", lambda x, y: x * y, _mul_tt, lambda g, x, s, o: g * s, saves="xy")
 
 
 @tensor_method
 def div(self, other):
-    return _binary(self, other, "div", lambda x, y: x / y, _div_tt, lambda g, x, s, o: g / s)
+    return _binary(self, other, "div", lambda x, y: x / y, _div_tt, lambda g, x, s, o: g / s, saves="yo")
 
 
 @tensor_method
@@ -121,7 +131,7 @@ def rdiv(self, other):
 
 @tensor_method
 def neg(self):
-    return _unary(self, "neg", lambda x: -x, lambda g, x, o: -g)
+    return _unary(self, "neg", lambda x: -x, lambda g, x, o: -g, saves="")
 
 
 @tensor_method
@@ -132,8 +142,9 @@ def maximum(self, other):
         other,
         "maximum",
         lambda x, y: _xp(x).maximum(x, y),
-        lambda g, x, y, o, na, nb: (unbroadcast(g * (x >= y), x.shape), unbroadcast(g * (x < y), y.shape)),
+        lambda g, x, y, o, na, nb, xs, ys: (unbroadcast(g * (x >= y), xs), unbroadcast(g * (x < y), ys)),
         lambda g, x, s, o: g * (x >= s),
+        saves="xy",
     )
 
 
@@ -144,8 +155,9 @@ def minimum(self, other):
         other,
         "minimum",
         lambda x, y: _xp(x).minimum(x, y),
-        lambda g, x, y, o, na, nb: (unbroadcast(g * (x <= y), x.shape), unbroadcast(g * (x > y), y.shape)),
+        lambda g, x, y, o, na, nb, xs, ys: (unbroadcast(g * (x <= y), xs), unbroadcast(g * (x > y), ys)),
         lambda g, x, s, o: g * (x <= s),
+        saves="xy",
     )
 
 
@@ -162,12 +174,16 @@ Tensor.__pow__ = pow
 
 
 # ---------------------------------------------------------------- unary
-def _unary(a: Tensor, op: str, fwd, rule):
+def _unary(a: Tensor, op: str, fwd, rule, saves: str = "xo"):
+    """`saves` names what `rule(g, x, o)` reads: the input x and / or the output o. Only those
+    stay alive in the graph until backward; the others reach the rule as None."""
     x = a._data
     out = fwd(x)
     if a._node is None or not _tape.is_recording():
         return Tensor._wrap(out, a._device, a._ad)
-    return Tensor._wrap(out, a._device, True, Node((a._node,), lambda g: (rule(g, x, out),), op))
+    xs = x if "x" in saves else None
+    os_ = out if "o" in saves else None
+    return Tensor._wrap(out, a._device, True, Node((a._node,), lambda g: (rule(g, xs, os_),), op))
 
 
 def _float_only(a: Tensor, op: str):
@@ -177,22 +193,22 @@ def _float_only(a: Tensor, op: str):
 
 @tensor_method
 def exp(self):
-    return _unary(self, "exp", lambda x: _xp(x).exp(x), lambda g, x, o: g * o)
+    return _unary(self, "exp", lambda x: _xp(x).exp(x), lambda g, x, o: g * o, saves="o")
 
 
 @tensor_method
 def log(self):
-    return _unary(self, "log", lambda x: _xp(x).log(x), lambda g, x, o: g / x)
+    return _unary(self, "log", lambda x: _xp(x).log(x), lambda g, x, o: g / x, saves="x")
 
 
 @tensor_method
 def log1p(self):
-    return _unary(self, "log1p", lambda x: _xp(x).log1p(x), lambda g, x, o: g / (1 + x))
+    return _unary(self, "log1p", lambda x: _xp(x).log1p(x), lambda g, x, o: g / (1 + x), saves="x")
 
 
 @tensor_method
 def sqrt(self):
-    return _unary(self, "sqrt", lambda x: _xp(x).sqrt(x), lambda g, x, o: g * 0.5 / o)
+    return _unary(self, "sqrt", lambda x: _xp(x).sqrt(x), lambda g, x, o: g * 0.5 / o, saves="o")
 
 
 @tensor_method
@@ -202,12 +218,12 @@ def rsqrt(self):
 
 @tensor_method
 def abs(self):
-    return _unary(self, "abs", lambda x: _xp(x).abs(x), lambda g, x, o: g * _xp(x).sign(x))
+    return _unary(self, "abs", lambda x: _xp(x).abs(x), lambda g, x, o: g * _xp(x).sign(x), saves="x")
 
 
 @tensor_method
 def sign(self):
-    return _unary(self, "sign", lambda x: _xp(x).sign(x), lambda g, x, o: g * 0)
+    return _unary(self, "sign", lambda x: _xp(x).sign(x), lambda g, x, o: g * 0, saves="")
 
 
 @tensor_method
@@ -218,17 +234,17 @@ def powf(self, exponent: float):
 
 @tensor_method
 def square(self):
-    return _unary(self, "square", lambda x: x * x, lambda g, x, o: g * 2 * x)
+    return _unary(self, "square", lambda x: x * x, lambda g, x, o: g * 2 * x, saves="x")
 
 
 @tensor_method
 def recip(self):
-    return _unary(self, "recip", lambda x: 1 / x, lambda g, x, o: -g * o * o)
+    return _unary(self, "recip", lambda x: 1 / x, lambda g, x, o: -g * o * o, saves="o")
 
 
 @tensor_method
 def tanh(self):
-    return _unary(self, "tanh", lambda x: _xp(x).tanh(x), lambda g, x, o: g * (1 - o * o))
+    return _unary(self, "tanh", lambda x: _xp(x).tanh(x), lambda g, x, o: g * (1 - o * o), saves="o")
 
 
 def _sigmoid(x):
@@ -240,7 +256,7 @@ def _sigmoid(x):
 
 @tensor_method
 def sigmoid(self):
-    return _unary(self, "sigmoid", _sigmoid, lambda g, x, o: g * o * (1 - o))
+    return _unary(self, "sigmoid", _sigmoid, lambda g, x, o: g * o * (1 - o), saves="o")
 
 
 @tensor_method
@@ -250,22 +266,22 @@ def erf(self):
     def fwd(x):
         return _special(_xp(x)).erf(x).astype(x.dtype, copy=False)
 
-    return _unary(self, "erf", fwd, lambda g, x, o: g * (sq * _xp(x).exp(-x * x)))
+    return _unary(self, "erf", fwd, lambda g, x, o: g * (sq * _xp(x).exp(-x * x)), saves="x")
 
 
 @tensor_method
 def sin(self):
-    return _unary(self, "sin", lambda x: _xp(x).sin(x), lambda g, x, o: g * _xp(x).cos(x))
+    return _unary(self, "sin", lambda x: _xp(x).sin(x), lambda g, x, o: g * _xp(x).cos(x), saves="x")
 
 
 @tensor_method
 def cos(self):
-    return _unary(self, "cos", lambda x: _xp(x).cos(x), lambda g, x, o: -g * _xp(x).sin(x))
+    return _unary(self, "cos", lambda x: _xp(x).cos(x), lambda g, x, o: -g * _xp(x).sin(x), saves="x")
 
 
 @tensor_method
 def relu(self):
-    return _unary(self, "relu", lambda x: _xp(x).maximum(x, 0), lambda g, x, o: g * (x > 0))
+    return _unary(self, "relu", lambda x: _xp(x).maximum(x, 0), lambda g, x, o: g * (o > 0), saves="o")
 
 
 @tensor_method
@@ -285,7 +301,7 @@ def clamp(self, min=None, max=None):
             mask &= x <= max
         return g * mask
 
-    return _unary(self, "clamp", fwd, rule)
+    return _unary(self, "clamp", fwd, rule, saves="x")
 
 
 @tensor_method
@@ -308,7 +324,7 @@ def cast(self, dtype):
     if dt.np == src:
         return self
     if dt.kind == "float" and src.kind == "f":
-        return _unary(self, "cast", lambda x: x.astype(dt.np), lambda g, x, o: g.astype(src))
+        return _unary(self, "cast", lambda x: x.astype(dt.np), lambda g, x, o: g.astype(src), saves="")
     return Tensor._wrap(self._data.astype(dt.np), self._device, self._ad)
 
 

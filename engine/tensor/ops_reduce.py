@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import math
 
 import numpy as np
 
@@ -23,6 +24,19 @@ def _expand_grad(g, shape, axis, keepdim):
     return g
 
 
+_SPREAD_COPY_MAX = 1 << 15  # elements: below this a filled array is cheaper than a broadcast view
+
+
+def _spread(xp, g, shape):
+    """`g` (broadcastable to `shape`) repeated over `shape`: a fresh array when small, which
+    costs less to build than a broadcast view; a read-only broadcast view when large."""
+    if math.prod(shape) <= _SPREAD_COPY_MAX:
+        out = xp.empty(shape, dtype=g.dtype)
+        out[...] = g
+        return out
+    return xp.broadcast_to(g, shape)
+
+
 @tensor_method
 def sum(self, dim=None, keepdim=False):
     """Sum over `dim` (keeping it when `keepdim`), or over everything to a rank-0 tensor."""
@@ -33,7 +47,7 @@ def sum(self, dim=None, keepdim=False):
     xp = self._device.xp
 
     def rule(g):
-        return (xp.broadcast_to(_expand_grad(g, shape, axis, keepdim), shape),)
+        return (_spread(xp, _expand_grad(g, shape, axis, keepdim), shape),)
 
     return record(out, self._device, (self,), rule, "sum")
 
@@ -49,7 +63,7 @@ def mean(self, dim=None, keepdim=False):
     scale = 1.0 / n if n else 0.0
 
     def rule(g):
-        return (xp.broadcast_to(_expand_grad(g, shape, axis, keepdim) * scale, shape),)
+        return (_spread(xp, _expand_grad(g, shape, axis, keepdim) * scale, shape),)
 
     return record(out, self._device, (self,), rule, "mean")
 

@@ -498,6 +498,25 @@ def test_reused_tensor_accumulates_gradients():
     np.testing.assert_allclose(xt.grad(grad).numpy(), 2 * x + np.exp(x) * (x + 1), rtol=1e-13)
 
 
+def test_accumulation_never_writes_into_a_gradient_shared_by_two_parents():
+    # s's gradient is a sum (an array backward allocated); add's rule then hands that one
+    # array to both a and b. A later contribution to a (through exp, reached after s) must
+    # not be added into it in place, or b's gradient changes too. The rank-0 case must not
+    # lose a contribution to an immutable scalar.
+    for shape in [(2, 3), ()]:
+        a = Tensor.from_data(np.full(shape, 0.5), dtype="float64").require_grad()
+        b = Tensor.from_data(np.full(shape, -0.5), dtype="float64").require_grad()
+        s = a + b
+        out = (a.exp() + (s * 2.0 + s)).sum()
+        g = out.backward()
+        np.testing.assert_allclose(a.grad(g).numpy(), np.full(shape, np.exp(0.5) + 3.0), rtol=1e-15)
+        np.testing.assert_array_equal(b.grad(g).numpy(), np.full(shape, 3.0))
+        # three contributions to one node: the third is added to the sum of the first two
+        x = Tensor.from_data(np.full(shape, 0.5), dtype="float64").require_grad()
+        g = (x * 2.0 + x * 3.0 + x * 5.0).sum().backward()
+        np.testing.assert_array_equal(x.grad(g).numpy(), np.full(shape, 10.0))
+
+
 def test_math_constants_exact():
     # erf's derivative uses 2/sqrt(pi): compare one point with the closed form
     x = t64([0.3]).require_grad()

@@ -81,3 +81,27 @@ def test_two_thousand_training_steps_keep_memory_flat():
     node_ref = weakref.ref(loss._node)
     del loss, grads
     assert node_ref() is None
+
+
+def test_the_graph_keeps_only_the_arrays_its_rules_read():
+    # add's rule needs only shapes and relu's only its output: the matmul and add results are
+    # freed as soon as the forward pass drops them, while the graph (and its rules) live on
+    x, y, params = make_problem()
+    w1, b1, w2, b2 = params
+    gc.disable()
+    try:
+        mm = x @ w1
+        mm_ref = weakref.ref(mm._data)
+        z = mm + b1
+        z_ref = weakref.ref(z._data)
+        h = z.relu()
+        del mm, z
+        assert mm_ref() is None and z_ref() is None
+        loss = (h * h).sum()
+        grads = loss.backward()
+        # the gradients are still right without the freed arrays: d/dW1 sum(relu(xW1+b1)^2)
+        hd = h.numpy()
+        np.testing.assert_allclose(w1.grad(grads).numpy(), x.numpy().T @ (2 * hd), rtol=1e-5)
+        np.testing.assert_allclose(b1.grad(grads).numpy(), (2 * hd).sum(0), rtol=1e-5)
+    finally:
+        gc.enable()
