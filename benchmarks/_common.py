@@ -49,6 +49,20 @@ def timeit(fn, *, min_time=0.5, warmup=3, repeat=5):
     return best
 
 
+def alternate(fns: dict, *, rounds: int = 5, min_time: float = 0.5, warmup: int = 2) -> dict:
+    """{name: fn or None} -> {name: best seconds per call, or None}, the functions timed in
+    turn over `rounds` rounds. On a shared machine background load then hits every side alike,
+    and each keeps its best round (load only ever adds time)."""
+    best: dict = {k: None for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            if fn is None:
+                continue
+            t = timeit(fn, min_time=min_time, warmup=warmup, repeat=1)
+            best[k] = t if best[k] is None else min(best[k], t)
+    return best
+
+
 def fmt_time(s: float) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.1f} µs"

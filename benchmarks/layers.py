@@ -28,7 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC, fmt_time, print_table, timeit, torch_or_none  # noqa: E402
+from benchmarks._common import STABLE_MALLOC, alternate, fmt_time, print_table, torch_or_none  # noqa: E402
 from engine import Tensor, nn  # noqa: E402
 from resources.examples import build_example  # noqa: E402
 
@@ -41,14 +41,12 @@ def race(pairs: dict, rounds: int, min_time: float) -> dict:
 
     Each round times every engine function and then its PyTorch peer, so both sides see the
     same background load; the best of the rounds is kept."""
-    best = {}
-    for _ in range(rounds):
-        for key, (fe, ft) in pairs.items():
-            te = timeit(fe, min_time=min_time, warmup=1, repeat=1)
-            tt = timeit(ft, min_time=min_time, warmup=1, repeat=1) if ft is not None else None
-            old_e, old_t = best.get(key, (te, tt))
-            best[key] = (min(old_e, te), None if tt is None else min(old_t, tt))
-    return best
+    fns = {}
+    for key, (fe, ft) in pairs.items():
+        fns[key, "engine"] = fe
+        fns[key, "torch"] = ft
+    best = alternate(fns, rounds=rounds, min_time=min_time, warmup=1)
+    return {key: (best[key, "engine"], best[key, "torch"]) for key in pairs}
 
 
 # ---------------------------------------------------------------------- the whole CNN

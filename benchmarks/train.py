@@ -31,7 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC, fmt_time, machine, print_table, timeit, torch_or_none  # noqa: E402
+from benchmarks._common import STABLE_MALLOC, alternate, fmt_time, machine, print_table, torch_or_none  # noqa: E402
 from engine import Device, Tensor, optim  # noqa: E402
 from engine.train import Learner, TrainingConfig, build_task, cross_entropy  # noqa: E402
 from resources.examples import build_example  # noqa: E402
@@ -118,17 +118,10 @@ def batches():
     }
 
 
-def alternate(engine_fn, torch_fn, rounds: int, min_time: float):
-    """Best seconds per call of each side, the two timed in turn over `rounds` rounds, so that
-    load from other processes on a shared machine hits both alike."""
-    best_e = best_t = None
-    for _ in range(rounds):
-        te = timeit(engine_fn, min_time=min_time, warmup=2, repeat=1)
-        best_e = te if best_e is None else min(best_e, te)
-        if torch_fn is not None:
-            tt = timeit(torch_fn, min_time=min_time, warmup=2, repeat=1)
-            best_t = tt if best_t is None else min(best_t, tt)
-    return best_e, best_t
+def race(engine_fn, torch_fn, rounds: int, min_time: float):
+    """Best seconds per call of each side, the two timed in turn (see `alternate`)."""
+    best = alternate({"engine": engine_fn, "torch": torch_fn}, rounds=rounds, min_time=min_time)
+    return best["engine"], best["torch"]
 
 
 def measure(threads: int, rounds: int = ROUNDS) -> list:
@@ -144,7 +137,7 @@ def measure(threads: int, rounds: int = ROUNDS) -> list:
         tstep = None
         if torch is not None:
             tstep, tmodel, topt = torch_stepper(torch, name, x, y)
-        t_engine, t_torch = alternate(step, tstep, rounds, min_time)
+        t_engine, t_torch = race(step, tstep, rounds, min_time)
         rows.append((f"train step: {label}", t_engine, t_torch))
 
         if name == "digits":
@@ -161,7 +154,7 @@ def measure(threads: int, rounds: int = ROUNDS) -> list:
 
             if torch is not None:
                 tstep()  # gradients in place
-            t_upd, t_tupd = alternate(update, topt.step if torch is not None else None, rounds, 0.3)
+            t_upd, t_tupd = race(update, topt.step if torch is not None else None, rounds, 0.3)
             n = sum(p.numel() for _, p in state["model"].named_params() if p.is_require_grad())
             rows.append((f"Adam update alone ({n:,} params)", t_upd, t_tupd))
 
