@@ -12,6 +12,8 @@ import os
 import sys
 import tempfile
 
+import engine  # noqa: F401  (first: it configures OpenBLAS before NumPy, Qt or pyqtgraph load it)
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="ember", description="Ember: design, inspect and fine-tune neural networks.")

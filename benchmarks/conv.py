@@ -22,12 +22,11 @@ if "--threads" in sys.argv:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(THREADS)
 
-import numpy as np  # noqa: E402
-from numpy.lib.stride_tricks import sliding_window_view
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import fmt_time, machine, print_table, timeit, torch_or_none  # noqa: E402
 from engine import Tensor  # noqa: E402
+import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
+from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 
 BATCH = 64
 CASES = [("conv2d 1→64 3x3, 28x28", 1, 64, 28), ("conv2d 64→64 3x3, 13x13", 64, 64, 13)]

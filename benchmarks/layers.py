@@ -24,12 +24,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC, alternate, fmt_time, print_table, torch_or_none  # noqa: E402
 from engine import Tensor, nn  # noqa: E402
+import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 from resources.examples import build_example  # noqa: E402
 
 MNIST_BATCH = 64

@@ -16,11 +16,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import alternate, fmt_time, machine, print_table, torch_or_none  # noqa: E402
 from engine import Module, Tensor, nn, optim  # noqa: E402
+import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 
 B, D_IN, D_H, D_OUT, LR = 256, 784, 512, 10, 0.01
 ROUNDS = 7

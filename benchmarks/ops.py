@@ -7,11 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import fmt_time, machine, print_table, timeit, torch_or_none  # noqa: E402
 from engine import Tensor  # noqa: E402
+import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 
 OPS = {
     "add": (lambda a, b: a + b, lambda a, b: a + b),

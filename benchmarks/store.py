@@ -29,11 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import fmt_time, machine, print_table  # noqa: E402
 from engine import Tensor  # noqa: E402
+import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 from engine.module import Module, Param  # noqa: E402
 from engine.store import ModuleRecord, burnpack  # noqa: E402
 

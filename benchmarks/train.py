@@ -27,12 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC, alternate, fmt_time, machine, print_table, torch_or_none  # noqa: E402
 from engine import Device, Tensor, optim  # noqa: E402
+import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 from engine.train import Learner, TrainingConfig, build_task, cross_entropy  # noqa: E402
 from resources.examples import build_example  # noqa: E402
 

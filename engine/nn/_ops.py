@@ -19,6 +19,7 @@ import numpy as np
 from ..autodiff import tape as _tape
 from ..tensor import Tensor, TensorError
 from ..tensor.tensor import record, unbroadcast
+from ..tensor.threads import run_blocks
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -68,7 +69,7 @@ def unary(x: Tensor, op: str, fwd, grad):
 
 
 def _xp(a):
-    return np if isinstance(a, np.ndarray) else __import__("cupy")
+    return np if isinstance(a, (np.ndarray, np.generic)) else __import__("cupy")
 
 
 def _sigmoid(x):
@@ -382,9 +383,12 @@ def _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd):
     xc3 = xc.reshape(b, c, p)
     sq = np.empty((b, c), dtype=xd.dtype)
     blocks = _bn_blocks(b, c, p, xd.itemsize)
-    for s in blocks:
+
+    def centre(s):
         np.subtract(x3[s], m3, out=xc3[s])
         sq[s] = np.vecdot(xc3[s], xc3[s])
+
+    run_blocks(centre, blocks)
     var = sq.sum(axis=0).reshape(keep)
     var *= inv_n
     rstd = (1.0 / np.sqrt(var + eps)).astype(xd.dtype, copy=False)
@@ -392,10 +396,13 @@ def _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd):
     shift3 = bd.reshape(1, c, 1) if bd is not None else None
     out = np.empty_like(xd)
     o3 = out.reshape(b, c, p)
-    for s in blocks:
+
+    def scale(s):
         np.multiply(xc3[s], scale3, out=o3[s])
         if shift3 is not None:
             o3[s] += shift3
+
+    run_blocks(scale, blocks)
     return mean, var, rstd, out, xc
 
 
@@ -410,9 +417,12 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     sums = np.empty((b, c), dtype=g.dtype)
     dots = np.empty((b, c), dtype=g.dtype)
     blocks = _bn_blocks(b, c, p, g.itemsize)
-    for s in blocks:
+
+    def reduce(s):
         sums[s] = g3[s] @ ones
         dots[s] = np.vecdot(g3[s], z3[s])
+
+    run_blocks(reduce, blocks)
     sg = sums.sum(axis=0).reshape(keep)
     sgx = dots.sum(axis=0).reshape(keep) * rstd  # sum(g * xhat)
     if not need_x:
@@ -423,14 +433,15 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     c2 = ((a * sgx * rstd) * -inv_n).astype(g.dtype, copy=False).reshape(1, c, 1)
     gx = np.empty_like(g)
     gx3 = gx.reshape(b, c, p)
-    tmp = np.empty((blocks[0].stop - blocks[0].start, c, p), dtype=g.dtype)
-    for s in blocks:
+
+    def input_grad(s):
         out = gx3[s]
-        t = tmp[: out.shape[0]]
         np.multiply(g3[s], a3, out=out)
-        np.multiply(z3[s], c2, out=t)
+        t = np.multiply(z3[s], c2)  # a block-sized scratch per call: blocks may run in parallel
         out += t
         out += c1
+
+    run_blocks(input_grad, blocks)
     return gx, sg, sgx
 
 

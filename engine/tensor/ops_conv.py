@@ -23,6 +23,7 @@ import numbers
 import numpy as np
 
 from .tensor import Tensor, TensorError, check_same_device, record, tensor_method
+from .threads import copy_into, run_blocks, split
 
 _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
 # below this inner dimension (channels_in/groups * kernel size) one matrix product per image
@@ -203,9 +204,19 @@ def _im2col(xp, xpad_cm, kernel, stride, dilation, out, cols=None):
     then per offset along the leading axes, whole output planes of that copy (contiguous runs of
     O_last, and of whole planes with stride 1)."""
     c, b = xpad_cm.shape[:2]
-    n = len(kernel)
     if cols is None:
         cols = xp.empty((c,) + tuple(kernel) + (b,) + tuple(out), dtype=xpad_cm.dtype)
+    if xp is np:
+        # channels are independent: one run of channels per kernel thread
+        run_blocks(lambda cs: _im2col_part(xp, xpad_cm[cs], kernel, stride, dilation, out, cols[cs]),
+                   split(c, cols.nbytes))
+    else:
+        _im2col_part(xp, xpad_cm, kernel, stride, dilation, out, cols)
+    return cols
+
+
+def _im2col_part(xp, xpad_cm, kernel, stride, dilation, out, cols):
+    n = len(kernel)
     lead = (slice(None), slice(None))
     for k in range(kernel[-1]):
         last = xpad_cm[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
@@ -215,7 +226,6 @@ def _im2col(xp, xpad_cm, kernel, stride, dilation, out, cols=None):
         last = xp.ascontiguousarray(last)
         for offs, sl in _lead_windows(kernel[:-1], stride[:-1], dilation[:-1], out[:-1]):
             cols[(slice(None),) + offs + (k,)] = last[lead + sl]
-    return cols
 
 
 def _col2im_matmul(xp, w_r, rhs, padded_cm_shape, kernel, stride, dilation, out):
@@ -235,18 +245,24 @@ def _col2im_matmul(xp, w_r, rhs, padded_cm_shape, kernel, stride, dilation, out)
     lead = (slice(None), slice(None))
     acc = xp.empty(padded_cm_shape[:-1] + (out[-1],), dtype=rhs.dtype) if n > 1 else None
     blk = None
+    parts = split(c, res.nbytes) if xp is np else [slice(0, c)]
     for k in range(kernel[-1]):
         wk = w_r[..., k].reshape(g_, r, cc * nlead).swapaxes(-1, -2)  # [G, Cc * K_lead, R]
         blk = xp.matmul(wk, rhs, out=blk)
         cols_k = blk.reshape((c,) + klead + (b,) + tuple(out))
         target = res[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
-        if n == 1:
-            target += cols_k
-            continue
-        acc[...] = 0
-        for offs, sl in _lead_windows(klead, stride[:-1], dilation[:-1], out[:-1]):
-            acc[lead + sl] += cols_k[(slice(None),) + offs]
-        target += acc
+
+        def spread(cs, cols_k=cols_k, target=target):  # channels are independent
+            if n == 1:
+                target[cs] += cols_k[cs]
+                return
+            a = acc[cs]
+            a[...] = 0
+            for offs, sl in _lead_windows(klead, stride[:-1], dilation[:-1], out[:-1]):
+                a[lead + sl] += cols_k[(cs,) + offs]
+            target[cs] += a
+
+        run_blocks(spread, parts)
     return res
 
 
@@ -256,15 +272,26 @@ def _crop(x, pads, sizes):
     return x[(slice(None), slice(None)) + tuple(slice(lo, lo + s) for (lo, _), s in zip(pads, sizes))]
 
 
+def _contiguous(xp, view):
+    """A C-contiguous copy of `view` (a transposed view); on NumPy split over the kernel threads."""
+    if xp is not np:
+        return xp.ascontiguousarray(view)
+    if view.flags.c_contiguous:
+        return view
+    dst = np.empty(view.shape, dtype=view.dtype)
+    copy_into(dst, view)
+    return dst
+
+
 def _from_cm(xp, a):
     """[C, B, ...] channel-major to a C-contiguous [B, C, ...]."""
-    return xp.ascontiguousarray(xp.moveaxis(a, 0, 1))
+    return _contiguous(xp, xp.moveaxis(a, 0, 1))
 
 
 def _to_cm_groups(xp, a, groups):
     """[B, C, *S] to a C-contiguous [G, C/G, B * prod(S)]."""
     b, c = a.shape[:2]
-    return xp.ascontiguousarray(xp.moveaxis(a, 1, 0)).reshape(groups, c // groups, -1)
+    return _contiguous(xp, xp.moveaxis(a, 1, 0)).reshape(groups, c // groups, -1)
 
 
 def _matmul_cm(xp, w_m, cols_m, batch, small_k):
@@ -279,7 +306,7 @@ def _matmul_cm(xp, w_m, cols_m, batch, small_k):
         res = xp.matmul(w_m[None], xp.moveaxis(cols_m.reshape(g_, k, batch, p), 2, 0))  # [B, G, M, P]
         return res.reshape(batch, g_ * m, p)
     res = xp.matmul(w_m, cols_m)  # [G, M, B*P]
-    return xp.ascontiguousarray(xp.moveaxis(res.reshape(g_ * m, batch, p), 1, 0))
+    return _contiguous(xp, xp.moveaxis(res.reshape(g_ * m, batch, p), 1, 0))
 
 
 def _out_sizes(op, in_sizes, kernel, stride, dilation, pads):

@@ -8,6 +8,7 @@ import numpy as np
 from ..autodiff import tape as _tape
 from ..autodiff.tape import Node
 from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
+from .threads import elementwise
 
 
 def _special(xp):
@@ -86,7 +87,7 @@ def _pow_tt(g, x, y, out, na, nb, xs, ys):
 
 
 def _xp(arr):
-    return np if isinstance(arr, np.ndarray) else __import__("cupy")
+    return np if isinstance(arr, (np.ndarray, np.generic)) else __import__("cupy")
 
 
 @tensor_method
@@ -281,7 +282,28 @@ def cos(self):
 
 @tensor_method
 def relu(self):
-    return _unary(self, "relu", lambda x: _xp(x).maximum(x, 0), lambda g, x, o: g * (o > 0), saves="o")
+    return _unary(self, "relu", _relu, _relu_grad, saves="o")
+
+
+def _relu(x):
+    if not isinstance(x, np.ndarray):
+        return _xp(x).maximum(x, 0)
+    return elementwise(_relu_into, x.dtype, x)
+
+
+def _relu_into(x, out=None):
+    return np.maximum(x, 0, out=out)
+
+
+def _relu_grad(g, x, o):
+    if not (isinstance(g, np.ndarray) and isinstance(o, np.ndarray)) or g.dtype != o.dtype:
+        return g * (o > 0)
+    return elementwise(_mask_positive, g.dtype, g, o)
+
+
+def _mask_positive(g, o, out=None):
+    """g where o > 0, else 0 (g * (o > 0))."""
+    return np.multiply(g, o > 0, out=out)
 
 
 @tensor_method

@@ -20,6 +20,7 @@ import functools
 import numpy as np
 
 from .ops_conv import _SPATIAL_NAMES, _crop, _int_tuple, _window_slices
+from .threads import run_blocks
 from .tensor import Tensor, TensorError, record, tensor_method
 
 
@@ -196,11 +197,15 @@ def _max_and_argmax(xp, xpad, windows, lowest, is_float, in_sp, out_sp, kernel, 
         best, arg = _pairwise_argmax(xp, [xpad[lead + sl] for _, sl in windows], dt)
     else:
         # a block of images at a time: the tree's passes over a block find it in cache
+        # (in parallel on the engine's kernel threads: the blocks write disjoint rows)
         best = xp.empty((batch,) + xpad.shape[1:2] + tuple(out_sp), dtype=xpad.dtype)
         arg = xp.empty(best.shape, dtype=dt)
-        for lo in range(0, batch, step):
+
+        def block(lo):
             blk = xpad[lo:lo + step]
             best[lo:lo + step], arg[lo:lo + step] = _pairwise_argmax(xp, [blk[lead + sl] for _, sl in windows], dt)
+
+        run_blocks(block, range(0, batch, step))
     # one reduction rules both fix-ups out in the usual case: the min is NaN if any value is,
     # and above the dtype's lowest if no window is all -inf
     low = best.min() if best.size else lowest
@@ -238,10 +243,13 @@ def _scatter_to_argmax(xp, gpad, g, arg, windows, out_sp, stride, dilation):
     flat = gpad.reshape(-1)
     batch = padded_shape[0]
     step = max(1, _POOL_BLOCK_BYTES // max(arg[:1].size * 8, 1)) if xp is np else batch
-    for lo in range(0, batch, step):
+
+    def block(lo):  # a block of images scatters only into its own images' rows
         idx = xp.take(deltas, arg[lo:lo + step])
         idx += base[lo:lo + step]
         flat[idx.reshape(-1)] = g[lo:lo + step].reshape(-1)
+
+    run_blocks(block, range(0, batch, step))
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,171 @@
+"""Worker threads for the engine's own CPU kernels.
+
+NumPy's ufuncs and copies run on one core; only BLAS uses several. The kernels that do much
+work outside BLAS (max pooling, batch norm, the im2col and col2im copies of convolution)
+already work a block of images at a time so that each block stays in cache; `run_blocks`
+hands those blocks to a few threads (NumPy releases the GIL inside its loops).
+
+The thread count is, in order: `set_num_threads(n)`, the environment variable
+`EMBER_NUM_THREADS`, `OMP_NUM_THREADS` or `OPENBLAS_NUM_THREADS` (so that a process limited
+to one BLAS thread stays on one core), else the CPUs this process may run on. A call made
+from one of these workers runs its blocks in that worker, never waiting on the pool.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+__all__ = ["num_threads", "set_num_threads", "run_blocks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES"]
+
+# below this many bytes of data the threads' hand-off costs more than they save
+PARALLEL_MIN_BYTES = 1 << 20
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_configured: int | None = None
+_inside = threading.local()
+
+
+def _from_environment() -> int:
+    for name in ("EMBER_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            try:
+                n = int(raw)
+            except ValueError:
+                continue
+            if n >= 1:
+                return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def num_threads() -> int:
+    """How many threads the engine's blocked CPU kernels use (1: no worker threads)."""
+    return _configured if _configured is not None else _DEFAULT
+
+
+def set_num_threads(n: int | None) -> None:
+    """Use `n` threads (>= 1) for the engine's blocked CPU kernels; None restores the default
+    from the environment. BLAS keeps its own setting."""
+    global _configured
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"set_num_threads: expected an int >= 1 or None, got {n!r}")
+    _configured = n
+
+
+def _get_pool(workers: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _lock:
+        if _pool is None or _pool_size < workers:
+            old = _pool
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ember-kernel",
+                                       initializer=_mark_worker)
+            _pool_size = workers
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
+
+
+def _mark_worker() -> None:
+    _inside.worker = True
+
+
+def _run_chunk(fn, chunk) -> None:
+    for item in chunk:
+        fn(item)
+
+
+def run_blocks(fn, blocks, min_blocks: int = 2) -> None:
+    """Call `fn(block)` for every block (any order, blocks must touch disjoint outputs).
+
+    With fewer than `min_blocks` blocks, one thread, or when called from a worker, the calls
+    run here in order. Otherwise the blocks are cut into contiguous runs, one per thread; this
+    thread runs the first. The first exception raised by any run is raised here after all runs
+    have finished.
+    """
+    blocks = list(blocks)
+    n = min(num_threads(), len(blocks))
+    if n < 2 or len(blocks) < min_blocks or getattr(_inside, "worker", False):
+        _run_chunk(fn, blocks)
+        return
+    per, extra = divmod(len(blocks), n)
+    chunks, lo = [], 0
+    for i in range(n):
+        hi = lo + per + (1 if i < extra else 0)
+        chunks.append(blocks[lo:hi])
+        lo = hi
+    pool = _get_pool(n - 1)
+    futures = [pool.submit(_run_chunk, fn, c) for c in chunks[1:]]
+    error = None
+    try:
+        _run_chunk(fn, chunks[0])
+    except BaseException as exc:  # noqa: BLE001 - re-raised below once the workers are done
+        error = exc
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as exc:  # noqa: BLE001
+            if error is None:
+                error = exc
+    if error is not None:
+        raise error
+
+
+def split(n: int, nbytes: int = PARALLEL_MIN_BYTES) -> list[slice]:
+    """[0, n) as one contiguous slice per thread; a single slice when `nbytes` (the data the
+    work touches) is under PARALLEL_MIN_BYTES or there is one thread."""
+    parts = min(num_threads(), n) if nbytes >= PARALLEL_MIN_BYTES else 1
+    if parts <= 1:
+        return [slice(0, n)]
+    per, extra = divmod(n, parts)
+    out, lo = [], 0
+    for i in range(parts):
+        hi = lo + per + (1 if i < extra else 0)
+        out.append(slice(lo, hi))
+        lo = hi
+    return out
+
+
+def copy_into(dst, src) -> None:
+    """`dst[...] = src` (same shape; NumPy), split along axis 0 over the threads: transposing
+    copies are latency-bound and gain from a second core."""
+    if dst.ndim == 0 or dst.shape[0] < 2:
+        dst[...] = src
+        return
+
+    def part(s):
+        dst[s] = src[s]
+
+    run_blocks(part, split(dst.shape[0], dst.nbytes))
+
+
+def elementwise(fn, dtype, *arrays):
+    """`fn(*arrays, out=out)` for NumPy arrays of one shape, C-contiguous, into a fresh array of
+    `dtype`, split into one contiguous run of elements per thread when they are large; else
+    simply `fn(*arrays)`. `fn` must be elementwise (each output element from the same element
+    of every input)."""
+    first = arrays[0]
+    nbytes = sum(a.nbytes for a in arrays)
+    if (num_threads() < 2 or nbytes < PARALLEL_MIN_BYTES or not all(isinstance(a, np.ndarray) for a in arrays)
+            or any(a.shape != first.shape or not a.flags.c_contiguous for a in arrays)):
+        return fn(*arrays)
+    out = np.empty(first.shape, dtype=dtype)
+    flats = [a.reshape(-1) for a in arrays]
+    oflat = out.reshape(-1)
+
+    def part(s):
+        fn(*(f[s] for f in flats), out=oflat[s])
+
+    run_blocks(part, split(first.size, nbytes))
+    return out
+
+
+_DEFAULT = _from_environment()

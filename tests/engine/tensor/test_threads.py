@@ -1,0 +1,149 @@
+"""The engine's kernel threads: the blocked kernels give the same bits on any thread count."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from engine import Tensor
+from engine.nn import _ops
+from engine.tensor import ops_pool, threads
+
+
+@pytest.fixture
+def many_small_blocks(monkeypatch):
+    """Every blocked kernel cut into many blocks and handed to threads even for small tensors."""
+    monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(ops_pool, "_POOL_BLOCK_BYTES", 512)
+    monkeypatch.setattr(_ops, "_BN_BLOCK_BYTES", 512)
+    yield
+    threads.set_num_threads(None)
+
+
+def _run(fn, n_threads):
+    threads.set_num_threads(n_threads)
+    try:
+        return fn()
+    finally:
+        threads.set_num_threads(None)
+
+
+def _grads_of(make_loss, *leaves):
+    loss = make_loss(*leaves)
+    g = loss.backward()
+    return [loss.numpy()] + [t.grad(g).numpy() for t in leaves]
+
+
+def _leaf(rng, shape, scale=1.0):
+    return Tensor.from_data(rng.standard_normal(shape).astype(np.float32) * scale).require_grad()
+
+
+CASES = {
+    "conv2d": lambda x, w, b: (x.conv2d(w, b, padding=1) ** 2).sum(),
+    "conv2d strided, dilated": lambda x, w, b: (x.conv2d(w, b, stride=2, dilation=2, padding=2) ** 2).sum(),
+    "conv_transpose2d": lambda x, w, b: (x.conv_transpose2d(w.swap_dims(0, 1), b, stride=2) ** 2).sum(),
+    "max_pool2d": lambda x, w, b: (ops_pool.max_pool2d(x, 2) * w.sum()).sum() + b.sum(),
+    "max_pool2d overlapping": lambda x, w, b: (ops_pool.max_pool2d(x, 3, stride=1, padding=1) * b.sum()).sum()
+    + w.sum(),
+    "batch norm": lambda x, w, b: (_ops.normalize(x, (0, 2, 3), 1e-5, w.reshape(6).abs() + 0.5,
+                                                  b, (1, 6, 1, 1)) ** 3).sum(),
+    "relu": lambda x, w, b: (x.relu() * x).sum() + w.sum() + b.sum(),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_blocked_kernels_give_the_same_bits_on_one_and_three_threads(case, many_small_blocks):
+    rng = np.random.default_rng(7)
+    x = _leaf(rng, (9, 6, 10, 11))
+    w = _leaf(rng, (6, 6, 3, 3), 0.2)
+    b = _leaf(rng, (6,))
+    if case == "batch norm":
+        w = _leaf(rng, (6, 1, 1, 1))
+    fn = CASES[case]
+    one = _run(lambda: _grads_of(fn, x, w, b), 1)
+    three = _run(lambda: _grads_of(fn, x, w, b), 3)
+    for a, c in zip(one, three):
+        np.testing.assert_array_equal(a, c)
+    assert np.isfinite(one[1]).all() and np.abs(one[1]).sum() > 0
+
+
+def test_run_blocks_runs_every_block_once_across_threads():
+    seen = []
+    lock = threading.Lock()
+    names = set()
+
+    def fn(i):
+        with lock:
+            seen.append(i)
+            names.add(threading.current_thread().name)
+
+    _run(lambda: threads.run_blocks(fn, range(40)), 4)
+    assert sorted(seen) == list(range(40))
+    assert len(names) > 1  # the work really went to worker threads
+
+
+def test_run_blocks_raises_a_block_error_once_every_thread_has_stopped():
+    # three runs of four blocks; the failing block ends its own run, the others finish
+    done = []
+
+    def fn(i):
+        if i == 5:
+            raise ValueError("block 5 failed")
+        done.append(i)
+
+    with pytest.raises(ValueError, match="block 5 failed"):
+        _run(lambda: threads.run_blocks(fn, range(12)), 3)
+    assert sorted(done) == [0, 1, 2, 3, 4, 8, 9, 10, 11]
+
+
+def test_a_kernel_called_from_a_worker_runs_inline_instead_of_waiting_on_the_pool():
+    inner_threads = []
+
+    def inner(i):
+        inner_threads.append(threading.current_thread().name)
+
+    def outer(i):
+        threads.run_blocks(inner, range(4))
+
+    _run(lambda: threads.run_blocks(outer, range(2)), 2)  # would deadlock on a saturated pool
+    assert len(inner_threads) == 8
+
+
+def test_set_num_threads_checks_its_argument():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="expected an int >= 1 or None"):
+            threads.set_num_threads(bad)
+    threads.set_num_threads(3)
+    assert threads.num_threads() == 3
+    threads.set_num_threads(None)
+    assert threads.num_threads() >= 1
+
+
+def test_the_default_thread_count_follows_the_environment():
+    code = "from engine.tensor import threads; print(threads.num_threads())"
+    for env, expected in (({"EMBER_NUM_THREADS": "3"}, "3"), ({"OPENBLAS_NUM_THREADS": "1"}, "1"),
+                          ({"EMBER_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"}, "2")):
+        out = subprocess.run([sys.executable, "-c", code], env={**_base_env(), **env}, capture_output=True,
+                             text=True, check=True)
+        assert out.stdout.strip() == expected, (env, out.stdout)
+
+
+def test_importing_the_engine_first_shortens_openblas_spinning_unless_the_user_chose():
+    code = "import os, engine, numpy; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=_base_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "4"
+    out = subprocess.run([sys.executable, "-c", code], env={**_base_env(), "OPENBLAS_THREAD_TIMEOUT": "20"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "20"
+
+
+def _base_env():
+    import os
+
+    keep = ("PATH", "HOME", "PYTHONPATH", "LANG", "SYSTEMROOT")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env["PYTHONPATH"] = str(__import__("pathlib").Path(__file__).resolve().parents[3])
+    return env
