@@ -19,7 +19,7 @@ import numpy as np
 from ..autodiff import tape as _tape
 from ..tensor import Tensor, TensorError
 from ..tensor.tensor import record, unbroadcast
-from ..tensor.threads import run_blocks
+from ..tensor.threads import run_blocks, run_chunks
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -418,8 +418,8 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     dots = np.empty((b, c), dtype=g.dtype)
     blocks = _bn_blocks(b, c, p, g.itemsize)
 
-    def reduce(s):
-        sums[s] = g3[s] @ ones
+    def reduce(s):  # NumPy's own loops: BLAS called from two threads at once takes turns
+        sums[s] = np.vecdot(g3[s], ones)
         dots[s] = np.vecdot(g3[s], z3[s])
 
     run_blocks(reduce, blocks)
@@ -434,14 +434,17 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     gx = np.empty_like(g)
     gx3 = gx.reshape(b, c, p)
 
-    def input_grad(s):
-        out = gx3[s]
-        np.multiply(g3[s], a3, out=out)
-        t = np.multiply(z3[s], c2)  # a block-sized scratch per call: blocks may run in parallel
-        out += t
-        out += c1
+    def input_grad(chunk):  # one thread's run of blocks, with its own block-sized scratch
+        tmp = np.empty((chunk[0].stop - chunk[0].start, c, p), dtype=g.dtype)
+        for s in chunk:
+            out = gx3[s]
+            t = tmp[: out.shape[0]]
+            np.multiply(g3[s], a3, out=out)
+            np.multiply(z3[s], c2, out=t)
+            out += t
+            out += c1
 
-    run_blocks(input_grad, blocks)
+    run_chunks(input_grad, blocks)
     return gx, sg, sgx
 
 

@@ -29,6 +29,7 @@ _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
 # below this inner dimension (channels_in/groups * kernel size) one matrix product per image
 # beats one large product followed by a transpose of its result
 _SMALL_K = 32
+_IMAGES_PER_PARTIAL = 16  # the per-image weight gradient sums this many images per partial
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -303,7 +304,12 @@ def _matmul_cm(xp, w_m, cols_m, batch, small_k):
     g_, m, k = w_m.shape
     p = cols_m.shape[-1] // batch
     if small_k:
-        res = xp.matmul(w_m[None], xp.moveaxis(cols_m.reshape(g_, k, batch, p), 2, 0))  # [B, G, M, P]
+        rhs = xp.moveaxis(cols_m.reshape(g_, k, batch, p), 2, 0)  # [B, G, K, P]
+        if xp is not np:
+            return xp.matmul(w_m[None], rhs).reshape(batch, g_ * m, p)
+        res = np.empty((batch, g_, m, p), dtype=np.result_type(w_m, cols_m))
+        # one small product per image: the images split over the kernel threads
+        run_blocks(lambda bs: np.matmul(w_m[None], rhs[bs], out=res[bs]), split(batch, res.nbytes))
         return res.reshape(batch, g_ * m, p)
     res = xp.matmul(w_m, cols_m)  # [G, M, B*P]
     return _contiguous(xp, xp.moveaxis(res.reshape(g_ * m, batch, p), 1, 0))
@@ -393,7 +399,7 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
             if per_image_w:
                 rows = buf.shape[0] if fold else c_in_g * ksize
                 src = (buf if fold else cols_m).reshape(g_, rows, batch, p).transpose(2, 0, 3, 1)  # [B, G, P, rows]
-                gwb = xp.matmul(g.reshape(batch, g_, c_out_g, p), src).sum(axis=0)  # [G, Og, rows]
+                gwb = _per_image_weight_grad(xp, g.reshape(batch, g_, c_out_g, p), src)  # [G, Og, rows]
                 gw = gwb[..., : c_in_g * ksize].reshape(wa.shape)
                 if fold and need_b:
                     gb = gwb[0, :, -1]
@@ -413,6 +419,26 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
         return res
 
     return record(out, dev, inputs, rule, op)
+
+
+def _per_image_weight_grad(xp, g4, src):
+    """sum over images b of g4[b] @ src[b] ([B, G, Og, P] and [B, G, P, R] -> [G, Og, R]); on
+    NumPy in runs of _IMAGES_PER_PARTIAL images, spread over the kernel threads, whose partial
+    sums are then added in order (the same bits on any number of threads)."""
+    if xp is not np:
+        return xp.matmul(g4, src).sum(axis=0)
+    batch = g4.shape[0]
+    parts = [slice(lo, lo + _IMAGES_PER_PARTIAL) for lo in range(0, batch, _IMAGES_PER_PARTIAL)]
+    partial = [None] * len(parts)
+
+    def run(i):
+        partial[i] = np.matmul(g4[parts[i]], src[parts[i]]).sum(axis=0)
+
+    run_blocks(run, range(len(parts)))
+    total = partial[0]
+    for more in partial[1:]:
+        total += more
+    return total
 
 
 def _channel_sum(xp, g):

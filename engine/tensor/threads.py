@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["num_threads", "set_num_threads", "run_blocks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES"]
+__all__ = ["num_threads", "set_num_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES"]
 
 # below this many bytes of data the threads' hand-off costs more than they save
 PARALLEL_MIN_BYTES = 1 << 20
@@ -91,10 +91,17 @@ def run_blocks(fn, blocks, min_blocks: int = 2) -> None:
     thread runs the first. The first exception raised by any run is raised here after all runs
     have finished.
     """
+    run_chunks(lambda chunk: _run_chunk(fn, chunk), blocks, min_blocks)
+
+
+def run_chunks(fn, blocks, min_blocks: int = 2) -> None:
+    """Like `run_blocks`, but `fn(chunk)` gets each thread's whole run of blocks (a list), so
+    that it can set up scratch space once per thread."""
     blocks = list(blocks)
     n = min(num_threads(), len(blocks))
     if n < 2 or len(blocks) < min_blocks or getattr(_inside, "worker", False):
-        _run_chunk(fn, blocks)
+        if blocks:
+            fn(blocks)
         return
     per, extra = divmod(len(blocks), n)
     chunks, lo = [], 0
@@ -103,10 +110,10 @@ def run_blocks(fn, blocks, min_blocks: int = 2) -> None:
         chunks.append(blocks[lo:hi])
         lo = hi
     pool = _get_pool(n - 1)
-    futures = [pool.submit(_run_chunk, fn, c) for c in chunks[1:]]
+    futures = [pool.submit(fn, c) for c in chunks[1:]]
     error = None
     try:
-        _run_chunk(fn, chunks[0])
+        fn(chunks[0])
     except BaseException as exc:  # noqa: BLE001 - re-raised below once the workers are done
         error = exc
     for f in futures:

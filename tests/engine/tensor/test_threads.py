@@ -10,7 +10,7 @@ import pytest
 
 from engine import Tensor
 from engine.nn import _ops
-from engine.tensor import ops_pool, threads
+from engine.tensor import ops_conv, ops_pool, threads
 
 
 @pytest.fixture
@@ -18,6 +18,7 @@ def many_small_blocks(monkeypatch):
     """Every blocked kernel cut into many blocks and handed to threads even for small tensors."""
     monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(ops_pool, "_POOL_BLOCK_BYTES", 512)
+    monkeypatch.setattr(ops_conv, "_IMAGES_PER_PARTIAL", 2)
     monkeypatch.setattr(_ops, "_BN_BLOCK_BYTES", 512)
     yield
     threads.set_num_threads(None)
@@ -44,6 +45,7 @@ def _leaf(rng, shape, scale=1.0):
 CASES = {
     "conv2d": lambda x, w, b: (x.conv2d(w, b, padding=1) ** 2).sum(),
     "conv2d strided, dilated": lambda x, w, b: (x.conv2d(w, b, stride=2, dilation=2, padding=2) ** 2).sum(),
+    "conv2d, one input channel": lambda x, w, b: (x[:, :1].conv2d(w[:, :1], b) ** 2).sum(),
     "conv_transpose2d": lambda x, w, b: (x.conv_transpose2d(w.swap_dims(0, 1), b, stride=2) ** 2).sum(),
     "max_pool2d": lambda x, w, b: (ops_pool.max_pool2d(x, 2) * w.sum()).sum() + b.sum(),
     "max_pool2d overlapping": lambda x, w, b: (ops_pool.max_pool2d(x, 3, stride=1, padding=1) * b.sum()).sum()
