@@ -37,7 +37,7 @@ from resources.examples import build_example  # noqa: E402
 
 B = 64
 LR = 1e-3
-ROUNDS = 5
+ROUNDS = 15  # many short rounds: this shared VM speeds up and slows down over seconds
 
 
 def engine_stepper(name, x, y):
@@ -132,7 +132,7 @@ def measure(threads: int, rounds: int = ROUNDS) -> list:
     for name, label in (("spirals", "MLP 2-64-64-2, batch 64"), ("digits", "MNIST CNN, batch 64")):
         x, y = data[name]
         step, state, opt, xt, yt = engine_stepper(name, x, y)
-        min_time = 0.3 if name == "spirals" else 1.0
+        min_time = 0.1 if name == "spirals" else 0.35
         tstep = None
         if torch is not None:
             tstep, tmodel, topt = torch_stepper(torch, name, x, y)
