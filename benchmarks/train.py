@@ -12,7 +12,9 @@ Both sides run with the same number of threads, 1 and then 2, each in a fresh pr
 (NumPy's OpenBLAS reads OPENBLAS_NUM_THREADS at start-up; PyTorch gets `set_num_threads`):
 on a 2-core machine that other work shares, two spinning BLAS threads can cost more than they
 gain, for either library. Within a process the engine and PyTorch are timed in turn over
-several rounds and each keeps its best, so background load hits both alike. The children get
+many short rounds (this VM's speed drifts over seconds) and each keeps its best, so
+background load hits both alike. The engine is imported before NumPy, as an application
+would, so that it sets OpenBLAS's spin time for its kernel threads. The children get
 the stable malloc settings (benchmarks/_common.py) unless the caller set MALLOC_* itself.
 Target: the engine within 1.3x of PyTorch (ratio = engine time / PyTorch time).
 

@@ -130,9 +130,10 @@ class CrossEntropyLoss(Module):
         if targets.kind != "int":
             raise TensorError(f"CrossEntropyLoss: expected int class targets, got {targets.dtype}")
         xp = logits.device.xp
-        t = targets.to_device(logits.device)._data
-        if t.size and (int(t.min()) < 0 or int(t.max()) >= num_targets):
-            bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
+        t = targets._data if targets.device is logits.device else targets.to_device(logits.device)._data
+        lo, hi = (int(t.min()), int(t.max())) if t.size else (0, 0)
+        if lo < 0 or hi >= num_targets:
+            bad = lo if lo < 0 else hi
             raise TensorError(
                 f"CrossEntropyLoss: target class {bad} is out of range for {num_targets} classes "
                 f"(expected 0 <= target < {num_targets})"

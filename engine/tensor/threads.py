@@ -22,6 +22,8 @@ __all__ = ["num_threads", "set_num_threads", "run_blocks", "run_chunks", "split"
 
 # below this many bytes of data the threads' hand-off costs more than they save
 PARALLEL_MIN_BYTES = 1 << 20
+# streaming elementwise passes gain less from a second core (memory bandwidth): a higher bar
+ELEMENTWISE_MIN_BYTES = 1 << 22
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -161,7 +163,7 @@ def elementwise(fn, dtype, *arrays):
     of every input)."""
     first = arrays[0]
     nbytes = sum(a.nbytes for a in arrays)
-    if (num_threads() < 2 or nbytes < PARALLEL_MIN_BYTES or not all(isinstance(a, np.ndarray) for a in arrays)
+    if (num_threads() < 2 or nbytes < max(ELEMENTWISE_MIN_BYTES, PARALLEL_MIN_BYTES) or not all(isinstance(a, np.ndarray) for a in arrays)
             or any(a.shape != first.shape or not a.flags.c_contiguous for a in arrays)):
         return fn(*arrays)
     out = np.empty(first.shape, dtype=dtype)
