@@ -80,6 +80,16 @@ def _mark_worker() -> None:
     _inside.worker = True
 
 
+def _forget_pool_in_child() -> None:
+    # a forked child has none of the parent's threads: start a fresh pool when first needed
+    global _pool, _pool_size
+    _pool, _pool_size = None, 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def _run_chunk(fn, chunk) -> None:
     for item in chunk:
         fn(item)

@@ -114,6 +114,36 @@ def test_a_kernel_called_from_a_worker_runs_inline_instead_of_waiting_on_the_poo
     assert len(inner_threads) == 8
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_runs_blocks_on_a_fresh_pool():
+    import os
+
+    _run(lambda: threads.run_blocks(lambda i: None, range(4)), 2)  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's worker threads are gone; this must not hang
+        try:
+            seen = []
+            threads.set_num_threads(2)
+            threads.run_blocks(seen.append, range(6))
+            os._exit(0 if sorted(seen) == list(range(6)) else 1)
+        except BaseException:
+            os._exit(2)
+    import signal
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung waiting on the parent's thread pool")
+        time.sleep(0.02)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def test_set_num_threads_checks_its_argument():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="expected an int >= 1 or None"):
