@@ -17,6 +17,7 @@ from engine.tensor import ops_conv, ops_pool, threads
 def many_small_blocks(monkeypatch):
     """Every blocked kernel cut into many blocks and handed to threads even for small tensors."""
     monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(threads, "ELEMENTWISE_MIN_BYTES", 0)
     monkeypatch.setattr(ops_pool, "_POOL_BLOCK_BYTES", 512)
     monkeypatch.setattr(ops_conv, "_IMAGES_PER_PARTIAL", 2)
     monkeypatch.setattr(_ops, "_BN_BLOCK_BYTES", 512)
