@@ -119,3 +119,31 @@ def dim_expr(d, axes: dict) -> str | None:
         if re.match(r"[A-Za-z_]", t) and t not in axes:
             return None
     return " ".join(tokens)
+
+
+def shape_pattern(dims, axes: dict, skip: str) -> str:
+    """An input's shape contract as a pattern list: each axis as an expression over the bound
+    names, or `skip` (Python's None, Rust's _) where it is not one."""
+    parts = []
+    for d in dims:
+        e = dim_expr(d, axes)
+        parts.append(e if e is not None else skip)
+    return "[" + ", ".join(parts) + "]"
+
+
+def bound_axis_names(plan: Plan, inputs) -> list[tuple[str, list[str]]]:
+    """Per input (in order) that names at least one axis first: the node and, per axis, the
+    axis name it binds or "_". Each named axis is bound once, by its first input."""
+    bound: set = set()
+    out = []
+    for n in inputs:
+        names = []
+        for i, a in enumerate(plan.design.config(n)["shape"]):
+            if isinstance(a, str) and plan.axes.get(a) == (n, i) and a not in bound:
+                names.append(a)
+                bound.add(a)
+            else:
+                names.append("_")
+        if any(x != "_" for x in names):
+            out.append((n, names))
+    return out

@@ -8,7 +8,7 @@ script and its parameter paths match the built design's (checkpoints move betwee
 from __future__ import annotations
 
 from .catalog import NodeSpec
-from .export_common import ExportError, Plan, block_type, dim_expr, plan_export
+from .export_common import ExportError, Plan, block_type, bound_axis_names, dim_expr, plan_export, shape_pattern
 from .graph import Design
 from .shapes import Analysis, format_dims
 
@@ -54,14 +54,6 @@ def _call(spec: NodeSpec, path: str, args: list[str]) -> str:
     if spec.call == "first":
         return f"{target}({', '.join(args)})[0]"
     return f"{target}({', '.join(args)})"
-
-
-def _pattern(dims, axes) -> str:
-    parts = []
-    for d in dims:
-        e = dim_expr(d, axes)
-        parts.append(e if e is not None else "None")
-    return "[" + ", ".join(parts) + "]"
 
 
 def export_python(design: Design, analysis: Analysis | None = None) -> str:
@@ -113,22 +105,11 @@ def _forward(plan: Plan) -> list[str]:
     for o in outputs:
         lines.append(f"        - {o}: `{plan.analysis.output_shapes()[o].text()}`")
     lines.append('        """')
-    bound = set()
+    for n, names in bound_axis_names(plan, inputs):
+        lines.append(f"        {', '.join(names)}{',' if len(names) == 1 else ''} = {plan.vars[(n, 'output')]}.dims()")
     for n in inputs:
         v = plan.vars[(n, "output")]
-        dims = d.config(n)["shape"]
-        names = []
-        for i, a in enumerate(dims):
-            if isinstance(a, str) and plan.axes.get(a) == (n, i) and a not in bound:
-                names.append(a)
-                bound.add(a)
-            else:
-                names.append("_")
-        if any(x != "_" for x in names):
-            lines.append(f"        {', '.join(names)}{',' if len(names) == 1 else ''} = {v}.dims()")
-    for n in inputs:
-        v = plan.vars[(n, "output")]
-        lines.append(f"        assert_shape({v}, {_pattern(d.config(n)['shape'], plan.axes)})")
+        lines.append(f"        assert_shape({v}, {shape_pattern(d.config(n)['shape'], plan.axes, 'None')})")
     for n in plan.order:
         spec = d.spec(n)
         values = d.config(n)
@@ -163,7 +144,7 @@ def _forward(plan: Plan) -> list[str]:
     for o in outputs:
         v = plan.vars[plan.input_of(o, "input")]
         shape = plan.analysis.output_shapes()[o]
-        lines.append(f"        assert_shape({v}, {_pattern(shape.dims, plan.axes)})")
+        lines.append(f"        assert_shape({v}, {shape_pattern(shape.dims, plan.axes, 'None')})")
         results.append(v)
     lines.append(f"        return {', '.join(results)}")
     return lines

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .catalog import NodeSpec
-from .export_common import ExportError, Plan, block_type, dim_expr, plan_export
+from .export_common import ExportError, Plan, block_type, bound_axis_names, dim_expr, plan_export, shape_pattern
 from .graph import Design
 from .shapes import Analysis, format_dims
 
@@ -292,20 +292,10 @@ def _forward(plan: Plan, uses: set) -> list[str]:
     else:
         lines.append(sig)
     body = []
-    bound = set()
+    for n, names in bound_axis_names(plan, inputs):
+        body.append(f"let [{', '.join(names)}] = {plan.vars[(n, 'output')]}.dims();")
     for n in inputs:
-        dims = d.config(n)["shape"]
-        names = []
-        for i, a in enumerate(dims):
-            if isinstance(a, str) and plan.axes.get(a) == (n, i) and a not in bound:
-                names.append(a)
-                bound.add(a)
-            else:
-                names.append("_")
-        if any(x != "_" for x in names):
-            body.append(f"let [{', '.join(names)}] = {plan.vars[(n, 'output')]}.dims();")
-    for n in inputs:
-        pattern = _pattern(d.config(n)["shape"], plan.axes)
+        pattern = shape_pattern(d.config(n)["shape"], plan.axes, "_")
         body.append(f"assert_shape!({plan.vars[(n, 'output')]}, {pattern});")
     body.append("")
     for n, spec, values, ins in stmts:
@@ -345,7 +335,7 @@ def _forward(plan: Plan, uses: set) -> list[str]:
     results = []
     for o in outputs:
         v = plan.vars[plan.input_of(o, "input")]
-        body.append(f"assert_shape!({v}, {_pattern(out_shapes[o].dims, plan.axes)});")
+        body.append(f"assert_shape!({v}, {shape_pattern(out_shapes[o].dims, plan.axes, '_')});")
         results.append(v)
     body.append(results[0] if len(results) == 1 else "(" + ", ".join(results) + ")")
     lines += [("        " + b) if b else "" for b in body]
@@ -355,14 +345,6 @@ def _forward(plan: Plan, uses: set) -> list[str]:
 
 def _axis(dim: int, rank: int) -> int:
     return dim + rank if dim < 0 else dim
-
-
-def _pattern(dims, axes) -> str:
-    parts = []
-    for dd in dims:
-        e = dim_expr(dd, axes)
-        parts.append(e if e is not None else "_")
-    return "[" + ", ".join(parts) + "]"
 
 
 def _reshape(x: str, state, plan: Plan) -> str:
