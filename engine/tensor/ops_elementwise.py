@@ -8,7 +8,6 @@ import numpy as np
 from ..autodiff import tape as _tape
 from ..autodiff.tape import Node
 from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
-from . import threads
 from .threads import elementwise
 
 
@@ -287,7 +286,7 @@ def relu(self):
 
 
 def _relu(x):
-    if not isinstance(x, np.ndarray) or x.nbytes < threads.ELEMENTWISE_MIN_BYTES:
+    if not isinstance(x, np.ndarray):
         return _xp(x).maximum(x, 0)
     return elementwise(_relu_into, x.dtype, x)
 
@@ -297,8 +296,7 @@ def _relu_into(x, out=None):
 
 
 def _relu_grad(g, x, o):
-    if (not (isinstance(g, np.ndarray) and isinstance(o, np.ndarray)) or g.dtype != o.dtype
-            or 2 * g.nbytes < threads.ELEMENTWISE_MIN_BYTES):
+    if not (isinstance(g, np.ndarray) and isinstance(o, np.ndarray)) or g.dtype != o.dtype:
         return g * (o > 0)
     return elementwise(_mask_positive, g.dtype, g, o)
 

@@ -138,7 +138,7 @@ def run_chunks(fn, blocks, min_blocks: int = 2) -> None:
         raise error
 
 
-def split(n: int, nbytes: int = PARALLEL_MIN_BYTES) -> list[slice]:
+def split(n: int, nbytes: int) -> list[slice]:
     """[0, n) as one contiguous slice per thread; a single slice when `nbytes` (the data the
     work touches) is under PARALLEL_MIN_BYTES or there is one thread."""
     parts = min(num_threads(), n) if nbytes >= PARALLEL_MIN_BYTES else 1
@@ -172,8 +172,9 @@ def elementwise(fn, dtype, *arrays):
     simply `fn(*arrays)`. `fn` must be elementwise (each output element from the same element
     of every input)."""
     first = arrays[0]
-    nbytes = sum(a.nbytes for a in arrays)
-    if (num_threads() < 2 or nbytes < max(ELEMENTWISE_MIN_BYTES, PARALLEL_MIN_BYTES) or not all(isinstance(a, np.ndarray) for a in arrays)
+    nbytes = first.nbytes * len(arrays)  # checked first: most calls are small and stop here
+    if (nbytes < max(ELEMENTWISE_MIN_BYTES, PARALLEL_MIN_BYTES) or num_threads() < 2
+            or not all(isinstance(a, np.ndarray) for a in arrays)
             or any(a.shape != first.shape or not a.flags.c_contiguous for a in arrays)):
         return fn(*arrays)
     out = np.empty(first.shape, dtype=dtype)
