@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
+from dataclasses import dataclass
 
 STABLE_MALLOC = {
     "MALLOC_MMAP_THRESHOLD_": "268435456",
@@ -61,6 +63,54 @@ def alternate(fns: dict, *, rounds: int = 5, min_time: float = 0.5, warmup: int 
             t = timeit(fn, min_time=min_time, warmup=warmup, repeat=1)
             best[k] = t if best[k] is None else min(best[k], t)
     return best
+
+
+@dataclass
+class Paired:
+    """One side of a paired comparison (see `paired`): seconds per call and ratios to the base."""
+
+    best: float  # the fastest block's seconds per call
+    median: float  # the median block's seconds per call
+    ratio: float  # median over blocks of (this block / the base's block of the same set)
+    ratio_q1: float
+    ratio_q3: float
+    times: list  # seconds per call of each block, in set order
+
+    def ratio_to(self, other: "Paired") -> float:
+        """The median over sets of this side's block / the other side's block."""
+        return statistics.median(t / o for t, o in zip(self.times, other.times))
+
+
+def paired(fns: dict, base: str, *, blocks: int = 150, calls: int = 10, warmup: int = 3,
+           clock=time.perf_counter) -> dict:
+    """{name: fn} -> {name: Paired}, every ratio taken against the side named `base`.
+
+    The sides run in short blocks of `calls` calls, one block each per set, the order rotating
+    from set to set. A block is compared with the base's block of the same set, a fraction of
+    a second apart, so that this VM's drift in speed (it changes over seconds) hits both sides
+    of a ratio alike; the median over the sets is the ratio reported. The best block is kept
+    too, as `alternate` reports it."""
+    if base not in fns:
+        raise KeyError(f"paired: the base {base!r} is not one of the sides {list(fns)}")
+    names = list(fns)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict = {k: [] for k in names}
+    for b in range(blocks):
+        r = b % len(names)
+        for k in names[r:] + names[:r]:
+            fn = fns[k]
+            t0 = clock()
+            for _ in range(calls):
+                fn()
+            times[k].append((clock() - t0) / calls)
+    out = {}
+    for k in names:
+        ratios = [t / tb for t, tb in zip(times[k], times[base])]
+        q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        out[k] = Paired(min(times[k]), statistics.median(times[k]), statistics.median(ratios), q1, q3, times[k])
+    return out
 
 
 def fmt_time(s: float) -> str:

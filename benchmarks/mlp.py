@@ -4,9 +4,11 @@ Engine vs hand-written NumPy vs PyTorch CPU (when installed), side by side in on
 engine is timed twice: written with tensor operations and a hand-written SGD update (the
 direct analogue of the NumPy and PyTorch code), and written as users write a model (two
 `nn.Linear`, `nn.Relu`, `nn.CrossEntropyLoss`, `optim.Sgd` mapping the module). All of them
-start from the same weights and compute the same losses (checked before timing). They are
-timed in turn over several rounds and each keeps its best round, so that load from other
-processes on this shared machine hits every side alike.
+start from the same weights and compute the same losses (checked before timing). They run in
+turn in short blocks of steps (`_common.paired`); "vs NumPy" is the median, over the sets of
+blocks, of each block's time over the NumPy block of the same set, so that this shared VM's
+drift in speed hits both sides of every ratio alike. The best and the median block are shown
+too.
 Run with the stable malloc settings for steady numbers:
     MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 \
         .venv/bin/python benchmarks/mlp.py
@@ -17,12 +19,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks._common import alternate, fmt_time, machine, print_table, torch_or_none  # noqa: E402
+from benchmarks._common import fmt_time, machine, paired, print_table, torch_or_none  # noqa: E402
 from engine import Module, Tensor, nn, optim  # noqa: E402
 import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 
 B, D_IN, D_H, D_OUT, LR = 256, 784, 512, 10, 0.01
-ROUNDS = 25  # many short rounds: this shared VM speeds up and slows down over seconds
+BLOCKS, CALLS = 150, 10  # many short paired blocks: this shared VM speeds up and slows down over seconds
 
 
 def data(seed=0):
@@ -146,21 +148,24 @@ def main():
         losses[k] = [_scalar(f()) for _ in range(3)]
     for k, ls in losses.items():
         assert np.allclose(ls, losses["numpy"], rtol=1e-4, atol=1e-5), (k, ls, losses["numpy"])
-    best = alternate({k: make() for k, make in makers.items()}, rounds=ROUNDS, min_time=0.25)
-    t_np = best["numpy"]
+    res = paired({k: make() for k, make in makers.items()}, "numpy", blocks=BLOCKS, calls=CALLS)
+
+    def row(label, k):
+        r = res[k]
+        return [label, fmt_time(r.best), fmt_time(r.median), f"{r.ratio:.2f}×", f"{r.ratio_q1:.2f}–{r.ratio_q3:.2f}"]
+
     rows = [
-        ["hand-written NumPy", fmt_time(t_np), "1.00×"],
-        ["Ember engine: tensor ops, hand-written SGD", fmt_time(best["engine"]), f"{best['engine'] / t_np:.2f}×"],
-        ["Ember engine: nn.Linear, CrossEntropyLoss, optim.Sgd", fmt_time(best["engine_nn"]),
-         f"{best['engine_nn'] / t_np:.2f}×"],
+        row("hand-written NumPy", "numpy"),
+        row("Ember engine: tensor ops, hand-written SGD", "engine"),
+        row("Ember engine: nn.Linear, CrossEntropyLoss, optim.Sgd", "engine_nn"),
     ]
     if torch is not None:
-        t_pt = best["torch"]
-        rows.append(["PyTorch CPU " + torch.__version__, fmt_time(t_pt), f"{t_pt / t_np:.2f}×"])
-        rows.append(["engine (tensor ops) / PyTorch", "", f"{best['engine'] / t_pt:.2f}×"])
-        rows.append(["engine (nn) / PyTorch", "", f"{best['engine_nn'] / t_pt:.2f}×"])
-    print_table(f"MLP training step, batch {B}, {D_IN}→{D_H}→{D_OUT}, float32, best of {ROUNDS} alternating rounds "
-                f"({machine()})", ["implementation", "time / step", "vs NumPy"], rows)
+        rows.append(row("PyTorch CPU " + torch.__version__, "torch"))
+        rows.append(["engine (tensor ops) / PyTorch", "", "", f"{res['engine'].ratio_to(res['torch']):.2f}×", ""])
+        rows.append(["engine (nn) / PyTorch", "", "", f"{res['engine_nn'].ratio_to(res['torch']):.2f}×", ""])
+    print_table(f"MLP training step, batch {B}, {D_IN}→{D_H}→{D_OUT}, float32, {BLOCKS} paired blocks of {CALLS} steps "
+                f"({machine()})", ["implementation", "best block", "median block", "vs NumPy", "vs NumPy, middle half"],
+                rows)
 
 
 def _scalar(loss) -> float:

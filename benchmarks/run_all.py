@@ -171,11 +171,18 @@ def _ops_worst(out, tables):
 
 
 def _mlp(peer_needle: str, limit: float):
+    """The engine's MLP step against a peer: the median paired ratio mlp.py prints (its
+    "vs NumPy" column; against PyTorch, the "engine (tensor ops) / PyTorch" row)."""
     def extract(out, tables):
         t = find_table(tables, "MLP training step")
-        ember = seconds(t.cell("time", "Ember"))
-        row = t.row(peer_needle)
-        return vs(ember, row[0], seconds(row[1]), limit)
+        ember = t.cell("median block", "Ember engine: tensor ops")
+        if peer_needle == "NumPy":
+            peer = t.row("NumPy")
+            ratio = number(t.cell("vs NumPy", "Ember engine: tensor ops"))
+        else:
+            peer = t.row(peer_needle)
+            ratio = number(t.cell("vs NumPy", "engine (tensor ops) / PyTorch"))
+        return Figure(ember, peer[0], peer[t.column("median block")], f"{ratio:.2f}×", ratio <= limit)
     return extract
 
 
