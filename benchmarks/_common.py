@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -82,11 +83,15 @@ class Paired:
 
 
 def paired(fns: dict, base: str, *, blocks: int = 150, calls: int = 10, warmup: int = 3,
-           clock=time.perf_counter) -> dict:
+           settle: float = 0.0, clock=time.perf_counter, sleep=time.sleep, seed: int = 0) -> dict:
     """{name: fn} -> {name: Paired}, every ratio taken against the side named `base`.
 
-    The sides run in short blocks of `calls` calls, one block each per set, the order rotating
-    from set to set. A block is compared with the base's block of the same set, a fraction of
+    The sides run in short blocks of `calls` calls, one block each per set, in an order
+    shuffled from set to set (with a fixed seed): a side that leaves the machine busy after it
+    returns, as PyTorch's spinning worker threads do, then slows a random side instead of
+    always the same one (rotating a fixed order would keep the same successor); a `settle`
+    pause before every block lets such threads go idle, so that every block starts from the
+    same quiet machine. A block is compared with the base's block of the same set, a fraction of
     a second apart, so that this VM's drift in speed (it changes over seconds) hits both sides
     of a ratio alike; the median over the sets is the ratio reported. The best block is kept
     too, as `alternate` reports it."""
@@ -97,10 +102,14 @@ def paired(fns: dict, base: str, *, blocks: int = 150, calls: int = 10, warmup: 
         for _ in range(warmup):
             fn()
     times: dict = {k: [] for k in names}
-    for b in range(blocks):
-        r = b % len(names)
-        for k in names[r:] + names[:r]:
+    order = list(names)
+    shuffle = random.Random(seed).shuffle
+    for _ in range(blocks):
+        shuffle(order)
+        for k in order:
             fn = fns[k]
+            if settle:
+                sleep(settle)
             t0 = clock()
             for _ in range(calls):
                 fn()

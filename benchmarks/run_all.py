@@ -170,19 +170,16 @@ def _ops_worst(out, tables):
                   worst[t.column("PyTorch fwd+bwd")], f"{ratio:.2f}×", ratio <= 1.0)
 
 
-def _mlp(peer_needle: str, limit: float):
-    """The engine's MLP step against a peer: the median paired ratio mlp.py prints (its
-    "vs NumPy" column; against PyTorch, the "engine (tensor ops) / PyTorch" row)."""
+def _mlp(peer: str, limit: float):
+    """The engine's MLP step (tensor ops) against a peer: the median paired ratio of mlp.py's
+    table for that peer, with the median blocks of both sides."""
     def extract(out, tables):
-        t = find_table(tables, "MLP training step")
-        ember = t.cell("median block", "Ember engine: tensor ops")
-        if peer_needle == "NumPy":
-            peer = t.row("NumPy")
-            ratio = number(t.cell("vs NumPy", "Ember engine: tensor ops"))
-        else:
-            peer = t.row(peer_needle)
-            ratio = number(t.cell("vs NumPy", "engine (tensor ops) / PyTorch"))
-        return Figure(ember, peer[0], peer[t.column("median block")], f"{ratio:.2f}×", ratio <= limit)
+        t = find_table(tables, f"MLP training step vs {peer}")
+        ember = t.row("Ember engine: tensor ops")
+        base = t.rows[0]
+        median = t.column("median block")
+        ratio = number(ember[t.column(f"vs {peer}")])
+        return Figure(ember[median], base[0], base[median], f"{ratio:.2f}×", ratio <= limit)
     return extract
 
 
