@@ -9,9 +9,13 @@ so memory is returned as soon as the pass ends and a second pass fails loudly.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 
 from .gradients import Gradients
+
+_next_seq = itertools.count().__next__  # thread-safe under the GIL (one C call)
 
 
 class GraphReleasedError(RuntimeError):
@@ -21,7 +25,7 @@ class GraphReleasedError(RuntimeError):
 class Node:
     """One recorded operation (or a leaf that retains its gradient when `parents` is empty)."""
 
-    __slots__ = ("parents", "rule", "op", "leaf", "released", "__weakref__")
+    __slots__ = ("parents", "rule", "op", "leaf", "released", "seq", "__weakref__")
 
     def __init__(self, parents, rule, op: str, leaf: bool = False):
         self.parents = parents  # tuple of Node | None, one per differentiable input
@@ -29,6 +33,9 @@ class Node:
         self.op = op
         self.leaf = leaf
         self.released = False
+        # creation order: a node's parents exist before it, so every parent has a smaller seq
+        # than each of its children (backward's processing order rests on this)
+        self.seq = _next_seq()
 
     def __repr__(self) -> str:
         kind = "leaf" if self.leaf else self.op
@@ -59,39 +66,6 @@ class no_recording:
         return False
 
 
-def _topological(root: Node) -> list[Node]:
-    """Nodes reachable from root, each after all of its parents (iterative DFS).
-
-    Nodes are hashed by identity (Node defines no __eq__), so they key the `seen` set
-    directly; leaves have no parents and go straight into the order.
-    """
-    if root.released:
-        raise GraphReleasedError(_released_message(root))
-    order: list[Node] = []
-    append = order.append
-    seen = {root}
-    add = seen.add
-    stack = [(root, iter(root.parents))]
-    push = stack.append
-    while stack:
-        node, it = stack[-1]
-        for parent in it:
-            if parent is None or parent in seen:
-                continue
-            if parent.released:
-                raise GraphReleasedError(_released_message(parent))
-            add(parent)
-            if parent.leaf:
-                append(parent)
-                continue
-            push((parent, iter(parent.parents)))
-            break
-        else:
-            stack.pop()
-            append(node)
-    return order
-
-
 def _released_message(node: Node) -> str:
     return (
         f"backward() reached the output of '{node.op}', whose graph was already released by an earlier "
@@ -102,43 +76,53 @@ def _released_message(node: Node) -> str:
 def backward(root: Node, seed) -> Gradients:
     """Propagate `seed` (the gradient of the root's output) back to every leaf.
 
+    Nodes run in decreasing creation order (a max-heap on `seq`): a node is created after its
+    parents, so by the time it runs, every child that reaches it has added its gradient. Only
+    nodes that some gradient reaches enter the heap; one walk both orders and runs them.
+
     A gradient reaching a node from several children is summed. The first sum allocates a
     fresh array that this pass owns; later contributions are added into it in place (never
     into an array a rule handed over, which may be shared by several parents or be a
     read-only broadcast view).
     """
     grads = Gradients()
+    if root.released:
+        raise GraphReleasedError(_released_message(root))
     if root.leaf:
         grads._put(root, seed)
         return grads
-    order = _topological(root)
     pending = {root: seed}
+    heap = [(-root.seq, root)]
+    push, popmin = heapq.heappush, heapq.heappop
     owned: set[int] = set()  # ids of the accumulation arrays this pass allocated
     pop = pending.pop
-    for node in reversed(order):
-        g = pop(node, None)
-        if owned and g is not None:
+    get = pending.get
+    while heap:
+        node = popmin(heap)[1]
+        g = pop(node)
+        if owned:
             owned.discard(id(g))  # handed on: a rule may pass it to several parents
         if node.leaf:
-            if g is not None:
-                grads._put(node, g)
+            grads._put(node, g)
             continue
-        if g is not None:
-            parent_grads = node.rule(g)
-            for parent, pg in zip(node.parents, parent_grads):
-                if parent is None or pg is None:
-                    continue
-                prev = pending.get(parent)
-                if prev is None:
-                    pending[parent] = pg
-                elif id(prev) in owned and prev.shape == pg.shape and prev.dtype == pg.dtype:
-                    prev += pg
-                else:
-                    owned.discard(id(prev))
-                    acc = prev + pg
-                    if acc.ndim:  # a rank-0 sum may come back as an immutable scalar
-                        owned.add(id(acc))
-                    pending[parent] = acc
+        rule = node.rule
+        if rule is None:  # released by an earlier pass
+            raise GraphReleasedError(_released_message(node))
+        for parent, pg in zip(node.parents, rule(g)):
+            if parent is None or pg is None:
+                continue
+            prev = get(parent)
+            if prev is None:
+                pending[parent] = pg
+                push(heap, (-parent.seq, parent))
+            elif id(prev) in owned and prev.shape == pg.shape and prev.dtype == pg.dtype:
+                prev += pg
+            else:
+                owned.discard(id(prev))
+                acc = prev + pg
+                if acc.ndim:  # a rank-0 sum may come back as an immutable scalar
+                    owned.add(id(acc))
+                pending[parent] = acc
         node.rule = None
         node.parents = None
         node.released = True
