@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -9,6 +10,9 @@ from ..autodiff import tape as _tape
 from ..autodiff.tape import Node
 from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
 from .threads import elementwise
+
+_wrap = Tensor._wrap
+_recording = _tape._state  # `.paused` inside no_recording(); read directly on the hot paths
 
 
 def _special(xp):
@@ -30,30 +34,37 @@ def _bcast_error(op, a, b, exc):
 def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts, saves: str = "xyo"):
     """`saves` names the arrays the rules read (x, y, o: the operands and the output); only
     those stay alive in the graph until backward, the others reach the rules as None. The
-    tensor-tensor rule also gets both operands' shapes, to reduce broadcast gradients."""
-    b = as_operand(a, b, op)
+    tensor-tensor rule also gets both operands' shapes, to reduce broadcast gradients.
+
+    The common operands (a Tensor on the same device, a Python float or int) are recognised
+    by their exact type before the general check: this runs for every arithmetic operator."""
+    tb = type(b)
+    if tb is not Tensor and tb is not float and tb is not int:
+        b = as_operand(a, b, op)
+        tb = Tensor if isinstance(b, Tensor) else float
     dev = a._device
-    if isinstance(b, Tensor):
+    if tb is Tensor:
+        if b._device is not dev:
+            check_same_device(op, a, b)
+        xd, yd = a._data, b._data
         try:
-            out = fwd(a._data, b._data)
+            out = fwd(xd, yd)
         except ValueError as exc:
             raise _bcast_error(op, a, b, exc) from None
-        if (a._node is None and b._node is None) or not _tape.is_recording():
-            return Tensor._wrap(out, dev, a._ad or b._ad)
-        x = a._data if "x" in saves else None
-        y = b._data if "y" in saves else None
-        o = out if "o" in saves else None
-        xs, ys = a._data.shape, b._data.shape
         na, nb = a._node is not None, b._node is not None
-        return Tensor._wrap(
-            out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, o, na, nb, xs, ys), op)
-        )
+        if not (na or nb) or _recording.paused:
+            return _wrap(out, dev, a._ad or b._ad)
+        x = xd if "x" in saves else None
+        y = yd if "y" in saves else None
+        o = out if "o" in saves else None
+        xs, ys = xd.shape, yd.shape
+        return _wrap(out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, o, na, nb, xs, ys), op))
     out = fwd(a._data, b)
-    if a._node is None or not _tape.is_recording():
-        return Tensor._wrap(out, dev, a._ad)
+    if a._node is None or _recording.paused:
+        return _wrap(out, dev, a._ad)
     x = a._data if "x" in saves else None
     o = out if "o" in saves else None
-    return Tensor._wrap(out, dev, True, Node((a._node,), lambda g: (rule_ts(g, x, b, o),), op))
+    return _wrap(out, dev, True, Node((a._node,), lambda g: (rule_ts(g, x, b, o),), op))
 
 
 # rules for tensor-tensor ops: na / nb say whether each operand needs its gradient, xs / ys
@@ -92,22 +103,22 @@ def _xp(arr):
 
 @tensor_method
 def add(self, other):
-    return _binary(self, other, "add", lambda x, y: x + y, _add_tt, lambda g, x, s, o: g, saves="")
+    return _binary(self, other, "add", operator.add, _add_tt, lambda g, x, s, o: g, saves="")
 
 
 @tensor_method
 def sub(self, other):
-    return _binary(self, other, "sub", lambda x, y: x - y, _sub_tt, lambda g, x, s, o: g, saves="")
+    return _binary(self, other, "sub", operator.sub, _sub_tt, lambda g, x, s, o: g, saves="")
 
 
 @tensor_method
 def mul(self, other):
-    return _binary(self, other, "mul", lambda x, y: x * y, _mul_tt, lambda g, x, s, o: g * s, saves="xy")
+    return _binary(self, other, "mul", operator.mul, _mul_tt, lambda g, x, s, o: g * s, saves="xy")
 
 
 @tensor_method
 def div(self, other):
-    return _binary(self, other, "div", lambda x, y: x / y, _div_tt, lambda g, x, s, o: g / s, saves="yo")
+    return _binary(self, other, "div", operator.truediv, _div_tt, lambda g, x, s, o: g / s, saves="yo")
 
 
 @tensor_method
@@ -132,7 +143,7 @@ def rdiv(self, other):
 
 @tensor_method
 def neg(self):
-    return _unary(self, "neg", lambda x: -x, lambda g, x, o: -g, saves="")
+    return _unary(self, "neg", operator.neg, lambda g, x, o: -g, saves="")
 
 
 @tensor_method
@@ -180,11 +191,11 @@ def _unary(a: Tensor, op: str, fwd, rule, saves: str = "xo"):
     stay alive in the graph until backward; the others reach the rule as None."""
     x = a._data
     out = fwd(x)
-    if a._node is None or not _tape.is_recording():
-        return Tensor._wrap(out, a._device, a._ad)
+    if a._node is None or _recording.paused:
+        return _wrap(out, a._device, a._ad)
     xs = x if "x" in saves else None
     os_ = out if "o" in saves else None
-    return Tensor._wrap(out, a._device, True, Node((a._node,), lambda g: (rule(g, xs, os_),), op))
+    return _wrap(out, a._device, True, Node((a._node,), lambda g: (rule(g, xs, os_),), op))
 
 
 def _float_only(a: Tensor, op: str):

@@ -25,7 +25,7 @@ def matmul(self, other):
         out = a @ b
     except ValueError as exc:
         raise TensorError(f"matmul: batch axes cannot be broadcast: dims {list(a.shape)} @ {list(b.shape)} ({exc})") from None
-    if (self._node is None and other._node is None) or not _tape.is_recording():
+    if (self._node is None and other._node is None) or _tape._state.paused:
         return Tensor._wrap(out, self._device, self._ad or other._ad)
     need_a = self._node is not None
     need_b = other._node is not None

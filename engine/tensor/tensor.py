@@ -324,17 +324,15 @@ def record(out, device: Device, inputs, rule, op: str) -> Tensor:
 
     `rule(grad) -> tuple` gives one gradient (array or None) per input, in order.
     """
-    ad = False
-    tracked = False
-    for t in inputs:
-        if t._ad:
-            ad = True
-        if t._node is not None:
-            tracked = True
-    if tracked and _tape.is_recording():
-        node = Node(tuple(t._node for t in inputs), rule, op)
-        return Tensor._wrap(out, device, True, node)
-    return Tensor._wrap(out, device, ad)
+    if len(inputs) == 1:  # most ops: one input, no loops
+        n = inputs[0]._node
+        if n is not None and not _tape._state.paused:
+            return Tensor._wrap(out, device, True, Node((n,), rule, op))
+        return Tensor._wrap(out, device, inputs[0]._ad)
+    nodes = tuple([t._node for t in inputs])
+    if not _tape._state.paused and nodes.count(None) < len(nodes):
+        return Tensor._wrap(out, device, True, Node(nodes, rule, op))
+    return Tensor._wrap(out, device, any(t._ad for t in inputs))
 
 
 def check_same_device(op: str, a: Tensor, b: Tensor) -> None:
