@@ -619,6 +619,33 @@ def softmax_cross_entropy(logits: Tensor, target_dist, denom: float, log_probs: 
     return record(out, logits._device, (logits,), rule, op)
 
 
+def softmax_cross_entropy_index(logits: Tensor, targets, denom: float) -> Tensor:
+    """`-sum(log_softmax(logits)[i, targets[i]]) / denom` as a tensor of dims [1]: the one-hot
+    case of `softmax_cross_entropy` (no smoothing, class weights or pads), reading each row's
+    target entry instead of building the one-hot matrix. `targets` is an int array `[batch]`
+    whose entries the caller has checked to lie in range."""
+    op = "cross_entropy"
+    _float_input(op, logits)
+    xd = logits._data
+    xp = logits._device.xp
+    rows = xp.arange(xd.shape[0])
+    shifted = xd - xd.max(axis=1, keepdims=True)
+    e = xp.exp(shifted)
+    s = e.sum(axis=1, keepdims=True)
+    loss = (xp.log(s).sum() - shifted[rows, targets].sum()) / denom
+    out = xp.asarray(loss, dtype=xd.dtype).reshape(1)
+    if not _tracking(logits):
+        return Tensor._wrap(out, logits._device, logits._ad)
+
+    def rule(g):
+        grad = e / s  # softmax, a fresh array this rule owns
+        grad[rows, targets] -= 1
+        grad *= g.reshape(()) * (1.0 / denom)
+        return (grad,)
+
+    return record(out, logits._device, (logits,), rule, op)
+
+
 # ---------------------------------------------------------------------- rotary encoding
 def rotary(x: Tensor, cos, sin) -> Tensor:
     """Rotate each pair (x[2i], x[2i+1]) of the last dim by the angle whose cos / sin are

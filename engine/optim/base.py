@@ -143,10 +143,13 @@ class _StepMapper(ModuleMapper):
         elif entry.device is not device and entry.state is not None:
             entry.state = _state_to(entry.state, device)
             entry.device = device
-        with device.context():
+        if xp is np:
             new, entry.state = entry.optim.step(self.lr, arr, garr, entry.state, xp)
+        else:
+            with device.context():
+                new, entry.state = entry.optim.step(self.lr, arr, garr, entry.state, xp)
         out = Tensor._wrap(new, device, True, None)
-        if t.is_require_grad():
+        if t._node is not None and t._node.leaf:  # t requires grad: so does its update
             out.set_require_grad(True)
         return param.map(lambda _base: out)
 

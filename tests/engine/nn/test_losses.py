@@ -43,6 +43,23 @@ def test_cross_entropy(pads, weights, smoothing):
     check_grads(lambda t: loss.forward(t, F(targets)), logits)
 
 
+def test_cross_entropy_index_path_matches_the_one_hot_path():
+    # plain targets take the gather path; unit class weights take the one-hot path: same loss
+    # and gradient, in float32 as models train
+    logits = RNG.standard_normal((6, 4)).astype(np.float32)
+    targets = F(np.array([3, 3, 0, 1, 3, 2]))
+    plain = nn.CrossEntropyLossConfig().init()
+    one_hot = nn.CrossEntropyLossConfig(weights=[1.0, 1.0, 1.0, 1.0]).init()
+    outs = []
+    for loss in (plain, one_hot):
+        x = F(logits).require_grad()
+        out = loss.forward(x, targets)
+        outs.append((out.numpy(), x.grad(out.backward()).numpy()))
+    np.testing.assert_allclose(outs[0][0], outs[1][0], rtol=1e-6)
+    np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-7)
+    assert outs[0][1].dtype == np.float32
+
+
 def test_cross_entropy_with_probabilities_when_smoothed():
     p = RNG.random((3, 4)) + 0.1
     p /= p.sum(1, keepdims=True)
