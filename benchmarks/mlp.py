@@ -5,10 +5,11 @@ engine is timed twice: written with tensor operations and a hand-written SGD upd
 direct analogue of the NumPy and PyTorch code), and written as users write a model (two
 `nn.Linear`, `nn.Relu`, `nn.CrossEntropyLoss`, `optim.Sgd` mapping the module). All of them
 start from the same weights and compute the same losses (checked before timing). They run in
-turn in short blocks of steps (`_common.paired`); "vs NumPy" is the median, over the sets of
-blocks, of each block's time over the NumPy block of the same set, so that this shared VM's
-drift in speed hits both sides of every ratio alike. The best and the median block are shown
-too.
+turn in short blocks of steps, in shuffled order (`_common.paired`); a ratio is the median,
+over the sets of blocks, of a block's time over the base's block of the same set, so that this
+shared VM's drift in speed hits both sides of every ratio alike. One table compares with NumPy,
+a second run with PyTorch (whose spinning threads would slow the NumPy blocks). The best and
+the median block are shown too.
 Run with the stable malloc settings for steady numbers:
     MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 \
         .venv/bin/python benchmarks/mlp.py
@@ -25,7 +26,7 @@ import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS b
 
 B, D_IN, D_H, D_OUT, LR = 256, 784, 512, 10, 0.01
 BLOCKS, CALLS = 150, 10  # many short paired blocks: this shared VM speeds up and slows down over seconds
-SETTLE = 0.02  # seconds of pause before each block: other sides' spinning threads go idle
+SETTLE = 0.02  # seconds of pause before each block of the PyTorch runs: its spinning threads go idle
 
 
 def data(seed=0):
@@ -154,15 +155,16 @@ def main():
     # PyTorch's worker threads keep spinning for a while after each step and slow whatever
     # runs next (measured: NumPy's step 10-15 % slower right after PyTorch's): the NumPy ratios
     # come from blocks of NumPy and the engine alone, the PyTorch ratios from a second run of
-    # PyTorch and the engine, with a pause before every block (SETTLE)
+    # PyTorch and the engine, with a pause before every block (SETTLE). The NumPy run has no
+    # pause: there it only widened the spread (middle half 0.99-1.23 against 1.02-1.13)
     _table("NumPy", [("hand-written NumPy", "numpy")] + engines, makers)
     if torch is not None:
-        _table("PyTorch", [("PyTorch CPU " + torch.__version__, "torch")] + engines, makers)
+        _table("PyTorch", [("PyTorch CPU " + torch.__version__, "torch")] + engines, makers, settle=SETTLE)
 
 
-def _table(peer: str, sides: list, makers: dict) -> None:
+def _table(peer: str, sides: list, makers: dict, settle: float = 0.0) -> None:
     base = sides[0][1]
-    res = paired({k: makers[k]() for _, k in sides}, base, blocks=BLOCKS, calls=CALLS, settle=SETTLE)
+    res = paired({k: makers[k]() for _, k in sides}, base, blocks=BLOCKS, calls=CALLS, settle=settle)
     rows = [[label, fmt_time(res[k].best), fmt_time(res[k].median), f"{res[k].ratio:.2f}×",
              f"{res[k].ratio_q1:.2f}–{res[k].ratio_q3:.2f}"] for label, k in sides]
     print_table(f"MLP training step vs {peer}, batch {B}, {D_IN}→{D_H}→{D_OUT}, float32, {BLOCKS} paired blocks of "
