@@ -71,11 +71,10 @@ class OptimizerRecord:
         p = Path(path)
         if not p.suffix:
             p = p.with_suffix(".bpk")
+        from ..store.atomic import atomic_write  # noqa: PLC0415
+
         data = self.to_bytes()
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(p)
-        return p
+        return atomic_write(p, lambda fp: fp.write(data))
 
     @staticmethod
     def load(path) -> "OptimizerRecord":

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.store import ModuleRecord, RecordError, TensorEntry
+from engine import Tensor
+from engine.store import ModuleRecord, RecordError, TensorEntry, atomic
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -110,6 +111,52 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_old_file(tmp_path):
     assert target.read_bytes() == before
     rec = ModuleRecord.load(target)
     assert all((rec[f"t{i}"].array == 1.0).all() for i in range(8))
+    # the killed writer's temporary file names its pid; once it is old, the next save removes it
+    stray = temps[0]
+    assert stray.exists() and stray.name.startswith(f".model.bpk.{child.pid}.")
+    old.save(target)
+    assert stray.exists()  # fresh: perhaps still being written
+    aged = time.time() - atomic.STALE_TEMP_S - 5
+    os.utime(stray, (aged, aged))
+    old.save(target)
+    assert not stray.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bpk"]
+
+
+def test_only_stale_temporaries_of_gone_writers_are_removed(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    aged = time.time() - atomic.STALE_TEMP_S - 5
+    names = {
+        f".m.bpk.{dead_pid}.abc123.tmp": (aged, False),  # writer gone, untouched for long: removed
+        f".m.bpk.{dead_pid}.fresh1.tmp": (time.time(), True),  # writer gone but written just now
+        f".m.bpk.{os.getpid()}.mine01.tmp": (aged, True),  # this process: maybe a save in progress
+        f".m.bpk.{os.getppid()}.parent.tmp": (aged, True),  # a live process
+        f".other.bpk.{dead_pid}.abc123.tmp": (aged, True),  # another target's
+        ".m.bpk.notapid.tmp": (aged, True),  # not a name this module writes
+        "m.bpk.tmp": (aged, True),
+    }
+    for name, (mtime, _) in names.items():
+        f = tmp_path / name
+        f.write_bytes(b"partial")
+        os.utime(f, (mtime, mtime))
+    _record(1.0).save(tmp_path / "m.bpk")
+    for name, (_, kept) in names.items():
+        assert (tmp_path / name).exists() == kept, name
+    assert (tmp_path / "m.bpk").exists()
+
+
+def test_optimizer_state_saves_atomically(tmp_path):
+    from engine import nn, optim
+
+    model = nn.LinearConfig(3, 2).init().train()
+    opt = optim.AdamConfig().init()
+    loss = model.forward(Tensor.ones([4, 3])).sum()
+    model = opt.step(0.1, model, optim.GradientsParams.from_grads(loss.backward(), model))
+    path = opt.save(tmp_path / "adam")
+    assert path == tmp_path / "adam.bpk" and sorted(p.name for p in tmp_path.iterdir()) == ["adam.bpk"]
+    with pytest.raises(RecordError, match="does not exist"):
+        opt.save(tmp_path / "missing" / "adam")
 
 
 def test_random_sigkills_never_leave_a_partial_file(tmp_path):
