@@ -6,8 +6,10 @@ scheduler state and the loop's progress.
     epoch-<e>/scheduler.bpk    the scheduler's scalars (burnpack scalars, no tensors)
     epoch-<e>/training.json    {"epoch", "global_step", "seed", "step_losses", "history"}
 
-The folder is written under a temporary name and renamed when complete, so a crash never
-leaves a half checkpoint under the final name.
+The folder is written under a temporary name (`<name>.partial`), each file fsync'ed, and
+renamed when complete, so a crash never leaves a half checkpoint under the final name. An
+existing checkpoint of the same name is first renamed to `<name>.old` and deleted only once
+the new one is in place.
 """
 from __future__ import annotations
 
@@ -25,19 +27,31 @@ class CheckpointError(ValueError):
 def save_checkpoint(path, model, optimizer, scheduler, progress: dict) -> Path:
     from ..store import burnpack as bp
 
+    from ..store.atomic import atomic_write, atomic_write_text
+
     final = Path(path)
     tmp = final.with_name(final.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    # every file is fsync'ed (atomic_write), so the folder renamed into place is complete
     model.into_record().save(tmp / "model.bpk")
     optimizer.save(tmp / "optimizer.bpk")
     scalars = {k: bp.Scalar.of(v) for k, v in scheduler.to_record().items()}
-    (tmp / "scheduler.bpk").write_bytes(bp.encode([], None, scalars))
-    (tmp / "training.json").write_text(json.dumps(progress))
+    data = bp.encode([], None, scalars)
+    atomic_write(tmp / "scheduler.bpk", lambda fp: fp.write(data), error=CheckpointError)
+    atomic_write_text(tmp / "training.json", json.dumps(progress), error=CheckpointError)
     if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+        # the old checkpoint moves aside before the new one takes its name and is deleted only
+        # after: a crash in between leaves both complete folders, never neither
+        old = final.with_name(final.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
     return final
 
 

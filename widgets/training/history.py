@@ -239,15 +239,19 @@ def _epoch_of(step: int, per_epoch: int) -> int | str:
 def write_csv(path, runs) -> int:
     """Write every run's series to one CSV file (long format, `CSV_HEADER`); returns the rows."""
     import csv  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    from engine.store.atomic import atomic_write_text  # noqa: PLC0415
 
     n = 0
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_HEADER)
-        for run in runs:
-            rows = run.csv_rows()
-            w.writerows(rows)
-            n += len(rows)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(CSV_HEADER)
+    for run in runs:
+        rows = run.csv_rows()
+        w.writerows(rows)
+        n += len(rows)
+    atomic_write_text(path, buf.getvalue())  # an export over an existing file never leaves half of it
     return n
 
 

@@ -45,3 +45,61 @@ def test_a_missing_file_is_named(tmp_path):
     (tmp_path / "epoch-2" / "optimizer.bpk").unlink()
     with pytest.raises(CheckpointError, match=r"missing \['optimizer.bpk'\]"):
         make_learner(tmp_path / "x").resume_from(tmp_path / "epoch-2")
+
+
+def _save(path, value, optimizer=None):
+    from engine import Tensor, nn
+    from engine.train.checkpoint import save_checkpoint
+
+    model = nn.LinearConfig(2, 2).init()
+    model.weight = model.weight.map(lambda _: Tensor.full([2, 2], value))
+    sched = optim.CosineAnnealingLrSchedulerConfig(0.1, 5).init()
+    return save_checkpoint(path, model, optimizer or optim.AdamConfig().init(), sched, {"epoch": value})
+
+
+def _weight(folder):
+    from engine.store import ModuleRecord
+
+    return float(ModuleRecord.load(folder / "model.bpk")["weight"].array[0, 0])
+
+
+def test_saving_over_a_checkpoint_replaces_it_whole(tmp_path):
+    target = tmp_path / "epoch-1"
+    _save(target, 1.0)
+    _save(target, 2.0)
+    assert _weight(target) == 2.0
+    assert json.loads((target / "training.json").read_text()) == {"epoch": 2.0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-1"]
+
+
+def test_a_failed_save_over_a_checkpoint_keeps_the_old_one(tmp_path):
+    target = tmp_path / "epoch-1"
+    _save(target, 1.0)
+
+    class Broken:
+        def save(self, path):
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _save(target, 2.0, optimizer=Broken())
+    assert _weight(target) == 1.0
+    assert sorted(p.name for p in target.iterdir()) == ["model.bpk", "optimizer.bpk", "scheduler.bpk", "training.json"]
+
+
+def test_a_crash_between_the_renames_leaves_both_checkpoints_whole(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    target = tmp_path / "epoch-1"
+    _save(target, 1.0)
+    real_rename = Path.rename
+
+    def rename(self, dst):
+        if self.name == "epoch-1.partial":  # the crash: after the old one moved aside
+            raise KeyboardInterrupt
+        return real_rename(self, dst)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        _save(target, 2.0)
+    assert _weight(tmp_path / "epoch-1.old") == 1.0
+    assert _weight(tmp_path / "epoch-1.partial") == 2.0
