@@ -350,8 +350,11 @@ def op_error(op: str, message: str, *tensors: Tensor) -> TensorError:
 
 def unbroadcast(g, shape):
     """Sum a broadcast gradient back to an operand's shape."""
-    if g.shape == shape:
+    gs = g.shape
+    if gs == shape:
         return g
+    if gs[1:] == shape:  # one leading axis broadcast, as for a bias: the common case
+        return g.sum(axis=0)
     extra = g.ndim - len(shape)
     if extra > 0:
         g = g.sum(axis=tuple(range(extra)))
