@@ -77,10 +77,6 @@ class Paired:
     ratio_q3: float
     times: list  # seconds per call of each block, in set order
 
-    def ratio_to(self, other: "Paired") -> float:
-        """The median over sets of this side's block / the other side's block."""
-        return statistics.median(t / o for t, o in zip(self.times, other.times))
-
 
 def paired(fns: dict, base: str, *, blocks: int = 150, calls: int = 10, warmup: int = 3,
            settle: float = 0.0, clock=time.perf_counter, sleep=time.sleep, seed: int = 0) -> dict:

@@ -43,7 +43,6 @@ def test_paired_ratios_follow_each_set_through_drift():
     assert res["fast"].ratio == pytest.approx(0.9)
     assert res["slow"].ratio == pytest.approx(1.2)
     assert res["slow"].ratio_q1 == pytest.approx(1.2) and res["slow"].ratio_q3 == pytest.approx(1.2)
-    assert res["slow"].ratio_to(res["fast"]) == pytest.approx(1.2 / 0.9)
     # the best block is the fastest phase's; the median block sits above it
     assert res["fast"].best == pytest.approx(0.9)
     assert res["fast"].median > res["fast"].best

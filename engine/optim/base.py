@@ -148,7 +148,7 @@ class _StepMapper(ModuleMapper):
             with device.context():
                 new, entry.state = entry.optim.step(self.lr, arr, garr, entry.state, xp)
         out = Tensor._wrap(new, device, True, None)
-        if t._node is not None and t._node.leaf:  # t requires grad: so does its update
+        if t.is_require_grad():
             out.set_require_grad(True)
         return param.map(lambda _base: out)
 
