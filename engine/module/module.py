@@ -148,31 +148,24 @@ class _Walker:
         return new
 
 
-_STRUCT_NAME: dict[type, str] = {}  # module class -> its container type, "Struct:<Name>"
-
-
 def _walk_module(m: "Module", w: _Walker):
     rebuild = w.rebuild
-    cls = type(m)
-    ct = _STRUCT_NAME.get(cls)
-    if ct is None:
-        ct = _STRUCT_NAME[cls] = "Struct:" + cls.__name__
-    if not rebuild:
-        for name, v in list(m.__dict__.items()):
-            if name[:1] != "_":
-                _walk_value(v, name, ct, w)
-        return None
-    new = object.__new__(cls)
-    nd = new.__dict__
+    new = object.__new__(type(m)) if rebuild else None
+    nd = new.__dict__ if rebuild else None
+    ct = "Struct:" + type(m).__name__
     for name, v in list(m.__dict__.items()):
-        nd[name] = v if name[:1] == "_" else _walk_value(v, name, ct, w)
-    return w.on_module(m, new)
+        if name[:1] == "_":
+            if rebuild:
+                nd[name] = v
+            continue
+        r = _walk_value(v, name, ct, w)
+        if rebuild:
+            nd[name] = r
+    return w.on_module(m, new) if rebuild else None
 
 
 def _walk_value(v, name: str, ct: str, w: _Walker):
-    k = _KIND_OF_TYPE.get(type(v))
-    if k is None:
-        k = _classify(v)
+    k = _classify(v)
     if k == _PLAIN:
         return _copy_plain(v) if w.rebuild else None
     if k == _NONE:
