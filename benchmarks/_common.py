@@ -113,7 +113,7 @@ def paired(fns: dict, base: str, *, blocks: int = 150, calls: int = 10, warmup: 
     out = {}
     for k in names:
         ratios = [t / tb for t, tb in zip(times[k], times[base])]
-        q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
         out[k] = Paired(min(times[k]), statistics.median(times[k]), statistics.median(ratios), q1, q3, times[k])
     return out
 

@@ -1,23 +1,10 @@
 """The benchmark helpers' arithmetic, on a fake clock (no timing happens in the test suite)."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _common():
-    spec = importlib.util.spec_from_file_location("_bench_common", ROOT / "benchmarks" / "_common.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_bench_common"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import _common as common
 
 
 def test_paired_ratios_follow_each_set_through_drift():
-    common = _common()
     cost = {"base": 1.0, "fast": 0.9, "slow": 1.2}
     state = {"now": 0.0, "slowness": 1.0, "reads": 0}
     calls = dict.fromkeys(cost, 0)
@@ -50,6 +37,5 @@ def test_paired_ratios_follow_each_set_through_drift():
 
 
 def test_paired_names_a_missing_base():
-    common = _common()
     with pytest.raises(KeyError, match="'numpy' is not one of the sides"):
         common.paired({"engine": lambda: None}, "numpy", blocks=1, calls=1)

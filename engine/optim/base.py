@@ -142,11 +142,8 @@ class _StepMapper(ModuleMapper):
         elif entry.device is not device and entry.state is not None:
             entry.state = _state_to(entry.state, device)
             entry.device = device
-        if xp is np:
+        with device.context():
             new, entry.state = entry.optim.step(self.lr, arr, garr, entry.state, xp)
-        else:
-            with device.context():
-                new, entry.state = entry.optim.step(self.lr, arr, garr, entry.state, xp)
         out = Tensor._wrap(new, device, True, None)
         if t.is_require_grad():
             out.set_require_grad(True)

@@ -26,7 +26,6 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(path, model, optimizer, scheduler, progress: dict) -> Path:
     from ..store import burnpack as bp
-
     from ..store.atomic import atomic_write, atomic_write_text
 
     final = Path(path)
