@@ -591,7 +591,8 @@ def softmax_cross_entropy(logits: Tensor, target_dist, denom: float, log_probs: 
 
     `target_dist` is an array `[batch, classes]` (one-hot or smoothed targets, already scaled
     by class weights and padding masks). With `log_probs=False` the input holds probabilities
-    and their log is used instead of log_softmax (Burn's `logits: false` smoothed path).
+    and their log is used instead of log_softmax. Entries where `T` is 0 count for nothing,
+    even where a probability is 0 (no `0 * log 0 = nan`): their gradient is 0.
     """
     op = "cross_entropy"
     _float_input(op, logits)
@@ -603,8 +604,10 @@ def softmax_cross_entropy(logits: Tensor, target_dist, denom: float, log_probs: 
         lse = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
         lp = shifted - lse
     else:
-        lp = xp.log(xd)
-    loss = -(T * lp).sum() / denom
+        used = T != 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lp = xp.where(used, xp.log(xp.where(used, xd, 1)), 0)
+    loss = 0.0 - (T * lp).sum() / denom  # 0.0 - : an all-zero T gives 0.0, not -0.0
     out = xp.asarray(loss, dtype=xd.dtype).reshape(1)
     if not _tracking(logits):
         return Tensor._wrap(out, logits._device, logits._ad)
@@ -614,33 +617,60 @@ def softmax_cross_entropy(logits: Tensor, target_dist, denom: float, log_probs: 
         if log_probs:
             p = xp.exp(lp)
             return ((T - p * T.sum(axis=1, keepdims=True)) * s,)
-        return (T / xd * s,)
+        with np.errstate(divide="ignore"):
+            return (xp.where(used, T / xp.where(used, xd, 1), 0) * s,)
 
     return record(out, logits._device, (logits,), rule, op)
 
 
-def softmax_cross_entropy_index(logits: Tensor, targets, denom: float) -> Tensor:
-    """`-sum(log_softmax(logits)[i, targets[i]]) / denom` as a tensor of dims [1]: the one-hot
-    case of `softmax_cross_entropy` (no smoothing, class weights or pads), reading each row's
-    target entry instead of building the one-hot matrix. `targets` is an int array `[batch]`
-    whose entries the caller has checked to lie in range."""
+def softmax_cross_entropy_index(logits: Tensor, targets, denom: float, row_weights=None,
+                                log_probs: bool = True) -> Tensor:
+    """`-sum(r[i] * log_softmax(logits)[i, targets[i]]) / denom` as a tensor of dims [1]: the
+    one-hot case of `softmax_cross_entropy` (no smoothing), reading each row's target entry
+    instead of building the one-hot matrix. `targets` is an int array `[batch]` whose entries
+    the caller has checked to lie in range; `row_weights` (an array `[batch]`, or None for all
+    ones) scales each row: the class weight of its target, 0 for a pad row, which then counts
+    for nothing whatever its values. With `log_probs=False` the input holds probabilities and
+    `log(p[i, targets[i]])` is used instead of log_softmax."""
     op = "cross_entropy"
     _float_input(op, logits)
     xd = logits._data
     xp = logits._device.xp
     rows = xp.arange(xd.shape[0])
-    shifted = xd - xd.max(axis=1, keepdims=True)
-    e = xp.exp(shifted)
-    s = e.sum(axis=1, keepdims=True)
-    loss = (xp.log(s).sum() - shifted[rows, targets].sum()) / denom
+    rw = None if row_weights is None else row_weights.astype(xd.dtype, copy=False)
+    if log_probs:
+        shifted = xd - xd.max(axis=1, keepdims=True)
+        e = xp.exp(shifted)
+        s = e.sum(axis=1, keepdims=True)
+        if rw is None:
+            loss = (xp.log(s).sum() - shifted[rows, targets].sum()) / denom
+        else:
+            per = xp.log(s[:, 0]) - shifted[rows, targets]
+            loss = xp.where(rw != 0, per * rw, 0).sum() / denom
+    else:
+        pt = xd[rows, targets]
+        if rw is not None:
+            pt = xp.where(rw != 0, pt, 1)
+        with np.errstate(divide="ignore"):
+            per = -xp.log(pt)
+        loss = (per if rw is None else per * rw).sum() / denom
     out = xp.asarray(loss, dtype=xd.dtype).reshape(1)
     if not _tracking(logits):
         return Tensor._wrap(out, logits._device, logits._ad)
 
     def rule(g):
-        grad = e / s  # softmax, a fresh array this rule owns
-        grad[rows, targets] -= 1
-        grad *= g.reshape(()) * (1.0 / denom)
+        scale = g.reshape(()) * (1.0 / denom)
+        if log_probs:
+            grad = e / s  # softmax, a fresh array this rule owns
+            grad[rows, targets] -= 1
+            if rw is not None:
+                grad *= rw[:, None]
+            grad *= scale
+            return (grad,)
+        grad = xp.zeros_like(xd)
+        with np.errstate(divide="ignore"):
+            coef = -1.0 / pt if rw is None else -rw / pt
+        grad[rows, targets] = coef * scale
         return (grad,)
 
     return record(out, logits._device, (logits,), rule, op)

@@ -101,11 +101,29 @@ class CrossEntropyLossConfig(Config):
 
 
 class CrossEntropyLoss(Module):
-    """Cross entropy of logits against integer class targets.
+    """Cross entropy of logits (or of probabilities, with `logits=False`) against integer
+    class targets, reduced to the mean over the rows that count: PyTorch's
+    `F.cross_entropy(x, t, weight=w, ignore_index=pad, label_smoothing=a)` (and current Burn's
+    mean over the non-pad rows). With `logits=False` the input holds probabilities and `log p`
+    takes the place of log_softmax, smoothed or not: PyTorch's `F.nll_loss(torch.log(p), ...)`
+    (Burn's forward without smoothing takes a softmax whatever `logits` says; Ember does not).
 
-    Pad tokens contribute zero (and still count in the batch mean, as in Burn); class weights
-    give `-sum(w[t] * log p[t]) / sum(w[t])`; label smoothing `a` replaces the one-hot targets
-    by `y (1 - a) + a / classes`.
+    With `p` the softmax of the logits (or the input itself with `logits=False`) and `d_i` the
+    target distribution of row `i` (one-hot; with label smoothing `a`, `(1 - a) one_hot + a /
+    classes`), the loss is
+
+        -sum_i sum_c r_i w_c d_ic log p_ic / sum_i r_i w[t_i]
+
+    where `r_i` is 0 for a row whose target is one of the pad tokens (several may be given; a
+    pad token need not be a valid class, e.g. -100) and 1 otherwise, and `w` the class weights
+    (all 1 without). Without weights that is the mean over the non-pad rows; with weights the
+    weighted mean, normalised by the non-pad rows' target weights, as PyTorch does (with
+    smoothing too). Pad rows get a zero gradient. With probabilities, an entry whose target
+    weight `d_ic` is 0 counts for nothing even where `p_ic` is 0 (no `0 * log 0`).
+
+    A batch in which no row counts (every target a pad, or no rows) gives a loss of 0 and a
+    zero gradient, not PyTorch's `nan` (0 / 0): such a batch carries nothing to learn, and a
+    NaN would spoil every parameter it reached.
     """
 
     def __init__(self, pad_tokens, weights, smoothing, logits: bool):
@@ -120,7 +138,7 @@ class CrossEntropyLoss(Module):
 
         # Shapes
 
-        - logits: `[batch_size, num_targets]`
+        - logits: `[batch_size, num_targets]` (probabilities with `logits=False`)
         - targets: `[batch_size]`
         - output: `[1]`
         """
@@ -131,31 +149,49 @@ class CrossEntropyLoss(Module):
             raise TensorError(f"CrossEntropyLoss: expected int class targets, got {targets.dtype}")
         xp = logits.device.xp
         t = targets._data if targets.device is logits.device else targets.to_device(logits.device)._data
-        lo, hi = (int(t.min()), int(t.max())) if t.size else (0, 0)
-        if lo < 0 or hi >= num_targets:
-            bad = lo if lo < 0 else hi
-            raise TensorError(
-                f"CrossEntropyLoss: target class {bad} is out of range for {num_targets} classes "
-                f"(expected 0 <= target < {num_targets})"
-            )
-        if self.smoothing is None and self.weights is None and not self.pad_tokens:
-            return _ops.softmax_cross_entropy_index(logits, t, float(batch_size))
-        dtype = logits._data.dtype
-        dist = (t[:, None] == xp.arange(num_targets)[None, :]).astype(dtype)
-        if self.smoothing is not None:
-            a = float(np.float32(self.smoothing))
-            dist = dist * (1.0 - a) + a / num_targets
-        if self.weights is not None:
-            w = self.weights.to_device(logits.device)._data.astype(dtype)
-            dist = dist * w[None, :]
-            denom = float(w[t].sum())
-        else:
-            denom = float(batch_size)
+        keep = None
         if self.pad_tokens:
             keep = ~xp.isin(t, xp.asarray(self.pad_tokens))
+            if bool(keep.all()):
+                keep = None
+        if t.size and (int(t.min()) < 0 or int(t.max()) >= num_targets):
+            bad_rows = (t < 0) | (t >= num_targets)
+            if keep is not None:
+                bad_rows &= keep  # a pad token need not be a class
+            if bool(bad_rows.any()):
+                row = int(xp.argmax(bad_rows))
+                pads = "" if not self.pad_tokens else f", or a pad token {self.pad_tokens}"
+                raise TensorError(
+                    f"CrossEntropyLoss: target class {int(t[row])} is out of range for {num_targets} classes "
+                    f"at row {row} of the targets (expected 0 <= target < {num_targets}{pads})"
+                )
+        if keep is not None:
+            t = xp.where(keep, t, 0)  # pad rows read class 0 and are scaled by 0
+        dtype = logits._data.dtype
+        w = None
+        if self.weights is not None:
+            if tuple(self.weights.shape) != (num_targets,):
+                raise TensorError(
+                    f"CrossEntropyLoss: expected one class weight per class ({num_targets}), "
+                    f"got {self.weights.shape[0]} weights"
+                )
+            w = self.weights.to_device(logits.device)._data.astype(dtype)
+        row_w = None if w is None else w[t]
+        if keep is not None:
+            row_w = keep.astype(dtype) if row_w is None else row_w * keep
+        denom = float(batch_size) if row_w is None else float(row_w.sum())
+        if denom == 0.0:  # no row counts: the numerator is 0 too, and so is the loss
+            denom = 1.0
+        if self.smoothing is None:
+            return _ops.softmax_cross_entropy_index(logits, t, denom, row_w, log_probs=self.logits)
+        dist = (t[:, None] == xp.arange(num_targets)[None, :]).astype(dtype)
+        a = float(np.float32(self.smoothing))
+        dist = dist * (1.0 - a) + a / num_targets
+        if w is not None:
+            dist = dist * w[None, :]
+        if keep is not None:
             dist = dist * keep[:, None]
-        log_probs = self.logits or self.smoothing is None
-        return _ops.softmax_cross_entropy(logits, dist, denom, log_probs)
+        return _ops.softmax_cross_entropy(logits, dist, denom, log_probs=self.logits)
 
     def custom_settings(self):
         return row_settings()

@@ -1,10 +1,11 @@
 """Losses: values against NumPy and Burn's reference numbers, gradients against finite differences."""
 import math
+import warnings
 
 import numpy as np
 import pytest
 
-from engine import Tensor, nn
+from engine import Tensor, TensorError, nn
 from tests.engine.gradcheck import check_grads
 
 RNG = np.random.default_rng(11)
@@ -25,8 +26,8 @@ def _ce_ref(logits, targets, pads=None, weights=None, smoothing=None):
     mask = np.ones(b) if pads is None else ~np.isin(targets, pads)
     if weights is not None:
         w = np.asarray(weights)
-        return -(dist * w * lp * mask[:, None]).sum() / w[targets].sum()
-    return -(dist * lp * mask[:, None]).sum() / b
+        return -(dist * w * lp * mask[:, None]).sum() / (w[targets] * mask).sum()
+    return -(dist * lp * mask[:, None]).sum() / mask.sum()  # the mean over the non-pad rows
 
 
 @pytest.mark.parametrize("pads,weights,smoothing", [
@@ -77,6 +78,100 @@ def test_cross_entropy_checks():
         nn.CrossEntropyLossConfig(weights=[1.0, 0.0]).init()
     with pytest.raises(ValueError, match="target class 7 is out of range for 5 classes"):
         nn.CrossEntropyLossConfig().init().forward(Tensor.zeros([2, 5]), F([1, 7]))
+
+
+def test_cross_entropy_with_pads_is_the_mean_over_the_rows_that_count():
+    # the issue's case: targets [0, 2, 1, 1], pad 2. Its logits were not given; these rows
+    # have the per-row losses its numbers imply (0.2416 for row 0, 1.2886 for rows 2 and 3)
+    x = F(np.array([[1.9904, 0.0, 0.0], [0.3, -1.0, 2.0], [0.0, -0.2729, 0.0], [0.0, -0.2729, 0.0]]), dtype="float64")
+    t = F(np.array([0, 2, 1, 1]))
+    padded = nn.CrossEntropyLossConfig(pad_tokens=[2]).init().forward(x, t).numpy()[0]
+    assert padded == pytest.approx(0.9396, abs=5e-5)  # was 0.7047: the pad row counted in the mean
+    weighted = nn.CrossEntropyLossConfig(pad_tokens=[2], weights=[1.0, 2.0, 3.0]).init().forward(x, t)
+    assert weighted.numpy()[0] == pytest.approx(1.0792, abs=5e-5)  # was 0.6745: the pad row's weight counted
+
+
+def test_cross_entropy_of_probabilities_without_smoothing():
+    # the issue's case: logits=False was ignored without smoothing (a softmax was taken: 0.7288)
+    p = F(np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]]), dtype="float64")
+    loss = nn.CrossEntropyLossConfig(logits=False).init().forward(p, F(np.array([0, 1])))
+    assert loss.numpy()[0] == pytest.approx(-(math.log(0.7) + math.log(0.8)) / 2, rel=1e-12)
+    assert loss.numpy()[0] == pytest.approx(0.2899, abs=5e-5)
+
+
+def test_pad_rows_change_neither_the_loss_nor_the_gradient_of_the_other_rows():
+    # what training sees: appending padded rows to a batch leaves the step as it was
+    x = RNG.standard_normal((5, 4))
+    t = np.array([3, 0, 1, 1, 2])
+    junk = RNG.standard_normal((3, 4)) * 5.0
+    for cfg in (dict(), dict(weights=[0.5, 1.0, 2.0, 4.0]), dict(smoothing=0.2), dict(weights=[1.0, 3.0, 1.0, 2.0], smoothing=0.1)):
+        plain = nn.CrossEntropyLossConfig(pad_tokens=[9], **cfg).init()  # 9 is no target here
+        padded = nn.CrossEntropyLossConfig(pad_tokens=[-100, 9], **cfg).init()
+        xa = F(x, dtype="float64").require_grad()
+        la = plain.forward(xa, F(t))
+        ga = xa.grad(la.backward()).numpy()
+        xb = F(np.concatenate([x[:2], junk, x[2:]]), dtype="float64").require_grad()
+        lb = padded.forward(xb, F(np.array([3, 0, -100, 9, -100, 1, 1, 2])))
+        gb = xb.grad(lb.backward()).numpy()
+        np.testing.assert_allclose(lb.numpy(), la.numpy(), rtol=1e-12, err_msg=str(cfg))
+        np.testing.assert_allclose(np.concatenate([gb[:2], gb[5:]]), ga, rtol=1e-12, atol=1e-15, err_msg=str(cfg))
+        assert not gb[2:5].any()
+
+
+@pytest.mark.parametrize("logits", [True, False])
+@pytest.mark.parametrize("smoothing", [None, 0.3])
+def test_cross_entropy_with_every_row_a_pad_is_zero(logits, smoothing):
+    # documented choice: no row counts -> loss 0 and a zero gradient (PyTorch gives nan)
+    x = np.full((3, 4), 0.25) if not logits else RNG.standard_normal((3, 4))
+    loss = nn.CrossEntropyLossConfig(pad_tokens=[0, 2], weights=[1.0, 2.0, 3.0, 4.0], smoothing=smoothing,
+                                     logits=logits).init()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        xt = F(x, dtype="float64").require_grad()
+        out = loss.forward(xt, F(np.array([2, 0, 2])))
+        grad = xt.grad(out.backward()).numpy()
+        empty = loss.forward(F(np.zeros((0, 4)), dtype="float64"), F(np.zeros(0, dtype=np.int64)))
+    assert out.numpy().tolist() == [0.0] and not grad.any()
+    assert empty.numpy().tolist() == [0.0]
+
+
+@pytest.mark.parametrize("pads,weights,smoothing", [
+    ([2], None, None), ([0, 2], None, None), ([2], [0.5, 1.5, 2.0, 3.0], None), (None, [0.5, 1.5, 2.0, 3.0], None),
+    ([1, 3], [0.5, 1.5, 2.0, 3.0], 0.25), ([3], None, 0.1),
+])
+@pytest.mark.parametrize("logits", [True, False])
+def test_cross_entropy_gradients_against_finite_differences(pads, weights, smoothing, logits):
+    t = np.array([2, 0, 1, 3, 2, 1])
+    x = RNG.standard_normal((6, 4))
+    if not logits:
+        x = np.exp(x) / np.exp(x).sum(1, keepdims=True)
+    loss = nn.CrossEntropyLossConfig(pad_tokens=pads, weights=weights, smoothing=smoothing, logits=logits).init()
+    check_grads(lambda v: loss.forward(v, F(t)), x)
+
+
+def test_cross_entropy_of_probabilities_with_zero_entries():
+    # a zero probability off the target counts for nothing without smoothing (no 0 * log 0)
+    p = np.array([[0.9, 0.1, 0.0], [0.0, 1.0, 0.0]])
+    loss = nn.CrossEntropyLossConfig(logits=False, pad_tokens=[7]).init()
+    x = F(p, dtype="float64").require_grad()
+    out = loss.forward(x, F(np.array([0, 1])))
+    grad = x.grad(out.backward()).numpy()
+    assert out.numpy()[0] == pytest.approx(-math.log(0.9) / 2, rel=1e-12)
+    np.testing.assert_allclose(grad, [[-1 / 0.9 / 2, 0, 0], [0, -0.5, 0]], rtol=1e-12)
+
+
+def test_cross_entropy_pad_tokens_and_range_checks():
+    loss = nn.CrossEntropyLossConfig(pad_tokens=[-100]).init()
+    x = F(RNG.standard_normal((3, 4)), dtype="float64")
+    kept = nn.CrossEntropyLossConfig().init().forward(F(x.numpy()[1:], dtype="float64"), F([1, 3]))
+    assert loss.forward(x, F([-100, 1, 3])).numpy()[0] == pytest.approx(kept.numpy()[0], rel=1e-12)
+    with pytest.raises(TensorError, match=r"target class 4 is out of range for 4 classes at row 2 of the "
+                                          r"targets \(expected 0 <= target < 4, or a pad token \[-100\]\)"):
+        loss.forward(x, F([-100, 1, 4]))
+    with pytest.raises(TensorError, match=r"target class -1 is out of range for 4 classes at row 0"):
+        loss.forward(x, F([-1, 1, 3]))
+    with pytest.raises(TensorError, match=r"expected one class weight per class \(4\), got 3 weights"):
+        nn.CrossEntropyLossConfig(weights=[1.0, 2.0, 3.0]).init().forward(x, F([0, 1, 2]))
 
 
 # ---------------------------------------------------------------------- binary cross entropy
