@@ -32,12 +32,21 @@ def cross_entropy(logits: Tensor, targets: Tensor, pad_token: int | None = None)
     c = x.shape[-1]
     x2 = x.reshape(-1, c)
     y1 = y.reshape(-1)
-    if y1.size and (int(y1.min()) < 0 or int(y1.max()) >= c) and pad_token is None:
-        bad = int(y1.min()) if int(y1.min()) < 0 else int(y1.max())
-        raise TensorError(f"cross_entropy: class index {bad} is out of range for {c} classes")
     keep = None
     if pad_token is not None:
         keep = y1 != pad_token
+    if y1.size and (int(y1.min()) < 0 or int(y1.max()) >= c):
+        bad_items = (y1 < 0) | (y1 >= c)
+        if keep is not None:
+            bad_items &= keep  # the pad token need not be a class
+        if bool(bad_items.any()):
+            i = int(xp.argmax(bad_items))
+            pad = "" if pad_token is None else f", or the pad token {pad_token}"
+            raise TensorError(
+                f"cross_entropy: class index {int(y1[i])} is out of range for {c} classes at item {i} of the "
+                f"flattened targets (expected 0 <= target < {c}{pad})"
+            )
+    if keep is not None:
         y1 = xp.where(keep, y1, 0)
     n = int(keep.sum()) if keep is not None else y1.shape[0]
     m = x2.max(axis=1, keepdims=True)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from engine import Tensor
+from engine import Tensor, TensorError
 from engine.train import AccuracyMetric, CustomMetric, LossMetric, TopKAccuracyMetric, cross_entropy, mse_loss
 from tests.engine.gradcheck import check_grads
 
@@ -48,6 +48,20 @@ def test_cross_entropy_value_and_gradient():
     check_grads(lambda t: cross_entropy(t, y), np.random.default_rng(0).normal(size=(4, 3)))
     y3 = Tensor.from_data(np.array([[0, 2], [1, 0]]))
     check_grads(lambda t: cross_entropy(t, y3, pad_token=0), np.random.default_rng(1).normal(size=(2, 2, 3)))
+
+
+def test_cross_entropy_checks_the_targets_that_are_not_pads():
+    # a target outside the classes is an error with a pad token too (-1 read the last class)
+    x = Tensor.from_data(LOGITS)
+    with pytest.raises(TensorError, match=r"class index -1 is out of range for 3 classes at item 0 of the "
+                                          r"flattened targets \(expected 0 <= target < 3, or the pad token 5\)"):
+        cross_entropy(x, Tensor.from_data(np.array([-1, 2, 0, 1])), pad_token=5)
+    with pytest.raises(TensorError, match=r"class index 7 is out of range for 3 classes at item 2"):
+        cross_entropy(x, Tensor.from_data(np.array([0, 2, 7, 1])), pad_token=-100)
+    # the pad token itself need not be a class; padded items leave the mean over the others
+    padded = float(cross_entropy(x, Tensor.from_data(np.array([0, -100, 0, -100])), pad_token=-100))
+    kept = float(cross_entropy(Tensor.from_data(LOGITS[[0, 2]]), Tensor.from_data(np.array([0, 0]))))
+    assert padded == pytest.approx(kept, rel=1e-6)
 
 
 def test_mse_value_and_gradient():
