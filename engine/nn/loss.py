@@ -103,10 +103,11 @@ class CrossEntropyLossConfig(Config):
 class CrossEntropyLoss(Module):
     """Cross entropy of logits (or of probabilities, with `logits=False`) against integer
     class targets, reduced to the mean over the rows that count: PyTorch's
-    `F.cross_entropy(x, t, weight=w, ignore_index=pad, label_smoothing=a)` (and current Burn's
-    mean over the non-pad rows). With `logits=False` the input holds probabilities and `log p`
-    takes the place of log_softmax, smoothed or not: PyTorch's `F.nll_loss(torch.log(p), ...)`
-    (Burn's forward without smoothing takes a softmax whatever `logits` says; Ember does not).
+    `F.cross_entropy(x, t, weight=w, ignore_index=pad, label_smoothing=a)`, which current Burn
+    computes too. With `logits=False` the input holds probabilities and `log p` takes the place
+    of log_softmax, smoothed or not: PyTorch's `F.nll_loss(torch.log(p), ...)`. Unlike Burn,
+    the probabilities are not clamped away from 0 first: a 0 where the target has weight gives
+    an infinite loss, as in PyTorch.
 
     With `p` the softmax of the logits (or the input itself with `logits=False`) and `d_i` the
     target distribution of row `i` (one-hot; with label smoothing `a`, `(1 - a) one_hot + a /
@@ -122,8 +123,8 @@ class CrossEntropyLoss(Module):
     weight `d_ic` is 0 counts for nothing even where `p_ic` is 0 (no `0 * log 0`).
 
     A batch in which no row counts (every target a pad, or no rows) gives a loss of 0 and a
-    zero gradient, not PyTorch's `nan` (0 / 0): such a batch carries nothing to learn, and a
-    NaN would spoil every parameter it reached.
+    zero gradient, not the `nan` (0 / 0) of PyTorch and Burn: such a batch carries nothing to
+    learn, and a NaN would spoil every parameter it reached.
     """
 
     def __init__(self, pad_tokens, weights, smoothing, logits: bool):
