@@ -33,6 +33,7 @@ import numpy as np
 
 from . import cbor
 from .errors import RecordError
+from .filesource import MAX_DIMS, numpy_shape_problem
 
 MAGIC = 0x4255524E
 MAGIC_BYTES = struct.pack("<I", MAGIC)  # b"NRUB"
@@ -361,10 +362,11 @@ def _parse_scalar(name, value, where):
                  f"expected, found {value!r}")
 
 
-def read_header(buf, where="bytes") -> tuple[int, int]:
-    """Check the 10-byte header; return (metadata_len, data_start)."""
-    n = len(buf)
-    if n < HEADER_SIZE:
+def read_header(buf, where="bytes", size: int | None = None) -> tuple[int, int]:
+    """Check the 10-byte header; return (metadata_len, data_start). `buf` holds at least the
+    header (when the file has that many bytes); `size` is the whole file's (default len(buf))."""
+    n = len(buf) if size is None else size
+    if n < HEADER_SIZE or len(buf) < HEADER_SIZE:
         _fail(where, f"too short for a burnpack: a {HEADER_SIZE}-byte header expected, found {n} bytes")
     magic, version, meta_len = struct.unpack_from("<IHI", buf, 0)
     if magic != MAGIC:
@@ -379,14 +381,73 @@ def read_header(buf, where="bytes") -> tuple[int, int]:
     return meta_len, _align(HEADER_SIZE + meta_len)
 
 
-def decode(buf, where: str = "bytes") -> Burnpack:
-    """Parse and validate a burnpack held in `buf` (bytes, bytearray, mmap or memoryview).
+def head_length(first: bytes, size: int, where: str = "bytes") -> int:
+    """How many leading bytes `plan` needs (header and metadata), from the first HEADER_SIZE
+    bytes of a file of `size` bytes."""
+    meta_len, _ = read_header(first, where, size)
+    return HEADER_SIZE + meta_len
 
-    Tensor arrays are views into `buf` (no copy): read-only when `buf` is, writable when it
-    is writable (a bytearray, a copy-on-write mmap).
-    """
-    n = len(buf)
-    meta_len, data_start = read_header(buf, where)
+
+@dataclass
+class Planned:
+    """One tensor of a file, checked but not read: its bytes are [offset, offset + nbytes)
+    of the file (absolute), `count` elements of `storage_dtype(dtype)`."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    param_id: int | None = None
+    scheme: object = None
+
+    @property
+    def count(self) -> int:
+        return self.nbytes // storage_dtype(self.dtype).itemsize
+
+
+@dataclass
+class Plan:
+    """A file's tensors (in data order), user metadata and scalars, before any data is read."""
+
+    tensors: list[Planned]
+    metadata: dict[str, str] = field(default_factory=dict)
+    scalars: dict[str, Scalar] = field(default_factory=dict)
+
+    def spans(self) -> list[tuple[int, np.dtype, int]]:
+        """(offset, storage dtype, count) per tensor, for `FileSource.read_arrays`."""
+        return [(t.offset, storage_dtype(t.dtype), t.count) for t in self.tensors]
+
+
+def check_shape(shape, dtype: str, name: str, where: str) -> None:
+    """A RecordError unless NumPy can hold an array of `shape` (see filesource)."""
+    problem = numpy_shape_problem(shape, storage_dtype(dtype).itemsize)
+    if problem is not None:
+        shown = list(shape) if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ...]"
+        _fail(where, f"tensor {name!r}: shape {shown} of {dtype} cannot be held: a shape of at most "
+                     f"{MAX_DIMS} axes whose size fits NumPy expected, found {problem}")
+
+
+def check_ranges(planned: list[Planned], data_start: int, where: str) -> None:
+    """Sort by offset and refuse overlapping non-empty ranges (reported as data_offsets,
+    relative to `data_start`)."""
+    planned.sort(key=lambda p: (p.offset, p.nbytes))
+    prev_end, prev_name = 0, None
+    for p in planned:
+        if p.nbytes:
+            if p.offset < prev_end:
+                start = p.offset - data_start
+                _fail(where, f"tensor {p.name!r} (data bytes [{start}, {start + p.nbytes}]) overlaps "
+                             f"tensor {prev_name!r}, which ends at {prev_end - data_start}")
+            prev_end, prev_name = p.offset + p.nbytes, p.name
+
+
+def plan(buf, size: int | None = None, where: str = "bytes") -> Plan:
+    """Parse and validate a burnpack's header and metadata; `buf` holds at least the first
+    `head_length` bytes, `size` is the whole file's length (default len(buf)). Nothing of the
+    data section is read: every size is checked against `size` instead."""
+    n = len(buf) if size is None else size
+    meta_len, data_start = read_header(buf, where, n)
     try:
         meta = cbor.loads(bytes(memoryview(buf)[HEADER_SIZE:HEADER_SIZE + meta_len]))
     except cbor.CborError as exc:
@@ -424,6 +485,8 @@ def decode(buf, where: str = "bytes") -> Burnpack:
         shape = desc["shape"]
         if not isinstance(shape, list):
             _fail(where, f"tensor {name!r}: shape must be an array, found {shape!r}")
+        if len(shape) > MAX_DIMS:
+            check_shape(shape, dtype, name, where)  # before looking at every entry of a long list
         shape = tuple(_uint(d, f"tensor {name!r}: shape", where) for d in shape)
         offsets = desc["data_offsets"]
         if not isinstance(offsets, list) or len(offsets) != 2:
@@ -448,28 +511,39 @@ def decode(buf, where: str = "bytes") -> Burnpack:
             if expected != length:
                 _fail(where, f"tensor {name!r}: shape {list(shape)} of {dtype} needs {expected} bytes, "
                              f"data_offsets [{start}, {end}] hold {length}")
-        planned.append((start, end, name, dtype, shape, pid, scheme))
+        check_shape(shape, dtype, name, where)  # what fits the bytes may still not fit NumPy
+        planned.append(Planned(name, dtype, shape, data_start + start, length, pid, scheme))
+    check_ranges(planned, data_start, where)
+    return Plan(planned, dict(user), scalars)
 
-    planned.sort(key=lambda p: (p[0], p[1]))
-    prev_end, prev_name = 0, None
-    for start, end, name, *_ in planned:
-        if start < end:
-            if start < prev_end:
-                _fail(where, f"tensor {name!r} (data bytes [{start}, {end}]) overlaps tensor {prev_name!r} "
-                             f"which ends at {prev_end}")
-            prev_end, prev_name = end, name
 
-    entries = []
-    for start, end, name, dtype, shape, pid, scheme in planned:
-        sd = storage_dtype(dtype)
-        count = (end - start) // sd.itemsize
-        arr = np.frombuffer(buf, dtype=sd, count=count, offset=data_start + start)
-        if dtype.startswith("Bool("):
+def entries(plan: Plan, arrays) -> list[TensorEntry]:
+    """The entries of a plan from one flat storage-dtype array per tensor (views of a buffer
+    or arrays read from a file): bools as bool, every other dtype reshaped to its shape."""
+    out = []
+    for t, arr in zip(plan.tensors, arrays):
+        if t.dtype.startswith("Bool("):
             arr = _as_bool(arr)
-        if dtype != "QFloat":
-            arr = arr.reshape(shape)
-        entries.append(TensorEntry(name, dtype, shape, arr, pid, scheme))
-    return Burnpack(entries, dict(user), scalars)
+        if t.dtype != "QFloat" and arr.shape != t.shape:
+            arr = arr.reshape(t.shape)
+        out.append(TensorEntry(t.name, t.dtype, t.shape, arr, t.param_id, t.scheme))
+    return out
+
+
+def views(buf, plan: Plan) -> list[np.ndarray]:
+    """One flat array per planned tensor, viewing `buf` (no copy)."""
+    return [np.frombuffer(buf, dtype=sd, count=count, offset=off) for off, sd, count in plan.spans()]
+
+
+def decode(buf, where: str = "bytes") -> Burnpack:
+    """Parse and validate a burnpack held in memory in `buf` (bytes, bytearray, memoryview).
+
+    Tensor arrays are views into `buf` (no copy): read-only when `buf` is, writable when it
+    is writable (a bytearray). Files are read by `ModuleRecord.load` through `plan` and a
+    `FileSource` instead, into arrays of their own.
+    """
+    p = plan(buf, len(buf), where)
+    return Burnpack(entries(p, views(buf, p)), p.metadata, p.scalars)
 
 
 def _as_bool(arr: np.ndarray) -> np.ndarray:

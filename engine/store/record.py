@@ -2,16 +2,20 @@
 
     record = module.into_record()
     record.save("model")                       # writes model.bpk (burnpack)
-    record = ModuleRecord.load("model.bpk")    # zero-copy: arrays are views of the mapped file
+    record = ModuleRecord.load("model.bpk")    # reads every tensor into memory, closes the file
     module = module.load_record(record)
 
     ModuleRecord.load("m.safetensors", adapter="pytorch")    # PyTorch names and layouts
     record.save("m.safetensors", adapter="pytorch")
 
 Format by extension: `.safetensors` is safetensors, anything else burnpack (`.bpk` appended
-when the path has none). Loading maps the file copy-on-write (`mmap.ACCESS_COPY`): nothing is
-read until a tensor is used, arrays are writable, and writing to them never touches the file.
-A module that loads the record gets those views (no copy) the first time; a second module
+when the path has none). Loading checks the header first (every shape, size and offset against
+the file's length), then reads each tensor with one read into a new array of its own (small
+neighbours together), through `filesource.FileSource`. No file is memory-mapped: **a loaded
+record never depends on the file afterwards**, so rewriting, truncating or deleting the file
+changes nothing in the record or in a module that loaded it, and a file that changes while it
+is being read raises `RecordError` ("the file changed since it was opened"), never a crash.
+A module that loads the record gets its arrays (no copy) the first time; a second module
 loading the same record gets copies, so two modules never share memory. Saving is atomic
 (see `atomic.py`).
 
@@ -20,7 +24,6 @@ kind of module that owns it (`Linear`, `BatchNorm`, ...) so that adapters can tr
 """
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from .adapters import get_adapter
 from .atomic import atomic_write
 from .burnpack import Scalar, TensorEntry
 from .errors import RecordError
+from .filesource import FileSource
 
 __all__ = ["ModuleRecord", "RecordError", "TensorEntry", "Scalar"]
 
@@ -185,39 +189,22 @@ class ModuleRecord:
 
     @classmethod
     def load(cls, path, adapter=None) -> "ModuleRecord":
-        """Read a burnpack (or, for `.safetensors`, a safetensors file) by memory-mapping it."""
+        """Read a burnpack (or, for `.safetensors`, a safetensors file) into memory.
+
+        Every tensor is read into an array of its own and the file is closed before this
+        returns: the record never depends on the file afterwards (see `filesource.py`)."""
         adapter = get_adapter(adapter)  # an unknown adapter fails before the file is read
         p = Path(os.fspath(path))
         if not p.exists() and not p.suffix and p.with_name(p.name + ".bpk").exists():
             p = p.with_name(p.name + ".bpk")
         where = str(p)
-        try:
-            with open(p, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    raise RecordError("the file is empty", where=where)
-                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        except FileNotFoundError:
-            raise RecordError("no such file", where=where) from None
-        except IsADirectoryError:
-            raise RecordError("is a folder, not a file", where=where) from None
-        except OSError as exc:
-            raise RecordError(f"cannot read: {exc.strerror or exc}", where=where) from None
-        try:
-            if _is_safetensors(p):
-                contents = safetensors_io.decode(buf, where=where)
-            else:
-                contents = burnpack.decode(buf, where=where)
-        except BaseException:
-            _close_quietly(buf)
-            raise
-        if not contents.entries:
-            _close_quietly(buf)  # nothing views it
+        fmt = safetensors_io if _is_safetensors(p) else burnpack
+        with FileSource(p, where) as src:
+            if src.size == 0:
+                raise RecordError("the file is empty", where=where)
+            first = src.read_bytes(0, 16)
+            head = src.read_bytes(0, fmt.head_length(first, src.size, where))
+            plan = fmt.plan(head, src.size, where)
+            arrays = src.read_arrays(plan.spans())
+        contents = burnpack.Burnpack(burnpack.entries(plan, arrays), plan.metadata, plan.scalars)
         return cls._from_contents(contents, adapter)
-
-
-def _close_quietly(buf) -> None:
-    try:
-        buf.close()
-    except BufferError:  # an array still views it; it closes when that array goes
-        pass

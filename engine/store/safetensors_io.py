@@ -3,8 +3,9 @@
 Layout: an 8-byte little-endian header length N, N bytes of JSON
 `{"__metadata__": {text: text}, name: {"dtype", "shape", "data_offsets": [start, end]}}`,
 then the tensors' bytes (offsets relative to the end of the header). The header is parsed
-here rather than by the `safetensors` package so that reading can be zero-copy (views into
-an mmap) and every malformed input ends in a `RecordError`; files written here are read by
+here rather than by the `safetensors` package so that every malformed input ends in a
+`RecordError` (shapes NumPy cannot hold included, checked before any array is made) and so
+that files are read through `filesource.FileSource` like burnpacks; files written here are read by
 `safetensors.numpy` and the other way round (tests check both directions).
 
 Entries use the burnpack dtype names of `burnpack.py` ("F32", "BF16" as raw uint16,
@@ -18,7 +19,9 @@ import struct
 
 import numpy as np
 
-from .burnpack import MAX_TENSOR_BYTES, MAX_TENSORS, Burnpack, TensorEntry, _as_bool, storage_dtype
+from .burnpack import (MAX_TENSOR_BYTES, MAX_TENSORS, Burnpack, Plan, Planned, check_ranges, check_shape, entries,
+                       storage_dtype, views)
+from .filesource import MAX_DIMS
 from .errors import RecordError
 
 MAX_HEADER_SIZE = 100_000_000  # the safetensors library's own limit
@@ -42,17 +45,25 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def decode(buf, where: str = "bytes") -> Burnpack:
-    """Parse and validate a safetensors file held in `buf`; arrays are views into it."""
-    n = len(buf)
-    if n < 8:
-        _fail(where, f"too short for safetensors: an 8-byte header length expected, found {n} bytes")
-    (hlen,) = struct.unpack_from("<Q", buf, 0)
+def head_length(first: bytes, size: int, where: str = "bytes") -> int:
+    """How many leading bytes `plan` needs (the length field and the JSON header), from the
+    first 8 bytes of a file of `size` bytes."""
+    if size < 8 or len(first) < 8:
+        _fail(where, f"too short for safetensors: an 8-byte header length expected, found {size} bytes")
+    (hlen,) = struct.unpack_from("<Q", first, 0)
     if hlen > MAX_HEADER_SIZE:
         _fail(where, f"safetensors header length {hlen} exceeds the {MAX_HEADER_SIZE}-byte limit")
-    if 8 + hlen > n:
-        _fail(where, f"truncated: the header announces {hlen} bytes, the file has {n - 8} after the length")
-    raw = bytes(memoryview(buf)[8:8 + hlen])
+    if 8 + hlen > size:
+        _fail(where, f"truncated: the header announces {hlen} bytes, the file has {size - 8} after the length")
+    return 8 + hlen
+
+
+def plan(buf, size: int | None = None, where: str = "bytes") -> Plan:
+    """Parse and validate a safetensors header; `buf` holds at least `head_length` bytes,
+    `size` is the whole file's length (default len(buf)). No tensor data is read."""
+    n = len(buf) if size is None else size
+    data_start = head_length(bytes(memoryview(buf)[:8]), n, where)
+    raw = bytes(memoryview(buf)[8:data_start])
     if not raw.lstrip().startswith(b"{"):
         _fail(where, "safetensors header: a JSON object expected")
     if raw.count(b",") + raw.count(b":") > 2 * MAX_JSON_ITEMS:
@@ -71,7 +82,6 @@ def decode(buf, where: str = "bytes") -> Burnpack:
     if len(header) > MAX_TENSORS:
         _fail(where, f"{len(header)} tensors exceed the limit of {MAX_TENSORS}")
 
-    data_start = 8 + hlen
     available = n - data_start
     planned = []
     for name, desc in header.items():
@@ -82,6 +92,8 @@ def decode(buf, where: str = "bytes") -> Burnpack:
             _fail(where, f"tensor {name!r}: dtype {st_dtype!r} is not supported, expected one of {', '.join(_TO_BURN)}")
         dtype = _TO_BURN[st_dtype]
         shape = desc.get("shape")
+        if isinstance(shape, list) and len(shape) > MAX_DIMS:
+            check_shape(shape, dtype, name, where)
         if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2 ** 64 for d in shape):
             _fail(where, f"tensor {name!r}: shape must be a list of unsigned integers, found {shape!r}")
         offsets = desc.get("data_offsets")
@@ -99,25 +111,17 @@ def decode(buf, where: str = "bytes") -> Burnpack:
         if expected != end - start:
             _fail(where, f"tensor {name!r}: shape {shape} of {st_dtype} needs {expected} bytes, "
                          f"data_offsets [{start}, {end}] hold {end - start}")
-        planned.append((start, end, name, dtype, tuple(shape)))
+        check_shape(shape, dtype, name, where)  # what fits the bytes may still not fit NumPy
+        planned.append(Planned(name, dtype, tuple(shape), data_start + start, end - start))
+    check_ranges(planned, data_start, where)
+    return Plan(planned, dict(meta), {})
 
-    planned.sort(key=lambda p: (p[0], p[1]))
-    prev_end, prev_name = 0, None
-    for start, end, name, *_ in planned:
-        if start < end:
-            if start < prev_end:
-                _fail(where, f"tensor {name!r} (data bytes [{start}, {end}]) overlaps tensor {prev_name!r}, "
-                             f"which ends at {prev_end}")
-            prev_end, prev_name = end, name
 
-    entries = []
-    for start, end, name, dtype, shape in planned:
-        sd = storage_dtype(dtype)
-        arr = np.frombuffer(buf, dtype=sd, count=(end - start) // sd.itemsize, offset=data_start + start)
-        if dtype.startswith("Bool("):
-            arr = _as_bool(arr)
-        entries.append(TensorEntry(name, dtype, shape, arr.reshape(shape), None))
-    return Burnpack(entries, dict(meta), {})
+def decode(buf, where: str = "bytes") -> Burnpack:
+    """Parse and validate a safetensors file held in memory in `buf`; arrays are views into
+    it. Files are read by `ModuleRecord.load` through `plan` and a `FileSource`."""
+    p = plan(buf, len(buf), where)
+    return Burnpack(entries(p, views(buf, p)), p.metadata, {})
 
 
 def layout(entries, metadata=None):

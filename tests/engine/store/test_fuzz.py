@@ -145,8 +145,13 @@ def test_overlapping_ranges(a, b, shift):
     check(_rebuild(meta), must_fail=True)
 
 
+dims = st.one_of(big, st.sampled_from([0, 1, 2 ** 61, 2 ** 62, 2 ** 63 - 1, 2 ** 63]))
+shapes = st.one_of(st.lists(dims, min_size=0, max_size=6),
+                   st.lists(st.sampled_from([0, 1]), min_size=60, max_size=70))  # NumPy's 64-axis limit
+
+
 @SETTINGS
-@given(name=names, shape=st.lists(big, min_size=0, max_size=6))
+@given(name=names, shape=shapes)
 def test_huge_shapes(name, shape):
     meta, dec = _meta_dict(SEED)
     desc = meta["tensors"][name]
@@ -155,10 +160,70 @@ def test_huge_shapes(name, shape):
     length = desc["data_offsets"][1] - desc["data_offsets"][0]
     dtype = next(e.dtype for e in dec.entries if e.name == name)
     from math import prod
-    if prod(shape) * bp.storage_dtype(dtype).itemsize == length:
-        return  # a reshape that still fits is valid
     desc["shape"] = shape
-    check(_rebuild(meta), must_fail=True)
+    # a shape that fits the byte count may be valid, or still be one NumPy cannot hold: either
+    # way the reader decodes it or raises RecordError, never NumPy's ValueError
+    fits = prod(shape) * bp.storage_dtype(dtype).itemsize == length
+    check(_rebuild(meta), must_fail=not fits)
+
+
+# shapes whose byte count is right (0 or 4 bytes of F32) but which NumPy cannot hold
+NOT_NUMPY = [
+    ([0, 2 ** 64 - 1], 0, "dimension 18446744073709551615 (axis 1) exceeds NumPy's limit"),
+    ([1] * 65, 4, "65 axes, NumPy holds at most 64"),
+    ([0] * 65, 0, "65 axes, NumPy holds at most 64"),
+    ([2 ** 32, 2 ** 32, 0], 0, "make 73786976294838206464 bytes, more than NumPy's limit"),
+    ([0, 2 ** 62], 0, "make 18446744073709551616 bytes"),
+    ([2 ** 31, 2 ** 31, 0], 0, "make 18446744073709551616 bytes"),
+]
+
+
+def _bpk_with_shape(shape, nbytes):
+    from .helpers import desc
+    return craft({"tensors": {"odd": desc(0, nbytes, shape)}}, bytes(nbytes))
+
+
+def _st_with_shape(shape, nbytes):
+    blob = json.dumps({"odd": {"dtype": "F32", "shape": shape, "data_offsets": [0, nbytes]}}).encode()
+    return struct.pack("<Q", len(blob)) + blob + bytes(nbytes)
+
+
+@pytest.mark.parametrize("fmt", ["bpk", "safetensors"])
+@pytest.mark.parametrize("shape,nbytes,found", NOT_NUMPY, ids=["0x2^64-1", "65-ones", "65-zeros", "2^32x2^32x0",
+                                                               "0x2^62", "2^31x2^31x0"])
+def test_shapes_that_fit_the_bytes_but_not_numpy_are_record_errors(fmt, shape, nbytes, found, tmp_path):
+    blob = (_bpk_with_shape if fmt == "bpk" else _st_with_shape)(shape, nbytes)
+    decode = bp.decode if fmt == "bpk" else safetensors_io.decode
+    with pytest.raises(RecordError) as info:
+        decode(blob)
+    assert type(info.value) is RecordError
+    msg = str(info.value)
+    assert "tensor 'odd'" in msg and "of F32 cannot be held" in msg and found in msg, msg
+    assert "expected" in msg and "found" in msg, msg
+    path = tmp_path / f"odd.{fmt}"
+    path.write_bytes(blob)
+    with pytest.raises(RecordError, match=f"{path}: tensor 'odd'"):  # the file is named
+        ModuleRecord.load(path)
+
+
+@pytest.mark.parametrize("shape", [[0, 2 ** 61 - 1], [0] * 64, [1] * 64, [2 ** 30, 0, 2 ** 30]])
+def test_shapes_at_numpy_s_limits_still_load(shape):
+    nbytes = 4 if all(d == 1 for d in shape) else 0
+    for blob, decode in ((_bpk_with_shape(shape, nbytes), bp.decode),
+                         (_st_with_shape(shape, nbytes), safetensors_io.decode)):
+        e = decode(blob).entries[0]
+        assert e.array.shape == tuple(shape) and e.shape == tuple(shape)
+
+
+@SETTINGS
+@given(shape=shapes, dtype=st.sampled_from(["F32", "U8", "F64"]))
+def test_safetensors_huge_shapes(shape, dtype):
+    from math import prod
+    nbytes = prod(shape) * bp.storage_dtype(dtype).itemsize
+    data_len = nbytes if nbytes <= 64 else 8
+    blob = json.dumps({"w": {"dtype": dtype, "shape": shape, "data_offsets": [0, data_len]}}).encode()
+    check(struct.pack("<Q", len(blob)) + blob + bytes(data_len), lambda x: safetensors_io.decode(x),
+          must_fail=nbytes != data_len)
 
 
 @SETTINGS
