@@ -88,7 +88,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_sigkill_in_the_middle_of_a_save_leaves_the_old_file(tmp_path):
+def test_sigkill_in_the_middle_of_a_save_leaves_the_old_file_and_the_next_save_removes_its_temp(tmp_path):
     target = tmp_path / "model.bpk"
     old = ModuleRecord([TensorEntry.from_array(f"t{i}", np.full(250_000, 1.0, np.float32)) for i in range(8)])
     old.save(target)
@@ -99,8 +99,15 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_old_file(tmp_path):
         line = child.stdout.readline().strip()
         assert line == "HALF", child.stderr.read()
         temps = [p for p in tmp_path.iterdir() if p.name != "model.bpk"]
-        assert len(temps) == 1 and temps[0].name.startswith(".model.bpk.")
-        assert temps[0].stat().st_size >= len(before) // 2  # really half-way through
+        assert len(temps) == 1 and temps[0].name.startswith(f".model.bpk.{child.pid}.")
+        stray = temps[0]
+        assert stray.stat().st_size >= len(before) // 2  # really half-way through
+        # a save here while the child is still writing never removes the child's file, even
+        # one that looks long untouched: the writer holds its lock
+        aged = time.time() - atomic.STALE_TEMP_S - 5
+        os.utime(stray, (aged, aged))
+        old.save(target)
+        assert stray.exists()
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     finally:
@@ -111,29 +118,52 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_old_file(tmp_path):
     assert target.read_bytes() == before
     rec = ModuleRecord.load(target)
     assert all((rec[f"t{i}"].array == 1.0).all() for i in range(8))
-    # the killed writer's temporary file names its pid; once it is old, the next save removes it
-    stray = temps[0]
-    assert stray.exists() and stray.name.startswith(f".model.bpk.{child.pid}.")
-    old.save(target)
-    assert stray.exists()  # fresh: perhaps still being written
-    aged = time.time() - atomic.STALE_TEMP_S - 5
-    os.utime(stray, (aged, aged))
+    # the killed writer's temporary file: the next save removes it at once, however fresh
+    now = time.time()
+    os.utime(stray, (now, now))
+    assert stray.exists()
     old.save(target)
     assert not stray.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bpk"]
 
 
-def test_only_stale_temporaries_of_gone_writers_are_removed(tmp_path):
+def test_killed_saves_do_not_pile_up(tmp_path):
+    """Each killed save leaves its temporary file, and the next save (here: the next killed
+    one's) removes it at once: there is never more than one, and none after a save that
+    finishes."""
+    target = tmp_path / "model.bpk"
+    code = CHILD.format(root=str(ROOT), target=str(target))
+    for _ in range(5):
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "HALF", child.stderr.read()
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        strays = [p for p in tmp_path.iterdir() if p.name.startswith(".model.bpk.")]
+        assert len(strays) == 1 and strays[0].name.startswith(f".model.bpk.{child.pid}."), strays
+    _record(1.0).save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bpk"]
+
+
+def test_which_temporaries_a_save_removes(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(gone.stdout)
     aged = time.time() - atomic.STALE_TEMP_S - 5
     names = {
-        f".m.bpk.{dead_pid}.abc123.tmp": (aged, False),  # writer gone, untouched for long: removed
-        f".m.bpk.{dead_pid}.fresh1.tmp": (time.time(), True),  # writer gone but written just now
-        f".m.bpk.{os.getpid()}.mine01.tmp": (aged, True),  # this process: maybe a save in progress
-        f".m.bpk.{os.getppid()}.parent.tmp": (aged, True),  # a live process
+        f".m.bpk.{dead_pid}.abc123.tmp": (aged, False),  # writer gone: removed
+        f".m.bpk.{dead_pid}.fresh1.tmp": (time.time(), False),  # writer gone, written just now: removed too
+        f".m.bpk.{os.getpid()}.mine01.tmp": (time.time(), True),  # a live pid, fresh: maybe a save starting
+        f".m.bpk.{os.getppid()}.parent.tmp": (time.time(), True),  # a live process, fresh
+        # a live pid but no lock and untouched for long: a reused pid must not keep it forever
+        f".m.bpk.{os.getppid()}.reused.tmp": (aged, False),
+        f".m.bpk.{os.getpid()}.mine02.tmp": (aged, False),
         f".other.bpk.{dead_pid}.abc123.tmp": (aged, True),  # another target's
         ".m.bpk.notapid.tmp": (aged, True),  # not a name this module writes
+        ".m.bpk.0.zero.tmp": (aged, True),  # pid 0 is no writer's
         "m.bpk.tmp": (aged, True),
     }
     for name, (mtime, _) in names.items():
@@ -144,6 +174,31 @@ def test_only_stale_temporaries_of_gone_writers_are_removed(tmp_path):
     for name, (_, kept) in names.items():
         assert (tmp_path / name).exists() == kept, name
     assert (tmp_path / "m.bpk").exists()
+
+
+def test_a_locked_temporary_is_kept_whatever_its_pid_and_age(tmp_path):
+    """A save in progress (its file locked) is never removed: not for a pid that looks dead
+    (another machine's, on a shared folder) and not for age."""
+    fcntl = pytest.importorskip("fcntl")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    aged = time.time() - atomic.STALE_TEMP_S - 5
+    held = []
+    for pid in (int(gone.stdout), os.getppid()):
+        f = tmp_path / f".m.bpk.{pid}.locked.tmp"
+        f.write_bytes(b"partial")
+        os.utime(f, (aged, aged))
+        fd = os.open(f, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.append((f, fd))
+    try:
+        _record(1.0).save(tmp_path / "m.bpk")
+        assert all(f.exists() for f, _ in held)
+    finally:
+        for _, fd in held:
+            os.close(fd)
+    _record(1.0).save(tmp_path / "m.bpk")  # unlocked now
+    assert not held[0][0].exists()  # dead pid: removed at once
+    assert not held[1][0].exists()  # live pid, untouched for long: removed
 
 
 def test_optimizer_state_saves_atomically(tmp_path):
@@ -184,12 +239,16 @@ def test_random_sigkills_never_leave_a_partial_file(tmp_path):
             assert data == before
 
 
-def test_saving_over_a_file_that_is_still_mapped_keeps_the_loaded_values(tmp_path):
+def test_saving_over_a_loaded_file_keeps_the_loaded_values(tmp_path):
     target = _record(1.0).save(tmp_path / "m.bpk")
-    loaded = ModuleRecord.load(target)  # views into a mapping of the old file
+    loaded = ModuleRecord.load(target)  # arrays of its own: the file is closed
     view = loaded["w"].array
-    _record(2.0).save(target)  # replaces the path; the mapped old file lives on
+    root = view
+    while root.base is not None:
+        root = root.base
+    assert isinstance(root, np.ndarray) and root.flags.owndata and view.flags.writeable  # no mapping
+    _record(2.0).save(target)  # replaces the path
     assert (view == 1.0).all()
     assert (ModuleRecord.load(target)["w"].array == 2.0).all()
-    view[0] = 5.0  # the mapping is copy-on-write: the file on disk never changes
+    view[0] = 5.0  # writing to a loaded array never touches the file
     assert ModuleRecord.load(target)["w"].array[0] == 2.0
