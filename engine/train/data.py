@@ -9,6 +9,12 @@ stacking items one by one.
 tensors on a device. Shuffling is seeded per epoch (`loader.set_epoch(e)`; the order of epoch
 `e` depends only on `(seed, e)`), so a run resumed at epoch `e` sees the very batches the
 uninterrupted run saw. The last partial batch is kept unless `drop_last=True`.
+
+`autodiff=True` makes training batches: inputs and targets associated with autodiff (no
+gradient kept), as Burn's training batches live on the autodiff backend. Layers apply their
+training behaviour (dropout, batch-norm statistics, noise) only to autodiff inputs, so a model
+whose first layer is one of them needs such batches; `Learner` trains on them and validates
+on plain ones. A loop of your own calls `inputs.autodiff()` (or uses `autodiff=True`).
 """
 from __future__ import annotations
 
@@ -93,11 +99,12 @@ class DataLoader:
     """Batches of a data set as tensors on `device`.
 
     Float inputs become the device's default float dtype; integer targets stay int64 (class
-    indices), float targets become float.
+    indices), float targets become float. With `autodiff=True` both are associated with
+    autodiff (training batches); otherwise they are plain (validation, inference).
     """
 
     def __init__(self, dataset: Dataset, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, device=None):
+                 drop_last: bool = False, device=None, autodiff: bool = False):
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be a positive integer, got {batch_size!r}")
         self.dataset = dataset
@@ -106,6 +113,7 @@ class DataLoader:
         self.seed = int(seed)
         self.drop_last = drop_last
         self.device = device
+        self.autodiff = bool(autodiff)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -140,11 +148,14 @@ class DataLoader:
                 items = [self.dataset[int(i)] for i in idx]
                 x = np.stack([np.asarray(it[0]) for it in items])
                 y = np.stack([np.asarray(it[1]) for it in items])
-            yield Batch(_to_tensor(Tensor, x, self.device), _to_tensor(Tensor, y, self.device))
+            ad = self.autodiff
+            yield Batch(_to_tensor(Tensor, x, self.device, ad), _to_tensor(Tensor, y, self.device, ad))
 
 
-def _to_tensor(Tensor, arr, device):
+def _to_tensor(Tensor, arr, device, autodiff: bool = False):
     arr = np.asarray(arr)
     if arr.dtype.kind in "iu":
-        return Tensor.from_data(arr.astype(np.int64, copy=False), device=device)
-    return Tensor.from_data(arr, device=device)
+        t = Tensor.from_data(arr.astype(np.int64, copy=False), device=device)
+    else:
+        t = Tensor.from_data(arr, device=device)
+    return t.autodiff() if autodiff else t

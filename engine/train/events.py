@@ -15,8 +15,10 @@ Each is a small frozen dataclass; listeners receive them on the thread that runs
 - `Stopped(epoch, step)`: a stop was requested; the run ends between two steps.
 - `Finished(epochs, metrics)`: the last epoch ended (metrics: the last validation metrics,
   or training metrics without a validation set).
-- `Failed(epoch, step, message, loss_name=None, value=None)`: the run ended with an error: a
-  non-finite loss (the message says which loss, where, and its value) or an exception.
+- `Failed(epoch, step, message, loss_name=None, value=None, param=None)`: the run ended with
+  an error: a non-finite loss (the message says which loss, where, and its value), a
+  parameter that became NaN or infinite although the losses were finite (`param`: its path;
+  `value`: a non-finite value it holds), or an exception.
 
 Steps are counted from 1 within an epoch; epochs from 1.
 """
@@ -111,3 +113,4 @@ class Failed(Event):
     message: str
     loss_name: str | None = None
     value: float | None = None
+    param: str | None = None

@@ -12,11 +12,26 @@ result.model, result.status       # "finished" | "stopped" | "failed"
 Control. `pause()`, `resume()` and `stop()` may be called from any thread; the loop honours
 them between two steps (a step is never interrupted). `stop()` also ends a pause.
 
+Batches. Training batches are associated with autodiff (`DataLoader(..., autodiff=True)`),
+as in Burn, where they live on the autodiff backend: layers apply their training behaviour
+(dropout, batch-norm running statistics, noise) only to autodiff inputs, so without it a
+model's first such layer would never train. Validation runs `model.valid()` on plain batches.
+
 One step. By default a step is `output = model.forward(inputs)`, then the task's loss
 (`cross_entropy` for classification, `mse_loss` for regression); pass `step=fn(model, batch)`
 returning a `StepOutput` for anything else (several named losses, a custom forward). A loss
 that is NaN or infinite ends the run with a `Failed` event saying which loss, at which epoch
 and step, and its value; the step's update is not applied.
+
+Finite parameters. A finite loss does not make finite weights: a NaN gradient (say, of
+`sqrt` at 0 behind a zero factor) leaves the loss finite and the updated parameters NaN. At
+the end of every epoch (before validation and the checkpoint) and when a run stops, the loop
+checks every initialized float parameter; one holding NaN or infinity ends the run "failed",
+never "finished" or "stopped", with a `Failed` event naming the first such parameter's path,
+the epoch and the steps whose updates could have done it; the model given to the loop is
+checked before the first step too. Once an epoch keeps it cheap: one pass over the
+parameters, 35 µs for the spirals MLP (0.2 % of its epoch; every step would cost 6 %). A
+non-finite loss also says which parameter was already non-finite, when one was.
 
 Reproducibility. `seed` fixes the shuffling (epoch `e` is shuffled by `(seed, e)`) and, at
 the start of each epoch, reseeds the training device's generator from `(seed, e)`, so dropout
@@ -251,12 +266,22 @@ class Learner:
             model = self._build_model()
             if hasattr(model, "train"):
                 model = model.train()
+            # training batches are associated with autodiff: a first layer's training behaviour
+            # (dropout, batch-norm statistics, noise) needs it; validation batches stay plain
             loader = DataLoader(self.train_set, cfg.batch_size, shuffle=cfg.shuffle, seed=cfg.seed,
-                                drop_last=cfg.drop_last, device=self.device)
+                                drop_last=cfg.drop_last, device=self.device, autodiff=True)
             valid_loader = None
             if self.valid_set is not None and len(self.valid_set):
                 valid_loader = DataLoader(self.valid_set, cfg.valid_batch_size or cfg.batch_size, shuffle=False,
                                           device=self.device)
+            broken = first_non_finite_param(model)
+            if broken is not None:
+                path, value = broken
+                message = (f"parameter '{path}' is {value} before the first step: the model given to the loop "
+                           f"is not finite")
+                self.state = "failed"
+                self._emit(ev.Failed(epoch, 0, message, None, value, path))
+                return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history, error=message)
             self._emit(ev.Started(cfg.num_epochs, len(loader), self._start_epoch, cfg.seed))
             last_metrics: dict = {}
             from ..optim import GradientsParams
@@ -267,9 +292,10 @@ class Learner:
                 metrics = self._new_metrics()
                 t_mark, items_mark, steps_mark = time.perf_counter(), 0, 0
                 step = 0
+                epoch_start_step = self._global_step + 1
                 for step, batch in enumerate(loader, start=1):
                     if self._checkpoint_between_steps(epoch, step - 1):
-                        return self._finish_stopped(model, epoch, step - 1)
+                        return self._finish_stopped(model, epoch, step - 1, epoch_start_step)
                     lr = self.scheduler.step()
                     out = self.step_fn(model, batch)
                     bad = _non_finite(out)
@@ -277,6 +303,10 @@ class Learner:
                         name, value = bad
                         message = (f"the {name} is {value} at epoch {epoch}, step {step} "
                                    f"(global step {self._global_step + 1}); the run stopped before applying this step")
+                        broken = first_non_finite_param(model)
+                        if broken is not None:
+                            message += (f"; parameter '{broken[0]}' was already {broken[1]} before it (an earlier "
+                                        f"update made it non-finite)")
                         return self._finish_failed(model, epoch, step, message, name, value)
                     loss_value = float(out.loss)
                     grads = GradientsParams.from_grads(out.loss.backward(), model)
@@ -294,6 +324,10 @@ class Learner:
                         dt = max(now - t_mark, 1e-9)
                         self._emit(ev.Throughput(epoch, self._global_step, items_mark / dt, steps_mark / dt))
                         t_mark, items_mark, steps_mark = now, 0, 0
+                failure = self._check_params(model, epoch, step, epoch_start_step,
+                                             f"at the end of epoch {epoch} (step {step}, global step {self._global_step})")
+                if failure is not None:
+                    return failure
                 train_metrics = {m.name: m.value() for m in metrics}
                 self._emit(ev.EpochMetrics(epoch, train_metrics))
                 record = {"epoch": epoch, "train": train_metrics}
@@ -301,7 +335,7 @@ class Learner:
                 if valid_loader is not None:
                     valid_metrics = self._validate(model, valid_loader, epoch)
                     if valid_metrics is None:
-                        return self._finish_stopped(model, epoch, step)
+                        return self._finish_stopped(model, epoch, step, epoch_start_step)
                     record["valid"] = valid_metrics
                     last_metrics = valid_metrics
                     self._emit(ev.ValidationMetrics(epoch, valid_metrics))
@@ -336,7 +370,27 @@ class Learner:
                 _update_metrics(metrics, out, batch, float(out.loss))
         return {m.name: m.value() for m in metrics}
 
-    def _finish_stopped(self, model, epoch, step) -> TrainingResult:
+    def _check_params(self, model, epoch, step, first_step, where):
+        """A failed result when a parameter holds NaN or infinity, else None."""
+        broken = first_non_finite_param(model)
+        if broken is None:
+            return None
+        path, value = broken
+        last = self._global_step
+        steps = f"global step {last}" if first_step >= last else f"global steps {first_step}-{last}"
+        message = (f"parameter '{path}' is {value} {where} although every loss was finite: an update of "
+                   f"{steps} made it non-finite (a NaN or infinite gradient, or a learning rate too large); "
+                   f"the trained model is not usable")
+        self.state = "failed"
+        self._emit(ev.Failed(epoch, step, message, None, value, path))
+        return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history, error=message)
+
+    def _finish_stopped(self, model, epoch, step, first_step) -> TrainingResult:
+        if step > 0:  # steps ran since the last check
+            failure = self._check_params(model, epoch, step, first_step, f"when the run stopped at epoch {epoch}, "
+                                         f"step {step} (global step {self._global_step})")
+            if failure is not None:
+                return failure
         self.state = "stopped"
         self._emit(ev.Stopped(epoch, step))
         return TrainingResult("stopped", model, epoch - 1, self._step_losses, self._history)
@@ -345,6 +399,25 @@ class Learner:
         self.state = "failed"
         self._emit(ev.Failed(epoch, step, message, name, value))
         return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history, error=message)
+
+
+def first_non_finite_param(model):
+    """`(path, value)` of the first float parameter (in the model's order) that holds NaN or
+    infinity, `value` being its first such entry; None when all are finite. Lazy parameters not
+    yet initialized are skipped (never initialized by the check)."""
+    params = getattr(model, "named_params", None)
+    if params is None:
+        return None
+    for path, param in params():
+        if param.kind != "float" or not param.is_initialized():
+            continue
+        t = param.val()
+        data = t._data
+        xp = t.device.xp
+        finite = xp.isfinite(data)
+        if not bool(finite.all()):
+            return path, float(data[~finite].ravel()[0])
+    return None
 
 
 def _update_metrics(metrics, out: StepOutput, batch, loss_value: float) -> None:

@@ -187,3 +187,75 @@ def test_constant_lr_config_checks_its_value():
     with pytest.raises(ValueError, match="lr: the learning rate must be greater than 0, found 0"):
         ConstantLrConfig(0.0)
     assert ConstantLrConfig(0.1).init().step() == 0.1
+
+
+# ---- through the app's worker (a Task on its own thread, driven with pytest-qt) -------------------
+def worker_run(qtbot, model, data: DataSettings, run_dir, lr=1e-9, **training):
+    from app.workers import Task
+
+    cfg = dict(num_epochs=2, batch_size=16, device="cpu", seed=4)
+    max_steps = training.pop("max_steps", None)
+    cfg.update(training)
+    run_spec = RunSpec(data, "SGD", optim.SgdConfig(), "constant", ConstantLrConfig(lr), TrainingConfig(**cfg))
+    run_dir.mkdir()  # the panel makes the run folder
+    task = Task(run_training, RunControl(), model, run_spec, str(run_dir), max_steps=max_steps)
+    with qtbot.waitSignal(task.done, timeout=60_000):
+        task.start()
+    assert task.outcome == "finished", f"the worker task ended {task.outcome}: {task.result}"
+    return task.result
+
+
+def flag_file(tmp_path, name, n=400):
+    from tests.engine.train.flag_models import flag_data
+
+    x, y = flag_data(name, n, seed=5)
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, x=x, y=y)
+    return DataSettings("file", str(path), 0.2)
+
+
+@pytest.mark.parametrize("name", ["batch_norm", "dropout", "gaussian_noise"])
+def test_the_worker_trains_a_first_layer_flag_behaviour(qtbot, tmp_path, name):
+    # the model's first layer gets the batch itself: the worker's training batches must be
+    # autodiff for its training behaviour to apply, and its validation must not apply it
+    from tests.engine.train.flag_models import FlagNet, Tap, flag_layer
+
+    tap = Tap()
+    model = FlagNet(flag_layer(name), tap)
+    out = worker_run(qtbot, model, flag_file(tmp_path, name), tmp_path / "run")
+    assert out.status == "finished" and out.steps == 40, out.error
+    train = np.concatenate(tap.arrays("train"))
+    valid = np.concatenate(tap.arrays("valid"))  # the pre-check's two items, then two validations
+    assert train.shape == (640, 2) and len(valid) >= 2 * 80  # two validations (and the pre-check's forwards)
+    if name == "batch_norm":
+        bn = out.model.layer
+        assert np.allclose(bn.running_mean.val().numpy(), [3.0, -2.0], atol=0.3)
+        assert np.allclose(bn.running_var.val().numpy(), [4.0, 0.25], rtol=0.3)
+        for batch in tap.arrays("train"):  # normalized with its own statistics (lr 1e-9: gamma 1, beta 0)
+            assert np.allclose(batch.mean(axis=0), 0.0, atol=1e-4)
+        last = valid[-80:]  # the running statistics: a batch of 16 is not centred on its own mean
+        assert not np.allclose(last[:16].mean(axis=0), 0.0, atol=1e-4)
+        assert np.array_equal(model.layer.running_mean.val().numpy(), [0.0, 0.0])  # the document's model
+    elif name == "dropout":
+        assert set(np.unique(train)) == {0.0, 2.0}
+        assert np.array_equal(valid, np.ones_like(valid))
+    else:
+        assert not np.isin(train, [1.0]).any() and 0.4 < (train - 1.0).std() < 0.6
+        assert np.array_equal(valid, np.ones_like(valid))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("max_steps", [None, 6])
+def test_the_worker_reports_a_run_with_nan_weights_as_failed(qtbot, tmp_path, max_steps):
+    # 64 items, 16 a batch, no validation: the loss stays finite, the last update makes 's' NaN
+    from tests.engine.train.models import NanGradAt
+
+    task = build_task("spirals", n_train=80, n_valid=8)
+    path = tmp_path / "spirals.npz"
+    np.savez(path, x=task.train.inputs, y=task.train.targets)
+    last = 8 if max_steps is None else max_steps
+    out = worker_run(qtbot, NanGradAt(last), DataSettings("file", str(path), 0.2), tmp_path / "run", lr=0.1,
+                     max_steps=max_steps, checkpoint_every=1, checkpoint_dir="(run folder)")
+    assert out.status == "failed", "NaN weights must not be a finished run"
+    assert "parameter 's' is nan" in out.message and out.weights == ""
+    assert not (tmp_path / "run" / "trained.bpk").exists()

@@ -30,7 +30,7 @@ from engine.train import (
     cross_entropy,
 )
 
-from .models import MLP
+from .models import MLP, NanGradAt
 
 
 def spiral_learner(epochs=25, seed=1, listeners=(), model=MLP, **cfg):
@@ -259,3 +259,90 @@ def test_a_stop_asked_before_the_run_starts_is_honoured_and_then_used_up():
     assert first.status == "stopped" and first.step_losses == []
     second = learner.run()  # the request was used up by the first run
     assert second.status == "finished" and len(second.step_losses) == 2
+
+
+NAN_WARNING = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+def nan_grad_learner(at, epochs=2, listeners=()):
+    # 4 steps an epoch, no validation set: nothing but the parameters shows the NaN
+    task = build_task("spirals", n_train=64, n_valid=8)
+    return Learner(NanGradAt(at), optim.SgdConfig().init(), lr=0.1, train=task.train,
+                   config=TrainingConfig(num_epochs=epochs, batch_size=16), listeners=listeners)
+
+
+@NAN_WARNING
+def test_a_nan_gradient_in_the_last_step_fails_the_run_though_the_loss_is_finite():
+    events = []
+    result = nan_grad_learner(at=8, listeners=[events.append]).run()
+    assert all(math.isfinite(x) for x in result.step_losses) and len(result.step_losses) == 8
+    assert math.isnan(result.model.s.val().numpy()[0])  # the rig did what it says
+    assert result.status == "failed", "a model with NaN weights must not be called finished"
+    assert not any(isinstance(e, Finished) for e in events)
+    failed = events[-1]
+    assert isinstance(failed, Failed) and (failed.epoch, failed.step) == (2, 4)
+    assert failed.param == "s" and failed.loss_name is None and math.isnan(failed.value)
+    assert "parameter 's' is nan" in failed.message and "epoch 2" in failed.message
+    assert "global steps 5-8" in failed.message and result.error == failed.message
+
+
+@NAN_WARNING
+def test_non_finite_parameters_fail_the_epoch_before_validation_and_checkpoint(tmp_path):
+    events = []
+    task = build_task("spirals", n_train=64, n_valid=8)
+    result = Learner(NanGradAt(4), optim.SgdConfig().init(), lr=0.1, task=task, listeners=[events.append],
+                     config=TrainingConfig(num_epochs=3, batch_size=16, checkpoint_every=1,
+                                           checkpoint_dir=str(tmp_path))).run()
+    assert result.status == "failed" and events[-1].param == "s" and (events[-1].epoch, events[-1].step) == (1, 4)
+    assert not any(isinstance(e, (ValidationMetrics, Finished)) for e in events)
+    assert not list(tmp_path.iterdir())  # no checkpoint of the broken model
+    assert len(result.step_losses) == 4
+
+
+@NAN_WARNING
+def test_a_run_stopped_with_non_finite_parameters_fails():
+    learner = None
+
+    def stop_after_3(e):
+        if isinstance(e, StepLoss) and e.global_step == 3:
+            learner.stop()
+
+    learner = nan_grad_learner(at=3, epochs=5, listeners=[stop_after_3])
+    result = learner.run()
+    assert result.status == "failed" and len(result.step_losses) == 3
+    assert "parameter 's' is nan" in result.error and "stopped at epoch 1, step 3" in result.error
+
+
+@NAN_WARNING
+def test_a_nan_loss_after_a_nan_update_names_the_parameter():
+    # the NaN reaches the loss one step later: the report says which parameter went first
+    class UsesS(NanGradAt):
+        def forward(self, x):
+            out = super().forward(x)
+            return out + self.s.val() * 0.0 if self.counter.calls > self.counter.at else out
+
+    result = Learner(UsesS(2), optim.SgdConfig().init(), lr=0.1, train=build_task("spirals", n_train=64).train,
+                     config=TrainingConfig(num_epochs=1, batch_size=16)).run()
+    assert result.status == "failed" and "training loss is nan at epoch 1, step 3" in result.error
+    assert "parameter 's' was already nan" in result.error
+
+
+def test_the_parameter_check_never_initializes_a_lazy_parameter():
+    from engine.train.learner import first_non_finite_param
+
+    model = MLP()
+    assert first_non_finite_param(model) is None
+    assert not all(p.is_initialized() for _, p in model.named_params())  # never initialized by the check
+
+
+def test_a_model_that_is_not_finite_before_training_is_refused():
+    from engine import Param
+
+    model = NanGradAt(at=0)
+    model.s = Param(Tensor.from_data(np.array([np.inf], np.float32)))
+    events = []
+    result = Learner(model, optim.SgdConfig().init(), train=build_task("spirals", n_train=32).train,
+                     config=TrainingConfig(num_epochs=1, batch_size=16), listeners=[events.append]).run()
+    assert result.status == "failed" and result.step_losses == []
+    assert [type(e) for e in events] == [Failed] and events[0].param == "s" and events[0].value == math.inf
+    assert "parameter 's' is inf before the first step" in result.error
