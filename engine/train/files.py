@@ -1,6 +1,8 @@
 """A user's own data from a `.npz` or `.csv` file, with errors that say where a file is wrong.
 
-- `load_npz(path, inputs="x", targets="y")`: two arrays of the archive with the same first axis.
+- `load_npz(path, inputs="x", targets="y")`: two arrays of the archive with the same first axis;
+  each member's .npy header is checked against the bytes the member holds before anything is
+  allocated (a 1 KB file declaring 2**40 floats is an error, not a MemoryError).
 - `load_csv(path, target="last", header=None, delimiter=",")`: one row per item, numeric
   cells; the target column is the last one unless named (by header name or 0-based index).
   A header line is detected when its cells are not numbers (or forced with `header=True/False`).
@@ -15,10 +17,12 @@ from __future__ import annotations
 import csv
 import math
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
+from ..store.filesource import numpy_shape_problem
 from .data import InMemoryDataset
 
 
@@ -50,26 +54,45 @@ def load_data_file(path, **kwargs) -> InMemoryDataset:
     raise DataFileError(p, f"expected a .npz or .csv file, found extension {ext or '(none)'!r}")
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+# deflate expands at most 1032:1; a member that claims more than this cannot hold its data
+_DEFLATE_RATIO = 1032
+
+
 def load_npz(path, inputs: str = "x", targets: str = "y") -> InMemoryDataset:
+    """The arrays `inputs` and `targets` of a `.npz` archive (np.savez / np.savez_compressed).
+
+    The archive is read member by member here, not by `np.load`: each member's .npy header
+    (version, dtype, shape) is checked first (numbers only, never pickled objects; a shape
+    NumPy can hold; a byte count that the member really holds), and only then is the array
+    allocated and filled. A broken, truncated or lying file is a DataFileError that names the
+    array, what its header declares and what the archive holds."""
     p = Path(path)
     if not p.is_file():
         raise DataFileError(p, "file not found")
     try:
-        archive = np.load(p, allow_pickle=False)
-    except (zipfile.BadZipFile, ValueError, OSError) as e:
+        archive = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        try:
+            with open(p, "rb") as f:
+                single = f.read(len(_NPY_MAGIC)) == _NPY_MAGIC
+        except OSError:
+            single = False
+        if single:
+            raise DataFileError(p, "expected a .npz archive of named arrays, found a single .npy array") from None
         raise DataFileError(p, f"expected a NumPy .npz archive, could not read it ({e})") from None
     with archive:
-        if not hasattr(archive, "files"):
-            raise DataFileError(p, "expected a .npz archive of named arrays, found a single .npy array")
-        keys = list(archive.files)
+        members = {}
+        for info in archive.infolist():
+            key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            members.setdefault(key, info)
+        keys = list(members)
         for want in (inputs, targets):
             if want not in keys:
                 raise DataFileError(p, f"expected an array named {want!r}, found arrays {keys}")
-        try:
-            x = archive[inputs]
-            y = archive[targets]
-        except ValueError as e:  # object arrays need pickle, which is refused
-            raise DataFileError(p, f"expected numeric arrays, could not read one without pickle ({e})") from None
+        archive_size = p.stat().st_size
+        x = _read_npz_member(p, archive, members[inputs], inputs, archive_size)
+        y = _read_npz_member(p, archive, members[targets], targets, archive_size)
     for name, arr in ((inputs, x), (targets, y)):
         if arr.dtype.kind not in "fiub":
             raise DataFileError(p, f"array {name!r}: expected numbers, found dtype {arr.dtype}")
@@ -87,6 +110,78 @@ def load_npz(path, inputs: str = "x", targets: str = "y") -> InMemoryDataset:
         bad = np.argwhere(~np.isfinite(x))[0]
         raise DataFileError(p, f"array {inputs!r}: expected finite numbers, found {x[tuple(bad)]} at index {bad.tolist()}")
     return InMemoryDataset(x, y, p.name)
+
+
+def _read_npz_member(p: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str,
+                     archive_size: int) -> np.ndarray:
+    """One array of an archive, its header checked against the member before allocating."""
+    what = f"array {name!r}"
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size > archive_size:
+        raise DataFileError(p, f"{what}: truncated: the archive lists {info.file_size} bytes for it, "
+                               f"the whole file has {archive_size}")
+    if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > _DEFLATE_RATIO * info.compress_size + 1024:
+        raise DataFileError(p, f"{what}: the archive lists {info.file_size} bytes for it, more than "
+                               f"{info.compress_size} compressed bytes can hold")
+    try:
+        with archive.open(info) as f:
+            try:
+                version = np.lib.format.read_magic(f)
+            except ValueError as e:
+                raise DataFileError(p, f"{what}: expected a .npy array in the archive, found other data ({e})") from None
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise DataFileError(p, f"{what}: expected .npy format version 1.0 or 2.0, found "
+                                       f"{version[0]}.{version[1]}")
+            if dtype.hasobject:
+                raise DataFileError(p, f"{what}: expected numbers, found dtype {dtype} (Python objects, "
+                                       f"which cannot be read without pickle)")
+            if dtype.kind not in "fiub":
+                raise DataFileError(p, f"{what}: expected numbers, found dtype {dtype}")
+            shape = tuple(int(d) for d in shape)
+            if any(d < 0 for d in shape):
+                raise DataFileError(p, f"{what}: expected a shape of non-negative sizes, found {list(shape)}")
+            problem = numpy_shape_problem(shape, dtype.itemsize)
+            if problem is not None:
+                shown = list(shape) if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ...]"
+                raise DataFileError(p, f"{what}: expected a shape NumPy can hold, found {shown} ({problem})")
+            count = math.prod(shape)
+            declared = count * dtype.itemsize
+            holds = info.file_size - f.tell()
+            if declared != holds:
+                kind = "truncated: " if declared > holds else ""
+                raise DataFileError(
+                    p, f"{what}: {kind}its header declares shape {list(shape)} of {dtype}, {declared} bytes, "
+                       f"the archive member holds {holds} bytes after its header")
+            try:
+                flat = np.empty(count, dtype=dtype)
+            except MemoryError:
+                raise DataFileError(p, f"{what}: its header declares {declared} bytes, more than this machine "
+                                       f"can allocate") from None
+            view = memoryview(flat.view(np.uint8)) if declared else memoryview(b"")
+            done = 0
+            try:
+                while done < declared:
+                    chunk = f.read(min(declared - done, 1 << 24))
+                    if not chunk:
+                        break
+                    view[done:done + len(chunk)] = chunk
+                    done += len(chunk)
+            except EOFError:  # the archive ends inside the member
+                pass
+            if done < declared:
+                raise DataFileError(p, f"{what}: truncated: its header declares {declared} bytes, "
+                                       f"the archive member holds {done}")
+    except DataFileError:
+        raise
+    except (ValueError, TypeError, SyntaxError, RecursionError, EOFError, OSError,
+            zipfile.BadZipFile, zlib.error, NotImplementedError) as e:
+        raise DataFileError(p, f"{what}: the archive member cannot be read ({type(e).__name__}: {e})") from None
+    if fortran:
+        return flat.reshape(shape[::-1]).transpose()
+    return flat.reshape(shape)
 
 
 def _is_number(text: str) -> bool:
