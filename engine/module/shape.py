@@ -14,6 +14,13 @@ The source text is looked up only when a check fails (and cached per code locati
 passing path is a few integer comparisons. A call spread over several lines is shown on one
 line. Where no source exists (a REPL, `exec`), the evaluated pattern is shown instead.
 
+The checked value must be an engine `Tensor`. Anything else (a NumPy array, a list, a `Param`)
+raises a `TypeError` naming the call and the type found, e.g.
+
+    assert_shape(input, [..., d_input]): expected an engine Tensor, got numpy.ndarray (convert with Tensor.from_data(...))
+
+so that a layer given the wrong kind of value says so at its boundary, not inside a kernel.
+
 `debug_assert_shape` is the same check, skipped when Python runs with `-O` or after
 `set_debug_assertions(False)`.
 """
@@ -23,6 +30,8 @@ import ast
 import linecache
 import numbers
 import sys
+
+from ..tensor import Tensor
 
 __all__ = ["ShapeError", "assert_shape", "debug_assert_shape", "set_debug_assertions", "debug_assertions_enabled"]
 
@@ -46,8 +55,10 @@ def debug_assertions_enabled() -> bool:
 
 def assert_shape(tensor, pattern) -> None:
     """Check `tensor`'s dims against `pattern` (ints, None to skip an axis, `...` once for any
-    number of axes); raise `ShapeError` on a mismatch."""
-    dims = _dims(tensor)
+    number of axes); raise `ShapeError` on a mismatch, `TypeError` when `tensor` is not a Tensor."""
+    if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
+        raise _not_a_tensor(sys._getframe(1), "assert_shape", tensor, pattern)
+    dims = tensor._data.shape
     problem = _check(dims, pattern)
     if problem is not None:
         raise ShapeError(f"{_call_text(sys._getframe(1), 'assert_shape', pattern)}: {problem} (dims {_list(dims)})")
@@ -57,18 +68,28 @@ def debug_assert_shape(tensor, pattern) -> None:
     """`assert_shape`, skipped under `python -O` and after `set_debug_assertions(False)`."""
     if __debug__:
         if _debug_enabled:
-            dims = _dims(tensor)
+            if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
+                raise _not_a_tensor(sys._getframe(1), "debug_assert_shape", tensor, pattern)
+            dims = tensor._data.shape
             problem = _check(dims, pattern)
             if problem is not None:
                 text = _call_text(sys._getframe(1), "debug_assert_shape", pattern)
                 raise ShapeError(f"{text}: {problem} (dims {_list(dims)})")
 
 
-def _dims(tensor) -> tuple:
-    shape = getattr(tensor, "shape", None)
-    if shape is None:
-        raise TypeError(f"assert_shape: expected a Tensor (something with a shape), got {type(tensor).__name__}")
-    return tuple(shape)
+def _not_a_tensor(frame, name: str, value, pattern) -> TypeError:
+    """The error for a checked value that is not an engine Tensor, with a hint how to get one."""
+    cls = type(value)
+    found = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__name__ == "Param" and hasattr(value, "val"):
+        hint = "read the parameter's tensor with .val()"
+    else:
+        hint = "convert with Tensor.from_data(...)"
+    if not isinstance(pattern, (list, tuple)):
+        text = f"{name}(<tensor>, {pattern!r})"
+    else:
+        text = _call_text(frame, name, pattern)
+    return TypeError(f"{text}: expected an engine Tensor, got {found} ({hint})")
 
 
 def _list(items) -> str:

@@ -8,6 +8,11 @@ Each layer has a `…Config` dataclass with Burn's fields and defaults, built by
 `config.init(device)` (parameter-free layers take no device), a `forward` whose docstring has a
 `Shapes` section and whose inputs are checked with `assert_shape` at the boundary, Burn's
 parameter names and layouts, Burn's default initializers and Burn's display.
+
+A layer with float parameters also checks its input's dtype at the boundary (`_base.check_dtype`):
+the input must have the parameters' dtype, so a float32 layer refuses float64 and int inputs
+with a `DTypeError` naming the layer and both dtypes, instead of silently computing in float64.
+Embedding takes int indices only; parameter-free layers follow the input's float dtype.
 """
 from .linear import *  # noqa: F401,F403
 from .embedding import *  # noqa: F401,F403

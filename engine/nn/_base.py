@@ -12,6 +12,7 @@ from ..module.flag import Flag
 from ..module.module import Module
 from ..module.param import Param
 from ..module.shape import ShapeError, assert_shape  # noqa: F401
+from ..tensor import DTypeError
 
 __all__ = [
     "Config",
@@ -21,6 +22,9 @@ __all__ = [
     "Content",
     "DisplaySettings",
     "assert_shape",
+    "check_dtype",
+    "check_float",
+    "check_indices",
     "row_settings",
     "f64",
     "f32",
@@ -41,8 +45,8 @@ def init_with(initializer, shape, fan_in, fan_out, device, require_grad: bool = 
 
 
 def state(initializer, shape, device):
-    """Saved running state (Burn's `RunningState`): a lazy parameter without gradient."""
-    return init_with(initializer, shape, None, None, device, require_grad=False)
+    """Saved running state (Burn's `RunningState`): a lazy parameter that is never trainable."""
+    return init_with(initializer, shape, None, None, device, require_grad=False).as_running_state()
 
 
 class Config:
@@ -120,3 +124,81 @@ def pair(value, n: int, name: str, owner: str) -> tuple:
     if len(items) != n:
         raise ValueError(f"{owner}: expected {name} as {n} ints, got {list(items)}")
     return items
+
+
+# ---------------------------------------------------------------------- dtype contracts
+# A layer's input meets its parameters at the boundary: the input must have the parameters'
+# float dtype (no silent promotion of a float32 layer to float64, no int input computed in
+# float). The passing path is one identity test of two NumPy dtypes; everything else (the
+# layer's name, the message) is worked out only when the check fails.
+
+
+def check_dtype(owner, input, param, name: str = "input", param_name: str = "weight") -> None:
+    """Refuse `input` unless its dtype is that of the tensor `param` (a layer's parameter).
+
+    `owner` is the layer (its class names it in the message) or a string. Raises `DTypeError`:
+    `Linear: input dtype float64 does not match the weight's float32 ...`, or, for an int or
+    bool input, `Linear: expected a float tensor, got int64 ...`."""
+    try:
+        found = input._data.dtype
+    except AttributeError:
+        raise _not_a_tensor(owner, name, input) from None
+    if found is param._data.dtype:
+        return
+    _dtype_mismatch(owner, input, param, name, param_name)
+
+
+def check_float(owner, input, name: str = "input") -> None:
+    """Refuse an int or bool `input` to a float layer that has no parameter to compare with."""
+    try:
+        if input._data.dtype.kind == "f":
+            return
+    except AttributeError:
+        raise _not_a_tensor(owner, name, input) from None
+    raise DTypeError(f"{_owner_name(owner)}: {_float_expected(input, name)}")
+
+
+def check_indices(owner, input, name: str = "input") -> None:
+    """Refuse a float or bool `input` where a layer looks rows up by integer index (Embedding)."""
+    try:
+        if input._data.dtype.kind in "iu":
+            return
+    except AttributeError:
+        raise _not_a_tensor(owner, name, input) from None
+    raise DTypeError(
+        f"{_owner_name(owner)}: expected an int tensor of indices, got {input.dtype} "
+        f"({name} dims {list(input.shape)}); convert the {name} with {name}.cast(\"int64\")"
+    )
+
+
+def _owner_name(owner) -> str:
+    return owner if isinstance(owner, str) else type(owner).__name__
+
+
+def _not_a_tensor(owner, name, value) -> TypeError:
+    cls = type(value)
+    found = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return TypeError(
+        f"{_owner_name(owner)}: expected an engine Tensor as {name}, got {found} (convert with Tensor.from_data(...))"
+    )
+
+
+def _float_expected(input, name, target: str = "float32") -> str:
+    return (
+        f"expected a float tensor, got {input.dtype} ({name} dims {list(input.shape)}); "
+        f"convert the {name} with {name}.cast(\"{target}\")"
+    )
+
+
+def _dtype_mismatch(owner, input, param, name, param_name) -> None:
+    found, wanted = input._data.dtype, param._data.dtype
+    if found == wanted:  # an equal dtype object that is not the same instance
+        return
+    if found.kind != "f" and wanted.kind == "f":
+        raise DTypeError(f"{_owner_name(owner)}: {_float_expected(input, name, str(param.dtype))}")
+    raise DTypeError(
+        f"{_owner_name(owner)}: {name} dtype {input.dtype} does not match the {param_name}'s {param.dtype} "
+        f"({name} dims {list(input.shape)}); convert the {name} with {name}.cast(\"{param.dtype}\"), or build the module "
+        f"in {input.dtype} (set the device's default float dtype with "
+        f"device.set_default_float_dtype(\"{input.dtype}\") before init)"
+    )

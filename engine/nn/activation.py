@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import _ops
-from ._base import Config, Module, assert_shape, f64, init_with, initializers, row_settings
+from ._base import Config, Module, assert_shape, check_dtype, f64, init_with, initializers, row_settings
 from .linear import LinearConfig
 
 __all__ = [
@@ -396,7 +396,9 @@ class PRelu(Module):
             assert_shape(input, [None, ...])
         else:
             assert_shape(input, [None, n, ...])
-        return _ops.prelu(input, self.alpha.val())
+        alpha = self.alpha.val()
+        check_dtype(self, input, alpha, param_name="alpha")
+        return _ops.prelu(input, alpha)
 
     def custom_settings(self):
         return row_settings()
@@ -477,6 +479,7 @@ class SwiGlu(Module):
         """
         d_input, _ = self.linear_inner.weight.shape
         assert_shape(input, [..., d_input])
+        check_dtype(self, input, self.linear_inner.weight.val())
         return _ops.silu(self.linear_inner.forward(input)) * self.linear_outer.forward(input)
 
     def custom_settings(self):

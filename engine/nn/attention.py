@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..tensor import Tensor
-from ._base import Config, Module, assert_shape, initializers, row_settings
+from ._base import Config, Module, assert_shape, check_dtype, initializers, row_settings
 from .activation import Gelu
 from .dropout import DropoutConfig
 from .linear import LinearConfig
@@ -136,6 +136,10 @@ class MultiHeadAttention(Module):
             assert_shape(input.mask_pad_, [batch_size, seq_length_2])
         if input.mask_attn_ is not None:
             assert_shape(input.mask_attn_, [batch_size, seq_length_1, seq_length_2])
+        weight = self.query.weight.val()
+        check_dtype(self, input.query, weight, name="query", param_name="query weight")
+        check_dtype(self, input.key, weight, name="key", param_name="query weight")
+        check_dtype(self, input.value, weight, name="value", param_name="query weight")
 
         query = self._heads(input.query, self.query)
         key = self._heads(input.key, self.key)

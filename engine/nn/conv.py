@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..tensor import ops_conv
-from ._base import Config, Debug, Module, assert_shape, init_with, initializers, pair, row_settings, rust_debug
+from ._base import (Config, Debug, Module, assert_shape, check_dtype, init_with, initializers, pair, row_settings,
+                    rust_debug)
 
 __all__ = [
     "PaddingConfig1d", "PaddingConfig2d", "PaddingConfig3d",
@@ -143,8 +144,10 @@ class _ConvNd(Module):
     def _forward(self, input):
         stride, kernel, dilation = self._t(self.stride), self._t(self.kernel_size), self._t(self.dilation)
         pads = self.padding.pairs(input.shape[2:], kernel, stride)
+        weight = self.weight.val()
+        check_dtype(self, input, weight)
         bias = self.bias.val() if self.bias is not None else None
-        return type(self)._FN(input, self.weight.val(), bias, stride, pads, dilation, self.groups)
+        return type(self)._FN(input, weight, bias, stride, pads, dilation, self.groups)
 
     def custom_settings(self):
         return row_settings()
@@ -315,8 +318,10 @@ class _ConvTransposeNd(Module):
         return (v,) if self.N == 1 else tuple(v)
 
     def _forward(self, input):
+        weight = self.weight.val()
+        check_dtype(self, input, weight)
         bias = self.bias.val() if self.bias is not None else None
-        return type(self)._FN(input, self.weight.val(), bias, self._t(self.stride), self._t(self.padding),
+        return type(self)._FN(input, weight, bias, self._t(self.stride), self._t(self.padding),
                               self._t(self.padding_out), self._t(self.dilation), self.groups)
 
     def custom_settings(self):

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..tensor import Tensor, TensorError
+from ..tensor import DTypeError, Tensor, TensorError
 from ..tensor.tensor import record
-from ._base import Config, Module, assert_shape, init_with, initializers, row_settings
+from ._base import Config, Module, assert_shape, check_indices, init_with, initializers, row_settings
 
 __all__ = ["EmbeddingConfig", "Embedding", "embedding"]
 
@@ -27,7 +27,7 @@ def embedding(weight: Tensor, indices: Tensor) -> Tensor:
     """Rows of `weight` `[n, d]` picked by the int tensor `indices` `[...]`: `[..., d]`."""
     op = "embedding"
     if indices.kind != "int":
-        raise TensorError(f"{op}: expected an int tensor of indices, got {indices.dtype} (dims {list(indices.shape)})")
+        raise DTypeError(f"{op}: expected an int tensor of indices, got {indices.dtype} (dims {list(indices.shape)})")
     idx = indices._data
     n, d = weight.shape
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
@@ -72,6 +72,7 @@ class Embedding(Module):
         - output: `[batch_size, seq_length, d_model]`
         """
         assert_shape(input, [None, None])
+        check_indices(self, input)
         return embedding(self.weight.val(), input)
 
     def custom_settings(self):

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import _ops
-from ._base import Config, Module, assert_shape, init_with, initializers, row_settings
+from ._base import Config, Module, assert_shape, check_dtype, init_with, initializers, row_settings
 
 __all__ = ["LinearConfig", "Linear"]
 
@@ -61,8 +61,10 @@ class Linear(Module):
         """
         d_input, _ = self.weight.shape
         assert_shape(input, [..., d_input])
+        weight = self.weight.val()
+        check_dtype(self, input, weight)
         bias = self.bias.val() if self.bias is not None else None
-        return _ops.linear(input, self.weight.val(), bias)
+        return _ops.linear(input, weight, bias)
 
     def custom_settings(self):
         return row_settings()

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from ..autodiff import no_recording
 from ..tensor import Tensor
 from . import _ops
-from ._base import Config, Flag, Module, assert_shape, f64, init_with, initializers, row_settings, state
+from ._base import (Config, Flag, Module, assert_shape, check_dtype, check_float, f64, init_with, initializers,
+                    row_settings, state)
 
 __all__ = [
     "LayerNormConfig",
@@ -65,8 +66,10 @@ class LayerNorm(Module):
         """
         (d_model,) = self.gamma.shape
         assert_shape(input, [..., d_model])
+        gamma = self.gamma.val()
+        check_dtype(self, input, gamma, param_name="gamma")
         beta = self.beta.val() if self.beta is not None else None
-        return _ops.normalize(input, (-1,), self.epsilon, self.gamma.val(), beta, (d_model,))
+        return _ops.normalize(input, (-1,), self.epsilon, gamma, beta, (d_model,))
 
     def custom_settings(self):
         return row_settings()
@@ -125,17 +128,19 @@ class BatchNorm(Module):
         """
         (channels,) = self.beta.shape
         assert_shape(input, [None, channels, ...])
+        gamma = self.gamma.val()
+        check_dtype(self, input, gamma, param_name="gamma")
         rank = input.rank
         axes = (0,) + tuple(range(2, rank))
         shape = (1, channels) + (1,) * (rank - 2)
         if self.training and input.is_autodiff():
             stats = {}
-            out = _ops.normalize(input, axes, self.epsilon, self.gamma.val(), self.beta.val(), shape, stats)
+            out = _ops.normalize(input, axes, self.epsilon, gamma, self.beta.val(), shape, stats)
             self._update_running(stats["mean"].reshape(channels), stats["var"].reshape(channels), input.device)
             return out
         mean = self.running_mean.val().to_device(input.device)
         var = self.running_var.val().to_device(input.device)
-        scale = self.gamma.val() * (var + self.epsilon).rsqrt()
+        scale = gamma * (var + self.epsilon).rsqrt()
         shift = self.beta.val() - mean * scale
         return input * scale.reshape(shape) + shift.reshape(shape)
 
@@ -162,6 +167,14 @@ class BatchNorm(Module):
 
 
 # ---------------------------------------------------------------------- GroupNorm / InstanceNorm
+def _check_affine_input(layer, input):
+    """The input of a GroupNorm / InstanceNorm: gamma's dtype when affine, else any float."""
+    if layer.gamma is not None:
+        check_dtype(layer, input, layer.gamma.val(), param_name="gamma")
+    else:
+        check_float(layer, input)
+
+
 def _group_norm(input, gamma, beta, num_groups: int, epsilon: float):
     shape = input.shape
     b, c = shape[0], shape[1]
@@ -214,6 +227,7 @@ class GroupNorm(Module):
         - output: `[batch_size, num_channels, *]`
         """
         assert_shape(input, [None, self.num_channels, None, ...])
+        _check_affine_input(self, input)
         return _group_norm(input, self.gamma, self.beta, self.num_groups, self.epsilon)
 
     def custom_settings(self):
@@ -263,6 +277,7 @@ class InstanceNorm(Module):
         - output: `[batch_size, num_channels, *]`
         """
         assert_shape(input, [None, self.num_channels, None, ...])
+        _check_affine_input(self, input)
         return _group_norm(input, self.gamma, self.beta, self.num_channels, self.epsilon)
 
     def custom_settings(self):
@@ -309,7 +324,9 @@ class RmsNorm(Module):
         """
         (d_model,) = self.gamma.shape
         assert_shape(input, [..., d_model])
-        return _ops.rms_norm(input, self.gamma.val(), self.epsilon)
+        gamma = self.gamma.val()
+        check_dtype(self, input, gamma, param_name="gamma")
+        return _ops.rms_norm(input, gamma, self.epsilon)
 
     def custom_settings(self):
         return row_settings()
@@ -358,6 +375,7 @@ class LocalResponseNorm(Module):
         - output: `[batch_size, channels, ...]`
         """
         assert_shape(input, [None, None, None, ...])
+        check_float(self, input)
         rank = input.rank
         c = input.shape[1]
         left, right = (self.size - 1) // 2, self.size // 2

@@ -8,7 +8,7 @@ import numpy as np
 from ..tensor import Tensor
 from ..tensor.device import as_device
 from . import _ops
-from ._base import Config, Module, assert_shape, row_settings
+from ._base import Config, Module, assert_shape, check_float, row_settings
 
 __all__ = ["PositionalEncodingConfig", "PositionalEncoding", "generate_sinusoids", "RotaryEncodingConfig",
            "RotaryEncoding"]
@@ -64,6 +64,7 @@ class PositionalEncoding(Module):
         """
         _, max_sequence_size, d_model = self.sinusoids.shape
         assert_shape(input, [None, None, d_model])
+        check_float(self, input)
         seq_length = input.dims()[1]
         if seq_length > max_sequence_size:
             raise ValueError(
@@ -142,6 +143,7 @@ class RotaryEncoding(Module):
     def apply(self, x, start: int = 0):
         """Rotary encoding of positions `start .. start + seq_length`."""
         assert_shape(x, [..., None, self.d_model])
+        check_float(self, x, name="x")
         seq_length = x.dims()[-2]
         if start + seq_length > self.max_sequence_length:
             raise ValueError(

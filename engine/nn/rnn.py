@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..tensor.ops_index import stack
-from ._base import Config, Module, assert_shape, initializers, row_settings
+from ._base import Config, Module, assert_shape, check_dtype, initializers, row_settings
 from .activation import ActivationConfig
 from .linear import LinearConfig
 
@@ -132,11 +132,15 @@ class Lstm(Module):
         """
         d_input = self.input_gate.input_transform.weight.shape[0]
         assert_shape(batched_input, [None, None, d_input])
+        weight = self.input_gate.input_transform.weight.val()
+        check_dtype(self, batched_input, weight, name="batched_input")
         x = batched_input if self.batch_first else batched_input.swap_dims(0, 1)
         batch_size = x.shape[0]
         if state is not None:
             assert_shape(state.cell, [batch_size, self.d_hidden])
             assert_shape(state.hidden, [batch_size, self.d_hidden])
+            check_dtype(self, state.cell, weight, name="state.cell")
+            check_dtype(self, state.hidden, weight, name="state.hidden")
         out, final = self._run(x, state, self.reverse)
         return (out if self.batch_first else out.swap_dims(0, 1)), final
 
@@ -233,7 +237,9 @@ class _Bidirectional(Module):
         return getattr(self.forward_direction, self._GATE).input_transform
 
     def _sequence_first(self, batched_input):
-        assert_shape(batched_input, [None, None, self._input_transform().weight.shape[0]])
+        transform = self._input_transform()
+        assert_shape(batched_input, [None, None, transform.weight.shape[0]])
+        check_dtype(self, batched_input, transform.weight.val(), name="batched_input")
         return batched_input if self.batch_first else batched_input.swap_dims(0, 1)
 
     def _both(self, x, state_forward, state_reverse):
@@ -284,6 +290,9 @@ class BiLstm(_Bidirectional):
         if state is not None:
             assert_shape(state.cell, [2, batch_size, self.d_hidden])
             assert_shape(state.hidden, [2, batch_size, self.d_hidden])
+            weight = self._input_transform().weight.val()
+            check_dtype(self, state.cell, weight, name="state.cell")
+            check_dtype(self, state.hidden, weight, name="state.hidden")
             sf = LstmState(state.cell[0], state.hidden[0])
             sr = LstmState(state.cell[1], state.hidden[1])
         out, st_f, st_r = self._both(x, sf, sr)
@@ -341,9 +350,12 @@ class Gru(Module):
         """
         d_input = self.update_gate.input_transform.weight.shape[0]
         assert_shape(batched_input, [None, None, d_input])
+        weight = self.update_gate.input_transform.weight.val()
+        check_dtype(self, batched_input, weight, name="batched_input")
         x = batched_input if self.batch_first else batched_input.swap_dims(0, 1)
         if state is not None:
             assert_shape(state, [x.shape[0], self.d_hidden])
+            check_dtype(self, state, weight, name="state")
         out, _ = self._run(x, state, False)
         return out if self.batch_first else out.swap_dims(0, 1)
 
@@ -429,6 +441,7 @@ class BiGru(_Bidirectional):
         sf = sr = None
         if state is not None:
             assert_shape(state, [2, x.shape[0], self.d_hidden])
+            check_dtype(self, state, self._input_transform().weight.val(), name="state")
             sf, sr = state[0], state[1]
         out, h_f, h_r = self._both(x, sf, sr)
         return out, stack([h_f, h_r], 0)

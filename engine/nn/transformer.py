@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._base import Config, Module, assert_shape, initializers, row_settings
+from ._base import Config, Module, assert_shape, check_dtype, initializers, row_settings
 from .activation import ActivationConfig
 from .attention import MhaInput, MultiHeadAttentionConfig
 from .dropout import DropoutConfig
@@ -62,6 +62,7 @@ class PositionWiseFeedForward(Module):
         """
         d_model, _ = self.linear_inner.weight.shape
         assert_shape(input, [..., d_model])
+        check_dtype(self, input, self.linear_inner.weight.val(), param_name="linear_inner weight")
         x = self.linear_inner.forward(input)
         x = self.activation.forward(x)
         x = self.dropout.forward(x)
@@ -161,6 +162,7 @@ class TransformerEncoderLayer(Module):
         - output: `[batch_size, seq_length, d_model]`
         """
         assert_shape(input, [None, None, self.mha.d_model])
+        check_dtype(self, input, self.mha.query.weight.val(), param_name="attention weight")
         x = input
         res = self.norm_2.forward(x) if self.norm_first else x
         mha_in = MhaInput.self_attn(res)
@@ -206,6 +208,8 @@ class TransformerEncoder(Module):
             input = TransformerEncoderInput(input)
         x = input.tensor
         assert_shape(x, [None, None, self.d_model])
+        if self.layers:
+            check_dtype(self, x, self.layers[0].mha.query.weight.val(), param_name="attention weight")
         for layer in self.layers:
             x = layer.forward(x, input.mask_pad_, input.mask_attn_)
         return x
@@ -310,6 +314,10 @@ class TransformerDecoderLayer(Module):
         - output target: `[batch_size, seq_length_1, d_model]`
         """
         assert_shape(input.target, [None, None, self.self_attn.d_model])
+        check_dtype(self, input.target, self.self_attn.query.weight.val(), name="target",
+                    param_name="attention weight")
+        check_dtype(self, input.memory, self.cross_attn.query.weight.val(), name="memory",
+                    param_name="attention weight")
         x = input.target
         res = self.norm_1.forward(x) if self.norm_first else x
         sa = MhaInput.self_attn(res)
@@ -368,6 +376,10 @@ class TransformerDecoder(Module):
         assert_shape(input.target, [None, None, self.d_model])
         batch_size = input.target.dims()[0]
         assert_shape(input.memory, [batch_size, None, self.d_model])
+        if self.layers:
+            weight = self.layers[0].self_attn.query.weight.val()
+            check_dtype(self, input.target, weight, name="target", param_name="attention weight")
+            check_dtype(self, input.memory, weight, name="memory", param_name="attention weight")
         for layer in self.layers:
             input = layer.forward(input)
         return input.target

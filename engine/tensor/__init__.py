@@ -2,7 +2,7 @@
 from . import dtype
 from .device import Device, DeviceError, available_devices, default_device, set_default_device
 from .random import Distribution
-from .tensor import Tensor, TensorError, tensor_method
+from .tensor import DTypeError, Tensor, TensorError, tensor_method
 
 # each file attaches its operations to Tensor
 from . import ops_elementwise, ops_reduce, ops_matmul, ops_shape, ops_device, ops_index  # noqa: E402,F401
@@ -12,6 +12,7 @@ from . import ops_conv, ops_pool, ops_interp  # noqa: E402,F401
 __all__ = [
     "Tensor",
     "TensorError",
+    "DTypeError",
     "Device",
     "DeviceError",
     "Distribution",

@@ -14,6 +14,9 @@ buffer for the weight gradient and spreads the column gradient back over the inp
 offsets first), so that every copy and add moves whole output rows or planes. A transposed
 convolution is the same two steps in the other order. Every path is tested against loop
 references (tests/engine/tensor/test_ops_conv.py forces each one).
+
+Input, weight and bias must share one float dtype: a float64 input to a float32 weight raises
+`DTypeError` instead of promoting (convert one with `.cast(...)`).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import numbers
 
 import numpy as np
 
-from .tensor import Tensor, TensorError, check_same_device, record, tensor_method
+from .tensor import DTypeError, Tensor, TensorError, check_same_device, record, tensor_method
 from .threads import copy_into, run_blocks, split
 
 _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
@@ -129,22 +132,23 @@ def _check_bias(op: str, b, channels_out: int, x: Tensor):
         raise TensorError(f"{op}: expected a float bias, got {b.dtype}")
 
 
-def _common(xp, arrays):
-    """Cast the arrays to their common float dtype (no copy where they already have it)."""
-    dt = np.result_type(*[a.dtype for a in arrays])
-    return dt, [a if a.dtype == dt else a.astype(dt) for a in arrays]
+def _check_dtypes(op: str, x: Tensor, weight: Tensor, bias) -> None:
+    """Input, weight and bias must share one float dtype: no silent promotion (PyTorch refuses
+    a float64 input to a float32 convolution too)."""
+    dt = x._data.dtype
+    for what, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t._data.dtype != dt:
+            raise DTypeError(
+                f"{op}: the input is {x.dtype} but the {what} is {t.dtype} (input dims {list(x.shape)}, "
+                f"{what} dims {list(t.shape)}); convert one of them with .cast(...)"
+            )
 
 
-def _operands(xp, x, weight, bias):
-    """The op's tensor inputs (for `record`), their common dtype, and the input, weight and bias
-    arrays in it (bias None when absent)."""
+def _operands(x, weight, bias):
+    """The op's tensor inputs (for `record`) and the input, weight and bias arrays (bias None
+    when absent)."""
     inputs = [x, weight] + ([bias] if bias is not None else [])
-    dt, arrs = _common(xp, [t._data for t in inputs])
-    return inputs, dt, arrs[0], arrs[1], (arrs[2] if bias is not None else None)
-
-
-def _back_cast(g, like):
-    return g if g is None or g.dtype == like.dtype else g.astype(like.dtype)
+    return inputs, x._data, weight._data, (bias._data if bias is not None else None)
 
 
 # ---------------------------------------------------------------------- im2col / col2im
@@ -349,6 +353,7 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
     if any(k < 1 for k in kernel):
         raise TensorError(f"{op}: the kernel must have every size >= 1, weight dims {list(weight.shape)}")
     _check_bias(op, bias, c_out, x)
+    _check_dtypes(op, x, weight, bias)
     stride = _int_tuple(op, "stride", stride, n, 1)
     dilation = _int_tuple(op, "dilation", dilation, n, 1)
     pads = _padding_pairs(op, padding, n, kernel, dilation, stride)
@@ -356,7 +361,7 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
 
     dev = x._device
     xp = dev.xp
-    inputs, dt, xa, wa, ba = _operands(xp, x, weight, bias)
+    inputs, xa, wa, ba = _operands(x, weight, bias)
 
     g_ = groups
     c_out_g = c_out // g_
@@ -413,10 +418,7 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
                 gx = _from_cm(xp, _crop(gpad, pads, in_sp))
             if need_b and gb is None:
                 gb = _channel_sum(xp, g)
-        res = (_back_cast(gx, x._data), _back_cast(gw, weight._data))
-        if bias is not None:
-            res += (_back_cast(gb, bias._data),)
-        return res
+        return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, dev, inputs, rule, op)
 
@@ -498,6 +500,7 @@ def _conv_transpose(op, n, x, weight, bias, stride, padding, padding_out, dilati
         raise TensorError(f"{op}: the kernel must have every size >= 1, weight dims {list(weight.shape)}")
     c_out = c_out_g * groups
     _check_bias(op, bias, c_out, x)
+    _check_dtypes(op, x, weight, bias)
     stride = _int_tuple(op, "stride", stride, n, 1)
     dilation = _int_tuple(op, "dilation", dilation, n, 1)
     pad = _int_tuple(op, "padding", padding, n, 0)
@@ -520,7 +523,7 @@ def _conv_transpose(op, n, x, weight, bias, stride, padding, padding_out, dilati
 
     dev = x._device
     xp = dev.xp
-    inputs, dt, xa, wa, ba = _operands(xp, x, weight, bias)
+    inputs, xa, wa, ba = _operands(x, weight, bias)
     g_ = groups
     c_in_g = c_in // g_
     ksize = int(np.prod(kernel))
@@ -553,10 +556,7 @@ def _conv_transpose(op, n, x, weight, bias, stride, padding, padding_out, dilati
                     gw = xp.matmul(x2, gcols.swapaxes(-1, -2)).reshape(wa.shape)
             if need_b:
                 gb = _channel_sum(xp, g)
-        r = (_back_cast(gx, x._data), _back_cast(gw, weight._data))
-        if bias is not None:
-            r += (_back_cast(gb, bias._data),)
-        return r
+        return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, dev, inputs, rule, op)
 

@@ -1,4 +1,9 @@
-"""Elementwise operations with broadcasting, each beside its backward rule."""
+"""Elementwise operations with broadcasting, each beside its backward rule.
+
+Two tensors of different float dtypes promote as NumPy and PyTorch promote them (float32 and
+float64 give float64); the gradient of each operand comes back in the operand's own dtype.
+(Matrix products and convolutions refuse mixed dtypes instead: see ops_matmul.py.)
+"""
 from __future__ import annotations
 
 import math
@@ -58,13 +63,28 @@ def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts, saves: str = "xyo"):
         y = yd if "y" in saves else None
         o = out if "o" in saves else None
         xs, ys = xd.shape, yd.shape
-        return _wrap(out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, o, na, nb, xs, ys), op))
+        if xd.dtype is yd.dtype:
+            return _wrap(out, dev, True, Node((a._node, b._node), lambda g: rule_tt(g, x, y, o, na, nb, xs, ys), op))
+        # mixed float dtypes promote (float32 + float64 -> float64); each operand's gradient
+        # goes back in its own dtype, as after a cast
+        xt, yt = xd.dtype, yd.dtype
+        return _wrap(out, dev, True, Node(
+            (a._node, b._node), lambda g: _own_dtypes(rule_tt(g, x, y, o, na, nb, xs, ys), xt, yt), op))
     out = fwd(a._data, b)
     if a._node is None or _recording.paused:
         return _wrap(out, dev, a._ad)
     x = a._data if "x" in saves else None
     o = out if "o" in saves else None
     return _wrap(out, dev, True, Node((a._node,), lambda g: (rule_ts(g, x, b, o),), op))
+
+
+def _own_dtypes(grads, xt, yt):
+    gx, gy = grads
+    if gx is not None and gx.dtype != xt:
+        gx = gx.astype(xt)
+    if gy is not None and gy.dtype != yt:
+        gy = gy.astype(yt)
+    return gx, gy
 
 
 # rules for tensor-tensor ops: na / nb say whether each operand needs its gradient, xs / ys

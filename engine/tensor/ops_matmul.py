@@ -1,9 +1,14 @@
-"""Matrix multiplication with batch broadcasting."""
+"""Matrix multiplication with batch broadcasting.
+
+Both operands must have the same dtype: float32 @ float64 or int64 @ float32 raise
+`DTypeError` instead of promoting (as PyTorch's matmul refuses them), so a float32 model never
+silently computes in float64. Convert one operand with `.cast(...)`.
+"""
 from __future__ import annotations
 
 from ..autodiff import tape as _tape
 from ..autodiff.tape import Node
-from .tensor import Tensor, TensorError, check_same_device, tensor_method, unbroadcast
+from .tensor import DTypeError, Tensor, TensorError, check_same_device, tensor_method, unbroadcast
 
 
 @tensor_method
@@ -14,6 +19,11 @@ def matmul(self, other):
     if self._device is not other._device:
         check_same_device("matmul", self, other)
     a, b = self._data, other._data
+    if a.dtype is not b.dtype and a.dtype != b.dtype:
+        raise DTypeError(
+            f"matmul: expected both operands of one dtype, got {self.dtype} @ {other.dtype} "
+            f"(dims {list(a.shape)} @ {list(b.shape)}); convert one of them with .cast(...)"
+        )
     if a.ndim < 2 or b.ndim < 2:
         raise TensorError(f"matmul: expected tensors of rank >= 2, got dims {list(a.shape)} and {list(b.shape)}")
     if a.shape[-1] != b.shape[-2]:

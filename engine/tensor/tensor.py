@@ -27,6 +27,14 @@ class TensorError(ValueError):
     """An operation got inputs it cannot use; the message names the op and what it found."""
 
 
+class DTypeError(TensorError, TypeError):
+    """An operation or a layer got a tensor of the wrong dtype: mixed float dtypes in a matmul,
+    a convolution or a layer, an int tensor where a float one is needed, or the reverse.
+
+    Both a `TensorError` and a `TypeError`; the message names the op or layer, the dtype it
+    expected and the one it found, and how to convert."""
+
+
 def tensor_method(fn=None, *, name: str | None = None):
     """Attach a function to Tensor as a method (used by the ops files)."""
 

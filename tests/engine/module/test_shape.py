@@ -3,6 +3,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from engine import ShapeError, Tensor, assert_shape, debug_assert_shape, set_debug_assertions
@@ -77,8 +78,47 @@ def test_bad_patterns_raise_type_errors():
         assert_shape(x, [..., ...])
     with pytest.raises(TypeError, match="slot must be an int"):
         assert_shape(x, ["2"])
-    with pytest.raises(TypeError, match="expected a Tensor"):
+    with pytest.raises(TypeError, match=r"expected an engine Tensor, got list"):
         assert_shape([1, 2], [2])
+
+
+def test_a_value_that_is_not_a_tensor_is_a_type_error_naming_the_call_and_the_type():
+    """A NumPy array has a `.shape`, but a layer cannot use it: the check refuses it at the
+    boundary (not as an AttributeError from inside a kernel), with the call and a remedy."""
+    x = np.zeros((2, 3))
+    with pytest.raises(TypeError) as info:
+        assert_shape(x, [..., 3])
+    assert str(info.value) == (
+        "assert_shape(x, [..., 3]): expected an engine Tensor, got numpy.ndarray "
+        "(convert with Tensor.from_data(...))")
+    assert not isinstance(info.value, ShapeError)  # a wrong type, not a broken contract
+    with pytest.raises(TypeError) as info:
+        debug_assert_shape(x, [2, None])
+    assert str(info.value) == (
+        "debug_assert_shape(x, [2, None]): expected an engine Tensor, got numpy.ndarray "
+        "(convert with Tensor.from_data(...))")
+
+
+def test_a_parameter_is_refused_with_a_hint_to_read_its_tensor():
+    from engine import nn  # noqa: PLC0415
+
+    weight = nn.LinearConfig(3, 2).init().weight
+    with pytest.raises(TypeError, match=r"^assert_shape\(weight, \[3, 2\]\): expected an engine Tensor, got "
+                                        r"engine\.module\.param\.Param \(read the parameter's tensor with \.val\(\)\)$"):
+        assert_shape(weight, [3, 2])
+    assert_shape(weight.val(), [3, 2])
+
+
+def test_a_layer_given_a_numpy_array_names_its_own_contract():
+    from engine import nn  # noqa: PLC0415
+
+    linear = nn.LinearConfig(3, 2).init()
+    with pytest.raises(TypeError) as info:
+        linear.forward(np.ones((4, 3), dtype=np.float32))
+    assert str(info.value) == (
+        "assert_shape(input, [..., d_input]): expected an engine Tensor, got numpy.ndarray "
+        "(convert with Tensor.from_data(...))")
+    assert not linear.weight.is_initialized()  # refused before any work
 
 
 def test_falls_back_to_the_evaluated_pattern_without_source():
