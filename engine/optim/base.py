@@ -146,7 +146,7 @@ class _StepMapper(ModuleMapper):
             new, entry.state = entry.optim.step(self.lr, arr, garr, entry.state, xp)
         out = Tensor._wrap(new, device, True, None)
         if t.is_require_grad():
-            out.set_require_grad(True)
+            out = out.set_require_grad(True)
         return param.map(lambda _base: out)
 
 

@@ -253,27 +253,31 @@ class Tensor:
         return self._node is not None
 
     def require_grad(self) -> "Tensor":
-        """Mark this tensor as a leaf whose gradient is retained; returns self.
+        """This tensor as a leaf whose gradient is retained: `x = x.require_grad()`.
 
-        The tensor becomes autodiff-associated. A tensor computed by recorded operations must
-        be detached first, as its gradient belongs to the graph that produced it.
+        Like Burn's consuming method it returns the result and never changes `self` (or any
+        clone or module sharing it). The result is autodiff-associated. A tensor computed by
+        recorded operations must be detached first, as its gradient belongs to the graph that
+        produced it.
         """
         return self.set_require_grad(True)
 
     def set_require_grad(self, flag: bool) -> "Tensor":
+        """This tensor with gradient retention on or off (a new tensor over the same values;
+        `self` is unchanged). A tensor already in the requested state is returned as it is."""
         n = self._node
         if flag:
+            if n is not None and n.leaf:
+                return self
             if self._data.dtype.kind != "f":
                 raise TensorError(f"require_grad: only float tensors have gradients, this one is {self.dtype}")
-            if n is not None and not n.leaf:
+            if n is not None:
                 raise TensorError(
                     f"require_grad on the output of '{n.op}', which is part of a graph: call detach() first"
                 )
-            if n is None:
-                self._node = Node((), None, "leaf", leaf=True)
-            self._ad = True
-        elif n is not None and n.leaf:
-            self._node = None
+            return Tensor._wrap(self._data, self._device, True, Node((), None, "leaf", leaf=True))
+        if n is not None and n.leaf:
+            return Tensor._wrap(self._data, self._device, self._ad, None)
         return self
 
     def detach(self) -> "Tensor":
