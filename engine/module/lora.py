@@ -1,7 +1,8 @@
 """LoRA and QLoRA, built on `engine.module.reparam`.
 
 `Lora(rank, alpha, init_std=None, param_group=ParamGroup.all(), dtype=None)` freezes every
-float parameter and attaches a `LoraAdapter` to each rank-2 parameter of the group:
+float parameter (and the training flags of modules with running state: a BatchNorm under LoRA
+keeps its statistics) and attaches a `LoraAdapter` to each rank-2 parameter of the group:
 `a` `[d_in, rank]` drawn from N(0, std) with std = `init_std` or `1 / rank` (Burn's default:
 the standard deviation, not the variance, is 1/rank), `b` `[rank, d_out]` of zeros, so the
 output is unchanged at first; the effective value is `base + (alpha / rank) * a @ b`. The
@@ -172,7 +173,14 @@ def _check_group(group) -> ParamGroup:
 
 
 class Lora(Reparameterizer):
-    """LoRA (see this file's doc). `Lora(8, 16.0)`; `set_param_group(group)`, `set_dtype(dtype)`."""
+    """LoRA (see this file's doc). `Lora(8, 16.0)`; `set_param_group(group)`, `set_dtype(dtype)`.
+
+    The base is frozen structurally, running state included: the training flags of modules
+    that own running state (BatchNorm) are frozen too, so they normalize with their saved
+    statistics and never update them, and the adapters alone hold what training changed.
+    """
+
+    FREEZES_RUNNING_STATE = True
 
     def __init__(self, rank: int, alpha: float, init_std: float | None = None,
                  param_group: ParamGroup | None = None, dtype=None):
@@ -243,7 +251,10 @@ def _zeros_placeholder(dtype_name: str, shape):
 
 
 class QLora(Reparameterizer):
-    """QLoRA: NF4-packed bases with LoRA adapters. `QLora(Lora(8, 16.0))`."""
+    """QLoRA: NF4-packed bases with LoRA adapters. `QLora(Lora(8, 16.0))`. Running state is
+    frozen as with `Lora`."""
+
+    FREEZES_RUNNING_STATE = True
 
     def __init__(self, lora: Lora, block_size: int = DEFAULT_BLOCK_SIZE, double_quant: bool = True):
         if not isinstance(lora, Lora):

@@ -304,6 +304,8 @@ class _MapWalker(_Walker):
                 f"{type(self.mapper).__name__}.map_{kind} must return a Param, it returned "
                 f"{type(out).__name__} (at '{self.path_str()}')"
             )
+        if p.is_running_state() and not out.is_running_state():
+            out = out.as_running_state()  # a mapper (a loader, an optimizer) cannot make it trainable
         return out
 
     def on_flag(self, f):
@@ -553,7 +555,7 @@ class Module:
         """Configure whether float parameters retain gradients; applied now where autodiff is
         on, and by `train()` otherwise. Training flags are untouched."""
         flag = bool(flag)
-        return _walk_module(self, _Apply(param=lambda p: p.set_require_grad(flag), floats_only=True))
+        return _walk_module(self, _Apply(param=_setter(flag), floats_only=True))
 
     def freeze(self) -> "Module":
         """No gradients for float parameters and every training flag off, persistently."""
@@ -568,7 +570,7 @@ class Module:
 
     def set_require_grad_group(self, group: ParamGroup, flag: bool) -> "Module":
         flag = bool(flag)
-        return _walk_module(self, _Apply(param=lambda p: p.set_require_grad(flag), group=_group(group), floats_only=True))
+        return _walk_module(self, _Apply(param=_setter(flag), group=_group(group), floats_only=True))
 
     def freeze_group(self, group: ParamGroup) -> "Module":
         return self._configure(False, _group(group))
@@ -580,7 +582,7 @@ class Module:
         def flag_fn(f):
             return f.with_value(on)
 
-        return _walk_module(self, _Apply(param=lambda p: p.set_require_grad(on), flag=flag_fn, group=group,
+        return _walk_module(self, _Apply(param=_setter(on), flag=flag_fn, group=group,
                                          floats_only=True, training=_Deferred))
 
     def on_training_change(self, enabled) -> "Module":
@@ -646,6 +648,15 @@ class _DeferredType:
 
 _Deferred = _DeferredType()
 _MISSING = object()
+
+
+def _setter(flag: bool):
+    """The per-parameter function of the trainability setters: running state is passed over
+    (it is never trainable, whatever a setter, group or `unfreeze()` asks)."""
+    def apply(p: Param) -> Param:
+        return p.clone() if p.is_running_state() else p.set_require_grad(flag)
+
+    return apply
 
 
 def _autodiff_const(t: Tensor) -> Tensor:

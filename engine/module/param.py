@@ -7,13 +7,19 @@ A `Param` holds:
 - its base tensor, or, until first use, a lazy state: the initializer, the device it will run
   on, the shape and kind. `shape`, `lazy_shape()`, `lazy_device()`, `kind` and
   `is_require_grad()` answer from the lazy state without initializing. `val()` / `base()`
-  initialize on first use. Clones share one lazy state, so the initializer runs once and every
-  clone sees the same values.
+  initialize on first use. Every Param derived from a lazy one (clones, `to_device`, `fork`,
+  `valid`, `train`, copies) shares its lazy state, so the initializer runs once, on the device
+  of the first Param that needs the value, and every other Param with that id gets the same
+  values on its own device: one id never gives two different values (see "Lazy parameters and
+  live clones" in docs/engine-guide.md).
 - its configured trainability (Burn's `is_active`): whether the parameter should retain its
   gradient while autodiff is on. It survives `valid()` (which turns autodiff off) and is applied
   again by `train()`.
 - `reparameterization`: None, or a module whose `apply(base)` gives the effective value
   (`val()`); see `engine.module.reparam`.
+- whether it is running state (Burn's `RunningState`, e.g. BatchNorm's `running_mean`): saved
+  in records and counted by `num_params`, but never trainable: no setter, group, mapper,
+  optimizer or `unfreeze()` makes it require grad.
 
 A Param never changes after construction: methods return new Params.
 """
@@ -99,9 +105,15 @@ class ParamId:
 
 
 class _Lazy:
-    """The shared lazy state of a parameter and its clones."""
+    """The lazy state shared by every Param derived from one `Param.uninitialized`.
 
-    __slots__ = ("init", "device", "require_grad", "shape", "kind", "value", "holders", "__weakref__")
+    `device` is where it was created. The initializer runs once, on the device of the first
+    Param that asks for the value (`initialize(device, ...)`); `ran_on` records that device and
+    `default_dtype` its default float dtype at that moment, so that a Param on another device
+    gets the same values converted as its own initializer would have made them.
+    """
+
+    __slots__ = ("init", "device", "require_grad", "shape", "kind", "value", "ran_on", "default_dtype")
 
     def __init__(self, init, device: Device, require_grad: bool, shape: tuple, kind: str):
         self.init = init
@@ -110,25 +122,19 @@ class _Lazy:
         self.shape = shape
         self.kind = kind
         self.value: Tensor | None = None
-        self.holders: weakref.WeakSet = weakref.WeakSet()
+        self.ran_on: Device | None = None
+        self.default_dtype = None
 
-    def shared_with_other_than(self, param) -> bool:
-        """True when a live Param other than `param` still holds this state uninitialized."""
-        for p in self.holders:
-            if p is not param:
-                return True
-        return False
-
-    def initialize(self, require_grad: bool) -> Tensor:
+    def initialize(self, device: Device, require_grad: bool) -> Tensor:
         if self.value is not None:
             return self.value
         with _INIT_LOCK:  # two threads reading one lazy parameter must not initialize it twice
             if self.value is None:
-                self._run(require_grad)
+                self._run(device, require_grad)
         return self.value
 
-    def _run(self, require_grad: bool) -> None:
-        t = self.init(self.device, require_grad)
+    def _run(self, device: Device, require_grad: bool) -> None:
+        t = self.init(device, require_grad)
         if not isinstance(t, Tensor):
             raise TypeError(f"a parameter initializer must return a Tensor, it returned {type(t).__name__}")
         if tuple(t.shape) != self.shape:
@@ -136,10 +142,25 @@ class _Lazy:
                 f"a parameter initializer returned dims {list(t.shape)}, expected {list(self.shape)} "
                 f"(the shape given to Param.uninitialized)"
             )
-        if t.device is not self.device:
-            raise TensorError(f"a parameter initializer returned a tensor on {t.device}, expected {self.device}")
+        if t.device is not device:
+            raise TensorError(f"a parameter initializer returned a tensor on {t.device}, expected {device}")
+        self.ran_on = device
+        self.default_dtype = device.default_float_dtype
         self.value = t
         self.init = None  # release the closure
+
+    def value_on(self, device: Device) -> Tensor:
+        """The initialized value as a Param on `device` holds it: the same tensor on the device it
+        ran on; elsewhere a copy (never a recorded transfer), in `device`'s default float dtype
+        when the initializer made the default dtype of the device it ran on."""
+        t = self.value
+        if device is self.ran_on:
+            return t
+        out = t.inner().to_device(device)  # a copy: devices never share memory
+        target = device.default_float_dtype
+        if self.kind == "float" and t.dtype == self.default_dtype and target != t.dtype:
+            out = out.cast(target)
+        return out
 
 
 def _adapt(t: Tensor, autodiff: bool, require_grad: bool) -> Tensor:
@@ -180,7 +201,7 @@ class Param:
     until the value is first needed.
     """
 
-    __slots__ = ("id", "_value", "_lazy", "_active", "_ad", "reparameterization", "__weakref__")
+    __slots__ = ("id", "_value", "_lazy", "_dev", "_active", "_ad", "_state", "reparameterization", "__weakref__")
 
     def __init__(self, tensor: Tensor, id: ParamId | None = None, require_grad: bool | None = None):
         if not isinstance(tensor, Tensor):
@@ -192,22 +213,24 @@ class Param:
         self.id = ParamId() if id is None else ParamId(id)
         self._value = _adapt(tensor, True, active) if is_float else tensor
         self._lazy = None
+        self._dev = None
         self._active = active
         self._ad = True
+        self._state = False
         self.reparameterization = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def _make(cls, id, value, lazy, active, ad, reparameterization) -> "Param":
+    def _make(cls, id, value, lazy, active, ad, reparameterization, dev=None, state=False) -> "Param":
         p = object.__new__(cls)
         p.id = id
         p._value = value
         p._lazy = lazy
-        p._active = active
+        p._dev = (lazy.device if dev is None else dev) if lazy is not None else None
+        p._active = active and not state
         p._ad = ad
+        p._state = state
         p.reparameterization = reparameterization
-        if lazy is not None:
-            lazy.holders.add(p)
         return p
 
     @classmethod
@@ -266,13 +289,16 @@ class Param:
 
     def _materialize(self) -> Tensor:
         lazy = self._lazy
-        t = _view(lazy.initialize(self._active and self._ad), self._ad, self._active)
+        dev = self._dev
+        lazy.initialize(dev, self._active and self._ad)
+        t = _view(lazy.value_on(dev), self._ad, self._active)
         self._value = t
         self._lazy = None
-        lazy.holders.discard(self)
         return t
 
     def is_initialized(self) -> bool:
+        """Whether the value exists (this Param's, or one that another Param with the same lazy
+        state made; reading it then runs no initializer)."""
         return self._value is not None or self._lazy.value is not None
 
     def lazy_shape(self) -> tuple[int, ...]:
@@ -301,7 +327,7 @@ class Param:
     def lazy_device(self) -> Device:
         """The device the parameter is on, or will be initialized on; never initializes."""
         v = self._value
-        return v.device if v is not None else self._lazy.device
+        return v.device if v is not None else self._dev
 
     @property
     def device(self) -> Device:
@@ -331,8 +357,23 @@ class Param:
         """The configured trainability, applied whenever autodiff is on (kept across valid())."""
         return self._active
 
+    def is_running_state(self) -> bool:
+        """Whether this is running state (e.g. BatchNorm's statistics): saved, counted, never trainable."""
+        return self._state
+
+    def as_running_state(self) -> "Param":
+        """This parameter as running state: its gradient retention dropped, and no later setter,
+        group, mapper, optimizer or `unfreeze()` can turn it on."""
+        if self.kind != "float":
+            raise TensorError(f"as_running_state: running state is a float tensor, this one is {self.kind}")
+        v = self._value
+        if v is not None and v._ad:
+            v = _adapt(v, True, False)
+        return Param._make(self.id, v, self._lazy, False, self._ad, self.reparameterization, self._dev, True)
+
     # ------------------------------------------------------------------ derived params
-    def _derive(self, value=_UNSET, lazy=_UNSET, active=_UNSET, ad=_UNSET, reparameterization=_UNSET) -> "Param":
+    def _derive(self, value=_UNSET, lazy=_UNSET, active=_UNSET, ad=_UNSET, reparameterization=_UNSET,
+                dev=None) -> "Param":
         return Param._make(
             self.id,
             self._value if value is _UNSET else value,
@@ -340,6 +381,8 @@ class Param:
             self._active if active is _UNSET else active,
             self._ad if ad is _UNSET else ad,
             self.reparameterization if reparameterization is _UNSET else reparameterization,
+            self._dev if dev is None else dev,
+            self._state,
         )
 
     def clone(self) -> "Param":
@@ -347,7 +390,16 @@ class Param:
         return self._derive()
 
     def with_id(self, id: ParamId) -> "Param":
-        return Param._make(ParamId(id), self._value, self._lazy, self._active, self._ad, self.reparameterization)
+        """The same values under another id (a lazy one gets its own lazy state: values belong
+        to an id)."""
+        lazy = self._lazy
+        if lazy is not None and lazy.value is None:
+            lazy = _Lazy(lazy.init, self._dev, lazy.require_grad, lazy.shape, lazy.kind)
+        elif lazy is not None:
+            return Param._make(ParamId(id), self.base(), None, self._active, self._ad, self.reparameterization,
+                               None, self._state)
+        return Param._make(ParamId(id), self._value, lazy, self._active, self._ad, self.reparameterization,
+                           self._dev, self._state)
 
     def with_reparameterization(self, reparameterization) -> "Param":
         return self._derive(reparameterization=reparameterization)
@@ -357,18 +409,33 @@ class Param:
 
     def map(self, fn) -> "Param":
         """A parameter with base `fn(base)`; keeps the id, the reparameterization and the
-        configured trainability (applied again by a later `train()`)."""
+        configured trainability, which a later `train()` applies again: a value that `fn` left
+        inside a graph (a clamp without `detach()`) becomes a leaf retaining its gradient there.
+        Running state stays running state."""
         t = fn(self.base())
         if not isinstance(t, Tensor):
             raise TypeError(f"Param.map: the function must return a Tensor, it returned {type(t).__name__}")
+        if self._state and t.is_require_grad():
+            t = _adapt(t, True, False)
         return self._derive(value=t, lazy=None, ad=t._ad)
 
     def set_require_grad(self, flag: bool) -> "Param":
-        """Configure trainability; applied now when autodiff is on, else at the next train()."""
+        """Configure trainability; applied now when autodiff is on, else at the next train().
+
+        Running state (`is_running_state()`) is never trainable: `True` is refused for it here,
+        and module-level setters (`set_require_grad`, `unfreeze`, groups) pass over it.
+        """
         flag = bool(flag)
         if self.kind != "float":
             if flag:
                 raise TensorError(f"set_require_grad: only float parameters have gradients, this one is {self.kind}")
+            return self._derive()
+        if self._state:
+            if flag:
+                raise TensorError(
+                    "set_require_grad(True): this parameter is running state (like BatchNorm's running_mean), "
+                    "which is saved but never trained"
+                )
             return self._derive()
         if self._value is None:
             return self._derive(active=flag)
@@ -412,21 +479,17 @@ class Param:
 
     def _lazy_movable(self) -> bool:
         lazy = self._lazy
-        return lazy is not None and lazy.value is None and not lazy.shared_with_other_than(self)
-
-    def _moved_lazy(self, dst: Device) -> _Lazy:
-        old = self._lazy
-        return _Lazy(old.init, dst, old.require_grad, old.shape, old.kind)
+        return lazy is not None and lazy.value is None
 
     def _to_device_base(self, dst: Device) -> "Param":
-        if self._lazy_movable():
-            return self._derive(lazy=self._moved_lazy(dst))
+        if self._lazy_movable():  # shares the lazy state: where it will be read changes, nothing runs
+            return self._derive(dev=dst)
         t = self.base().to_device(dst)
         return self._derive(value=t, lazy=None, ad=t._ad)
 
     def _fork_base(self, dst: Device) -> "Param":
         if self._lazy_movable():
-            return self._derive(lazy=self._moved_lazy(dst))
+            return self._derive(dev=dst)
         src = self.base()
         if src._data.dtype.kind == "f":
             rg = src.is_require_grad()
@@ -446,9 +509,12 @@ class Param:
         if self._value is None:
             return self._derive(ad=True)
         t = self._value
-        if not (t._ad and t._node is not None and not t._node.leaf):
-            t = _view(t, True, self._active)
-        return self._derive(value=t, ad=True)
+        node = t._node
+        if node is not None and not node.leaf:
+            if t._ad and node.op == "to_device":
+                return self._derive(ad=True)  # a recorded transfer: gradients flow to its source
+            t = t.detach()  # e.g. a mapper's clamp without detach(): the configured state applies again
+        return self._derive(value=_view(t, True, self._active), ad=True)
 
     # ------------------------------------------------------------------ copies
     def __copy__(self) -> "Param":
@@ -462,15 +528,15 @@ class Param:
         r = self.reparameterization
         r2 = None if r is None else copy.deepcopy(r, memo)
         if self._value is None and self._lazy.value is None:
-            old = self._lazy
-            return Param._make(self.id, None, _Lazy(old.init, old.device, old.require_grad, old.shape, old.kind),
-                               self._active, self._ad, r2)
+            # values belong to the id: the copy shares the lazy state (initialized values are never
+            # changed in place), so both read the same values whichever reads first
+            return Param._make(self.id, None, self._lazy, self._active, self._ad, r2, self._dev, self._state)
         t = self.base()
         data = t._data.copy()
         c = Tensor._wrap(data, t._device, t._ad, None)
         if t.is_require_grad():
             c = c.set_require_grad(True)
-        return Param._make(self.id, c, None, self._active, t._ad, r2)
+        return Param._make(self.id, c, None, self._active, t._ad, r2, None, self._state)
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:

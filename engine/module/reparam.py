@@ -64,7 +64,14 @@ class Reparameterization(Module):
 
 
 class Reparameterizer:
-    """Decides, for every float parameter, its structural base and optional reparameterization."""
+    """Decides, for every float parameter, its structural base and optional reparameterization.
+
+    `FREEZES_RUNNING_STATE`: when True (LoRA and QLoRA), the training flags of every module
+    that owns running state (BatchNorm's statistics) are frozen as well, so that training
+    changes only what the reparameterizations hold and an adapter-only record loses nothing.
+    """
+
+    FREEZES_RUNNING_STATE: bool = False
 
     def reparameterize(self, path: str, param: Param) -> tuple[Param, Reparameterization | None]:
         """Return `(base_param, reparameterization or None)` for the float parameter at `path`.
@@ -131,9 +138,15 @@ def _refuse_nesting(module: Module, what: str) -> None:
 class _ApplyReparameterization(ModuleMapper):
     """A module mapper that offers every float parameter, with its path, to a reparameterizer."""
 
-    def __init__(self, reparameterizer):
+    def __init__(self, reparameterizer, stateful=frozenset()):
         self.reparameterizer = reparameterizer
         self.path: list[str] = []
+        self.stateful = stateful  # paths of the modules whose training flags freeze
+
+    def map_flag(self, flag):
+        if ".".join(self.path[:-1]) in self.stateful:
+            return flag.with_value(False)
+        return flag
 
     def enter_module(self, name, container_type):
         self.path.append(name)
@@ -192,7 +205,10 @@ def apply_reparameterization(module: Module, reparameterizer) -> Module:
             f"got {type(reparameterizer).__name__}"
         )
     _refuse_nesting(module, f"apply_reparameterization({type(reparameterizer).__name__})")
-    return module.map(_ApplyReparameterization(reparameterizer))
+    stateful = frozenset()
+    if getattr(reparameterizer, "FREEZES_RUNNING_STATE", False):
+        stateful = frozenset(path.rpartition(".")[0] for path, p in module.named_params() if p.is_running_state())
+    return module.map(_ApplyReparameterization(reparameterizer, stateful))
 
 
 def apply_lora(module: Module, lora) -> Module:

@@ -107,20 +107,42 @@ def test_lazy_builtin_initializer_uses_destination_generator_and_dtype(restore_d
 
 
 @pytest.mark.parametrize("method", ["to_device", "fork"])
-def test_lazy_param_shared_with_a_live_clone_initializes_on_the_source(method):
+@pytest.mark.parametrize("first", ["moved", "source"])
+def test_lazy_param_with_a_live_receiver_stays_lazy_and_one_id_gives_one_value(method, first):
+    """Python keeps the receiver alive (the app's undo history always does): a lazy move
+    allocates nothing, and whichever Param is read first initializes for both."""
     init = Counter([4])
     model = Holder(init.param(SRC))
-    moved = getattr(model.clone(), method)(DST)  # `model` still shares the lazy state
-    assert init.calls == 1 and init.devices == [SRC]
-    assert moved.p.val().device is DST
-    np.testing.assert_array_equal(moved.p.val().numpy(), model.p.val().numpy())
-    assert init.calls == 1  # the source param sees the same initialization
-    if method == "to_device":
-        assert not moved.p.is_require_grad()
-        grads = moved.p.val().sum().backward()
-        np.testing.assert_array_equal(model.p.val().grad(grads).numpy(), np.ones(4))
-    else:
-        assert moved.p.is_require_grad()
+    moved = getattr(model, method)(DST)
+    assert init.calls == 0 and not moved.p.is_initialized() and not model.p.is_initialized()
+    assert moved.p.lazy_device() is DST and model.p.lazy_device() is SRC
+    a, b = (moved.p.val(), model.p.val()) if first == "moved" else (model.p.val(), moved.p.val())
+    assert init.calls == 1 and init.devices == [DST if first == "moved" else SRC]
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert moved.p.val().device is DST and model.p.val().device is SRC
+    assert moved.p.id == model.p.id
+    assert moved.p.is_require_grad() and model.p.is_require_grad()  # lazy: no transfer recorded
+    assert moved.p.val()._data is not model.p.val()._data  # devices never share memory
+
+
+def test_lazy_fork_of_a_live_model_reads_the_same_values_in_the_other_dtype(restore_dst):
+    DST.set_default_float_dtype("float64")
+    model = Linear(6, 5, device=SRC)
+    forked = model.fork(DST)
+    w_src = model.weight.val()  # the source reads first: float32 values drawn on SRC
+    w_dst = forked.weight.val()
+    assert w_src.dtype == dtype.float32 and w_dst.dtype == dtype.float64
+    np.testing.assert_array_equal(w_dst.numpy(), w_src.numpy().astype(np.float64))
+
+
+def test_to_device_of_a_read_parameter_records_the_transfer():
+    init = Counter([4])
+    model = Holder(init.param(SRC))
+    model.p.val()  # initialized: the Burn rule for a shared, initialized state applies
+    moved = model.to_device(DST)
+    assert not moved.p.is_require_grad()
+    grads = moved.p.val().sum().backward()
+    np.testing.assert_array_equal(model.p.val().grad(grads).numpy(), np.ones(4))
 
 
 def test_lazy_param_stays_lazy_once_the_clone_is_gone():
