@@ -108,6 +108,30 @@ def apply_edit(module: Any, edit: dict) -> Any:
     raise EditError(f"unknown edit {op!r}: expected freeze, unfreeze, no_grad, lora, materialize, fork, to_device or load")
 
 
+# An edit that copies or computes more than this runs on a worker thread (app.main_window).
+HEAVY_EDIT_BYTES = 32 << 20
+
+
+def edit_cost_bytes(module: Any, edit: dict) -> int:
+    """About how many bytes `edit` copies or computes, without touching a value: the
+    initialized parameters a move copies, the weights QLoRA packs (it reads lazy ones too),
+    the reparameterized weights `materialize` folds, the files `load` reads. Lazy parameters
+    move for free (they stay lazy), and freezing or attaching LoRA copies nothing."""
+    op = edit.get("op")
+    if op in ("fork", "to_device"):
+        return sum(p.numel() * 4 for p in module.params() if p.is_initialized())
+    if op == "lora" and edit.get("qlora"):
+        return sum(p.numel() * 4 for p in module.params() if p.rank == 2)
+    if op == "materialize":
+        return sum(p.numel() * 4 for p in module.params() if p.reparameterization is not None)
+    if op == "load":
+        try:
+            return Path(edit["path"]).stat().st_size
+        except (OSError, KeyError, TypeError):
+            return 0
+    return 0
+
+
 def replay(module: Any, edits: list[dict]) -> Any:
     for i, edit in enumerate(edits):
         try:

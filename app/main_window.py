@@ -393,6 +393,9 @@ class MainWindow(QMainWindow):
         module = self.document.module
         if module is None:
             return False
+        if edits.edit_cost_bytes(module, edit) > edits.HEAVY_EDIT_BYTES:
+            self._apply_edit_in_background(module, edit)
+            return True
         try:
             after = edits.apply_edit(module, edit)
         except Exception as e:  # noqa: BLE001 - the engine's message, shown; the model is unchanged
@@ -401,6 +404,25 @@ class MainWindow(QMainWindow):
         self.document.push_module(edits.describe(edit), after, edit)
         self.status(edits.describe(edit))
         return True
+
+    def _apply_edit_in_background(self, module, edit: dict) -> Task:
+        """A long edit (a move that copies gigabytes, QLoRA packing) on a worker thread: the
+        window stays responsive, and the result becomes one undoable step when it arrives, unless
+        the model was changed meanwhile (then it is dropped and the status bar says so)."""
+        text = edits.describe(edit)
+
+        def done(after):
+            if self.document.module is not module:
+                self.status(f"{text}: the model changed while it ran; the result was dropped.")
+                return
+            self.document.push_module(text, after, edit)
+            self.status(text)
+
+        def failed(f):
+            self.error("Edit failed", f"{text} failed: {f}")
+
+        self.status(f"{text}…")
+        return self.start_task(Task(lambda state: edits.apply_edit(module, edit), title=text), done, failed)
 
     def group_op(self, op: str, path: str, spec: dict | None = None) -> bool:
         group = spec if spec is not None else edits.subtree_group(path)
