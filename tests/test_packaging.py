@@ -144,9 +144,83 @@ def test_icon_set_has_every_size_with_transparency():
 
 
 def test_committed_pngs_match_the_svg(qapp):
-    """The PNGs are what packaging/render_icons.py makes of the SVG today."""
+    """The PNGs are what packaging/render_icons.py makes of the SVG today (within the
+    rasteriser's tolerance: see the next tests)."""
     render = load_script("render_icons")
     assert render.main(["--check"]) == 0
+
+
+@pytest.fixture
+def icon_copy(tmp_path):
+    """The SVG and the committed PNGs, copied into a scratch folder."""
+    render = load_script("render_icons")
+    shutil.copy(render.SVG, tmp_path / "ember.svg")
+    for size in render.SIZES:
+        shutil.copy(render.png_path(size), render.png_path(size, tmp_path))
+    return render, tmp_path
+
+
+def _check(render, folder) -> int:
+    return render.main(["--check", "--svg", str(folder / "ember.svg"), "--icons", str(folder)])
+
+
+def _nudge(render, folder, size, pixels: int, by: int):
+    """Change one colour channel of `pixels` opaque pixels of ember-<size>.png by `by` units."""
+    from PySide6.QtGui import QColor, QImage  # noqa: PLC0415
+
+    path = render.png_path(size, folder)
+    image = QImage(str(path)).convertToFormat(QImage.Format.Format_ARGB32)
+    done = 0
+    for y in range(image.height()):
+        for x in range(image.width()):
+            colour = image.pixelColor(x, y)
+            if done < pixels and colour.alpha() == 255:
+                red = colour.red() + by if colour.red() + by <= 255 else colour.red() - by
+                image.setPixelColor(x, y, QColor(red, colour.green(), colour.blue(), 255))
+                done += 1
+    assert done == pixels, f"ember-{size}.png has fewer than {pixels} opaque pixels"
+    assert image.save(str(path), "PNG")
+
+
+def test_check_tolerates_the_rasteriser_rounding_of_another_cpu(qapp, icon_copy):
+    """What an Intel Xeon renders differs by 1 unit in 4-13 bytes per size: still a match."""
+    render, folder = icon_copy
+    assert (render.MAX_CHANNEL_DIFFERENCE, render.MAX_DIFFERING_FRACTION, render.MIN_DIFFERING_PIXELS) == (2, 0.01, 16)
+    for size in render.SIZES[:-1]:
+        _nudge(render, folder, size, pixels=13, by=1)
+    _nudge(render, folder, 512, pixels=2000, by=2)  # 2 units in 0.8 % of the biggest
+    assert _check(render, folder) == 0
+
+
+def test_check_fails_beyond_the_tolerance(qapp, icon_copy, capsys):
+    render, folder = icon_copy
+    _nudge(render, folder, 64, pixels=1, by=3)  # one channel of one pixel, 3 units off
+    assert _check(render, folder) == 1
+    assert "ember-64.png (1 of 4096 pixels differ, by up to 3 units (allowed: 40 pixels, by up to 2))" \
+        in capsys.readouterr().err
+    shutil.copy(render.png_path(64), render.png_path(64, folder))
+    _nudge(render, folder, 16, pixels=17, by=1)  # 1 unit, but in more pixels than allowed
+    assert _check(render, folder) == 1
+    assert "ember-16.png (17 of 256 pixels differ, by up to 1 units (allowed: 16 pixels" in capsys.readouterr().err
+    render.png_path(16, folder).unlink()
+    assert _check(render, folder) == 1
+    assert "ember-16.png (missing or unreadable)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit", [
+    ("#ffa531", "#ffa534"),  # a gradient stop of the flame, 3 units bluer
+    ('<ellipse cx="256" cy="404"', '<ellipse cx="257" cy="404"'),  # the coal moved by 1/512 of the icon
+])
+def test_a_changed_svg_fails_the_check(qapp, icon_copy, capsys, edit):
+    render, folder = icon_copy
+    svg = folder / "ember.svg"
+    text = svg.read_text(encoding="utf-8")
+    assert text.count(edit[0]) == 1
+    svg.write_text(text.replace(*edit), encoding="utf-8")
+    assert _check(render, folder) == 1
+    assert "ember-512.png" in capsys.readouterr().err
+    svg.write_text(text, encoding="utf-8")
+    assert _check(render, folder) == 0  # the unchanged copy matches
 
 
 # ------------------------------------------------------------------------------ the recipe
