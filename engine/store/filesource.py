@@ -44,6 +44,7 @@ import threading
 
 import numpy as np
 
+from ..tensor.threads import run_blocks
 from .errors import RecordError
 
 __all__ = ["FileSource", "MAX_DIMS", "MAX_INTP", "numpy_shape_problem"]
@@ -54,6 +55,8 @@ MAX_INTP = 2 ** 63 - 1   # the largest dimension and byte count NumPy can index 
 SMALL_READ = 256 * 1024  # tensors below this are read together with their neighbours ...
 CHUNK = 1024 * 1024      # ... in chunks of at most this many bytes
 MAX_GAP = 4096           # bytes between two tensors that a chunk may read over and drop
+PIECE = 8 * 1024 * 1024  # large tensors are read in pieces of this size, shared out over threads
+PARALLEL_BYTES = 16 * 1024 * 1024  # below this, one thread reads everything
 
 
 def numpy_shape_problem(shape, itemsize: int) -> str | None:
@@ -221,38 +224,56 @@ class FileSource:
     def read_arrays(self, spans) -> list[np.ndarray]:
         """Arrays for a list of (offset, dtype, count), in that order, each a new owned array.
 
-        Large ranges are read straight into their arrays; runs of small neighbouring ranges
-        are read in one call and copied out, so that a file of many small tensors costs few
-        system calls. Ranges must not overlap."""
+        Large ranges are read straight into their arrays, in pieces shared out over the
+        engine's threads (`engine.set_num_threads`; `os.preadv` releases the GIL, and a second
+        core copies from the page cache alongside the first); runs of small neighbouring
+        ranges are read in one call and copied out, so that a file of many small tensors costs
+        few system calls. Ranges must not overlap."""
         spans = [(int(off), np.dtype(dt), int(count)) for off, dt, count in spans]
         out: list[np.ndarray | None] = [None] * len(spans)
         order = sorted(range(len(spans)), key=lambda i: spans[i][0])
-        run: list[int] = []  # indices of small neighbouring spans, read as one chunk
+        jobs: list[tuple] = []   # (file offset, destination byte view) or (first, end, [indices])
+        run: list[int] = []      # indices of small neighbouring spans, read as one chunk
         run_end = 0
+        total = 0
 
-        def flush():
-            if not run:
-                return
-            first = spans[run[0]][0]
-            chunk = np.empty(run_end - first, np.uint8)
-            if chunk.nbytes:
-                self._fill(memoryview(chunk), first)
-            for i in run:
-                off, dt, count = spans[i]
-                out[i] = chunk[off - first: off - first + dt.itemsize * count].view(dt).copy()
-            run.clear()
+        def close_run():
+            if run:
+                jobs.append((spans[run[0]][0], run_end, list(run)))
+                run.clear()
 
         for i in order:
             off, dt, count = spans[i]
             nbytes = dt.itemsize * count
+            total += nbytes
             if nbytes >= SMALL_READ:
-                flush()
-                out[i] = self.read_array(off, dt, count)
+                close_run()
+                arr = out[i] = np.empty(count, dt)
+                view = memoryview(arr.view(np.uint8))
+                for start in range(0, nbytes, PIECE):
+                    jobs.append((off + start, view[start:start + PIECE]))
                 continue
             if run and (off - run_end > MAX_GAP or off + nbytes - spans[run[0]][0] > CHUNK):
-                flush()
+                close_run()
             run.append(i)
             run_end = max(run_end, off + nbytes) if len(run) > 1 else off + nbytes
-        flush()
-        return out  # type: ignore[return-value]
+        close_run()
 
+        def do(job):
+            if len(job) == 2:
+                self._fill(job[1], job[0])
+                return
+            first, end, members = job
+            chunk = np.empty(end - first, np.uint8)
+            if chunk.nbytes:
+                self._fill(memoryview(chunk), first)
+            for k in members:
+                off, dt, count = spans[k]
+                out[k] = chunk[off - first: off - first + dt.itemsize * count].view(dt).copy()
+
+        if total >= PARALLEL_BYTES and len(jobs) > 1:
+            run_blocks(do, jobs)
+        else:
+            for job in jobs:
+                do(job)
+        return out  # type: ignore[return-value]

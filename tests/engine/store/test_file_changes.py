@@ -181,15 +181,26 @@ def test_a_file_source_keeps_reading_the_file_it_opened_when_the_path_is_replace
         assert src.read_bytes(0, src.size) == first
 
 
-def test_a_file_source_reads_many_small_ranges_in_chunks(tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_file_source_reads_many_ranges_small_and_large(tmp_path, threads):
+    import engine
+
     rng = np.random.default_rng(0)
-    blob = rng.integers(0, 256, 3_000_000, dtype=np.uint8)
+    blob = rng.integers(0, 256, 40_000_000, dtype=np.uint8)
     path = tmp_path / "b.bin"
     path.write_bytes(blob.tobytes())
     spans = [(0, np.float32, 3), (12, np.uint8, 5), (4000, np.float64, 2), (10_000, np.float32, 0),
-             (20_000, np.int16, 200_000), (1_000_000, np.float32, 100), (2_000_000, np.uint8, 600_000)]
-    with FileSource(path) as src:
-        arrays = src.read_arrays(list(reversed(spans)))
+             (20_000, np.int16, 200_000), (1_000_000, np.float32, 100), (2_000_000, np.uint8, 600_000),
+             (3_000_000, np.float32, 5_000_001), (24_000_004, np.float64, 1_999_999)]
+    engine.set_num_threads(threads)
+    try:
+        with FileSource(path) as src:
+            arrays = src.read_arrays(list(reversed(spans)))
+            os.truncate(path, 30_000_000)
+            with pytest.raises(RecordError, match="the file changed since it was opened"):
+                src.read_arrays(spans)
+    finally:
+        engine.set_num_threads(None)
     for (off, dt, count), arr in zip(reversed(spans), arrays):
         want = blob[off: off + np.dtype(dt).itemsize * count].view(dt)
         np.testing.assert_array_equal(arr, want)
