@@ -6,8 +6,12 @@ little-endian bytes in traversal order, each start a multiple of 256.
 
 This file is the format layer only: a list of `TensorEntry` (name, dtype, shape, array,
 param_id) plus user metadata and scalars in, bytes out, and back. It knows nothing of
-modules. `decode` never trusts a size from the buffer before checking it against the
-buffer's length, and every problem is a `RecordError` naming what was expected, what was
+modules. `plan` reads the header and metadata alone and checks every tensor before any data
+is touched: no size is trusted before it is checked against the file's length, and shapes
+that NumPy cannot hold (more than 64 axes, a dimension or byte count past 2**63 - 1, even
+with a zero dimension) are refused. `decode` makes views of an in-memory buffer from a plan;
+`ModuleRecord.load` reads a file's tensors from the same plan through a
+`filesource.FileSource`. Every problem is a `RecordError` naming what was expected, what was
 found and where.
 
 Dtypes. Each entry keeps Burn's dtype name so that a file round-trips bit for bit:

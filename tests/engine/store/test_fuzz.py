@@ -105,6 +105,22 @@ def test_truncations(cut):
 
 
 @SETTINGS
+@given(cut=st.integers(0, len(SEED) - 1), flips=st.lists(st.tuples(st.integers(0, len(SEED) - 1),
+                                                                   st.integers(0, 7)), max_size=4),
+       suffix=st.sampled_from([".bpk", ".safetensors"]))
+def test_damaged_files_through_module_record_load(tmp_path, cut, flips, suffix):
+    """The file path (header read first, then each tensor read into its own array) holds as
+    the in-memory one does."""
+    seed = SEED if suffix == ".bpk" else SEED_ST
+    b = bytearray(seed[: cut % len(seed)] if flips == [] else seed)
+    for pos, bit in flips:
+        b[pos % len(b)] ^= 1 << bit
+    path = tmp_path / f"m{suffix}"
+    path.write_bytes(bytes(b))
+    check(bytes(b), lambda _: ModuleRecord.load(path), must_fail=not flips)
+
+
+@SETTINGS
 @given(flips=st.lists(st.tuples(st.integers(0, len(SEED) - 1), st.integers(0, 7)), min_size=1, max_size=8),
        head_bias=st.booleans())
 def test_bit_flips(flips, head_bias):
