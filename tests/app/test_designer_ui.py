@@ -115,7 +115,10 @@ def test_mnist_through_the_ui_matches_the_example_with_burns_weights(qtbot, pane
     name = "burn-mnist" if "burn-mnist" in list_examples() else "digits"
     reference = build_example(name).load_record(ModuleRecord.load(path))
     x = Tensor.random((5, 28, 28), ("normal", 0.0, 1.0))
-    np.testing.assert_array_equal(model.valid().forward(x).numpy(), reference.valid().forward(x).numpy())
+    # the built design and the hand-written example: equal up to float32 rounding (BLAS and SIMD
+    # results depend on the CPU and on memory layout, so not bit for bit)
+    np.testing.assert_allclose(model.valid().forward(x).numpy(), reference.valid().forward(x).numpy(),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_undo_redo_copy_paste_and_delete_by_keys(qtbot, panel):

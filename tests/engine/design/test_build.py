@@ -34,7 +34,10 @@ def test_mnist_design_loads_burns_checkpoint_and_matches_the_example(fixtures_di
     got = model.valid().forward(x).numpy()
     want = reference.valid().forward(x).numpy()
     assert got.shape == (3, 10)
-    np.testing.assert_array_equal(got, want)
+    # two implementations of one model (the design's graph walk and the hand-written example):
+    # equal up to float32 rounding, not bit for bit, since BLAS kernels and NumPy's SIMD loops
+    # depend on the CPU and on memory layout
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # saving the loaded design model gives back Burn's very file
     assert model.into_record().to_bytes() == path.read_bytes()
 
