@@ -269,6 +269,19 @@ def _gui_open(model: str, limit: float):
     return extract
 
 
+def _gui_move(move: str):
+    def extract(out, tables):
+        # move, seconds, "<1", RSS +MiB, "<50", init, devices, ok|NO
+        pattern = re.compile(re.escape(move) + r"\s+(?P<s>[\d.]+)\s+<1\s+(?P<rss>-?[\d.]+)\s+<50\s+(?P<init>\d+)")
+        for line in out.splitlines():
+            m = pattern.match(line)
+            if m:
+                s, rss, init = float(m["s"]), float(m["rss"]), int(m["init"])
+                return Figure(f"{s:.3f} s, +{rss:.1f} MiB, {init} initialized", met=s < 1.0 and rss < 50 and init == 0)
+        raise LookupError(f"no line for {move!r}")
+    return extract
+
+
 def _gui_training(which: str):
     def extract(out, tables):
         t = find_table(tables, "Training dashboard")
@@ -315,6 +328,10 @@ TARGETS = [
     Target("train", "Adam update alone, 2 threads", "≤ 1.3× PyTorch", "issue 6", _train("Adam update", "2", 1.3)),
     Target("gui_open", "open the 6.7 B lazy model: tree painted", "< 1 s", "issue 8", _gui_open("llama-7b", 1.0)),
     Target("gui_open", "open a 10,000-module model: tree painted", "< 2 s", "issue 8", _gui_open("generated 10k", 2.0)),
+    Target("gui_open", "fork the edited 6.7 B model in the window", "< 1 s, < 50 MB, none initialized", "issue 16",
+           _gui_move("fork to cpu:1")),
+    Target("gui_open", "transfer the edited 6.7 B model in the window", "< 1 s, < 50 MB, none initialized",
+           "issue 16", _gui_move("transfer to cpu:2")),
     Target("gui_training", "timer delay while training (10 ms timer)", "< 50 ms", "issue 9", _gui_training("delay")),
     Target("gui_training", "dashboard throughput", "≥ 0.90× headless", "issue 9", _gui_training("throughput")),
 ]
