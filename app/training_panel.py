@@ -438,11 +438,8 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
         kind = "regression"
     elif spec.data.loss == "cross-entropy":
         kind = "classification"
-    # A lazy parameter forked before its first read would be initialized again, differently, in
-    # every run: read them once here, so every run starts from the document's own values.
-    for param in model.params():
-        if not param.is_initialized():
-            param.val()
+    # A lazy parameter stays lazy in the fork and shares its lazy state with the document's, so
+    # every run (and the document itself) reads the values the first reader made.
     try:
         fork = model.fork(cfg.device)
     except Exception as e:  # noqa: BLE001

@@ -259,3 +259,20 @@ def test_the_worker_reports_a_run_with_nan_weights_as_failed(qtbot, tmp_path, ma
     assert out.status == "failed", "NaN weights must not be a finished run"
     assert "parameter 's' is nan" in out.message and out.weights == ""
     assert not (tmp_path / "run" / "trained.bpk").exists()
+
+
+def test_runs_from_a_lazy_document_start_from_the_documents_values(tmp_path):
+    """The worker forks the lazy document model without reading it first; the fork, a second
+    run and the document itself all see one value per parameter id."""
+    model = build_example("spirals")
+    assert not any(p.is_initialized() for p in model.params())
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = run_training(_State(), RunControl(), model, spec(num_epochs=1), str(tmp_path / "a"), max_steps=1)
+    second = run_training(_State(), RunControl(), model, spec(num_epochs=1), str(tmp_path / "b"), max_steps=1)
+    assert first.status == second.status == "finished"
+    for (path, a), (_, b) in zip(first.model.named_params(), second.model.named_params()):
+        np.testing.assert_array_equal(a.val().numpy(), b.val().numpy(), err_msg=path)  # same start, same step
+    fresh = model.fork("cpu")
+    for (path, p), (_, q) in zip(model.named_params(), fresh.named_params()):
+        np.testing.assert_array_equal(p.val().numpy(), q.val().numpy(), err_msg=path)
