@@ -32,8 +32,8 @@ __all__ = [
     "no_recording",
 ]
 
-from .tensor import TensorIndexError, cat, stack  # noqa: E402
-__all__ += ["TensorIndexError", "cat", "stack"]
+from .tensor import DTypeError, TensorIndexError, cat, stack  # noqa: E402
+__all__ += ["DTypeError", "TensorIndexError", "cat", "stack"]
 
 from .tensor.threads import num_threads, set_num_threads  # noqa: E402
 __all__ += ["num_threads", "set_num_threads"]
