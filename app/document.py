@@ -45,7 +45,7 @@ class Document(QObject):
         self.base_edits: list[dict] = []  # replayed from the project file when it was opened
         self.contracts: dict[str, str] = {}  # module path -> contract text edited by the user
         self.runs: list[dict] = []
-        self.check_result = None  # the last contract check (app.contracts.CheckResult)
+        self.check_result = None  # the last contract check (engine.module.contracts.CheckResult)
         self._extra_dirty = False  # differs from the file outside the undo stack (a recovered autosave)
         self.undo_stack.cleanChanged.connect(self._on_clean_changed)
 

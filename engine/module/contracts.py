@@ -545,7 +545,7 @@ def make_example_input(spec: list[tuple[str, list[int]]], device, seed: int = 0)
     """Tensors for a parsed spec: float ones normal(0, 1) from a seeded generator, int ones zero."""
     import numpy as np  # noqa: PLC0415
 
-    from engine import Tensor  # noqa: PLC0415
+    from ..tensor import Tensor  # noqa: PLC0415
 
     rng = np.random.default_rng(seed)
     out = []

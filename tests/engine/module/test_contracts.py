@@ -2,7 +2,7 @@
 failing module with the exact message and the shapes that flowed up to it."""
 import pytest
 
-from app.contracts import (INSIDE, NOT_RUN, OK, VIOLATED, ContractSyntaxError, check, docstring_contract,
+from engine.module.contracts import (INSIDE, NOT_RUN, OK, VIOLATED, ContractSyntaxError, check, docstring_contract,
                            example_shape, parse_contract)
 from engine import Tensor
 
