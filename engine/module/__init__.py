@@ -1,9 +1,10 @@
-"""Burn's module system: modules, parameters (lazy, with ids), groups, visitors and mappers,
-display, shape contracts and initializers."""
+"""Burn's module system: modules, parameters (lazy, with ids), groups, the tree walk
+(`engine.module.tree`), visitors and mappers, display, shape contracts and initializers."""
 from .param import Param, ParamId
 from .flag import Flag
 from .group import ParamGroup, ParamGroupError
 from .visitor import ModuleVisitor, ModuleMapper
+from .tree import FieldKind
 from .module import Module
 from .display import Content, DisplaySettings, option, rust_debug, rust_display
 from .shape import ShapeError, assert_shape, debug_assert_shape, set_debug_assertions
@@ -15,6 +16,7 @@ from .summary import TrainableCounts, trainable_counts, trainable_summary
 __all__ = [
     "Content",
     "DisplaySettings",
+    "FieldKind",
     "Flag",
     "Initializer",
     "Lora",

@@ -30,6 +30,7 @@ import numbers
 import numpy as np
 
 from ..tensor import Tensor
+from .tree import FieldKind, fields, kind_of
 
 __all__ = [
     "DisplaySettings",
@@ -240,13 +241,9 @@ def format_module(module, passed: DisplaySettings) -> str:
 
 def default_content(module, content: Content) -> Content | None:
     """Every field: children formatted, plain attributes as Rust's Debug (Burn's derive)."""
-    from .module import _classify, _PLAIN
-
     content.set_top_level_type(type(module).__name__)
-    for name, v in module.__dict__.items():
-        if name[:1] == "_":
-            continue
-        if _classify(v) == _PLAIN:
+    for name, kind, v in fields(module):
+        if kind is FieldKind.PLAIN:
             content.add_debug_attribute(name, v)
         else:
             content.add(name, v)
@@ -266,8 +263,6 @@ def _list(items) -> str:
 def _format_container(value, passed: DisplaySettings) -> str:
     """A list / tuple / dict of children, laid out as Burn's Vec / tuple modules print
     (`Vec<0..2> {0: ..., 1: ...}`); containers count no parameters of their own, as in Burn."""
-    from .module import _classify, _PLAIN
-
     size = passed.indentation_size()
     indent = " " * (passed.level * size)
     indent_close = " " * ((passed.level - 1) * size)
@@ -275,7 +270,7 @@ def _format_container(value, passed: DisplaySettings) -> str:
     c = Content(settings)
     items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
     for key, item in items:
-        if _classify(item) == _PLAIN:
+        if kind_of(item) is FieldKind.PLAIN:
             c.add_debug_attribute(str(key), item)
         else:
             c.add(str(key), item)
@@ -300,19 +295,16 @@ def _format_container(value, passed: DisplaySettings) -> str:
 
 def format_value(value, settings: DisplaySettings) -> str:
     """Format a field or attribute value as Burn's `Content::add` would."""
-    from .flag import Flag
-    from .module import Module, _classify, _SEQ, _MAP
-    from .param import Param
-
-    if isinstance(value, Module):
+    kind = kind_of(value)
+    if kind is FieldKind.MODULE:
         return format_module(value, settings)
-    if isinstance(value, Param):
+    if kind is FieldKind.PARAM:
         return _format_param(value, settings)
-    if isinstance(value, Flag):
+    if kind is FieldKind.FLAG:
         return str(value)
-    if isinstance(value, Tensor):
+    if kind is FieldKind.CONSTANT:
         return f"Tensor {{rank: {value.rank}, shape: {_list(value.shape)}}}"
-    if isinstance(value, (list, tuple, dict)) and _classify(value) in (_SEQ, _MAP):
+    if kind is FieldKind.CONTAINER:
         return _format_container(value, settings)
     return rust_display(value)
 

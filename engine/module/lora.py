@@ -45,9 +45,9 @@ from .group import ParamGroup
 from .module import Module
 from .nf4 import DEFAULT_BLOCK_SIZE, DoubleQuantized, NF4Packed, quantize_nf4
 from .param import Param
-from .reparam import Reparameterization, Reparameterizer
+from .reparam import Reparameterization, Reparameterizer, apply_reparameterization
 
-__all__ = ["Lora", "LoraAdapter", "NF4Weight", "QLora", "QLoraAdapter"]
+__all__ = ["Lora", "LoraAdapter", "NF4Weight", "QLora", "QLoraAdapter", "apply_lora", "apply_qlora"]
 
 
 # ---------------------------------------------------------------------------------- adapters
@@ -285,3 +285,18 @@ class QLora(Reparameterizer):
         if not param.is_autodiff():
             return placeholder.valid(), adapter.valid()
         return placeholder, adapter
+
+
+# ---------------------------------------------------------------------------------- applying
+def apply_lora(module: Module, lora) -> Module:
+    """`module` with LoRA adapters (`Module.apply_lora`)."""
+    if not isinstance(lora, Lora):
+        raise TypeError(f"apply_lora expects a Lora, got {type(lora).__name__}; use apply_qlora for a QLora")
+    return apply_reparameterization(module, lora)
+
+
+def apply_qlora(module: Module, qlora) -> Module:
+    """`module` with NF4-packed bases and LoRA adapters (`Module.apply_qlora`)."""
+    if not isinstance(qlora, QLora):
+        raise TypeError(f"apply_qlora expects a QLora, got {type(qlora).__name__}")
+    return apply_reparameterization(module, qlora)

@@ -1,4 +1,7 @@
-"""The Module base class: field discovery, traversal with paths, and transitions.
+"""The Module base class: structure queries, visitors and mappers, and transitions.
+
+What a field is and which children a node has is decided in one place, `engine.module.tree`
+(`kind_of`, `children`, `walk`); everything here is built on it.
 
 A module is a subclass of `Module` whose instance attributes are its fields, in the order they
 were first assigned (names starting with `_` are private and never fields):
@@ -43,52 +46,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..tensor import Device, Tensor
+from .display import DisplaySettings, default_content, format_module
 from .flag import Flag
 from .group import ParamGroup
 from .param import Param
+from .tree import FieldKind, Node, children, container_type, kind_of, reparameterization_name, walk
 
 __all__ = ["Module"]
-
-# Child kinds
-_PLAIN, _NONE, _MODULE, _PARAM, _FLAG, _CONST, _SEQ, _MAP = range(8)
-
-
-_KIND_OF_TYPE: dict[type, int] = {}  # classes whose kind does not depend on the value's content
-
-
-def _classify(v) -> int:
-    k = _KIND_OF_TYPE.get(type(v))
-    if k is not None:
-        return k
-    t = type(v)
-    if isinstance(v, Module):
-        k = _MODULE
-    elif isinstance(v, Param):
-        k = _PARAM
-    elif isinstance(v, Tensor):
-        k = _CONST
-    elif v is None:
-        k = _NONE
-    elif isinstance(v, Flag):
-        k = _FLAG
-    elif isinstance(v, (list, tuple)):
-        return _SEQ if _has_children(v) else _PLAIN
-    elif isinstance(v, dict):
-        return _MAP if _has_children(v.values()) else _PLAIN
-    elif isinstance(v, (int, float, complex, str, bytes)):
-        k = _PLAIN
-    else:
-        return _PLAIN  # other objects: not cached (a class may later gain a Module base)
-    _KIND_OF_TYPE[t] = k
-    return k
-
-
-def _has_children(items) -> bool:
-    for x in items:
-        if _classify(x) > _NONE:
-            return True
-    return False
-
 
 def _copy_plain(v):
     # Plain mutable containers are copied so that the result and the receiver never alias them
@@ -108,12 +72,6 @@ def _rebuild_seq(v, items):
     if hasattr(v, "_fields"):  # a namedtuple
         return type(v)(*items)
     return type(v)(items) if type(v) is not tuple else tuple(items)
-
-
-def reparameterization_name(r) -> str:
-    """The path segment of a reparameterization module (its `NAME`, e.g. "lora")."""
-    name = getattr(r, "NAME", None)
-    return name if isinstance(name, str) and name else type(r).__name__.lower()
 
 
 # ---------------------------------------------------------------------------------- walking
@@ -148,11 +106,15 @@ class _Walker:
         return new
 
 
+_PLAIN, _NONE, _MODULE, _PARAM = FieldKind.PLAIN, FieldKind.NONE, FieldKind.MODULE, FieldKind.PARAM
+_FLAG, _CONSTANT, _CONTAINER = FieldKind.FLAG, FieldKind.CONSTANT, FieldKind.CONTAINER
+
+
 def _walk_module(m: "Module", w: _Walker):
     rebuild = w.rebuild
     new = object.__new__(type(m)) if rebuild else None
     nd = new.__dict__ if rebuild else None
-    ct = "Struct:" + type(m).__name__
+    ct = container_type(m)
     for name, v in list(m.__dict__.items()):
         if name[:1] == "_":
             if rebuild:
@@ -165,23 +127,23 @@ def _walk_module(m: "Module", w: _Walker):
 
 
 def _walk_value(v, name: str, ct: str, w: _Walker):
-    k = _classify(v)
-    if k == _PLAIN:
+    k = kind_of(v)
+    if k is _PLAIN:
         return _copy_plain(v) if w.rebuild else None
-    if k == _NONE:
+    if k is _NONE:
         return None
-    if k == _CONST:
+    if k is _CONSTANT:
         return w.on_const(v)
     # no try/finally around enter/exit: an exception abandons the whole walk (and its path)
     w.enter(name, ct)
-    if k == _MODULE:
+    if k is _MODULE:
         out = _walk_module(v, w)
-    elif k == _PARAM:
+    elif k is _PARAM:
         out = _walk_param(v, w)
-    elif k == _FLAG:
+    elif k is _FLAG:
         out = w.on_flag(v)
-    elif k == _SEQ:
-        ct2 = "Tuple" if isinstance(v, tuple) else "Vec"
+    elif not isinstance(v, dict):
+        ct2 = container_type(v)
         items = [_walk_value(x, str(i), ct2, w) for i, x in enumerate(v)]
         out = _rebuild_seq(v, items) if w.rebuild else None
     else:
@@ -212,32 +174,6 @@ def _walk_param(p: Param, w: _Walker):
             return newp
         return newp._derive(reparameterization=nr)
     return None
-
-
-def _iter_children(obj):
-    """(segment, container_type, value, kind) for the traversed children of a module / list / dict."""
-    if isinstance(obj, Module):
-        ct = "Struct:" + type(obj).__name__
-        for name, v in list(obj.__dict__.items()):
-            if name[:1] == "_":
-                continue
-            k = _classify(v)
-            if k > _NONE:
-                yield name, ct, v, k
-    elif isinstance(obj, (list, tuple)):
-        ct = "Tuple" if isinstance(obj, tuple) else "Vec"
-        for i, v in enumerate(obj):
-            k = _classify(v)
-            if k > _NONE:
-                yield str(i), ct, v, k
-    elif isinstance(obj, dict):
-        for key, v in obj.items():
-            k = _classify(v)
-            if k > _NONE:
-                yield str(key), "Map", v, k
-    elif isinstance(obj, Param) and obj.reparameterization is not None:
-        r = obj.reparameterization
-        yield reparameterization_name(r), "Reparameterization", r, _MODULE
 
 
 class _Apply(_Walker):
@@ -276,7 +212,21 @@ class _Apply(_Walker):
         return t if self.fc is None else self.fc(t)
 
     def on_module(self, old, new):
-        return _apply_on_module(self, old, new)
+        """Call the module's on_training_change after a transition that changes training state:
+        valid() passes False, train() True, freeze/unfreeze whether the module's own flags are on
+        (modules without flags are not called for those)."""
+        t = self.training
+        if t is None:
+            return new
+        value = _flags_on(new) if t is _Deferred else t
+        if t is _Deferred and value is None:
+            return new
+        out = new.on_training_change(value)
+        if not isinstance(out, Module):
+            raise TypeError(
+                f"{type(old).__name__}.on_training_change must return a Module, it returned {type(out).__name__}"
+            )
+        return out
 
 
 class _MapWalker(_Walker):
@@ -369,23 +319,8 @@ class _Collect(_Walker):
             self.fc(t)
 
 
-def _delegate(package: str, function: str, issue: str):
-    import importlib
-
-    try:
-        mod = importlib.import_module(package)
-    except ImportError:
-        mod = None
-    fn = getattr(mod, function, None) if mod is not None else None
-    if fn is None:
-        raise NotImplementedError(
-            f"{function}() is provided by {package}.{function}, which does not exist yet ({issue})"
-        )
-    return fn
-
-
 # ---------------------------------------------------------------------------------- Module
-class Module:
+class Module(Node):
     """Base class of every module; see this file's docstring for fields, paths and flags."""
 
     # ---------------------------------------------------------------- structure
@@ -395,7 +330,7 @@ class Module:
 
     def named_children(self) -> list[tuple[str, object]]:
         """The traversed fields: modules, params, flags, constants, containers of them."""
-        return [(name, v) for name, _, v, _ in _iter_children(self)]
+        return [(name, v) for name, _, v in children(self)]
 
     def named_params(self) -> list[tuple[str, Param]]:
         """`(path, param)` for every parameter in traversal order (float, int and bool).
@@ -422,16 +357,10 @@ class Module:
 
     def named_modules(self) -> Iterator[tuple[str, "Module"]]:
         """`(path, module)` for this module (path "") and every descendant module, depth first."""
-        stack = [("", self)]
-        while stack:
-            path, obj = stack.pop()
-            if isinstance(obj, Module):
-                yield path, obj
-            kids = []
-            for seg, _, v, k in _iter_children(obj):
-                if k in (_MODULE, _SEQ, _MAP) or (k == _PARAM and v.reparameterization is not None):
-                    kids.append((f"{path}.{seg}" if path else seg, v))
-            stack.extend(reversed(kids))
+        yield "", self
+        for path, _, v in walk(self):
+            if isinstance(v, Module):
+                yield path, v
 
     def modules(self) -> Iterator["Module"]:
         for _, m in self.named_modules():
@@ -445,7 +374,7 @@ class Module:
         walked = []
         for seg in path.split("."):
             found = _MISSING
-            for name, _, v, _ in _iter_children(obj):
+            for name, _, v in children(obj):
                 if name == seg:
                     found = v
                     break
@@ -476,7 +405,7 @@ class Module:
             return _replaced(obj, seg, new_child, path)
 
         def self_child(obj, seg, i):
-            for name, _, v, _ in _iter_children(obj):
+            for name, _, v in children(obj):
                 if name == seg:
                     return v
             if i == len(segs) - 1 and isinstance(obj, Module) and seg in obj.__dict__:
@@ -591,28 +520,43 @@ class Module:
         return self
 
     # ---------------------------------------------------------------- records, reparameterization
+    # engine.store (records) and reparam.py / lora.py are built on this class, so they are
+    # imported when called (the import-linter contract lists the engine.store one as an exception).
     def into_record(self):
         """The module's parameters as a `ModuleRecord` (engine.store)."""
-        return _delegate("engine.store", "into_record", "the checkpoint issue")(self)
+        from ..store.module_io import into_record
+
+        return into_record(self)
 
     def into_record_group(self, group: ParamGroup):
-        return _delegate("engine.store", "into_record_group", "the checkpoint issue")(self, group)
+        from ..store.module_io import into_record_group
+
+        return into_record_group(self, group)
 
     def load_record(self, record) -> "Module":
-        return _delegate("engine.store", "load_record", "the checkpoint issue")(self, record)
+        from ..store.module_io import load_record
+
+        return load_record(self, record)
 
     def apply_reparameterization(self, reparameterizer) -> "Module":
-        return _delegate("engine.module.reparam", "apply_reparameterization", "the reparameterization issue")(
-            self, reparameterizer)
+        from .reparam import apply_reparameterization
+
+        return apply_reparameterization(self, reparameterizer)
 
     def apply_lora(self, lora) -> "Module":
-        return _delegate("engine.module.reparam", "apply_lora", "the reparameterization issue")(self, lora)
+        from .lora import apply_lora
+
+        return apply_lora(self, lora)
 
     def apply_qlora(self, qlora) -> "Module":
-        return _delegate("engine.module.reparam", "apply_qlora", "the reparameterization issue")(self, qlora)
+        from .lora import apply_qlora
+
+        return apply_qlora(self, qlora)
 
     def materialize(self) -> "Module":
-        return _delegate("engine.module.reparam", "materialize", "the reparameterization issue")(self)
+        from .reparam import materialize
+
+        return materialize(self)
 
     # ---------------------------------------------------------------- display
     def custom_settings(self):
@@ -625,14 +569,10 @@ class Module:
 
     def content(self, content):
         """The default content: every field, children formatted, plain attributes as Rust's Debug."""
-        from .display import default_content
-
         return default_content(self, content)
 
     def format(self, settings=None) -> str:
         """The display with the given `DisplaySettings` (defaults when None)."""
-        from .display import DisplaySettings, format_module
-
         return format_module(self, DisplaySettings() if settings is None else settings)
 
     def __str__(self) -> str:
@@ -673,25 +613,6 @@ def _flags_on(module: Module):
     """Whether the module's own flags are on (None when it has none)."""
     states = [bool(v) for _, v in module.__dict__.items() if isinstance(v, Flag)]
     return None if not states else any(states)
-
-
-def _apply_on_module(self, old, new):
-    """Call the module's on_training_change after a transition that changes training state:
-    valid() passes False, train() True, freeze/unfreeze whether the module's own flags are on
-    (modules without flags are not called for those)."""
-    t = self.training
-    if t is None:
-        return new
-    value = _flags_on(new) if t is _Deferred else t
-    if t is _Deferred and value is None:
-        return new
-    out = new.on_training_change(value)
-    if not isinstance(out, Module):
-        raise TypeError(
-            f"{type(old).__name__}.on_training_change must return a Module, it returned {type(out).__name__}"
-        )
-    return out
-
 
 
 def _assign(parent, seg: str, value, path: str) -> None:

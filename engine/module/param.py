@@ -113,12 +113,11 @@ class _Lazy:
     gets the same values converted as its own initializer would have made them.
     """
 
-    __slots__ = ("init", "device", "require_grad", "shape", "kind", "value", "ran_on", "default_dtype")
+    __slots__ = ("init", "device", "shape", "kind", "value", "ran_on", "default_dtype")
 
-    def __init__(self, init, device: Device, require_grad: bool, shape: tuple, kind: str):
+    def __init__(self, init, device: Device, shape: tuple, kind: str):
         self.init = init
         self.device = device
-        self.require_grad = require_grad
         self.shape = shape
         self.kind = kind
         self.value: Tensor | None = None
@@ -265,7 +264,7 @@ class Param:
         except TypeError:
             raise TypeError(f"Param.uninitialized: shape must be a sequence of ints, got {shape!r}") from None
         active = bool(require_grad) and kind == "float"
-        lazy = _Lazy(init, as_device(device), active, dims, kind)
+        lazy = _Lazy(init, as_device(device), dims, kind)
         return cls._make(ParamId() if id is None else ParamId(id), None, lazy, active, True, None)
 
     # ------------------------------------------------------------------ values
@@ -394,7 +393,7 @@ class Param:
         to an id)."""
         lazy = self._lazy
         if lazy is not None and lazy.value is None:
-            lazy = _Lazy(lazy.init, self._dev, lazy.require_grad, lazy.shape, lazy.kind)
+            lazy = _Lazy(lazy.init, self._dev, lazy.shape, lazy.kind)
         elif lazy is not None:
             return Param._make(ParamId(id), self.base(), None, self._active, self._ad, self.reparameterization,
                                None, self._state)

@@ -19,24 +19,23 @@ reparameterized parameters is refused with a `ReparameterizationError` naming th
 configured trainability, the value detached from the factors' graph); the receiver keeps its
 reparameterizations, parameters without one are left as they are (lazy ones stay lazy).
 
-The `Module` methods `apply_reparameterization`, `apply_lora`, `apply_qlora` and `materialize`
-delegate to the functions of the same names here.
+The `Module` methods `apply_reparameterization` and `materialize` delegate to the functions of
+the same names here, `apply_lora` and `apply_qlora` to those in `engine.module.lora`.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from ..tensor import Tensor
-from .module import Module, reparameterization_name
-from .visitor import ModuleMapper
+from .module import Module
 from .param import Param
+from .tree import walk
+from .visitor import ModuleMapper
 
 __all__ = [
     "Reparameterization",
     "ReparameterizationError",
     "Reparameterizer",
-    "apply_lora",
-    "apply_qlora",
     "apply_reparameterization",
     "iter_param_slots",
     "materialize",
@@ -82,40 +81,16 @@ class Reparameterizer:
 
 
 # ---------------------------------------------------------------------------------- walking
-def _children(obj) -> Iterator[tuple[str, object]]:
-    if isinstance(obj, Module):
-        yield from obj.named_children()
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield str(i), v
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield str(k), v
-
-
 def iter_param_slots(module: Module, skip=None) -> Iterator[tuple[str, Param]]:
     """`(path, param)` for every parameter as it is stored in the tree (with its
     reparameterization attached), followed by the parameters of that reparameterization.
 
     `skip(module) -> bool` prunes modules (inside reparameterizations too). Never initializes.
     """
-
-    def walk(path: str, obj):
-        if isinstance(obj, Param):
-            yield path, obj
-            r = obj.reparameterization
-            if r is not None:
-                yield from walk(f"{path}.{reparameterization_name(r)}", r)
-            return
-        if isinstance(obj, Module):
-            if skip is not None and path and skip(obj):
-                return
-        elif not isinstance(obj, (list, tuple, dict)):
-            return  # a Flag, a constant Tensor, a plain value
-        for seg, v in _children(obj):
-            yield from walk(f"{path}.{seg}" if path else seg, v)
-
-    yield from walk("", module)
+    prune = None if skip is None else (lambda v: isinstance(v, Module) and skip(v))
+    for path, _, v in walk(module, prune=prune):
+        if isinstance(v, Param):
+            yield path, v
 
 
 def _reparameterized(module: Module) -> list[tuple[str, Param]]:
@@ -209,24 +184,6 @@ def apply_reparameterization(module: Module, reparameterizer) -> Module:
     if getattr(reparameterizer, "FREEZES_RUNNING_STATE", False):
         stateful = frozenset(path.rpartition(".")[0] for path, p in module.named_params() if p.is_running_state())
     return module.map(_ApplyReparameterization(reparameterizer, stateful))
-
-
-def apply_lora(module: Module, lora) -> Module:
-    """`module` with LoRA adapters (see `engine.module.lora.Lora`)."""
-    from .lora import Lora  # noqa: PLC0415  (lora.py imports this file)
-
-    if not isinstance(lora, Lora):
-        raise TypeError(f"apply_lora expects a Lora, got {type(lora).__name__}; use apply_qlora for a QLora")
-    return apply_reparameterization(module, lora)
-
-
-def apply_qlora(module: Module, qlora) -> Module:
-    """`module` with NF4-packed bases and LoRA adapters (see `engine.module.lora.QLora`)."""
-    from .lora import QLora  # noqa: PLC0415
-
-    if not isinstance(qlora, QLora):
-        raise TypeError(f"apply_qlora expects a QLora, got {type(qlora).__name__}")
-    return apply_reparameterization(module, qlora)
 
 
 # ---------------------------------------------------------------------------------- materializing
