@@ -89,14 +89,6 @@ def f32(x) -> str:
     return np.format_float_positional(x, unique=True, trim="-")
 
 
-def f32_debug(x) -> str:
-    """A float as Rust's `Debug` for f32 writes it (`2.0`, `0.5`)."""
-    s = f32(x)
-    if s.lstrip("-").isdigit():
-        s += ".0"
-    return s
-
-
 def dbg(value) -> str:
     """Rust's `{:?}` of an int, a bool, a float (f64) or a sequence of those: `[1, 1]`."""
     if isinstance(value, bool):

@@ -65,13 +65,6 @@ def _reduce(loss, reduction, owner: str, batch_mean: bool = False):
     raise ValueError(f"{owner}: {r.name} reduction is not supported (expected Mean, Sum or Auto)")
 
 
-def _same_dims(owner: str, a, b, a_name: str, b_name: str):
-    if tuple(a.shape) != tuple(b.shape):
-        raise TensorError(
-            f"{owner}: shape of {b_name} ({list(b.shape)}) should correspond to the shape of {a_name} ({list(a.shape)})"
-        )
-
-
 def _f32(x):
     return None if x is None else np.float32(x)
 

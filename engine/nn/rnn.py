@@ -359,9 +359,6 @@ class Gru(Module):
         out, _ = self._run(x, state, False)
         return out if self.batch_first else out.swap_dims(0, 1)
 
-    def _hidden_part(self, gate, hidden):
-        return gate.hidden_transform.forward(hidden)
-
     def _run(self, x, state, reverse: bool):
         batch_size, seq_length, _ = x.shape
         hidden = _zeros_like_state(x, batch_size, self.d_hidden) if state is None else state

@@ -28,7 +28,6 @@ The entry's `array` is what NumPy can hold:
 """
 from __future__ import annotations
 
-import io
 import math
 import struct
 from dataclasses import dataclass, field
@@ -554,7 +553,3 @@ def _as_bool(arr: np.ndarray) -> np.ndarray:
     if arr.dtype == np.uint8 and (arr.size == 0 or int(arr.max()) <= 1):
         return arr.view(np.bool_)  # zero-copy when the bytes are 0/1
     return arr != 0
-
-
-def encode_to(fp: io.RawIOBase, contents: Burnpack) -> int:
-    return write(fp, contents.entries, contents.metadata, contents.scalars)

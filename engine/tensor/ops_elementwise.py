@@ -218,11 +218,6 @@ def _unary(a: Tensor, op: str, fwd, rule, saves: str = "xo"):
     return _wrap(out, a._device, True, Node((a._node,), lambda g: (rule(g, xs, os_),), op))
 
 
-def _float_only(a: Tensor, op: str):
-    if a._data.dtype.kind != "f":
-        raise TensorError(f"{op}: expected a float tensor, got {a.dtype} (dims {list(a.shape)})")
-
-
 @tensor_method
 def exp(self):
     return _unary(self, "exp", lambda x: _xp(x).exp(x), lambda g, x, o: g * o, saves="o")

@@ -355,11 +355,6 @@ def check_same_device(op: str, a: Tensor, b: Tensor) -> None:
         )
 
 
-def op_error(op: str, message: str, *tensors: Tensor) -> TensorError:
-    desc = ", ".join(f"dims {list(t.shape)} {t.dtype} on {t.device}" for t in tensors)
-    return TensorError(f"{op}: {message} (got {desc})" if desc else f"{op}: {message}")
-
-
 def unbroadcast(g, shape):
     """Sum a broadcast gradient back to an operand's shape."""
     gs = g.shape

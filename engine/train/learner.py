@@ -48,7 +48,6 @@ loads them and continues with the next epoch.
 """
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -451,7 +450,3 @@ def _non_finite(out: StepOutput, split: str = "training"):
     if not math.isfinite(value):
         return f"{split} loss", value
     return None
-
-
-def history_json(history) -> str:
-    return json.dumps(history)
