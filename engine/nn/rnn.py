@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..tensor.ops_index import stack
+from ..tensor import cat, stack
 from ._base import Config, Module, assert_shape, check_dtype, initializers, row_settings
 from .activation import ActivationConfig
 from .linear import LinearConfig
@@ -244,8 +244,6 @@ class _Bidirectional(Module):
 
     def _both(self, x, state_forward, state_reverse):
         """Both directions over `x` (batch first): the concatenated output and each final state."""
-        from ..tensor.ops_index import cat  # noqa: PLC0415
-
         out_f, st_f = self.forward_direction._run(x, state_forward, False)
         out_r, st_r = self.reverse._run(x, state_reverse, True)
         out = cat([out_f, out_r], 2)

@@ -5,7 +5,8 @@ from .random import Distribution
 from .tensor import DTypeError, Tensor, TensorError, tensor_method
 
 # each file attaches its operations to Tensor
-from . import ops_elementwise, ops_reduce, ops_matmul, ops_shape, ops_device, ops_index  # noqa: E402,F401
+from . import ops_elementwise, ops_reduce, ops_matmul, ops_shape, ops_device  # noqa: E402,F401
+from . import ops_slice, ops_join, ops_gather, ops_pad, ops_triangle, ops_dropout  # noqa: E402,F401
 from .ops_elementwise import where  # noqa: E402
 from . import ops_conv, ops_pool, ops_interp  # noqa: E402,F401
 
@@ -24,5 +25,7 @@ __all__ = [
     "where",
 ]
 
-from .ops_index import TensorIndexError, cat, stack, tril_mask, triu_mask, diag_mask  # noqa: E402
+from .indices import TensorIndexError  # noqa: E402
+from .ops_join import cat, stack  # noqa: E402
+from .ops_triangle import tril_mask, triu_mask, diag_mask  # noqa: E402
 __all__ += ["TensorIndexError", "cat", "stack", "tril_mask", "triu_mask", "diag_mask"]

@@ -1,4 +1,5 @@
-"""Indexing operations (engine/tensor/ops_index.py): forward values against NumPy, gradients
+"""Indexing operations (engine/tensor/indices.py and the ops_slice, ops_join, ops_gather,
+ops_pad, ops_triangle and ops_dropout files beside it): forward values against NumPy, gradients
 against central finite differences, index checks and error messages."""
 from __future__ import annotations
 
