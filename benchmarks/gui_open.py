@@ -53,7 +53,7 @@ def generated_model(n_blocks: int = 1000):
 
 
 def measure(app, window, name: str, make, target: float) -> dict:
-    from widgets.module_info import ModelStats  # noqa: F401  (imported before timing)
+    from engine.module.summary import ModelStats  # noqa: F401  (imported before timing)
 
     gc.collect()
     t0 = time.perf_counter()

@@ -9,7 +9,9 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from . import module_info as mi
+from engine.module import ParamGroup
+from engine.module.summary import param_trainable
+
 from .common import ErrorLabel, count, monospace_font
 
 MODES = [("regex", "Regex"), ("path", "Exact path"), ("predicate", "Path contains"), ("all", "All parameters")]
@@ -71,7 +73,7 @@ class GroupSelector(QWidget):
             self.error.show_error("type a pattern to select parameters")
             return None
         try:
-            group = mi.group_from_spec(self.spec())
+            group = ParamGroup.from_spec(self.spec())
         except ValueError as e:
             self.error.show_error(str(e))
             return None
@@ -108,7 +110,7 @@ def shape_text(shape) -> str:
 
 
 class GroupDialog(QDialog):
-    """Emits `group_chosen(op, spec)` when accepted; `spec` is a group spec (see module_info)."""
+    """Emits `group_chosen(op, spec)` when accepted; `spec` is a group spec (see `ParamGroup.from_spec`)."""
 
     group_chosen = Signal(str, dict)
 
@@ -157,7 +159,7 @@ class GroupDialog(QDialog):
                                  f"({count(n)} of {count(total)} values)")
         else:
             self.summary.setText("")
-        fill_preview(self.preview, [(p, shape_text(v.shape), "yes" if mi.param_trainable(v) else "no")
+        fill_preview(self.preview, [(p, shape_text(v.shape), "yes" if param_trainable(v) else "no")
                                     for p, v in self.matches])
 
     def preview_paths(self) -> list[str]:

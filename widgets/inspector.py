@@ -11,6 +11,8 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from engine.module import Param
+from engine.module.summary import ModelStats, param_trainable
+from engine.module.tree import FieldKind, children, find, join, params
 
 from . import module_info as mi
 from .common import count, monospace_font
@@ -34,7 +36,7 @@ def param_row(path: str, p: Param) -> list[str]:
     r = p.reparameterization
     reparam = type(r).__name__ if r is not None else ""
     return [path, str(p.id), _shape(p.shape), dtype, str(p.lazy_device()), state,
-            "yes" if mi.param_trainable(p) else "no", reparam]
+            "yes" if param_trainable(p) else "no", reparam]
 
 
 class Inspector(QWidget):
@@ -89,9 +91,9 @@ class Inspector(QWidget):
         t.horizontalHeader().setStretchLastSection(True)
         return t
 
-    def set_selection(self, module: Any, path: str | None, stats: "mi.ModelStats | None" = None) -> None:
+    def set_selection(self, module: Any, path: str | None, stats: ModelStats | None = None) -> None:
         """Show what is at `path` in `module` (None: nothing selected)."""
-        found = mi.get_path(module, path) if path is not None else None
+        found = find(module, path) if module is not None and path is not None else None
         if found is None:
             self.header.setText("Nothing selected." if module is None or path is None else f"{path}: not in the model")
             self.state.setText("")
@@ -101,11 +103,12 @@ class Inspector(QWidget):
             return
         kind, value = found
         self.header.setText(f"<b>{path or '(the whole model)'}</b> — {mi.type_name(kind, value)}")
-        st = (stats or mi.ModelStats(module)).get(path)
-        rows = [param_row(p, v) for p, v in itertools.islice(mi.iter_params_below(module, path), MAX_ROWS)]
+        st = (stats or ModelStats(module)).get(path)
+        rows = [param_row(p, v) for p, v in itertools.islice(params(value, path), MAX_ROWS)]
         self._fill(self.params, rows)
         self.more.setText(f"… and {st.tensors - len(rows):,} more parameters" if st.tensors > len(rows) else "")
-        consts = mi.constants_below(value, path) if kind in (mi.MODULE, mi.CONTAINER, mi.REPARAM) else []
+        consts = [(join(path, seg), v) for seg, k, v in children(value) if k is FieldKind.CONSTANT] \
+            if kind in (FieldKind.MODULE, FieldKind.CONTAINER, FieldKind.REPARAMETERIZATION) else []
         self._fill(self.consts, [[p, _shape(t.shape), str(t.dtype), str(t.device)] for p, t in consts])
         parts = []
         if st.floats:

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout
                                QVBoxLayout)
 
 from engine.module import Lora
+from engine.module import tree
 
-from . import module_info as mi
 from .common import ErrorLabel, count, monospace_font
 from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
 
@@ -47,7 +47,7 @@ class LoraDialog(QDialog):
         self.setWindowTitle("Attach LoRA")
         self.setObjectName("lora-dialog")
         self.params = module.named_params()
-        self.reparameterized = [p for p, v in mi.named_params_below(module, "") if v.reparameterization is not None]
+        self.reparameterized = [p for p, v in tree.params(module) if v.reparameterization is not None]
         self.rank = self._field("rank", "8", "the adapters' inner dimension, an integer ≥ 1")
         self.rank_error = ErrorLabel()
         self.alpha = self._field("alpha", "16", "scale: the update is (alpha / rank) · a @ b")

@@ -17,6 +17,9 @@ from PySide6.QtGui import QAction, QBrush, QColor, QFont, QIcon, QPainter, QPixm
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMenu, QSpinBox,
                                QTreeView, QVBoxLayout, QWidget)
 
+from engine.module.summary import ModelStats, ParamStats
+from engine.module.tree import FieldKind, find, join
+
 from . import module_info as mi
 from .common import count, monospace_font
 
@@ -68,7 +71,7 @@ class _Node:
         self.kind = kind
         self.value = value
         self.children: list[_Node] | None = None  # None until fetched
-        self.expandable = mi.has_children(value)
+        self.expandable = mi.has_tree_children(value)
 
 
 class ModuleTreeModel(QAbstractItemModel):
@@ -79,7 +82,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._root = _Node(None, 0, "", "<root>", "root", None)
         self._root.children = []
         self.module: Any = None
-        self.stats = mi.ModelStats(None)
+        self.stats = ModelStats(None)
         self._filter = ""
         self._visible: set[str] | None = None  # paths shown while filtering
         self._contracts: ContractProvider | None = None
@@ -90,11 +93,11 @@ class ModuleTreeModel(QAbstractItemModel):
     def set_module(self, module: Any) -> None:
         self.beginResetModel()
         self.module = module
-        self.stats = mi.ModelStats(module)
+        self.stats = ModelStats(module)
         self._visible = self._matching_paths(self._filter) if self._filter else None
         self._root.children = []
         if module is not None:
-            self._root.children = [_Node(self._root, 0, "", "", mi.MODULE, module)]
+            self._root.children = [_Node(self._root, 0, "", "", FieldKind.MODULE, module)]
         self.endResetModel()
 
     def set_contract_provider(self, provider: ContractProvider | None) -> None:
@@ -139,14 +142,14 @@ class ModuleTreeModel(QAbstractItemModel):
             hit = needle in (path.rsplit(".", 1)[-1] or type(value).__name__).lower() or \
                 needle in mi.type_name(kind, value).lower() or (path and needle in path.lower())
             any_child = False
-            for seg, k, v in mi.children(value):
-                if walk(v, mi.join(path, seg), k):
+            for seg, k, v in mi.tree_children(value):
+                if walk(v, join(path, seg), k):
                     any_child = True
             if hit or any_child:
                 visible.add(path)
             return hit or any_child
 
-        walk(self.module, "", mi.MODULE)
+        walk(self.module, "", FieldKind.MODULE)
         return visible
 
     # ---- lazy children ------------------------------------------------------------------------
@@ -155,8 +158,8 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def _make_children(self, node: _Node) -> list[_Node]:
         out = []
-        for seg, kind, value in mi.children(node.value):
-            path = mi.join(node.path, seg)
+        for seg, kind, value in mi.tree_children(node.value):
+            path = join(node.path, seg)
             if self._visible is not None and path not in self._visible:
                 continue
             out.append(_Node(node, len(out), seg, path, kind, value))
@@ -260,7 +263,7 @@ class ModuleTreeModel(QAbstractItemModel):
         return f
 
     def _contract(self, node: _Node) -> tuple[str | None, str, str]:
-        if self._contracts is None or node.kind not in (mi.MODULE, mi.REPARAM):
+        if self._contracts is None or node.kind not in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION):
             return None, "", ""
         return self._contracts(node.path, node.value)
 
@@ -324,7 +327,7 @@ class ModuleTreeModel(QAbstractItemModel):
             return self._tooltip(node, col, st)
         return None
 
-    def _tooltip(self, node: _Node, col: int, st: mi.Stats) -> str:
+    def _tooltip(self, node: _Node, col: int, st: ParamStats) -> str:
         lines = [node.path or "(the whole model)"]
         if col == TRAINABLE and st.floats:
             lines.append(f"{st.state}: {st.trainable_floats} of {st.floats} float tensors trainable "
@@ -528,8 +531,8 @@ class ModuleTree(QWidget):
         a = menu.addAction(f"Attach LoRA to {where}…")
         a.setObjectName("lora")
         a.triggered.connect(lambda: self.lora_requested.emit(path))
-        found = mi.get_path(self.model.module, path)
-        if found and found[0] in (mi.MODULE, mi.REPARAM):
+        found = find(self.model.module, path) if self.model.module is not None else None
+        if found and found[0] in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION):
             a = menu.addAction("Edit Shape Contract…")
             a.setObjectName("contract")
             a.triggered.connect(lambda: self.contract_requested.emit(path))

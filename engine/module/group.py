@@ -171,6 +171,29 @@ class ParamGroup:
         pats = _compile_all(patterns)
         return ParamGroup(_Any([_Paths("regex", [p]) for p in pats]))
 
+    SPEC_KINDS = ("all", "regex", "path", "paths", "predicate")
+
+    @staticmethod
+    def from_spec(spec: dict) -> "ParamGroup":
+        """The group a JSON group spec describes (the form projects store): `{"kind": "all"}`,
+        `{"kind": "regex", "pattern": "^enc\\."}`, `{"kind": "path", "path": "fc1.weight"}`,
+        `{"kind": "paths", "paths": [...]}` or `{"kind": "predicate", "text": "attn"}`. A bad
+        regex raises `ParamGroupError` with the regex module's message; an unknown kind
+        `ValueError`."""
+        kind = spec.get("kind")
+        if kind == "all":
+            return ParamGroup.all()
+        if kind == "regex":
+            return ParamGroup.from_regex(spec["pattern"])
+        if kind == "path":
+            return ParamGroup.from_path(spec["path"])
+        if kind == "paths":
+            return ParamGroup.from_paths(spec["paths"])
+        if kind == "predicate":
+            return ParamGroup.from_predicate(spec["text"])
+        raise ValueError(
+            f"unknown parameter group kind {kind!r}: expected one of {', '.join(ParamGroup.SPEC_KINDS)}")
+
     # ---------------------------------------------------------------- combinators
     def fuse(self, other: "ParamGroup") -> "ParamGroup":
         """Parameters in either group (the exclusions of both are dropped, as Burn does)."""

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from ..tensor import Tensor
 from .module import Module
 from .param import Param
-from .tree import walk
+from .tree import params
 from .visitor import ModuleMapper
 
 __all__ = [
@@ -88,9 +88,7 @@ def iter_param_slots(module: Module, skip=None) -> Iterator[tuple[str, Param]]:
     `skip(module) -> bool` prunes modules (inside reparameterizations too). Never initializes.
     """
     prune = None if skip is None else (lambda v: isinstance(v, Module) and skip(v))
-    for path, _, v in walk(module, prune=prune):
-        if isinstance(v, Param):
-            yield path, v
+    return params(module, prune=prune)
 
 
 def _reparameterized(module: Module) -> list[tuple[str, Param]]:

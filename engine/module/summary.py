@@ -1,22 +1,33 @@
-"""How many parameters train, in the form users know from PEFT's `print_trainable_parameters`:
+"""Parameter statistics: how many parameters train, in total and for every path of the tree.
+
+`trainable_summary(module)` is the line users know from PEFT's `print_trainable_parameters`:
 
     trainable params: 2,048 || all params: 36,618 || trainable%: 5.5929
 
+`ModelStats(module)` is one pass over the parameters that gives, for every tree path (module,
+container, parameter, reparameterization; "" for the whole model), a `ParamStats`: element and
+trainable counts, tensor counts (initialized ones among them), the devices, and how many
+reparameterized parameters (LoRA) live below. The app's tree, inspector and status bar read it;
+`trainable_counts` is its total.
+
 Every parameter element counts once: a reparameterized parameter counts its base and the
 parameters of its reparameterization (LoRA factors). A weight packed as NF4 (QLoRA) counts by
-its logical element count, not by the bytes and scale constants it is packed into. A parameter
-is trainable when it is a float parameter configured to train (`Param.is_active()`: kept
-across `valid()`). Nothing is initialized.
+its logical element count, not by the bytes and scale constants it is packed into (those are
+counted only on the packed storage's own nodes). A parameter is trainable when it is a float
+parameter configured to train (`Param.is_active()`: kept across `valid()`). Nothing is
+initialized.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .lora import NF4Weight
 from .module import Module
-from .reparam import iter_param_slots
+from .param import Param
+from .tree import FieldKind, children, join
 
-__all__ = ["TrainableCounts", "trainable_counts", "trainable_summary"]
+__all__ = ["ModelStats", "ParamStats", "TrainableCounts", "param_trainable", "trainable_counts", "trainable_summary"]
 
 
 @dataclass(frozen=True)
@@ -39,19 +50,112 @@ class TrainableCounts:
         return f"trainable params: {self.trainable:,d} || all params: {self.total:,d} || trainable%: {self.percent:.4f}"
 
 
+def param_trainable(p: Param) -> bool:
+    """Whether a parameter counts as trainable: a float parameter configured to train."""
+    return p.kind == "float" and p.is_active()
+
+
+@dataclass
+class ParamStats:
+    """The parameters at and below one tree path."""
+
+    numel: int = 0
+    trainable: int = 0
+    tensors: int = 0  # parameters (each a tensor), packed storage included on its own nodes
+    initialized: int = 0  # of those, how many hold a value (the rest are lazy)
+    floats: int = 0  # float tensors
+    trainable_floats: int = 0
+    devices: list = field(default_factory=list)  # device names, in traversal order
+    reparameterized: int = 0  # parameters below with a reparameterization
+
+    @property
+    def counts(self) -> TrainableCounts:
+        return TrainableCounts(self.trainable, self.numel)
+
+    @property
+    def state(self) -> str:
+        """'trainable', 'frozen', 'partly' or '' (no float parameter below)."""
+        if self.floats == 0:
+            return ""
+        if self.trainable_floats == self.floats:
+            return "trainable"
+        if self.trainable_floats == 0:
+            return "frozen"
+        return "partly"
+
+
+_NODES = (FieldKind.MODULE, FieldKind.CONTAINER, FieldKind.REPARAMETERIZATION)
+
+
+class ModelStats:
+    """Per-path statistics of one module (or None), from one traversal of its parameters."""
+
+    def __init__(self, module: Any):
+        self.by_path: dict[str, ParamStats] = {}
+        if module is not None:
+            self._walk(module, "", [self._get("")])
+
+    def _get(self, path: str) -> ParamStats:
+        s = self.by_path.get(path)
+        if s is None:
+            s = self.by_path[path] = ParamStats()
+        return s
+
+    def _walk(self, value: Any, path: str, chain: list[ParamStats]) -> None:
+        for seg, kind, v in children(value):
+            if kind is not FieldKind.PARAM and kind not in _NODES:
+                continue  # flags and constants hold no parameters
+            p = join(path, seg)
+            s = self._get(p)
+            if isinstance(v, NF4Weight):
+                # QLoRA's packed bytes stand for the base weight, which is counted already:
+                # their numbers stay on their own nodes
+                self._walk(v, p, [s])
+                continue
+            chain.append(s)
+            if kind is FieldKind.PARAM:
+                self._add_param(v, chain)
+                if v.reparameterization is not None:
+                    for st in chain:
+                        st.reparameterized += 1
+                    self._walk(v, p, chain)
+            else:
+                self._walk(v, p, chain)
+            chain.pop()
+
+    @staticmethod
+    def _add_param(p: Param, chain: list[ParamStats]) -> None:
+        n = p.numel()
+        trainable = param_trainable(p)
+        is_float = p.kind == "float"
+        dev = str(p.lazy_device())
+        init = p.is_initialized()
+        for s in chain:
+            s.tensors += 1
+            s.initialized += init
+            s.numel += n
+            if is_float:
+                s.floats += 1
+                if trainable:
+                    s.trainable += n
+                    s.trainable_floats += 1
+            if dev not in s.devices:
+                s.devices.append(dev)
+
+    def get(self, path: str) -> ParamStats:
+        """The statistics at `path` (empty ones for a path without parameters)."""
+        return self.by_path.get(path) or ParamStats()
+
+    @property
+    def total(self) -> ParamStats:
+        return self.get("")
+
+
 def trainable_counts(module: Module) -> TrainableCounts:
     """The trainable and total parameter element counts of `module` (see this file's doc)."""
     if not isinstance(module, Module):
         raise TypeError(f"trainable_counts expects a Module, got {type(module).__name__}")
-    trainable = total = 0
-    # NF4 storage is skipped: its weight is counted by the parameter's base, which keeps the
-    # logical shape.
-    for _, p in iter_param_slots(module, skip=lambda m: isinstance(m, NF4Weight)):
-        n = p.numel()
-        total += n
-        if p.kind == "float" and p.is_active():
-            trainable += n
-    return TrainableCounts(trainable, total)
+    return ModelStats(module).total.counts
 
 
 def trainable_summary(module: Module) -> str:

@@ -56,6 +56,7 @@ __all__ = [
     "find",
     "join",
     "kind_of",
+    "params",
     "reparameterization_name",
     "walk",
 ]
@@ -202,6 +203,18 @@ def walk(node, path: str = "", prune: Callable[[object], bool] | None = None
         kids = [(join(p, n), k2, v2) for n, k2, v2 in children(v)]
         kids.reverse()
         stack.extend(kids)
+
+
+def params(node, path: str = "", prune: Callable[[object], bool] | None = None
+           ) -> Iterator[tuple[str, Param]]:
+    """`(path, param)` for `node` itself when it is a Param and for every Param below it, in
+    traversal order, each as stored (its reparameterization attached) and followed by the
+    parameters of that reparameterization. `path` and `prune` are those of `walk`."""
+    if isinstance(node, Param):
+        yield path, node
+    for p, k, v in walk(node, path, prune):
+        if k is _PARAM:
+            yield p, v
 
 
 def find(node, path: str) -> tuple[FieldKind, object] | None:

@@ -12,6 +12,7 @@ from engine.module.lora import NF4Weight
 from engine.module.reparam import iter_param_slots
 from engine.module.summary import trainable_summary
 from tests.widgets.qt_helpers import click_box, type_into
+from engine.module.tree import find, join, params as tree_params
 from widgets import module_info as mi
 from widgets.module_tree import DEVICE, NAME, PARAMS, TRAINABLE
 
@@ -48,7 +49,7 @@ def check_consistent(window):
     counts = engine_counts(module)
     assert window.summary_label.text() == trainable_summary(module)
     for node in model.fetched_nodes():
-        found = mi.get_path(module, node.path)
+        found = find(module, node.path)
         assert found is not None, node.path
         assert found[1] is node.value, node.path
         if ".nf4" in node.path or node.path.endswith("nf4"):
@@ -68,11 +69,11 @@ def check_consistent(window):
         assert set(filter(None, index.siblingAtColumn(DEVICE).data().split(", "))) == devices, node.path
         assert (index.data(Qt.ItemDataRole.DecorationRole) is not None) == (reparam > 0), node.path
     selected = tree.selected_path() or ""
-    value = mi.get_path(module, selected)[1]
+    value = find(module, selected)[1]
     if hasattr(value, "format"):
         assert window.display.display_text() == value.format(window.display.settings())
     rows = [r[0] for r in window.inspector.rows()]
-    assert rows == [p for p, _ in mi.named_params_below(module, selected)][:len(rows)]
+    assert rows == [p for p, _ in tree_params(find(module, selected)[1], selected)][:len(rows)]
 
 
 def test_500_random_actions_keep_the_tree_consistent(opened, qtbot):
@@ -175,8 +176,8 @@ def _walk(module):
     while stack:
         path, value = stack.pop()
         yield path, value
-        for seg, _k, v in mi.children(value):
-            stack.append((mi.join(path, seg), v))
+        for seg, _k, v in mi.tree_children(value):
+            stack.append((join(path, seg), v))
 
 
 def test_the_consistency_check_catches_a_stale_tree(opened):

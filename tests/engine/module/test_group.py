@@ -73,3 +73,21 @@ def test_groups_select_module_values_by_id_and_by_path():
     assert [p for p, q in frozen.named_params() if not q.is_require_grad()] == ["linear1.weight"]
     all_ids = ParamGroup.ids_from_module(m)
     assert all(all_ids.matches(q.id, p) for p, q in m.named_params())
+
+
+def test_group_from_a_json_spec():
+    import pytest as _pytest
+
+    from engine.module import ParamGroup as G
+    from engine.module.group import ParamGroupError as E
+
+    assert G.from_spec({"kind": "all"}).matches(1, "x")
+    assert G.from_spec({"kind": "regex", "pattern": r"^enc\."}).matches(1, "enc.w")
+    assert not G.from_spec({"kind": "regex", "pattern": r"^enc\."}).matches(1, "dec.w")
+    assert G.from_spec({"kind": "path", "path": "a.b"}).matches(1, "a.b")
+    assert G.from_spec({"kind": "paths", "paths": ["a", "b"]}).matches(1, "b")
+    assert G.from_spec({"kind": "predicate", "text": "attn"}).matches(1, "x.attn.q")
+    with _pytest.raises(E):
+        G.from_spec({"kind": "regex", "pattern": "("})
+    with _pytest.raises(ValueError, match="unknown parameter group kind"):
+        G.from_spec({"kind": "nope"})

@@ -59,3 +59,28 @@ def test_qlora_counts_packed_weights_by_their_element_count():
 def test_refuses_a_non_module():
     with pytest.raises(TypeError, match="expects a Module, got int"):
         trainable_counts(3)
+
+
+def test_model_stats_per_path_and_its_total_is_trainable_counts():
+    from engine.module.summary import ModelStats
+
+    net = Net().freeze_group(ParamGroup.from_predicate("fc1"))
+    stats = ModelStats(net)
+    assert stats.total.counts == trainable_counts(net)
+    fc1, fc2 = stats.get("fc1"), stats.get("fc2")
+    assert (fc1.numel, fc1.trainable, fc1.state) == (100 * 300 + 300, 0, "frozen")
+    assert (fc2.trainable, fc2.state, fc2.tensors) == (300 * 10 + 10, "trainable", 2)
+    assert stats.total.state == "partly" and stats.get("steps").floats == 0
+    assert stats.get("no.such.path").numel == 0 and ModelStats(None).total.numel == 0
+    assert (stats.total.tensors, stats.total.initialized) == (5, 1)  # the layers are lazy: nothing was read
+
+
+def test_model_stats_counts_packed_weights_only_on_their_own_nodes():
+    from engine.module.summary import ModelStats
+
+    q = Net().apply_qlora(QLora(Lora(4, 8.0)))
+    stats = ModelStats(q)
+    assert stats.total.counts == trainable_counts(q)
+    assert stats.get("fc1").reparameterized == 1 and stats.total.reparameterized == 2
+    packed = [p for p in stats.by_path if p.endswith(".nf4")]
+    assert packed and all(stats.get(p).numel > 0 for p in packed)
