@@ -1,7 +1,7 @@
 """The training dashboard's cost: is the window responsive while a run trains, and how much
 training throughput does the open dashboard take?
 
-- headless: `app.training_panel.run_training` (the dashboard's own worker function) on a thread,
+- headless: `engine.train.worker.run_training` (the dashboard's own worker function) on a thread,
   events discarded, the main thread waiting;
 - dashboard: the main window with the Training tab shown, the same run started by clicking
   Start; events reach the GUI as batched queued signals (<= 25 a second), the curves and the
@@ -48,7 +48,7 @@ class _NullState:
 
 
 def spec_for(epochs: int, hidden_checkpoints: int = 0):
-    from app.training_panel import ConstantLrConfig, DataSettings, RunSpec  # noqa: PLC0415
+    from engine.train.run_spec import ConstantLrConfig, DataSettings, RunSpec  # noqa: PLC0415
     from engine import optim  # noqa: PLC0415
     from engine.train import TrainingConfig  # noqa: PLC0415
 
@@ -62,7 +62,7 @@ def headless(epochs: int, yield_between_steps: bool) -> dict:
     10 ms timer (the floor any window gets while a Python thread trains beside it)."""
     from PySide6.QtCore import QEventLoop, QTimer  # noqa: PLC0415
 
-    from app.training_panel import RunControl, run_training  # noqa: PLC0415
+    from engine.train.worker import RunControl, run_training  # noqa: PLC0415
     from resources.examples import build_example  # noqa: PLC0415
 
     model = build_example("spirals")

@@ -21,7 +21,7 @@ from .files import DataFileError, load_csv, load_data_file, load_npz
 from .learner import Learner, StepOutput, TrainingConfig, TrainingResult
 from .losses import cross_entropy, mse_loss
 from .metrics import AccuracyMetric, CustomMetric, LossMetric, Metric, TopKAccuracyMetric
-from .tasks import TASKS, Task, build_task
+from .tasks import TASKS, DataTask, build_task
 
 __all__ = [
     "AccuracyMetric",
@@ -30,6 +30,7 @@ __all__ = [
     "CustomMetric",
     "DataFileError",
     "DataLoader",
+    "DataTask",
     "Dataset",
     "EpochMetrics",
     "Event",
@@ -47,7 +48,6 @@ __all__ = [
     "StepOutput",
     "Stopped",
     "TASKS",
-    "Task",
     "Throughput",
     "TopKAccuracyMetric",
     "TrainingConfig",

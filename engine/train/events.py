@@ -20,6 +20,11 @@ Each is a small frozen dataclass; listeners receive them on the thread that runs
   parameter that became NaN or infinite although the losses were finite (`param`: its path;
   `value`: a non-finite value it holds), or an exception.
 
+Two more come from the app's worker (`engine.train.worker`), not from the loop itself:
+
+- `GradNorms(epoch, global_step, norms)`: per-module gradient norms, sampled now and then.
+- `Prefill(step_losses, history, global_step)`: the progress a resumed run starts from.
+
 Steps are counted from 1 within an epoch; epochs from 1.
 """
 from __future__ import annotations
@@ -114,3 +119,22 @@ class Failed(Event):
     loss_name: str | None = None
     value: float | None = None
     param: str | None = None
+
+
+@dataclass(frozen=True)
+class GradNorms(Event):
+    """Per-module gradient L2 norms at `global_step` (module path -> norm; `None` when no
+    parameter below the module received a gradient, i.e. it is frozen)."""
+
+    epoch: int
+    global_step: int
+    norms: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prefill(Event):
+    """The progress a resumed run starts from (read from its checkpoint)."""
+
+    step_losses: tuple
+    history: tuple
+    global_step: int

@@ -1,39 +1,22 @@
 """What a training run produced so far, kept for plotting: per-step losses and learning rates,
-per-epoch training and validation metrics, progress and status. No Qt here.
+per-epoch training and validation metrics, progress and status.
 
 A `RunHistory` is fed the loop's events (`engine.train.events`) in order with `apply(event)`;
-it counts its changes in `version`, so a view redraws only what changed. `ema()` is the
-smoothing the curves use; `to_csv_rows()` writes one long table for any number of runs.
+it counts its changes in `version`, so a view redraws only what changed. It is where a run's
+status lives while it runs (`status`, from the events, and `end(status)` when the worker
+returns). `ema()` is the smoothing the curves use; `write_csv()` writes one long table for any
+number of runs.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.train import events as ev
+from . import events as ev
+from .events import GradNorms, Prefill
 
 CSV_HEADER = ["run", "granularity", "split", "series", "epoch", "global_step", "value"]
-
-
-@dataclass(frozen=True)
-class GradNorms(ev.Event):
-    """Per-module gradient L2 norms at `global_step` (module path -> norm; `None` when no
-    parameter below the module received a gradient, i.e. it is frozen)."""
-
-    epoch: int
-    global_step: int
-    norms: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Prefill(ev.Event):
-    """The progress a resumed run starts from (read from its checkpoint)."""
-
-    step_losses: tuple
-    history: tuple
-    global_step: int
 
 
 def ema(values, weight: float) -> np.ndarray:
@@ -147,6 +130,17 @@ class RunHistory:
             self._prefill(event)
             self.epoch_version += 1
 
+    def begin(self) -> None:
+        """The run (re)starts: it is running until its events or its end say otherwise."""
+        self.status = "running"
+
+    def end(self, status: str, message: str | None = None) -> None:
+        """The worker returned: the run ended `status` (finished | stopped | failed)."""
+        self.version += 1
+        self.status = status
+        if message is not None:
+            self.message = message
+
     def _epoch_row(self, epoch: int) -> dict:
         if self.epochs and self.epochs[-1]["epoch"] == epoch:
             return self.epochs[-1]
@@ -241,7 +235,7 @@ def write_csv(path, runs) -> int:
     import csv  # noqa: PLC0415
     import io  # noqa: PLC0415
 
-    from engine.store.atomic import atomic_write_text  # noqa: PLC0415
+    from ..store.atomic import atomic_write_text  # noqa: PLC0415
 
     n = 0
     buf = io.StringIO(newline="")
@@ -253,13 +247,3 @@ def write_csv(path, runs) -> int:
         n += len(rows)
     atomic_write_text(path, buf.getvalue())  # an export over an existing file never leaves half of it
     return n
-
-
-def format_duration(seconds: float | None) -> str:
-    """`1:05:03`, `4:07`, `0:09`; `?` when unknown."""
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    s = int(round(seconds))
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"

@@ -11,7 +11,7 @@
 shifts, rotations, sizes and stroke widths, and scaled as the MNIST models expect:
 `((pixel / 255) - 0.1307) / 0.3081`.
 
-`build_task(name, seed=0, **options)` returns a `Task` with `train` and `valid` data sets;
+`build_task(name, seed=0, **options)` returns a `DataTask` with `train` and `valid` data sets;
 `TASKS` lists the names.
 """
 from __future__ import annotations
@@ -28,7 +28,10 @@ MNIST_STD = 0.3081
 
 
 @dataclass
-class Task:
+class DataTask:
+    """A built-in task's data: training and validation sets, their kind and, for classes, how
+    many (a data set to train on, not a thread)."""
+
     name: str
     kind: str  # "classification" | "regression"
     train: InMemoryDataset
@@ -43,7 +46,7 @@ class Task:
 
     def __repr__(self) -> str:
         return (
-            f"Task({self.name!r}, {self.kind}, train {len(self.train)}, valid {len(self.valid)}, "
+            f"DataTask({self.name!r}, {self.kind}, train {len(self.train)}, valid {len(self.valid)}, "
             f"inputs {list(self.input_shape)}" + (f", {self.num_classes} classes)" if self.num_classes else ")")
         )
 
@@ -59,17 +62,17 @@ def _spiral_points(n: int, rng, noise: float, turns: float):
     return pts.astype(np.float32), labels
 
 
-def spirals(seed: int = 0, n_train: int = 2000, n_valid: int = 500, noise: float = 0.02, turns: float = 1.5) -> Task:
+def spirals(seed: int = 0, n_train: int = 2000, n_valid: int = 500, noise: float = 0.02, turns: float = 1.5) -> DataTask:
     """Two interleaved spirals in the unit disc; class = which spiral."""
     rng = np.random.default_rng(seed)
     xt, yt = _spiral_points(n_train, rng, noise, turns)
     xv, yv = _spiral_points(n_valid, rng, noise, turns)
-    return Task("spirals", "classification", InMemoryDataset(xt, yt, "spirals/train"),
+    return DataTask("spirals", "classification", InMemoryDataset(xt, yt, "spirals/train"),
                 InMemoryDataset(xv, yv, "spirals/valid"), 2, "two interleaved spirals",
                 dict(seed=seed, n_train=n_train, n_valid=n_valid, noise=noise, turns=turns))
 
 
-def noisy_sine(seed: int = 0, n_train: int = 1000, n_valid: int = 200, noise: float = 0.1) -> Task:
+def noisy_sine(seed: int = 0, n_train: int = 1000, n_valid: int = 200, noise: float = 0.1) -> DataTask:
     """y = sin(x) + N(0, noise) for x uniform in [-pi, pi]."""
     rng = np.random.default_rng(seed)
 
@@ -80,7 +83,7 @@ def noisy_sine(seed: int = 0, n_train: int = 1000, n_valid: int = 200, noise: fl
 
     xt, yt = make(n_train)
     xv, yv = make(n_valid)
-    return Task("noisy-sine", "regression", InMemoryDataset(xt, yt, "noisy-sine/train"),
+    return DataTask("noisy-sine", "regression", InMemoryDataset(xt, yt, "noisy-sine/train"),
                 InMemoryDataset(xv, yv, "noisy-sine/valid"), None, "sin(x) with Gaussian noise",
                 dict(seed=seed, n_train=n_train, n_valid=n_valid, noise=noise))
 
@@ -96,7 +99,7 @@ def _digit_images(n: int, seed: int, max_shift: float, max_rotation: float):
 
 
 def digits(seed: int = 0, n_train: int = 3000, n_valid: int = 600, max_shift: float = 2.0,
-           max_rotation: float = 12.0) -> Task:
+           max_rotation: float = 12.0) -> DataTask:
     """Digits 0-9 from the built-in stroke font at 28x28, MNIST-normalized."""
     def make(n, split_seed):
         images, labels = _digit_images(n, split_seed, max_shift, max_rotation)
@@ -105,7 +108,7 @@ def digits(seed: int = 0, n_train: int = 3000, n_valid: int = 600, max_shift: fl
     # each split is balanced on its own; the two never share a sample's random draws
     xt, yt = make(n_train, seed * 2)
     xv, yv = make(n_valid, seed * 2 + 1)
-    return Task("digits", "classification",
+    return DataTask("digits", "classification",
                 InMemoryDataset(xt, yt, "digits/train"),
                 InMemoryDataset(xv, yv, "digits/valid"), 10,
                 "digits 0-9 drawn from the built-in stroke font with random shifts and rotations",
@@ -113,7 +116,7 @@ def digits(seed: int = 0, n_train: int = 3000, n_valid: int = 600, max_shift: fl
 
 
 def copy_task(seed: int = 0, n_train: int = 2000, n_valid: int = 200, seq_length: int = 8, vocab_size: int = 10,
-              reverse: bool = False) -> Task:
+              reverse: bool = False) -> DataTask:
     """Random token sequences; the target at each position is the input token there (or,
     with `reverse`, the token at the mirrored position), so a model must route tokens."""
     if vocab_size < 2 or seq_length < 1:
@@ -127,7 +130,7 @@ def copy_task(seed: int = 0, n_train: int = 2000, n_valid: int = 200, seq_length
 
     xt, yt = make(n_train)
     xv, yv = make(n_valid)
-    return Task("copy", "classification", InMemoryDataset(xt, yt, "copy/train"),
+    return DataTask("copy", "classification", InMemoryDataset(xt, yt, "copy/train"),
                 InMemoryDataset(xv, yv, "copy/valid"), vocab_size,
                 "copy (or reverse) a sequence of tokens",
                 dict(seed=seed, n_train=n_train, n_valid=n_valid, seq_length=seq_length, vocab_size=vocab_size,
@@ -138,7 +141,7 @@ _BUILDERS = {"spirals": spirals, "noisy-sine": noisy_sine, "digits": digits, "co
 TASKS = tuple(_BUILDERS)
 
 
-def build_task(name: str, seed: int = 0, **options) -> Task:
+def build_task(name: str, seed: int = 0, **options) -> DataTask:
     key = name.strip().lower().replace("_", "-")
     if key == "sine":
         key = "noisy-sine"

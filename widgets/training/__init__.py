@@ -3,8 +3,6 @@ controls with progress, and per-module gradient norms. No app logic: they show a
 from .config_form import DataclassForm, FieldOptions, FormError
 from .curves import TrainingCurves
 from .grad_norms import GradNormTable
-from .history import GradNorms, Prefill, RunHistory, ema
 from .run_controls import RunControls
 
-__all__ = ["DataclassForm", "FieldOptions", "FormError", "GradNormTable", "GradNorms", "Prefill", "RunControls",
-           "RunHistory", "TrainingCurves", "ema"]
+__all__ = ["DataclassForm", "FieldOptions", "FormError", "GradNormTable", "RunControls", "TrainingCurves"]

@@ -20,13 +20,14 @@ import dataclasses
 import enum
 import math
 import re
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QCheckBox, QComboBox, QFormLayout, QGroupBox, QLineEdit, QVBoxLayout, QWidget
+
+from engine.train.config_json import unwrap_optional
 
 from ..common import ErrorLabel
 
@@ -51,24 +52,6 @@ class FieldOptions:
 
 
 _MISSING = dataclasses.MISSING
-
-
-def _unwrap_optional(tp) -> tuple[Any, bool]:
-    """(the type without None, whether None is allowed). In a union of several types the first
-    dataclass wins, else the first of int / float / str."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        optional = type(None) in args
-        rest = [a for a in args if a is not type(None)]
-        for a in rest:
-            if dataclasses.is_dataclass(a):
-                return a, optional
-        for want in (float, int, str, bool):
-            if want in rest:
-                return want, optional
-        return (rest[0] if rest else Any), optional
-    return tp, False
 
 
 def _label(name: str) -> str:
@@ -311,7 +294,7 @@ class DataclassForm(QWidget):
         return out
 
     def _make_editor(self, name: str, tp, opt: FieldOptions) -> _Editor | None:
-        base, optional = _unwrap_optional(tp)
+        base, optional = unwrap_optional(tp)
         label = opt.label or _label(name)
         if opt.choices is not None:
             return _ChoiceEditor(opt.choices, name)
@@ -409,31 +392,3 @@ class DataclassForm(QWidget):
     def _on_changed(self) -> None:
         self.validate()
         self.changed.emit()
-
-
-def to_dict(value) -> Any:
-    """A dataclass (nested ones too) as plain JSON-able data."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
-    if isinstance(value, (list, tuple)):
-        return [to_dict(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.name
-    return value
-
-
-def from_dict(cls, data: dict, types_: dict | None = None) -> Any:
-    """Rebuild `cls` from `to_dict`'s output, nested dataclasses included (by annotation, or
-    by `types_`, field name -> type, for fields annotated loosely such as `object`)."""
-    hints = dict(typing.get_type_hints(cls))
-    hints.update(types_ or {})
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if not f.init or f.name not in data:
-            continue
-        v = data[f.name]
-        base, _ = _unwrap_optional(hints.get(f.name, Any))
-        if isinstance(v, dict) and dataclasses.is_dataclass(base):
-            v = from_dict(base, v)
-        kwargs[f.name] = v
-    return cls(**kwargs)

@@ -12,7 +12,6 @@ are touched.
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import numpy as np
@@ -22,8 +21,9 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
 
+from engine.train.run_history import RunHistory, write_csv
+
 from ..common import monospace_font
-from .history import RunHistory, write_csv
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 LOSS, METRIC, LR = "loss", "metric", "lr"
@@ -137,24 +137,22 @@ class _RunCurves:
 
 class _Graphics(pg.GraphicsLayoutWidget):
     """The plots' canvas. It remembers how long its last paint took (the dashboard budgets its
-    redraws by it) and clears `idle` while it paints: a paint calls back into Python for every
-    item many times, and a training thread that waits on `idle` between two steps lets those
-    calls run without queueing for the GIL each time."""
+    redraws by it) and says when a paint begins and ends (`paint_began`, `paint_ended`, emitted
+    on the GUI thread inside the paint): a paint calls back into Python for every item many
+    times, and the dashboard holds the training thread between two steps meanwhile, so those
+    calls do not each queue for the GIL."""
 
+    paint_began = Signal()
+    paint_ended = Signal()
     paint_seconds = 0.0
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.idle = threading.Event()
-        self.idle.set()
 
     def paintEvent(self, event) -> None:
         t = time.perf_counter()
-        self.idle.clear()
+        self.paint_began.emit()
         try:
             super().paintEvent(event)
         finally:
-            self.idle.set()
+            self.paint_ended.emit()
         self.paint_seconds = time.perf_counter() - t
 
 

@@ -6,12 +6,22 @@ The widget only asks: each button emits a signal; `set_state` says which buttons
 """
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
-from .history import format_duration
-
 ACTIVE = ("starting", "running", "paused", "stopping")
+
+
+def format_duration(seconds: float | None) -> str:
+    """`1:05:03`, `4:07`, `0:09`; `?` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
 class RunControls(QWidget):

@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from engine import optim
 from engine.train import TrainingConfig
 from tests.widgets.qt_helpers import click_box, type_into
-from widgets.training.config_form import DataclassForm, FieldOptions, FormError, from_dict, to_dict
+from widgets.training.config_form import DataclassForm, FieldOptions, FormError
 
 
 @pytest.fixture
@@ -122,15 +122,6 @@ def test_literal_fields_are_combo_boxes_and_set_value_round_trips(make):
     assert form.field_widget("mode").currentText() == "exact"
     form.set_value(Cfg("fast", 7))
     assert form.value() == Cfg("fast", 7)
-
-
-def test_to_dict_and_from_dict_round_trip_nested_configs():
-    cfg = optim.SgdConfig(weight_decay=optim.WeightDecayConfig(0.01), momentum=optim.MomentumConfig(0.8, 0.0, True),
-                          gradient_clipping=optim.GradientClippingConfig.norm(2.0))
-    data = to_dict(cfg)
-    assert data["momentum"] == {"momentum": 0.8, "dampening": 0.0, "nesterov": True}
-    back = from_dict(optim.SgdConfig, data, {"gradient_clipping": optim.GradientClippingConfig | None})
-    assert back == cfg
 
 
 def test_only_dataclasses_make_forms():

@@ -8,8 +8,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
 from engine.train import events as ev
+from engine.train.run_history import RunHistory, ema
 from widgets.training.curves import TrainingCurves, _slack_range
-from widgets.training.history import RunHistory, ema
 
 
 @pytest.fixture

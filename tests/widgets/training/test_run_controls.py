@@ -4,7 +4,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from widgets.training.grad_norms import GradNormTable, bar_text, norm_text
-from widgets.training.run_controls import RunControls
+from widgets.training.run_controls import RunControls, format_duration
 
 
 @pytest.fixture
@@ -81,3 +81,10 @@ def test_norm_text_and_bars():
     assert bar_text(1e-3, 1.0) == "█" * 8  # half of six decades
     assert bar_text(1e-9, 1.0) == "█"  # never empty while it has a gradient
     assert bar_text(None, 1.0) == "" and bar_text(0.0, 1.0) == ""
+
+
+def test_durations_read_as_clock_times():
+    assert format_duration(9.4) == "0:09"
+    assert format_duration(247) == "4:07"
+    assert format_duration(3 * 3600 + 5) == "3:00:05"
+    assert format_duration(None) == "?" and format_duration(float("inf")) == "?"

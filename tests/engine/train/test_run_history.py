@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from engine.train import events as ev
-from widgets.training.history import (CSV_HEADER, EmaState, GradNorms, Prefill, RunHistory, ema, format_duration,
-                                      write_csv)
+from engine.train.events import GradNorms, Prefill
+from engine.train.run_history import CSV_HEADER, EmaState, RunHistory, ema, write_csv
 
 
 def naive_ema(xs, w):
@@ -124,10 +124,3 @@ def test_csv_holds_every_series_of_every_run(tmp_path):
     assert float(loss_a[2][6]) == 1 / 3  # full precision
     valid_b = [r for r in rows[1:] if r[0] == "b" and r[2] == "valid" and r[3] == "accuracy"]
     assert len(valid_b) == 1 and math.isclose(float(valid_b[0][6]), 0.5)
-
-
-def test_durations_read_as_clock_times():
-    assert format_duration(9.4) == "0:09"
-    assert format_duration(247) == "4:07"
-    assert format_duration(3 * 3600 + 5) == "3:00:05"
-    assert format_duration(None) == "?" and format_duration(float("inf")) == "?"

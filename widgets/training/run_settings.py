@@ -1,0 +1,174 @@
+"""The Training tab's settings column: the data and loss, the optimizer, the learning-rate
+schedule and the training config, each a form generated from its dataclass, in a scroll area
+as wide as the widest form. `current_spec()` reads them as a `RunSpec` (raising `FormError`
+when one is invalid), `set_spec(spec)` shows one; `changed` fires on every edit.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QPushButton, QScrollArea, QSizePolicy,
+                               QStackedWidget, QVBoxLayout, QWidget)
+
+from engine import available_devices, optim
+from engine.train import TrainingConfig
+from engine.train.run_spec import FILE_TASK, LOSSES, OPTIMIZERS, SCHEDULES, DataSettings, RunSpec
+from engine.train.tasks import TASKS
+
+from .config_form import DataclassForm, FieldOptions, FormError
+
+_CLIP = FieldOptions(label="gradient clipping", type=optim.GradientClippingConfig | None,
+                     options={"kind": FieldOptions(choices=["norm", "value"])})
+OPTIMIZER_OPTIONS = {"grad_clipping": _CLIP, "gradient_clipping": _CLIP}
+_TRAINING_HIDDEN = ("valid_batch_size", "checkpoint_dir", "resume_from", "throughput_interval")
+
+
+def device_choices() -> list[str]:
+    """The devices a run can train on, as the device field offers them."""
+    try:
+        return [str(d) for d in available_devices()]
+    except Exception:  # noqa: BLE001
+        return ["cpu"]
+
+
+class RunSettings(QScrollArea):
+    changed = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        devices = device_choices()
+        self.data_form = DataclassForm(DataSettings, options={
+            "task": FieldOptions(choices=[*TASKS, FILE_TASK], tooltip="A built-in task, or 'file' for your own data"),
+            "file": FieldOptions(label="data file", tooltip=".npz with arrays x and y, or .csv with the target last"),
+            "valid_fraction": FieldOptions(label="validation fraction"),
+            "loss": FieldOptions(choices=list(LOSSES)),
+        })
+        self.data_form.setObjectName("form:data")
+        self.browse_button = QPushButton("Browse…")
+        self.browse_button.setObjectName("browse-data")
+        self.browse_button.clicked.connect(self._browse_data)
+
+        self.optimizer_combo = QComboBox()
+        self.optimizer_combo.setObjectName("optimizer")
+        self.optimizer_stack = QStackedWidget()
+        self.optimizer_forms: dict[str, DataclassForm] = {}
+        for name, cls in OPTIMIZERS.items():
+            form = DataclassForm(cls, options=OPTIMIZER_OPTIONS, check=lambda c: c.init())
+            form.setObjectName(f"form:optimizer:{name}")
+            self.optimizer_forms[name] = form
+            self.optimizer_combo.addItem(name)
+            self.optimizer_stack.addWidget(form)
+        self.optimizer_combo.currentIndexChanged.connect(self._on_choice_changed)
+
+        self.schedule_combo = QComboBox()
+        self.schedule_combo.setObjectName("schedule")
+        self.schedule_stack = QStackedWidget()
+        self.schedule_forms: dict[str, DataclassForm] = {}
+        for name, (cls, defaults) in SCHEDULES.items():
+            form = DataclassForm(cls, value=defaults or None, check=lambda c: c.init())
+            form.setObjectName(f"form:schedule:{name}")
+            self.schedule_forms[name] = form
+            self.schedule_combo.addItem(name)
+            self.schedule_stack.addWidget(form)
+        self.schedule_combo.currentIndexChanged.connect(self._on_choice_changed)
+
+        self.training_form = DataclassForm(
+            TrainingConfig, value={"num_epochs": 10, "batch_size": 64, "checkpoint_every": 1,
+                                   "checkpoint_dir": "(the run folder)", "device": devices[0]},
+            options={**{k: FieldOptions(hidden=True) for k in _TRAINING_HIDDEN},
+                     "num_epochs": FieldOptions(label="epochs"),
+                     "batch_size": FieldOptions(label="batch size"),
+                     "checkpoint_every": FieldOptions(label="checkpoint every (epochs)",
+                                                      tooltip="0: no checkpoints"),
+                     "drop_last": FieldOptions(label="drop last partial batch"),
+                     "device": FieldOptions(type=str, choices=devices)})
+        self.training_form.setObjectName("form:training")
+        for form in (self.data_form, self.training_form, *self.optimizer_forms.values(), *self.schedule_forms.values()):
+            form.changed.connect(self.changed)
+
+        settings = QWidget()
+        col = QVBoxLayout(settings)
+        col.setContentsMargins(4, 4, 4, 4)
+
+        def group(title, *widgets):
+            box = QGroupBox(title)
+            lay = QVBoxLayout(box)
+            lay.setContentsMargins(6, 6, 6, 6)
+            for w in widgets:
+                if isinstance(w, QHBoxLayout):
+                    lay.addLayout(w)
+                else:
+                    lay.addWidget(w)
+            col.addWidget(box)
+            return box
+
+        browse_row = QHBoxLayout()
+        browse_row.addStretch(1)
+        browse_row.addWidget(self.browse_button)
+        group("Data and loss", self.data_form, browse_row)
+        group("Optimizer", self.optimizer_combo, self.optimizer_stack)
+        group("Learning-rate schedule", self.schedule_combo, self.schedule_stack)
+        group("Training", self.training_form)
+        col.addStretch(1)
+        self.setWidgetResizable(True)
+        self.setWidget(settings)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        # as wide as the widest form (AdamW's), so nothing is cut off at the right
+        widest = max(f.minimumSizeHint().width() for f in self.optimizer_forms.values())
+        settings_width = max(settings.minimumSizeHint().width(), widest + 40)
+        self.setMinimumWidth(settings_width + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth())
+        self.show_chosen()
+
+    def _on_choice_changed(self, *_args) -> None:
+        self.show_chosen()
+        self.changed.emit()
+
+    def show_chosen(self) -> None:
+        """Show the form of the chosen optimizer and schedule (the stacks as tall as it)."""
+        for stack, forms, name in ((self.optimizer_stack, self.optimizer_forms, self.optimizer_combo.currentText()),
+                                   (self.schedule_stack, self.schedule_forms, self.schedule_combo.currentText())):
+            for key, form in forms.items():  # the stack is as tall as the form shown, not the tallest
+                policy = QSizePolicy.Policy.Preferred if key == name else QSizePolicy.Policy.Ignored
+                form.setSizePolicy(policy, policy)
+            stack.setCurrentWidget(forms[name])
+            stack.adjustSize()
+
+    def _forms(self) -> list[DataclassForm]:
+        return [self.data_form, self.optimizer_forms[self.optimizer_combo.currentText()],
+                self.schedule_forms[self.schedule_combo.currentText()], self.training_form]
+
+    def is_valid(self) -> bool:
+        return all(f.is_valid() for f in self._forms())
+
+    def current_spec(self) -> RunSpec:
+        """The run the forms describe; raises `FormError` when a form is invalid."""
+        errors = {}
+        values = []
+        for form in self._forms():
+            try:
+                values.append(form.value())
+            except FormError as e:
+                errors.update(e.errors)
+        if errors:
+            raise FormError(errors)
+        data, opt, sched, training = values
+        return RunSpec(data, self.optimizer_combo.currentText(), opt, self.schedule_combo.currentText(), sched,
+                       training)
+
+    def set_spec(self, spec: RunSpec) -> None:
+        self.data_form.set_value(spec.data)
+        self.optimizer_combo.setCurrentText(spec.optimizer)
+        self.optimizer_forms[spec.optimizer].set_value(spec.optimizer_config)
+        self.schedule_combo.setCurrentText(spec.schedule)
+        self.schedule_forms[spec.schedule].set_value(spec.schedule_config)
+        self.training_form.set_value(spec.training)
+
+    def set_device(self, device: str) -> None:
+        """Train on `device` when it is one of the choices."""
+        if device in device_choices():
+            self.training_form.set_field("device", device)
+
+    def _browse_data(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Training data", "", "Data (*.npz *.csv *.tsv);;All files (*)")
+        if path:
+            self.data_form.set_field("task", FILE_TASK)
+            self.data_form.set_field("file", path)
