@@ -31,3 +31,13 @@ def test_the_engine_layers_contract_lists_only_documented_exceptions():
     assert [c["layers"][-1] for c in layers] == ["engine.autodiff"]
     # each exception is a lazy import made inside a method (engine.module -> engine.store records)
     assert layers[0].get("ignore_imports", []) == ["engine.module.module -> engine.store.module_io"]
+
+
+def test_the_architecture_notes_examples_run():
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
+    assert blocks, "docs/architecture.md shows the tree walk with a python example"
+    for code in blocks:
+        exec(compile(code, str(ROOT / "docs" / "architecture.md"), "exec"), {"__name__": "architecture_example"})

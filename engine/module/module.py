@@ -50,7 +50,7 @@ from .display import DisplaySettings, default_content, format_module
 from .flag import Flag
 from .group import ParamGroup
 from .param import Param
-from .tree import FieldKind, Node, children, container_type, kind_of, reparameterization_name, walk
+from .tree import FieldKind, Node, children, container_type, fields, kind_of, reparameterization_name, walk
 
 __all__ = ["Module"]
 
@@ -326,7 +326,7 @@ class Module(Node):
     # ---------------------------------------------------------------- structure
     def named_fields(self) -> list[tuple[str, object]]:
         """Every field (traversed children and plain attributes) in assignment order."""
-        return [(k, v) for k, v in self.__dict__.items() if k[:1] != "_"]
+        return [(name, v) for name, _, v in fields(self)]
 
     def named_children(self) -> list[tuple[str, object]]:
         """The traversed fields: modules, params, flags, constants, containers of them."""
@@ -611,7 +611,7 @@ def _group(group) -> ParamGroup:
 
 def _flags_on(module: Module):
     """Whether the module's own flags are on (None when it has none)."""
-    states = [bool(v) for _, v in module.__dict__.items() if isinstance(v, Flag)]
+    states = [bool(v) for _, kind, v in fields(module) if kind is _FLAG]
     return None if not states else any(states)
 
 
