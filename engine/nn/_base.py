@@ -17,6 +17,7 @@ from ..tensor import DTypeError
 __all__ = [
     "Config",
     "Module",
+    "Layer",
     "Param",
     "Flag",
     "Content",
@@ -67,6 +68,16 @@ class Config:
 def row_settings():
     """Burn's built-in layers print on one line: `with_new_line_after_attribute(false)`."""
     return DisplaySettings().with_new_line_after_attribute(False).optional()
+
+
+class Layer(Module):
+    """Base of the built-in layers and losses that Burn displays on one line
+    (`Linear {d_input: 3, d_output: 5, bias: true, params: 20}`): their display settings are
+    `row_settings()`, which their children inherit. A layer still says what it shows in its own
+    `custom_content`."""
+
+    def custom_settings(self):
+        return row_settings()
 
 
 def f64(x) -> str:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import _ops
-from ._base import Config, Module, assert_shape, check_dtype, f64, init_with, initializers, row_settings
+from ._base import Config, Layer, Module, assert_shape, check_dtype, f64, init_with, initializers
 from .linear import LinearConfig
 
 __all__ = [
@@ -130,13 +130,10 @@ class Tanhshrink(_Elementwise):
 
 
 # ---------------------------------------------------------------------- with settings
-class _Configured(_Elementwise):
+class _Configured(_Elementwise, Layer):
     """An activation whose plain float settings are its display content, on one line."""
 
     _display: tuple[str, ...] = ()
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         for name in self._display:
@@ -372,7 +369,7 @@ class PReluConfig(Config):
         return PRelu(weight, self.alpha)
 
 
-class PRelu(Module):
+class PRelu(Layer):
     """Parametric ReLU: `x` for `x >= 0`, `alpha * x` otherwise, with learnt `alpha`.
 
     `alpha` has one weight, or one per channel (dim 1 of the input).
@@ -399,9 +396,6 @@ class PRelu(Module):
         alpha = self.alpha.val()
         check_dtype(self, input, alpha, param_name="alpha")
         return _ops.prelu(input, alpha)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         (n,) = self.alpha.shape
@@ -461,7 +455,7 @@ class SwiGluConfig(Config):
         return SwiGlu(lin.init(device), lin.init(device))
 
 
-class SwiGlu(Module):
+class SwiGlu(Layer):
     """`SwiGLU(x) = silu(x W_inner + b_inner) * (x W_outer + b_outer)`."""
 
     def __init__(self, linear_inner, linear_outer):
@@ -481,9 +475,6 @@ class SwiGlu(Module):
         assert_shape(input, [..., d_input])
         check_dtype(self, input, self.linear_inner.weight.val())
         return _ops.silu(self.linear_inner.forward(input)) * self.linear_outer.forward(input)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         d_input, d_output = self.linear_inner.weight.shape

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..tensor import Tensor
-from ._base import Config, Module, assert_shape, check_dtype, initializers, row_settings
+from ._base import Config, Layer, assert_shape, check_dtype, initializers
 from .activation import Gelu
 from .dropout import DropoutConfig
 from .linear import LinearConfig
@@ -95,7 +95,7 @@ class MultiHeadAttentionConfig(Config):
         )
 
 
-class MultiHeadAttention(Module):
+class MultiHeadAttention(Layer):
     """Multi-head attention of "Attention Is All You Need": `query`, `key`, `value`, `output`
     linear maps `[d_model, d_model]`; scores scaled by `1 / sqrt(d_k)`, masked entries set to
     `min_float`, softmax (or quiet softmax) over the keys. Dropout applies to the scores."""
@@ -159,9 +159,6 @@ class MultiHeadAttention(Module):
     def _heads(self, x, linear):
         b, s, _ = x.shape
         return linear.forward(x).reshape(b, s, self.n_heads, self.d_k).swap_dims(1, 2)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (

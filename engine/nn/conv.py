@@ -6,8 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..tensor import ops_conv
-from ._base import (Config, Debug, Module, assert_shape, check_dtype, init_with, initializers, pair, row_settings,
-                    rust_debug)
+from ._base import Config, Debug, Layer, assert_shape, check_dtype, init_with, initializers, pair, rust_debug
 
 __all__ = [
     "PaddingConfig1d", "PaddingConfig2d", "PaddingConfig3d",
@@ -123,7 +122,7 @@ def _check_groups(channels_in: int, channels_out: int, groups: int) -> None:
 
 
 # ---------------------------------------------------------------------- convolution
-class _ConvNd(Module):
+class _ConvNd(Layer):
     N = 0
     _PAD = _Padding
     _FN = None
@@ -148,9 +147,6 @@ class _ConvNd(Module):
         check_dtype(self, input, weight)
         bias = self.bias.val() if self.bias is not None else None
         return type(self)._FN(input, weight, bias, stride, pads, dilation, self.groups)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         channels_out, group_in = self.weight.shape[:2]
@@ -298,7 +294,7 @@ def _init_conv(cfg, n, cls, pad_cls, device):
 
 
 # ---------------------------------------------------------------------- transposed convolution
-class _ConvTransposeNd(Module):
+class _ConvTransposeNd(Layer):
     N = 0
     _FN = None
 
@@ -323,9 +319,6 @@ class _ConvTransposeNd(Module):
         bias = self.bias.val() if self.bias is not None else None
         return type(self)._FN(input, weight, bias, self._t(self.stride), self._t(self.padding),
                               self._t(self.padding_out), self._t(self.dilation), self.groups)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._base import Config, Flag, Module, f64, row_settings
+from ._base import Config, Flag, Layer, f64
 
 __all__ = ["DropoutConfig", "Dropout"]
 
@@ -20,7 +20,7 @@ class DropoutConfig(Config):
         return Dropout(self.prob)
 
 
-class Dropout(Module):
+class Dropout(Layer):
     """Sets entries of the input to zero with probability `prob` during training.
 
     Active only while the module's training flag is on (`valid()` and `freeze()` turn it off)
@@ -44,9 +44,6 @@ class Dropout(Module):
         if not self.training or self.prob == 0.0 or not input.is_autodiff():
             return input
         return input.dropout(self.prob)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return content.add("prob", f64(self.prob)).optional()

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from ..tensor import DTypeError, Tensor, TensorError
 from ..tensor.tensor import record
-from ._base import Config, Module, assert_shape, check_indices, init_with, initializers, row_settings
+from ._base import Config, Layer, assert_shape, check_indices, init_with, initializers
 
 __all__ = ["EmbeddingConfig", "Embedding", "embedding"]
 
@@ -56,7 +56,7 @@ def embedding(weight: Tensor, indices: Tensor) -> Tensor:
     return record(out, weight._device, (weight,), rule, op)
 
 
-class Embedding(Module):
+class Embedding(Layer):
     """Lookup table of `n_embedding` vectors; `weight` is `[n_embedding, d_model]`."""
 
     def __init__(self, weight):
@@ -74,9 +74,6 @@ class Embedding(Module):
         assert_shape(input, [None, None])
         check_indices(self, input)
         return embedding(self.weight.val(), input)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         n_embedding, d_model = self.weight.shape

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tensor import ops_interp
-from ._base import Config, Debug, Module, assert_shape, option, row_settings, rust_debug
+from ._base import Config, Debug, Layer, assert_shape, option, rust_debug
 
 __all__ = ["InterpolateMode", "Interpolate1dConfig", "Interpolate1d", "Interpolate2dConfig", "Interpolate2d"]
 
@@ -56,7 +56,7 @@ class Interpolate1dConfig(Config):
         return Interpolate1d(self.output_size, self.scale_factor, InterpolateMode.of(self.mode), self.align_corners)
 
 
-class Interpolate1d(Module):
+class Interpolate1d(Layer):
     """Resizes `[batch, channels, length]` inputs to `output_size`, or by `scale_factor`."""
 
     def __init__(self, output_size, scale_factor, mode, align_corners: bool = True):
@@ -82,9 +82,6 @@ class Interpolate1d(Module):
             size = int(input.shape[2] * float(np.float32(self.scale_factor)))
         return ops_interp.interpolate(input, size, self.mode.value, self.align_corners)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         # Burn adds the Option<f32> itself: `None`, or the value as Display writes it
         sf = "None" if self.scale_factor is None else np.float32(self.scale_factor)
@@ -109,7 +106,7 @@ class Interpolate2dConfig(Config):
         return Interpolate2d(self.output_size, self.scale_factor, InterpolateMode.of(self.mode), self.align_corners)
 
 
-class Interpolate2d(Module):
+class Interpolate2d(Layer):
     """Resizes `[batch, channels, height, width]` inputs to `output_size`, or by `scale_factor`."""
 
     def __init__(self, output_size, scale_factor, mode, align_corners: bool = True):
@@ -135,9 +132,6 @@ class Interpolate2d(Module):
             h, w = input.shape[2:]
             size = [int(h * float(np.float32(self.scale_factor[0]))), int(w * float(np.float32(self.scale_factor[1])))]
         return ops_interp.interpolate(input, tuple(size), self.mode.value, self.align_corners)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         if self.scale_factor is None:

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import _ops
-from ._base import Config, Module, assert_shape, check_dtype, init_with, initializers, row_settings
+from ._base import Config, Layer, assert_shape, check_dtype, init_with, initializers
 
 __all__ = ["LinearConfig", "Linear"]
 
@@ -31,7 +31,7 @@ class LinearConfig(Config):
         return Linear(weight, bias)
 
 
-class Linear(Module):
+class Linear(Layer):
     """Applies a linear transformation `O = IW + b` to the last dim of the input.
 
     `weight` is `[d_input, d_output]`, `bias` (optional) `[d_output]`; both start from
@@ -65,9 +65,6 @@ class Linear(Module):
         check_dtype(self, input, weight)
         bias = self.bias.val() if self.bias is not None else None
         return _ops.linear(input, weight, bias)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         d_input, d_output = self.weight.shape

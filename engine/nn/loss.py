@@ -1,7 +1,8 @@
 """Loss functions under Burn's names, each a module with a `…Config` where Burn has one.
 
 Reduced losses are tensors of dims `[1]`, as Burn returns them; `forward_no_reduction` keeps
-the element-wise values.
+the element-wise values. `_ReducedLoss` holds what those losses share: the reduction and the
+one-line display of their settings.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from ..tensor import Tensor, TensorError
 from . import _ops
-from ._base import Config, Module, assert_shape, f64, row_settings
+from ._base import Config, Layer, Module, assert_shape, f64
 from .misc import cosine_similarity, lp_norm
 
 __all__ = [
@@ -69,6 +70,30 @@ def _f32(x):
     return None if x is None else np.float32(x)
 
 
+class _ReducedLoss(Layer):
+    """A loss with `forward_no_reduction` (the element-wise values) and a `forward` that reduces
+    them (`_reduced`), displayed on one line with the settings named in `_display`.
+
+    Each loss still writes its own `forward` and `forward_no_reduction`: their signatures and
+    `Shapes` docstrings are what the designer's catalog and the shape contracts read."""
+
+    _display: tuple[str, ...] = ()
+    _batch_mean = False  # `Auto` divides the sum by the batch size (KLDivLoss)
+
+    def _reduced(self, loss, reduction):
+        return _reduce(loss, reduction, _owner(type(self)), self._batch_mean)
+
+    def custom_content(self, content):
+        for name in self._display:
+            content = content.add(name, getattr(self, name))
+        return content.optional()
+
+
+def _owner(cls) -> str:
+    """The name of the loss class that defines `forward_no_reduction` (errors name it)."""
+    return next(c.__name__ for c in cls.__mro__ if "forward_no_reduction" in c.__dict__)
+
+
 # ---------------------------------------------------------------------- cross entropy
 @dataclass
 class CrossEntropyLossConfig(Config):
@@ -93,7 +118,7 @@ class CrossEntropyLossConfig(Config):
         return CrossEntropyLoss(pads, weights, self.smoothing, self.logits)
 
 
-class CrossEntropyLoss(Module):
+class CrossEntropyLoss(Layer):
     """Cross entropy of logits (or of probabilities, with `logits=False`) against integer
     class targets, reduced to the mean over the rows that count: PyTorch's
     `F.cross_entropy(x, t, weight=w, ignore_index=pad, label_smoothing=a)`, which current Burn
@@ -187,9 +212,6 @@ class CrossEntropyLoss(Module):
             dist = dist * keep[:, None]
         return _ops.softmax_cross_entropy(logits, dist, denom, log_probs=self.logits)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         pads = "None" if self.pad_tokens is None else f"Vec<0..{len(self.pad_tokens)}>"
         return (
@@ -222,7 +244,7 @@ class BinaryCrossEntropyLossConfig(Config):
         return BinaryCrossEntropyLoss(weights, self.smoothing, self.logits)
 
 
-class BinaryCrossEntropyLoss(Module):
+class BinaryCrossEntropyLoss(Layer):
     """Binary (or multi-label) cross entropy of probabilities, or of logits with `logits=True`."""
 
     def __init__(self, weights, smoothing, logits: bool):
@@ -267,9 +289,6 @@ class BinaryCrossEntropyLoss(Module):
                 loss = loss * Tensor._wrap(w._data[idx], logits.device)
         return loss.mean().reshape(1)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         return (
             content.add("weights", self.weights)
@@ -280,7 +299,7 @@ class BinaryCrossEntropyLoss(Module):
 
 
 # ---------------------------------------------------------------------- regression losses
-class MseLoss(Module):
+class MseLoss(_ReducedLoss):
     """Mean squared error: `(logits - targets)^2`, reduced."""
 
     def __init__(self):
@@ -295,7 +314,7 @@ class MseLoss(Module):
         - targets: `[batch_size, num_targets]`
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(logits, targets), reduction, "MseLoss")
+        return self._reduced(self.forward_no_reduction(logits, targets), reduction)
 
     def forward_no_reduction(self, logits, targets):
         """The element-wise squared errors (same dims as the inputs)."""
@@ -316,8 +335,10 @@ class HuberLossConfig(Config):
         return HuberLoss(self.delta)
 
 
-class HuberLoss(Module):
+class HuberLoss(_ReducedLoss):
     """`0.5 r^2` where `|r| <= delta`, else `delta * |r| - 0.5 delta^2` (`r = targets - predictions`)."""
+
+    _display = ("delta", "lin_bias")
 
     def __init__(self, delta: float):
         super().__init__()
@@ -333,7 +354,7 @@ class HuberLoss(Module):
         - targets: `[...dims]`
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(predictions, targets), reduction, "HuberLoss")
+        return self._reduced(self.forward_no_reduction(predictions, targets), reduction)
 
     def forward_no_reduction(self, predictions, targets):
         """The element-wise loss (same dims as the inputs)."""
@@ -347,12 +368,6 @@ class HuberLoss(Module):
         outside = residuals.clamp(-d, d) * residuals - float(self.lin_bias)
         inside = residuals * residuals * 0.5
         return inside.mask_where(large, outside)
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        return content.add("delta", self.delta).add("lin_bias", self.lin_bias).optional()
 
 
 @dataclass
@@ -411,11 +426,14 @@ class KLDivLossConfig(Config):
         return KLDivLoss(self.log_target)
 
 
-class KLDivLoss(Module):
+class KLDivLoss(_ReducedLoss):
     """Kullback-Leibler divergence of log-probability predictions against targets.
 
     `Auto` (and `BatchMean`) divide the sum by the batch size, as the definition wants.
     """
+
+    _display = ("log_target",)
+    _batch_mean = True
 
     def __init__(self, log_target: bool = False):
         super().__init__()
@@ -430,7 +448,7 @@ class KLDivLoss(Module):
         - targets: `[batch_size, num_targets]`
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(predictions, targets), reduction, "KLDivLoss", batch_mean=True)
+        return self._reduced(self.forward_no_reduction(predictions, targets), reduction)
 
     def forward_no_reduction(self, predictions, targets):
         """The element-wise divergence terms."""
@@ -438,12 +456,6 @@ class KLDivLoss(Module):
         if self.log_target:
             return targets.exp() * (targets - predictions)
         return targets * (targets.clamp(1e-8, 1.0).log() - predictions)
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        return content.add("log_target", self.log_target).optional()
 
 
 # ---------------------------------------------------------------------- embedding / ranking losses
@@ -458,7 +470,7 @@ class CosineEmbeddingLossConfig(Config):
         return CosineEmbeddingLoss(self.margin, Reduction.of(self.reduction))
 
 
-class CosineEmbeddingLoss(Module):
+class CosineEmbeddingLoss(_ReducedLoss):
     """`1 - cos(x1, x2)` for target 1, `max(0, cos(x1, x2) - margin)` for target -1."""
 
     def __init__(self, margin: float = 0.0, reduction: Reduction = Reduction.Mean):
@@ -476,7 +488,7 @@ class CosineEmbeddingLoss(Module):
         - target: `[batch_size]` with values 1 or -1
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(input1, input2, target), self.reduction, "CosineEmbeddingLoss")
+        return self._reduced(self.forward_no_reduction(input1, input2, target), self.reduction)
 
     def forward_no_reduction(self, input1, input2, target):
         """The loss of each pair, dims `[batch_size]`."""
@@ -489,9 +501,6 @@ class CosineEmbeddingLoss(Module):
         zero = cos * 0.0
         loss = zero.mask_where(t.equal(1), 1.0 - cos)
         return loss.mask_where(t.equal(-1), (cos - float(self.margin)).relu())
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return content.add("margin", self.margin).add("reduction", self.reduction.name).optional()
@@ -509,8 +518,10 @@ class MarginRankingLossConfig(Config):
         return MarginRankingLoss(self.margin)
 
 
-class MarginRankingLoss(Module):
+class MarginRankingLoss(_ReducedLoss):
     """`max(0, -y * (x1 - x2) + margin)` for targets `y` of +1 or -1."""
+
+    _display = ("margin",)
 
     def __init__(self, margin: float = 0.0):
         super().__init__()
@@ -526,7 +537,7 @@ class MarginRankingLoss(Module):
         - target: `[...dims]`
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(first, second, target), reduction, "MarginRankingLoss")
+        return self._reduced(self.forward_no_reduction(first, second, target), reduction)
 
     def forward_no_reduction(self, first, second, target):
         """The element-wise loss."""
@@ -534,12 +545,6 @@ class MarginRankingLoss(Module):
         assert_shape(second, dims)
         assert_shape(target, dims)
         return (target * (first - second) * -1.0 + self.margin).relu()
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        return content.add("margin", self.margin).optional()
 
 
 @dataclass
@@ -553,8 +558,10 @@ class TripletMarginLossConfig(Config):
         return TripletMarginLoss(self.margin, self.p)
 
 
-class TripletMarginLoss(Module):
+class TripletMarginLoss(_ReducedLoss):
     """`max(0, |a - p|_p - |a - n|_p + margin)` per triplet."""
+
+    _display = ("margin", "p")
 
     def __init__(self, margin: float = 1.0, p: float = 2.0):
         super().__init__()
@@ -571,7 +578,7 @@ class TripletMarginLoss(Module):
         - negative: `[batch_size, embedding_dim]`
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(anchor, positive, negative), reduction, "TripletMarginLoss")
+        return self._reduced(self.forward_no_reduction(anchor, positive, negative), reduction)
 
     def forward_no_reduction(self, anchor, positive, negative):
         """The loss of each triplet, dims `[batch_size]`."""
@@ -582,12 +589,6 @@ class TripletMarginLoss(Module):
         dp = lp_norm(anchor - positive, self.p, 1).squeeze(1)
         dn = lp_norm(anchor - negative, self.p, 1).squeeze(1)
         return (dp - dn + self.margin).clamp_min(0.0)
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        return content.add("margin", self.margin).add("p", self.p).optional()
 
 
 @dataclass
@@ -604,8 +605,10 @@ class GaussianNLLLossConfig(Config):
 _HALF_LN_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 
 
-class GaussianNLLLoss(Module):
+class GaussianNLLLoss(_ReducedLoss):
     """`0.5 * (log(var) + (input - target)^2 / var)`, var clamped to at least `eps`."""
+
+    _display = ("eps", "full")
 
     def __init__(self, eps: float = 1e-6, full: bool = False):
         super().__init__()
@@ -622,7 +625,7 @@ class GaussianNLLLoss(Module):
         - var: `[...dims]` (predicted variance, positive)
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(input, target, var), reduction, "GaussianNLLLoss")
+        return self._reduced(self.forward_no_reduction(input, target, var), reduction)
 
     def forward_no_reduction(self, input, target, var):
         """The element-wise loss."""
@@ -633,12 +636,6 @@ class GaussianNLLLoss(Module):
         d = input - target
         loss = (v.log() + d * d / v) * 0.5
         return loss + _HALF_LN_TWO_PI if self.full else loss
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        return content.add("eps", self.eps).add("full", self.full).optional()
 
 
 @dataclass
@@ -655,11 +652,13 @@ class PoissonNllLossConfig(Config):
         return PoissonNllLoss(self.log_input, self.full, self.eps)
 
 
-class PoissonNllLoss(Module):
+class PoissonNllLoss(_ReducedLoss):
     """Poisson negative log likelihood: `exp(p) - t p` (log input) or `p - t log(p + eps)`.
 
     With `full`, Stirling's term `t log t - t + 0.5 log(2 pi t)` is added where `t > 1`.
     """
+
+    _display = ("log_input", "full", "eps")
 
     def __init__(self, log_input: bool = True, full: bool = False, eps: float = 1e-8):
         super().__init__()
@@ -676,7 +675,7 @@ class PoissonNllLoss(Module):
         - targets: `[...dims]`
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(predictions, targets), reduction, "PoissonNllLoss")
+        return self._reduced(self.forward_no_reduction(predictions, targets), reduction)
 
     def forward_no_reduction(self, predictions, targets):
         """The element-wise loss."""
@@ -695,12 +694,6 @@ class PoissonNllLoss(Module):
             loss = loss + stirling.mask_fill(targets <= 1.0, 0.0)
         return loss
 
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        return content.add("log_input", self.log_input).add("full", self.full).add("eps", self.eps).optional()
-
 
 @dataclass
 class HingeEmbeddingLossConfig(Config):
@@ -712,8 +705,10 @@ class HingeEmbeddingLossConfig(Config):
         return HingeEmbeddingLoss(self.margin)
 
 
-class HingeEmbeddingLoss(Module):
+class HingeEmbeddingLoss(_ReducedLoss):
     """`x` where the target is 1, `max(0, margin - x)` where it is -1."""
+
+    _display = ("margin",)
 
     def __init__(self, margin: float = 1.0):
         super().__init__()
@@ -728,19 +723,13 @@ class HingeEmbeddingLoss(Module):
         - target: `[...dims]` (values in `{-1, 1}`)
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(input, target), reduction, "HingeEmbeddingLoss")
+        return self._reduced(self.forward_no_reduction(input, target), reduction)
 
     def forward_no_reduction(self, input, target):
         """The element-wise loss."""
         assert_shape(target, list(input.dims()))
         negative = (input * -1.0 + self.margin).clamp_min(0.0)
         return negative.mask_where(target.equal(1), input)
-
-    def custom_settings(self):
-        return row_settings()
-
-    def custom_content(self, content):
-        return content.add("margin", self.margin).optional()
 
 
 @dataclass
@@ -758,8 +747,10 @@ class MultiMarginLossConfig(Config):
         return MultiMarginLoss(self.margin, self.p)
 
 
-class MultiMarginLoss(Module):
+class MultiMarginLoss(_ReducedLoss):
     """`(1 / C) * sum over i != y of max(0, margin - x[y] + x[i])^p` per sample."""
+
+    _display = ("margin", "p")
 
     def __init__(self, margin: float = 1.0, p: int = 1):
         super().__init__()
@@ -775,7 +766,7 @@ class MultiMarginLoss(Module):
         - target: `[batch_size]` (class indices in `0..num_classes`)
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(input, target), reduction, "MultiMarginLoss")
+        return self._reduced(self.forward_no_reduction(input, target), reduction)
 
     def forward_no_reduction(self, input, target):
         """The loss of each sample, dims `[batch_size]`."""
@@ -789,14 +780,8 @@ class MultiMarginLoss(Module):
         margin_p = self.margin**self.p
         return (h.sum(1) - margin_p) * (1.0 / num_classes)
 
-    def custom_settings(self):
-        return row_settings()
 
-    def custom_content(self, content):
-        return content.add("margin", self.margin).add("p", self.p).optional()
-
-
-class SoftMarginLoss(Module):
+class SoftMarginLoss(_ReducedLoss):
     """`log(1 + exp(-target * logit))` for targets of +1 or -1."""
 
     def __init__(self):
@@ -811,7 +796,7 @@ class SoftMarginLoss(Module):
         - targets: `[batch_size, num_targets]` (values in `{-1, 1}`)
         - output: `[1]`
         """
-        return _reduce(self.forward_no_reduction(logits, targets), reduction, "SoftMarginLoss")
+        return self._reduced(self.forward_no_reduction(logits, targets), reduction)
 
     def forward_no_reduction(self, logits, targets):
         """The element-wise loss."""

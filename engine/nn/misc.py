@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 
 from ..tensor import Tensor
-from ._base import Config, Flag, Module, assert_shape, f64, row_settings
+from ._base import Config, Flag, Layer, Module, assert_shape, f64
 
 __all__ = [
     "GaussianNoiseConfig",
@@ -55,7 +55,7 @@ class GaussianNoiseConfig(Config):
         return GaussianNoise(self.std)
 
 
-class GaussianNoise(Module):
+class GaussianNoise(Layer):
     """Adds `N(0, std)` noise while training (the training flag on and an autodiff input)."""
 
     def __init__(self, std: float):
@@ -76,9 +76,6 @@ class GaussianNoise(Module):
             return input
         noise = Tensor.random(input.shape, ("normal", 0.0, self.std), device=input.device, dtype=input.dtype)
         return input + noise
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return content.add("std", self.std).optional()
@@ -122,7 +119,7 @@ class CosineSimilarityConfig(Config):
         return CosineSimilarity(self.dim, self.eps)
 
 
-class CosineSimilarity(Module):
+class CosineSimilarity(Layer):
     """Cosine similarity of two tensors along `dim` (reduced in the output)."""
 
     def __init__(self, dim: int = 1, eps: float = 1e-8):
@@ -145,9 +142,6 @@ class CosineSimilarity(Module):
         d = _dim(self.dim, 2, "CosineSimilarity")
         return cosine_similarity(x1, x2, d, self.eps).squeeze(d)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         return content.add("dim", self.dim).add("eps", self.eps).optional()
 
@@ -163,7 +157,7 @@ class PairwiseDistanceConfig(Config):
         return PairwiseDistance(self.p, self.eps)
 
 
-class PairwiseDistance(Module):
+class PairwiseDistance(Layer):
     """`||x1 - x2 + eps||_p` per row, over the feature dim."""
 
     def __init__(self, p: float = 2.0, eps: float = 1e-6):
@@ -185,9 +179,6 @@ class PairwiseDistance(Module):
         assert_shape(x2, [batch_size, features])
         return lp_norm((x1 - x2) + self.eps, self.p, 1).squeeze(1)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         return content.add("p", self.p).add("eps", self.eps).optional()
 
@@ -203,7 +194,7 @@ class PixelShuffleConfig(Config):
         return PixelShuffle(self.upscale_factor)
 
 
-class PixelShuffle(Module):
+class PixelShuffle(Layer):
     """`[N, C * r^2, H, W]` to `[N, C, H * r, W * r]` (r the upscale factor)."""
 
     def __init__(self, upscale_factor: int):
@@ -231,9 +222,6 @@ class PixelShuffle(Module):
         oc = c // (r * r)
         return input.reshape(b, oc, r, r, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, oc, h * r, w * r)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         return content.add("upscale_factor", self.upscale_factor).optional()
 
@@ -248,7 +236,7 @@ class PixelUnshuffleConfig(Config):
         return PixelUnshuffle(self.downscale_factor)
 
 
-class PixelUnshuffle(Module):
+class PixelUnshuffle(Layer):
     """`[N, C, H * r, W * r]` to `[N, C * r^2, H, W]`, the inverse of [`PixelShuffle`]."""
 
     def __init__(self, downscale_factor: int):
@@ -274,9 +262,6 @@ class PixelUnshuffle(Module):
             raise ValueError(f"PixelUnshuffle: input width ({w}) must be divisible by downscale_factor ({r})")
         oh, ow = h // r, w // r
         return input.reshape(b, c, oh, r, ow, r).permute(0, 1, 3, 5, 2, 4).reshape(b, c * r * r, oh, ow)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return content.add("downscale_factor", self.downscale_factor).optional()

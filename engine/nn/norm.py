@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from ..autodiff import no_recording
 from ..tensor import Tensor
 from . import _ops
-from ._base import (Config, Flag, Module, assert_shape, check_dtype, check_float, f64, init_with, initializers,
-                    row_settings, state)
+from ._base import Config, Flag, Layer, assert_shape, check_dtype, check_float, f64, init_with, initializers, state
 
 __all__ = [
     "LayerNormConfig",
@@ -47,7 +46,7 @@ class LayerNormConfig(Config):
         return LayerNorm(_ones(self.d_model, device), beta, self.epsilon)
 
 
-class LayerNorm(Module):
+class LayerNorm(Layer):
     """Layer normalization over the last dim: `Y = norm(X) * gamma + beta`."""
 
     def __init__(self, gamma, beta, epsilon: float):
@@ -70,9 +69,6 @@ class LayerNorm(Module):
         check_dtype(self, input, gamma, param_name="gamma")
         beta = self.beta.val() if self.beta is not None else None
         return _ops.normalize(input, (-1,), self.epsilon, gamma, beta, (d_model,))
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         (d_model,) = self.gamma.shape
@@ -99,7 +95,7 @@ class BatchNormConfig(Config):
         )
 
 
-class BatchNorm(Module):
+class BatchNorm(Layer):
     """Batch normalization over `[batch_size, channels, ...]`: `Y = norm(X) * gamma + beta`.
 
     While training (the module's training flag on and an autodiff input) it normalizes with
@@ -153,9 +149,6 @@ class BatchNorm(Module):
                 new = old.to_device(device) * (1.0 - m) + Tensor._wrap(batch, device) * m
                 setattr(self, name, param.map(lambda _t, v=new.to_device(old.device).inner(): v))
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         (num_features,) = self.beta.shape
         return (
@@ -206,7 +199,7 @@ class GroupNormConfig(Config):
         return GroupNorm(gamma, beta, self.num_groups, self.num_channels, self.epsilon, self.affine)
 
 
-class GroupNorm(Module):
+class GroupNorm(Layer):
     """Group normalization: channels split into `num_groups` groups, each normalized."""
 
     def __init__(self, gamma, beta, num_groups: int, num_channels: int, epsilon: float, affine: bool):
@@ -229,9 +222,6 @@ class GroupNorm(Module):
         assert_shape(input, [None, self.num_channels, None, ...])
         _check_affine_input(self, input)
         return _group_norm(input, self.gamma, self.beta, self.num_groups, self.epsilon)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (
@@ -257,7 +247,7 @@ class InstanceNormConfig(Config):
         return InstanceNorm(gamma, beta, self.num_channels, self.epsilon, self.affine)
 
 
-class InstanceNorm(Module):
+class InstanceNorm(Layer):
     """Instance normalization: each channel of each item normalized (GroupNorm, one group per channel)."""
 
     def __init__(self, gamma, beta, num_channels: int, epsilon: float, affine: bool):
@@ -279,9 +269,6 @@ class InstanceNorm(Module):
         assert_shape(input, [None, self.num_channels, None, ...])
         _check_affine_input(self, input)
         return _group_norm(input, self.gamma, self.beta, self.num_channels, self.epsilon)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (
@@ -306,7 +293,7 @@ class RmsNormConfig(Config):
         return RmsNorm(_ones(self.d_model, device), self.epsilon)
 
 
-class RmsNorm(Module):
+class RmsNorm(Layer):
     """RMS normalization over the last dim: `Y = X / sqrt(mean(X^2) + eps) * gamma`."""
 
     def __init__(self, gamma, epsilon: float):
@@ -327,9 +314,6 @@ class RmsNorm(Module):
         gamma = self.gamma.val()
         check_dtype(self, input, gamma, param_name="gamma")
         return _ops.rms_norm(input, gamma, self.epsilon)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         (d_model,) = self.gamma.shape
@@ -352,7 +336,7 @@ class LocalResponseNormConfig(Config):
         return LocalResponseNorm(self.size, self.alpha, self.beta, self.k)
 
 
-class LocalResponseNorm(Module):
+class LocalResponseNorm(Layer):
     """`Y = X / (k + alpha * mean_window(X^2))^beta`, the window `size` channels wide.
 
     For an odd size the window is centered; for an even size it takes one more channel on the
@@ -386,9 +370,6 @@ class LocalResponseNorm(Module):
             total = total + padded.narrow(1, j, c)
         denom = (total * (self.alpha / self.size) + self.k).powf(self.beta)
         return input / denom
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..tensor import ops_pool
-from ._base import Config, Module, assert_shape, pair, row_settings, rust_debug
+from ._base import Config, Layer, assert_shape, pair, rust_debug
 from .conv import PaddingConfig1d, PaddingConfig2d
 
 __all__ = [
@@ -49,7 +49,7 @@ class MaxPool1dConfig(Config):
         return MaxPool1d(self.stride, self.kernel_size, PaddingConfig1d.of(self.padding), self.dilation, self.ceil_mode)
 
 
-class MaxPool1d(Module):
+class MaxPool1d(Layer):
     """1-D max pooling over `[batch_size, channels, length]`."""
 
     def __init__(self, stride, kernel_size, padding, dilation, ceil_mode):
@@ -73,9 +73,6 @@ class MaxPool1d(Module):
             input, self.padding, (self.kernel_size,), (self.stride,), float("-inf"),
             lambda x, p: ops_pool.max_pool1d(x, self.kernel_size, self.stride, p, self.dilation, self.ceil_mode),
         )
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (
@@ -110,7 +107,7 @@ class MaxPool2dConfig(Config):
                          list(pair(self.dilation, 2, "dilation", "MaxPool2dConfig")), self.ceil_mode)
 
 
-class MaxPool2d(Module):
+class MaxPool2d(Layer):
     """2-D max pooling over `[batch_size, channels, height, width]`."""
 
     def __init__(self, stride, kernel_size, padding, dilation, ceil_mode):
@@ -135,9 +132,6 @@ class MaxPool2d(Module):
             input, self.padding, k, s, float("-inf"),
             lambda x, p: ops_pool.max_pool2d(x, k, s, p, d, self.ceil_mode),
         )
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (
@@ -170,7 +164,7 @@ class AvgPool1dConfig(Config):
                          self.ceil_mode)
 
 
-class AvgPool1d(Module):
+class AvgPool1d(Layer):
     """1-D average pooling; padded zeros count in the mean when `count_include_pad`."""
 
     def __init__(self, stride, kernel_size, padding, count_include_pad, ceil_mode):
@@ -195,9 +189,6 @@ class AvgPool1d(Module):
             lambda x, p: ops_pool.avg_pool1d(x, self.kernel_size, self.stride, p, self.count_include_pad,
                                              self.ceil_mode),
         )
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return (
@@ -230,7 +221,7 @@ class AvgPool2dConfig(Config):
                          PaddingConfig2d.of(self.padding), self.count_include_pad, self.ceil_mode)
 
 
-class AvgPool2d(Module):
+class AvgPool2d(Layer):
     """2-D average pooling; padded zeros count in the mean when `count_include_pad`."""
 
     def __init__(self, stride, kernel_size, padding, count_include_pad, ceil_mode):
@@ -256,9 +247,6 @@ class AvgPool2d(Module):
             lambda x, p: ops_pool.avg_pool2d(x, k, s, p, self.count_include_pad, self.ceil_mode),
         )
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         return (
             content.add("kernel_size", rust_debug(self.kernel_size))
@@ -281,7 +269,7 @@ class AdaptiveAvgPool1dConfig(Config):
         return AdaptiveAvgPool1d(self.output_size)
 
 
-class AdaptiveAvgPool1d(Module):
+class AdaptiveAvgPool1d(Layer):
     """Average over adaptive bins to `output_size` entries."""
 
     def __init__(self, output_size: int):
@@ -299,9 +287,6 @@ class AdaptiveAvgPool1d(Module):
         assert_shape(input, [None, None, None])
         return ops_pool.adaptive_avg_pool1d(input, self.output_size)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         return content.add("output_size", self.output_size).optional()
 
@@ -316,7 +301,7 @@ class AdaptiveAvgPool2dConfig(Config):
         return AdaptiveAvgPool2d(list(pair(self.output_size, 2, "output_size", "AdaptiveAvgPool2dConfig")))
 
 
-class AdaptiveAvgPool2d(Module):
+class AdaptiveAvgPool2d(Layer):
     """Average over adaptive bins to `output_size` `[height, width]`."""
 
     def __init__(self, output_size):
@@ -333,9 +318,6 @@ class AdaptiveAvgPool2d(Module):
         """
         assert_shape(input, [None, None, None, None])
         return ops_pool.adaptive_avg_pool2d(input, tuple(self.output_size))
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return content.add("output_size", rust_debug(self.output_size)).optional()

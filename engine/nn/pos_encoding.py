@@ -8,7 +8,7 @@ import numpy as np
 from ..tensor import Tensor
 from ..tensor.device import as_device
 from . import _ops
-from ._base import Config, Module, assert_shape, check_float, row_settings
+from ._base import Config, Layer, assert_shape, check_float
 
 __all__ = ["PositionalEncodingConfig", "PositionalEncoding", "generate_sinusoids", "RotaryEncodingConfig",
            "RotaryEncoding"]
@@ -45,7 +45,7 @@ class PositionalEncodingConfig(Config):
         return PositionalEncoding(sin.unsqueeze(0), self.max_sequence_size, self.max_timescale)
 
 
-class PositionalEncoding(Module):
+class PositionalEncoding(Layer):
     """Adds the sinusoids of "Attention Is All You Need" to the input (a constant, not a parameter)."""
 
     def __init__(self, sinusoids, max_sequence_size: int, max_timescale: int):
@@ -73,9 +73,6 @@ class PositionalEncoding(Module):
         sin = self.sinusoids.to_device(input.device).narrow(1, 0, seq_length)
         return input + sin.cast(input.dtype)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         d_model = self.sinusoids.shape[2]
         return (
@@ -102,7 +99,7 @@ class RotaryEncodingConfig(Config):
         return RotaryEncoding(self.max_sequence_length, self.d_model, self.theta, device)
 
 
-class RotaryEncoding(Module):
+class RotaryEncoding(Layer):
     """Rotary position encoding (RoFormer): rotates each pair `(x[2i], x[2i+1])` of the last
     dim at position `p` by the angle `p * theta^(-2i / d_model)`.
 
@@ -152,9 +149,6 @@ class RotaryEncoding(Module):
             )
         cos, sin = self.frequencies(x.device)
         return _ops.rotary(x, cos[start:start + seq_length], sin[start:start + seq_length])
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return content.add("d_model", self.d_model).add("max_sequence_length", self.max_sequence_length).optional()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..tensor import cat, stack
-from ._base import Config, Module, assert_shape, check_dtype, initializers, row_settings
+from ._base import Config, Layer, Module, assert_shape, check_dtype, initializers
 from .activation import ActivationConfig
 from .linear import LinearConfig
 
@@ -100,7 +100,7 @@ class LstmConfig(Config):
         )
 
 
-class Lstm(Module):
+class Lstm(Layer):
     """A unidirectional LSTM; returns the hidden state of every step and the final state."""
 
     def __init__(self, input_gate, forget_gate, output_gate, cell_gate, d_hidden, batch_first, reverse, clip,
@@ -172,9 +172,6 @@ class Lstm(Module):
             outputs[t] = hidden
         return stack(outputs, 1), LstmState(cell, hidden)
 
-    def custom_settings(self):
-        return row_settings()
-
     def custom_content(self, content):
         d_input = self.input_gate.input_transform.weight.shape[0]
         return (
@@ -206,7 +203,7 @@ class BiLstmConfig(Config):
         return BiLstm(base.init(device), base.init(device), self.d_hidden, self.batch_first)
 
 
-class _Bidirectional(Module):
+class _Bidirectional(Layer):
     """A forward and a reverse recurrent layer, outputs concatenated along the features.
 
     Burn names the forward direction's field `forward`; it is kept in the instance dict (a field,
@@ -248,9 +245,6 @@ class _Bidirectional(Module):
         out_r, st_r = self.reverse._run(x, state_reverse, True)
         out = cat([out_f, out_r], 2)
         return (out if self.batch_first else out.swap_dims(0, 1)), st_f, st_r
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         transform = self._input_transform()
@@ -321,7 +315,7 @@ class GruConfig(Config):
                    ActivationConfig.of(self.hidden_activation).init(device), self.clip, self.batch_first)
 
 
-class Gru(Module):
+class Gru(Layer):
     """A unidirectional GRU; `reset_after` applies the reset gate after the hidden product."""
 
     def __init__(self, update_gate, reset_gate, new_gate, d_hidden, reset_after, gate_activation,
@@ -377,9 +371,6 @@ class Gru(Module):
                 hidden = hidden.clamp(-self.clip, self.clip)
             outputs[t] = hidden
         return stack(outputs, 1), hidden
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         d_input = self.update_gate.input_transform.weight.shape[0]

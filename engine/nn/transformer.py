@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._base import Config, Module, assert_shape, check_dtype, initializers, row_settings
+from ._base import Config, Layer, Module, assert_shape, check_dtype, initializers
 from .activation import ActivationConfig
 from .attention import MhaInput, MultiHeadAttentionConfig
 from .dropout import DropoutConfig
@@ -42,7 +42,7 @@ class PositionWiseFeedForwardConfig(Config):
         )
 
 
-class PositionWiseFeedForward(Module):
+class PositionWiseFeedForward(Layer):
     """`FFN(x) = act(x W1 + b1) W2 + b2`, dropout after the activation."""
 
     def __init__(self, linear_inner, linear_outer, dropout, activation):
@@ -67,9 +67,6 @@ class PositionWiseFeedForward(Module):
         x = self.activation.forward(x)
         x = self.dropout.forward(x)
         return self.linear_outer.forward(x)
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         d_model, d_ff = self.linear_inner.weight.shape
@@ -182,7 +179,7 @@ class TransformerEncoderLayer(Module):
         return x
 
 
-class TransformerEncoder(Module):
+class TransformerEncoder(Layer):
     """A stack of [`TransformerEncoderLayer`]s."""
 
     def __init__(self, layers, d_model, d_ff, n_heads, n_layers, dropout, norm_first, quiet_softmax):
@@ -213,9 +210,6 @@ class TransformerEncoder(Module):
         for layer in self.layers:
             x = layer.forward(x, input.mask_pad_, input.mask_attn_)
         return x
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return _transformer_content(self, content)
@@ -350,7 +344,7 @@ class TransformerDecoderLayer(Module):
         return out
 
 
-class TransformerDecoder(Module):
+class TransformerDecoder(Layer):
     """A stack of [`TransformerDecoderLayer`]s."""
 
     def __init__(self, layers, d_model, d_ff, n_heads, n_layers, dropout, norm_first, quiet_softmax):
@@ -383,9 +377,6 @@ class TransformerDecoder(Module):
         for layer in self.layers:
             input = layer.forward(input)
         return input.target
-
-    def custom_settings(self):
-        return row_settings()
 
     def custom_content(self, content):
         return _transformer_content(self, content)
