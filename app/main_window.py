@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, Q
 
 from engine import available_devices
 from engine.tensor.device import default_device
-from widgets import module_info as mi
+from engine.module.tree import FieldKind, find
 from widgets.checkpoint_dialog import CheckpointDialog
 from widgets.contract_editor import ContractEditor
 from widgets.device_selector import DeviceSelector
@@ -277,7 +277,7 @@ class MainWindow(QMainWindow):
         module = self.document.module
         self.tree.set_module(module)
         stats = self.tree.model.stats
-        self.summary_label.setText(mi.trainable_summary(stats.total) if module is not None else "No model open.")
+        self.summary_label.setText(str(stats.total.counts) if module is not None else "No model open.")
         self.device_selector.set_model_devices(stats.total.devices if module is not None else [])
         self._show_selection(self.tree.selected_path())
         self._update_actions()
@@ -308,14 +308,14 @@ class MainWindow(QMainWindow):
             self.contract_editor.set_target(None, None, None, False)
             return
         path = path if path is not None else ""
-        found = mi.get_path(module, path)
+        found = find(module, path)
         value = found[1] if found else None
         self.display.set_value(value, path)
         self.inspector.set_selection(module, path, self.tree.model.stats)
         self._show_contract(path, found)
 
     def _show_contract(self, path: str, found) -> None:
-        if found is None or found[0] not in (mi.MODULE, mi.REPARAM):
+        if found is None or found[0] not in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION):
             self.contract_editor.set_target(None, None, None, False)
         else:
             doc_text = contracts.docstring_contract(found[1])
@@ -331,7 +331,7 @@ class MainWindow(QMainWindow):
         self.tree.model.refresh_column(CONTRACT)
         path = self.tree.selected_path()
         if self.document.module is not None:
-            self._show_contract(path or "", mi.get_path(self.document.module, path or ""))
+            self._show_contract(path or "", find(self.document.module, path or ""))
 
     def _on_check_changed(self) -> None:
         self.tree.model.refresh_column(CONTRACT)
