@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .build import block_class_name
 from .graph import Design
+from .dims import as_dim
 from .shapes import Analysis, SymTensor, analyze
 
 __all__ = ["ExportError", "Plan", "plan_export", "var_name", "dim_expr", "block_type"]
@@ -107,26 +108,26 @@ def block_type(path: str) -> str:
     return block_class_name(path)
 
 
-def dim_expr(d, axes: dict) -> str | None:
-    """An axis size as an expression over the bound axis names, or None if it is not one."""
-    if isinstance(d, int):
-        return str(d)
-    text = str(d)
-    tokens = re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[*+\-]", text)
-    if "".join(tokens) != text.replace(" ", ""):
+def dim_expr(d, axes: dict, lang: str = "python") -> str | None:
+    """An axis size (an int, an axis name or a `Dim`) as a Python or Rust expression over the
+    bound axis names (`h - 2`, `(h - 1) // 2`; Rust divides with `/`), or None if it uses a
+    name that is not bound."""
+    try:
+        dim = as_dim(d)
+    except TypeError:
         return None
-    for t in tokens:
-        if re.match(r"[A-Za-z_]", t) and t not in axes:
-            return None
-    return " ".join(tokens)
+    if any(n not in axes for n in dim.names()):
+        return None
+    return dim.rust() if lang == "rust" else dim.python()
 
 
 def shape_pattern(dims, axes: dict, skip: str) -> str:
-    """An input's shape contract as a pattern list: each axis as an expression over the bound
-    names, or `skip` (Python's None, Rust's _) where it is not one."""
+    """A shape contract as a pattern list: each axis as an expression over the bound names, or
+    `skip` (Python's None, Rust's _) where it is not one."""
+    lang = "rust" if skip == "_" else "python"
     parts = []
     for d in dims:
-        e = dim_expr(d, axes)
+        e = dim_expr(d, axes, lang)
         parts.append(e if e is not None else skip)
     return "[" + ", ".join(parts) + "]"
 

@@ -144,7 +144,7 @@ def _forward(plan: Plan) -> list[str]:
     for o in outputs:
         v = plan.vars[plan.input_of(o, "input")]
         shape = plan.analysis.output_shapes()[o]
-        lines.append(f"        assert_shape({v}, {shape_pattern(shape.dims, plan.axes, 'None')})")
+        lines.append(f"        assert_shape({v}, {shape_pattern(shape.sym, plan.axes, 'None')})")
         results.append(v)
     lines.append(f"        return {', '.join(results)}")
     return lines

@@ -335,7 +335,7 @@ def _forward(plan: Plan, uses: set) -> list[str]:
     results = []
     for o in outputs:
         v = plan.vars[plan.input_of(o, "input")]
-        body.append(f"assert_shape!({v}, {shape_pattern(out_shapes[o].dims, plan.axes, '_')});")
+        body.append(f"assert_shape!({v}, {shape_pattern(out_shapes[o].sym, plan.axes, '_')});")
         results.append(v)
     body.append(results[0] if len(results) == 1 else "(" + ", ".join(results) + ")")
     lines += [("        " + b) if b else "" for b in body]
@@ -349,7 +349,7 @@ def _axis(dim: int, rank: int) -> int:
 
 def _reshape(x: str, state, plan: Plan) -> str:
     out = state.outputs["output"]
-    parts = [dim_expr(dd, plan.axes) for dd in out.dims]
+    parts = [dim_expr(dd, plan.axes, "rust") for dd in out.sym]
     if all(p is not None for p in parts):
         return f"{x}.reshape([{', '.join(parts)}])"
     # a size only the run time knows: Burn infers one -1 from an i32 shape

@@ -1,36 +1,33 @@
 """Live shape inference over a design, with named axes.
 
-A tensor flowing along an edge has symbolic dims: ints, and names for the axes that vary at
-run time (`[batch, seq, 512]`). Inference reuses each layer's own contract instead of restating
-it: the layer is made from its config (lazy parameters, replaced by zeros so that no random
-numbers are drawn and the device's generator is untouched), put in validation mode, and its
-forward runs on small tensors of zeros. Every named axis stands for a small size, twice over
-with different sizes (two *runs*): an output axis that keeps its size in both runs is an int; one
-that follows a named axis is that name; one that follows it affinely (`seq - 2` after a valid
-convolution, `16 * seq` after a flatten) gets that expression. A layer whose contract refuses
-its input raises the same `ShapeError` its `assert_shape` raises for real tensors; the message
-is shown at the node with the named axes put back (`(dims [batch, 1, 28, 28])`).
+A tensor flowing along an edge has symbolic dims: exact integer expressions (`Dim`, see `dims`)
+over the names of the axes that vary at run time (`[batch, seq, 512]`, `[batch, 8, seq-2]`,
+`[batch, 64, (h-3)//2+1]`). Each layer kind states its output dims as expressions of its input
+dims in `shape_rules` (one rule per layer type, reading only the layer's settings and parameter
+shapes: nothing is initialized and no kernel runs); the structural nodes (Add, Concat, Reshape,
+Flatten, Split) have rules of their own here. A layer whose contract refuses its input gives
+the message its own `assert_shape` gives for a real tensor, with the named axes in place
+(`axis 1 expected 16, got seq (dims [batch, seq, 16])`). What an input must satisfy beyond its
+fixed sizes is kept at the node as constraints in the user's axis names (`w must be divisible
+by 2`, `seq must be even`): they depend on the sizes given at run time, so they are not errors.
 
-Structural nodes (Add, Concat, Reshape, Flatten, Split) have rules of their own here. Results
-of a layer for given inputs are cached, so re-running the inference after each edit costs only
-the changed nodes.
+The layer of a node is made from its config once (lazy parameters: nothing random is drawn)
+and cached, so re-running the inference after each edit costs little.
 """
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ..autodiff import no_recording
-from ..module import ModuleMapper, Param
 from ..tensor import Device, Tensor
+from . import shape_rules
 from .catalog import NodeSpec
+from .dims import Constraint, Dim, as_dim
 from .fields import is_axis_name
 from .graph import Design
 
-__all__ = ["SymTensor", "NodeState", "Analysis", "analyze", "format_dims", "call_layer", "NodeError", "probe_sizes"]
+__all__ = ["SymTensor", "NodeState", "Analysis", "analyze", "format_dims", "call_layer", "NodeError"]
 
 
 class NodeError(Exception):
@@ -43,15 +40,25 @@ def format_dims(dims) -> str:
 
 @dataclass(frozen=True)
 class SymTensor:
-    """A tensor's symbolic dims, its concrete dims in the two probe runs, and its kind."""
+    """A tensor's symbolic dims (`sym`, one `Dim` per axis) and its kind ("float", "int", "bool").
 
-    dims: tuple
-    runs: tuple
+    `dims` shows them as the designer does: ints for fixed sizes, text for the others
+    (`("batch", 8, "seq-2")`)."""
+
+    sym: tuple
     dtype: str = "float"
 
     @property
+    def dims(self) -> tuple:
+        return tuple(d.label() for d in self.sym)
+
+    @property
     def rank(self) -> int:
-        return len(self.dims)
+        return len(self.sym)
+
+    def evaluate(self, sizes: dict) -> tuple:
+        """The concrete dims for concrete sizes of the named axes ({name: int})."""
+        return tuple(d.evaluate(sizes) for d in self.sym)
 
     def text(self) -> str:
         return format_dims(self.dims)
@@ -64,18 +71,24 @@ class SymTensor:
 class NodeState:
     """What inference found for one node: its output tensors by port, or why there are none.
 
-    `blocked` means an upstream node has no shape (its own error is shown there)."""
+    `blocked` means an upstream node has no shape (its own error is shown there).
+    `constraints` are what the node's inputs must satisfy at run time (`w must be divisible by 2`)."""
 
     outputs: dict | None = None
     error: str | None = None
     blocked: bool = False
     inputs: dict = field(default_factory=dict)
     kind: str = ""
+    constraints: list = field(default_factory=list)
+
+    def constraint_texts(self) -> list[str]:
+        return [c.text() for c in self.constraints]
 
 
 @dataclass
 class Analysis:
-    """The inference of a whole design."""
+    """The inference of a whole design. `env` maps each named axis to the (Input node, axis)
+    that first binds it."""
 
     nodes: dict
     env: dict
@@ -87,6 +100,11 @@ class Analysis:
     def errors(self) -> dict:
         """{node: message} for every node whose input does not fit or whose config is bad."""
         return {n: s.error for n, s in self.nodes.items() if s.error}
+
+    def constraints(self) -> dict:
+        """{node: ["w must be divisible by 2", ...]} for the nodes whose inputs must satisfy more
+        than their fixed sizes."""
+        return {n: s.constraint_texts() for n, s in self.nodes.items() if s.constraints}
 
     def edge_shape(self, edge) -> SymTensor | None:
         src, sp, _dst, _dp = edge
@@ -109,34 +127,13 @@ class Analysis:
         return list(self.problems) + [f"{n}: {m}" for n, m in self.errors().items()]
 
 
-# ---------------------------------------------------------------------------------- probe sizes
-_PROBES = [(10, 14), (11, 17), (13, 19), (9, 16), (12, 21), (15, 22), (18, 25), (20, 27)]
-
-
-def probe_sizes(names) -> dict:
-    """The two sizes each named axis takes in the two probe runs (`batch`-like axes stay small)."""
-    env = {}
-    k = 0
-    for n in names:
-        if n in env:
-            continue
-        if "batch" in n.lower() and (2, 3) not in env.values():
-            env[n] = (2, 3)
-        else:
-            a, b = _PROBES[k % len(_PROBES)]
-            extra = 8 * (k // len(_PROBES))
-            env[n] = (a + extra, b + 2 * extra)
-            k += 1
-    return env
-
-
 def _env_of(design: Design) -> dict:
-    names = []
+    env = {}
     for n in design.inputs():
-        for d in design.config(n).get("shape", []):
-            if isinstance(d, str):
-                names.append(d)
-    return probe_sizes(names)
+        for i, d in enumerate(design.config(n).get("shape", [])):
+            if isinstance(d, str) and d not in env:
+                env[d] = (n, i)
+    return env
 
 
 # ---------------------------------------------------------------------------------- analysis
@@ -183,35 +180,36 @@ def analyze(design: Design) -> Analysis:
             st.blocked = True
             continue
         try:
-            st.outputs = _infer(spec, values, ins, env)
-        except NodeError as e:
+            st.outputs = _infer(spec, values, ins, env, st.constraints)
+        except (NodeError, shape_rules.RuleError) as e:
             st.error = str(e)
+            st.constraints.clear()
         except Exception as e:  # noqa: BLE001 - a node's problem never breaks the analysis
             st.error = f"{type(e).__name__}: {e}"
+            st.constraints.clear()
     return Analysis(states, env, problems)
 
 
-def _infer(spec: NodeSpec, values: dict, ins: list, env: dict) -> dict:
+def _infer(spec: NodeSpec, values: dict, ins: list, env: dict, constraints: list) -> dict:
     k = spec.kind
     if k == "Input":
         dims = tuple(values["shape"])
         if not dims:
             raise NodeError("shape: an input needs at least one axis")
-        runs = tuple(tuple(env[d][r] if isinstance(d, str) else d for d in dims) for r in range(2))
-        return {"output": SymTensor(dims, runs, values["dtype"])}
+        return {"output": SymTensor(tuple(as_dim(d) for d in dims), values["dtype"])}
     if k == "Output":
         return {}
     if k == "Add":
         return {"output": _add(ins)}
     if k == "Concat":
-        return {"output": _concat(ins, values["dim"], env)}
+        return {"output": _concat(ins, values["dim"])}
     if k == "Reshape":
-        return {"output": _reshape(ins[0], values["shape"], env)}
+        return {"output": _reshape(ins[0], values["shape"], env, constraints)}
     if k == "Flatten":
-        return {"output": _flatten(ins[0], values["start_dim"], values["end_dim"], env)}
+        return {"output": _flatten(ins[0], values["start_dim"], values["end_dim"])}
     if k == "Split":
         return _split(ins[0], values["dim"], values["sizes"])
-    return {"output": _layer(spec, values, ins, env)}
+    return {"output": _layer(spec, values, ins, constraints)}
 
 
 # ---------------------------------------------------------------------------------- structure
@@ -225,12 +223,12 @@ def _axis(dim: int, rank: int, what: str) -> int:
 def _add(ins: list) -> SymTensor:
     first = ins[0]
     for i, t in enumerate(ins[1:], start=1):
-        if t.runs != first.runs:
+        if t.sym != first.sym:
             raise NodeError(f"input in{i} has dims {t.text()}, expected {first.text()} (the dims of in0)")
     return first
 
 
-def _concat(ins: list, dim: int, env: dict) -> SymTensor:
+def _concat(ins: list, dim: int) -> SymTensor:
     first = ins[0]
     d = _axis(dim, first.rank, "dim")
     for i, t in enumerate(ins[1:], start=1):
@@ -238,150 +236,107 @@ def _concat(ins: list, dim: int, env: dict) -> SymTensor:
             raise NodeError(f"input in{i} has rank {t.rank} ({t.text()}), expected {first.rank} like in0 "
                             f"({first.text()})")
         for a in range(first.rank):
-            if a != d and [r[a] for r in t.runs] != [r[a] for r in first.runs]:
+            if a != d and t.sym[a] != first.sym[a]:
                 raise NodeError(f"input in{i} has dims {t.text()}: axis {a} must match in0 {first.text()} "
                                 f"(only axis {d} may differ)")
-    runs = tuple(tuple(sum(t.runs[r][d] for t in ins) if a == d else first.runs[r][a] for a in range(first.rank))
-                 for r in range(2))
-    dims = list(first.dims)
-    parts = [t.dims[d] for t in ins]
-    dims[d] = _derive_one(runs[0][d], runs[1][d], ins, env, fallback=_sum_text(parts))
-    return SymTensor(tuple(dims), runs, first.dtype)
+    total = Dim()
+    for t in ins:
+        total = total + t.sym[d]
+    return SymTensor(first.sym[:d] + (total,) + first.sym[d + 1:], first.dtype)
 
 
-def _sum_text(parts) -> str:
-    total = sum(p for p in parts if isinstance(p, int))
-    names = [str(p) for p in parts if not isinstance(p, int)]
-    return "+".join(names + ([str(total)] if total else []))
+def _product(dims) -> Dim:
+    p = as_dim(1)
+    for d in dims:
+        p = p * d
+    return p
 
 
-def _reshape(t: SymTensor, shape: list, env: dict) -> SymTensor:
+def _monomial_quotient(num: Dim, den: Dim) -> Dim | None:
+    """num / den when den is one term (c * atoms) that divides every term of num, else None."""
+    if len(den.terms) != 1:
+        return None
+    (dm, dc), = den.terms.items()
+    out = {}
+    for m, c in num.terms.items():
+        rest = list(m)
+        for a in dm:
+            if a not in rest:
+                return None
+            rest.remove(a)
+        if c % dc:
+            return None
+        out[tuple(rest)] = c // dc
+    return Dim(out)
+
+
+def _reshape(t: SymTensor, shape: list, env: dict, constraints: list) -> SymTensor:
     target = format_dims(shape)
     if not shape:
         raise NodeError("shape: give at least one axis")
-    runs = []
-    for r in range(2):
-        out = []
-        for s in shape:
-            if isinstance(s, str):
-                if s in t.dims:
-                    out.append(t.runs[r][t.dims.index(s)])
-                elif s in env:  # a named axis of the model's inputs
-                    out.append(env[s][r])
-                else:
-                    names = sorted(set(env) | {d for d in t.dims if isinstance(d, str) and is_axis_name(d)})
-                    raise NodeError(f"{s!r} is not a named axis of the input {t.text()} nor of the model's "
-                                    f"inputs: use a size, -1, or one of {', '.join(names) or 'no names'}")
+    labels = t.dims
+    out: list = []
+    for s in shape:
+        if isinstance(s, str):
+            if s in labels:
+                out.append(t.sym[labels.index(s)])
+            elif s in env:  # a named axis of the model's inputs
+                out.append(as_dim(s))
             else:
-                out.append(s)
-        total = math.prod(t.runs[r])
-        if -1 in out:
-            known = math.prod(v for v in out if v != -1)
-            if known == 0 or total % known:
+                names = sorted(set(env) | {d for d in labels if isinstance(d, str) and is_axis_name(d)})
+                raise NodeError(f"{s!r} is not a named axis of the input {t.text()} nor of the model's "
+                                f"inputs: use a size, -1, or one of {', '.join(names) or 'no names'}")
+        else:
+            out.append(s)
+    total = _product(t.sym)
+    if -1 in out:
+        i = out.index(-1)
+        known = _product(d for d in out if not (isinstance(d, int) and d == -1))
+        if known == 0:
+            raise NodeError(f"cannot reshape {t.text()} into {target}: no size for -1 makes the number of "
+                            f"elements agree")
+        q = _monomial_quotient(total, known)
+        if q is None and known.is_const():
+            k = known.value()
+            c = Constraint(total, "multiple", k)
+            if c.decided() is False:
                 raise NodeError(f"cannot reshape {t.text()} into {target}: no size for -1 makes the number of "
                                 f"elements agree")
-            out[out.index(-1)] = total // known
-        if math.prod(out) != total:
-            raise NodeError(f"cannot reshape {t.text()} into {target}: the number of elements differs")
-        runs.append(tuple(out))
-    dims = []
-    for a, s in enumerate(shape):
-        if s == -1:
-            q = _mono_quotient(_mono_product(t.dims), _mono_product([d for d in shape if d != -1]))
-            exact = _mono_text(*q) if q is not None else None
-            dims.append(exact if exact is not None else _derive_one(runs[0][a], runs[1][a], [t], env, fallback="?"))
-        else:
-            dims.append(s)
-    return SymTensor(tuple(dims), tuple(runs), t.dtype)
+            constraints.append(c)
+            q = total // k
+        if q is None:
+            raise NodeError(f"cannot reshape {t.text()} into {target}: no size for -1 makes the number of "
+                            f"elements agree")
+        out[i] = q
+    sym = tuple(as_dim(d) for d in out)
+    if _product(sym) != total:
+        raise NodeError(f"cannot reshape {t.text()} into {target}: the number of elements differs")
+    return SymTensor(sym, t.dtype)
 
 
-def _flatten(t: SymTensor, start: int, end: int, env: dict) -> SymTensor:
+def _flatten(t: SymTensor, start: int, end: int) -> SymTensor:
     s = _axis(start, t.rank, "start_dim")
     e = _axis(end, t.rank, "end_dim")
     if s > e:
         raise NodeError(f"start_dim {start} comes after end_dim {end} (for {t.text()})")
-    runs = tuple(r[:s] + (math.prod(r[s:e + 1]),) + r[e + 1:] for r in t.runs)
-    product = _mono_product(t.dims[s:e + 1])
-    fallback = _mono_text(*product) if product is not None else None
-    merged = _derive_one(runs[0][s], runs[1][s], [t], {}, fallback=fallback)
-    return SymTensor(t.dims[:s] + (merged,) + t.dims[e + 1:], runs, t.dtype)
-
-
-def _mono(d):
-    """An axis size as (coefficient, {name: power}), or None for a sum or a derived size."""
-    if isinstance(d, int):
-        return d, {}
-    coeff, powers = 1, {}
-    for p in str(d).split("*"):
-        p = p.strip()
-        if p.isdigit():
-            coeff *= int(p)
-        elif is_axis_name(p):
-            powers[p] = powers.get(p, 0) + 1
-        else:
-            return None
-    return coeff, powers
-
-
-def _mono_product(dims):
-    coeff, powers = 1, {}
-    for d in dims:
-        m = _mono(d)
-        if m is None:
-            return None
-        coeff *= m[0]
-        for n, k in m[1].items():
-            powers[n] = powers.get(n, 0) + k
-    return coeff, powers
-
-
-def _mono_quotient(num, den):
-    if num is None or den is None or den[0] == 0 or num[0] % den[0]:
-        return None
-    powers = dict(num[1])
-    for n, k in den[1].items():
-        if powers.get(n, 0) < k:
-            return None
-        powers[n] -= k
-    return num[0] // den[0], {n: k for n, k in powers.items() if k}
-
-
-def _mono_text(coeff: int, powers: dict):
-    names = [n for n, k in powers.items() for _ in range(k)]
-    if not names:
-        return int(coeff)
-    return "*".join(([str(coeff)] if coeff != 1 else []) + names)
+    return SymTensor(t.sym[:s] + (_product(t.sym[s:e + 1]),) + t.sym[e + 1:], t.dtype)
 
 
 def _split(t: SymTensor, dim: int, sizes: list) -> dict:
     d = _axis(dim, t.rank, "dim")
     if not sizes:
         raise NodeError("sizes: give the size of each piece")
-    v0, v1 = t.runs[0][d], t.runs[1][d]
-    if v0 != v1:
-        raise NodeError(f"axis {d} of {t.text()} is the named axis {t.dims[d]}: only an axis of fixed size can be "
+    size = t.sym[d]
+    if not size.is_const():
+        raise NodeError(f"axis {d} of {t.text()} is the named axis {size}: only an axis of fixed size can be "
                         f"split into fixed sizes")
-    if sum(sizes) != v0:
-        raise NodeError(f"sizes {format_dims(sizes)} add up to {sum(sizes)}, but axis {d} of {t.text()} has {v0}")
-    out = {}
-    for i, n in enumerate(sizes):
-        runs = tuple(r[:d] + (n,) + r[d + 1:] for r in t.runs)
-        out[f"out{i}"] = SymTensor(t.dims[:d] + (n,) + t.dims[d + 1:], runs, t.dtype)
-    return out
+    if sum(sizes) != size.value():
+        raise NodeError(f"sizes {format_dims(sizes)} add up to {sum(sizes)}, but axis {d} of {t.text()} has "
+                        f"{size.value()}")
+    return {f"out{i}": SymTensor(t.sym[:d] + (as_dim(n),) + t.sym[d + 1:], t.dtype) for i, n in enumerate(sizes)}
 
 
 # ---------------------------------------------------------------------------------- layers
-class _Zeros(ModuleMapper):
-    """Every lazy float parameter becomes a lazy tensor of zeros: nothing random is drawn."""
-
-    def map_float(self, param):
-        if param.is_initialized():
-            return param
-        shape = tuple(param.lazy_shape())
-        return Param.uninitialized(lambda d, rg, s=shape: Tensor.zeros(s, device=d), param.lazy_device(), False,
-                                   shape)
-
-
 def call_layer(spec: NodeSpec, module, xs: list):
     """Run a layer's forward on the tensors of its input ports; returns one tensor."""
     from .. import nn  # noqa: PLC0415
@@ -402,137 +357,44 @@ def call_layer(spec: NodeSpec, module, xs: list):
     return out
 
 
-_CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 512
-_DTYPES = {"float": None, "int": "int64", "bool": "bool"}
-_PROBE_DEVICE = "cpu"
+_CONFIG_DEVICE = "cpu"
+_MODULES: OrderedDict = OrderedDict()
 
 
-def _layer_runs(spec: NodeSpec, values: dict, ins: list):
-    """((out dims run 0, run 1), dtype) or raises NodeError(message, run)."""
-    key = (spec.kind, json.dumps(values, sort_keys=True), tuple((t.runs, t.dtype) for t in ins))
-    hit = _CACHE.get(key)
+def _module(spec: NodeSpec, values: dict):
+    """("ok", module) or ("error", message) for the node's configuration (cached)."""
+    key = (spec.kind, json.dumps(values, sort_keys=True))
+    hit = _MODULES.get(key)
     if hit is not None:
-        _CACHE.move_to_end(key)
-    else:
-        hit = _CACHE[key] = _compute_runs(spec, values, ins)
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return hit
-
-
-def _compute_runs(spec: NodeSpec, values: dict, ins: list):
-    device = Device(_PROBE_DEVICE)
+        _MODULES.move_to_end(key)
+        return hit
     try:
-        module = spec.create(values, device)
+        hit = ("ok", spec.create(values, Device(_CONFIG_DEVICE)))
     except Exception as e:  # noqa: BLE001 - the config's own check, shown at the node
-        return ("error", _config_message(e), None)
-    try:
-        module = module.map(_Zeros()).valid()
-    except Exception as e:  # noqa: BLE001
-        return ("error", f"{type(e).__name__}: {e}", None)
-    outs = []
-    kind = "float"
-    for r in range(2):
-        xs = [Tensor.zeros(t.runs[r], device=device, dtype=_DTYPES[t.dtype]) for t in ins]
-        try:
-            with no_recording():
-                y = call_layer(spec, module, xs)
-        except NodeError as e:
-            return ("error", str(e), r)
-        except Exception as e:  # noqa: BLE001 - the layer's contract refused the input
-            return ("error", _error_text(e), r)
-        outs.append(tuple(int(s) for s in y.shape))
-        kind = y.kind
-    return ("ok", tuple(outs), kind)
-
-
-_CONFIG_CACHE: OrderedDict = OrderedDict()
+        hit = ("error", _config_message(e))
+    _MODULES[key] = hit
+    if len(_MODULES) > _CACHE_SIZE:
+        _MODULES.popitem(last=False)
+    return hit
 
 
 def _config_error(spec: NodeSpec, values: dict) -> str | None:
     """Why the node's configuration cannot make its layer (checked even while inputs are missing)."""
-    key = (spec.kind, json.dumps(values, sort_keys=True))
-    if key not in _CONFIG_CACHE:
-        try:
-            spec.create(values, Device(_PROBE_DEVICE))
-            _CONFIG_CACHE[key] = None
-        except Exception as e:  # noqa: BLE001 - the config's own check
-            _CONFIG_CACHE[key] = _config_message(e)
-        if len(_CONFIG_CACHE) > _CACHE_SIZE:
-            _CONFIG_CACHE.popitem(last=False)
-    return _CONFIG_CACHE[key]
+    status, payload = _module(spec, values)
+    return payload if status == "error" else None
 
 
 def _config_message(e: Exception) -> str:
     return f"configuration: {e}" if not isinstance(e, (TypeError,)) else f"configuration: {type(e).__name__}: {e}"
 
 
-def _error_text(e: Exception) -> str:
-    from ..module import ShapeError  # noqa: PLC0415
-
-    if isinstance(e, ShapeError):
-        return str(e)
-    text = str(e)
-    return text if type(e).__name__ in ("TensorError", "ValueError") else f"{type(e).__name__}: {text}"
-
-
-def _layer(spec: NodeSpec, values: dict, ins: list, env: dict) -> SymTensor:
-    status, payload, extra = _layer_runs(spec, values, ins)
+def _layer(spec: NodeSpec, values: dict, ins: list, constraints: list) -> SymTensor:
+    status, module = _module(spec, values)
     if status == "error":
-        raise NodeError(_symbolize(payload, ins, extra) if extra is not None else payload)
-    r0, r1 = payload
-    if len(r0) != len(r1):
-        raise NodeError(f"the output's rank depends on the input sizes ({format_dims(r0)} vs {format_dims(r1)})")
-    dims = tuple(_derive_one(a, b, ins, env, fallback=None, axis=i) for i, (a, b) in enumerate(zip(r0, r1)))
-    return SymTensor(dims, (r0, r1), extra)
-
-
-def _symbolize(message: str, ins: list, run: int) -> str:
-    """Put the named axes back into a message about the probe tensors of run `run`."""
-    for t in ins:
-        concrete = format_dims(t.runs[run])
-        message = message.replace(f"(dims {concrete})", f"(dims {t.text()})")
-        message = message.replace(f"dims {concrete}", f"dims {t.text()}")
-
-    def got(m):
-        axis, expected, actual, dims = int(m.group(1)), m.group(2), m.group(3), m.group(4)
-        parts = [p.strip() for p in dims.split(",")]
-        if axis < len(parts) and not parts[axis].lstrip("-").isdigit():
-            actual = parts[axis]
-        return f"axis {axis} expected {expected}, got {actual} (dims [{dims}])"
-
-    return re.sub(r"axis (\d+) expected (\S+), got (\d+) \(dims \[([^\]]*)\]\)", got, message)
-
-
-def _derive_one(v0: int, v1: int, ins: list, env: dict, fallback=None, axis: int | None = None):
-    """The symbolic size of an axis that measured v0 and v1 in the two runs."""
-    if v0 == v1:
-        return int(v0)
-    if axis is not None:  # the same axis of an input first (a layer that keeps it)
-        for t in ins:
-            if axis < t.rank and not isinstance(t.dims[axis], int) and (t.runs[0][axis], t.runs[1][axis]) == (v0, v1):
-                return t.dims[axis]
-    for t in ins:
-        for i, d in enumerate(t.dims):
-            if not isinstance(d, int) and (t.runs[0][i], t.runs[1][i]) == (v0, v1):
-                return d
-    for name, (a0, a1) in env.items():
-        if (a0, a1) == (v0, v1):
-            return name
-    near = [t.dims[axis] for t in ins if axis is not None and axis < t.rank and t.dims[axis] in env]
-    for name in near:  # an affine function of the axis in the same place (a convolution)
-        a0, a1 = env[name]
-        slope = (v1 - v0) / (a1 - a0)
-        if slope and float(slope).is_integer():
-            slope = int(slope)
-            b = v0 - slope * a0
-            head = name if slope == 1 else f"{slope}*{name}"
-            return head if b == 0 else f"{head}{'+' if b > 0 else '-'}{abs(b)}"
-    if fallback is not None:
-        return fallback
-    if axis is not None:
-        for t in ins:
-            if axis < t.rank and not isinstance(t.dims[axis], int):
-                return f"{t.dims[axis]}'"
-    return "?"
+        raise NodeError(module)
+    if not shape_rules.has_rule(module):
+        raise NodeError(f"{spec.kind} has no shape rule (engine/design/shape_rules.py)")
+    result = shape_rules.infer(module, [shape_rules.Shape(t.sym, t.dtype) for t in ins])
+    constraints.extend(result.constraints)
+    return SymTensor(result.shape.dims, result.shape.dtype)

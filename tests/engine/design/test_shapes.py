@@ -52,7 +52,7 @@ def test_sequence_axes_follow_layers_and_structure():
     assert _dims(a, "enc") == ("batch", "seq", 16)
     assert _dims(a, "conv") == ("batch", 8, "seq-2")
     assert _dims(a, "same") == ("batch", 8, "seq")
-    assert _dims(a, "pool") == ("batch", 16, "seq'")  # derived, not an affine function of seq
+    assert _dims(a, "pool") == ("batch", 16, "seq//2")  # exact: floor((seq - 2) / 2) + 1
     assert _dims(a, "flat") == ("batch", "16*seq")
     assert _dims(a, "rows") == ("batch*seq", 16)
     assert _dims(a, "cols") == ("batch", "16*seq")
