@@ -117,6 +117,8 @@ class ConfigForm(QWidget):
                 lines.append(f"in  {p}: {t.text()}")
             for p, t in (state.outputs or {}).items():
                 lines.append(f"out {p}: {t.text()}")
+            for c in state.constraint_texts():  # what the run-time sizes must satisfy
+                lines.append(f"needs {c}")
             if state.blocked:
                 lines.append("waiting for an input upstream")
         self.shapes.setText("\n".join(lines))

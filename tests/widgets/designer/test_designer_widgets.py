@@ -118,3 +118,18 @@ def test_form_is_generated_from_the_config_and_validates_as_typed(qtbot):
     name.clear()
     qtbot.keyClicks(name, "2up")
     assert "must start with a letter" in f.field_error("name")
+
+
+def test_the_form_lists_what_the_input_sizes_must_satisfy(qtbot):
+    from engine.design import Design
+
+    d = Design()
+    d.add_node("Input", "x", {"shape": ["batch", 1, "h", "w"]})
+    d.add_node("PixelUnshuffle", "unshuffle", {"downscale_factor": 2})
+    d.connect("x", "output", "unshuffle", "input")
+    a = analyze(d)
+    form = ConfigForm()
+    qtbot.addWidget(form)
+    form.set_node("unshuffle", d.spec("unshuffle"), d.config("unshuffle"), a.state("unshuffle"))
+    assert form.shapes.text().splitlines() == ["in  input: [batch, 1, h, w]", "out output: [batch, 4, h//2, w//2]",
+                                               "needs h must be even", "needs w must be even"]
