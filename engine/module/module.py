@@ -50,7 +50,7 @@ from .display import DisplaySettings, default_content, format_module
 from .flag import Flag
 from .group import ParamGroup
 from .param import Param
-from .tree import FieldKind, Node, children, container_type, fields, kind_of, reparameterization_name, walk
+from .tree import FieldKind, Node, children, container_type, fields, join, kind_of, reparameterization_name
 
 __all__ = ["Module"]
 
@@ -357,10 +357,15 @@ class Module(Node):
 
     def named_modules(self) -> Iterator[tuple[str, "Module"]]:
         """`(path, module)` for this module (path "") and every descendant module, depth first."""
-        yield "", self
-        for path, _, v in walk(self):
-            if isinstance(v, Module):
-                yield path, v
+        stack = [("", self)]
+        while stack:
+            path, obj = stack.pop()
+            if isinstance(obj, Module):
+                yield path, obj
+            kids = [(join(path, name), v) for name, k, v in children(obj)
+                    if k is not _FLAG and k is not _CONSTANT and (k is not _PARAM or v.reparameterization is not None)]
+            kids.reverse()
+            stack.extend(kids)
 
     def modules(self) -> Iterator["Module"]:
         for _, m in self.named_modules():
