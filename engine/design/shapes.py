@@ -27,7 +27,7 @@ from .dims import Constraint, Dim, as_dim
 from .fields import is_axis_name
 from .graph import Design
 
-__all__ = ["SymTensor", "NodeState", "Analysis", "analyze", "format_dims", "call_layer", "NodeError"]
+__all__ = ["SymTensor", "NodeState", "Analysis", "analyze", "format_dims", "call_layer", "NodeError", "incoming_fields"]
 
 
 class NodeError(Exception):
@@ -398,3 +398,43 @@ def _layer(spec: NodeSpec, values: dict, ins: list, constraints: list) -> SymTen
     result = shape_rules.infer(module, [shape_rules.Shape(t.sym, t.dtype) for t in ins])
     constraints.extend(result.constraints)
     return SymTensor(result.shape.dims, result.shape.dtype)
+
+
+# ---------------------------------------------------------------------------------- fields from the input
+# (field, input axis) of the settings an incoming tensor decides: a layer's input width
+_INCOMING = {
+    "Linear": (("d_input", -1),), "SwiGlu": (("d_input", -1),), "Lstm": (("d_input", -1),),
+    "Gru": (("d_input", -1),), "BiLstm": (("d_input", -1),), "BiGru": (("d_input", -1),),
+    "LayerNorm": (("d_model", -1),), "RmsNorm": (("d_model", -1),), "PositionWiseFeedForward": (("d_model", -1),),
+    "BatchNorm": (("num_features", 1),), "GroupNorm": (("num_channels", 1),), "InstanceNorm": (("num_channels", 1),),
+    "Conv1d": (("channels_in", 1),),
+}
+
+
+def incoming_fields(design: Design, node: str, analysis: Analysis | None = None) -> dict:
+    """{field: value} for the settings of `node` that its incoming tensor fixes and that differ
+    from the node's values: `{"d_input": 1600}` for a Linear after `[batch, 1600]` (and channel
+    counts, `d_model` of norms, ...). Empty when the input has no shape yet or its axis is named."""
+    analysis = analysis if analysis is not None else analyze(design)
+    spec = design.spec(node)
+    values = design.config(node)
+    st = analysis.nodes.get(node)
+    ports = spec.input_ports(values)
+    if st is None or not ports or ports[0] not in st.inputs:
+        return {}
+    t = st.inputs[ports[0]]
+    out = {}
+    rules = list(_INCOMING.get(spec.kind, ()))
+    if spec.kind in ("Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"):
+        rules = [("channels", 1)]
+    for name, axis in rules:
+        if not -t.rank <= axis < t.rank or not t.sym[axis].is_const():
+            continue
+        size = t.sym[axis].value()
+        if name == "channels":
+            new = [size, list(values["channels"])[1]]
+            if new != list(values["channels"]):
+                out[name] = new
+        elif values.get(name) != size:
+            out[name] = size
+    return out

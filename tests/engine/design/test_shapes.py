@@ -149,3 +149,19 @@ def test_int_inputs_reach_an_embedding():
     assert t.dims == ("batch", "seq", 8) and t.dtype == "float"
     x = Tensor.zeros((2, 5), dtype="int64")
     assert_shape(nn.EmbeddingConfig(100, 8).init().forward(x), [2, 5, 8])
+
+
+def test_incoming_fields_reads_the_input_width_from_the_incoming_shape():
+    from engine.design.shapes import incoming_fields
+
+    d = mnist_design()
+    assert incoming_fields(d, "fc1") == {}  # 1600 already
+    d.set_field("fc1", "d_input", 8)
+    assert incoming_fields(d, "fc1") == {"d_input": 1600}
+    d.set_field("conv2.conv", "channels", [3, 64])
+    assert incoming_fields(d, "conv2.conv") == {"channels": [64, 64]}
+    d2 = Design()
+    d2.add_node("Input", "x", {"shape": ["batch", "seq", "features"]})
+    d2.add_node("Linear", "fc", {"d_input": 8, "d_output": 4})
+    d2.connect("x", "output", "fc", "input")
+    assert incoming_fields(d2, "fc") == {}  # a named axis fixes no size
