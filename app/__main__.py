@@ -39,14 +39,26 @@ def open_requested(window, args) -> bool:
             window.error("Open", f"{args.open_path} is a checkpoint: give its architecture with --example NAME, "
                          "or open it with File ▸ Open Checkpoint into Architecture")
             return False
-        source = {"kind": "checkpoint", "path": str(Path(args.open_path).resolve()),
-                  "architecture": {"kind": "example", "name": args.example}, "allow_partial": False}
-        return window.open_source(source)
+        from .core.schema import CheckpointSource, ExampleSource  # noqa: PLC0415
+
+        source = CheckpointSource(str(Path(args.open_path).resolve()), ExampleSource(args.example))
+        return window.projects.open_source(source)
     if args.open_path:
         return window.open_path(args.open_path)
     if args.example:
         return window.open_example(args.example)
     return True
+
+
+def train_steps(window, steps: int, timeout: float = 600.0) -> bool:
+    """Show the Training tab, train the open model `steps` steps with the default settings and
+    wait until the run has ended and the trained model is the document's (`--train-steps`)."""
+    panel = window.training_panel
+    window.tabs.setCurrentWidget(panel)
+    if panel.start(max_steps=steps) is None:
+        return False
+    done = panel.wait(timeout)
+    return done and panel.runs[-1].history.status != "failed" and not panel.last_error
 
 
 def no_display() -> bool:
@@ -87,11 +99,9 @@ def main(argv=None) -> int:
     window.show()
     ok = open_requested(window, args)
     if ok and args.train_steps:
-        from .training_panel import train_steps  # noqa: PLC0415
-
         ok = train_steps(window, args.train_steps)
     if not (args.screenshot or args.open_path or args.example):
-        window.offer_recovery(None)  # an untitled model's changes, kept when the app last crashed
+        window.projects.offer_recovery(None)  # an untitled model's changes, kept when the app last crashed
     if not args.screenshot:
         window.designer.offer_recovery()  # a design's edits, kept when the app last crashed
     if args.screenshot:

@@ -13,10 +13,10 @@ if TYPE_CHECKING:  # pragma: no cover
 class ModuleCommand(QUndoCommand):
     """Replace the document's module: `before` on undo, `after` on redo.
 
-    `edit` is the replayable description saved in the project file (see `app.edits`).
+    `edit` is the replayable description saved in the project file (an `app.core.schema` edit).
     """
 
-    def __init__(self, document: "Document", text: str, before: Any, after: Any, edit: dict | None = None):
+    def __init__(self, document: "Document", text: str, before: Any, after: Any, edit=None):
         super().__init__(text)
         self.document = document
         self.before = before

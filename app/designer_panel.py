@@ -13,7 +13,7 @@ axes, errors at the node) and the views are refreshed.
 - Copy / paste use the system clipboard (JSON); keys are handled by the canvas (see
   `widgets.designer.canvas.KEYS`).
 
-`install_designer(window)` puts the panel in a main window's "Graph / Designer" tab.
+The main window puts the panel in its "Graph / Designer" tab (`MainWindow._build_central`).
 """
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ from widgets.designer.canvas import DesignCanvas
 from widgets.designer.config_form import ConfigForm
 from widgets.designer.palette import Palette
 
-__all__ = ["DesignerPanel", "DesignCommand", "install_designer", "open_design_in_window", "default_autosave_dir",
-           "FRAGMENT_MIME"]
+from .core.schema import DesignSource
+
+__all__ = ["DesignerPanel", "DesignCommand", "default_autosave_dir", "FRAGMENT_MIME"]
 
 FRAGMENT_MIME = "application/x-ember-design-fragment"
 DESIGN_FILTER = "Ember designs (*.ember.json);;All files (*)"
@@ -384,7 +385,7 @@ class DesignerPanel(QWidget):
         self.last_model = model
         self.model_built.emit(model, source)
         if self.document is not None:
-            self.document.set_model(model, source)
+            self.document.set_model(model, DesignSource(source))
         self.status.setText(f"✓ built {self.design.name}: {model.num_params():,} parameters")
         self.status.setStyleSheet("")
         return model
@@ -541,93 +542,3 @@ class DesignerPanel(QWidget):
     def closeEvent(self, event) -> None:
         self.shutdown()
         super().closeEvent(event)
-
-
-# ---------------------------------------------------------------------------------- main window
-def install_designer(window, autosave_dir=None) -> DesignerPanel:
-    """Put a `DesignerPanel` in the main window's "Graph / Designer" tab; a build becomes the
-    window's document model (the module tree, inspector and training see it)."""
-    existing = getattr(window, "designer", None)
-    if isinstance(existing, DesignerPanel):
-        return existing
-    panel = DesignerPanel(document=window.document, autosave_dir=autosave_dir)
-    tabs = window.tabs
-    index = next((i for i in range(tabs.count()) if tabs.tabText(i).replace("&", "") == "Graph / Designer"), 1)
-    old = tabs.widget(index)
-    tabs.removeTab(index)
-    tabs.insertTab(index, panel, "Graph / Designer")
-    if old is not None:
-        old.deleteLater()
-    window.designer = panel
-    window.designer_tab = panel
-    if hasattr(window, "status"):
-        panel.message.connect(lambda text: window.status(text))
-    return panel
-
-
-def open_design_in_window(window, path) -> bool:
-    """Open a design file in the window's designer tab and, when it is complete, make its model the
-    window's model. What `--open DESIGN.ember.json` should do."""
-    panel = install_designer(window)
-    if not panel.open_design(path):
-        return False
-    window.tabs.setCurrentWidget(panel)
-    if panel.analysis.ok:
-        panel.build()
-    return True
-
-
-def designer_screenshot(png_path, design_path=None, select: str | None = "conv2.conv", size=(1800, 1000)) -> bool:
-    """Render the main window with the designer tab showing a design (the MNIST sample when no
-    path is given) and save it as PNG. `python -m app.designer_panel --open D --screenshot P`."""
-    import tempfile  # noqa: PLC0415
-
-    from PySide6.QtWidgets import QApplication  # noqa: PLC0415
-
-    from .main_window import MainWindow  # noqa: PLC0415
-    from .settings import Settings  # noqa: PLC0415
-    from engine.design import mnist_design  # noqa: PLC0415
-
-    app = QApplication.instance() or QApplication([])
-    app.setStyle("Fusion")
-    tmp = Path(tempfile.mkdtemp(prefix="ember-designer-shot-"))
-    window = MainWindow(settings=Settings.at(str(tmp / "settings.ini")))
-    window.resize(*size)
-    window.show()
-    for dock in ("inspector_dock", "contract_dock"):  # room for the canvas
-        if hasattr(window, dock):
-            getattr(window, dock).hide()
-    if hasattr(window, "tree_dock"):
-        window.resizeDocks([window.tree_dock], [470], Qt.Orientation.Horizontal)
-    install_designer(window, autosave_dir=tmp / "autosave")
-    if design_path is None:
-        design_path = save_design(mnist_design(), tmp / "mnist.ember.json")
-    ok = open_design_in_window(window, design_path)
-    panel = window.designer
-    for _ in range(3):
-        app.processEvents()
-    panel.splitter.setSizes([200, 1000, 330])
-    panel.canvas.resetTransform()
-    panel.canvas.scale(0.85, 0.85)
-    if select and select in panel.design:
-        panel.canvas.select([select])
-        panel.canvas.centerOn(panel.canvas.nodes[select])
-    for _ in range(3):
-        app.processEvents()
-    saved = window.grab().save(str(png_path), "PNG")
-    panel.shutdown()
-    window.close()
-    return bool(ok and saved)
-
-
-if __name__ == "__main__":  # pragma: no cover - a manual entry point
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="python -m app.designer_panel")
-    parser.add_argument("--open", dest="open_path", help="a design file (.ember.json)")
-    parser.add_argument("--screenshot", required=True, help="the PNG to write")
-    parser.add_argument("--select", default="conv2.conv", help="the node to select")
-    args = parser.parse_args()
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    sys.exit(0 if designer_screenshot(args.screenshot, args.open_path, args.select) else 1)

@@ -5,11 +5,15 @@ user asked for into an undo command, and the command replaces the document's mod
 listens to `model_changed`.
 
 A project is one `.ember.json` file holding the source of the model, the replayable edits made
-since, the edited shape contracts, and the training runs. Weights never live in it.
+since, the edited shape contracts, and the training runs (`app.core.schema.Project`). Weights
+never live in it.
+
+The document also owns what is known about the module without reading a value: its statistics
+(`stats`, one metadata pass per model change, read by the tree, the inspector, the status bar
+and the actions) and each module's effective shape contract (`contract_for`).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,16 +21,12 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoStack
 
-from engine.store.atomic import atomic_write_text
+from engine.module.contracts import docstring_contract
+from engine.module.summary import ModelStats
 
 from .commands import ContractCommand, ModuleCommand
-
-PROJECT_SUFFIX = ".ember.json"
-PROJECT_FORMAT = 1
-
-
-class ProjectError(ValueError):
-    """A project file that cannot be read: says which file and what was wrong."""
+from .core.project import PROJECT_SUFFIX, write_json_atomic
+from .core.schema import Edit, Project, RunRecord, Source, describe_source
 
 
 class Document(QObject):
@@ -34,29 +34,32 @@ class Document(QObject):
     contracts_changed = Signal()
     check_changed = Signal()
     source_changed = Signal()
+    runs_changed = Signal()
     dirty_changed = Signal(bool)
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self.undo_stack = QUndoStack(self)
         self.module: Any = None
-        self.source: dict | None = None
+        self.stats = ModelStats(None)  # of `module`, made again whenever it changes
+        self.source: Source | None = None
         self.project_path: Path | None = None
-        self.base_edits: list[dict] = []  # replayed from the project file when it was opened
+        self.base_edits: list[Edit] = []  # replayed from the project file when it was opened
         self.contracts: dict[str, str] = {}  # module path -> contract text edited by the user
-        self.runs: list[dict] = []
+        self.runs: list[RunRecord] = []
         self.check_result = None  # the last contract check (engine.module.contracts.CheckResult)
         self._extra_dirty = False  # differs from the file outside the undo stack (a recovered autosave)
         self.undo_stack.cleanChanged.connect(self._on_clean_changed)
 
     # ---- the model -----------------------------------------------------------------------
-    def set_model(self, module: Any, source: dict | None, *, edits: list[dict] | None = None,
+    def set_model(self, module: Any, source: Source | None, *, edits: list[Edit] | None = None,
                   contracts: dict[str, str] | None = None, project_path: Path | None = None,
-                  runs: list[dict] | None = None, dirty: bool = False) -> None:
+                  runs: list[RunRecord] | None = None, dirty: bool = False) -> None:
         """Start over with a new model: the undo history is cleared. `dirty` marks a document
         that differs from its file from the start (one recovered from an autosave)."""
         self.undo_stack.clear()
         self.module = module
+        self.stats = ModelStats(module)
         self.source = source
         self.base_edits = list(edits or [])
         self.contracts = dict(contracts or {})
@@ -69,10 +72,12 @@ class Document(QObject):
         self.model_changed.emit()
         self.contracts_changed.emit()
         self.check_changed.emit()
+        self.runs_changed.emit()
         self.dirty_changed.emit(self.is_dirty())
 
-    def push_module(self, text: str, after: Any, edit: dict | None = None) -> ModuleCommand:
-        """Replace the module by `after` as one undoable step."""
+    def push_module(self, text: str, after: Any, edit: Edit | None = None) -> ModuleCommand:
+        """Replace the module by `after` as one undoable step; `edit` is what the project file
+        replays (None for a step it cannot replay)."""
         if self.module is None:
             raise RuntimeError("no model is open")
         command = ModuleCommand(self, text, self.module, after, edit)
@@ -81,6 +86,7 @@ class Document(QObject):
 
     def _replace_module(self, module: Any) -> None:
         self.module = module
+        self.stats = ModelStats(module)
         if self.check_result is not None:
             self.check_result = None
             self.check_changed.emit()
@@ -92,7 +98,7 @@ class Document(QObject):
         return [self.undo_stack.command(i) for i in range(self.undo_stack.index())]
 
     @property
-    def edits(self) -> list[dict]:
+    def edits(self) -> list[Edit]:
         """The replayable edits since the source: from the project, then the applied commands."""
         return self.base_edits + [c.edit for c in self.applied_commands() if getattr(c, "edit", None)]
 
@@ -111,9 +117,25 @@ class Document(QObject):
             self.contracts[path] = text
         self.contracts_changed.emit()
 
+    def contract_for(self, path: str, module: Any) -> str | None:
+        """The contract in effect at `path`: the user's edit, else the module's docstring's."""
+        return self.contracts.get(path) or docstring_contract(module)
+
     def set_check_result(self, result) -> None:
         self.check_result = result
         self.check_changed.emit()
+
+    # ---- runs ----------------------------------------------------------------------------------
+    def record_run(self, run: RunRecord) -> None:
+        """Remember a training run (replacing the record of the same folder): the project file
+        keeps it, so the document becomes dirty."""
+        runs = [r for r in self.runs if r.folder != run.folder]
+        at = next((i for i, r in enumerate(self.runs) if r.folder == run.folder), len(runs))
+        runs.insert(at, run)
+        self.runs = runs
+        self._extra_dirty = True
+        self.runs_changed.emit()
+        self.dirty_changed.emit(True)
 
     # ---- dirty state -------------------------------------------------------------------------
     def _on_clean_changed(self, clean: bool) -> None:
@@ -139,15 +161,12 @@ class Document(QObject):
         return name + (" *" if self.is_dirty() else "")
 
     # ---- the project file --------------------------------------------------------------------
+    def project(self) -> Project:
+        return Project(self.source, self.edits, dict(self.contracts), list(self.runs))
+
     def project_data(self) -> dict:
-        return {
-            "format": PROJECT_FORMAT,
-            "application": "ember",
-            "source": self.source,
-            "edits": self.edits,
-            "contracts": dict(sorted(self.contracts.items())),
-            "runs": self.runs,
-        }
+        """The project file's JSON."""
+        return self.project().to_json()
 
     def save_project(self, path: str | os.PathLike) -> Path:
         """Write the project atomically (a temporary file beside it, then a rename)."""
@@ -163,41 +182,3 @@ class Document(QObject):
             return None
         return self.project_path.with_name(self.project_path.name + ".autosave")
 
-
-def describe_source(source: dict) -> str:
-    kind = source.get("kind")
-    if kind == "example":
-        return f"example {source.get('name')}"
-    if kind == "script":
-        return f"{Path(source.get('path', '?')).name}:{source.get('factory', 'build')}"
-    if kind == "checkpoint":
-        return f"{Path(source.get('path', '?')).name} into {describe_source(source.get('architecture') or {})}"
-    return str(kind)
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def read_project(path: str | os.PathLike) -> dict:
-    """Read and validate a project file; a `ProjectError` says what is wrong and where."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ProjectError(f"{path}: no such project file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProjectError(f"{path}: not a project file (expected JSON): {e}") from None
-    if not isinstance(data, dict):
-        raise ProjectError(f"{path}: expected a JSON object at the top, found {type(data).__name__}")
-    fmt = data.get("format")
-    if fmt != PROJECT_FORMAT:
-        raise ProjectError(f"{path}: expected project format {PROJECT_FORMAT}, found {fmt!r}")
-    source = data.get("source")
-    if not isinstance(source, dict) or "kind" not in source:
-        raise ProjectError(f"{path}: 'source' must be an object with a 'kind', found {source!r}")
-    for key, typ in (("edits", list), ("contracts", dict), ("runs", list)):
-        value = data.setdefault(key, typ())
-        if not isinstance(value, typ):
-            raise ProjectError(f"{path}: {key!r} must be a {typ.__name__}, found {type(value).__name__}")
-    return data

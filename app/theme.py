@@ -52,9 +52,4 @@ def palette(name: str) -> QPalette:
 def apply_theme(app: QApplication, name: str) -> None:
     app.setStyle("Fusion")
     app.setPalette(palette(name))
-    app.setProperty("ember_theme", name)
-
-
-def current_theme(app: QApplication) -> str:
-    return app.property("ember_theme") or "light"
 

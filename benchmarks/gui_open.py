@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+from app.core.schema import ExampleSource, GroupSpec, LoraEdit  # noqa: E402
+
 
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
@@ -64,7 +66,7 @@ def measure(app, window, name: str, make, target: float) -> dict:
     gc.collect()
     rss0 = rss_mib()
     t0 = time.perf_counter()
-    window.document.set_model(model, {"kind": "example", "name": name})
+    window.document.set_model(model, ExampleSource(name))
     window.tree.select_path("")
     window.tree.view.viewport().repaint()
     tree_s = time.perf_counter() - t0
@@ -85,12 +87,11 @@ def measure_moves(app, window) -> list[dict]:
     """Fork, then Transfer, of the edited 7 B model, each as the window's action does it."""
     from resources.examples import build_example
 
-    window.document.set_model(build_example("llama-7b"), {"kind": "example", "name": "llama-7b"})
+    window.document.set_model(build_example("llama-7b"), ExampleSource("llama-7b"))
     app.processEvents()
     window.group_op("freeze", "layers.0")
     window.group_op("no_grad", "output")
-    window.apply_edit({"op": "lora", "rank": 8, "alpha": 16.0, "init_std": None, "qlora": None,
-                       "group": {"kind": "regex", "pattern": r"^layers\.31\.attention\.wq\."}})
+    window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.31\.attention\.wq\.")))
     app.processEvents()
     rows = []
     for name, device, fork in (("fork to cpu:1", "cpu:1", True), ("transfer to cpu:2", "cpu:2", False)):

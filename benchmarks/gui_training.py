@@ -127,7 +127,6 @@ def make_window():
 
     from app.main_window import MainWindow  # noqa: PLC0415
     from app.settings import Settings  # noqa: PLC0415
-    from app.training_panel import install  # noqa: PLC0415
 
     app = QApplication.instance() or QApplication([])
     window = MainWindow(settings=Settings.at(os.path.join(tempfile.mkdtemp(), "settings.ini")))
@@ -135,7 +134,7 @@ def make_window():
     window.show()
     if not window.open_example("spirals"):
         raise SystemExit("cannot open the spirals example")
-    panel = install(window, runs_dir=tempfile.mkdtemp(prefix="ember-bench-runs-"))
+    panel = window.training_panel  # its runs go to the temporary settings folder's runs/
     window.tabs.setCurrentWidget(panel)
     panel.apply_check.setChecked(False)  # keep the same starting model for every run
     for _ in range(5):

@@ -3,7 +3,8 @@
     .venv/bin/python docs/make_screenshots.py [--only guide-lora.png] [--out docs/screenshots]
 
 Each picture is one run of `python -m app … --screenshot PATH`: the window opens offscreen with
-default settings, renders once, saves the PNG and exits. The states the guide shows (a frozen
+default settings, renders once, saves the PNG and exits. `--designer PNG [--design FILE]` renders
+the window with the designer tab instead (in this process: `designer_screenshot`). The states the guide shows (a frozen
 block, LoRA attached, an edited contract, a design) are written as small project files
 (`.ember.json`: a model source plus the edits to replay) in a temporary folder and opened with
 `--open`, exactly as a user's saved project would be. Every picture is checked (a valid PNG
@@ -60,12 +61,13 @@ def design_source() -> dict | None:
     try:
         from engine.design import design_source as source_of  # noqa: PLC0415
         from engine.design import mnist_design  # noqa: PLC0415
-        from app.opening import OpenError, build  # noqa: PLC0415
+        from app.core.opening import OpenError, build  # noqa: PLC0415
+        from app.core.schema import DesignSource  # noqa: PLC0415
     except ImportError:
         return None
     source = source_of(mnist_design())
     try:
-        build(source)
+        build(DesignSource(source))
     except OpenError:
         return None
     return source
@@ -127,12 +129,58 @@ def check_picture(path: Path, size: str) -> str:
     return f"{stats['bytes']:,} bytes, {stats['colours']} colours"
 
 
+def designer_screenshot(png_path, design_path=None, select: str | None = "conv2.conv", size=(1800, 1000)) -> bool:
+    """Render the main window with the designer tab showing a design (the MNIST sample when no
+    path is given) and save it as PNG."""
+    from PySide6.QtCore import Qt  # noqa: PLC0415
+    from PySide6.QtWidgets import QApplication  # noqa: PLC0415
+
+    from app.main_window import MainWindow  # noqa: PLC0415
+    from app.settings import Settings  # noqa: PLC0415
+    from engine.design import mnist_design, save_design  # noqa: PLC0415
+
+    app = QApplication.instance() or QApplication([])
+    app.setStyle("Fusion")
+    tmp = Path(tempfile.mkdtemp(prefix="ember-designer-shot-"))
+    window = MainWindow(settings=Settings.at(str(tmp / "settings.ini")))  # design autosaves go to tmp/autosave
+    window.resize(*size)
+    window.show()
+    window.inspector_dock.hide()  # room for the canvas
+    window.contract_dock.hide()
+    window.resizeDocks([window.tree_dock], [470], Qt.Orientation.Horizontal)
+    if design_path is None:
+        design_path = save_design(mnist_design(), tmp / "mnist.ember.json")
+    ok = window.open_design(design_path)
+    panel = window.designer
+    for _ in range(3):
+        app.processEvents()
+    panel.splitter.setSizes([200, 1000, 330])
+    panel.canvas.resetTransform()
+    panel.canvas.scale(0.85, 0.85)
+    if select and select in panel.design:
+        panel.canvas.select([select])
+        panel.canvas.centerOn(panel.canvas.nodes[select])
+    for _ in range(3):
+        app.processEvents()
+    saved = window.grab().save(str(png_path), "PNG")
+    panel.shutdown()
+    window.close()
+    return bool(ok and saved)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(OUT), help="where the PNGs go (default docs/screenshots)")
     ap.add_argument("--only", action="append", help="make only this picture (repeatable)")
+    ap.add_argument("--designer", metavar="PNG", help="render the designer tab to PNG instead (see designer_screenshot)")
+    ap.add_argument("--design", help="with --designer: the design file to show (default: the MNIST sample)")
+    ap.add_argument("--select", default="conv2.conv", help="with --designer: the node to select")
     args = ap.parse_args(argv)
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    if args.designer:
+        os.environ.setdefault("PYQTGRAPH_QT_LIB", "PySide6")
+        sys.path.insert(0, str(ROOT))
+        return 0 if designer_screenshot(args.designer, args.design, args.select) else 1
     from PySide6.QtGui import QGuiApplication  # noqa: PLC0415
 
     app = QGuiApplication.instance() or QGuiApplication(sys.argv[:1])  # noqa: F841 (QImage decoding)

@@ -1,10 +1,8 @@
 """Where models come from: a built-in example, a user's Python file with a factory function, or a
 checkpoint loaded into one of those. No Qt here: the window runs these and shows the errors.
 
-A *source* is a small dict kept in the project file:
-`{"kind": "example", "name": "burn-book"}`,
-`{"kind": "script", "path": "/home/me/net.py", "factory": "build"}`,
-`{"kind": "checkpoint", "path": "w.bpk", "architecture": <a source>, "allow_partial": False}`.
+A *source* is one of the typed values of `app.core.schema` (`ExampleSource`, `ScriptSource`,
+`CheckpointSource`, `DesignSource`), kept in the project file.
 """
 from __future__ import annotations
 
@@ -14,6 +12,8 @@ import sys
 import traceback
 from pathlib import Path
 from typing import Any
+
+from .schema import CheckpointSource, DesignSource, ExampleSource, ScriptSource, Source
 
 DEFAULT_FACTORY = "build"
 
@@ -121,41 +121,40 @@ def load_example(name: str, device=None) -> Any:
     return model
 
 
-def example_input(source: dict | None, batch: int, device=None):
+def example_input(source: Source | None, batch: int, device=None):
     """The example model's own input batch, or None when its source has none."""
-    if not source or source.get("kind") != "example":
+    if not isinstance(source, ExampleSource):
         return None
     from resources.examples import ExampleError  # noqa: PLC0415
     from resources.examples import example_input as make  # noqa: PLC0415
 
     try:
-        return make(source["name"], batch, device)
+        return make(source.name, batch, device)
     except ExampleError:
         return None
     except Exception as e:
-        raise OpenError(f"example {source['name']!r}: example_input() raised {type(e).__name__}: {e}") from e
+        raise OpenError(f"example {source.name!r}: example_input() raised {type(e).__name__}: {e}") from e
 
 
 # ---- sources -------------------------------------------------------------------------------------
-def build(source: dict) -> Any:
-    """Make the module a non-checkpoint source describes (examples and scripts)."""
-    kind = source.get("kind")
-    if kind == "example":
-        return load_example(source["name"])
-    if kind == "script":
-        return load_script(source["path"], source.get("factory", DEFAULT_FACTORY))
-    if kind == "checkpoint":
+def build(source: Source) -> Any:
+    """Make the module a non-checkpoint source describes (examples, scripts and designs)."""
+    if isinstance(source, ExampleSource):
+        return load_example(source.name)
+    if isinstance(source, ScriptSource):
+        return load_script(source.path, source.factory)
+    if isinstance(source, CheckpointSource):
         raise OpenError("a checkpoint source needs its weights loaded: use the window's open, not build()")
-    if kind == "design":
+    if isinstance(source, DesignSource):
         from engine.design import BuildError, DesignFileError, build_source  # noqa: PLC0415
 
         try:
-            return build_source(source)
+            return build_source(source.to_json())
         except (BuildError, DesignFileError) as e:
             raise OpenError(f"design: {e}") from e
-    raise OpenError(f"unknown model source {kind!r}: expected example, script, checkpoint or design")
+    raise OpenError(f"unknown model source {source!r}: expected example, script, checkpoint or design")
 
 
-def source_for_script(spec: str) -> dict:
+def source_for_script(spec: str) -> ScriptSource:
     path, factory = split_script_spec(spec)
-    return {"kind": "script", "path": str(path.resolve()), "factory": factory}
+    return ScriptSource(str(path.resolve()), factory)

@@ -3,6 +3,7 @@ detach (undo), materialize, export the adapters only."""
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox, QFileDialog
 
+from app.core.schema import QLoraSettings
 from engine.module.summary import trainable_summary
 from tests.widgets.qt_helpers import click_box, type_into
 from widgets.module_tree import TRAINABLE
@@ -72,7 +73,7 @@ def test_materialize_folds_the_adapters(opened, qtbot):
     assert reparameterized(m) == []
     assert opened.tree.model.index_of("blocks.0.linear.weight").data(Qt.ItemDataRole.DecorationRole) is None
     assert not opened.actions.materialize.isEnabled()
-    assert opened.document.edits[-1] == {"op": "materialize"}
+    assert opened.document.edits[-1].to_json() == {"op": "materialize"}
 
 
 def test_qlora_attach_and_counts(opened, qtbot):
@@ -80,7 +81,7 @@ def test_qlora_attach_and_counts(opened, qtbot):
     m = opened.document.module
     assert type(m.head.weight.reparameterization).__name__ == "QLoraAdapter"
     assert opened.summary_label.text() == trainable_summary(m)
-    assert opened.document.edits[-1]["qlora"] == {"block_size": 16, "double_quant": True}
+    assert opened.document.edits[-1].qlora == QLoraSettings(block_size=16, double_quant=True)
 
 
 def test_export_adapters_only(opened, qtbot, tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ import resource
 import numpy as np
 import pytest
 
-from app import edits
+from app.core import edits
+from app.core.schema import GroupSpec, LoraEdit, MoveEdit
 
 
 @contextlib.contextmanager
@@ -34,8 +35,7 @@ def _fork_and_transfer_the_edited_7b_model(window):
     assert window.open_example("llama-7b")
     window.group_op("freeze", "layers.0")
     window.group_op("no_grad", "output")
-    window.apply_edit({"op": "lora", "rank": 4, "alpha": 8.0, "init_std": None, "qlora": None,
-                       "group": {"kind": "regex", "pattern": r"^layers\.31\.attention\.wq\."}})
+    window.apply_edit(LoraEdit(4, 8.0, group=GroupSpec("regex", pattern=r"^layers\.31\.attention\.wq\.")))
     assert window.move_to("cpu:1", fork=True)
     assert not window.running_tasks  # nothing to copy: done at once, on this thread
     forked = window.document.module
@@ -66,7 +66,7 @@ def test_a_move_that_copies_a_lot_runs_on_a_worker_thread(window, qtbot, monkeyp
     module = window.document.module
     for p in module.params():
         p.val()  # initialized: a move copies
-    assert edits.edit_cost_bytes(module, {"op": "fork", "device": "cpu:1"}) > 1000
+    assert edits.edit_cost_bytes(module, MoveEdit("cpu:1", fork=True)) > 1000
     assert window.move_to("cpu:1", fork=True)
     assert window.document.module is module  # not yet: the copy runs on a worker
     assert window.running_tasks

@@ -1,0 +1,85 @@
+"""Checkpoints from the window: import weights into the open model (one undo step, with a report
+of what did not fit) and export it whole, as adapters only or materialized, on a worker
+(`app.core.checkpoints` does the work)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+from widgets.checkpoint_dialog import CheckpointDialog
+
+from .core import checkpoints, edits
+from .core.schema import LoadEdit
+from .workers import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .main_window import MainWindow
+
+EXPORT_FILTER = "Burnpack (*.bpk);;Safetensors, PyTorch layout (*.safetensors)"
+
+
+def show_partial_load(window: "MainWindow", report: checkpoints.LoadReport) -> None:
+    """A warning listing what a partial load left out (nothing when it was complete)."""
+    if not report.complete:
+        window.message(QMessageBox.Icon.Warning, "Checkpoint loaded partially", report.summary(),
+                       "\n".join(report.lines()))
+
+
+def show_load_failure(window: "MainWindow", failure) -> None:
+    """A checkpoint that did not load: the rows that did not fit, or the traceback."""
+    exc = failure.exception
+    lines = []
+    for attr in ("missing", "unused", "mismatched"):
+        for row in getattr(exc, attr, []) or []:
+            lines.append(f"{attr:10} " + "  ".join(str(x) for x in row))
+    window.error("Checkpoint not loaded", f"{exc}" if not lines else f"{type(exc).__name__}: the checkpoint does "
+                 f"not fit the model; nothing was changed.", "\n".join(lines) or failure.traceback)
+
+
+class CheckpointActions:
+    def __init__(self, window: "MainWindow"):
+        self.window = window
+        self.document = window.document
+
+    def ask_import(self) -> CheckpointDialog | None:
+        if self.document.module is None:
+            return None
+        dialog = CheckpointDialog(self.window, examples=None, title="Import Checkpoint")
+        dialog.chosen.connect(lambda c: self.import_checkpoint(c["path"], c["allow_partial"]))
+        return self.window.open_dialog(dialog)
+
+    def import_checkpoint(self, path: str, allow_partial: bool) -> Task | None:
+        w, module = self.window, self.document.module
+        if module is None:
+            return None
+
+        def loaded(result):
+            new, report = result
+            edit = LoadEdit(str(Path(path).resolve()), allow_partial)
+            self.document.push_module(edits.describe(edit), new, edit)
+            w.status(f"{Path(path).name}: {report.summary()}")
+            show_partial_load(w, report)
+
+        return w.tasks.start(Task(lambda state: checkpoints.load(module, path, allow_partial, state.set_progress),
+                                  title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f),
+                             valid_while=lambda: self.document.module is module,
+                             dropped="The model changed while the checkpoint loaded; the load was dropped.")
+
+    def ask_export(self, kind: str) -> Task | None:
+        if self.document.module is None:
+            return None
+        path, _ = QFileDialog.getSaveFileName(self.window, f"Export {kind}", "", EXPORT_FILTER)
+        return self.export_checkpoint(path, kind) if path else None
+
+    def export_checkpoint(self, path: str, kind: str) -> Task | None:
+        w, module = self.window, self.document.module
+        if module is None:
+            return None
+        started = time.perf_counter()
+        return w.tasks.start(
+            Task(lambda state: checkpoints.export(module, path, kind, state.set_progress), title=f"Saving {Path(path).name}"),
+            lambda written: w.status(f"Saved {written} ({kind}, {time.perf_counter() - started:.1f} s)"),
+            lambda f: w.error("Export failed", str(f.exception), f.traceback))

@@ -1,0 +1,149 @@
+"""The shape-contract side of the window: the contract editor follows the selection, edits go to
+the document as undo steps, and Check runs an example input through the model on a worker with
+a check at every module boundary (`engine.module.contracts`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.module import contracts
+from engine.module.tree import FieldKind, find
+from engine.tensor.device import default_device
+from widgets.module_tree import CONTRACT
+
+from .core import opening
+from .core.schema import ExampleSource
+from .workers import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .main_window import MainWindow
+
+
+class ContractCheck:
+    def __init__(self, window: "MainWindow"):
+        self.window = window
+        self.document = window.document
+        self.editor = window.contract_editor
+        self.editor.set_validators(self.validate_contract, self.validate_example_input)
+
+    # ---- the editor follows the selection and the document -----------------------------------
+    def show_contract(self, path: str, found) -> None:
+        doc = self.document
+        if found is None or found[0] not in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION):
+            self.editor.set_target(None, None, None, False)
+        else:
+            doc_text = contracts.docstring_contract(found[1])
+            edited = doc.contracts.get(path)
+            self.editor.set_target(path, edited or doc_text, doc_text, edited is not None)
+        self.show_check_result()
+        default = "example" if isinstance(doc.source, ExampleSource) else \
+            contracts.example_input_text(doc.contract_for("", doc.module), doc.module)
+        self.editor.set_example_input(default)
+
+    def on_contracts_changed(self) -> None:
+        tree = self.window.tree
+        tree.model.refresh_column(CONTRACT)
+        path = tree.selected_path() or ""
+        if self.document.module is not None:
+            self.show_contract(path, find(self.document.module, path))
+
+    def on_check_changed(self) -> None:
+        self.window.tree.model.refresh_column(CONTRACT)
+        self.show_check_result()
+
+    def show_check_result(self) -> None:
+        r = self.document.check_result
+        if r is None:
+            self.editor.show_result(None, "", "")
+            return
+        if r.ok:
+            shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in r.output_shapes)
+            self.editor.show_result(True, f"✓ every contract held; output {shapes}", r.flow_text())
+        else:
+            where = r.failure.path if r.failure else "the model"
+            self.editor.show_result(False, f"✗ {where or '(the whole model)'}: {r.error}",
+                                    r.error + "\n\nshapes up to the failure:\n" + r.flow_text())
+
+    def contract_info(self, path: str, module: Any) -> tuple[str | None, str, str]:
+        """What the tree's contract column shows: the contract, and the last check's status there."""
+        text = self.document.contract_for(path, module)
+        r = self.document.check_result
+        if r is None or path not in r.nodes:
+            return text, "", ""
+        node = r.nodes[path]
+        return text, node.status, node.message
+
+    def edit_contract(self, path: str) -> None:
+        w = self.window
+        w.tree.select_path(path)
+        w.contract_dock.show()
+        w.contract_dock.raise_()
+        self.editor.edit.setFocus()
+        self.editor.edit.selectAll()
+
+    # ---- validation and the check ------------------------------------------------------------
+    @staticmethod
+    def validate_contract(text: str) -> str | None:
+        try:
+            contracts.parse_contract(text)
+        except contracts.ContractSyntaxError as e:
+            return str(e)
+        return None
+
+    def validate_example_input(self, text: str) -> str | None:
+        try:
+            spec = contracts.parse_example_input(text)
+        except contracts.ContractSyntaxError as e:
+            return str(e)
+        if spec == contracts.EXAMPLE and not isinstance(self.document.source, ExampleSource):
+            return "'example' needs a model opened from the examples; give shapes such as [2, 784]"
+        return None
+
+    def run_check(self, input_text: str) -> Task | None:
+        """Run the example input through the model with checks at every module boundary, on a
+        worker. A new check replaces a running one; a result for a model that changed meanwhile is
+        dropped."""
+        w, doc = self.window, self.document
+        module = doc.module
+        if module is None:
+            return None
+        err = self.validate_example_input(input_text)
+        if err:
+            self.editor.input_error.show_error(err)
+            w.contract_dock.show()
+            return None
+        spec = contracts.parse_example_input(input_text)
+        devices = module.devices()
+        device = devices[0] if devices else default_device()
+        source = doc.source
+        modules = list(module.named_modules())
+        wanted = {p: doc.contract_for(p, m) for p, m in modules}
+        wanted = {p: t for p, t in wanted.items() if t}
+        bad = {p: self.validate_contract(t) for p, t in wanted.items()}
+        bad = {p: e for p, e in bad.items() if e}
+        if bad:
+            path, e = next(iter(bad.items()))
+            w.error("Check", f"the contract of {path or 'the model'} cannot be read: {e}")
+            return None
+
+        def work(state):
+            if spec == contracts.EXAMPLE:
+                inputs = [opening.example_input(source, 2, device)]
+                if inputs[0] is None:
+                    raise ValueError(f"the example {source.name!r} has no example_input(); give shapes")
+            else:
+                inputs = contracts.make_example_input(spec, device)
+            return contracts.check(module, inputs, wanted, modules, checkpoint=state.check_cancelled)
+
+        def done(result):
+            doc.set_check_result(result)
+            if result.failure is not None:
+                w.tree.select_path(result.failure.path)
+                w.contract_dock.show()
+            w.status("Check: every contract held" if result.ok else f"Check failed at "
+                     f"{result.failure.path if result.failure else 'the model'}")
+
+        self.editor.show_result(None, "Checking…", "")
+        return w.tasks.start(Task(work, title="Checking shape contracts"), done,
+                             lambda f: w.error("Check failed", str(f), f.traceback), kind="check",
+                             valid_while=lambda: doc.module is module,
+                             dropped="The model changed while it was being checked; the result was dropped.")

@@ -1,0 +1,395 @@
+"""The project file's schema: model sources, parameter-group specs, replayable edits and run
+records as typed values, each with `to_json()` / `from_json()`.
+
+`from_json` validates what it reads: a bad project file raises `SchemaError` naming the field
+(`edits[2].rank`), what was expected and what was found. `to_json` writes the same JSON the
+project files have always held, so files written before these types existed stay readable:
+
+    {"kind": "example", "name": "burn-book"}                           ExampleSource
+    {"kind": "script", "path": "/home/me/net.py", "factory": "build"}  ScriptSource
+    {"kind": "checkpoint", "path": "w.bpk", "architecture": {...}, "allow_partial": false}
+    {"kind": "design", "schema_version": 2, "design": {...}}           DesignSource
+    {"op": "freeze", "group": {"kind": "regex", "pattern": "^encoder\\\\."}}  GroupEdit
+    {"op": "lora", "rank": 8, "alpha": 16.0, "init_std": null, "group": {"kind": "all"},
+     "qlora": {"block_size": 64, "double_quant": true}}                LoraEdit
+    {"op": "materialize"}, {"op": "fork", "device": "cpu:1"}, {"op": "to_device", ...},
+    {"op": "load", "path": "/abs/w.bpk", "allow_partial": false}
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+
+class SchemaError(ValueError):
+    """A project value that does not fit the schema: names the field, what was expected and found."""
+
+    def __init__(self, where: str, expected: str, found: Any):
+        self.where = where
+        self.expected = expected
+        self.found = found
+        super().__init__(f"{where}: expected {expected}, found {_found(found)}")
+
+
+MISSING = object()  # what `found` is when the field is not there
+
+
+def _found(value: Any) -> str:
+    if value is MISSING:
+        return "nothing (the field is missing)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _object(data: Any, where: str) -> dict:
+    if not isinstance(data, dict):
+        raise SchemaError(where, "an object", data)
+    return data
+
+
+def _get(data: dict, key: str, types: type | tuple[type, ...], where: str, expected: str, default: Any = ...) -> Any:
+    if key not in data:
+        if default is ...:
+            raise SchemaError(f"{where}.{key}", expected, MISSING)
+        return default
+    value = data[key]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise SchemaError(f"{where}.{key}", expected, value)
+    if not isinstance(value, types):
+        raise SchemaError(f"{where}.{key}", expected, value)
+    return value
+
+
+# ---- parameter groups -------------------------------------------------------------------------
+GROUP_KINDS = ("all", "regex", "path", "paths", "predicate")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Which parameters an edit applies to: all of them, a regex over paths, one exact path, a
+    list of paths, or the paths containing a text. `to_param_group()` gives the engine's
+    `ParamGroup`."""
+
+    kind: str = "all"
+    pattern: str = ""  # regex
+    path: str = ""  # path
+    paths: tuple[str, ...] = ()  # paths
+    text: str = ""  # predicate
+
+    @classmethod
+    def subtree(cls, path: str) -> "GroupSpec":
+        """Every parameter at or below `path` ("" is the whole model)."""
+        if not path:
+            return cls("all")
+        return cls("regex", pattern="^" + re.escape(path) + r"(\.|$)")
+
+    def to_json(self) -> dict:
+        if self.kind == "regex":
+            return {"kind": "regex", "pattern": self.pattern}
+        if self.kind == "path":
+            return {"kind": "path", "path": self.path}
+        if self.kind == "paths":
+            return {"kind": "paths", "paths": list(self.paths)}
+        if self.kind == "predicate":
+            return {"kind": "predicate", "text": self.text}
+        return {"kind": self.kind}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "group") -> "GroupSpec":
+        data = _object(data, where)
+        kind = data.get("kind")
+        if kind == "all":
+            return cls("all")
+        if kind == "regex":
+            return cls("regex", pattern=_get(data, "pattern", str, where, "a regex (string)"))
+        if kind == "path":
+            return cls("path", path=_get(data, "path", str, where, "a parameter path (string)"))
+        if kind == "paths":
+            paths = _get(data, "paths", list, where, "a list of parameter paths")
+            for i, p in enumerate(paths):
+                if not isinstance(p, str):
+                    raise SchemaError(f"{where}.paths[{i}]", "a parameter path (string)", p)
+            return cls("paths", paths=tuple(paths))
+        if kind == "predicate":
+            return cls("predicate", text=_get(data, "text", str, where, "a text (string)"))
+        raise SchemaError(f"{where}.kind", "one of " + ", ".join(GROUP_KINDS), kind)
+
+    def to_param_group(self):
+        """The engine's ParamGroup (`ParamGroup.from_spec`); a bad regex raises `ParamGroupError`
+        with the regex module's message."""
+        from engine.module import ParamGroup  # noqa: PLC0415
+
+        return ParamGroup.from_spec(self.to_json())
+
+    def describe(self) -> str:
+        """`encoder.layers.0` for a subtree, `/pattern/` for another regex, `all parameters`, …"""
+        if self.kind == "all":
+            return "all parameters"
+        if self.kind == "regex":
+            m = re.fullmatch(r"\^(.*)\(\\\.\|\$\)", self.pattern)
+            return re.sub(r"\\(.)", r"\1", m.group(1)) if m else f"/{self.pattern}/"
+        if self.kind == "path":
+            return self.path
+        if self.kind == "paths":
+            return ", ".join(self.paths)
+        if self.kind == "predicate":
+            return f"paths containing {self.text!r}"
+        return str(self.to_json())
+
+
+# ---- edits ------------------------------------------------------------------------------------
+GROUP_OPS = ("freeze", "unfreeze", "no_grad")
+EDIT_OPS = GROUP_OPS + ("lora", "materialize", "fork", "to_device", "load")
+
+
+@dataclass(frozen=True)
+class GroupEdit:
+    """Freeze, unfreeze or stop gradients for a group of parameters."""
+
+    op: str
+    group: GroupSpec = field(default_factory=GroupSpec)
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "group": self.group.to_json()}
+
+
+@dataclass(frozen=True)
+class QLoraSettings:
+    block_size: int = 64
+    double_quant: bool = True
+
+    def to_json(self) -> dict:
+        return {"block_size": self.block_size, "double_quant": self.double_quant}
+
+
+@dataclass(frozen=True)
+class LoraEdit:
+    """Attach LoRA adapters (QLoRA when `qlora` is set) to a group's rank-2 weights."""
+
+    op: ClassVar[str] = "lora"
+    rank: int
+    alpha: float
+    init_std: float | None = None
+    group: GroupSpec = field(default_factory=GroupSpec)
+    qlora: QLoraSettings | None = None
+
+    def to_json(self) -> dict:
+        return {"op": "lora", "rank": self.rank, "alpha": self.alpha, "init_std": self.init_std,
+                "group": self.group.to_json(), "qlora": None if self.qlora is None else self.qlora.to_json()}
+
+
+@dataclass(frozen=True)
+class MaterializeEdit:
+    """Fold the adapters into plain weights."""
+
+    op: ClassVar[str] = "materialize"
+
+    def to_json(self) -> dict:
+        return {"op": "materialize"}
+
+
+@dataclass(frozen=True)
+class MoveEdit:
+    """Fork (`fork=True`) or transfer the model to a device."""
+
+    device: str
+    fork: bool = False
+
+    @property
+    def op(self) -> str:
+        return "fork" if self.fork else "to_device"
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "device": self.device}
+
+
+@dataclass(frozen=True)
+class LoadEdit:
+    """Load weights from a checkpoint file into the model."""
+
+    op: ClassVar[str] = "load"
+    path: str
+    allow_partial: bool = False
+
+    def to_json(self) -> dict:
+        return {"op": "load", "path": self.path, "allow_partial": self.allow_partial}
+
+
+Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, MoveEdit, LoadEdit]
+
+
+def edit_from_json(data: Any, where: str = "edit") -> Edit:
+    data = _object(data, where)
+    op = data.get("op")
+    if op in GROUP_OPS:
+        return GroupEdit(op, GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"))
+    if op == "lora":
+        q = data.get("qlora")
+        if q:
+            q = _object(q, f"{where}.qlora")
+            q = QLoraSettings(_get(q, "block_size", int, f"{where}.qlora", "an int", 64),
+                              _get(q, "double_quant", bool, f"{where}.qlora", "true or false", True))
+        init_std = _get(data, "init_std", (int, float, type(None)), where, "a number or null", None)
+        return LoraEdit(_get(data, "rank", int, where, "an int"),
+                        float(_get(data, "alpha", (int, float), where, "a number")),
+                        None if init_std is None else float(init_std),
+                        GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"),
+                        q or None)
+    if op == "materialize":
+        return MaterializeEdit()
+    if op in ("fork", "to_device"):
+        return MoveEdit(_get(data, "device", str, where, "a device name (string)"), fork=op == "fork")
+    if op == "load":
+        return LoadEdit(_get(data, "path", str, where, "a checkpoint path (string)"),
+                        _get(data, "allow_partial", bool, where, "true or false", False))
+    raise SchemaError(f"{where}.op", "one of " + ", ".join(EDIT_OPS), op)
+
+
+# ---- sources ----------------------------------------------------------------------------------
+SOURCE_KINDS = ("example", "script", "checkpoint", "design")
+
+
+@dataclass(frozen=True)
+class ExampleSource:
+    kind: ClassVar[str] = "example"
+    name: str
+
+    def to_json(self) -> dict:
+        return {"kind": "example", "name": self.name}
+
+
+@dataclass(frozen=True)
+class ScriptSource:
+    """A Python file and the factory function in it that returns the model."""
+
+    kind: ClassVar[str] = "script"
+    path: str
+    factory: str = "build"
+
+    def to_json(self) -> dict:
+        return {"kind": "script", "path": self.path, "factory": self.factory}
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """Weights loaded into the model an example or script source builds."""
+
+    kind: ClassVar[str] = "checkpoint"
+    path: str
+    architecture: "ExampleSource | ScriptSource"
+    allow_partial: bool = False
+
+    def to_json(self) -> dict:
+        return {"kind": "checkpoint", "path": self.path, "architecture": self.architecture.to_json(),
+                "allow_partial": self.allow_partial}
+
+
+@dataclass(frozen=True, eq=False)
+class DesignSource:
+    """A model built from a design; `data` is `engine.design.design_source`'s object, kept as is
+    (the design's own schema, versioned and migrated by `engine.design`)."""
+
+    kind: ClassVar[str] = "design"
+    data: dict
+
+    def to_json(self) -> dict:
+        return dict(self.data)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DesignSource) and other.data == self.data
+
+
+Source = Union[ExampleSource, ScriptSource, CheckpointSource, DesignSource]
+
+
+def source_from_json(data: Any, where: str = "source") -> Source:
+    data = _object(data, where)
+    kind = data.get("kind")
+    if kind == "example":
+        return ExampleSource(_get(data, "name", str, where, "an example name (string)"))
+    if kind == "script":
+        return ScriptSource(_get(data, "path", str, where, "a Python file path (string)"),
+                            _get(data, "factory", str, where, "a function name (string)", "build"))
+    if kind == "checkpoint":
+        arch = source_from_json(_get(data, "architecture", dict, where, "a source object"), f"{where}.architecture")
+        if not isinstance(arch, (ExampleSource, ScriptSource)):
+            raise SchemaError(f"{where}.architecture.kind", "example or script", arch.kind)
+        return CheckpointSource(_get(data, "path", str, where, "a checkpoint path (string)"), arch,
+                                _get(data, "allow_partial", bool, where, "true or false", False))
+    if kind == "design":
+        return DesignSource(dict(data))
+    raise SchemaError(f"{where}.kind", "one of " + ", ".join(SOURCE_KINDS), kind)
+
+
+def describe_source(source: Source) -> str:
+    """The window title's name for a source: `example mnist`, `net.py:build`, `w.bpk into …`."""
+    from pathlib import Path  # noqa: PLC0415
+
+    if isinstance(source, ExampleSource):
+        return f"example {source.name}"
+    if isinstance(source, ScriptSource):
+        return f"{Path(source.path).name}:{source.factory}"
+    if isinstance(source, CheckpointSource):
+        return f"{Path(source.path).name} into {describe_source(source.architecture)}"
+    return source.kind
+
+
+# ---- runs -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunRecord:
+    """One training run the project remembers: its name, folder and how it ended."""
+
+    name: str
+    folder: str
+    status: str
+    global_step: int = 0
+    epoch: int = 0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "folder": self.folder, "status": self.status, "global_step": self.global_step,
+                "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "run") -> "RunRecord":
+        data = _object(data, where)
+        return cls(_get(data, "name", str, where, "a run name (string)"),
+                   _get(data, "folder", str, where, "a folder path (string)"),
+                   _get(data, "status", str, where, "a status (string)"),
+                   _get(data, "global_step", int, where, "an int", 0),
+                   _get(data, "epoch", int, where, "an int", 0))
+
+
+# ---- the project ------------------------------------------------------------------------------
+PROJECT_FORMAT = 1
+
+
+@dataclass
+class Project:
+    """A whole project file: the model's source, the edits since, the edited contracts, the runs."""
+
+    source: Source
+    edits: list[Edit] = field(default_factory=list)
+    contracts: dict[str, str] = field(default_factory=dict)
+    runs: list[RunRecord] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"format": PROJECT_FORMAT, "application": "ember", "source": self.source.to_json(),
+                "edits": [e.to_json() for e in self.edits], "contracts": dict(sorted(self.contracts.items())),
+                "runs": [r.to_json() for r in self.runs]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Project":
+        data = _object(data, "the project")
+        fmt = data.get("format")
+        if fmt != PROJECT_FORMAT:
+            raise SchemaError("format", f"project format {PROJECT_FORMAT}", fmt)
+        source = source_from_json(_get(data, "source", dict, "project", "a source object"), "source")
+        edits = _get(data, "edits", list, "project", "a list of edits", [])
+        contracts = _get(data, "contracts", dict, "project", "an object of module path -> contract text", {})
+        for path, text in contracts.items():
+            if not isinstance(text, str):
+                raise SchemaError(f"contracts[{path!r}]", "a contract text (string)", text)
+        runs = _get(data, "runs", list, "project", "a list of runs", [])
+        return cls(source, [edit_from_json(e, f"edits[{i}]") for i, e in enumerate(edits)], dict(contracts),
+                   [RunRecord.from_json(r, f"runs[{i}]") for i, r in enumerate(runs)])

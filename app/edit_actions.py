@@ -1,0 +1,104 @@
+"""Model edits from the window: freeze / unfreeze / no-grad, LoRA, materialize, device moves and
+detach. Each becomes one undo step on the document (`app.core.edits` performs it); an edit that
+copies a lot runs on a worker. The LoRA and group dialogs emit the edit's JSON form (widgets do
+not import the app), read here with the schema."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from widgets.group_dialog import GroupDialog
+from widgets.lora_dialog import LoraDialog
+
+from .core import edits
+from .core.schema import Edit, GroupEdit, GroupSpec, LoraEdit, MoveEdit, edit_from_json
+from .workers import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .main_window import MainWindow
+
+
+class EditActions:
+    def __init__(self, window: "MainWindow"):
+        self.window = window
+        self.document = window.document
+
+    def apply_edit(self, edit: Edit) -> bool:
+        """Perform an edit on the document's module as one undoable step; errors go to a dialog and
+        change nothing."""
+        module = self.document.module
+        if module is None:
+            return False
+        if edits.edit_cost_bytes(module, edit) > edits.HEAVY_EDIT_BYTES:
+            self._apply_in_background(module, edit)
+            return True
+        try:
+            after = edits.apply_edit(module, edit)
+        except Exception as e:  # noqa: BLE001 - the engine's message, shown; the model is unchanged
+            self.window.error("Edit failed", f"{edits.describe(edit)} failed: {type(e).__name__}: {e}")
+            return False
+        self.document.push_module(edits.describe(edit), after, edit)
+        self.window.status(edits.describe(edit))
+        return True
+
+    def _apply_in_background(self, module, edit: Edit) -> Task:
+        """A long edit (a move that copies gigabytes, QLoRA packing) on a worker thread: the
+        window stays responsive, and the result becomes one undoable step when it arrives, unless
+        the model was changed meanwhile (then it is dropped and the status bar says so)."""
+        w, text = self.window, edits.describe(edit)
+
+        def done(after):
+            self.document.push_module(text, after, edit)
+            w.status(text)
+
+        w.status(f"{text}…")
+        return w.tasks.start(Task(lambda state: edits.apply_edit(module, edit), title=text), done,
+                             lambda f: w.error("Edit failed", f"{text} failed: {f}"),
+                             valid_while=lambda: self.document.module is module,
+                             dropped=f"{text}: the model changed while it ran; the result was dropped.")
+
+    def group_op(self, op: str, path: str, spec: GroupSpec | None = None) -> bool:
+        """Freeze, unfreeze or stop gradients for `spec`, or for everything at or below `path`."""
+        return self.apply_edit(GroupEdit(op, spec if spec is not None else GroupSpec.subtree(path)))
+
+    def move_to(self, device: str, fork: bool) -> bool:
+        if not device:
+            return False
+        return self.apply_edit(MoveEdit(device, fork=fork))
+
+    def last_lora_index(self) -> int | None:
+        stack = self.document.undo_stack
+        for i in range(stack.index() - 1, -1, -1):
+            if isinstance(getattr(stack.command(i), "edit", None), LoraEdit):
+                return i
+        return None
+
+    def detach_lora(self) -> None:
+        """Detach = undo back to before the last LoRA attachment (redo attaches it again)."""
+        i = self.last_lora_index()
+        if i is None:
+            self.window.status("No LoRA attachment to detach in this session's history.")
+            return
+        stack = self.document.undo_stack
+        undone = stack.index() - i
+        stack.setIndex(i)
+        self.window.status(f"LoRA detached ({undone} step(s) undone; Redo attaches it again)")
+
+    # ---- dialogs ---------------------------------------------------------------------------------
+    def open_group_dialog(self) -> GroupDialog | None:
+        w = self.window
+        if self.document.module is None:
+            return None
+        path = w.current_path()
+        dialog = GroupDialog(self.document.module, w, mode="regex" if path else "all",
+                             text=GroupSpec.subtree(path).pattern)
+        dialog.group_chosen.connect(lambda op, spec: self.group_op(op, path, GroupSpec.from_json(spec)))
+        return w.open_dialog(dialog)
+
+    def open_lora_dialog(self, path: str = "") -> LoraDialog | None:
+        w = self.window
+        if self.document.module is None:
+            return None
+        spec = GroupSpec.subtree(path)
+        dialog = LoraDialog(self.document.module, w, group_mode=spec.kind, group_text=spec.pattern)
+        dialog.lora_chosen.connect(lambda data: self.apply_edit(edit_from_json(data)))
+        return w.open_dialog(dialog)

@@ -1,0 +1,253 @@
+"""Where the window's model comes from and goes to: examples, scripts, checkpoints opened into an
+architecture, project files (open, save, save as), the autosave beside an unsaved document and
+the offer to recover it after a crash. The Qt-free parts live in `app.core` (`opening`,
+`project`, `schema`); this file asks for paths, runs loads on the window's task runner and shows
+the errors."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+from widgets.checkpoint_dialog import CheckpointDialog
+
+from .checkpoint_actions import show_load_failure, show_partial_load
+from .core import checkpoints, edits, opening
+from .core.project import PROJECT_SUFFIX, ProjectError, read_project, write_json_atomic
+from .core.schema import CheckpointSource, DesignSource, Edit, ExampleSource, Source, source_from_json
+from .workers import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .main_window import MainWindow
+
+SCRIPT_FILTER = "Python model scripts (*.py);;All files (*)"
+PROJECT_FILTER = f"Ember projects (*{PROJECT_SUFFIX});;All files (*)"
+
+
+class ProjectIO:
+    def __init__(self, window: "MainWindow"):
+        self.window = window
+        self.document = window.document
+        self.settings = window.settings
+
+    # ---- menus ------------------------------------------------------------------------------------
+    def fill_examples_menu(self) -> None:
+        menu = self.window.examples_menu
+        menu.clear()
+        names = opening.list_examples()
+        for name in names:
+            act = menu.addAction(name)
+            act.setObjectName(f"example:{name}")
+            act.setToolTip(opening.describe_example(name))
+            act.triggered.connect(lambda _=False, n=name: self.open_example(n))
+        if not names:
+            menu.addAction("(no examples installed)").setEnabled(False)
+
+    def fill_recent_menu(self) -> None:
+        menu = self.window.recent_menu
+        menu.clear()
+        files = self.settings.recent_files()
+        for entry in files:
+            act = menu.addAction(entry)
+            act.triggered.connect(lambda _=False, e=entry: self.open_path(e))
+        if files:
+            menu.addSeparator()
+            menu.addAction("Clear Recent").triggered.connect(self.settings.clear_recent)
+        else:
+            menu.addAction("(none)").setEnabled(False)
+
+    # ---- opening ----------------------------------------------------------------------------------
+    def open_example(self, name: str) -> bool:
+        try:
+            module = opening.load_example(name)
+        except opening.OpenError as e:
+            self.window.error("Open example", e.message, e.details)
+            return False
+        self.document.set_model(module, ExampleSource(name))
+        self.window.status(f"Opened the example {name}")
+        return True
+
+    def open_script(self, spec: str) -> bool:
+        """Open `path.py[:factory]`; a script that raises shows its traceback and changes nothing."""
+        try:
+            source = opening.source_for_script(spec)
+            module = opening.load_script(source.path, source.factory)
+        except opening.OpenError as e:
+            self.window.error("Open model script", e.message, e.details)
+            return False
+        self.document.set_model(module, source)
+        self.settings.add_recent(f"{source.path}:{source.factory}")
+        self.window.status(f"Opened {Path(source.path).name}:{source.factory}()")
+        return True
+
+    def open_path(self, entry: str) -> bool:
+        """Open what a recent-files entry or `--open` names: a project, a script, or a checkpoint
+        (which needs an architecture: the dialog asks)."""
+        text = str(entry)
+        if text.endswith(PROJECT_SUFFIX):
+            return self.open_project(text)
+        path, _factory = opening.split_script_spec(text)
+        if path.suffix.lower() in (".bpk", ".safetensors"):
+            dialog = self.ask_open_checkpoint()
+            dialog.path.setText(str(path))
+            return False
+        return self.open_script(text)
+
+    def ask_open_script(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open Model Script", "", SCRIPT_FILTER)
+        if path:
+            self.open_script(path)
+
+    def ask_open_project(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open Project", "", PROJECT_FILTER)
+        if path:
+            self.open_project(path)
+
+    def ask_open_checkpoint(self) -> CheckpointDialog:
+        dialog = CheckpointDialog(self.window, examples=opening.list_examples(),
+                                  title="Open Checkpoint into Architecture")
+        dialog.chosen.connect(self._open_checkpoint_choice)
+        return self.window.open_dialog(dialog)
+
+    def _open_checkpoint_choice(self, choice: dict) -> None:
+        arch = choice["architecture"]
+        arch = opening.source_for_script(arch["spec"]) if arch["kind"] == "script" else source_from_json(arch)
+        self.open_source(CheckpointSource(choice["path"], arch, choice["allow_partial"]))
+
+    def open_source(self, source: Source, *, edits_: list[Edit] | None = None, contracts_: dict | None = None,
+                    project_path: Path | None = None, dirty: bool = False) -> bool:
+        """Make the model a source describes, replay `edits_`, and show it. A checkpoint source
+        loads on a worker; the window stays responsive."""
+        w = self.window
+        checkpoint = isinstance(source, CheckpointSource)
+        try:
+            base = opening.build(source.architecture if checkpoint else source)
+        except opening.OpenError as e:
+            w.error("Open", e.message, e.details)
+            return False
+
+        def finish(module: Any) -> None:
+            try:
+                module = edits.replay(module, edits_ or [])
+            except edits.EditError as e:
+                w.error("Open project", f"the model opened, but replaying its edits failed: {e}")
+                return
+            self.document.set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path,
+                                    dirty=dirty)
+
+        if not checkpoint:
+            finish(base)
+            return True
+        path, partial = source.path, source.allow_partial
+
+        def loaded(result):
+            module, report = result
+            finish(module)
+            show_partial_load(w, report)
+
+        w.tasks.start(Task(lambda state: checkpoints.load(base, path, partial, state.set_progress),
+                           title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f))
+        return True
+
+    # ---- projects ---------------------------------------------------------------------------------
+    def open_project(self, path: str | Path) -> bool:
+        try:
+            project = read_project(path)
+        except ProjectError as e:
+            self.window.error("Open project", str(e))
+            return False
+        if isinstance(project.source, DesignSource):
+            ok = self.window.open_design(path)
+            if ok:
+                self.settings.add_recent(str(Path(path).resolve()))
+            return ok
+        ok = self.open_source(project.source, edits_=project.edits, contracts_=project.contracts,
+                              project_path=Path(path))
+        if ok:
+            self.settings.add_recent(str(Path(path).resolve()))
+            self.offer_recovery(Path(path))
+        return ok
+
+    def save_project(self) -> bool:
+        if self.document.project_path is None:
+            return self.save_project_as()
+        return self.save_to(self.document.project_path)
+
+    def save_project_as(self) -> bool:
+        path, _ = QFileDialog.getSaveFileName(self.window, "Save Project", "", PROJECT_FILTER)
+        return bool(path) and self.save_to(Path(path))
+
+    def save_to(self, path: Path) -> bool:
+        if self.document.module is None:
+            return False
+        try:
+            written = self.document.save_project(path)
+        except OSError as e:
+            self.window.error("Save project", f"cannot write {path}: {e.strerror or e}")
+            return False
+        self.remove_autosave()
+        self.settings.add_recent(str(written.resolve()))
+        self.window.status(f"Saved {written}")
+        return True
+
+    # ---- autosave and recovery --------------------------------------------------------------------
+    def autosave_path(self) -> Path:
+        own = self.document.autosave_path()
+        return own if own is not None else self.untitled_autosave()
+
+    def autosave(self) -> bool:
+        """Keep a copy of an unsaved document beside it (recovered after a crash)."""
+        doc = self.document
+        if doc.module is None or not doc.is_dirty():
+            return False
+        try:
+            write_json_atomic(self.autosave_path(), doc.project_data())
+        except OSError:
+            return False
+        return True
+
+    def offer_recovery(self, project_path: Path | None = None) -> QMessageBox | None:
+        """After a crash: offer the autosave of `project_path` (or of the untitled document) when it
+        is newer than the project. Recover opens it unsaved; Discard deletes it."""
+        project_path = Path(project_path) if project_path else None
+        auto = project_path.with_name(project_path.name + ".autosave") if project_path else \
+            self.untitled_autosave()
+        if not auto.is_file():
+            return None
+        if project_path is not None and project_path.is_file() and \
+                auto.stat().st_mtime <= project_path.stat().st_mtime:
+            return None
+        try:
+            project = read_project(auto)
+        except ProjectError:
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(auto.stat().st_mtime))
+        box = QMessageBox(QMessageBox.Icon.Question, "Recover unsaved changes?",
+                          f"Ember kept unsaved changes to {project_path.name if project_path else 'an untitled model'} "
+                          f"from {when} ({len(project.edits)} edit(s)). Recover them?",
+                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Discard, self.window)
+        box.setObjectName("recovery")
+        box.button(QMessageBox.StandardButton.Yes).setText("Recover")
+
+        def answered(button):
+            if box.buttonRole(button) == QMessageBox.ButtonRole.YesRole:
+                self.open_source(project.source, edits_=project.edits, contracts_=project.contracts,
+                                 project_path=project_path, dirty=True)
+            else:
+                auto.unlink(missing_ok=True)
+
+        box.buttonClicked.connect(answered)
+        box.open()
+        self.window.last_message = box
+        return box
+
+    def untitled_autosave(self) -> Path:
+        return Path(self.settings.q.fileName()).parent / "untitled.ember.json.autosave"
+
+    def remove_autosave(self) -> None:
+        try:
+            self.autosave_path().unlink()
+        except (FileNotFoundError, OSError):
+            pass
