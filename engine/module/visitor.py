@@ -18,6 +18,9 @@ descends into (parameters included: a parameter's own field name is entered befo
 `container_type` is `"Struct:<ClassName>"` for a module's field, `"Vec"` for a list element,
 `"Tuple"` for a tuple element, `"Map"` for a dict entry and `"Reparameterization"` when
 entering a parameter's reparameterization. An absent optional child (None) is skipped.
+
+Visitors and mappers see parameters and flags; to see the tree's structure (which fields are
+modules, containers or constants) use `engine.module.tree`, the walk these are built on.
 """
 from __future__ import annotations
 
