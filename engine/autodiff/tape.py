@@ -50,6 +50,9 @@ _state = _State()
 
 
 def is_recording() -> bool:
+    """Whether operations on this thread record nodes now: False inside `no_recording()`.
+
+    Ops call it for every result that could join a graph, so it stays one attribute read."""
     return not _state.paused
 
 

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from ..tensor import Tensor
+from ..tensor.raw import array, wrap
 from ..tensor.device import as_device
 from .param import Param
 
@@ -204,7 +205,7 @@ class Orthogonal(Initializer):
         cols = math.prod(dims) // rows if rows else 0
         draw = Tensor.random((rows, cols), ("normal", 0.0, 1.0), device=dev)
         xp = dev.xp
-        a = draw._data.astype(xp.float64)
+        a = array(draw).astype(xp.float64)
         if rows < cols:
             a = a.T
         with dev.context():
@@ -214,8 +215,8 @@ class Orthogonal(Initializer):
             q = q * d[None, :]
         if rows < cols:
             q = q.T
-        out = (q.reshape(dims) * float(self.gain)).astype(draw._data.dtype)
-        return Tensor._wrap(out, dev)
+        out = (q.reshape(dims) * float(self.gain)).astype(array(draw).dtype)
+        return wrap(out, dev)
 
 
 # The variants, as Burn's enum names them: Initializer.KaimingUniform(...)

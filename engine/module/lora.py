@@ -41,6 +41,7 @@ import numbers
 import numpy as np
 
 from ..tensor import Tensor
+from ..tensor.raw import array
 from .group import ParamGroup
 from .module import Module
 from .nf4 import DEFAULT_BLOCK_SIZE, DoubleQuantized, NF4Packed, quantize_nf4
@@ -118,12 +119,12 @@ class NF4Weight(Module):
     def packed(self) -> NF4Packed:
         """The packed data as arrays on the parameters' device (no copy)."""
         if self.absmax is not None:
-            absmax, dq = self.absmax.val()._data, None
+            absmax, dq = array(self.absmax.val()), None
         else:
-            dq = DoubleQuantized(self.absmax_q.val()._data, self.absmax_scale.val()._data,
+            dq = DoubleQuantized(array(self.absmax_q.val()), array(self.absmax_scale.val()),
                                  float(self.absmax_mean.val().numpy().reshape(-1)[0]))
             absmax = None
-        return NF4Packed(self.codes.val()._data, absmax, dq, self.shape, np.dtype(self.dtype), self.block_size)
+        return NF4Packed(array(self.codes.val()), absmax, dq, self.shape, np.dtype(self.dtype), self.block_size)
 
     def dequantize(self) -> Tensor:
         """The dense weight (code value × block absmax), a constant: no gradient flows into it."""
@@ -273,7 +274,7 @@ class QLora(Reparameterizer):
         if not self.lora.adapts(path, param):
             return param.set_require_grad(False), None
         weight = param.base()
-        packed = quantize_nf4(weight._data, self.block_size, self.double_quant)
+        packed = quantize_nf4(array(weight), self.block_size, self.double_quant)
         device = weight.device
         nf4 = NF4Weight.from_packed(packed, device)
         lora = self.lora if self.lora.dtype is not None else self.lora.set_dtype(weight.dtype)

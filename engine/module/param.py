@@ -33,6 +33,7 @@ import weakref
 
 from ..tensor import Device, Tensor, TensorError
 from ..tensor.device import as_device
+from ..tensor.raw import array, op_of, wrap
 
 __all__ = ["Param", "ParamId"]
 
@@ -165,16 +166,16 @@ class _Lazy:
 def _adapt(t: Tensor, autodiff: bool, require_grad: bool) -> Tensor:
     """`t` with the requested autodiff association and gradient retention (never mutates `t`)."""
     if not autodiff:
-        if t._ad or t._node is not None:
+        if t.is_autodiff() or t.is_tracked():
             return t.inner()
         return t
     if require_grad:
         if t.is_require_grad():
             return t
-        return Tensor._wrap(t._data, t._device, True, None).set_require_grad(True)
-    if t._node is not None and t._node.leaf:
-        return Tensor._wrap(t._data, t._device, True, None)
-    if not t._ad:
+        return wrap(array(t), t.device, True).set_require_grad(True)
+    if t.is_require_grad():
+        return wrap(array(t), t.device, True)
+    if not t.is_autodiff():
         return t.autodiff()
     return t
 
@@ -182,11 +183,11 @@ def _adapt(t: Tensor, autodiff: bool, require_grad: bool) -> Tensor:
 def _view(t: Tensor, autodiff: bool, active: bool) -> Tensor:
     """The tensor a parameter shows: float tensors follow autodiff and trainability, others
     only the autodiff association."""
-    if t._data.dtype.kind == "f":
+    if array(t).dtype.kind == "f":
         return _adapt(t, autodiff, active and autodiff)
     if autodiff:
-        return t if t._ad else t.autodiff()
-    return t.inner() if t._ad else t
+        return t if t.is_autodiff() else t.autodiff()
+    return t.inner() if t.is_autodiff() else t
 
 
 _UNSET = object()
@@ -205,7 +206,7 @@ class Param:
     def __init__(self, tensor: Tensor, id: ParamId | None = None, require_grad: bool | None = None):
         if not isinstance(tensor, Tensor):
             raise TypeError(f"Param expects a Tensor, got {type(tensor).__name__}")
-        is_float = tensor._data.dtype.kind == "f"
+        is_float = array(tensor).dtype.kind == "f"
         active = is_float if require_grad is None else bool(require_grad)
         if active and not is_float:
             raise TensorError(f"Param: only float tensors can require grad, this one is {tensor.dtype}")
@@ -241,11 +242,11 @@ class Param:
         """
         if not isinstance(tensor, Tensor):
             raise TypeError(f"Param.initialized expects a Tensor, got {type(tensor).__name__}")
-        is_float = tensor._data.dtype.kind == "f"
+        is_float = array(tensor).dtype.kind == "f"
         if active is None:
-            active = tensor.is_require_grad() if tensor._ad else is_float
+            active = tensor.is_require_grad() if tensor.is_autodiff() else is_float
         return cls._make(ParamId() if id is None else ParamId(id), tensor, None, bool(active) and is_float,
-                         tensor._ad, None)
+                         tensor.is_autodiff(), None)
 
     @classmethod
     def uninitialized(cls, init, device=None, require_grad: bool = True, shape=(), *, kind: str = "float",
@@ -350,7 +351,7 @@ class Param:
 
     def is_autodiff(self) -> bool:
         v = self._value
-        return v._ad if v is not None else self._ad
+        return v.is_autodiff() if v is not None else self._ad
 
     def is_active(self) -> bool:
         """The configured trainability, applied whenever autodiff is on (kept across valid())."""
@@ -366,7 +367,7 @@ class Param:
         if self.kind != "float":
             raise TensorError(f"as_running_state: running state is a float tensor, this one is {self.kind}")
         v = self._value
-        if v is not None and v._ad:
+        if v is not None and v.is_autodiff():
             v = _adapt(v, True, False)
         return Param._make(self.id, v, self._lazy, False, self._ad, self.reparameterization, self._dev, True)
 
@@ -416,7 +417,7 @@ class Param:
             raise TypeError(f"Param.map: the function must return a Tensor, it returned {type(t).__name__}")
         if self._state and t.is_require_grad():
             t = _adapt(t, True, False)
-        return self._derive(value=t, lazy=None, ad=t._ad)
+        return self._derive(value=t, lazy=None, ad=t.is_autodiff())
 
     def set_require_grad(self, flag: bool) -> "Param":
         """Configure trainability; applied now when autodiff is on, else at the next train().
@@ -439,7 +440,7 @@ class Param:
         if self._value is None:
             return self._derive(active=flag)
         t = self._value
-        if t._ad:
+        if t.is_autodiff():
             t = _adapt(t, True, flag)
         return self._derive(value=t, active=flag)
 
@@ -484,20 +485,20 @@ class Param:
         if self._lazy_movable():  # shares the lazy state: where it will be read changes, nothing runs
             return self._derive(dev=dst)
         t = self.base().to_device(dst)
-        return self._derive(value=t, lazy=None, ad=t._ad)
+        return self._derive(value=t, lazy=None, ad=t.is_autodiff())
 
     def _fork_base(self, dst: Device) -> "Param":
         if self._lazy_movable():
             return self._derive(dev=dst)
         src = self.base()
-        if src._data.dtype.kind == "f":
+        if array(src).dtype.kind == "f":
             rg = src.is_require_grad()
             t = src.to_device(dst).detach()
             if rg:
                 t = t.set_require_grad(True)
         else:
             t = src.to_device(dst)
-        return self._derive(value=t, lazy=None, ad=t._ad)
+        return self._derive(value=t, lazy=None, ad=t.is_autodiff())
 
     def _valid_base(self) -> "Param":
         if self._value is None:
@@ -508,9 +509,8 @@ class Param:
         if self._value is None:
             return self._derive(ad=True)
         t = self._value
-        node = t._node
-        if node is not None and not node.leaf:
-            if t._ad and node.op == "to_device":
+        if t.is_tracked() and not t.is_require_grad():
+            if t.is_autodiff() and op_of(t) == "to_device":
                 return self._derive(ad=True)  # a recorded transfer: gradients flow to its source
             t = t.detach()  # e.g. a mapper's clamp without detach(): the configured state applies again
         return self._derive(value=_view(t, True, self._active), ad=True)
@@ -531,11 +531,10 @@ class Param:
             # changed in place), so both read the same values whichever reads first
             return Param._make(self.id, None, self._lazy, self._active, self._ad, r2, self._dev, self._state)
         t = self.base()
-        data = t._data.copy()
-        c = Tensor._wrap(data, t._device, t._ad, None)
+        c = wrap(array(t).copy(), t.device, t.is_autodiff())
         if t.is_require_grad():
             c = c.set_require_grad(True)
-        return Param._make(self.id, c, None, self._active, t._ad, r2, None, self._state)
+        return Param._make(self.id, c, None, self._active, t.is_autodiff(), r2, None, self._state)
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:

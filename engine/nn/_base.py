@@ -13,6 +13,7 @@ from ..module.module import Module
 from ..module.param import Param
 from ..module.shape import ShapeError, assert_shape  # noqa: F401
 from ..tensor import DTypeError
+from ..tensor.raw import array
 
 __all__ = [
     "Config",
@@ -143,10 +144,10 @@ def check_dtype(owner, input, param, name: str = "input", param_name: str = "wei
     `Linear: input dtype float64 does not match the weight's float32 ...`, or, for an int or
     bool input, `Linear: expected a float tensor, got int64 ...`."""
     try:
-        found = input._data.dtype
+        found = array(input).dtype
     except AttributeError:
         raise _not_a_tensor(owner, name, input) from None
-    if found is param._data.dtype:
+    if found is array(param).dtype:
         return
     _dtype_mismatch(owner, input, param, name, param_name)
 
@@ -154,7 +155,7 @@ def check_dtype(owner, input, param, name: str = "input", param_name: str = "wei
 def check_float(owner, input, name: str = "input") -> None:
     """Refuse an int or bool `input` to a float layer that has no parameter to compare with."""
     try:
-        if input._data.dtype.kind == "f":
+        if array(input).dtype.kind == "f":
             return
     except AttributeError:
         raise _not_a_tensor(owner, name, input) from None
@@ -164,7 +165,7 @@ def check_float(owner, input, name: str = "input") -> None:
 def check_indices(owner, input, name: str = "input") -> None:
     """Refuse a float or bool `input` where a layer looks rows up by integer index (Embedding)."""
     try:
-        if input._data.dtype.kind in "iu":
+        if array(input).dtype.kind in "iu":
             return
     except AttributeError:
         raise _not_a_tensor(owner, name, input) from None
@@ -194,7 +195,7 @@ def _float_expected(input, name, target: str = "float32") -> str:
 
 
 def _dtype_mismatch(owner, input, param, name, param_name) -> None:
-    found, wanted = input._data.dtype, param._data.dtype
+    found, wanted = array(input).dtype, array(param).dtype
     if found == wanted:  # an equal dtype object that is not the same instance
         return
     if found.kind != "f" and wanted.kind == "f":

@@ -16,9 +16,8 @@ import math
 
 import numpy as np
 
-from ..autodiff import tape as _tape
 from ..tensor import Tensor, TensorError
-from ..tensor.tensor import record, unbroadcast
+from ..tensor.raw import array, check_same_device, record, tracking, unbroadcast, untracked
 from ..tensor.threads import run_blocks, run_chunks
 
 _SQRT_2 = math.sqrt(2.0)
@@ -39,15 +38,11 @@ def special(xp):
 
 
 def _needs(t: Tensor | None) -> bool:
-    return t is not None and t._node is not None
-
-
-def _tracking(*ts) -> bool:
-    return _tape.is_recording() and any(_needs(t) for t in ts)
+    return t is not None and t.is_tracked()
 
 
 def _float_input(op: str, x: Tensor) -> None:
-    if x._data.dtype.kind != "f":
+    if array(x).dtype.kind != "f":
         raise TensorError(f"{op}: expected a float tensor, got {x.dtype} (dims {list(x.shape)})")
 
 
@@ -55,17 +50,17 @@ def _float_input(op: str, x: Tensor) -> None:
 def unary(x: Tensor, op: str, fwd, grad):
     """An elementwise op: `fwd(xd) -> out`, `grad(xd, out) -> d out / d x` (elementwise)."""
     _float_input(op, x)
-    xd = x._data
+    xd = array(x)
     out = fwd(xd)
     if out.dtype != xd.dtype:
         out = out.astype(xd.dtype, copy=False)
-    if not _tracking(x):
-        return Tensor._wrap(out, x._device, x._ad)
+    if not tracking(x):
+        return untracked(out, (x,))
     def rule(g):
         gx = g * grad(xd, out)
         return (gx.astype(g.dtype, copy=False),)
 
-    return record(out, x._device, (x,), rule, op)
+    return record(out, x.device, (x,), rule, op)
 
 
 def _xp(a):
@@ -88,15 +83,15 @@ def gelu(x: Tensor) -> Tensor:
     """Exact Gelu: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`; the backward reuses Phi(x)."""
     op = "gelu"
     _float_input(op, x)
-    xd = x._data
-    xp = x._device.xp
+    xd = array(x)
+    xp = x.device.xp
     cdf = special(xp).erf(xd * (1.0 / _SQRT_2))
     cdf += 1.0
     cdf *= 0.5
     cdf = cdf.astype(xd.dtype, copy=False)
     out = xd * cdf
-    if not _tracking(x):
-        return Tensor._wrap(out, x._device, x._ad)
+    if not tracking(x):
+        return untracked(out, (x,))
 
     def rule(g):
         # d/dx x Phi(x) = Phi(x) + x phi(x)
@@ -107,7 +102,7 @@ def gelu(x: Tensor) -> Tensor:
         pdf *= g
         return (pdf.astype(g.dtype, copy=False),)
 
-    return record(out, x._device, (x,), rule, op)
+    return record(out, x.device, (x,), rule, op)
 
 
 def relu6(x: Tensor) -> Tensor:
@@ -255,13 +250,13 @@ def prelu(x: Tensor, alpha: Tensor) -> Tensor:
     shape = [1] * x.rank
     if n != 1:
         shape[1] = n
-    xd = x._data
-    ad = alpha._data.reshape(shape)
-    xp = x._device.xp
+    xd = array(x)
+    ad = array(alpha).reshape(shape)
+    xp = x.device.xp
     pos = xd >= 0
     out = xp.where(pos, xd, xd * ad)
-    if not _tracking(x, alpha):
-        return Tensor._wrap(out, x._device, x._ad or alpha._ad)
+    if not tracking(x, alpha):
+        return untracked(out, (x, alpha))
     need_x, need_a = _needs(x), _needs(alpha)
     ashape = alpha.shape
 
@@ -270,32 +265,30 @@ def prelu(x: Tensor, alpha: Tensor) -> Tensor:
         ga = unbroadcast(xp.where(pos, 0.0, g * xd), tuple(shape)).reshape(ashape) if need_a else None
         return gx, ga
 
-    return record(out, x._device, (x, alpha), rule, op)
+    return record(out, x.device, (x, alpha), rule, op)
 
 
 # ---------------------------------------------------------------------- linear
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """`x @ weight + bias` over the last dim of x; weight `[d_input, d_output]`."""
     op = "linear"
-    xd, wd = x._data, weight._data
+    xd, wd = array(x), array(weight)
     if xd.ndim == 0 or xd.shape[-1] != wd.shape[0]:
         raise TensorError(
             f"{op}: the last dim of the input must equal d_input {wd.shape[0]} of the weight "
             f"(weight dims {list(wd.shape)}), got input dims {list(xd.shape)}"
         )
-    if x._device is not weight._device:
-        from ..tensor.tensor import check_same_device  # noqa: PLC0415
-
+    if x.device is not weight.device:
         check_same_device(op, x, weight)
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, wd.shape[0]) if xd.ndim != 2 else xd
     out2 = x2 @ wd
     if bias is not None:
-        out2 += bias._data
+        out2 += array(bias)
     out = out2.reshape(lead + (wd.shape[1],)) if xd.ndim != 2 else out2
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    if not _tracking(*inputs):
-        return Tensor._wrap(out, x._device, any(t._ad for t in inputs))
+    if not tracking(*inputs):
+        return untracked(out, inputs)
     need_x, need_w = _needs(x), _needs(weight)
     need_b = bias is not None and _needs(bias)
     xshape = xd.shape
@@ -309,7 +302,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         gb = g2.sum(axis=0) if need_b else None
         return gx, gw, gb
 
-    return record(out, x._device, inputs, rule, op)
+    return record(out, x.device, inputs, rule, op)
 
 
 # ---------------------------------------------------------------------- normalization
@@ -464,14 +457,14 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     """
     op = "normalize"
     _float_input(op, x)
-    xd = x._data
-    xp = x._device.xp
+    xd = array(x)
+    xp = x.device.xp
     nd = xd.ndim
     plan = _reduction_plan(xd.shape, axes)
     count = int(np.prod([xd.shape[a % nd] for a in axes]))
     inv_n = 1.0 / count
-    gd = gamma._data.reshape(affine_shape) if gamma is not None else None
-    bd = beta._data.reshape(affine_shape) if beta is not None else None
+    gd = array(gamma).reshape(affine_shape) if gamma is not None else None
+    bd = array(beta).reshape(affine_shape) if beta is not None else None
     red = {a % nd for a in axes}
     # gamma constant over the reduced axes: fold it with rstd into one per-statistic scale
     fold = gd is not None and all(gd.shape[i] == 1 for i in red if i < gd.ndim) and gd.ndim == nd
@@ -507,8 +500,8 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
         z, z_scale = xhat, None
     del xc
     inputs = tuple(t for t in (x, gamma, beta) if t is not None)
-    if not _tracking(*inputs):
-        return Tensor._wrap(out, x._device, any(t._ad for t in inputs))
+    if not tracking(*inputs):
+        return untracked(out, inputs)
     need_x, need_g, need_b = _needs(x), _needs(gamma), _needs(beta)
     pshape = affine_shape
 
@@ -559,21 +552,21 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
             res.append(gb)
         return tuple(res)
 
-    return record(out, x._device, inputs, rule, op)
+    return record(out, x.device, inputs, rule, op)
 
 
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
     """`x / sqrt(mean(x^2, last dim) + eps) * gamma`."""
     op = "rms_norm"
     _float_input(op, x)
-    xd = x._data
-    xp = x._device.xp
+    xd = array(x)
+    xp = x.device.xp
     r = 1.0 / xp.sqrt((xd * xd).mean(axis=-1, keepdims=True) + eps)
     xhat = xd * r
-    gd = gamma._data
+    gd = array(gamma)
     out = xhat * gd
-    if not _tracking(x, gamma):
-        return Tensor._wrap(out, x._device, x._ad or gamma._ad)
+    if not tracking(x, gamma):
+        return untracked(out, (x, gamma))
     need_x, need_g = _needs(x), _needs(gamma)
 
     def rule(g):
@@ -582,98 +575,93 @@ def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
         gg = (g * xhat).reshape(-1, gd.shape[0]).sum(axis=0) if need_g else None
         return gx, gg
 
-    return record(out, x._device, (x, gamma), rule, op)
+    return record(out, x.device, (x, gamma), rule, op)
 
 
 # ---------------------------------------------------------------------- losses
-def softmax_cross_entropy(logits: Tensor, target_dist, denom: float, log_probs: bool = True) -> Tensor:
-    """`-sum(T * log_softmax(logits)) / denom` as a tensor of dims [1].
+def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=None, log_probs: bool = True,
+                          dims: tuple[int, ...] = (1,)) -> Tensor:
+    """`-sum_i r_i sum_c T_ic log p_ic / denom`, p the softmax of `logits` `[..., classes]` over
+    the last dim, as a tensor of dims `dims` (`[1]` as Burn's losses return it). The one softmax
+    cross entropy of the engine: `nn.CrossEntropyLoss` and `train.cross_entropy` both call it.
 
-    `target_dist` is an array `[batch, classes]` (one-hot or smoothed targets, already scaled
-    by class weights and padding masks). With `log_probs=False` the input holds probabilities
-    and their log is used instead of log_softmax. Entries where `T` is 0 count for nothing,
-    even where a probability is 0 (no `0 * log 0 = nan`): their gradient is 0.
+    `targets` is an array in one of two forms:
+    - int, the logits' dims without the class axis: one class per row, whose entries the caller
+      has checked to lie in range. `T` is its one-hot, read from each row's target entry rather
+      than built. `row_weights` (an array, one per row, or None for all ones) is `r`: the class
+      weight of the row's target, 0 for a pad row, which then counts for nothing whatever its
+      values.
+    - float, the logits' dims: the target distribution `T` itself (one-hot or smoothed, already
+      scaled by class weights and padding masks); `r` is 1.
+
+    With `log_probs=False` the input holds probabilities and their log takes the place of
+    log_softmax. Entries where `T` is 0 count for nothing, even where a probability is 0 (no
+    `0 * log 0 = nan`): their gradient is 0.
     """
     op = "cross_entropy"
     _float_input(op, logits)
-    xd = logits._data
-    xp = logits._device.xp
-    T = target_dist.astype(xd.dtype, copy=False)
-    if log_probs:
-        shifted = xd - xd.max(axis=1, keepdims=True)
-        lse = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
-        lp = shifted - lse
-    else:
-        used = T != 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lp = xp.where(used, xp.log(xp.where(used, xd, 1)), 0)
-    loss = 0.0 - (T * lp).sum() / denom  # 0.0 - : an all-zero T gives 0.0, not -0.0
-    out = xp.asarray(loss, dtype=xd.dtype).reshape(1)
-    if not _tracking(logits):
-        return Tensor._wrap(out, logits._device, logits._ad)
-
-    def rule(g):
-        s = g.reshape(()) * (-1.0 / denom)
+    xd = array(logits)
+    xp = logits.device.xp
+    classes = xd.shape[-1]
+    x2 = xd if xd.ndim == 2 else xd.reshape(-1, classes)
+    index = targets.dtype.kind in "iu"
+    if index:
+        t = targets if targets.ndim == 1 else targets.reshape(-1)
+        rows = xp.arange(x2.shape[0])
+        rw = None if row_weights is None else row_weights.astype(xd.dtype, copy=False)
         if log_probs:
-            p = xp.exp(lp)
-            return ((T - p * T.sum(axis=1, keepdims=True)) * s,)
-        with np.errstate(divide="ignore"):
-            return (xp.where(used, T / xp.where(used, xd, 1), 0) * s,)
-
-    return record(out, logits._device, (logits,), rule, op)
-
-
-def softmax_cross_entropy_index(logits: Tensor, targets, denom: float, row_weights=None,
-                                log_probs: bool = True) -> Tensor:
-    """`-sum(r[i] * log_softmax(logits)[i, targets[i]]) / denom` as a tensor of dims [1]: the
-    one-hot case of `softmax_cross_entropy` (no smoothing), reading each row's target entry
-    instead of building the one-hot matrix. `targets` is an int array `[batch]` whose entries
-    the caller has checked to lie in range; `row_weights` (an array `[batch]`, or None for all
-    ones) scales each row: the class weight of its target, 0 for a pad row, which then counts
-    for nothing whatever its values. With `log_probs=False` the input holds probabilities and
-    `log(p[i, targets[i]])` is used instead of log_softmax."""
-    op = "cross_entropy"
-    _float_input(op, logits)
-    xd = logits._data
-    xp = logits._device.xp
-    rows = xp.arange(xd.shape[0])
-    rw = None if row_weights is None else row_weights.astype(xd.dtype, copy=False)
-    if log_probs:
-        shifted = xd - xd.max(axis=1, keepdims=True)
-        e = xp.exp(shifted)
-        s = e.sum(axis=1, keepdims=True)
-        if rw is None:
-            loss = (xp.log(s).sum() - shifted[rows, targets].sum()) / denom
+            shifted = x2 - x2.max(axis=1, keepdims=True)
+            e = xp.exp(shifted)
+            s = e.sum(axis=1, keepdims=True)
+            per = xp.log(s[:, 0]) - shifted[rows, t]
+            if rw is not None:
+                per = xp.where(rw != 0, per * rw, 0)
         else:
-            per = xp.log(s[:, 0]) - shifted[rows, targets]
-            loss = xp.where(rw != 0, per * rw, 0).sum() / denom
+            pt = x2[rows, t]
+            if rw is not None:
+                pt = xp.where(rw != 0, pt, 1)
+            with np.errstate(divide="ignore"):
+                per = -xp.log(pt)
+            if rw is not None:
+                per = per * rw
+        loss = per.sum() / denom
     else:
-        pt = xd[rows, targets]
-        if rw is not None:
-            pt = xp.where(rw != 0, pt, 1)
-        with np.errstate(divide="ignore"):
-            per = -xp.log(pt)
-        loss = (per if rw is None else per * rw).sum() / denom
-    out = xp.asarray(loss, dtype=xd.dtype).reshape(1)
-    if not _tracking(logits):
-        return Tensor._wrap(out, logits._device, logits._ad)
+        T = targets.astype(xd.dtype, copy=False)
+        T = T if T.ndim == 2 else T.reshape(-1, classes)
+        if log_probs:
+            shifted = x2 - x2.max(axis=1, keepdims=True)
+            lp = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        else:
+            used = T != 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lp = xp.where(used, xp.log(xp.where(used, x2, 1)), 0)
+        loss = 0.0 - (T * lp).sum() / denom  # 0.0 - : an all-zero T gives 0.0, not -0.0
+    out = xp.asarray(loss, dtype=xd.dtype).reshape(dims)
+    if not tracking(logits):
+        return untracked(out, (logits,))
+    shape = xd.shape
 
     def rule(g):
         scale = g.reshape(()) * (1.0 / denom)
-        if log_probs:
+        if index and log_probs:
             grad = e / s  # softmax, a fresh array this rule owns
-            grad[rows, targets] -= 1
+            grad[rows, t] -= 1
             if rw is not None:
                 grad *= rw[:, None]
             grad *= scale
-            return (grad,)
-        grad = xp.zeros_like(xd)
-        with np.errstate(divide="ignore"):
-            coef = -1.0 / pt if rw is None else -rw / pt
-        grad[rows, targets] = coef * scale
-        return (grad,)
+        elif index:
+            grad = xp.zeros_like(x2)
+            with np.errstate(divide="ignore"):
+                coef = -1.0 / pt if rw is None else -rw / pt
+            grad[rows, t] = coef * scale
+        elif log_probs:
+            grad = (T - xp.exp(lp) * T.sum(axis=1, keepdims=True)) * -scale
+        else:
+            with np.errstate(divide="ignore"):
+                grad = xp.where(used, T / xp.where(used, x2, 1), 0) * -scale
+        return (grad if grad.shape == shape else grad.reshape(shape),)
 
-    return record(out, logits._device, (logits,), rule, op)
+    return record(out, logits.device, (logits,), rule, op)
 
 
 # ---------------------------------------------------------------------- rotary encoding
@@ -682,8 +670,8 @@ def rotary(x: Tensor, cos, sin) -> Tensor:
     given per (position, pair): `cos`, `sin` arrays `[seq_length, d_model / 2]`."""
     op = "rotary"
     _float_input(op, x)
-    xd = x._data
-    xp = x._device.xp
+    xd = array(x)
+    xp = x.device.xp
     shape = xd.shape
     x2 = xd.reshape(shape[:-1] + (shape[-1] // 2, 2))
     a, b = x2[..., 0], x2[..., 1]
@@ -693,8 +681,8 @@ def rotary(x: Tensor, cos, sin) -> Tensor:
     out[..., 0] = a * c - b * s
     out[..., 1] = a * s + b * c
     out = out.reshape(shape)
-    if not _tracking(x):
-        return Tensor._wrap(out, x._device, x._ad)
+    if not tracking(x):
+        return untracked(out, (x,))
 
     def rule(g):
         g2 = g.reshape(x2.shape)
@@ -704,4 +692,4 @@ def rotary(x: Tensor, cos, sin) -> Tensor:
         gx[..., 1] = g1 * c - g0 * s
         return (gx.reshape(shape),)
 
-    return record(out, x._device, (x,), rule, op)
+    return record(out, x.device, (x,), rule, op)

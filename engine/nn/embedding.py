@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..tensor import DTypeError, Tensor, TensorError
-from ..tensor.tensor import record
+from ..tensor.raw import array, record
 from ._base import Config, Layer, assert_shape, check_indices, init_with, initializers
 
 __all__ = ["EmbeddingConfig", "Embedding", "embedding"]
@@ -28,14 +28,14 @@ def embedding(weight: Tensor, indices: Tensor) -> Tensor:
     op = "embedding"
     if indices.kind != "int":
         raise DTypeError(f"{op}: expected an int tensor of indices, got {indices.dtype} (dims {list(indices.shape)})")
-    idx = indices._data
+    idx = array(indices)
     n, d = weight.shape
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
         bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
         raise TensorError(f"{op}: index {bad} is out of range for {n} embeddings (expected 0 <= index < {n})")
-    wd = weight._data
+    wd = array(weight)
     out = wd[idx]
-    xp = weight._device.xp
+    xp = weight.device.xp
 
     def rule(g):
         gw = xp.zeros_like(wd)
@@ -53,7 +53,7 @@ def embedding(weight: Tensor, indices: Tensor) -> Tensor:
                 cupyx.scatter_add(gw, flat, g.reshape(-1, d))
         return (gw,)
 
-    return record(out, weight._device, (weight,), rule, op)
+    return record(out, weight.device, (weight,), rule, op)
 
 
 class Embedding(Layer):

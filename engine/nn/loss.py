@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tensor import Tensor, TensorError
+from ..tensor.raw import array, wrap
 from . import _ops
 from ._base import Config, Layer, Module, assert_shape, f64
 from .misc import cosine_similarity, lp_norm
@@ -167,7 +168,7 @@ class CrossEntropyLoss(Layer):
         if targets.kind != "int":
             raise TensorError(f"CrossEntropyLoss: expected int class targets, got {targets.dtype}")
         xp = logits.device.xp
-        t = targets._data if targets.device is logits.device else targets.to_device(logits.device)._data
+        t = array(targets if targets.device is logits.device else targets.to_device(logits.device))
         keep = None
         if self.pad_tokens:
             keep = ~xp.isin(t, xp.asarray(self.pad_tokens))
@@ -186,7 +187,7 @@ class CrossEntropyLoss(Layer):
                 )
         if keep is not None:
             t = xp.where(keep, t, 0)  # pad rows read class 0 and are scaled by 0
-        dtype = logits._data.dtype
+        dtype = array(logits).dtype
         w = None
         if self.weights is not None:
             if tuple(self.weights.shape) != (num_targets,):
@@ -194,7 +195,7 @@ class CrossEntropyLoss(Layer):
                     f"CrossEntropyLoss: expected one class weight per class ({num_targets}), "
                     f"got {self.weights.shape[0]} weights"
                 )
-            w = self.weights.to_device(logits.device)._data.astype(dtype)
+            w = array(self.weights.to_device(logits.device)).astype(dtype)
         row_w = None if w is None else w[t]
         if keep is not None:
             row_w = keep.astype(dtype) if row_w is None else row_w * keep
@@ -202,7 +203,7 @@ class CrossEntropyLoss(Layer):
         if denom == 0.0:  # no row counts: the numerator is 0 too, and so is the loss
             denom = 1.0
         if self.smoothing is None:
-            return _ops.softmax_cross_entropy_index(logits, t, denom, row_w, log_probs=self.logits)
+            return _ops.softmax_cross_entropy(logits, t, denom, row_w, log_probs=self.logits)
         dist = (t[:, None] == xp.arange(num_targets)[None, :]).astype(dtype)
         a = float(np.float32(self.smoothing))
         dist = dist * (1.0 - a) + a / num_targets
@@ -285,8 +286,8 @@ class BinaryCrossEntropyLoss(Layer):
             if logits.rank > 1:
                 loss = loss * w
             else:
-                idx = targets.to_device(logits.device)._data
-                loss = loss * Tensor._wrap(w._data[idx], logits.device)
+                idx = array(targets.to_device(logits.device))
+                loss = loss * wrap(array(w)[idx], logits.device)
         return loss.mean().reshape(1)
 
     def custom_content(self, content):

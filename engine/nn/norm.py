@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..autodiff import no_recording
-from ..tensor import Tensor
+from ..tensor.raw import wrap
 from . import _ops
 from ._base import Config, Flag, Layer, assert_shape, check_dtype, check_float, f64, init_with, initializers, state
 
@@ -146,7 +146,7 @@ class BatchNorm(Layer):
             for name, batch in (("running_mean", mean), ("running_var", var)):
                 param = getattr(self, name)
                 old = param.val().inner()
-                new = old.to_device(device) * (1.0 - m) + Tensor._wrap(batch, device) * m
+                new = old.to_device(device) * (1.0 - m) + wrap(batch, device) * m
                 setattr(self, name, param.map(lambda _t, v=new.to_device(old.device).inner(): v))
 
     def custom_content(self, content):

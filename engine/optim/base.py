@@ -26,7 +26,7 @@ import numpy as np
 
 from ..module.param import ParamId
 from ..module.visitor import ModuleMapper
-from ..tensor import Tensor
+from ..tensor.raw import array, wrap
 
 
 class SimpleOptimizer:
@@ -121,8 +121,8 @@ class _StepMapper(ModuleMapper):
         t = param.base()
         device = t.device
         xp = device.xp
-        arr = t._data
-        garr = g._data
+        arr = array(t)
+        garr = array(g)
         if g.device is not device:
             garr = device.asarray(g.numpy() if hasattr(g, "numpy") else garr)
         if garr.shape != arr.shape:
@@ -144,7 +144,7 @@ class _StepMapper(ModuleMapper):
             entry.device = device
         with device.context():
             new, entry.state = entry.optim.step(self.lr, arr, garr, entry.state, xp)
-        out = Tensor._wrap(new, device, True, None)
+        out = wrap(new, device, True)
         if t.is_require_grad():
             out = out.set_require_grad(True)
         return param.map(lambda _base: out)

@@ -66,9 +66,9 @@ class GradientClipping:
 
     def clip_gradient(self, grad):
         """Clip a `Tensor` gradient; returns a Tensor on the same device."""
-        from ..tensor import Tensor
+        from ..tensor.raw import array, wrap
 
-        return Tensor._wrap(self.clip_array(grad._data, grad.device.xp), grad.device)
+        return wrap(self.clip_array(array(grad), grad.device.xp), grad.device)
 
     def __repr__(self) -> str:
         return f"GradientClipping.{self.kind}({self.threshold})"

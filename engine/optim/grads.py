@@ -12,6 +12,7 @@ import math
 
 from ..module.visitor import ModuleVisitor
 from ..tensor import Tensor
+from ..tensor.raw import array, wrap
 
 
 class _Collect(ModuleVisitor):
@@ -86,7 +87,7 @@ class GradientsParams:
         """The L2 norm of all gradients together."""
         total = 0.0
         for g in self._by_id.values():
-            a = g._data
+            a = array(g)
             total += float((a.astype("float64") ** 2).sum())
         return math.sqrt(total)
 
@@ -97,7 +98,8 @@ class GradientsParams:
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
             for k, g in self._by_id.items():
-                self._by_id[k] = Tensor._wrap(g._data * g._data.dtype.type(coef), g.device)
+                a = array(g)
+                self._by_id[k] = wrap(a * a.dtype.type(coef), g.device)
         return norm
 
     def __repr__(self) -> str:

@@ -11,13 +11,11 @@ import operator
 
 import numpy as np
 
-from ..autodiff import tape as _tape
-from ..autodiff.tape import Node
+from ..autodiff.tape import Node, is_recording
 from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
 from .threads import elementwise
 
 _wrap = Tensor._wrap
-_recording = _tape._state  # `.paused` inside no_recording(); read directly on the hot paths
 
 
 def _special(xp):
@@ -57,7 +55,7 @@ def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts, saves: str = "xyo"):
         except ValueError as exc:
             raise _bcast_error(op, a, b, exc) from None
         na, nb = a._node is not None, b._node is not None
-        if not (na or nb) or _recording.paused:
+        if not (na or nb) or not is_recording():
             return _wrap(out, dev, a._ad or b._ad)
         x = xd if "x" in saves else None
         y = yd if "y" in saves else None
@@ -71,7 +69,7 @@ def _binary(a: Tensor, b, op: str, fwd, rule_tt, rule_ts, saves: str = "xyo"):
         return _wrap(out, dev, True, Node(
             (a._node, b._node), lambda g: _own_dtypes(rule_tt(g, x, y, o, na, nb, xs, ys), xt, yt), op))
     out = fwd(a._data, b)
-    if a._node is None or _recording.paused:
+    if a._node is None or not is_recording():
         return _wrap(out, dev, a._ad)
     x = a._data if "x" in saves else None
     o = out if "o" in saves else None
@@ -211,7 +209,7 @@ def _unary(a: Tensor, op: str, fwd, rule, saves: str = "xo"):
     stay alive in the graph until backward; the others reach the rule as None."""
     x = a._data
     out = fwd(x)
-    if a._node is None or _recording.paused:
+    if a._node is None or not is_recording():
         return _wrap(out, a._device, a._ad)
     xs = x if "x" in saves else None
     os_ = out if "o" in saves else None

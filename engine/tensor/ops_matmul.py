@@ -6,8 +6,7 @@ silently computes in float64. Convert one operand with `.cast(...)`.
 """
 from __future__ import annotations
 
-from ..autodiff import tape as _tape
-from ..autodiff.tape import Node
+from ..autodiff.tape import Node, is_recording
 from .tensor import DTypeError, Tensor, TensorError, check_same_device, tensor_method, unbroadcast
 
 
@@ -35,7 +34,7 @@ def matmul(self, other):
         out = a @ b
     except ValueError as exc:
         raise TensorError(f"matmul: batch axes cannot be broadcast: dims {list(a.shape)} @ {list(b.shape)} ({exc})") from None
-    if (self._node is None and other._node is None) or _tape._state.paused:
+    if (self._node is None and other._node is None) or not is_recording():
         return Tensor._wrap(out, self._device, self._ad or other._ad)
     need_a = self._node is not None
     need_b = other._node is not None

@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from ..autodiff import tape as _tape
-from ..autodiff.tape import Node
+from ..autodiff.tape import Node, is_recording
 from . import dtype as _dt
 from .device import Device, DeviceError, as_device
 
@@ -338,11 +338,11 @@ def record(out, device: Device, inputs, rule, op: str) -> Tensor:
     """
     if len(inputs) == 1:  # most ops: one input, no loops
         n = inputs[0]._node
-        if n is not None and not _tape._state.paused:
+        if n is not None and is_recording():
             return Tensor._wrap(out, device, True, Node((n,), rule, op))
         return Tensor._wrap(out, device, inputs[0]._ad)
     nodes = tuple([t._node for t in inputs])
-    if not _tape._state.paused and nodes.count(None) < len(nodes):
+    if is_recording() and nodes.count(None) < len(nodes):
         return Tensor._wrap(out, device, True, Node(nodes, rule, op))
     return Tensor._wrap(out, device, any(t._ad for t in inputs))
 

@@ -1,9 +1,11 @@
 """The training loop's default losses, each one recorded node with its own backward rule.
 
 - `cross_entropy(logits, targets, pad_token=None)`: mean over items of
-  `logsumexp(logits) - logits[target]`; logits `[..., classes]`, integer targets `[...]`.
-  Fused: the backward rule is `(softmax - one_hot) / n`, so a step records one node instead
-  of four. Items whose target is `pad_token` count for nothing.
+  `logsumexp(logits) - logits[target]`; logits `[..., classes]`, integer targets `[...]`, a
+  rank-0 result. Items whose target is `pad_token` count for nothing. It checks the targets
+  and hands the arithmetic to `engine.nn`'s fused softmax cross entropy (the kernel
+  `CrossEntropyLoss` uses too), whose backward rule is `(softmax - one_hot) / n`: one node
+  per step instead of four.
 - `mse_loss(output, targets)`: mean of squared differences (targets as a constant).
 
 `engine.nn` has Burn's loss modules (CrossEntropyLoss, MseLoss, ...); a training step may use
@@ -11,14 +13,14 @@ those instead. These are what the loop uses when the step is left to it.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from ..tensor.tensor import Tensor, TensorError, record
+from ..nn._ops import softmax_cross_entropy
+from ..tensor import Tensor, TensorError
+from ..tensor.raw import array, record
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, pad_token: int | None = None) -> Tensor:
-    x = logits._data
-    y = targets._data if isinstance(targets, Tensor) else targets
+    x = array(logits)
+    y = array(targets) if isinstance(targets, Tensor) else targets
     xp = logits.device.xp
     if logits.kind != "float":
         raise TensorError(f"cross_entropy: expected float logits, got {logits.dtype}")
@@ -30,7 +32,6 @@ def cross_entropy(logits: Tensor, targets: Tensor, pad_token: int | None = None)
             f"class axis), got logits {list(x.shape)} and targets {list(y.shape)}"
         )
     c = x.shape[-1]
-    x2 = x.reshape(-1, c)
     y1 = y.reshape(-1)
     keep = None
     if pad_token is not None:
@@ -46,36 +47,17 @@ def cross_entropy(logits: Tensor, targets: Tensor, pad_token: int | None = None)
                 f"cross_entropy: class index {int(y1[i])} is out of range for {c} classes at item {i} of the "
                 f"flattened targets (expected 0 <= target < {c}{pad})"
             )
+    row_weights = None
     if keep is not None:
-        y1 = xp.where(keep, y1, 0)
+        y1 = xp.where(keep, y1, 0)  # pad items read class 0 and are weighted 0
+        row_weights = keep
     n = int(keep.sum()) if keep is not None else y1.shape[0]
-    m = x2.max(axis=1, keepdims=True)
-    shifted = x2 - m
-    e = xp.exp(shifted)
-    s = e.sum(axis=1, keepdims=True)
-    rows = xp.arange(x2.shape[0])
-    per_item = xp.log(s[:, 0]) - shifted[rows, y1]
-    if keep is not None:
-        per_item = per_item * keep
-    out = per_item.sum() / max(n, 1)
-    out = xp.asarray(out, dtype=x.dtype)
-    shape = x.shape
-
-    def rule(g):
-        grad = e / s  # softmax, a fresh array
-        grad[rows, y1] -= 1.0
-        scale = g * (1.0 / max(n, 1))
-        if keep is not None:
-            grad *= keep[:, None]
-        grad *= scale.astype(grad.dtype)
-        return (grad.reshape(shape),)
-
-    return record(out, logits.device, (logits,), rule, "cross_entropy")
+    return softmax_cross_entropy(logits, y1, max(n, 1), row_weights, dims=())
 
 
 def mse_loss(output: Tensor, targets: Tensor) -> Tensor:
-    x = output._data
-    y = targets._data if isinstance(targets, Tensor) else targets
+    x = array(output)
+    y = array(targets) if isinstance(targets, Tensor) else targets
     xp = output.device.xp
     if tuple(y.shape) != tuple(x.shape):
         raise TensorError(f"mse_loss: expected targets of dims {list(x.shape)} like the output, got {list(y.shape)}")

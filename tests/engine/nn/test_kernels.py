@@ -183,11 +183,11 @@ def test_softmax_cross_entropy(log_probs):
     if not log_probs:
         logits = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
     T = RNG.random((4, 5))
-    got = _ops.softmax_cross_entropy(Tensor.from_data(logits, dtype="float64"), T, 3.0, log_probs).numpy()
+    got = _ops.softmax_cross_entropy(Tensor.from_data(logits, dtype="float64"), T, 3.0, log_probs=log_probs).numpy()
     if log_probs:
         lp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
     else:
         lp = np.log(logits)
     assert got.shape == (1,)
     np.testing.assert_allclose(got[0], -(T * lp).sum() / 3.0, rtol=1e-12)
-    check_grads(lambda t: _ops.softmax_cross_entropy(t, T, 3.0, log_probs), logits)
+    check_grads(lambda t: _ops.softmax_cross_entropy(t, T, 3.0, log_probs=log_probs), logits)
