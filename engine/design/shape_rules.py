@@ -326,12 +326,19 @@ def _same_out(size: Dim, k: int, s: int, d: int, owner: str) -> Dim:
     """The output size with Burn's Same padding: total = max((ceil(L/s)-1)*s + k - L, 0) (the
     kernel, not the dilated window), so out = ceil(L/s) + floor((k - eff)/s) when k >= s."""
     eff = d * (k - 1) + 1
-    if k < s and d > 1:
+    if k < s and eff > k:
         raise RuleError(f"{owner}: Same padding with a stride ({s}) larger than the kernel ({k}) and dilation {d} "
                         f"has no exact shape rule: use Explicit padding")
-    # k >= s: the total is never clamped; d == 1 and k < s: out = ceil(L/s) either way
+    # k >= s: the total is never clamped; an undilated window (eff == k) and k < s: out = ceil(L/s) either way
     shift = (k - eff) // s if k >= s else 0
     return size.ceil_div(s) + shift
+
+
+def _same_min_length(k: int, s: int, eff: int) -> int:
+    """The shortest input Same padding (by the kernel, k >= s) leaves room for a dilated window of
+    `eff`: the padded span (ceil(L/s) - 1) * s + k - eff must not be negative."""
+    m = -(-(s + eff - k) // s)  # ceil(L/s) >= m
+    return (m - 1) * s + 1
 
 
 def _min_size(ctx, size: Dim, need: int, message) -> None:
@@ -360,7 +367,8 @@ def _conv(m, ins, ctx):
             # the padded span is never negative unless the dilated window is wider than the kernel
             eff = d * (k - 1) + 1
             if k < eff:
-                _min_size(ctx, o, 1, lambda: _kernel_too_large(op, kernel, dilation, sizes, "Same"))
+                _min_size(ctx, L, _same_min_length(k, s, eff),
+                          lambda: _kernel_too_large(op, kernel, dilation, sizes, "Same"))
         else:
             lo, hi = pads[i]
             eff = d * (k - 1) + 1
@@ -414,14 +422,14 @@ def _pool(m, ins, ctx, n: int, op: str, kernel, stride, dilation, ceil_mode: boo
     for i, (L, k, s, d) in enumerate(zip(sizes, kernel, stride, dilation)):
         eff = d * (k - 1) + 1
         if padding.kind == "Same":
-            if k < s and d > 1:
+            if k < s and eff > k:
                 raise RuleError(f"{type(m).__name__}: Same padding with a stride ({s}) larger than the kernel ({k}) "
                                 f"and dilation {d} has no exact shape rule: use Explicit padding")
             # Burn pads by the kernel (not the dilated window): out = ceil(L/s) + a constant shift
             # (0 without dilation, whether or not the padding is clamped at 0)
             o = L.ceil_div(s) + (-((eff - k) // s) if ceil_mode else (k - eff) // s)
             if eff > k:
-                ctx.require(o, "min", 1, lambda: (f"{op}: the kernel (size {list(kernel)}, dilation {list(dilation)}) "
+                ctx.require(L, "min", _same_min_length(k, s, eff), lambda: (f"{op}: the kernel (size {list(kernel)}, dilation {list(dilation)}) "
                                                   f"is larger than the padded input (spatial dims {dims_text(sizes)})"))
             out.append(o)
             continue
@@ -442,13 +450,16 @@ def _pool(m, ins, ctx, n: int, op: str, kernel, stride, dilation, ceil_mode: boo
         if not ceil_mode:
             out.append(num // s + 1)
             continue
-        # ceil mode drops a last window that would start in the right padding: only possible when
-        # the window reaches less than a stride past the (left-padded) input
+        # ceil mode drops a last window that would start in the right padding (at or past X = the
+        # input and its left padding). That can only happen when the window reaches less than a
+        # stride past its start (reach < s); then the windows are exactly those starting before
+        # X: with X = q*s + r, min(ceil((X - reach)/s), ceil(X/s) - 1) + 1 = ceil(X/s) for every r.
         reach = (eff - lo) if symmetric else eff
         if reach < s:
-            raise RuleError(f"{type(m).__name__}: ceil_mode with a stride ({s}) larger than the window past the "
-                            f"padding has no exact shape rule")
-        out.append(num.ceil_div(s) + 1)
+            x = (L + lo) if symmetric else (L + lo + hi)
+            out.append(x.ceil_div(s))
+        else:
+            out.append(num.ceil_div(s) + 1)
     return Shape(t.dims[:2] + tuple(out), t.dtype)
 
 

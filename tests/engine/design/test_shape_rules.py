@@ -418,3 +418,50 @@ def test_dims_are_canonical_and_exact():
         for wv in range(1, 5):
             assert e.evaluate({"h": hv, "w": wv}) == ((hv - 5) // 3 + 1) * wv - 1
     assert as_dim(4) == 4 and as_dim("h") == h
+
+
+def test_one_dimensional_pool_and_conv_rules_hold_for_every_small_length():
+    """Every stride / kernel / dilation / padding / ceil_mode combination of small 1-D pools and
+    convolutions, on every length from 1 to 14: the rule's size (with its constraints) is the
+    real one, and a length the constraints refuse is refused by the layer too."""
+    import itertools
+
+    from engine import nn
+    from engine.design.shape_rules import RuleError, Shape, infer
+
+    x_dim = Dim.name("L")
+    checked = 0
+    for k, s, d, ceil, pad in itertools.product((1, 2, 3), (1, 2, 3), (1, 2), (False, True),
+                                                ("Valid", "Same", (1, 0), (1, 1))):
+        if pad == "Same" and k % 2 == 0:
+            continue
+        padding = nn.PaddingConfig1d.of(pad) if isinstance(pad, str) else nn.PaddingConfig1d.Explicit(*pad)
+        layers = [nn.MaxPool1dConfig(k, s, padding, d, ceil).init()]
+        if not ceil:
+            layers.append(nn.Conv1dConfig(1, 1, k, stride=s, dilation=d, padding=padding).init())
+        for layer in layers:
+            try:
+                result = infer(layer, [Shape((as_dim(1), as_dim(1), x_dim))])
+            except RuleError as e:
+                if "has no exact shape rule" in str(e):  # the one corner without a rule
+                    assert isinstance(layer, nn.Conv1d) and pad == "Same" and k < s and d * (k - 1) + 1 > k
+                    continue
+                for L in range(1, 15):  # a refusal whatever the length: the layer refuses too
+                    with pytest.raises(Exception):  # noqa: B017, PT011
+                        layer.forward(Tensor.zeros((1, 1, L)))
+                continue
+            for L in range(1, 15):
+                env = {"L": L}
+                x = Tensor.zeros((1, 1, L))
+                try:
+                    real = tuple(layer.forward(x).shape)
+                except Exception:  # noqa: BLE001 - a length the layer refuses
+                    real = None
+                fits = all(c.holds(env) for c in result.constraints)
+                if real is None:
+                    assert not fits, (layer, L, [c.text() for c in result.constraints])
+                    continue
+                assert fits, (layer, L)
+                assert tuple(dd.evaluate(env) for dd in result.shape.dims) == real, (layer, pad, L)
+                checked += 1
+    assert checked > 1500
