@@ -96,6 +96,20 @@ def _owner(cls) -> str:
 
 
 # ---------------------------------------------------------------------- cross entropy
+def _class_weights(smoothing, weights, device):
+    """Check a cross entropy config's smoothing and weights (as Burn does); the weights as a
+    float32 tensor, or None."""
+    if smoothing is not None and not 0.0 <= smoothing <= 1.0:
+        raise ValueError(
+            f"Alpha of Cross-entropy loss with smoothed labels should be in interval [0, 1]. Got {f64(smoothing)}"
+        )
+    if weights is not None and not all(w > 0 for w in weights):
+        raise ValueError("Weights of cross-entropy have to be positive.")
+    if weights is None:
+        return None
+    return Tensor.from_data(np.asarray(weights, dtype=np.float32), device=device)
+
+
 @dataclass
 class CrossEntropyLossConfig(Config):
     """Configuration of a [`CrossEntropyLoss`]: pad tokens, class weights, label smoothing."""
@@ -106,15 +120,7 @@ class CrossEntropyLossConfig(Config):
     logits: bool = True
 
     def init(self, device=None) -> "CrossEntropyLoss":
-        if self.smoothing is not None and not 0.0 <= self.smoothing <= 1.0:
-            raise ValueError(
-                f"Alpha of Cross-entropy loss with smoothed labels should be in interval [0, 1]. Got {f64(self.smoothing)}"
-            )
-        if self.weights is not None and not all(w > 0 for w in self.weights):
-            raise ValueError("Weights of cross-entropy have to be positive.")
-        weights = None
-        if self.weights is not None:
-            weights = Tensor.from_data(np.asarray(self.weights, dtype=np.float32), device=device)
+        weights = _class_weights(self.smoothing, self.weights, device)
         pads = None if self.pad_tokens is None else [int(p) for p in self.pad_tokens]
         return CrossEntropyLoss(pads, weights, self.smoothing, self.logits)
 
@@ -233,15 +239,7 @@ class BinaryCrossEntropyLossConfig(Config):
     logits: bool = False
 
     def init(self, device=None) -> "BinaryCrossEntropyLoss":
-        if self.smoothing is not None and not 0.0 <= self.smoothing <= 1.0:
-            raise ValueError(
-                f"Alpha of Cross-entropy loss with smoothed labels should be in interval [0, 1]. Got {f64(self.smoothing)}"
-            )
-        if self.weights is not None and not all(w > 0 for w in self.weights):
-            raise ValueError("Weights of cross-entropy have to be positive.")
-        weights = None
-        if self.weights is not None:
-            weights = Tensor.from_data(np.asarray(self.weights, dtype=np.float32), device=device)
+        weights = _class_weights(self.smoothing, self.weights, device)
         return BinaryCrossEntropyLoss(weights, self.smoothing, self.logits)
 
 
