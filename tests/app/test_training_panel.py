@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
-from app.training_panel import install, latest_checkpoint, read_run, train_steps
+from app.__main__ import train_steps
+from app.core.schema import ExampleSource, ScriptSource
+from engine.train.run_folder import latest_checkpoint, read_run
 from tests.widgets.qt_helpers import click_box, type_into
 
 TIMEOUT = 60_000
@@ -16,7 +18,7 @@ TIMEOUT = 60_000
 @pytest.fixture
 def panel(window, tmp_path):
     assert window.open_example("spirals")
-    p = install(window, runs_dir=tmp_path / "runs")
+    p = window.training_panel  # its runs go to tmp_path / "runs" (the settings folder's)
     window.tabs.setCurrentWidget(p)
     yield p
     p.shutdown()
@@ -88,11 +90,11 @@ def test_a_built_in_example_trains_to_the_end_through_the_widgets(window, panel,
     assert all(not np.array_equal(start_params[k], after_params[k]) for k in start_params)
     assert window.document.undo_stack.undoText().startswith("Train ")
     # the project records the training as loading the run's trained weights: replaying it gives them back
-    from app import edits
+    from app.core import edits
     from resources.examples import build_example
 
     edit = window.document.edits[-1]
-    assert edit == {"op": "load", "path": str(run.folder / "trained.bpk"), "allow_partial": False}
+    assert edit.to_json() == {"op": "load", "path": str(run.folder / "trained.bpk"), "allow_partial": False}
     replayed = param_arrays(edits.replay(build_example("spirals"), window.document.edits))
     assert all(np.array_equal(replayed[k], v) for k, v in after_params.items())
     window.document.undo_stack.undo()
@@ -102,7 +104,7 @@ def test_a_built_in_example_trains_to_the_end_through_the_widgets(window, panel,
     assert norms and set(norms[-1]) == {"", "fc1", "fc2", "fc3"}
     assert all(v is not None and v > 0 for v in norms[-1].values())
     # the run is recorded in the document and its folder
-    assert window.document.runs[-1]["status"] == "finished"
+    assert window.document.runs[-1].status == "finished"
     assert read_run(run.folder)["status"] == "finished"
 
 
@@ -200,8 +202,8 @@ def test_a_crashed_run_resumes_in_a_new_window(window, panel, qtbot, settings, t
     qtbot.addWidget(other)
     other.show()
     assert other.open_example("spirals")
-    other.document.set_model(window.document.undo_stack.command(0).before, {"kind": "example", "name": "spirals"})
-    second = install(other, runs_dir=tmp_path / "runs")
+    other.document.set_model(window.document.undo_stack.command(0).before, ExampleSource("spirals"))
+    second = other.training_panel
     assert second.resumable()[0] == run.folder
     assert second.controls.checkpoint_button.isEnabled()
     click(qtbot, second.controls.checkpoint_button)
@@ -255,7 +257,7 @@ def test_an_exception_in_the_worker_is_reported_and_the_model_kept(window, panel
             return self.fc.forward(x)
 
     model = Flaky()
-    window.document.set_model(model, {"kind": "script", "path": "flaky.py", "factory": "build"})
+    window.document.set_model(model, ScriptSource("flaky.py"))
     click(qtbot, panel.controls.start_button)
     wait_ended(qtbot, panel)
     assert panel.runs[-1].outcome.status == "failed"
@@ -374,7 +376,7 @@ def test_the_windows_status_bar_follows_the_run(window, panel, qtbot):
 
 def test_train_steps_trains_exactly_that_many_steps(window, qtbot, tmp_path):
     assert window.open_example("spirals")
-    p = install(window, runs_dir=tmp_path / "runs")
+    p = window.training_panel  # its runs go to tmp_path / "runs" (the settings folder's)
     assert train_steps(window, 50)
     run = p.runs[-1]
     assert run.outcome.status == "finished" and run.outcome.steps == 50
