@@ -236,6 +236,17 @@ def _sizes(a, names: list[str], rng: random.Random, taken: list) -> dict | None:
     return None
 
 
+def _violating(a, names: list[str], rng: random.Random) -> dict | None:
+    constraints = [c for s in a.nodes.values() for c in s.constraints]
+    if not constraints:
+        return None
+    for _ in range(200):
+        env = {n: rng.randint(1, 3) if n == "batch" else rng.randint(1, 11) for n in names}
+        if not all(c.holds(env) for c in constraints):
+            return env
+    return None
+
+
 def _tensor(dims, dtype):
     if dtype == "int":
         return Tensor.from_data(np.zeros(dims, dtype=np.int64))
@@ -270,7 +281,7 @@ def test_random_designs_match_the_real_forward_pass():
     rng = random.Random(18)
     kinds = _layer_kinds()
     done: dict[str, int] = {}
-    rust_checked = 0
+    rust_checked = violated = 0
     named_counts = set()
     attempts = 0
     while sum(done.values()) < N_DESIGNS:
@@ -305,8 +316,10 @@ def test_random_designs_match_the_real_forward_pass():
         for env in envs:
             xs = [_tensor([env[x] if isinstance(x, str) else x for x in d.config(n)["shape"]],
                           d.config(n)["dtype"]) for n in d.inputs()]
-            real = tuple(model.forward(*xs).shape)
+            y = model.forward(*xs)
+            real = tuple(y.shape)
             assert want.evaluate(env) == real, (kind, d.to_dict(), env, want.text(), real)
+            assert want.dtype == y.kind, (kind, want.dtype, y.kind)
             # the exported module's assert_shape calls run on the same inputs and must hold
             assert tuple(exported.forward(*xs).shape) == real, (kind, env)
             if rust is not None:
@@ -326,10 +339,19 @@ def test_random_designs_match_the_real_forward_pass():
                         assert _eval_rust(p, bound) == v, (kind, out_pattern, env, real)
         if rust is not None:
             rust_checked += 1
+        # sizes that break a constraint are refused by the real layers too (no constraint is spurious)
+        bad_env = _violating(a, names, rng)
+        if bad_env is not None:
+            xs = [_tensor([bad_env[x] if isinstance(x, str) else x for x in d.config(n)["shape"]],
+                          d.config(n)["dtype"]) for n in d.inputs()]
+            with pytest.raises(Exception):  # noqa: B017, PT011 - the layer's own error, whatever it is
+                model.forward(*xs)
+            violated += 1
         done[kind] = done.get(kind, 0) + 1
     assert set(done) == set(kinds) and min(done.values()) >= 3, done
     assert named_counts == {2, 3, 4, 5}
     assert rust_checked >= 150, rust_checked
+    assert violated >= 50, violated
 
 
 # ---------------------------------------------------------------------------------- regressions
