@@ -124,3 +124,17 @@ def test_csv_holds_every_series_of_every_run(tmp_path):
     assert float(loss_a[2][6]) == 1 / 3  # full precision
     valid_b = [r for r in rows[1:] if r[0] == "b" and r[2] == "valid" and r[3] == "accuracy"]
     assert len(valid_b) == 1 and math.isclose(float(valid_b[0][6]), 0.5)
+
+
+def test_the_runs_status_follows_its_events_and_its_end():
+    h = RunHistory("a")
+    assert h.status == "idle"
+    h.begin()
+    assert h.status == "running"
+    h.apply(ev.Stopped(1, 3))
+    assert h.status == "stopped" and h.message == "stopped at epoch 1, step 3"
+    version = h.version
+    h.end("finished")  # max_steps reached: the worker reports a stop it asked for as finished
+    assert h.status == "finished" and h.message == "stopped at epoch 1, step 3" and h.version > version
+    h.end("failed", "the data do not fit")
+    assert (h.status, h.message) == ("failed", "the data do not fit")
