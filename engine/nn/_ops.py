@@ -579,6 +579,19 @@ def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
 
 
 # ---------------------------------------------------------------------- losses
+def first_bad_target(targets, classes: int, keep=None) -> int | None:
+    """The first position of the int array `targets` whose class lies outside `[0, classes)`,
+    counting only positions where `keep` (a bool array, or None for all) is true, so that a
+    pad token need not be a class; None when there is none. The losses check their targets
+    with it before `softmax_cross_entropy`, each with its own message."""
+    if not targets.size or (int(targets.min()) >= 0 and int(targets.max()) < classes):
+        return None
+    bad = (targets < 0) | (targets >= classes)
+    if keep is not None:
+        bad &= keep
+    return int(bad.argmax()) if bool(bad.any()) else None
+
+
 def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=None, log_probs: bool = True,
                           dims: tuple[int, ...] = (1,)) -> Tensor:
     """`-sum_i r_i sum_c T_ic log p_ic / denom`, p the softmax of `logits` `[..., classes]` over

@@ -180,17 +180,13 @@ class CrossEntropyLoss(Layer):
             keep = ~xp.isin(t, xp.asarray(self.pad_tokens))
             if bool(keep.all()):
                 keep = None
-        if t.size and (int(t.min()) < 0 or int(t.max()) >= num_targets):
-            bad_rows = (t < 0) | (t >= num_targets)
-            if keep is not None:
-                bad_rows &= keep  # a pad token need not be a class
-            if bool(bad_rows.any()):
-                row = int(xp.argmax(bad_rows))
-                pads = "" if not self.pad_tokens else f", or a pad token {self.pad_tokens}"
-                raise TensorError(
-                    f"CrossEntropyLoss: target class {int(t[row])} is out of range for {num_targets} classes "
-                    f"at row {row} of the targets (expected 0 <= target < {num_targets}{pads})"
-                )
+        row = _ops.first_bad_target(t, num_targets, keep)
+        if row is not None:
+            pads = "" if not self.pad_tokens else f", or a pad token {self.pad_tokens}"
+            raise TensorError(
+                f"CrossEntropyLoss: target class {int(t[row])} is out of range for {num_targets} classes "
+                f"at row {row} of the targets (expected 0 <= target < {num_targets}{pads})"
+            )
         if keep is not None:
             t = xp.where(keep, t, 0)  # pad rows read class 0 and are scaled by 0
         dtype = array(logits).dtype

@@ -13,7 +13,7 @@ those instead. These are what the loop uses when the step is left to it.
 """
 from __future__ import annotations
 
-from ..nn._ops import softmax_cross_entropy
+from ..nn._ops import first_bad_target, softmax_cross_entropy
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, record
 
@@ -36,17 +36,13 @@ def cross_entropy(logits: Tensor, targets: Tensor, pad_token: int | None = None)
     keep = None
     if pad_token is not None:
         keep = y1 != pad_token
-    if y1.size and (int(y1.min()) < 0 or int(y1.max()) >= c):
-        bad_items = (y1 < 0) | (y1 >= c)
-        if keep is not None:
-            bad_items &= keep  # the pad token need not be a class
-        if bool(bad_items.any()):
-            i = int(xp.argmax(bad_items))
-            pad = "" if pad_token is None else f", or the pad token {pad_token}"
-            raise TensorError(
-                f"cross_entropy: class index {int(y1[i])} is out of range for {c} classes at item {i} of the "
-                f"flattened targets (expected 0 <= target < {c}{pad})"
-            )
+    i = first_bad_target(y1, c, keep)
+    if i is not None:
+        pad = "" if pad_token is None else f", or the pad token {pad_token}"
+        raise TensorError(
+            f"cross_entropy: class index {int(y1[i])} is out of range for {c} classes at item {i} of the "
+            f"flattened targets (expected 0 <= target < {c}{pad})"
+        )
     row_weights = None
     if keep is not None:
         y1 = xp.where(keep, y1, 0)  # pad items read class 0 and are weighted 0
