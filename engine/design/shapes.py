@@ -27,7 +27,8 @@ from .dims import Constraint, Dim, as_dim
 from .fields import is_axis_name
 from .graph import Design
 
-__all__ = ["SymTensor", "NodeState", "Analysis", "analyze", "format_dims", "call_layer", "NodeError", "incoming_fields"]
+__all__ = ["SymTensor", "NodeState", "Analysis", "analyze", "format_dims", "call_layer", "NodeError", "incoming_fields",
+           "fields_from_input"]
 
 
 class NodeError(Exception):
@@ -416,13 +417,15 @@ def incoming_fields(design: Design, node: str, analysis: Analysis | None = None)
     from the node's values: `{"d_input": 1600}` for a Linear after `[batch, 1600]` (and channel
     counts, `d_model` of norms, ...). Empty when the input has no shape yet or its axis is named."""
     analysis = analysis if analysis is not None else analyze(design)
-    spec = design.spec(node)
-    values = design.config(node)
-    st = analysis.nodes.get(node)
+    return fields_from_input(design.spec(node), design.config(node), analysis.nodes.get(node))
+
+
+def fields_from_input(spec: NodeSpec, values: dict, state: NodeState | None) -> dict:
+    """`incoming_fields` for a node given by its kind, values and analysed state."""
     ports = spec.input_ports(values)
-    if st is None or not ports or ports[0] not in st.inputs:
+    if state is None or not ports or ports[0] not in state.inputs:
         return {}
-    t = st.inputs[ports[0]]
+    t = state.inputs[ports[0]]
     out = {}
     rules = list(_INCOMING.get(spec.kind, ()))
     if spec.kind in ("Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"):

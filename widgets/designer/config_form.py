@@ -5,15 +5,19 @@ bool, a combo box for an enum (and padding's Valid / Same), a line edit for ever
 What the user types is validated as they type (the error shows under the field); a valid value
 is emitted when the edit is finished (Enter or leaving the field) as `field_edited(node, field,
 value)`. Renaming emits `rename_requested(old, new)`. The node's own problem (a shape that does
-not fit, a configuration the layer refuses) shows at the top. The form changes nothing itself.
+not fit, a configuration the layer refuses) shows at the top, its shapes and what its input sizes
+must satisfy below it; where the incoming tensor fixes a setting that differs (a Linear's
+`d_input`), a button offers the input's value (emitted as `field_edited` like a typed one). The
+form changes nothing itself.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QLabel, QLineEdit, QScrollArea, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QLabel, QLineEdit, QPushButton, QScrollArea,
+                               QVBoxLayout, QWidget)
 
 from engine.design import FieldError, NodeSpec, NodeState
+from engine.design.shapes import fields_from_input
 
 from ..common import ErrorLabel, monospace_font
 
@@ -42,6 +46,11 @@ class ConfigForm(QWidget):
         self.shapes.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.node_error = ErrorLabel()
         self.node_error.setObjectName("node-error")
+        self.fill = QPushButton("")
+        self.fill.setObjectName("form-fill")
+        self.fill.hide()
+        self.fill.clicked.connect(self._fill_from_input)
+        self._fills: dict = {}
         self.body = QWidget()
         self.form = QFormLayout(self.body)
         self.form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
@@ -55,6 +64,7 @@ class ConfigForm(QWidget):
         layout.addWidget(self.summary)
         layout.addWidget(self.node_error)
         layout.addWidget(self.shapes)
+        layout.addWidget(self.fill)
         layout.addWidget(scroll, 1)
         self.clear()
 
@@ -65,6 +75,7 @@ class ConfigForm(QWidget):
         self.title.setText("Select a node to edit it.")
         self.summary.setText("")
         self.shapes.setText("")
+        self._show_fills({})
         self.node_error.show_error(None)
 
     def _reset_form(self) -> None:
@@ -122,6 +133,20 @@ class ConfigForm(QWidget):
             if state.blocked:
                 lines.append("waiting for an input upstream")
         self.shapes.setText("\n".join(lines))
+        self._show_fills(fields_from_input(self.spec, self.values, state) if self.spec is not None else {})
+
+    def _show_fills(self, fills: dict) -> None:
+        self._fills = dict(fills)
+        if fills:
+            what = ", ".join(f"{k} = {v}" for k, v in fills.items())
+            self.fill.setText(f"Use {what} from the input")
+        self.fill.setVisible(bool(fills))
+
+    def _fill_from_input(self) -> None:
+        if self.node is None:
+            return
+        for name, value in list(self._fills.items()):
+            self.field_edited.emit(self.node, name, value)
 
     def _editor_text(self, name: str) -> str:
         w = self.editors[name]

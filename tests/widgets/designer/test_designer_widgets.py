@@ -133,3 +133,29 @@ def test_the_form_lists_what_the_input_sizes_must_satisfy(qtbot):
     form.set_node("unshuffle", d.spec("unshuffle"), d.config("unshuffle"), a.state("unshuffle"))
     assert form.shapes.text().splitlines() == ["in  input: [batch, 1, h, w]", "out output: [batch, 4, h//2, w//2]",
                                                "needs h must be even", "needs w must be even"]
+
+
+def test_the_form_offers_the_input_width_and_the_panel_takes_it(qtbot, tmp_path):
+    """A Linear whose d_input differs from the incoming [batch, 1600]: the form's button fills it."""
+    from PySide6.QtCore import Qt
+
+    from app.designer_panel import DesignerPanel
+
+    panel = DesignerPanel(autosave_dir=tmp_path / "autosave", autosave_ms=60_000)
+    qtbot.addWidget(panel)
+    panel.resize(1400, 900)
+    panel.show()
+    qtbot.waitExposed(panel)
+    try:
+        panel.set_design(mnist_design())
+        panel.canvas.select(["fc1"])
+        assert panel.form.node == "fc1" and not panel.form.fill.isVisible()  # the sample's 1600 fits
+        panel.set_field("fc1", "d_input", 100)
+        panel.canvas.select(["fc1"])
+        assert panel.analysis.errors()["fc1"].startswith("assert_shape(input, [..., d_input])")
+        assert panel.form.fill.isVisible() and panel.form.fill.text() == "Use d_input = 1600 from the input"
+        qtbot.mouseClick(panel.form.fill, Qt.MouseButton.LeftButton)
+        assert panel.design.config("fc1")["d_input"] == 1600
+        assert panel.analysis.ok and not panel.form.fill.isVisible()
+    finally:
+        panel.shutdown()
