@@ -487,3 +487,30 @@ def test_one_dimensional_pool_and_conv_rules_hold_for_every_small_length():
                 assert tuple(dd.evaluate(env) for dd in result.shape.dims) == real, (layer, pad, L)
                 checked += 1
     assert checked > 1500
+
+
+def test_rules_read_no_parameter_values():
+    """A rule reads settings and parameter shapes only: every lazy parameter stays uninitialized
+    (what a shape-only check of a whole model needs)."""
+    from engine.design.shape_rules import Shape, infer
+
+    rng = random.Random(7)
+    seen = 0
+    for kind in _layer_kinds():
+        for _ in range(20):
+            inputs, wiring, vals = _gen(kind, rng)
+            spec = catalog()[kind]
+            try:
+                module = spec.create(spec.check_values(vals))
+            except Exception:  # noqa: BLE001 - a config the layer refuses: try another
+                continue
+            shapes = [Shape(tuple(as_dim(x) for x in inputs[i][0]), inputs[i][1]) for i in wiring]
+            try:
+                infer(module, shapes)
+            except Exception:  # noqa: BLE001 - an input the rule refuses is fine here
+                pass
+            params = [p for _, p in module.named_params()]
+            assert not any(p.is_initialized() for p in params), kind
+            seen += len(params)
+            break
+    assert seen > 50
