@@ -3,12 +3,14 @@
     .venv/bin/python docs/make_screenshots.py [--only guide-lora.png] [--out docs/screenshots]
 
 Each picture is one run of `python -m app … --screenshot PATH`: the window opens offscreen with
-default settings, renders once, saves the PNG and exits. `--designer PNG [--design FILE]` renders
-the window with the designer tab instead (in this process: `designer_screenshot`). The states the guide shows (a frozen
+default settings, renders once, saves the PNG and exits. The states the guide shows (a frozen
 block, LoRA attached, an edited contract, a design) are written as small project files
 (`.ember.json`: a model source plus the edits to replay) in a temporary folder and opened with
 `--open`, exactly as a user's saved project would be. Every picture is checked (a valid PNG
 of the requested size, not blank) before the script reports success.
+
+`--designer PNG [--design FILE]` renders the window with the designer tab showing a design
+instead (in this process: `designer_screenshot`).
 """
 from __future__ import annotations
 
