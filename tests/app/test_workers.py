@@ -123,3 +123,48 @@ def test_cancelled_is_an_exception_the_function_may_raise(qtbot):
     task = Task(work)
     with qtbot.waitSignal(task.cancelled, timeout=5000):
         task.start()
+
+
+def _runner():
+    from app.task_runner import TaskRunner
+    from widgets.task_progress import TaskProgress
+
+    progress, notes = TaskProgress(), []
+    runner = TaskRunner(progress, lambda title, text, details: notes.append(("error", text)),
+                        lambda text: notes.append(("status", text)))
+    return runner, progress, notes
+
+
+def test_a_new_task_of_a_kind_cancels_and_cuts_off_the_old_one(qtbot):
+    runner, progress, notes = _runner()
+    qtbot.addWidget(progress)
+    gate = threading.Event()
+    got = []
+
+    def slow(state):
+        gate.wait(5)
+        return "old"
+
+    old = runner.start(Task(slow, title="old"), got.append, kind="check")
+    new = runner.start(Task(lambda state: "new", title="new"), got.append, kind="check")
+    assert old.is_cancel_requested() and not new.is_cancel_requested()
+    gate.set()
+    qtbot.waitUntil(lambda: not runner.running, timeout=5000)
+    assert got == ["new"]  # the replaced task's result never arrives, nor its "cancelled" note
+    assert notes == [] and not progress.isVisible()
+
+
+def test_a_result_that_arrives_when_its_condition_no_longer_holds_is_dropped(qtbot):
+    runner, progress, notes = _runner()
+    qtbot.addWidget(progress)
+    state = {"model": "a"}
+    got = []
+    with qtbot.waitSignal(runner.start(Task(lambda s: 1, title="t"), got.append,
+                                       valid_while=lambda: state["model"] == "b", dropped="dropped: changed").done,
+                          timeout=5000):
+        pass
+    assert got == [] and notes == [("status", "dropped: changed")]
+    with qtbot.waitSignal(runner.start(Task(lambda s: 2, title="t"), got.append,
+                                       valid_while=lambda: state["model"] == "a").done, timeout=5000):
+        pass
+    assert got == [2]
