@@ -13,7 +13,10 @@ got 1600 (dims [batch, 1600])`).
 
 `infer(module, inputs)` applies the rule of the module's class (`has_rule` says whether there
 is one). The tensor a rule describes is the one the designer uses: for a recurrent layer whose
-forward returns `(output, state)`, the output.
+forward returns `(output, state)`, the output; `MultiHeadAttention` is self-attention on one
+tensor. One corner has no exact rule and raises `RuleError` saying so: Burn's Same padding with
+a dilated window whose kernel is smaller than the stride (the output then depends on the size
+modulo the stride in a way these expressions do not state).
 """
 from __future__ import annotations
 
