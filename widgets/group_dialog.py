@@ -110,7 +110,8 @@ def shape_text(shape) -> str:
 
 
 class GroupDialog(QDialog):
-    """Emits `group_chosen(op, spec)` when accepted; `spec` is a group spec (see `ParamGroup.from_spec`)."""
+    """Emits `group_chosen(op, spec)` when accepted; `spec` is a group spec's JSON form (see
+    `ParamGroup.from_spec`; the app reads it as `app.core.schema.GroupSpec`)."""
 
     group_chosen = Signal(str, dict)
 

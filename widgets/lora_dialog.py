@@ -38,7 +38,8 @@ def lora_preview(params: list[tuple[str, Any]], targets: list[tuple[str, Any]], 
 
 class LoraDialog(QDialog):
     """Emits `lora_chosen(edit)` with `{"op": "lora", "rank", "alpha", "init_std", "group",
-    "qlora"}` when accepted."""
+    "qlora"}` when accepted: the project file's JSON form of the edit, which the app reads into
+    its typed schema (`app.core.schema.edit_from_json`; widgets do not import the app)."""
 
     lora_chosen = Signal(dict)
 
