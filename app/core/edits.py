@@ -71,7 +71,7 @@ def apply_edit(module: Any, edit: Edit) -> Any:
                     f"or load")
 
 
-# An edit that copies or computes more than this runs on a worker thread (app.main_window).
+# An edit that copies or computes more than this runs on a worker thread (app.edit_actions).
 HEAVY_EDIT_BYTES = 32 << 20
 
 
