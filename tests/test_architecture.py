@@ -42,3 +42,20 @@ def test_the_architecture_notes_examples_run():
     assert blocks, "docs/architecture.md shows the tree walk with a python example"
     for code in blocks:
         exec(compile(code, str(ROOT / "docs" / "architecture.md"), "exec"), {"__name__": "architecture_example"})
+
+
+def test_only_the_tensor_and_autodiff_packages_read_a_tensors_slots():
+    """Everything else goes through the public Tensor API or engine.tensor.raw (item 5 of issue 17)."""
+    import re
+
+    slot = re.compile(r"\.(_data|_node|_device)\b|Tensor\._wrap\b|_tape\._state\b")
+    found = []
+    for package in ("engine", "app", "widgets"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(("engine/tensor/", "engine/autodiff/")):
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if slot.search(line.replace("self._node(", "")):  # Design._node is the design graph's own
+                    found.append(f"{rel}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -605,7 +605,7 @@ def _setter(flag: bool):
 
 
 def _autodiff_const(t: Tensor) -> Tensor:
-    return t if t._ad else t.autodiff()
+    return t if t.is_autodiff() else t.autodiff()
 
 
 def _group(group) -> ParamGroup:

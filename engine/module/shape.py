@@ -58,7 +58,7 @@ def assert_shape(tensor, pattern) -> None:
     number of axes); raise `ShapeError` on a mismatch, `TypeError` when `tensor` is not a Tensor."""
     if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
         raise _not_a_tensor(sys._getframe(1), "assert_shape", tensor, pattern)
-    dims = tensor._data.shape
+    dims = tensor.shape
     problem = _check(dims, pattern)
     if problem is not None:
         raise ShapeError(f"{_call_text(sys._getframe(1), 'assert_shape', pattern)}: {problem} (dims {_list(dims)})")
@@ -70,7 +70,7 @@ def debug_assert_shape(tensor, pattern) -> None:
         if _debug_enabled:
             if type(tensor) is not Tensor and not isinstance(tensor, Tensor):
                 raise _not_a_tensor(sys._getframe(1), "debug_assert_shape", tensor, pattern)
-            dims = tensor._data.shape
+            dims = tensor.shape
             problem = _check(dims, pattern)
             if problem is not None:
                 text = _call_text(sys._getframe(1), "debug_assert_shape", pattern)

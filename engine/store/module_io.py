@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..module import ModuleMapper, ModuleVisitor, Param, ParamId
-from ..tensor import Tensor
+from ..tensor import Tensor, raw
 from .burnpack import TensorEntry, dtype_for_array
 from .errors import RecordError
 from .record import ModuleRecord
@@ -78,7 +78,7 @@ class _Params(_PathTracker, ModuleVisitor):
 
 
 def _host_array(t: Tensor) -> np.ndarray:
-    data = t._data
+    data = raw.array(t)
     if isinstance(data, np.ndarray):
         return data  # no copy: tensors are never changed in place
     return data.get()  # CuPy

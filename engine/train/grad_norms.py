@@ -7,6 +7,8 @@ import math
 import time
 from typing import Callable
 
+from ..tensor import raw
+
 GRAD_NORM_S = 0.25  # gradient norms are sampled at most this often
 
 
@@ -29,7 +31,7 @@ def module_grad_norms(model, grads) -> dict[str, float | None]:
         g = grads.get(param.id)
         sq = None
         if g is not None:
-            a = g._data.ravel()
+            a = raw.array(g).ravel()
             xp = g.device.xp
             sq = float(xp.vdot(a, a))
         for o in owners:

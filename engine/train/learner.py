@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from ..autodiff import no_recording
+from ..tensor import raw
 from ..tensor.device import as_device
 from . import events as ev
 from .data import DataLoader, Dataset
@@ -411,7 +412,7 @@ def first_non_finite_param(model):
         if param.kind != "float" or not param.is_initialized():
             continue
         t = param.val()
-        data = t._data
+        data = raw.array(t)
         xp = t.device.xp
         finite = xp.isfinite(data)
         if not bool(finite.all()):
