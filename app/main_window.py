@@ -3,13 +3,15 @@
 Widgets emit what the user asked for; the window lays them out and wires them to small
 controllers, each with one job:
 
-- `ProjectIO` (app/project_io.py): examples, scripts, checkpoints into an architecture, project
-  files, autosave and recovery;
-- `EditActions` (app/edit_actions.py): freeze / LoRA / moves as undo steps on the document;
-- `CheckpointActions` (app/checkpoint_actions.py): import and export of weights;
-- `ContractCheck` (app/contract_check.py): the contract editor and the checked run;
-- `TaskRunner` (app/task_runner.py): long work on worker threads, shown in the status bar.
+- `projects`, a `ProjectIO` (app/project_io.py): examples, scripts, checkpoints into an
+  architecture, project files, autosave and recovery;
+- `edit_actions`, an `EditActions` (app/edit_actions.py): freeze / LoRA / moves as undo steps;
+- `checkpoints`, a `CheckpointActions` (app/checkpoint_actions.py): import and export of weights;
+- `checks`, a `ContractCheck` (app/contract_check.py): the contract editor and the checked run;
+- `tasks`, a `TaskRunner` (app/task_runner.py): long work on worker threads, in the status bar.
 
+The designer and training panels are built here, in their tabs. The few commands scripts and
+tests drive (`open_example`, `apply_edit`, `group_op`, `run_check`, …) are named on the window.
 Every view is refreshed when the document says `model_changed`.
 """
 from __future__ import annotations
@@ -78,7 +80,7 @@ class MainWindow(QMainWindow):
         self._build_status()
         self._build_menus()
         self.projects = ProjectIO(self)
-        self.edits = EditActions(self)
+        self.edit_actions = EditActions(self)
         self.checkpoints = CheckpointActions(self)
         self.checks = ContractCheck(self)
         self.tree.model.set_contract_provider(self.checks.contract_info)
@@ -218,7 +220,7 @@ class MainWindow(QMainWindow):
         a = self.actions
         doc = self.document
         stack = doc.undo_stack
-        projects, edits, checkpoints, checks = self.projects, self.edits, self.checkpoints, self.checks
+        projects, edits, checkpoints, checks = self.projects, self.edit_actions, self.checkpoints, self.checks
         a.undo.triggered.connect(stack.undo)
         a.redo.triggered.connect(stack.redo)
         stack.canUndoChanged.connect(a.undo.setEnabled)
@@ -302,7 +304,7 @@ class MainWindow(QMainWindow):
         reparameterized = has and self.document.stats.total.reparameterized > 0
         self.actions.materialize.setEnabled(reparameterized)
         self.actions.export_adapters.setEnabled(reparameterized)
-        self.actions.detach_lora.setEnabled(self.edits.last_lora_index() is not None)
+        self.actions.detach_lora.setEnabled(self.edit_actions.last_lora_index() is not None)
 
     def current_path(self) -> str:
         path = self.tree.selected_path()
@@ -386,13 +388,13 @@ class MainWindow(QMainWindow):
         return True
 
     def apply_edit(self, edit: Edit) -> bool:
-        return self.edits.apply_edit(edit)
+        return self.edit_actions.apply_edit(edit)
 
     def group_op(self, op: str, path: str) -> bool:
-        return self.edits.group_op(op, path)
+        return self.edit_actions.group_op(op, path)
 
     def move_to(self, device: str, fork: bool) -> bool:
-        return self.edits.move_to(device, fork)
+        return self.edit_actions.move_to(device, fork)
 
     def run_check(self, input_text: str):
         return self.checks.run_check(input_text)

@@ -158,7 +158,7 @@ def test_group_dialog_previews_matches_live_and_applies(opened, qtbot):
 
 
 def test_group_dialog_path_and_predicate_modes(opened, qtbot):
-    dialog = opened.edits.open_group_dialog()
+    dialog = opened.edit_actions.open_group_dialog()
     dialog.mode.setCurrentIndex(dialog.mode.findData("path"))
     dialog.pattern.setText("head")
     assert "no parameter matches" in dialog.error.error() and "exact path" in dialog.error.error()
