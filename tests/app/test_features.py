@@ -258,6 +258,32 @@ def test_a_violated_contract_marks_the_first_failing_node(opened, qtbot):
     assert doc.check_result is None
 
 
+def test_a_new_check_replaces_a_running_one(opened, qtbot, monkeypatch):
+    import threading
+
+    from engine.module import contracts
+
+    gate, real, calls = threading.Event(), contracts.check, []
+
+    def check(module, inputs, wanted, modules, checkpoint=None):
+        calls.append(len(calls))
+        if len(calls) == 1:
+            gate.wait(5)  # the first check is still running when the second starts
+        return real(module, inputs, wanted, modules, checkpoint=checkpoint)
+
+    monkeypatch.setattr(contracts, "check", check)
+    first = opened.run_check("[2, 8]")
+    second = opened.run_check("[3, 8]")
+    assert first.is_cancel_requested() and not second.is_cancel_requested()
+    with qtbot.waitSignal(second.done, timeout=10000):
+        pass
+    gate.set()
+    qtbot.waitUntil(lambda: not opened.running_tasks, timeout=10000)
+    r = opened.document.check_result
+    assert r.ok and r.output_shapes == [(3, 3)]  # the second check's, and only it arrived
+    assert "cancelled" not in opened.message_label.text()
+
+
 def test_bad_example_input_is_reported_next_to_the_field(opened, qtbot):
     ed = opened.contract_editor
     ed.input.clear()
