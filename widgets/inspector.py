@@ -14,8 +14,8 @@ from engine.module import Param
 from engine.module.summary import ModelStats, param_trainable
 from engine.module.tree import FieldKind, children, find, join, params
 
-from . import module_info as mi
 from .common import count, monospace_font
+from .module_tree import type_name
 
 PARAM_COLUMNS = ["Path", "Id", "Shape", "DType", "Device", "State", "Require grad", "Reparameterized"]
 CONST_COLUMNS = ["Path", "Shape", "DType", "Device"]
@@ -102,7 +102,7 @@ class Inspector(QWidget):
             self.more.setText("")
             return
         kind, value = found
-        self.header.setText(f"<b>{path or '(the whole model)'}</b> — {mi.type_name(kind, value)}")
+        self.header.setText(f"<b>{path or '(the whole model)'}</b> — {type_name(kind, value)}")
         st = (stats or ModelStats(module)).get(path)
         rows = [param_row(p, v) for p, v in itertools.islice(params(value, path), MAX_ROWS)]
         self._fill(self.params, rows)

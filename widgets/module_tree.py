@@ -18,9 +18,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
                                QTreeView, QVBoxLayout, QWidget)
 
 from engine.module.summary import ModelStats, ParamStats
-from engine.module.tree import FieldKind, find, join
+from engine.module.tree import FieldKind, children, find, join
 
-from . import module_info as mi
 from .common import count, monospace_font
 
 NAME, TYPE, PARAMS, TRAINABLE, DEVICE, CONTRACT, GRAD = range(7)
@@ -36,6 +35,34 @@ STATUS_COLOR = {"ok": "#2e9d4a", "violated": "#d04437", "failed inside": "#c98a1
 ContractProvider = Callable[[str, Any], tuple[str | None, str, str]]
 
 _badge: QIcon | None = None
+
+# The nodes of the tree view (flags and constants are listed by the inspector instead), and
+# the Type column's text, which the inspector's header shares.
+TREE_KINDS = frozenset({FieldKind.MODULE, FieldKind.CONTAINER, FieldKind.PARAM, FieldKind.REPARAMETERIZATION})
+
+
+def tree_children(value: Any) -> list[tuple[str, FieldKind, Any]]:
+    """`(segment, kind, value)` of the children the tree view shows under a node."""
+    return [c for c in children(value) if c[1] in TREE_KINDS]
+
+
+def has_tree_children(value: Any) -> bool:
+    return any(k in TREE_KINDS for _, k, _ in children(value))
+
+
+def type_name(kind: FieldKind, value: Any) -> str:
+    """The Type column: the class name, `Param float[4, 3]`, `Vec[2]`, `Tensor int[4]`."""
+    if kind in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION):
+        return type(value).__name__
+    if kind == FieldKind.PARAM:
+        return f"Param {value.kind}{list(value.shape)}"
+    if kind == FieldKind.CONTAINER:
+        tag = "Tuple" if isinstance(value, tuple) else ("Map" if isinstance(value, dict) else "Vec")
+        return f"{tag}[{len(value)}]"
+    if kind == FieldKind.CONSTANT:
+        return f"Tensor {value.kind}{list(value.shape)}"
+    return type(value).__name__
+
 
 
 def lora_badge() -> QIcon:
@@ -71,7 +98,7 @@ class _Node:
         self.kind = kind
         self.value = value
         self.children: list[_Node] | None = None  # None until fetched
-        self.expandable = mi.has_tree_children(value)
+        self.expandable = has_tree_children(value)
 
 
 class ModuleTreeModel(QAbstractItemModel):
@@ -140,9 +167,9 @@ class ModuleTreeModel(QAbstractItemModel):
 
         def walk(value, path, kind):
             hit = needle in (path.rsplit(".", 1)[-1] or type(value).__name__).lower() or \
-                needle in mi.type_name(kind, value).lower() or (path and needle in path.lower())
+                needle in type_name(kind, value).lower() or (path and needle in path.lower())
             any_child = False
-            for seg, k, v in mi.tree_children(value):
+            for seg, k, v in tree_children(value):
                 if walk(v, join(path, seg), k):
                     any_child = True
             if hit or any_child:
@@ -158,7 +185,7 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def _make_children(self, node: _Node) -> list[_Node]:
         out = []
-        for seg, kind, value in mi.tree_children(node.value):
+        for seg, kind, value in tree_children(node.value):
             path = join(node.path, seg)
             if self._visible is not None and path not in self._visible:
                 continue
@@ -283,7 +310,7 @@ class ModuleTreeModel(QAbstractItemModel):
             if col == NAME:
                 return node.seg or type(node.value).__name__
             if col == TYPE:
-                return mi.type_name(node.kind, node.value)
+                return type_name(node.kind, node.value)
             if col == PARAMS:
                 return count(st.numel)
             if col == TRAINABLE:

@@ -13,7 +13,7 @@ from engine.module.reparam import iter_param_slots
 from engine.module.summary import trainable_summary
 from tests.widgets.qt_helpers import click_box, type_into
 from engine.module.tree import find, join, params as tree_params
-from widgets import module_info as mi
+from widgets.module_tree import tree_children
 from widgets.module_tree import DEVICE, NAME, PARAMS, TRAINABLE
 
 N_ACTIONS = 500
@@ -176,7 +176,7 @@ def _walk(module):
     while stack:
         path, value = stack.pop()
         yield path, value
-        for seg, _k, v in mi.tree_children(value):
+        for seg, _k, v in tree_children(value):
             stack.append((join(path, seg), v))
 
 
