@@ -15,25 +15,12 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout
                                QVBoxLayout)
 
 from engine.module import Lora
+from engine.module.nf4 import bits_per_weight
+from engine.module.summary import TrainableCounts
 from engine.module import tree
 
 from .common import ErrorLabel, count, monospace_font
 from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
-
-
-def lora_targets(params: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The parameters LoRA attaches to among `params` (those a group selected): the float ones
-    the engine's `Lora.adapts` accepts (rank 2)."""
-    probe = Lora(1, 1.0)  # every parameter handed in is in the group already
-    return [(p, v) for p, v in params if v.kind == "float" and probe.adapts(p, v)]
-
-
-def lora_preview(params: list[tuple[str, Any]], targets: list[tuple[str, Any]], rank: int) -> dict:
-    """Counts after attaching LoRA of `rank` to `targets`: added, trainable, all, trainable%."""
-    added = sum(rank * (v.shape[0] + v.shape[1]) for _, v in targets)
-    total = sum(v.numel() for _, v in params) + added
-    return {"added": added, "trainable": added, "all": total,
-            "percent": 100.0 * added / total if total else 0.0, "targets": len(targets)}
 
 
 class LoraDialog(QDialog):
@@ -164,7 +151,9 @@ class LoraDialog(QDialog):
         else:
             self.block_size_error.show_error(None)
         matches = self.group.select(self.params)
-        targets = lora_targets(matches or [])
+        # the engine's preview of the selected parameters: which get factors, how many values
+        preview = Lora(rank if rank is not None else 1, 1.0).preview(matches or [])
+        targets = preview.targets
         if self.reparameterized:
             self.group.error.show_error(
                 f"the model already has {len(self.reparameterized)} reparameterized parameter(s) "
@@ -176,12 +165,13 @@ class LoraDialog(QDialog):
         ok &= bool(targets)
         self.ok_button().setEnabled(ok)
         if rank is not None and targets:
-            pv = lora_preview(self.params, targets, rank)
-            text = (f"LoRA on {pv['targets']} weight(s) adds {count(pv['added'])} parameters. After: "
-                    f"trainable params: {count(pv['trainable'])} || all params: {count(pv['all'])} || "
-                    f"trainable%: {pv['percent']:.4f}")
+            added = preview.added
+            after = TrainableCounts(added, sum(v.numel() for _, v in self.params) + added)
+            pv = {"added": added, "trainable": after.trainable, "all": after.total, "percent": after.percent,
+                  "targets": len(targets)}
+            text = f"LoRA on {len(targets)} weight(s) adds {count(added)} parameters. After: {after}"
             if quant and block is not None:
-                bits = 4 + (8 / block + 32 / (block * 256) if self.double_quant.isChecked() else 32 / block)
+                bits = bits_per_weight(block, self.double_quant.isChecked())
                 text += f". Base weights packed to NF4, about {bits:.3f} bits per weight."
             self.summary.setText(text)
             fill_preview(self.preview, [(p, shape_text(v.shape), shape_text([v.shape[0], rank]),

@@ -37,6 +37,7 @@ shows it; `QLoraAdapter.base()` gives the dequantized weight. The adapter-only g
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,7 +49,17 @@ from .nf4 import DEFAULT_BLOCK_SIZE, DoubleQuantized, NF4Packed, quantize_nf4
 from .param import Param
 from .reparam import Reparameterization, Reparameterizer, apply_reparameterization
 
-__all__ = ["Lora", "LoraAdapter", "NF4Weight", "QLora", "QLoraAdapter", "apply_lora", "apply_qlora"]
+__all__ = ["Lora", "LoraAdapter", "LoraPreview", "NF4Weight", "QLora", "QLoraAdapter", "apply_lora", "apply_qlora"]
+
+
+@dataclass(frozen=True)
+class LoraPreview:
+    """`Lora.preview`: the parameters that would get factors, how many values the factors add, and
+    the trainable counts after attaching (every other parameter frozen, as `Lora` freezes them)."""
+
+    targets: list
+    added: int
+    counts: "TrainableCounts"  # noqa: F821 - engine.module.summary.TrainableCounts
 
 
 # ---------------------------------------------------------------------------------- adapters
@@ -222,6 +233,23 @@ class Lora(Reparameterizer):
         if param.is_initialized():
             return param.base().dtype
         return param.lazy_device().default_float_dtype
+
+    def factor_count(self, param: Param) -> int:
+        """How many values the factors `a` and `b` of a rank-2 `param` hold: `rank * (d_in + d_out)`."""
+        d_in, d_out = param.shape
+        return self.rank * (d_in + d_out)
+
+    def preview(self, params) -> "LoraPreview":
+        """What attaching this LoRA would give, without attaching it or reading a value: `params`
+        is the model's `(path, param)` list (`module.named_params()`); the targets are those the
+        group selects and `adapts` accepts."""
+        from .summary import TrainableCounts  # noqa: PLC0415 - summary imports this file (NF4Weight)
+
+        params = list(params)
+        targets = [(path, p) for path, p in params if p.kind == "float" and self.adapts(path, p)]
+        added = sum(self.factor_count(p) for _, p in targets)
+        total = sum(p.numel() for _, p in params) + added
+        return LoraPreview(targets, added, TrainableCounts(added, total))
 
     def factors(self, param: Param) -> tuple[Param, Param]:
         """Fresh trainable `a` ~ N(0, std) `[d_in, rank]` and `b` = 0 `[rank, d_out]` for `param`."""

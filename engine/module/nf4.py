@@ -88,6 +88,14 @@ _BIN_BASE = np.searchsorted(
 _MID_EXT = np.concatenate([[-np.inf], NF4_MIDPOINTS, [np.inf]]).astype(np.float32)
 
 
+def bits_per_weight(block_size: int = DEFAULT_BLOCK_SIZE, double_quant: bool = True) -> float:
+    """Storage per weight of NF4: 4 bits of code, plus the block's absmax (float32, or with double
+    quantization an 8-bit value and a float32 scale per 256 blocks)."""
+    if double_quant:
+        return 4 + 8 / block_size + 32 / (block_size * DOUBLE_QUANT_BLOCK_SIZE)
+    return 4 + 32 / block_size
+
+
 def quantize_codes(normalized, xp=None):
     """Index (0..15, uint8) of the nearest NF4 code value for each float32 value in [-1, 1]."""
     xp = xp or _xp(normalized)

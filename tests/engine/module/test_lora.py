@@ -440,3 +440,25 @@ def test_qlora_record_holds_the_packed_base_and_no_dense_placeholder():
     # the forward pass does not materialize the placeholder either
     model.weight.val()
     assert not model.weight.is_initialized() or model.weight.base().shape == (128, 64)
+
+
+def test_preview_counts_what_attaching_gives_without_reading_a_value():
+    from engine import nn
+    from engine.module import Lora, ParamGroup, trainable_counts
+    from engine.module.nf4 import bits_per_weight
+
+    class Two(Module):
+        def __init__(self):
+            self.fc1 = nn.LinearConfig(6, 5).init()
+            self.fc2 = nn.LinearConfig(5, 3).init()
+
+    model = Two()
+    lora = Lora(2, 4.0, param_group=ParamGroup.from_regex(r"^fc1\."))
+    preview = lora.preview(model.named_params())
+    assert [path for path, _ in preview.targets] == ["fc1.weight"]
+    assert preview.added == 2 * (6 + 5)
+    assert not any(p.is_initialized() for p in model.params())
+    attached = trainable_counts(model.apply_lora(lora))
+    assert (preview.counts.trainable, preview.counts.total) == (attached.trainable, attached.total)
+    assert bits_per_weight(64, True) == pytest.approx(4.127, abs=1e-3)  # engine-notes: 4 + 8/64 + 32/(64*256)
+    assert bits_per_weight(64, False) == 4.5
