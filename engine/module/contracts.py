@@ -28,6 +28,12 @@ OK = "ok"
 VIOLATED = "violated"
 INSIDE = "failed inside"
 NOT_RUN = "not run"
+NOT_CHECKED = "not checked"  # a shape-only check could not see through this module
+
+
+class NotCheckable(Exception):
+    """A shape-only check cannot see through a module (no shape rule, and its forward needs
+    values): the check stops there and says so, rather than guessing."""
 
 
 class ContractSyntaxError(ValueError):
@@ -321,10 +327,16 @@ class CheckResult:
     failure: NodeReport | None = None
     error: str = ""  # the exact message at the first failing node
     output_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    shape_only: bool = False  # shapes flowed through shape rules; no kernel ran, no parameter was allocated
+    not_checked: list[str] = field(default_factory=list)  # why parts could not be checked (shape-only)
 
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+    @property
+    def complete(self) -> bool:
+        return not self.not_checked
 
     def status(self, path: str) -> str:
         node = self.nodes.get(path)
@@ -344,15 +356,37 @@ def _fmt(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _shapes(value: Any) -> list[tuple[int, ...]]:
+def _shapes(value: Any, depth: int = 0, slots: bool = False) -> list:
+    """The dims of the tensors in `value`, in order. With `slots`, an input object's absent
+    optional tensor (`MhaInput`'s masks) keeps its place as None, so that the contract's
+    patterns line up with the object's fields."""
     if hasattr(value, "dims") and hasattr(value, "shape"):
         return [tuple(int(d) for d in value.shape)]
+    if depth > 4:
+        return []
     if isinstance(value, (list, tuple)):
         out = []
         for v in value:
-            out.extend(_shapes(v))
+            out.extend(_shapes(v, depth + 1, slots))
         return out
-    return []
+    out = []
+    for v in input_fields(value):  # an input object such as TransformerEncoderInput
+        if v is None and slots:
+            out.append(None)
+        else:
+            out.extend(_shapes(v, depth + 1, slots))
+    return out
+
+
+def input_fields(value: Any) -> list:
+    """The field values of a plain input object (`TransformerEncoderInput`: tensor, masks), in
+    order; nothing for a module, a class or a builtin value."""
+    if hasattr(value, "forward") or isinstance(value, (type, str, bytes, int, float, complex, dict)):
+        return []
+    if hasattr(value, "__dict__"):
+        return list(vars(value).values())
+    slots = [n for k in type(value).__mro__ for n in getattr(k, "__slots__", ()) if isinstance(n, str)]
+    return [getattr(value, n, None) for n in slots]
 
 
 def _labels(n: int, name: str) -> list[str]:
@@ -434,6 +468,7 @@ class _Run:
         self._tick()
         node = self.result.nodes[path]
         call = Call(path, node.type_name, _shapes(list(args) + list(kwargs.values())))
+        in_slots = _shapes(list(args) + list(kwargs.values()), slots=True)
         node.inputs, node.outputs = call.inputs, []
         self.result.flow.append(call)
         contract = self.contracts.get(path)
@@ -441,13 +476,21 @@ class _Run:
         self.active.append(node)
         try:
             if contract is not None:
-                self._check(contract.inputs, call.inputs, env, module, "input", node)
-            out = original(module, *args, **kwargs)
+                self._check(contract.inputs, in_slots, env, module, "input", node)
+            out = self.forward(module, original, args, kwargs, node)
             call.outputs = node.outputs = _shapes(out)
             if contract is not None:
                 self._check(contract.outputs, call.outputs, env, module, "output", node)
         except BaseException as exc:
             if exc is self.interrupted:
+                raise
+            if isinstance(exc, NotCheckable):
+                if not self.result.not_checked:
+                    self.result.not_checked.append(str(exc))
+                    call.status = node.status = NOT_CHECKED
+                    node.message = str(exc)
+                elif node.status == NOT_RUN:
+                    call.status = node.status = NOT_CHECKED
                 raise
             if self.result.failure is None:
                 self.result.failure = node
@@ -464,22 +507,30 @@ class _Run:
             node.status = OK
         return out
 
+    def forward(self, module, original, args, kwargs, node):
+        """Run the module's own forward (a shape-only run replaces this with the shape rules)."""
+        return original(module, *args, **kwargs)
+
     def _check(self, patterns, shapes, env, module, label, node):
         if len(shapes) < len(patterns):
             raise ContractMismatch(f"{node.path or 'model'}: {len(patterns)} {label} tensor(s) expected by the "
                                    f"contract, got {len(shapes)}")
         for lab, pattern, dims in zip(_labels(len(patterns), label), patterns, shapes):
-            match(pattern, dims, env, module, lab)
+            if dims is not None:  # an optional input left out
+                match(pattern, dims, env, module, lab)
 
 
 def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
-          modules: list[tuple[str, Any]], checkpoint: Callable[[], None] | None = None) -> CheckResult:
+          modules: list[tuple[str, Any]], checkpoint: Callable[[], None] | None = None,
+          run_class: type | None = None) -> CheckResult:
     """Run `root.forward(*inputs)` with contract checks at every module boundary.
 
     `modules` lists `(path, module)` for every module in the tree (root first, path "");
     `contracts` maps paths to their contracts. Never raises for a failure inside the model:
     the result says where it failed and why. `checkpoint()` is called as each module is
-    entered; what it raises (a cancellation) stops the run and propagates.
+    entered; what it raises (a cancellation) stops the run and propagates. `run_class` (a
+    subclass of `_Run`) replaces how a module's forward runs: the shape-only check
+    (`engine.design.shape_check`) uses it to apply shape rules instead of kernels.
     """
     parsed = {p: (c if isinstance(c, Contract) else parse_contract(c)) for p, c in contracts.items() if c}
     nodes: dict[str, NodeReport] = {}
@@ -490,7 +541,7 @@ def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
         nodes[path] = NodeReport(path, type(m).__name__, contract=str(c) if c else None)
     result = CheckResult(nodes, [])
     classes = {k for _, m in modules for k in type(m).__mro__ if "forward" in k.__dict__}
-    run = _Run(paths, parsed, result, checkpoint)
+    run = (run_class or _Run)(paths, parsed, result, checkpoint)
     _Patcher.install(classes)
     _Patcher._local.ctx = run
     try:
@@ -499,7 +550,10 @@ def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
     except BaseException as exc:  # noqa: BLE001 - reported, never raised
         if exc is run.interrupted:
             raise
-        if result.failure is None:
+        if isinstance(exc, NotCheckable):
+            if not result.not_checked:
+                result.not_checked.append(str(exc))
+        elif result.failure is None:
             result.error = f"{type(exc).__name__}: {exc}"
     finally:
         _Patcher._local.ctx = None
