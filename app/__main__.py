@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 
 import engine  # noqa: F401  (first: it configures OpenBLAS before NumPy, Qt or pyqtgraph load it)
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """`WIDTHxHEIGHT` (such as 1400x860) as (width, height); argparse reports anything else."""
+    m = re.fullmatch(r"\s*(\d{1,5})\s*[xX×]\s*(\d{1,5})\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT in pixels, such as 1400x860, got {text!r}")
+    w, h = int(m.group(1)), int(m.group(2))
+    if not (1 <= w <= 16384 and 1 <= h <= 16384):
+        raise argparse.ArgumentTypeError(f"expected a width and height from 1 to 16384 pixels, got {w}x{h}")
+    return w, h
 
 
 def parse_args(argv=None):
@@ -24,7 +36,8 @@ def parse_args(argv=None):
                    help="train the opened model N steps in the Training tab (an example with a task)")
     p.add_argument("--theme", choices=("light", "dark"), help="the colour theme (remembered)")
     p.add_argument("--select", help="with --screenshot: select this module path in the tree")
-    p.add_argument("--size", default="1400x860", help="with --screenshot: the window size, WIDTHxHEIGHT")
+    p.add_argument("--size", default="1400x860", type=window_size,
+                   help="with --screenshot: the window size, WIDTHxHEIGHT")
     p.add_argument("--expand", type=int, help="with --screenshot: expand the tree to this depth")
     p.add_argument("--check", metavar="INPUT", help="with --screenshot: run the shape-contract check with this "
                    "example input ('example', or shapes such as [2, 784]) before the shot")
@@ -94,49 +107,89 @@ def main(argv=None) -> int:
         settings.set_theme(args.theme)
     window = MainWindow(settings=settings, confirm_close=not args.screenshot)
     if args.screenshot:
-        w, _, h = args.size.partition("x")
-        window.resize(int(w), int(h))
+        window.resize(*args.size)
     window.show()
+    opened = []  # every model the document was given (a checkpoint arrives later, from a worker)
+    window.document.source_changed.connect(lambda: opened.append(window.document.module))
+    problems: list[str] = []
     ok = open_requested(window, args)
+    if ok and (args.open_path or args.example) and (args.screenshot or args.train_steps):
+        settle(app, window)  # a checkpoint loads on a worker: wait for it before judging
+        if not opened or window.document.module is None:
+            ok = False
+    if not ok:
+        problems.append(shown_error(window) or f"{describe_request(args)} did not open")
     if ok and args.train_steps:
         ok = train_steps(window, args.train_steps)
+        if not ok:
+            problems.append(f"--train-steps {args.train_steps}: " + (window.training_panel.last_error or (
+                shown_error(window) or "the run did not finish")))
     if not (args.screenshot or args.open_path or args.example):
         window.projects.offer_recovery(None)  # an untitled model's changes, kept when the app last crashed
     if not args.screenshot:
         window.designer.offer_recovery()  # a design's edits, kept when the app last crashed
     if args.screenshot:
-        return screenshot(app, window, args, ok)
+        return screenshot(app, window, args, problems)
+    for problem in problems:
+        print(f"ember: {problem}", file=sys.stderr)
     return app.exec()
 
 
-def screenshot(app, window, args, ok: bool) -> int:
+def describe_request(args) -> str:
+    if args.open_path and args.example:
+        return f"--open {args.open_path} into --example {args.example}"
+    return f"--open {args.open_path}" if args.open_path else f"--example {args.example}"
+
+
+def shown_error(window) -> str:
+    """The text of the error or warning the window shows (its last message box), if any."""
+    box = window.last_message
+    if box is None:
+        return ""
+    try:
+        parts = [box.windowTitle(), box.text(), box.informativeText()]
+    except RuntimeError:  # the box was closed and deleted
+        return ""
+    return ": ".join(p for p in parts if p)
+
+
+def settle(app, window, timeout: float = 120.0) -> None:
+    """Process events until no background task (a load, a check) is running."""
     import time  # noqa: PLC0415
 
-    def settle():
-        deadline = time.monotonic() + 120
-        while window.running_tasks and time.monotonic() < deadline:  # a load or a check running
-            app.processEvents()
-            time.sleep(0.01)
+    deadline = time.monotonic() + timeout
+    while window.running_tasks and time.monotonic() < deadline:
+        app.processEvents()
+        time.sleep(0.01)
+    app.processEvents()
 
-    settle()
+
+def screenshot(app, window, args, problems: list[str]) -> int:
+    """Render the window once, save it, and exit: non-zero, with the reasons on stderr, when the
+    requested model, project or checkpoint did not open, training failed, the selection names no
+    module, or the picture could not be written."""
+    settle(app, window)
     window._default_dock_sizes()  # the first-start layout, whatever the model's widgets asked for
     if args.expand is not None:
         window.tree.expand_to_depth(args.expand)
-    if args.select is not None:
-        window.tree.select_path(args.select)
+    if args.select is not None and not window.tree.select_path(args.select):
+        problems.append(f"--select {args.select}: no module has this path in the open model"
+                        + ("" if window.document.module is not None else " (no model is open)"))
     if args.check:
         window.contract_editor.input.setText(args.check)
         window.run_check(args.check)
-        settle()
+        settle(app, window)
     for _ in range(3):
         app.processEvents()
     window.display.display_text()  # render the display now
     app.processEvents()
     saved = window.grab().save(args.screenshot, "PNG")
     window.close()
-    if window.last_message is not None and not ok:
-        print(window.last_message.text(), file=sys.stderr)
-    return 0 if (saved and ok) else 1
+    if not saved:
+        problems.append(f"--screenshot {args.screenshot}: the picture could not be written")
+    for problem in problems:
+        print(f"ember: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

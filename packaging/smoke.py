@@ -12,7 +12,8 @@ and leave a PNG that
 
 With --checkpoint (by default the Burn MNIST fixture when ../shared/fixtures has it) a second
 run opens that checkpoint into the example's architecture, which exercises the store in the
-bundle as well. Prints the bundle's size and the start-up times (launch to exit, screenshot
+bundle as well; the bundle must open it (exit 0). A last run opens a file that is no checkpoint
+and must fail: a non-zero exit with the reason on stderr. Prints the bundle's size and the start-up times (launch to exit, screenshot
 written); the exit status is 0 only when every check passed.
 """
 from __future__ import annotations
@@ -121,8 +122,8 @@ def bundle_examples(bundle: Path) -> list[str]:
     return sorted(p.stem.replace("_", "-") for p in folder.glob("*.py") if not p.name.startswith("_"))
 
 
-def run_bundle(exe: Path, args: list[str], shot: Path, home: Path, timeout: float) -> float:
-    env = {
+def bundle_env(home: Path) -> dict:
+    return {
         "PATH": "/usr/bin:/bin",
         "HOME": str(home),
         "XDG_CONFIG_HOME": str(home / ".config"),
@@ -130,16 +131,38 @@ def run_bundle(exe: Path, args: list[str], shot: Path, home: Path, timeout: floa
         "QT_QPA_PLATFORM": "offscreen",
         "LANG": os.environ.get("LANG", "C.UTF-8"),
     }
+
+
+def start_bundle(exe: Path, args: list[str], shot: Path, home: Path, timeout: float):
     cmd = [str(exe), *args, "--screenshot", str(shot), "--size", f"{SIZE[0]}x{SIZE[1]}"]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, cwd=str(home), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=bundle_env(home), cwd=str(home), capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise SmokeError(f"{' '.join(cmd)}: no exit within {timeout:.0f} s") from e
-    elapsed = time.perf_counter() - t0
+    return cmd, proc, time.perf_counter() - t0
+
+
+def run_bundle(exe: Path, args: list[str], shot: Path, home: Path, timeout: float) -> float:
+    cmd, proc, elapsed = start_bundle(exe, args, shot, home, timeout)
     if proc.returncode != 0:
         raise SmokeError(f"{' '.join(cmd)}: exit status {proc.returncode}\n--- stderr ---\n{proc.stderr[-4000:]}")
     return elapsed
+
+
+def expect_refusal(exe: Path, args: list[str], shot: Path, home: Path, timeout: float) -> str:
+    """A start that must fail (a file that is no checkpoint): a non-zero exit with the reason on
+    stderr, or the bundle would pass its smoke test whatever it opened. Returns the reason."""
+    cmd, proc, _ = start_bundle(exe, args, shot, home, timeout)
+    reasons = [line for line in proc.stderr.splitlines() if line.startswith("ember:")]
+    if proc.returncode == 0:
+        raise SmokeError(f"{' '.join(cmd)}: expected a non-zero exit (nothing it names can be opened), "
+                         f"found exit status 0")
+    if not reasons:
+        raise SmokeError(f"{' '.join(cmd)}: exit status {proc.returncode} without a reason on stderr "
+                         f"(a line 'ember: ...')\n--- stderr ---\n{proc.stderr[-4000:]}")
+    return reasons[0]
 
 
 def main(argv=None) -> int:
@@ -166,6 +189,8 @@ def main(argv=None) -> int:
         fixture = ROOT.parent / "shared" / "fixtures" / "burn-mnist.bpk"
         if checkpoint is None and example == "digits" and fixture.is_file():
             checkpoint = str(fixture)
+        if checkpoint and not Path(checkpoint).is_file():
+            raise SmokeError(f"--checkpoint {checkpoint}: no such file")
         print(f"bundle: {bundle} ({bundle_bytes(bundle) / 2**20:.1f} MiB, "
               f"{sum(1 for p in bundle.rglob('*') if p.is_file())} files)")
         print(f"examples in the bundle: {', '.join(examples)}")
@@ -184,6 +209,11 @@ def main(argv=None) -> int:
                 stats = check_png(shot, SIZE)
                 print(f"checkpoint: --open {Path(checkpoint).name} --example {example}: {t:.2f} s "
                       f"({stats['bytes']:,} bytes, {stats['colours']} colours)")
+            broken = tmp / "not-a-checkpoint.bpk"
+            broken.write_bytes(b"not a burnpack")
+            reason = expect_refusal(exe, ["--open", str(broken), "--example", example], tmp / "broken.png", tmp,
+                                    args.timeout)
+            print(f"a broken checkpoint is refused: {reason}")
         print(f"start-up to screenshot: first {times[0]:.2f} s, best {min(times):.2f} s")
     except SmokeError as e:
         print(f"SMOKE TEST FAILED: {e}", file=sys.stderr)

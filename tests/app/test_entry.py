@@ -52,3 +52,53 @@ def test_without_a_display_the_app_says_so_instead_of_aborting():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "no display found" in r.stderr and "--screenshot" in r.stderr
+
+
+def test_a_checkpoint_that_does_not_open_fails_the_screenshot_with_the_reason(tmp_path):
+    garbage = tmp_path / "garbage.bpk"
+    garbage.write_bytes(b"not a burnpack")
+    r = run_app("--open", str(garbage), "--example", "digits", "--screenshot", str(tmp_path / "x.png"), home=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "ember: Checkpoint not loaded" in r.stderr and "garbage.bpk" in r.stderr
+
+
+def test_bad_size_and_selection_are_errors_not_tracebacks(tmp_path):
+    r = run_app("--example", "burn-book", "--size", "800", "--screenshot", str(tmp_path / "x.png"), home=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--size: expected WIDTHxHEIGHT" in r.stderr and "'800'" in r.stderr
+    r = run_app("--example", "burn-book", "--select", "no.such.path", "--screenshot", str(tmp_path / "y.png"),
+                home=tmp_path)
+    assert r.returncode == 1
+    assert "ember: --select no.such.path: no module has this path" in r.stderr
+
+
+def test_train_steps_that_cannot_train_fail_with_the_reason(tmp_path):
+    # burn-book takes images [batch, h, w]: the default task's data do not fit it
+    r = run_app("--example", "burn-book", "--train-steps", "3", "--screenshot", str(tmp_path / "x.png"),
+                home=tmp_path)
+    assert r.returncode == 1
+    assert "ember: --train-steps 3:" in r.stderr
+
+
+def test_smoke_script_fails_a_bundle_that_opens_a_broken_checkpoint(tmp_path, capsys):
+    """packaging/smoke.py on a stand-in bundle (this checkout's app): a checkpoint that does not
+    open fails the smoke test, and the bundle's refusal of a broken one is checked every time."""
+    import importlib.util
+
+    bundle = tmp_path / "bundle"
+    (bundle / "_internal" / "resources" / "examples").mkdir(parents=True)
+    (bundle / "_internal" / "resources" / "examples" / "digits.py").write_text("")
+    exe = bundle / "ember"
+    exe.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m app \"$@\"\n")
+    exe.chmod(0o755)
+    spec = importlib.util.spec_from_file_location("smoke_under_test", ROOT / "packaging" / "smoke.py")
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    garbage = tmp_path / "garbage.bpk"
+    garbage.write_bytes(b"\0" * 64)
+    assert smoke.main([str(bundle), "--example", "digits", "--checkpoint", str(garbage), "--runs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "SMOKE TEST FAILED" in err and "garbage.bpk" in err and "exit status 1" in err
+    assert smoke.main([str(bundle), "--example", "digits", "--checkpoint", str(tmp_path / "none.bpk")]) == 1
+    err = capsys.readouterr().err
+    assert "--checkpoint" in err and "no such file" in err
