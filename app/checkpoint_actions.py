@@ -35,8 +35,13 @@ def show_load_failure(window: "MainWindow", failure) -> None:
     for attr in ("missing", "unused", "mismatched"):
         for row in getattr(exc, attr, []) or []:
             lines.append(f"{attr:10} " + "  ".join(str(x) for x in row))
-    window.error("Checkpoint not loaded", f"{exc}" if not lines else f"{type(exc).__name__}: the checkpoint does "
-                 f"not fit the model; nothing was changed.", "\n".join(lines) or failure.traceback)
+    if getattr(exc, "matched_nothing", False):  # a partial load that would have loaded nothing
+        text = f"{exc}. Nothing was changed."
+    elif lines:
+        text = f"{type(exc).__name__}: the checkpoint does not fit the model; nothing was changed."
+    else:
+        text = f"{exc}"
+    window.error("Checkpoint not loaded", text, "\n".join(lines) or failure.traceback)
 
 
 class CheckpointActions:

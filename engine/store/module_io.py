@@ -11,8 +11,9 @@ matches: the others are never initialized.
 Loading plans everything before changing anything: for every parameter of the module it finds
 the stored tensor (through the record's adapter, which may look under another name and
 transpose), then checks shapes and kinds. Missing, unused and mismatched tensors are all
-reported in one `RecordError` (subject to `allow_partial` / `allow_unused`), and the receiver
-is never changed: the result is a new module. Each loaded parameter gets the stored id (a fresh
+reported in one `RecordError` (subject to `allow_partial` / `allow_unused`; a partial load
+that would match no tensor at all is refused: it names the file, a few of the paths the module
+expects and a few the record holds), and the receiver is never changed: the result is a new module. Each loaded parameter gets the stored id (a fresh
 one when the file has none), keeps its device (a lazy parameter: the device it would have been
 initialized on), its configured trainability and autodiff association, and its float dtype (the
 stored values are cast to it; a lazy float parameter takes its device's default float dtype).
@@ -147,11 +148,34 @@ def _plan(module, record: ModuleRecord):
             continue
         plan[path] = (name, transform, param)
     unused = [] if record.unused_allowed else [(n, record[n].shape) for n in record if n not in used]
+    if record.partial_allowed and v.found and not plan and not (mismatched or other):
+        raise _matched_nothing(module, record, v.found, missing)
     if record.partial_allowed:
         missing = []
     if missing or unused or mismatched or other:
         raise RecordError.for_load(type(module).__name__, missing, unused, mismatched, other)
     return plan
+
+
+def _examples(items, n: int = 3) -> str:
+    shown = ", ".join(f"{name} {_fmt(shape)}" for name, shape in items[:n])
+    return shown + (f", … ({len(items) - n} more)" if len(items) > n else "")
+
+
+def _matched_nothing(module, record: ModuleRecord, found, missing) -> RecordError:
+    """A partial load that would load nothing: the error says what the module expects and what
+    the record holds (a few paths of each), and names the file the record came from."""
+    expects = [(path, tuple(param.shape)) for path, _owner, param in found]
+    holds = [(name, record[name].shape) for name in record]
+    adapter = record.adapter
+    looked = f" (read through the {type(adapter).__name__})" if adapter is not None else ""
+    text = (f"no tensor of the record fits {type(module).__name__}, so a partial load would load nothing: "
+            f"the model expects {len(expects)} parameter(s) such as {_examples(expects)}; the record{looked} "
+            + (f"holds {len(holds)} tensor(s) such as {_examples(holds)}" if holds else "holds no tensors"))
+    err = RecordError(text, where=getattr(record, "source", None), missing=missing,
+                      unused=[(n, record[n].shape) for n in record])
+    err.matched_nothing = True
+    return err
 
 
 def _target_dtype(param: Param, values: np.ndarray):

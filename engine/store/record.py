@@ -59,6 +59,7 @@ class ModuleRecord:
         self._unused = False
         self._owners: dict[str, str] = {}  # name -> owning module's class name (from into_record)
         self._claimed: set[str] = set()    # names whose arrays a module already took
+        self.source: str | None = None     # the file it was loaded from (named in load errors)
 
     # ------------------------------------------------------------------ contents
     def __len__(self) -> int:
@@ -207,4 +208,6 @@ class ModuleRecord:
             plan = fmt.plan(head, src.size, where)
             arrays = src.read_arrays(plan.spans())
         contents = burnpack.Burnpack(burnpack.entries(plan, arrays), plan.metadata, plan.scalars)
-        return cls._from_contents(contents, adapter)
+        record = cls._from_contents(contents, adapter)
+        record.source = where
+        return record

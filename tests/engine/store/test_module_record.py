@@ -331,3 +331,26 @@ def test_reparameterized_parameters_record_their_base_and_factors():
     assert got.reparameterization is not None
     np.testing.assert_allclose(got.val().numpy(), bias.val().numpy() * 1.5)
     assert dict(loaded.named_params())["fc.bias.scale.s"].id == dict(net.named_params())["fc.bias.scale.s"].id
+
+
+def test_a_partial_load_that_matches_no_tensor_is_refused(tmp_path):
+    """An HF-style file into a Burn-style model with allow_partial: nothing fits, so nothing loads
+    and the error names the file, paths the model expects and paths the file holds."""
+    rec = ModuleRecord([TensorEntry.from_array(f"model.layers.{i}.self_attn.q_proj.weight",
+                                               np.zeros((2, 2), np.float32)) for i in range(5)])
+    path = rec.save(tmp_path / "model.safetensors")
+    dst = Net()
+    loaded = ModuleRecord.load(path).allow_partial(True).allow_unused(True)
+    with pytest.raises(RecordError) as info:
+        dst.load_record(loaded)
+    text = str(info.value)
+    assert text.startswith(f"{path}: no tensor of the record fits Net")
+    assert "expects 10 parameter(s) such as fc.weight [3, 4], fc.bias [4], norm.gamma [4], … (7 more)" in text
+    assert "holds 5 tensor(s) such as model.layers.0.self_attn.q_proj.weight [2, 2]" in text
+    assert info.value.where == str(path) and len(info.value.missing) == 10 and len(info.value.unused) == 5
+    # a record in memory (no file) and an empty one are refused the same way
+    with pytest.raises(RecordError, match="^no tensor of the record fits Net.*holds no tensors"):
+        dst.load_record(ModuleRecord().allow_partial(True))
+    # one tensor that fits is enough for a partial load
+    one = ModuleRecord([Net().into_record()["fc.bias"]]).allow_partial(True)
+    assert dict(dst.load_record(one).named_params())["fc.bias"].id != dict(dst.named_params())["fc.bias"].id
