@@ -26,6 +26,10 @@ SCRIPT_FILTER = "Python model scripts (*.py);;All files (*)"
 PROJECT_FILTER = f"Ember projects (*{PROJECT_SUFFIX});;All files (*)"
 
 
+class _ReplayFailed(Exception):
+    """A project's edits failed to replay after its checkpoint loaded (reported as a replay)."""
+
+
 class ProjectIO:
     def __init__(self, window: "MainWindow"):
         self.window = window
@@ -59,7 +63,14 @@ class ProjectIO:
             menu.addAction("(none)").setEnabled(False)
 
     # ---- opening ----------------------------------------------------------------------------------
+    def may_replace(self) -> bool:
+        """Unsaved changes to the document are asked about (Save / Discard / Cancel) before it is
+        replaced; False: Cancel, change nothing."""
+        return self.window.maybe_discard(document=True)
+
     def open_example(self, name: str) -> bool:
+        if not self.may_replace():
+            return False
         try:
             module = opening.load_example(name)
         except opening.OpenError as e:
@@ -71,6 +82,8 @@ class ProjectIO:
 
     def open_script(self, spec: str) -> bool:
         """Open `path.py[:factory]`; a script that raises shows its traceback and changes nothing."""
+        if not self.may_replace():
+            return False
         try:
             source = opening.source_for_script(spec)
             module = opening.load_script(source.path, source.factory)
@@ -112,59 +125,98 @@ class ProjectIO:
         return self.window.open_dialog(dialog)
 
     def _open_checkpoint_choice(self, choice: dict) -> None:
+        if not self.may_replace():
+            return
         arch = choice["architecture"]
         arch = opening.source_for_script(arch["spec"]) if arch["kind"] == "script" else source_from_json(arch)
         self.open_source(CheckpointSource(choice["path"], arch, choice["allow_partial"]))
 
     def open_source(self, source: Source, *, edits_: list[Edit] | None = None, contracts_: dict | None = None,
-                    project_path: Path | None = None, dirty: bool = False) -> bool:
-        """Make the model a source describes, replay `edits_`, and show it. A checkpoint source
-        loads on a worker; the window stays responsive."""
+                    project_path: Path | None = None, dirty: bool = False, from_file: bool = False,
+                    runs_: list | None = None) -> bool:
+        """Make the model a source describes, replay `edits_`, and show it. A checkpoint loads
+        and edits replay on a worker (cancellable); the window stays responsive. `from_file`: the
+        source was read from a project file, so a Python file it names runs only once the user
+        confirmed it (`confirm_script`)."""
         w = self.window
         checkpoint = isinstance(source, CheckpointSource)
         try:
-            base = opening.build(source.architecture if checkpoint else source)
+            base = opening.build(source.architecture if checkpoint else source,
+                                 self.confirm_script if from_file else None, trusted=not from_file)
         except opening.OpenError as e:
             w.error("Open", e.message, e.details)
             return False
+        replayed = list(edits_ or [])
 
         def finish(module: Any) -> None:
-            try:
-                module = edits.replay(module, edits_ or [])
-            except edits.EditError as e:
-                w.error("Open project", f"the model opened, but replaying its edits failed: {e}")
-                return
             self.document.set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path,
-                                    dirty=dirty)
+                                    runs=runs_, dirty=dirty)  # the project's runs: a save keeps them
+
+        def replay_failed(failure) -> None:
+            w.error("Open project", f"the model opened, but replaying its edits failed: {failure.exception}")
 
         if not checkpoint:
-            finish(base)
+            if not replayed:
+                finish(base)
+                return True
+            w.tasks.start(Task(lambda state: edits.replay(base, replayed, state.check_cancelled),
+                               title="Replaying the project's edits"), finish, replay_failed, kind="open")
             return True
         path, partial = source.path, source.allow_partial
+        reports = []
 
-        def loaded(result):
-            module, report = result
+        def load_and_replay(state):
+            module, report = checkpoints.load(base, path, partial, state.set_progress)
+            reports.append(report)
+            try:
+                return edits.replay(module, replayed, state.check_cancelled)
+            except edits.EditError as e:
+                raise _ReplayFailed(str(e)) from e
+
+        def loaded(module):
             finish(module)
-            show_partial_load(w, report)
+            show_partial_load(w, reports[0])
 
-        w.tasks.start(Task(lambda state: checkpoints.load(base, path, partial, state.set_progress),
-                           title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f))
+        def failed(failure) -> None:
+            if isinstance(failure.exception, _ReplayFailed):
+                replay_failed(failure)
+            else:
+                show_load_failure(w, failure)
+
+        w.tasks.start(Task(load_and_replay, title=f"Loading {Path(path).name}"), loaded, failed, kind="open")
+        return True
+
+    def confirm_script(self, path: Path, digest: str) -> bool:
+        """Ask before running a Python file a project names; remembered per path and content."""
+        if self.settings.script_confirmed(path, digest):
+            return True
+        answer = QMessageBox.question(
+            self.window, "Run a Python file?",
+            f"This project builds its model by running the Python file\n\n{path}\n\nRunning it can do anything "
+            "your account can. Run it only if you trust where it came from. Run this file?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
+        if answer != QMessageBox.StandardButton.Yes:
+            return False
+        self.settings.confirm_script(path, digest)
         return True
 
     # ---- projects ---------------------------------------------------------------------------------
     def open_project(self, path: str | Path) -> bool:
+        """Open a project file; a file that cannot be read shows why and changes nothing."""
         try:
             project = read_project(path)
         except ProjectError as e:
             self.window.error("Open project", str(e))
             return False
-        if isinstance(project.source, DesignSource):
+        if isinstance(project.source, DesignSource):  # the window asks about the design and the model
             ok = self.window.open_design(path)
             if ok:
                 self.settings.add_recent(str(Path(path).resolve()))
             return ok
+        if not self.may_replace():
+            return False
         ok = self.open_source(project.source, edits_=project.edits, contracts_=project.contracts,
-                              project_path=Path(path))
+                              project_path=Path(path), from_file=True, runs_=project.runs)
         if ok:
             self.settings.add_recent(str(Path(path).resolve()))
             self.offer_recovery(Path(path))
@@ -234,7 +286,7 @@ class ProjectIO:
         def answered(button):
             if box.buttonRole(button) == QMessageBox.ButtonRole.YesRole:
                 self.open_source(project.source, edits_=project.edits, contracts_=project.contracts,
-                                 project_path=project_path, dirty=True)
+                                 project_path=project_path, dirty=True, from_file=True, runs_=project.runs)
             else:
                 auto.unlink(missing_ok=True)
 

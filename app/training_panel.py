@@ -28,8 +28,16 @@ How a run goes:
   document's model changed meanwhile: then 'Apply trained model' does it on request. A failed
   run (NaN loss, an exception, data that does not fit) shows what happened and where, and
   leaves the model as it was.
-- 'Resume from checkpoint' continues the last stopped, failed or crashed run (in this session
-  or found on disk) from its newest checkpoint.
+- 'Resume from checkpoint' continues the last stopped, failed or crashed run of the model open
+  now (in this session, in the reopened project, or found on disk with that model's source in
+  its `run.json`) from its newest checkpoint.
+- Runs belong to the document that made them: opening another model or project shows that
+  document's runs only (a reopened project's runs are made again from their folders: settings,
+  curves, status), the axes start afresh, and the data settings are those of its last run (else
+  the example's own task, also for a checkpoint opened into an example's architecture).
+- A full disk does not throw a trained model away: when `trained.bpk` (or a checkpoint) cannot
+  be written, the trained model still becomes the document's model and the panel says it was
+  the disk.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QHBoxLayout, QLabel, QPu
 # source, and the window stalls.
 from engine.train import events as ev
 from engine.train.preflight import TrainingSetupError
+from engine.train.checkpoint import describe_os_error
 from engine.train.run_folder import latest_checkpoint, new_run_folder, read_run, resumable_on_disk
 from engine.train.run_history import RunHistory
 from engine.train.run_spec import FILE_TASK, RunSpec
@@ -60,7 +69,7 @@ from widgets.training.grad_norms import GradNormTable
 from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
-from .core.schema import ExampleSource, LoadEdit, Source
+from .core.schema import CheckpointSource, ExampleSource, LoadEdit, Source
 from .training_run import TrainingRun
 from .workers import Task, TaskFailure
 
@@ -74,7 +83,10 @@ GUI_BUDGET = 0.05  # ... and less often when a redraw (with its paint) costs mor
 
 
 def example_task(source: Source | None) -> str | None:
-    """The built-in task an example model trains on (its `task()`), if it names one."""
+    """The built-in task an example model trains on (its `task()`), if it names one; a
+    checkpoint opened into an example's architecture trains on that example's task."""
+    if isinstance(source, CheckpointSource):
+        source = source.architecture
     if not isinstance(source, ExampleSource):
         return None
     try:
@@ -119,6 +131,7 @@ class TrainingPanel(QWidget):
         self._build()
         self._shown_run: TrainingRun | None = None
         self._seen_source: Any = object()  # the source the settings were last defaulted for
+        self.generation = 0  # counts the documents opened (set_model): a run belongs to one
         self.refresh_timer = QTimer(self)  # at most REFRESH_HZ redraws a second, however fast events come
         self.refresh_timer.setSingleShot(True)
         self.refresh_timer.setInterval(int(1000 / REFRESH_HZ))
@@ -127,6 +140,9 @@ class TrainingPanel(QWidget):
         self.cancel_poll.setInterval(200)
         self.cancel_poll.timeout.connect(self._poll_cancel)
         document.model_changed.connect(self._on_model_changed)
+        if hasattr(document, "source_changed"):
+            document.source_changed.connect(self._on_document_replaced)
+        self._on_document_replaced()
         self._on_model_changed()
 
     # ---- layout ---------------------------------------------------------------------------------
@@ -179,6 +195,10 @@ class TrainingPanel(QWidget):
         right_split.setStretchFactor(0, 4)
         right_split.setStretchFactor(1, 1)
         right_split.setSizes([600, 150])
+        # the curves keep their room on a short window; the norms table shrinks (or is dragged shut)
+        norms_box.setMinimumHeight(48)
+        right_split.setCollapsible(0, False)
+        right_split.setCollapsible(1, True)
         right = QWidget()
         rl = QVBoxLayout(right)
         rl.setContentsMargins(4, 4, 4, 4)
@@ -191,6 +211,11 @@ class TrainingPanel(QWidget):
         split.addWidget(right)
         split.setStretchFactor(1, 1)
         split.setSizes([320, 900])
+        # the run controls and the curves are the working area: never collapsed; the settings
+        # column (a scroll area) can be dragged shut and open again
+        split.setCollapsible(0, True)
+        split.setCollapsible(1, False)
+        self.settings_split = split
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(split)
@@ -211,13 +236,44 @@ class TrainingPanel(QWidget):
     def set_spec(self, spec: RunSpec) -> None:
         self.run_settings.set_spec(spec)
 
+    def _on_document_replaced(self) -> None:
+        """Another model or project was opened (`Document.set_model`): show its runs only (a
+        reopened project's, made again from their folders) and start the axes afresh."""
+        self.generation += 1
+        self.curves.clear_runs()
+        self._shown_run = None
+        self.runs = []
+        for record in list(getattr(self.document, "runs", []) or []):
+            folder = self._record_folder(record.folder)
+            run = TrainingRun.restored(record, folder)
+            run.source = getattr(self.document, "source", None)
+            run.generation = self.generation
+            if run.name in {r.name for r in self.curves.runs()}:
+                run.name = run.history.name = f"{run.name} ({folder.name})"
+            self.runs.append(run)
+            self.curves.add_run(run.history)
+        self.curves.redraw()
+        self._seen_source = object()  # the settings are defaulted for the new document
+        self._update_checkpoint_button()
+
+    def _record_folder(self, folder: str) -> Path:
+        """A run record's folder; a relative one is relative to the project file."""
+        path = Path(folder).expanduser()
+        project = getattr(self.document, "project_path", None)
+        if not path.is_absolute() and project is not None:
+            path = Path(project).parent / path
+        return path
+
     def _on_model_changed(self) -> None:
         module = self.document.module
         source = getattr(self.document, "source", None)
         if module is not None and source != self._seen_source:  # another model was opened
             self._seen_source = source
+            saved = next((r.spec for r in reversed(self.runs) if r.spec is not None), None)
             task = example_task(source)
-            if task:
+            if saved is not None:  # a reopened project trains as it last did
+                self.set_spec(saved)
+            elif task:
                 self.data_form.set_field("task", task)
             devices = module.devices() if hasattr(module, "devices") else []
             if devices:
@@ -249,7 +305,11 @@ class TrainingPanel(QWidget):
             found = latest_checkpoint(run.folder)
             if found is not None and run is not self.active:
                 return run.folder, found[0], found[1]
-        return resumable_on_disk(self.runs_dir())
+        source = getattr(self.document, "source", None)
+        if source is None or not hasattr(source, "to_json"):
+            return None
+        wanted = source.to_json()
+        return resumable_on_disk(self.runs_dir(), accept=lambda info: info.get("source") == wanted)
 
     def _update_checkpoint_button(self) -> None:
         found = self.resumable() if self.active is None else None
@@ -268,8 +328,16 @@ class TrainingPanel(QWidget):
         except FormError as e:
             self._show_error(f"The settings are not valid: {e}")
             return None
-        folder = self._new_folder(spec)
-        name = f"{len(self.runs) + 1}: {spec.describe()}"
+        try:
+            folder = self._new_folder(spec)
+        except OSError as e:
+            self._show_error(f"Cannot make a run folder under {self.runs_dir()}: {describe_os_error(e)}.")
+            return None
+        taken = {r.name for r in self.curves.runs()}
+        number = len(self.runs) + 1
+        while f"{number}: {spec.describe()}" in taken:
+            number += 1
+        name = f"{number}: {spec.describe()}"
         history = RunHistory(name, f"{folder}")
         run = TrainingRun(name, folder, spec, history, self.document.module,
                           self.gui_gate if self.wait_for_paint else None)
@@ -286,7 +354,7 @@ class TrainingPanel(QWidget):
             return None
         folder, epoch, checkpoint = found
         existing = next((r for r in self.runs if r.folder == folder), None)
-        if existing is not None:
+        if existing is not None and existing.spec is not None:
             spec = existing.spec
             history = existing.history
             name = existing.name
@@ -298,6 +366,9 @@ class TrainingPanel(QWidget):
                 self._show_error(f"{folder / 'run.json'}: cannot read the run's settings: {type(e).__name__}: {e}")
                 return None
             name = str(info.get("name") or folder.name)
+            if existing is not None:
+                self.curves.remove_run(existing.name)
+                self.runs.remove(existing)
             if name in {r.name for r in self.curves.runs()}:
                 name = f"{name} ({folder.name})"
             history = RunHistory(name, str(folder))
@@ -315,6 +386,8 @@ class TrainingPanel(QWidget):
 
     def _launch(self, run: TrainingRun, resume_from: str | None, max_steps: int | None) -> TrainingRun:
         run.source = getattr(self.document, "source", None)
+        run.generation = self.generation
+        self.runs = [r for r in self.runs if r.folder != run.folder]  # a resumed run continues its record
         self.runs.append(run)
         self.active = run
         self.pending_apply = None
@@ -387,9 +460,12 @@ class TrainingPanel(QWidget):
                 self.grad_label.setText(f"Gradient norms per module at step {event.global_step} "
                                         f"(frozen modules get none)")
                 self.grad_norms_changed.emit(dict(event.norms))
+            elif isinstance(event, ev.DataInfo):
+                run.data_note = event.text
             elif isinstance(event, ev.Started):
                 self.controls.set_state("running", f"Training {run.name}: epoch {event.start_epoch} of "
-                                        f"{event.total_epochs}, {event.steps_per_epoch} steps an epoch")
+                                        f"{event.total_epochs}, {event.steps_per_epoch} steps an epoch"
+                                        + (f"; {run.data_note}" if run.data_note else ""))
             elif isinstance(event, ev.Paused):
                 self.controls.set_state("paused", f"Paused at epoch {event.epoch}, step {event.step}.")
             elif isinstance(event, ev.Resumed):
@@ -399,6 +475,8 @@ class TrainingPanel(QWidget):
                                                    f"(epoch {event.epoch})")
             elif isinstance(event, ev.Failed):
                 self._show_error(f"{run.name} failed: {event.message}")
+        if run.generation != self.generation:
+            return  # a run of the model open before: its curves are not this document's
         self._shown_run = run
         if not self.refresh_timer.isActive():
             self.refresh_timer.start()
@@ -427,7 +505,18 @@ class TrainingPanel(QWidget):
         h = run.history
         self._end(run)
         h.end(out.status)
-        if run.status == "failed":
+        ours = run.generation == self.generation  # the document that made the run is still open
+        if run.status == "failed" and out.save_error and out.steps > 0:
+            # the disk, not the training, failed: the model trained so far is sound and is kept
+            message = out.save_error
+            run.write(message=message, error=out.error)
+            kept = self._keep_trained(run, ours)
+            self._show_error(f"{run.name} stopped: {message}. " + (
+                f"The model trained so far ({out.steps} steps) is kept in the window; free space on the disk "
+                f"to train on or save." if kept else "Free space on the disk; 'Apply trained model' keeps the "
+                                                     "model trained so far."))
+            self.controls.set_state(run.status, f"Stopped by the disk: {message}")
+        elif run.status == "failed":
             message = out.message or h.message or "the run failed"
             self._show_error(f"{run.name} failed: {message}. The model was left as it was.")
             self.controls.set_state(run.status, f"Failed: {message}")
@@ -438,19 +527,31 @@ class TrainingPanel(QWidget):
             self.controls.set_state(run.status, f"{word}: {run.name}, {how}.")
             if run.status == "finished":
                 self.controls.set_progress(1.0, h.steps_per_second, 0.0, f"epoch {h.epoch}/{h.total_epochs}")
-            run.write(steps=out.steps)
+            run.write(steps=out.steps, **({"message": out.save_error} if out.save_error else {}))
             if out.steps > 0:
-                self.pending_apply = run
-                self.apply_button.setEnabled(True)
-                if self.apply_check.isChecked():
-                    if self.document.module is run.source_module:
-                        self.apply_pending()
-                    else:
-                        self.controls.status_label.setText(
-                            f"{word}: {run.name}. The model changed while it trained: 'Apply trained model' "
-                            f"replaces the current one.")
-        self.document.record_run(run.record())
+                self._keep_trained(run, ours, word)
+            if out.save_error:
+                self._show_error(f"{run.name}: {out.save_error}. The trained model is kept in the window (not "
+                                 f"on disk): free space on the disk, then save it.")
+        run.save_curves()
+        if ours:
+            self.document.record_run(run.record())
         self.run_ended.emit(run.name, run.status)
+
+    def _keep_trained(self, run: TrainingRun, ours: bool, word: str = "Stopped") -> bool:
+        """Offer the run's trained model ('Apply trained model') and apply it now when asked to
+        and the model did not change meanwhile; True when it was applied."""
+        if not ours:
+            return False
+        self.pending_apply = run
+        self.apply_button.setEnabled(True)
+        if self.apply_check.isChecked():
+            if self.document.module is run.source_module:
+                return self.apply_pending()
+            self.controls.status_label.setText(
+                f"{word}: {run.name}. The model changed while it trained: 'Apply trained model' "
+                f"replaces the current one.")
+        return False
 
     def _on_cancelled(self, run: TrainingRun) -> None:
         """The window's Cancel stopped the task: the outcome was left on the run's control."""
@@ -472,7 +573,9 @@ class TrainingPanel(QWidget):
         self._show_error(f"{run.name} could not run: {message}. The model was left as it was.")
         self.controls.set_state(run.status, f"Failed: {message}")
         run.write(message=message, error=getattr(failure, "traceback", ""))
-        self.document.record_run(run.record())
+        run.save_curves()
+        if run.generation == self.generation:
+            self.document.record_run(run.record())
         self.run_ended.emit(run.name, run.status)
 
     def _end(self, run: TrainingRun) -> None:
@@ -492,13 +595,13 @@ class TrainingPanel(QWidget):
         run = self.pending_apply
         if run is None or run.outcome is None or self.document.module is None:
             return False
-        if getattr(self.document, "source", None) != run.source:
+        if getattr(self.document, "source", None) != run.source or run.generation != self.generation:
             self._show_error(f"{run.name} trained another model than the one open now; it was not applied.")
             self.pending_apply = None
             self.apply_button.setEnabled(False)
             return False
         out = run.outcome
-        edit = LoadEdit(out.weights) if out.weights else None
+        edit = LoadEdit(out.weights) if out.weights else None  # no file (a full disk): not replayable
         self.document.push_module(f"Train {run.name} ({out.steps} steps)", out.model, edit)
         self.pending_apply = None
         self.apply_button.setEnabled(False)

@@ -24,6 +24,7 @@ Two more come from the app's worker (`engine.train.worker`), not from the loop i
 
 - `GradNorms(epoch, global_step, norms)`: per-module gradient norms, sampled now and then.
 - `Prefill(step_losses, history, global_step)`: the progress a resumed run starts from.
+- `DataInfo(text)`: how a data file was read (the kind inferred for its targets, the inputs' dtype).
 
 Steps are counted from 1 within an epoch; epochs from 1.
 """
@@ -138,3 +139,11 @@ class Prefill(Event):
     step_losses: tuple
     history: tuple
     global_step: int
+
+
+@dataclass(frozen=True)
+class DataInfo(Event):
+    """How the run's data file was read: the kind of its targets (chosen or inferred, and why)
+    and the dtype its inputs keep."""
+
+    text: str

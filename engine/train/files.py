@@ -2,7 +2,9 @@
 
 - `load_npz(path, inputs="x", targets="y")`: two arrays of the archive with the same first axis;
   each member's .npy header is checked against the bytes the member holds before anything is
-  allocated (a 1 KB file declaring 2**40 floats is an error, not a MemoryError).
+  allocated (a 1 KB file declaring 2**40 floats is an error, not a MemoryError). Integer
+  inputs stay integer (int64, token ids); a run casts them to float32 only when its model's
+  first layer takes floats (`run_spec.fit_file_data`).
 - `load_csv(path, target="last", header=None, delimiter=",")`: one row per item, numeric
   cells; the target column is the last one unless named (by header name or 0-based index).
   A header line is detected when its cells are not numbers (or forced with `header=True/False`).
@@ -104,9 +106,13 @@ def load_npz(path, inputs: str = "x", targets: str = "y") -> InMemoryDataset:
             f"arrays {inputs!r} and {targets!r} must have the same length: expected {x.shape[0]} items "
             f"(as in {inputs!r}, shape {list(x.shape)}), found {y.shape[0]} in {targets!r} (shape {list(y.shape)})",
         )
-    if x.dtype.kind in "iub":
+    # integer inputs stay integer (int64): token ids for a model that starts with an Embedding.
+    # The run casts them to float32 when the model's first layer wants floats (run_spec.fit_file_data).
+    if x.dtype.kind in "iu":
+        x = x.astype(np.int64)
+    elif x.dtype.kind == "b":
         x = x.astype(np.float32)
-    if not np.all(np.isfinite(x)):
+    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
         bad = np.argwhere(~np.isfinite(x))[0]
         raise DataFileError(p, f"array {inputs!r}: expected finite numbers, found {x[tuple(bad)]} at index {bad.tolist()}")
     return InMemoryDataset(x, y, p.name)

@@ -44,7 +44,10 @@ Checkpoints. With `checkpoint_every=N` and `checkpoint_dir`, the end of every N-
 writes `checkpoint_dir/epoch-<e>/`: `model.bpk` (the module record), `optimizer.bpk` (the
 optimizer state record), `scheduler.bpk` (the scheduler's scalars) and `training.json` (epoch,
 global step, seed, history). `Learner.resume_from(path)` (or `TrainingConfig.resume_from`)
-loads them and continues with the next epoch.
+loads them and continues with the next epoch. Only the newest `keep_checkpoints` (default 3;
+0: all) stay; older ones are deleted after each new one. A checkpoint that cannot be written
+(a full disk) ends the run as failed with `TrainingResult.disk_error` saying so; the model it
+returns is the one trained through that epoch, and no half-written folder is left.
 """
 from __future__ import annotations
 
@@ -76,6 +79,7 @@ class TrainingConfig:
     drop_last: bool = False
     checkpoint_every: int = 0  # epochs; 0: never
     checkpoint_dir: str | None = None
+    keep_checkpoints: int = 3  # the newest N checkpoints are kept, older ones deleted; 0: keep all
     resume_from: str | None = None
     throughput_interval: float = 1.0  # seconds between Throughput events
     device: object = None
@@ -85,6 +89,8 @@ class TrainingConfig:
             raise ValueError(f"TrainingConfig: num_epochs must be at least 1, got {self.num_epochs}")
         if self.batch_size < 1:
             raise ValueError(f"TrainingConfig: batch_size must be at least 1, got {self.batch_size}")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"TrainingConfig: keep_checkpoints must be 0 (keep all) or more, got {self.keep_checkpoints}")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("TrainingConfig: checkpoint_every is set but checkpoint_dir is not: say where to write")
 
@@ -109,6 +115,7 @@ class TrainingResult:
     step_losses: list  # training loss of every step, in order
     history: list  # per epoch: {"epoch", "train": {...}, "valid": {...}}
     error: str | None = None
+    disk_error: str = ""  # a checkpoint could not be written (a full disk): what, in words
 
 
 def default_step(kind: str, pad_token: int | None = None):
@@ -235,10 +242,18 @@ class Learner:
     def _save_checkpoint(self, model, epoch: int) -> str:
         from .checkpoint import save_checkpoint
 
+        from .checkpoint import describe_os_error, disk_errno, prune_checkpoints
+
         path = Path(self.config.checkpoint_dir) / f"epoch-{epoch}"
-        save_checkpoint(path, model, self.optimizer, self.scheduler, dict(
-            epoch=epoch, global_step=self._global_step, seed=self.config.seed,
-            step_losses=self._step_losses, history=self._history))
+        try:
+            save_checkpoint(path, model, self.optimizer, self.scheduler, dict(
+                epoch=epoch, global_step=self._global_step, seed=self.config.seed,
+                step_losses=self._step_losses, history=self._history))
+        except Exception as e:
+            if isinstance(e, OSError) or disk_errno(e) is not None:
+                raise _DiskError(f"the checkpoint {path} could not be written: {describe_os_error(e)}") from e
+            raise
+        prune_checkpoints(self.config.checkpoint_dir, self.config.keep_checkpoints)
         return str(path)
 
     # ------------------------------------------------------------------ the loop
@@ -348,6 +363,12 @@ class Learner:
             return TrainingResult("finished", model, cfg.num_epochs, self._step_losses, self._history)
         except _NonFiniteLoss as e:
             return self._finish_failed(model, epoch, step, e.message, e.name, e.value)
+        except _DiskError as e:  # the model trained through this epoch is sound: the disk is not
+            message = f"{e} (after epoch {epoch})"
+            self.state = "failed"
+            self._emit(ev.Failed(epoch, step, message))
+            return TrainingResult("failed", model, epoch, self._step_losses, self._history, error=message,
+                                  disk_error=message)
         except Exception as e:  # reported as an event: the worker thread must not die silently
             message = f"{type(e).__name__}: {e} (at epoch {epoch}, step {step})"
             self.state = "failed"
@@ -432,6 +453,10 @@ def _is_factory(m) -> bool:
     from ..module import Module
 
     return not isinstance(m, Module) and callable(m)
+
+
+class _DiskError(Exception):
+    """A checkpoint could not be written (a full disk, a read-only folder)."""
 
 
 class _NonFiniteLoss(Exception):

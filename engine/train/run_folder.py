@@ -1,7 +1,8 @@
 """A run's folder: `run.json` (its name, status, settings and progress; `write_run`,
 `read_run`), the loop's `epoch-<e>/` checkpoints (`latest_checkpoint`) and, when it trained,
 `trained.bpk`. `new_run_folder` makes a fresh one under a runs folder; `resumable_on_disk`
-finds the newest unfinished run there that has a checkpoint."""
+finds the newest unfinished run there that has a checkpoint (of the model `accept` takes, when
+given). `write_curves` / `read_curves` keep a run's series (`curves.json`) for a reopened project."""
 from __future__ import annotations
 
 import json
@@ -58,15 +59,37 @@ def new_run_folder(root: Path, label: str) -> Path:
     raise OSError(f"cannot make a run folder under {root}")
 
 
-def resumable_on_disk(root: Path) -> tuple[Path, int, Path] | None:
+def write_curves(run_dir: Path, data: dict) -> bool:
+    """Write the run's series (`curves.json`, RunHistory.to_json) atomically; False when the
+    folder cannot be written (a full disk: the run's record stays without its curves)."""
+    try:
+        atomic_write_text(run_dir / "curves.json", json.dumps(data) + "\n")
+    except OSError:
+        return False
+    return True
+
+
+def read_curves(run_dir: Path) -> dict | None:
+    """The folder's `curves.json`; None when it is missing or not JSON."""
+    try:
+        data = json.loads((run_dir / "curves.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def resumable_on_disk(root: Path, accept=None) -> tuple[Path, int, Path] | None:
     """(run folder, epoch, checkpoint folder) of the newest run under `root` that did not
-    finish and has a complete checkpoint."""
+    finish and has a complete checkpoint; with `accept(run_json)`, only runs it accepts (the
+    runs of one model)."""
     if not root.is_dir():
         return None
     folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
     for folder in folders:
         info = read_run(folder)
         if info is None or info.get("status") == "finished":
+            continue
+        if accept is not None and not accept(info):
             continue
         found = latest_checkpoint(folder)
         if found is not None:

@@ -212,6 +212,36 @@ class RunHistory:
             return None
         return max(0.0, (self.total_steps - self.global_step) / sps)
 
+    # ---- saved with the run ---------------------------------------------------------------------
+    _SAVED = ("status", "message", "total_epochs", "steps_per_epoch", "start_epoch", "epoch", "global_step",
+              "steps", "losses", "lr_steps", "lrs", "epochs")
+
+    def to_json(self) -> dict:
+        """The series and progress, as the run folder's `curves.json` keeps them."""
+        return {k: getattr(self, k) for k in self._SAVED}
+
+    def load_json(self, data: dict) -> None:
+        """Take back what `to_json` saved (a reopened project's runs); a malformed entry is left out."""
+        for k in self._SAVED:
+            if k not in data:
+                continue
+            v = data[k]
+            default = getattr(self, k)
+            if isinstance(default, list) and isinstance(v, list):
+                setattr(self, k, list(v))
+            elif isinstance(default, (int, float)) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                setattr(self, k, type(default)(v))
+            elif isinstance(default, str) and isinstance(v, str):
+                setattr(self, k, v)
+        n = min(len(self.steps), len(self.losses))
+        self.steps, self.losses = self.steps[:n], self.losses[:n]
+        n = min(len(self.lr_steps), len(self.lrs))
+        self.lr_steps, self.lrs = self.lr_steps[:n], self.lrs[:n]
+        self.epochs = [r for r in self.epochs if isinstance(r, dict) and "epoch" in r and "global_step" in r]
+        self._ema = None
+        self.version += 1
+        self.epoch_version += 1
+
     # ---- export ------------------------------------------------------------------------------
     def csv_rows(self) -> list[list]:
         rows: list[list] = []

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import optim
+import numpy as np
+
 from .config_json import from_dict, to_dict
+from .data import InMemoryDataset
 from .files import load_data_file
 from .learner import StepOutput, TrainingConfig
 from .losses import cross_entropy, mse_loss
@@ -22,6 +25,8 @@ from .tasks import TASKS, build_task
 
 FILE_TASK = "file"
 LOSSES = ("auto", "cross-entropy", "mse")
+KINDS = ("auto", "classification", "regression")
+MAX_INFERRED_CLASSES = 100  # integer targets with more distinct values are read as numbers (regression)
 
 
 @dataclass
@@ -32,6 +37,7 @@ class DataSettings:
     file: str = ""  # a .npz (arrays x, y) or .csv (target in the last column) when task is "file"
     valid_fraction: float = 0.2  # of a file's items, held out for validation
     loss: str = "auto"  # auto: cross-entropy for class targets, mse otherwise
+    kind: str = "auto"  # a file's targets: classification, regression, or inferred (auto)
 
     def __post_init__(self):
         choices = (*TASKS, FILE_TASK)
@@ -39,6 +45,12 @@ class DataSettings:
             raise ValueError(f"task: expected one of {list(choices)}, found {self.task!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss: expected one of {list(LOSSES)}, found {self.loss!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind: expected one of {list(KINDS)}, found {self.kind!r}")
+        if self.task != FILE_TASK and self.file.strip():
+            # never train on data the user did not choose: a typed file with a built-in task is ambiguous
+            raise ValueError(f"file: a data file is given but the built-in data {self.task!r} is chosen: choose "
+                             f"'file' to train on {Path(self.file).name!r}, or clear the data file")
         if self.task == FILE_TASK:
             if not self.file:
                 raise ValueError("file: the task is 'file': give a .npz or .csv file")
@@ -113,13 +125,94 @@ class RunSpec:
 def make_data(settings: DataSettings, seed: int):
     """(train, valid, kind, description) for the data settings."""
     if settings.task == FILE_TASK:
-
-        data = load_data_file(Path(settings.file).expanduser())
+        path = Path(settings.file).expanduser()
+        options = {"kind": settings.kind} if path.suffix.lower() in (".csv", ".tsv", ".txt") else {}
+        data = load_data_file(path, **options)
         train, valid = data.split(1.0 - settings.valid_fraction, seed=seed)
         kind = "classification" if data.targets.dtype.kind in "iu" else "regression"
-        return train, valid, kind, Path(settings.file).name
+        return train, valid, kind, path.name
     task = build_task(settings.task, seed=seed)
     return task.train, task.valid, task.kind, task.name
+
+
+def _as_regression(ds):
+    y = ds.targets
+    y = y.astype(np.float32)[:, None] if y.ndim == 1 else y.astype(np.float32)
+    return InMemoryDataset(ds.inputs, y, ds.name)
+
+
+def _as_float_inputs(ds):
+    return InMemoryDataset(ds.inputs.astype(np.float32), ds.targets, ds.name)
+
+
+def fit_file_data(model, train, valid, settings: DataSettings, device=None):
+    """Fit a data file to the model: (train, valid, kind, note).
+
+    - Integer inputs stay int64 when the model takes them (its first layer an Embedding: token
+      ids); a model whose first layer wants floats (a `DTypeError`) gets them as float32.
+    - The targets' kind: the user's choice (`settings.kind`), or inferred: integer targets with
+      at most `MAX_INFERRED_CLASSES` distinct values whose largest class the model's output
+      width can hold are class labels (classification); others are numbers (regression). A
+      loss chosen by name decides too (mse: regression; cross-entropy: classification).
+    `note` says what was chosen or inferred, and why, for the user to see."""
+    from ..autodiff import no_recording
+    from ..tensor import DTypeError
+    from .data import DataLoader
+
+    notes = []
+    output = None
+    if len(train):
+        vmodel = model.valid() if hasattr(model, "valid") else model
+
+        def probe(ds):
+            batch = next(iter(DataLoader(ds, min(2, len(ds)), shuffle=False, device=device)))
+            with no_recording():
+                return vmodel.forward(batch.inputs)
+
+        if train.inputs.dtype.kind in "iu":
+            try:
+                output = probe(train)
+                notes.append("integer inputs kept as int64 (the model takes indices)")
+            except DTypeError:
+                train, valid = _as_float_inputs(train), _as_float_inputs(valid)
+                notes.append("integer inputs read as float32 (the model's first layer takes floats)")
+            except Exception:  # noqa: BLE001 - the preflight reports data that does not fit
+                output = None
+        if output is None:
+            try:
+                output = probe(train)
+            except Exception:  # noqa: BLE001 - the preflight reports it with the module
+                output = None
+    y = train.targets
+    integer = y.dtype.kind in "iu"
+    width = int(output.shape[-1]) if output is not None and len(output.shape) else None
+    chosen = settings.kind
+    if chosen == "auto" and settings.loss != "auto":
+        chosen = "regression" if settings.loss == "mse" else "classification"
+        how = f"chosen by the loss {settings.loss}"
+    else:
+        how = "chosen in the data settings"
+    if chosen == "auto":
+        both = np.concatenate([np.ravel(y), np.ravel(valid.targets)]) if integer else None
+        if not integer:
+            chosen, why = "regression", "the targets are not whole numbers"
+        else:
+            distinct = int(np.unique(both).size)
+            classes = int(both.max()) + 1 if both.size else 0
+            if distinct > MAX_INFERRED_CLASSES:
+                chosen, why = "regression", f"the targets take {distinct} distinct values (more than " \
+                                            f"{MAX_INFERRED_CLASSES} classes)"
+            elif width is not None and classes > width:
+                chosen, why = "regression", (f"the targets are whole numbers up to {classes - 1}, but the model "
+                                             f"outputs {width} value(s), too few for {classes} classes")
+            else:
+                chosen, why = "classification", (f"the targets are whole numbers with {distinct} distinct "
+                                                 f"values" + (f" and the model outputs {width}" if width else ""))
+        how = f"inferred: {why}"
+    if chosen == "regression" and integer:
+        train, valid = _as_regression(train), _as_regression(valid)
+    notes.insert(0, f"targets read as {chosen} ({how})")
+    return train, valid, chosen, "; ".join(notes)
 
 
 def make_step(loss: str):

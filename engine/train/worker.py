@@ -29,14 +29,20 @@ from .. import store  # noqa: F401 - checkpoints and trained.bpk
 from . import events as ev
 from .events import GradNorms, Prefill
 from .grad_norms import GradTap
+from .checkpoint import describe_os_error, disk_errno
 from .learner import Learner
 from .preflight import TrainingSetupError, preflight
-from .run_spec import RunSpec, make_data, make_step
+from .run_spec import FILE_TASK, RunSpec, fit_file_data, make_data, make_step
 
 FLUSH_S = 1 / 4  # the worker sends batched events at most this often (control events at once)
 PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most this often
 GUI_WAIT_S = 0.05  # the longest a step waits for the GUI to end a paint
 CONTROL_EVENTS = (ev.Started, ev.Paused, ev.Resumed, ev.Stopped, ev.Finished, ev.Failed, ev.CheckpointSaved)
+
+
+def save_trained(model, path: Path) -> Path:
+    """Write the trained model's record (`trained.bpk`); raises the OSError of a full disk."""
+    return model.into_record().save(path)
 
 
 class GuiGate:
@@ -123,6 +129,8 @@ class RunOutcome:
     seconds: float = 0.0  # the whole task: data, checks, training, checkpoints
     train_seconds: float = 0.0  # from the loop's start to its end
     weights: str = ""  # the trained model's record (run folder / trained.bpk) when it trained
+    save_error: str = ""  # trained.bpk or a checkpoint could not be written (a full disk): what, in words
+    data_note: str = ""  # how the data was read (the kind inferred for a file's targets)
 
 
 class _Forwarder:
@@ -206,10 +214,6 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
     started = time.perf_counter()
     cfg = spec.training
     train, valid, kind, data_name = make_data(spec.data, cfg.seed)
-    if spec.data.loss == "mse":
-        kind = "regression"
-    elif spec.data.loss == "cross-entropy":
-        kind = "classification"
     # A lazy parameter stays lazy in the fork and shares its lazy state with the document's, so
     # every run (and the document itself) reads the values the first reader made.
     try:
@@ -217,9 +221,21 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
     except Exception as e:  # noqa: BLE001
         raise TrainingSetupError(f"the model cannot be moved to {cfg.device}: {type(e).__name__}: {e}") from e
     devices = fork.devices()
+    data_note = ""
+    if spec.data.task == FILE_TASK:
+        train, valid, kind, data_note = fit_file_data(fork, train, valid, spec.data, devices[0] if devices else None)
+        forwarder_note = ev.DataInfo(data_note)
+    else:
+        forwarder_note = None
+    if spec.data.loss == "mse":
+        kind = "regression"
+    elif spec.data.loss == "cross-entropy":
+        kind = "classification"
     preflight(fork, train, kind, spec.data.loss, devices[0] if devices else None, data_name)
     forwarder = _Forwarder(state.set_partial_result, control, max_steps, yield_between_steps,
                            getattr(state, "set_progress", None))
+    if forwarder_note is not None:
+        forwarder(forwarder_note)
     optimizer = GradTap(spec.optimizer_config.init(), forwarder.grad_norms)
     epochs, done = cfg.num_epochs, 0
     if resume_from:
@@ -248,10 +264,22 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
     if status == "stopped" and forwarder.reached_max:
         status = "finished"  # the asked-for number of steps
     weights = ""
+    save_error = getattr(result, "disk_error", "") or ""
     if status != "failed" and steps > 0:
         # the project keeps an edit that loads these weights, so reopening it gives the trained model
-        weights = str(result.model.into_record().save(Path(run_dir) / "trained.bpk"))
+        target = Path(run_dir) / "trained.bpk"
+        try:
+            weights = str(save_trained(result.model, target))
+        except Exception as e:  # noqa: BLE001 - a full disk must not throw the trained model away
+            if not (isinstance(e, OSError) or disk_errno(e) is not None):
+                raise
+            save_error = f"the trained weights could not be written to {target}: {describe_os_error(e)}"
+            try:
+                target.unlink()  # no partial file is left behind
+            except OSError:
+                pass
     return RunOutcome(status, result.model, steps, forwarder.global_step, weights=weights, error=result.error or "",
+                      save_error=save_error, data_note=data_note,
                       message=result.error.splitlines()[0] if result.error else "",
                       reached_max_steps=forwarder.reached_max, seconds=time.perf_counter() - started,
                       train_seconds=ended - forwarder.started_at if forwarder.started_at is not None else 0.0)

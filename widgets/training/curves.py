@@ -4,6 +4,8 @@ and the learning rate, for any number of overlaid runs.
 Controls: a smoothing slider (a debiased EMA of the step losses), a log-scale toggle for the
 loss, a crosshair whose read-out gives every visible run's values at the step under the mouse,
 a check box per run to show or hide it, and export as CSV (every run) or PNG (the plots).
+`clear_runs()` forgets every run and resets the axes (another model was opened). The plots
+follow the application's palette (light or dark theme): background, axes, titles, grid.
 
 Redrawing is throttled: `mark_dirty()` arms a single-shot timer, so however many events
 arrive, the plots are drawn at most `max_fps` times a second, and only runs whose data changed
@@ -16,8 +18,8 @@ import time
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
 
@@ -177,7 +179,7 @@ class TrainingCurves(QWidget):
         pg.setConfigOptions(antialias=False)
         self.graphics = _Graphics()
         self.graphics.setObjectName("curves-graphics")
-        self.graphics.setBackground("w")
+        self.graphics.setBackground("w")  # then the palette's (`apply_palette`, on every palette change)
         self.plots = {
             LOSS: self.graphics.addPlot(row=0, col=0, title="Loss"),
             METRIC: self.graphics.addPlot(row=1, col=0, title=f"{self._metric} per epoch"),
@@ -289,6 +291,34 @@ class TrainingCurves(QWidget):
         layout.addWidget(self.key_label)
         layout.addWidget(self.readout)
         self._on_smoothing(self.smoothing_slider.value())
+        self.apply_palette()
+
+    # ---- theme -------------------------------------------------------------------------------
+    def apply_palette(self, palette: QPalette | None = None) -> None:
+        """Colour the plots as the palette (the app's theme): background from Base, axes,
+        tick labels and titles from Text."""
+        pal = palette if palette is not None else self.palette()
+        background = pal.color(QPalette.ColorRole.Base)
+        text = pal.color(QPalette.ColorRole.Text)
+        self.background_color = background.name()
+        self.graphics.setBackground(background)
+        for key, plot in self.plots.items():
+            for name in ("left", "bottom"):
+                axis = plot.getAxis(name)
+                axis.setPen(pg.mkPen(text))
+                axis.setTextPen(pg.mkPen(text))
+                axis.picture = None  # the cached drawing is made again in the new colours
+                axis.update()
+            title = plot.titleLabel.text
+            if title:
+                plot.setTitle(title, color=text.name())
+        dark = background.lightness() < 128
+        self.key_label.setStyleSheet(f"color: {'#a0a4aa' if dark else '#666'};")
+
+    def changeEvent(self, event) -> None:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self.apply_palette()
+        super().changeEvent(event)
 
     # ---- runs --------------------------------------------------------------------------------
     def add_run(self, run: RunHistory, visible: bool = True) -> None:
@@ -319,6 +349,15 @@ class TrainingCurves(QWidget):
 
     def runs(self) -> list[RunHistory]:
         return [c.run for c in self._curves.values()]
+
+    def clear_runs(self) -> None:
+        """Forget every run and follow the data again from an empty view (another model)."""
+        for name in list(self._curves):
+            self.remove_run(name)
+        self._follow = True
+        self._ranges.clear()
+        self._update_ranges()
+        self._update_readout()
 
     def run(self, name: str) -> RunHistory:
         return self._curves[name].run

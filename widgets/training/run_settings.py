@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QGroupBox, QHBoxLayout, Q
 
 from engine import available_devices, optim
 from engine.train import TrainingConfig
-from engine.train.run_spec import FILE_TASK, LOSSES, OPTIMIZERS, SCHEDULES, DataSettings, RunSpec
+from engine.train.run_spec import FILE_TASK, KINDS, LOSSES, OPTIMIZERS, SCHEDULES, DataSettings, RunSpec
 from engine.train.tasks import TASKS
 
 from .config_form import DataclassForm, FieldOptions, FormError
@@ -41,8 +41,13 @@ class RunSettings(QScrollArea):
             "file": FieldOptions(label="data file", tooltip=".npz with arrays x and y, or .csv with the target last"),
             "valid_fraction": FieldOptions(label="validation fraction"),
             "loss": FieldOptions(choices=list(LOSSES)),
+            "kind": FieldOptions(label="targets", choices=list(KINDS),
+                                 tooltip="A data file's targets: class labels (classification), numbers "
+                                         "(regression), or inferred from the file and the model (auto)"),
         })
         self.data_form.setObjectName("form:data")
+        # a typed data file is the data to train on, as a browsed one is
+        self.data_form.field_widget("file").textEdited.connect(self._on_file_typed)
         self.browse_button = QPushButton("Browse…")
         self.browse_button.setObjectName("browse-data")
         self.browse_button.clicked.connect(self._browse_data)
@@ -79,6 +84,9 @@ class RunSettings(QScrollArea):
                      "batch_size": FieldOptions(label="batch size"),
                      "checkpoint_every": FieldOptions(label="checkpoint every (epochs)",
                                                       tooltip="0: no checkpoints"),
+                     "keep_checkpoints": FieldOptions(label="keep last checkpoints",
+                                                      tooltip="the newest N checkpoints of a run are kept, "
+                                                              "older ones deleted; 0: keep all"),
                      "drop_last": FieldOptions(label="drop last partial batch"),
                      "device": FieldOptions(type=str, choices=devices)})
         self.training_form.setObjectName("form:training")
@@ -166,6 +174,10 @@ class RunSettings(QScrollArea):
         """Train on `device` when it is one of the choices."""
         if device in device_choices():
             self.training_form.set_field("device", device)
+
+    def _on_file_typed(self, text: str) -> None:
+        if text.strip() and self.data_form.field_widget("task").currentText() != FILE_TASK:
+            self.data_form.set_field("task", FILE_TASK)
 
     def _browse_data(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Training data", "", "Data (*.npz *.csv *.tsv);;All files (*)")
