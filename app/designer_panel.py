@@ -103,6 +103,9 @@ class DesignerPanel(QWidget):
         self._autosaved: dict | None = None
         self._was_dirty = False
         self.last_model = None
+        # asked before the design (design=True) or the document (document=True) is replaced;
+        # the main window puts its own `maybe_discard` here. True: go on; False: change nothing.
+        self.confirm_discard = self._confirm_discard
 
         self.palette = Palette()
         self.canvas = DesignCanvas()
@@ -150,7 +153,8 @@ class DesignerPanel(QWidget):
             a = QAction(text, self)
             a.setObjectName(f"designer.{name}")
             a.setToolTip(tip)
-            a.triggered.connect(slot)
+            # triggered(bool) must not reach a slot's optional first parameter (build's device)
+            a.triggered.connect(lambda _checked=False, fn=slot: fn())
             tb.addAction(a)
             setattr(self, f"action_{name}", a)
             return a
@@ -372,12 +376,16 @@ class DesignerPanel(QWidget):
             fn()
 
     # ------------------------------------------------------------------ build and export
-    def build(self, device=None):
-        """The design as an engine Module (or None, with the problems in the status line)."""
+    def build(self, device=None, *, ask: bool = True):
+        """The design as an engine Module (or None, with the problems in the status line). With a
+        document, the model replaces the document's: unsaved changes to it are asked about first
+        (`ask=False`: the caller asked already)."""
         try:
             model = build_model(self.design, device, analysis=self.analysis)
         except BuildError as e:
             self._say("cannot build: " + "; ".join(e.messages[:3]) + (" …" if len(e.messages) > 3 else ""))
+            return None
+        if ask and self.document is not None and not self.confirm_discard(document=True, design=False):
             return None
         source = design_source(self.design)
         if self.path is not None:
@@ -435,17 +443,27 @@ class DesignerPanel(QWidget):
         self._refresh([])
         self.canvas.fit()
 
-    def new_design(self) -> None:
+    def new_design(self) -> bool:
+        if not self.confirm_discard(document=False, design=True):
+            return False
         self.set_design(Design("Model"))
+        return True
 
-    def load_sample(self, name: str) -> None:
+    def load_sample(self, name: str) -> bool:
+        if not self.confirm_discard(document=False, design=True):
+            return False
         self.set_design(SAMPLES[name](), dirty=True)
+        return True
 
-    def open_design(self, path) -> bool:
+    def open_design(self, path, *, ask: bool = True) -> bool:
+        """Open a design file (unsaved edits of the current design are asked about first;
+        `ask=False`: the caller asked already)."""
         try:
             design = read_design(path)
         except DesignFileError as e:
             self._say(str(e))
+            return False
+        if ask and not self.confirm_discard(document=False, design=True):
             return False
         self._discard_own_autosave()
         self.set_design(design, path)
@@ -480,6 +498,37 @@ class DesignerPanel(QWidget):
 
     def is_dirty(self) -> bool:
         return self.design.to_dict() != self._saved
+
+    def save_or_ask(self) -> bool:
+        """Save to the design's file, or ask for one (Save As); True when it was written."""
+        if self.path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Save Design", "", DESIGN_FILTER)
+            if not path:
+                return False
+            return self.save(path) is not None
+        return self.save() is not None
+
+    def maybe_discard_design(self) -> bool:
+        """Save / Discard / Cancel when the design has unsaved edits; True when it may be replaced."""
+        if not self.is_dirty():
+            return True
+        from .prompts import ask_save_discard  # noqa: PLC0415
+
+        return ask_save_discard(self, "Unsaved design",
+                                f"The design {self.design.name!r} has unsaved changes. Save them first?",
+                                self.save_or_ask)
+
+    def _confirm_discard(self, document: bool = False, design: bool = False) -> bool:
+        """Without a window: the design is asked about here; a dirty document can only be kept or
+        discarded (saving a project is the window's)."""
+        if design and not self.maybe_discard_design():
+            return False
+        if document and self.document is not None and self.document.is_dirty():
+            from .prompts import ask_save_discard  # noqa: PLC0415
+
+            return ask_save_discard(self, "Unsaved changes", "The open model has unsaved changes; building "
+                                    "the design replaces it. Discard them?")
+        return True
 
     # ------------------------------------------------------------------ autosave and recovery
     def autosave_file(self) -> Path:
@@ -533,10 +582,11 @@ class DesignerPanel(QWidget):
         discard_autosave(r.path)
         return False
 
-    def shutdown(self) -> None:
-        """A clean end of the session: no autosave is left behind for recovery."""
+    def shutdown(self, discard: bool = False) -> None:
+        """A clean end of the session: no autosave is left behind for recovery (unsaved edits keep
+        theirs unless `discard`: the user was asked and chose to discard them)."""
         self.autosave_timer.stop()
-        if not self.is_dirty():
+        if discard or not self.is_dirty():
             self._discard_own_autosave()
 
     def closeEvent(self, event) -> None:

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, Q
                                QToolBar)
 
 from engine import available_devices
+from engine.design import DesignFileError, analyze, read_design
 from engine.module.tree import find
 from widgets.contract_editor import ContractEditor
 from widgets.device_selector import DeviceSelector
@@ -41,6 +42,7 @@ from .designer_panel import DesignerPanel
 from .document import Document
 from .edit_actions import EditActions
 from .project_io import ProjectIO
+from .prompts import ask_save_discard
 from .settings import Settings
 from .task_runner import TaskRunner
 from .theme import apply_theme
@@ -274,6 +276,7 @@ class MainWindow(QMainWindow):
         self.contract_editor.contract_reset.connect(lambda path: doc.set_contract(path, None))
         self.contract_editor.check_requested.connect(checks.run_check)
         self.designer.message.connect(self.status)
+        self.designer.confirm_discard = self.maybe_discard
         self.training_panel.grad_norms_changed.connect(self.tree.model.set_grad_norms)
         # the document
         doc.model_changed.connect(self._on_model_changed)
@@ -380,11 +383,18 @@ class MainWindow(QMainWindow):
     def open_design(self, path) -> bool:
         """Open a design file in the designer tab and, when it is complete, make its model the
         document's. What `--open DESIGN.ember.json` does."""
-        if not self.designer.open_design(path):
+        try:
+            complete = analyze(read_design(path)).ok
+        except DesignFileError:
+            complete = False  # open_design shows why
+        else:  # ask once, before anything changes: the design is replaced, and the model when complete
+            if not self.maybe_discard(document=complete, design=True):
+                return False
+        if not self.designer.open_design(path, ask=False):
             return False
         self.tabs.setCurrentWidget(self.designer)
         if self.designer.analysis.ok:
-            self.designer.build()
+            self.designer.build(ask=False)
         return True
 
     def apply_edit(self, edit: Edit) -> bool:
@@ -441,22 +451,34 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.tree_dock, self.inspector_dock], [int(w * tree), int(w * inspector)],
                          Qt.Orientation.Horizontal)
 
+    # ---- unsaved work ----------------------------------------------------------------------------------
+    def maybe_discard(self, document: bool = True, design: bool = False) -> bool:
+        """Before the document (`document`) or the designer's design (`design`) is replaced: Save /
+        Discard / Cancel for each that has unsaved changes (nothing is asked when nothing would be
+        lost). True when the caller may go on; False (Cancel, or a save that did not happen) and
+        the caller changes nothing. Every path that replaces either asks here, Quit included."""
+        doc = self.document
+        if document and doc.module is not None and doc.is_dirty():
+            if not ask_save_discard(self, "Unsaved changes",
+                                    f"{doc.title.rstrip(' *')} has unsaved changes. Save the project first?",
+                                    self.projects.save_project):
+                return False
+        if design and not self.designer.maybe_discard_design():
+            return False
+        return True
+
     # ---- closing ---------------------------------------------------------------------------------------
     def closeEvent(self, event) -> None:
-        if self.confirm_close and self.document.is_dirty():
-            answer = QMessageBox.question(
-                self, "Unsaved changes", "Save the project before closing?",
-                QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard
-                | QMessageBox.StandardButton.Cancel)
-            if answer == QMessageBox.StandardButton.Cancel or (
-                    answer == QMessageBox.StandardButton.Save and not self.projects.save_project()):
-                event.ignore()
-                return
+        asked = self.confirm_close and (self.document.is_dirty() or self.designer.is_dirty())
+        if self.confirm_close and not self.maybe_discard(document=True, design=True):
+            event.ignore()
+            return
         self.training_panel.shutdown()
         self.tasks.cancel_all()
-        self.designer.shutdown()
+        # the user was asked: discarded edits leave no autosave to be offered for recovery next time
+        self.designer.shutdown(discard=asked)
         self.settings.save_window(self)
         self.settings.sync()
-        if not self.document.is_dirty():
+        if asked or not self.document.is_dirty():
             self.projects.remove_autosave()
         super().closeEvent(event)

@@ -17,3 +17,21 @@ def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
         pytest.fail(f"the shared fixtures are missing: expected them at {FIXTURES}")
     return FIXTURES
+
+
+@pytest.fixture(autouse=True)
+def _unsaved_work_discarded(monkeypatch):
+    """The Save / Discard / Cancel question asked before unsaved work is replaced
+    (`app.prompts.ask_save_discard`) never blocks a test: it answers Discard, as if the user had
+    chosen to go on. Tests of the question replace `app.prompts.ask_question` themselves."""
+    import sys
+
+    prompts = sys.modules.get("app.prompts")
+    if prompts is None:
+        try:
+            import app.prompts as prompts  # noqa: PLC0415
+        except ImportError:
+            yield
+            return
+    monkeypatch.setattr(prompts, "ask_question", lambda *a, **k: prompts.Button.Discard)
+    yield
