@@ -51,11 +51,66 @@ def state(initializer, shape, device):
     return init_with(initializer, shape, None, None, device, require_grad=False).as_running_state()
 
 
+# the size and count fields of the layer configs: each must be a positive int (a tuple of them for
+# the 2d / 3d layers; None where the field is optional), or >= 0 for the paddings
+POSITIVE_FIELDS = frozenset({
+    "d_input", "d_output", "d_hidden", "d_model", "d_ff", "n_heads", "n_layers", "n_embedding",
+    "num_features", "num_groups", "num_channels", "num_parameters", "channels", "channels_in", "channels_out",
+    "kernel_size", "stride", "strides", "dilation", "groups", "output_size", "size", "upscale_factor",
+    "downscale_factor", "max_sequence_size", "max_sequence_length", "max_timescale",
+})
+NON_NEGATIVE_FIELDS = frozenset({"padding", "padding_out"})
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_sizes(config) -> None:
+    """Raise a ValueError naming the config, the field and the value when a size or count field
+    of `config` is not a positive int (>= 0 for a padding)."""
+    for f in dataclasses.fields(config):
+        positive = f.name in POSITIVE_FIELDS
+        if not positive and f.name not in NON_NEGATIVE_FIELDS:
+            continue
+        value = getattr(config, f.name)
+        if value is None and f.default is None:
+            continue  # optional: the layer picks it
+        if not positive and not (_is_int(value) or isinstance(value, (tuple, list))):
+            continue  # a padding config object (Same / Valid / Explicit) checks itself
+        items = list(value) if isinstance(value, (tuple, list)) else [value]
+        least = 1 if positive else 0
+        bad = not items or any(not _is_int(v) or v < least for v in items)
+        if bad:
+            want = "a positive int" if positive else "an int >= 0"
+            if isinstance(value, (tuple, list)):
+                want = f"a tuple of {'positive ints' if positive else 'ints >= 0'}"
+            raise ValueError(f"{type(config).__name__}.{f.name} must be {want}, got {value!r}")
+
+
 class Config:
     """Mixin for the `…Config` dataclasses: Burn's `with_<field>(value)` builders.
 
     `LinearConfig(3, 5).with_bias(False)` is `dataclasses.replace(config, bias=False)`.
+
+    A config's `init()` first checks its size and count fields (`check_sizes`): `LinearConfig(16, -3)
+    .init()` raises `ValueError: LinearConfig.d_output must be a positive int, got -3`.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("init")
+        if init is not None and not getattr(init, "_checks_sizes", False):
+            def checked_init(self, *args, __init=init, **kw):
+                if dataclasses.is_dataclass(self):
+                    check_sizes(self)
+                return __init(self, *args, **kw)
+
+            checked_init.__name__, checked_init.__qualname__ = init.__name__, init.__qualname__
+            checked_init.__doc__ = init.__doc__
+            checked_init.__wrapped__ = init
+            checked_init._checks_sizes = True
+            cls.init = checked_init
 
     def __getattr__(self, name: str):
         if name.startswith("with_"):
