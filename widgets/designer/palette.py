@@ -51,7 +51,8 @@ class Palette(QWidget):
         self.search.textChanged.connect(self.set_filter)
         self.search.returnPressed.connect(self.activate_current)
         self.tree.itemActivated.connect(self._activated)
-        self.tree.itemDoubleClicked.connect(self._activated)
+        # a double-click is an activation already (itemActivated): connecting itemDoubleClicked too
+        # added the node twice
 
     def set_filter(self, text: str) -> None:
         """Show the kinds whose name, group or summary contains `text` (case-insensitive)."""
