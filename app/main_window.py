@@ -284,6 +284,8 @@ class MainWindow(QMainWindow):
         doc.check_changed.connect(checks.on_check_changed)
         doc.dirty_changed.connect(lambda _d: self._update_title())
         doc.source_changed.connect(self._update_title)
+        # a new model (set_model says source_changed first): the old model's example input goes
+        doc.source_changed.connect(self.contract_editor.clear_example_input)
 
     # ---- views follow the document ---------------------------------------------------------------
     def _on_model_changed(self) -> None:

@@ -118,6 +118,12 @@ class ContractEditor(QWidget):
         if not self.input.text().strip():
             self.input.setText(text)
 
+    def clear_example_input(self) -> None:
+        """Another model was opened: the example input typed for the last one, and its error, go
+        (the new model's default is filled in when it is shown)."""
+        self.input.clear()
+        self.input_error.show_error(None)
+
     def _validate(self, text: str) -> bool:
         err = self._validator(text) if text.strip() else "a contract is required (Reset to Docstring removes an edit)"
         self.error.show_error(err)

@@ -89,6 +89,26 @@ def _split_patterns(text: str, where: str) -> list[Pattern]:
     return patterns
 
 
+_OPERATORS = {ast.Div: "/", ast.Mod: "%", ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|",
+              ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>"}
+
+
+def _describe_node(node) -> str:
+    """What the user wrote that a contract axis cannot hold, in the user's terms (never an AST name)."""
+    if isinstance(node, ast.UnaryOp):
+        return "is negative (a sign before a size)" if isinstance(node.op, ast.USub) else "has a sign or 'not'"
+    op = _OPERATORS.get(type(node))
+    if op is not None:
+        return f"uses the operator {op}"
+    if isinstance(node, ast.Call):
+        return "calls a function"
+    if isinstance(node, (ast.Subscript, ast.Slice)):
+        return "uses indexing"
+    if isinstance(node, (ast.Compare, ast.BoolOp)):
+        return "uses a comparison"
+    return "is not a size expression"
+
+
 def _check_slot(slot: str, where: str) -> None:
     if slot in (SKIP, ELLIPSIS):
         return
@@ -102,8 +122,8 @@ def _check_slot(slot: str, where: str) -> None:
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Expression, ast.Name, ast.Load, ast.Constant, ast.BinOp, ast.Add, ast.Sub,
                                  ast.Mult, ast.FloorDiv, ast.Attribute)):
-            raise ContractSyntaxError(f"{where}: axis {slot!r} uses {type(node).__name__}; "
-                                      f"only names, integers and + - * // are allowed")
+            raise ContractSyntaxError(f"{where}: axis {slot!r} {_describe_node(node)}; only names, integers "
+                                      f"(positive), '_', '..' and + - * // of those are allowed")
         if isinstance(node, ast.Constant) and not isinstance(node.value, int):
             raise ContractSyntaxError(f"{where}: axis {slot!r} has a non-integer constant {node.value!r}")
 
