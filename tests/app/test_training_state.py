@@ -50,7 +50,7 @@ def write_script(tmp_path, d_input, d_output):
 
 # ---- item 6: a reopened project keeps its training state --------------------------------------
 def test_a_reopened_project_shows_its_runs_settings_and_resume(window, panel, qtbot, tmp_path):
-    set_field(qtbot, panel.training_form, "num_epochs", 2)
+    set_field(qtbot, panel.training_form, "num_epochs", 300)
     set_field(qtbot, panel.training_form, "batch_size", 100)
     set_field(qtbot, panel.training_form, "checkpoint_every", 1)
     panel.apply_check.setChecked(False)
@@ -78,9 +78,13 @@ def test_a_reopened_project_shows_its_runs_settings_and_resume(window, panel, qt
     assert [r.folder for r in window.document.runs] == [str(run.folder)]
     assert window.projects.save_to(project)  # saving again keeps the run
     assert '"runs": [' in project.read_text() and run.folder.name in project.read_text()
-    click(qtbot, panel.controls.checkpoint_button)
+    click(qtbot, panel.controls.checkpoint_button)  # continues the reopened run
+    resumed = panel.runs[-1]
+    assert resumed.name == run.name
+    qtbot.waitUntil(lambda: resumed.history.global_step > steps, timeout=TIMEOUT)
+    click(qtbot, panel.controls.stop_button)
     qtbot.waitUntil(lambda: panel.active is None, timeout=TIMEOUT)
-    assert panel.runs[-1].outcome.status == "finished", panel.last_error
+    assert resumed.outcome.status == "stopped", panel.last_error
 
 
 def test_a_checkpoint_opened_into_an_example_architecture_gets_its_task(window, panel, qtbot, tmp_path):
