@@ -38,6 +38,12 @@ class LoraDialog(QDialog):
         self.reparameterized = [p for p, v in tree.params(module) if v.reparameterization is not None]
         self.rank = self._field("rank", "8", "the adapters' inner dimension, an integer ≥ 1")
         self.rank_error = ErrorLabel()
+        # a rank that is not below a target's smaller side makes no low-rank update: warned, allowed
+        self.rank_warning = QLabel()
+        self.rank_warning.setObjectName("rank-warning")
+        self.rank_warning.setWordWrap(True)
+        self.rank_warning.setStyleSheet("color: #b36b00;")
+        self.rank_warning.hide()
         self.alpha = self._field("alpha", "16", "scale: the update is (alpha / rank) · a @ b")
         self.alpha_error = ErrorLabel()
         self.init_std = self._field("init_std", "", "std of a's normal init; empty: 1 / rank")
@@ -60,6 +66,7 @@ class LoraDialog(QDialog):
         form = QFormLayout()
         form.addRow("Rank", self.rank)
         form.addRow("", self.rank_error)
+        form.addRow("", self.rank_warning)
         form.addRow("Alpha", self.alpha)
         form.addRow("", self.alpha_error)
         form.addRow("Init std", self.init_std)
@@ -164,6 +171,7 @@ class LoraDialog(QDialog):
                                         "LoRA attaches to matrices")
         ok &= bool(targets)
         self.ok_button().setEnabled(ok)
+        self._warn_rank(rank, targets)
         if rank is not None and targets:
             added = preview.added
             after = TrainableCounts(added, sum(v.numel() for _, v in self.params) + added)
@@ -186,6 +194,21 @@ class LoraDialog(QDialog):
                       "group": self.group.spec(),
                       "qlora": {"block_size": block, "double_quant": self.double_quant.isChecked()} if quant else None
                       } if ok else None
+
+    def _warn_rank(self, rank: int | None, targets) -> None:
+        """Warn when the rank is at least min(d_in, d_out) of a target: its factors hold as many
+        values as the weight or more, and the update is not low-rank."""
+        full = [(p, v.shape) for p, v in (targets or []) if rank is not None and rank >= min(v.shape[0], v.shape[1])]
+        if not full:
+            self.rank_warning.clear()
+            self.rank_warning.hide()
+            return
+        p, shape = full[0]
+        more = f" (and {len(full) - 1} more)" if len(full) > 1 else ""
+        self.rank_warning.setText(f"rank {rank} is not below min(d_in, d_out) = {min(shape[0], shape[1])} of {p} "
+                                  f"{shape_text(shape)}{more}: the adapters are no smaller than the weight and the "
+                                  f"update is not low-rank; choose a rank below {min(shape[0], shape[1])}")
+        self.rank_warning.show()
 
     def edit(self) -> dict | None:
         return self._edit
