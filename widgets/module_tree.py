@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPoint, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPoint, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QBrush, QColor, QFont, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMenu, QSpinBox,
                                QTreeView, QVBoxLayout, QWidget)
@@ -428,10 +428,25 @@ class ModuleTree(QWidget):
         self.view.selectionModel().currentRowChanged.connect(self._on_current)
         self.view.customContextMenuRequested.connect(self._context_menu)
         self.model.trainable_toggled.connect(self.trainable_toggled)
+        # names and counts are never cut off: the columns fit their contents on open and expand
+        # (once per burst of expansions, after them)
+        self._fit_timer = QTimer(self)
+        self._fit_timer.setSingleShot(True)
+        self._fit_timer.setInterval(0)
+        self._fit_timer.timeout.connect(self.fit_columns)
+        self.view.expanded.connect(lambda _index: self._fit_timer.start())
         self._set_empty(True)
 
     def sizeHint(self):
         return QSize(640, 600)
+
+    def fit_columns(self) -> None:
+        """Widen the name and count columns to what the shown rows need (never narrower than
+        their default widths)."""
+        for column, least in ((NAME, 150), (TYPE, 105), (PARAMS, 100), (TRAINABLE, 105), (DEVICE, 45)):
+            want = max(self.view.sizeHintForColumn(column), self.view.header().sectionSizeHint(column), least)
+            if self.view.columnWidth(column) < want:
+                self.view.setColumnWidth(column, want)
 
     def _set_empty(self, empty: bool) -> None:
         self.view.setVisible(not empty)
@@ -464,6 +479,7 @@ class ModuleTree(QWidget):
             self.expand_all()
         # the selection that still exists, else the whole model
         self.select_path(selected if selected is not None and self.model.index_of(selected).isValid() else "")
+        self.fit_columns()
 
     def expanded_paths(self) -> list[str]:
         out = []
@@ -515,12 +531,18 @@ class ModuleTree(QWidget):
 
     def expand_all(self) -> None:
         """Expand every branch (fetching all of it: meant for filtered or small trees)."""
-        stack = [self.model.index(0, 0)] if self.model.rowCount() else []
+        stack = [(self.model.index(0, 0), 0)] if self.model.rowCount() else []
+        deepest = 0
         while stack:
-            index = stack.pop()
+            index, depth = stack.pop()
             if self.model.hasChildren(index):
                 self._expand(index)
-                stack.extend(self.model.index(r, 0, index) for r in range(self.model.rowCount(index)))
+                deepest = max(deepest, depth)
+                stack.extend((self.model.index(r, 0, index), depth + 1) for r in range(self.model.rowCount(index)))
+        if self.depth_spin.value() != deepest:  # the depth box says how deep the tree is open
+            self.depth_spin.blockSignals(True)
+            self.depth_spin.setValue(deepest)
+            self.depth_spin.blockSignals(False)
 
     def _on_filter(self, text: str) -> None:
         selected = self.selected_path()

@@ -21,3 +21,15 @@ def test_the_example_input_and_its_error_go_with_the_model(opened, qtbot):
     assert w.open_example("spirals")
     assert editor.input.text() != "x: [2, 999"
     assert not editor.input_error.text()
+
+
+def test_the_tree_fits_names_and_counts_and_expand_all_sets_the_depth(window, qtbot, tmp_path):
+    assert window.open_example("transformer")
+    tree = window.tree
+    window.actions.expand_all.trigger()
+    qtbot.wait(20)
+    assert tree.depth_spin.value() >= 2
+    view = tree.view
+    from widgets.module_tree import NAME, PARAMS
+    for column in (NAME, PARAMS):
+        assert view.columnWidth(column) >= view.sizeHintForColumn(column), column
