@@ -49,6 +49,8 @@ from .theme import apply_theme
 from .training_panel import TrainingPanel
 
 AUTOSAVE_MS = 30_000
+# the docks each tab shows until the user chooses otherwise on that tab (remembered per tab)
+DEFAULT_TAB_DOCKS = {"display": ("dock.tree", "dock.inspector", "dock.contract"), "designer": (), "training": ()}
 
 
 ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons" / "app"
@@ -88,6 +90,8 @@ class MainWindow(QMainWindow):
         self.tree.model.set_contract_provider(self.checks.contract_info)
         self._connect()
         self._layout_restored = self.settings.restore_window(self)
+        self._apply_tab_docks()
+        self.tabs.currentChanged.connect(self._apply_tab_docks)
         self.set_theme(self.settings.theme())
         self.autosave_timer = QTimer(self)
         self.autosave_timer.setInterval(AUTOSAVE_MS)
@@ -127,7 +131,40 @@ class MainWindow(QMainWindow):
         left, right = Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea
         self.tree_dock = self._dock("dock.tree", "Module Tree", self.tree, left)
         self.inspector_dock = self._dock("dock.inspector", "Inspector", self.inspector, right)
-        self.contract_dock = self._dock("dock.contract", "Shape Contract", self.contract_editor, right)
+        # under the tree (the module it edits is chosen there); the inspector gets the right side's height
+        self.contract_dock = self._dock("dock.contract", "Shape Contract", self.contract_editor, left)
+        self._switching_docks = False
+        for dock in self.docks():
+            dock.toggleViewAction().toggled.connect(lambda _on: self._remember_tab_docks())
+
+    # ---- docks per tab: the working area of each tab gets the room --------------------------------------
+    def docks(self) -> tuple[QDockWidget, ...]:
+        return (self.tree_dock, self.inspector_dock, self.contract_dock)
+
+    def tab_key(self, widget=None) -> str:
+        widget = self.tabs.currentWidget() if widget is None else widget
+        return {id(self.display): "display", id(self.designer): "designer",
+                id(self.training_panel): "training"}.get(id(widget), "display")
+
+    def _remember_tab_docks(self) -> None:
+        """The user showed or closed a dock: remember it for the tab shown now."""
+        if self._switching_docks or not isValid(self) or not self.isVisible():
+            return
+        self.settings.set_tab_docks(self.tab_key(), [d.objectName() for d in self.docks() if not d.isHidden()])
+
+    def _apply_tab_docks(self, *_args) -> None:
+        """Show the docks chosen for the current tab (by default: all around the display, none
+        around the designer's canvas and the training dashboard)."""
+        key = self.tab_key()
+        shown = self.settings.tab_docks(key)
+        if shown is None:
+            shown = DEFAULT_TAB_DOCKS[key]
+        self._switching_docks = True
+        try:
+            for dock in self.docks():
+                dock.setVisible(dock.objectName() in shown)
+        finally:
+            self._switching_docks = False
 
     def _build_toolbar(self) -> None:
         tb = QToolBar("Main", self)

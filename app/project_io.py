@@ -16,7 +16,8 @@ from widgets.checkpoint_dialog import CheckpointDialog
 from .checkpoint_actions import show_load_failure, show_partial_load
 from .core import checkpoints, edits, opening
 from .core.project import PROJECT_SUFFIX, ProjectError, read_project, write_json_atomic
-from .core.schema import CheckpointSource, DesignSource, Edit, ExampleSource, Source, source_from_json
+from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, ScriptSource, Source,
+                          source_from_json)
 from .workers import Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -120,9 +121,21 @@ class ProjectIO:
 
     def ask_open_checkpoint(self) -> CheckpointDialog:
         dialog = CheckpointDialog(self.window, examples=opening.list_examples(),
-                                  title="Open Checkpoint into Architecture")
+                                  title="Open Checkpoint into Architecture", current=self.current_architecture())
         dialog.chosen.connect(self._open_checkpoint_choice)
         return self.window.open_dialog(dialog)
+
+    def current_architecture(self) -> dict | None:
+        """The open model's architecture as the checkpoint dialog names it (None: no model, or one
+        from a design)."""
+        source = self.document.source
+        if isinstance(source, CheckpointSource):
+            source = source.architecture
+        if isinstance(source, ExampleSource):
+            return {"kind": "example", "name": source.name}
+        if isinstance(source, ScriptSource):
+            return {"kind": "script", "spec": f"{source.path}:{source.factory}"}
+        return None
 
     def _open_checkpoint_choice(self, choice: dict) -> None:
         if not self.may_replace():

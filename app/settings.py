@@ -77,5 +77,16 @@ class Settings:
             ok = window.restoreState(state) and ok
         return ok
 
+    def tab_docks(self, tab: str) -> "list[str] | None":
+        """The docks the user chose to show on `tab` ('display', 'designer', 'training'), or None
+        when they never chose."""
+        value = self.q.value(f"view/docks/{tab}")
+        if value is None:
+            return None
+        return [v for v in str(value).split(",") if v]
+
+    def set_tab_docks(self, tab: str, names: list[str]) -> None:
+        self.q.setValue(f"view/docks/{tab}", ",".join(names))
+
     def sync(self) -> None:
         self.q.sync()

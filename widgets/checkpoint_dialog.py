@@ -21,7 +21,8 @@ class CheckpointDialog(QDialog):
 
     chosen = Signal(dict)
 
-    def __init__(self, parent=None, *, examples: list[str] | None = None, title: str = "Import Checkpoint"):
+    def __init__(self, parent=None, *, examples: list[str] | None = None, title: str = "Import Checkpoint",
+                 current: dict | None = None):
         super().__init__(parent)
         self.setWindowTitle(title)
         self.setObjectName("checkpoint-dialog")
@@ -65,7 +66,20 @@ class CheckpointDialog(QDialog):
         self.buttons.accepted.connect(self._accept)
         self.buttons.rejected.connect(self.reject)
         self.architecture.currentIndexChanged.connect(self._sync)
+        if self.with_architecture and current:  # start on the open model's architecture
+            self.set_architecture(current)
         self.resize(560, 0)
+        self._sync()
+
+    def set_architecture(self, arch: dict) -> None:
+        """Choose `{"kind": "example", "name"}` or `{"kind": "script", "spec"}` (unknown: kept as is)."""
+        if arch.get("kind") == "example":
+            at = self.architecture.findData(arch.get("name"))
+            if at >= 0:
+                self.architecture.setCurrentIndex(at)
+        elif arch.get("kind") == "script" and arch.get("spec"):
+            self.architecture.setCurrentIndex(self.architecture.findData(SCRIPT))
+            self.script.setText(str(arch["spec"]))
         self._sync()
 
     def _sync(self, *_):

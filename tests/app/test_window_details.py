@@ -33,3 +33,17 @@ def test_the_tree_fits_names_and_counts_and_expand_all_sets_the_depth(window, qt
     from widgets.module_tree import NAME, PARAMS
     for column in (NAME, PARAMS):
         assert view.columnWidth(column) >= view.sizeHintForColumn(column), column
+
+
+def test_open_checkpoint_starts_on_the_open_models_architecture(window, mlp_script):
+    assert window.open_example("digits")
+    window.actions.open_checkpoint.trigger()
+    dialog = window.dialog
+    assert dialog.architecture.currentData() == "digits"
+    dialog.reject()
+    assert window.open_script(str(mlp_script))
+    window.actions.open_checkpoint.trigger()
+    dialog = window.dialog
+    assert dialog.architecture.currentData() == "__script__"
+    assert dialog.script.text() == f"{mlp_script}:build"
+    dialog.reject()
