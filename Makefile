@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m app --example burn-book
 
+# optional: a real X server for tests/app/test_window_geometry.py (offscreen when this cannot install it)
+XVFB_PACKAGES := xvfb libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1
+
 test: $(STAMP)
+	-@command -v Xvfb >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+		&& apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(XVFB_PACKAGES) >/dev/null 2>&1; } \
+		|| echo "Xvfb not installed: the window-geometry test runs offscreen"
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
 
 # PyTorch CPU is a benchmark-only peer (never a dependency); without it the peer columns say so
