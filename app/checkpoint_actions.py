@@ -44,6 +44,18 @@ def show_load_failure(window: "MainWindow", failure) -> None:
     window.error("Checkpoint not loaded", text, "\n".join(lines) or failure.traceback)
 
 
+def adapters_only(path) -> bool:
+    """Whether the checkpoint at `path` holds LoRA factors only (every name ends in lora.a or
+    lora.b); False when it cannot be read (the load then says why)."""
+    from engine.store import ModuleRecord  # noqa: PLC0415
+
+    try:
+        names = ModuleRecord.load(path, adapter=checkpoints.adapter_for(path)).names()
+    except Exception:  # noqa: BLE001 - the real load reports it
+        return False
+    return bool(names) and all(n.endswith(("lora.a", "lora.b")) for n in names)
+
+
 class CheckpointActions:
     def __init__(self, window: "MainWindow"):
         self.window = window
@@ -61,15 +73,26 @@ class CheckpointActions:
         if module is None:
             return None
 
+        def work(state):
+            # a file of LoRA factors only (…lora.a / …lora.b) fits no model whole: load it partially
+            partial = allow_partial or adapters_only(path)
+            new, report = checkpoints.load(module, path, partial, state.set_progress)
+            return new, report, partial and not allow_partial
+
         def loaded(result):
-            new, report = result
-            edit = LoadEdit(str(Path(path).resolve()), allow_partial)
+            new, report, adapters = result
+            edit = LoadEdit(str(Path(path).resolve()), allow_partial or adapters)
             self.document.push_module(edits.describe(edit), new, edit)
             w.status(f"{Path(path).name}: {report.summary()}")
-            show_partial_load(w, report)
+            if adapters:
+                w.message(QMessageBox.Icon.Information, "Adapters loaded",
+                          f"{Path(path).name} holds LoRA adapters only (…lora.a / …lora.b): they were loaded "
+                          f"partially, the model's other weights kept. {report.summary()}.",
+                          "\n".join(report.lines()))
+            else:
+                show_partial_load(w, report)
 
-        return w.tasks.start(Task(lambda state: checkpoints.load(module, path, allow_partial, state.set_progress),
-                                  title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f),
+        return w.tasks.start(Task(work, title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f),
                              valid_while=lambda: self.document.module is module,
                              dropped="The model changed while the checkpoint loaded; the load was dropped.")
 

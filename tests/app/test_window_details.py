@@ -47,3 +47,28 @@ def test_open_checkpoint_starts_on_the_open_models_architecture(window, mlp_scri
     assert dialog.architecture.currentData() == "__script__"
     assert dialog.script.text() == f"{mlp_script}:build"
     dialog.reject()
+
+
+def test_an_adapters_only_file_loads_partially_without_ticking_allow_partial(opened, qtbot, tmp_path):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from engine.store import ModuleRecord
+    from tests.app.test_lora import attach
+    from tests.widgets.qt_helpers import type_into
+
+    attach(qtbot, opened)
+    out = tmp_path / "adapters.bpk"
+    task = opened.checkpoints.export_checkpoint(str(out), "adapters")
+    qtbot.waitUntil(lambda: not opened.running_tasks, timeout=20000)
+    assert task.outcome == "finished"
+    assert all(".lora." in n for n in ModuleRecord.load(out).names())
+    steps = opened.document.undo_stack.count()
+    opened.actions.import_checkpoint.trigger()
+    d = opened.dialog
+    type_into(qtbot, d.path, str(out))
+    assert not d.allow_partial.isChecked()
+    d.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    qtbot.waitUntil(lambda: not opened.running_tasks, timeout=20000)
+    assert opened.document.undo_stack.count() == steps + 1
+    assert opened.last_message is not None and opened.last_message.windowTitle() == "Adapters loaded"
+    assert "adapters only" in opened.last_message.text()
