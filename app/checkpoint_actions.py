@@ -13,6 +13,7 @@ from widgets.checkpoint_dialog import CheckpointDialog
 
 from .core import checkpoints, edits
 from .core.schema import LoadEdit
+from .prompts import save_file
 from .workers import Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,7 +100,7 @@ class CheckpointActions:
     def ask_export(self, kind: str) -> Task | None:
         if self.document.module is None:
             return None
-        path, _ = QFileDialog.getSaveFileName(self.window, f"Export {kind}", "", EXPORT_FILTER)
+        path = save_file(self.window, self.window.settings, f"Export {kind}", EXPORT_FILTER)
         return self.export_checkpoint(path, kind) if path else None
 
     def export_checkpoint(self, path: str, kind: str) -> Task | None:

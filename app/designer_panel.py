@@ -37,6 +37,7 @@ from widgets.designer.config_form import ConfigForm
 from widgets.designer.palette import Palette
 
 from .core.schema import DesignSource
+from .prompts import open_file, save_file
 
 __all__ = ["DesignerPanel", "DesignCommand", "default_autosave_dir", "FRAGMENT_MIME"]
 
@@ -106,6 +107,7 @@ class DesignerPanel(QWidget):
         # asked before the design (design=True) or the document (document=True) is replaced;
         # the main window puts its own `maybe_discard` here. True: go on; False: change nothing.
         self.confirm_discard = self._confirm_discard
+        self.settings = None  # the window's (file dialogs start in the last folder used)
 
         self.palette = Palette()
         self.canvas = DesignCanvas()
@@ -421,14 +423,12 @@ class DesignerPanel(QWidget):
         return path
 
     def ask_export_python(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export Python", f"{self.design.name.lower()}.py",
-                                              "Python (*.py)")
+        path = save_file(self, self.settings, "Export Python", "Python (*.py)", f"{self.design.name.lower()}.py")
         if path:
             self.export_python(path)
 
     def ask_export_rust(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export Rust (Burn)", f"{self.design.name.lower()}.rs",
-                                              "Rust (*.rs)")
+        path = save_file(self, self.settings, "Export Rust (Burn)", "Rust (*.rs)", f"{self.design.name.lower()}.rs")
         if path:
             self.export_rust(path)
 
@@ -487,12 +487,12 @@ class DesignerPanel(QWidget):
         return written
 
     def ask_open(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open Design", "", DESIGN_FILTER)
+        path = open_file(self, self.settings, "Open Design", DESIGN_FILTER)
         if path:
             self.open_design(path)
 
     def ask_save_as(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save Design", "", DESIGN_FILTER)
+        path = save_file(self, self.settings, "Save Design", DESIGN_FILTER)
         if path:
             self.save(path)
 
@@ -502,7 +502,7 @@ class DesignerPanel(QWidget):
     def save_or_ask(self) -> bool:
         """Save to the design's file, or ask for one (Save As); True when it was written."""
         if self.path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Save Design", "", DESIGN_FILTER)
+            path = save_file(self, self.settings, "Save Design", DESIGN_FILTER)
             if not path:
                 return False
             return self.save(path) is not None

@@ -314,6 +314,7 @@ class MainWindow(QMainWindow):
         self.contract_editor.check_requested.connect(checks.run_check)
         self.designer.message.connect(self.status)
         self.designer.confirm_discard = self.maybe_discard
+        self.designer.settings = self.settings
         self.training_panel.grad_norms_changed.connect(self.tree.model.set_grad_norms)
         # the document
         doc.model_changed.connect(self._on_model_changed)

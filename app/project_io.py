@@ -18,6 +18,7 @@ from .core import checkpoints, edits, opening
 from .core.project import PROJECT_SUFFIX, ProjectError, read_project, write_json_atomic
 from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, ScriptSource, Source,
                           source_from_json)
+from .prompts import open_file, save_file
 from .workers import Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,12 +111,12 @@ class ProjectIO:
         return self.open_script(text)
 
     def ask_open_script(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Open Model Script", "", SCRIPT_FILTER)
+        path = open_file(self.window, self.settings, "Open Model Script", SCRIPT_FILTER)
         if path:
             self.open_script(path)
 
     def ask_open_project(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Open Project", "", PROJECT_FILTER)
+        path = open_file(self.window, self.settings, "Open Project", PROJECT_FILTER)
         if path:
             self.open_project(path)
 
@@ -241,7 +242,7 @@ class ProjectIO:
         return self.save_to(self.document.project_path)
 
     def save_project_as(self) -> bool:
-        path, _ = QFileDialog.getSaveFileName(self.window, "Save Project", "", PROJECT_FILTER)
+        path = save_file(self.window, self.settings, "Save Project", PROJECT_FILTER)
         return bool(path) and self.save_to(Path(path))
 
     def save_to(self, path: Path) -> bool:

@@ -52,6 +52,21 @@ class Settings:
     def clear_recent(self) -> None:
         self.q.setValue("recent/files", [])
 
+    # ---- the folder file dialogs start in ----------------------------------------------------
+    def last_folder(self) -> str:
+        """The folder of the last file chosen in a file dialog, while it exists; else the home folder."""
+        value = self.q.value("files/last_folder", "")
+        folder = Path(str(value)) if value else None
+        if folder is not None and folder.is_dir():
+            return str(folder)
+        return str(Path.home())
+
+    def remember_folder(self, chosen: str | os.PathLike) -> None:
+        """Remember the folder of a file (or the folder) the user chose in a file dialog."""
+        p = Path(chosen).expanduser()
+        folder = p if p.is_dir() else p.parent
+        self.q.setValue("files/last_folder", str(folder))
+
     # ---- theme -------------------------------------------------------------------------------
     def theme(self) -> str:
         value = str(self.q.value("view/theme", "light"))

@@ -72,3 +72,26 @@ def test_an_adapters_only_file_loads_partially_without_ticking_allow_partial(ope
     assert opened.document.undo_stack.count() == steps + 1
     assert opened.last_message is not None and opened.last_message.windowTitle() == "Adapters loaded"
     assert "adapters only" in opened.last_message.text()
+
+
+def test_file_dialogs_start_in_the_last_folder_used(window, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from PySide6.QtWidgets import QFileDialog
+
+    starts = []
+    folder = tmp_path / "work"
+    folder.mkdir()
+
+    def get_open(parent, title, start, filters):
+        starts.append(start)
+        return (str(folder / "p.ember.json"), "") if len(starts) == 1 else ("", "")
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", get_open)
+    window.actions.open_project.trigger()  # the file does not exist: refused, but the folder is remembered
+    window.actions.open_project.trigger()
+    assert starts[0] == str(Path.home())
+    assert starts[1] == str(folder)
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda parent, title, start, filters: (starts.append(start), ("", ""))[1])
+    window.designer.action_save_as.trigger()
+    assert starts[2] == str(folder)
