@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QImage, QPainter, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
 
@@ -594,9 +594,33 @@ class TrainingCurves(QWidget):
         """Every run's curves to one CSV file; returns the number of data rows."""
         return write_csv(path, self.runs())
 
-    def export_png(self, path) -> bool:
+    def export_png(self, path, size: tuple[int, int] | None = None) -> bool:
+        """The plots as a PNG with a legend naming the shown runs: at `size`, else at twice the
+        plots' size and at least 1600 pixels wide (the aspect kept)."""
         self.redraw()
-        return self.graphics.grab().save(str(path), "PNG")
+        plot = self.plots[LOSS]
+        legend = pg.LegendItem(offset=(-10, 10))
+        legend.setParentItem(plot.getViewBox())
+        for name, curves in self._curves.items():
+            if curves.smooth.isVisible():
+                legend.addItem(curves.smooth, name)
+        try:
+            w, h = max(self.graphics.width(), 1), max(self.graphics.height(), 1)
+            if size is None:
+                scale = max(2.0, 1600 / w)
+                size = (int(round(w * scale)), int(round(h * scale)))
+            image = QImage(size[0], size[1], QImage.Format.Format_ARGB32)
+            image.fill(QColor(getattr(self, "background_color", "#ffffff")))
+            painter = QPainter(image)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.setRenderHint(QPainter.RenderHint.TextAntialiasing)
+            self.graphics.render(painter, QRectF(0, 0, size[0], size[1]), self.graphics.viewport().rect(),
+                                 Qt.AspectRatioMode.KeepAspectRatio)
+            painter.end()
+            return image.save(str(path), "PNG")
+        finally:
+            if legend.scene() is not None:
+                legend.scene().removeItem(legend)
 
     def _ask_csv(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export curves as CSV", "curves.csv", "CSV (*.csv)")

@@ -171,7 +171,9 @@ def test_export_csv_and_png(curves, tmp_path):
     assert len(data) == rows + 1 and {r[0] for r in data[1:]} == {"a", "b"}
     assert curves.export_png(tmp_path / "c.png")
     img = QImage(str(tmp_path / "c.png"))
-    assert not img.isNull() and img.width() == curves.graphics.width()
+    # issue 18: exported at twice the plots' size, at least 1600 wide, the aspect kept
+    assert not img.isNull() and img.width() >= max(1600, 2 * curves.graphics.width())
+    assert abs(img.width() / img.height() - curves.graphics.width() / curves.graphics.height()) < 0.02
     # the plots are not blank: more than the background colour
     colours = {img.pixel(x, y) for x in range(0, img.width(), 7) for y in range(0, img.height(), 7)}
     assert len(colours) > 5
