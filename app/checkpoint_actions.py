@@ -94,6 +94,7 @@ class CheckpointActions:
                 show_partial_load(w, report)
 
         return w.tasks.start(Task(work, title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f),
+                             kind="import-checkpoint",  # a second import replaces a running one
                              valid_while=lambda: self.document.module is module,
                              dropped="The model changed while the checkpoint loaded; the load was dropped.")
 

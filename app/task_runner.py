@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, QTimer
 
 from widgets.task_progress import TaskProgress
 
@@ -71,6 +71,10 @@ class TaskRunner(QObject):
             del self._by_kind[kind]
         if not self.running:
             self.progress.end()
+        # after every slot of `done` has run (a release now would cut the rest off): the result,
+        # the closures connected to the task and the task itself go, so a finished task holds
+        # no model and no file
+        QTimer.singleShot(0, task.release)
 
     def cancel_all(self) -> None:
         for task in self.running:

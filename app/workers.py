@@ -12,11 +12,15 @@ as signals, delivered queued in the GUI thread, so slots never run on the worker
     task.start()
     ...
     task.cancel()      # the function sees state.is_cancelled() and stops at its next check
+
+The function and its arguments are dropped when it returns; `release()` (which the window's
+`TaskRunner` calls once a task's outcome was delivered) drops the result and the connections.
 """
 from __future__ import annotations
 
 import threading
 import traceback
+import warnings
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
@@ -129,8 +133,11 @@ class Task(QObject):
 
     # ---- worker side --------------------------------------------------------------------
     def _run(self) -> None:
+        fn, args, kwargs = self._fn, self._args, self._kwargs
+        # the function, its arguments and closures (a model, a file) are not kept past the run
+        self._fn, self._args, self._kwargs = None, (), {}
         try:
-            value = self._fn(self._state, *self._args, **self._kwargs)
+            value = fn(self._state, *args, **kwargs)
         except Cancelled:
             kind, payload = "cancelled", None
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the GUI thread
@@ -143,6 +150,7 @@ class Task(QObject):
                 kind, payload = "cancelled", None
             else:
                 kind, payload = "finished", value
+        del fn, args, kwargs
         self._finished_event.set()
         self._state._done.emit(kind, payload)
 
@@ -159,3 +167,17 @@ class Task(QObject):
         else:
             self.cancelled.emit()
         self.done.emit()
+
+    def release(self) -> None:
+        """Let go of everything the task made or was given once its outcome was delivered: the
+        result (a model, say), and every connection to its signals (the closures connected to
+        them hold what they were started with, and the task itself). `outcome` stays."""
+        self.result = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # PySide warns about a signal with no slots
+            for signal in (self.progress, self.status, self.partial, self.finished, self.failed, self.cancelled,
+                           self.done):
+                try:
+                    signal.disconnect()
+                except (RuntimeError, TypeError):  # nothing connected
+                    pass
