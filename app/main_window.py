@@ -150,7 +150,9 @@ class MainWindow(QMainWindow):
         """The user showed or closed a dock: remember it for the tab shown now."""
         if self._switching_docks or not isValid(self) or not self.isVisible():
             return
-        self.settings.set_tab_docks(self.tab_key(), [d.objectName() for d in self.docks() if not d.isHidden()])
+        # the actions' check marks: `toggled` comes before the dock is shown or hidden
+        self.settings.set_tab_docks(self.tab_key(),
+                                    [d.objectName() for d in self.docks() if d.toggleViewAction().isChecked()])
 
     def _apply_tab_docks(self, *_args) -> None:
         """Show the docks chosen for the current tab (by default: all around the display, none

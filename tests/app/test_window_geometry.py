@@ -298,6 +298,33 @@ def test_every_widget_is_visible_unclipped_and_not_overlapped(x_display, tmp_pat
     assert not failures, "\n".join(f"{k}:\n  " + "\n  ".join(v) for k, v in failures.items())
 
 
+
+def test_each_tab_keeps_its_own_docks(window, settings, qtbot):
+    """The designer and the dashboard start without docks; a dock shown on a tab from the View menu
+    stays on that tab only, and comes back so on the next start."""
+    from app.main_window import MainWindow
+
+    docks = (window.tree_dock, window.inspector_dock, window.contract_dock)
+    assert all(not d.isHidden() for d in docks)  # the display: tree, contract, inspector
+    window.tabs.setCurrentWidget(window.training_panel)
+    assert all(d.isHidden() for d in docks)
+    window.tree_dock.toggleViewAction().trigger()  # View ▸ Module Tree on the Training tab
+    assert not window.tree_dock.isHidden()
+    window.tabs.setCurrentWidget(window.designer)
+    assert all(d.isHidden() for d in docks)
+    window.tabs.setCurrentWidget(window.display)
+    window.inspector_dock.toggleViewAction().trigger()  # closed on the display
+    window.tabs.setCurrentWidget(window.training_panel)
+    assert not window.tree_dock.isHidden() and window.inspector_dock.isHidden()
+    window.tabs.setCurrentWidget(window.display)
+    assert window.inspector_dock.isHidden() and not window.tree_dock.isHidden()
+    window.close()
+    w2 = MainWindow(settings=settings)
+    qtbot.addWidget(w2)
+    w2.show()
+    w2.tabs.setCurrentWidget(w2.training_panel)
+    assert not w2.tree_dock.isHidden() and w2.inspector_dock.isHidden() and w2.contract_dock.isHidden()
+
 if __name__ == "__main__":
     import argparse
 
