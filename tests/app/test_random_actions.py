@@ -1,8 +1,15 @@
 """500 seeded random UI actions (freeze, unfreeze, no grad, attach / detach LoRA, materialize,
 undo, redo, select, display settings, expand, fork, transfer), then the tree, the status line,
 the display and the inspector are checked against the engine model. Any exception in a Qt slot
-fails the test (pytest-qt)."""
+fails the test (pytest-qt).
+
+Then 2,000 more over four seeds on the spirals example (marked slow; `make test` runs it): they
+add training start/stop (short runs), contract edits, project save and reopen, checkpoint
+import and LoRA attach/detach, and undo back to the start must give back the model the history
+began with exactly (record bytes, every parameter's values and trainability, the contracts)."""
 import random
+
+import pytest
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox
@@ -187,3 +194,154 @@ def test_the_consistency_check_catches_a_stale_tree(opened):
     opened.document.module = opened.document.module.freeze()  # behind the window's back: no signal
     with pytest.raises(AssertionError):
         check_consistent(opened)
+
+
+# ---- 2,000 actions over four seeds, with training, contracts, projects and checkpoints --------------
+SEEDS = (11, 22, 33, 44)
+ACTIONS_PER_SEED = 500  # 2,000 in all
+
+
+def snapshot(module):
+    """Everything that must come back: the record's bytes (values, ids, dtypes, layout) and every
+    parameter's values and trainability."""
+    params = {path: (p.val().numpy().copy(), p.is_active(), p.kind) for path, p in module.named_params()}
+    return module.into_record().to_bytes(), params
+
+
+def assert_same_model(module, snap):
+    data, params = snap
+    now = {path: (p.val().numpy(), p.is_active(), p.kind) for path, p in module.named_params()}
+    assert sorted(now) == sorted(params)
+    for path, (values, active, kind) in params.items():
+        v, a, k = now[path]
+        assert (a, k) == (active, kind), path
+        assert v.dtype == values.dtype and v.shape == values.shape and (v == values).all(), path
+    assert module.into_record().to_bytes() == data
+
+
+def close_message(w):
+    from shiboken6 import isValid
+
+    box = w.last_message
+    if box is not None and isValid(box) and box.isVisible():
+        box.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_actions_with_training_projects_and_checkpoints_undo_back_to_the_start(
+        window, qtbot, tmp_path, monkeypatch, seed):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # training runs stay in the test's folder
+    rng = random.Random(seed)
+    w = window
+    assert w.open_example("spirals")
+    doc = w.document
+    panel = w.training_panel
+    weights = doc.module.into_record().save(tmp_path / "start.bpk")
+    project = tmp_path / "p.ember.json"
+    start = {"snap": snapshot(doc.module), "contracts": dict(doc.contracts)}
+    happened = {k: 0 for k in ("train", "stop", "contract", "reopen", "import", "lora", "detach")}
+
+    def paths():
+        return [p for p, _ in _walk(doc.module)]
+
+    def select():
+        w.tree.select_path(rng.choice(paths()))
+
+    def group(op):
+        def act():
+            select()
+            getattr(w.actions, op).trigger()
+        return act
+
+    def lora():
+        select()
+        w.actions.attach_lora.trigger()
+        d = w.dialog
+        if d is None:
+            return
+        type_into(qtbot, d.rank, str(rng.choice([1, 2, 4])))
+        type_into(qtbot, d.alpha, "8")
+        ok = d.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        if ok.isEnabled():
+            ok.click()
+            happened["lora"] += 1
+        else:
+            d.reject()
+
+    def detach():
+        select()
+        if w.actions.detach_lora.isEnabled():
+            w.actions.detach_lora.trigger()
+            happened["detach"] += 1
+
+    def undo():
+        w.actions.undo.trigger()
+
+    def redo():
+        w.actions.redo.trigger()
+
+    def contract():
+        select()
+        editor = w.contract_editor
+        if not editor.edit.isEnabled():
+            return
+        if rng.random() < 0.3 and editor.reset_button.isEnabled():
+            qtbot.mouseClick(editor.reset_button, Qt.MouseButton.LeftButton)
+        else:
+            editor.edit.setText(rng.choice(["[batch, 2] -> [batch, n]", "[b, d] -> [b, d]", "[batch, 2] ->", "x"]))
+            if editor.apply_button.isEnabled():
+                qtbot.mouseClick(editor.apply_button, Qt.MouseButton.LeftButton)
+        happened["contract"] += 1
+
+    def train():
+        stop = rng.random() < 0.4
+        run = panel.start(max_steps=rng.randint(2, 4) if not stop else 10_000)
+        if run is None:
+            return
+        happened["train"] += 1
+        if stop:
+            qtbot.waitUntil(lambda: panel.active is None or len(panel.runs[-1].history.steps) > 0, timeout=30000)
+            if panel.controls.stop_button.isEnabled():
+                qtbot.mouseClick(panel.controls.stop_button, Qt.MouseButton.LeftButton)
+                happened["stop"] += 1
+        assert panel.wait(60)
+        qtbot.waitUntil(lambda: not w.running_tasks, timeout=30000)
+
+    def import_checkpoint():
+        task = w.checkpoints.import_checkpoint(str(weights), allow_partial=rng.random() < 0.5)
+        with qtbot.waitSignal(task.done, timeout=30000):
+            pass
+        qtbot.waitUntil(lambda: not w.running_tasks, timeout=30000)
+        happened["import"] += 1
+
+    def save_and_reopen():
+        assert w.projects.save_to(project)
+        saved = {path: (p.shape, p.is_active()) for path, p in doc.module.named_params()}
+        contracts = dict(doc.contracts)
+        assert w.projects.open_project(project)
+        qtbot.waitUntil(lambda: not w.running_tasks, timeout=60000)
+        assert {path: (p.shape, p.is_active()) for path, p in doc.module.named_params()} == saved
+        assert doc.contracts == contracts and doc.undo_stack.count() == 0
+        # the reopened project is the new start: its history begins here
+        start["snap"], start["contracts"] = snapshot(doc.module), dict(doc.contracts)
+        happened["reopen"] += 1
+
+    actions = [(select, 5), (group("freeze"), 4), (group("unfreeze"), 4), (group("no_grad"), 1), (lora, 3),
+               (detach, 3), (undo, 5), (redo, 3), (contract, 3), (train, 0.4), (import_checkpoint, 0.6),
+               (save_and_reopen, 0.3)]
+    fns, weights_ = zip(*actions)
+    for i in range(ACTIONS_PER_SEED):
+        rng.choices(fns, weights_)[0]()
+        close_message(w)  # a refused import or LoRA says so in a window-modal box
+        if i % 25 == 24:
+            check_consistent(w)
+    check_consistent(w)
+    assert happened["train"] and happened["contract"] and happened["import"] and happened["lora"]
+    # undo back to the start: the model is the one the history began with, exactly
+    for _ in range(doc.undo_stack.count()):
+        w.actions.undo.trigger()  # Edit ▸ Undo (Ctrl+Z would undo the text of a focused field)
+    assert not doc.undo_stack.canUndo()
+    assert_same_model(doc.module, start["snap"])
+    assert doc.contracts == start["contracts"]
+    check_consistent(w)
