@@ -80,7 +80,7 @@ def test_train_steps_that_cannot_train_fail_with_the_reason(tmp_path):
     assert "ember: --train-steps 3:" in r.stderr
 
 
-def test_smoke_script_fails_a_bundle_that_opens_a_broken_checkpoint(tmp_path, capsys):
+def test_smoke_script_fails_a_bundle_that_opens_a_broken_checkpoint(tmp_path, capsys, qapp):
     """packaging/smoke.py on a stand-in bundle (this checkout's app): a checkpoint that does not
     open fails the smoke test, and the bundle's refusal of a broken one is checked every time."""
     import importlib.util
