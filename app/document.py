@@ -25,7 +25,7 @@ from engine.module.contracts import docstring_contract
 from engine.module.summary import ModelStats
 
 from .commands import ContractCommand, ModuleCommand
-from .core.project import PROJECT_SUFFIX, write_json_atomic
+from .core.project import PROJECT_SUFFIX, project_data_at, write_json_atomic
 from .core.schema import Edit, Project, RunRecord, Source, describe_source
 
 
@@ -173,7 +173,7 @@ class Document(QObject):
         path = Path(path)
         if not path.name.endswith(PROJECT_SUFFIX):
             path = path.with_name(path.name + PROJECT_SUFFIX)
-        write_json_atomic(path, self.project_data())
+        write_json_atomic(path, project_data_at(self.project(), path))  # paths relative to the file
         self.mark_saved(path)
         return path
 

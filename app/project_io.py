@@ -173,8 +173,12 @@ class ProjectIO:
             if not replayed:
                 finish(base)
                 return True
-            w.tasks.start(Task(lambda state: edits.replay(base, replayed, state.check_cancelled),
-                               title="Replaying the project's edits"), finish, replay_failed, kind="open")
+            try:  # regexes are matched with a time bound (engine.module.group)
+                module = edits.replay(base, replayed)
+            except edits.EditError as e:
+                w.error("Open project", f"the model opened, but replaying its edits failed: {e}")
+                return False
+            finish(module)
             return True
         path, partial = source.path, source.allow_partial
         reports = []

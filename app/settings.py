@@ -52,6 +52,23 @@ class Settings:
     def clear_recent(self) -> None:
         self.q.setValue("recent/files", [])
 
+    # ---- Python files a project named and the user agreed to run ----------------------------
+    def _confirmed(self) -> list[str]:
+        value = self.q.value("trust/scripts", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def script_confirmed(self, path: str | os.PathLike, digest: str) -> bool:
+        """Whether the user agreed to run this file with exactly this content (SHA-256)."""
+        return f"{digest} {Path(path)}" in self._confirmed()
+
+    def confirm_script(self, path: str | os.PathLike, digest: str) -> None:
+        """Remember that the user agreed to run this file as it is now (a changed file asks again)."""
+        entry = f"{digest} {Path(path)}"
+        kept = [e for e in self._confirmed() if e.split(" ", 1)[-1] != str(Path(path))]
+        self.q.setValue("trust/scripts", ([entry] + kept)[:200])
+
     # ---- the folder file dialogs start in ----------------------------------------------------
     def last_folder(self) -> str:
         """The folder of the last file chosen in a file dialog, while it exists; else the home folder."""

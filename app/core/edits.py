@@ -8,7 +8,7 @@ project's edits in order.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.module import Lora, QLora
 
@@ -94,8 +94,11 @@ def edit_cost_bytes(module: Any, edit: Edit) -> int:
     return 0
 
 
-def replay(module: Any, edits: list[Edit]) -> Any:
+def replay(module: Any, edits: list[Edit], check: "Callable[[], None] | None" = None) -> Any:
+    """Apply `edits` in order; `check()` runs before each (a worker's cancellation check)."""
     for i, edit in enumerate(edits):
+        if check is not None:
+            check()
         try:
             module = apply_edit(module, edit)
         except EditError:

@@ -6,12 +6,13 @@ A *source* is one of the typed values of `app.core.schema` (`ExampleSource`, `Sc
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import itertools
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .schema import CheckpointSource, DesignSource, ExampleSource, ScriptSource, Source
 
@@ -106,9 +107,18 @@ def describe_example(name: str) -> str:
         return ""
 
 
+def check_example_name(name: str) -> None:
+    """An example name must be one the registry lists (never a path: it is joined into one)."""
+    names = list_examples()
+    if not isinstance(name, str) or name.strip().lower().replace("_", "-") not in names:
+        shown = name if isinstance(name, str) and len(name) <= 80 else repr(name)[:77] + "..."
+        raise OpenError(f"unknown example {shown!r}: expected one of {', '.join(names)}")
+
+
 def load_example(name: str, device=None) -> Any:
     from resources.examples import ExampleError, build_example, example_path  # noqa: PLC0415
 
+    check_example_name(name)
     try:
         path = example_path(name)
     except ExampleError as e:
@@ -136,12 +146,45 @@ def example_input(source: Source | None, batch: int, device=None):
         raise OpenError(f"example {source.name!r}: example_input() raised {type(e).__name__}: {e}") from e
 
 
+# ---- running a script a file names --------------------------------------------------------------
+# `confirm(path, digest) -> bool`: asked before a Python file named by a project (not chosen by the
+# user just now) runs; the window asks the user, remembering the answer per path and content hash.
+ConfirmScript = Callable[[Path, str], bool]
+
+
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (what a confirmation to run it is remembered by)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def confirm_script(path: str | Path, confirm: ConfirmScript | None) -> None:
+    """Refuse (`OpenError`) to run the file unless `confirm` says yes; None refuses too."""
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise OpenError(f"{path}: no such file (expected a Python file with a factory function)")
+        digest = file_digest(path)
+    except OSError as e:
+        raise OpenError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if confirm is None or not confirm(path.resolve(), digest):
+        raise OpenError(f"{path} was not run: a project names this Python file and running it was not confirmed")
+
+
 # ---- sources -------------------------------------------------------------------------------------
-def build(source: Source) -> Any:
-    """Make the module a non-checkpoint source describes (examples, scripts and designs)."""
+def build(source: Source, confirm: ConfirmScript | None = None, *, trusted: bool = False) -> Any:
+    """Make the module a non-checkpoint source describes (examples, scripts and designs).
+
+    A script runs only when `trusted` (the user chose the file just now) or when `confirm`
+    agrees to that file; a source read from a project passes the window's confirmation."""
     if isinstance(source, ExampleSource):
         return load_example(source.name)
     if isinstance(source, ScriptSource):
+        if not trusted:
+            confirm_script(source.path, confirm)
         return load_script(source.path, source.factory)
     if isinstance(source, CheckpointSource):
         raise OpenError("a checkpoint source needs its weights loaded: use the window's open, not build()")

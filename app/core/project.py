@@ -9,7 +9,9 @@ from pathlib import Path
 
 from engine.store.atomic import atomic_write_text
 
-from .schema import Project, SchemaError
+from dataclasses import replace
+
+from .schema import CheckpointSource, LoadEdit, Project, SchemaError, ScriptSource
 
 PROJECT_SUFFIX = ".ember.json"
 
@@ -22,18 +24,115 @@ def write_json_atomic(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def read_project(path: str | os.PathLike) -> Project:
-    """Read and validate a project file; a `ProjectError` says what is wrong and where."""
+# A project file is a few kilobytes; one this large is not a project (and would stall the window).
+MAX_PROJECT_BYTES = 16 << 20
+# How deep JSON may nest: a project is about 6 levels deep, a design about 8.
+MAX_JSON_DEPTH = 64
+
+
+def _depth_ok(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether no bracket in the JSON text nests deeper than `limit` (strings skipped), checked
+    before parsing so that a file nested 100,000 deep never reaches the recursive parser."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def read_json_file(path: str | os.PathLike, what: str = "project file", error: type = None) -> object:
+    """Parse a project or design file with bounded size, nesting and numbers; every problem is
+    `error` (default `ProjectError`) naming the file."""
+    error = error or ProjectError
     path = Path(path)
+    shown = str(path) if len(str(path)) <= 200 else str(path)[:100] + "…" + str(path)[-60:]
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > MAX_PROJECT_BYTES:
+            raise error(f"{shown}: not a {what} (expected at most {MAX_PROJECT_BYTES >> 20} MiB of JSON, "
+                        f"found {size / (1 << 20):.0f} MiB)")
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ProjectError(f"{path}: no such project file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProjectError(f"{path}: not a project file (expected JSON): {e}") from None
+        raise error(f"{shown}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{shown}: a folder, expected a {what}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{shown}: not a {what} (expected UTF-8 JSON): {e}") from None
+    except OSError as e:
+        raise error(f"{shown}: cannot read it: {e.strerror or e}") from None
+    if not _depth_ok(text):
+        raise error(f"{shown}: not a {what} (expected JSON nested at most {MAX_JSON_DEPTH} levels deep)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{shown}: not a {what} (expected JSON): {e}") from None
+    except (ValueError, RecursionError) as e:  # an integer of thousands of digits; nesting past the check
+        raise error(f"{shown}: not a {what} (expected JSON with numbers of ordinary size): {e}") from None
+
+
+def read_project(path: str | os.PathLike) -> Project:
+    """Read and validate a project file; a `ProjectError` says what is wrong and where.
+    Relative paths in it (sources, loaded weights, run folders) are resolved against its folder."""
+    path = Path(path)
+    data = read_json_file(path)
     if not isinstance(data, dict):
         raise ProjectError(f"{path}: expected a JSON object at the top, found {type(data).__name__}")
     try:
-        return Project.from_json(data)
+        project = Project.from_json(data)
     except SchemaError as e:
         raise ProjectError(f"{path}: {e}") from None
+    except (RecursionError, ValueError, TypeError) as e:
+        raise ProjectError(f"{path}: not a valid project: {type(e).__name__}: {e}") from None
+    return with_paths(project, lambda p: _absolute(p, path.parent))
+
+
+# ---- paths relative to the project file ----------------------------------------------------------
+def _absolute(text: str, base: Path) -> str:
+    if not text or os.path.isabs(text):
+        return text
+    return os.path.normpath(str(base / text))
+
+
+def _relative(text: str, base: Path) -> str:
+    if not text or not os.path.isabs(text):
+        return text
+    try:
+        return Path(os.path.relpath(text, base)).as_posix()
+    except ValueError:  # another drive (Windows)
+        return text
+
+
+def with_paths(project: Project, convert) -> Project:
+    """The project with `convert` applied to every file path it holds: script and checkpoint
+    sources, load edits and run folders (designs hold none)."""
+    def source(s):
+        if isinstance(s, ScriptSource):
+            return replace(s, path=convert(s.path))
+        if isinstance(s, CheckpointSource):
+            return replace(s, path=convert(s.path), architecture=source(s.architecture))
+        return s
+
+    edits = [replace(e, path=convert(e.path)) if isinstance(e, LoadEdit) else e for e in project.edits]
+    runs = [replace(r, folder=convert(r.folder)) for r in project.runs]
+    return Project(source(project.source), edits, dict(project.contracts), runs)
+
+
+def project_data_at(project: Project, path: str | os.PathLike) -> dict:
+    """The JSON of `project` saved at `path`: its file paths relative to the project's folder, so
+    a moved or copied project folder opens whole."""
+    base = Path(os.path.abspath(Path(path).parent))
+    return with_paths(project, lambda p: _relative(p, base)).to_json()

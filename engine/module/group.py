@@ -6,9 +6,14 @@ in place (as Burn's does) and returns it.
 """
 from __future__ import annotations
 
-import re
+import regex as _regex  # a backtracking engine whose matches take a timeout (user patterns come from project files)
 
 from .param import ParamId
+
+# The longest one regex match against one path may take: a pattern such as `^(.*.*)*X$` is
+# exponential in the path's length on a plain backtracking engine. A match past this raises
+# `ParamGroupError` naming the pattern and the path instead of hanging the caller.
+MATCH_TIMEOUT_S = 0.25
 
 __all__ = ["ParamGroup", "ParamGroupError"]
 
@@ -48,7 +53,7 @@ class _Paths:
     def __init__(self, mode: str, items):
         self.mode = mode
         self.items = tuple(items)
-        self._compiled = tuple(re.compile(p) for p in self.items) if mode == "regex" else ()
+        self._compiled = tuple(_regex.compile(p) for p in self.items) if mode == "regex" else ()
 
     def matches(self, pid, path) -> bool:
         if path is None:
@@ -57,7 +62,14 @@ class _Paths:
             return path in self.items
         if self.mode == "include":
             return all(s in path for s in self.items)
-        return all(r.search(path) is not None for r in self._compiled)
+        for r in self._compiled:
+            try:
+                if r.search(path, timeout=MATCH_TIMEOUT_S) is None:
+                    return False
+            except TimeoutError:
+                raise ParamGroupError(f"regex {r.pattern!r} took longer than {MATCH_TIMEOUT_S:g} s to match the path "
+                                      f"{path!r}: expected a pattern without nested repetition such as (.*.*)*")
+        return True
 
     def __repr__(self) -> str:
         return f"{self.mode.capitalize()}({list(self.items)})"
@@ -89,8 +101,8 @@ def _compile_all(patterns) -> list[str]:
         if not isinstance(p, str):
             raise ParamGroupError(f"expected a regex pattern string, got {type(p).__name__}")
         try:
-            re.compile(p)
-        except re.error as e:
+            _regex.compile(p)
+        except (_regex.error, RecursionError, OverflowError, ValueError) as e:
             raise ParamGroupError(f"invalid regex pattern {p!r}: {e}") from None
         out.append(p)
     return out

@@ -40,7 +40,10 @@ def list_examples() -> list[str]:
 
 
 def example_path(name: str) -> Path:
-    """The file that defines the example `name`."""
+    """The file that defines the example `name`: one the registry lists, never a path (a
+    project's `../../x` or `/tmp/x` would otherwise run any `.py` on disk)."""
+    if not isinstance(name, str) or _file_name(name).replace("_", "-") not in list_examples():
+        raise ExampleError(f"unknown example {name!r}: expected one of {list_examples()}")
     path = _HERE / f"{_file_name(name)}.py"
     if not path.is_file() or path.name.startswith("_"):
         raise ExampleError(f"unknown example {name!r}: expected one of {list_examples()}")
