@@ -35,3 +35,14 @@ def _unsaved_work_discarded(monkeypatch):
             return
     monkeypatch.setattr(prompts, "ask_question", lambda *a, **k: prompts.Button.Discard)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _run_script_question_answered_yes(monkeypatch):
+    """Opening a project that names a Python file asks before running it (`ProjectIO.confirm_script`,
+    a modal QMessageBox.question): in tests the scripts are the tests' own, so the answer is Yes.
+    Tests of the question (tests/app/test_project_safety.py) patch QMessageBox.question themselves."""
+    from PySide6.QtWidgets import QMessageBox  # noqa: PLC0415
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    yield

@@ -6,7 +6,7 @@ import pytest
 
 from app.core.schema import (ExampleSource, GroupEdit, GroupSpec, LoraEdit, MaterializeEdit, MoveEdit, Project,
                              RunRecord, edit_from_json)
-from app.core.project import ProjectError, read_project
+from app.core.project import ProjectError, project_data_at, read_project
 from app.document import Document
 
 
@@ -123,6 +123,13 @@ PROJECT = {"format": 1, "application": "ember",
            "runs": [{"name": "1: spirals", "folder": "/runs/1", "status": "finished", "global_step": 50, "epoch": 2}]}
 
 
+def read_project_data_paths(data: dict, folder) -> list[str]:
+    """The load edit's and the run's paths of project JSON `data`, resolved against `folder`."""
+    import os
+
+    return [os.path.normpath(os.path.join(folder, p)) for p in (data["edits"][-1]["path"], data["runs"][0]["folder"])]
+
+
 def test_a_project_reads_into_typed_values_and_writes_the_same_json(tmp_path):
     path = tmp_path / "p.ember.json"
     path.write_text(json.dumps(PROJECT))
@@ -130,7 +137,12 @@ def test_a_project_reads_into_typed_values_and_writes_the_same_json(tmp_path):
     assert project.edits[3] == LoraEdit(8, 16.0, None, GroupSpec("path", path="fc1.weight"), project.edits[3].qlora)
     assert project.edits[3].qlora.block_size == 32 and project.runs == [RunRecord("1: spirals", "/runs/1", "finished",
                                                                                   50, 2)]
-    assert project.to_json() == PROJECT
+    # relative paths are read against the project's folder and written back relative to it
+    assert project.source.path == str(tmp_path / "w.bpk")
+    data = project_data_at(project, path)
+    assert data["source"]["path"] == "w.bpk"
+    assert data["contracts"] == PROJECT["contracts"] and data["edits"][:-1] == PROJECT["edits"][:-1]
+    assert read_project_data_paths(data, tmp_path) == ["/w.bpk", "/runs/1"]  # absolute ones point where they did
     assert Project.from_json(project.to_json()) == project
     assert edit_from_json({"op": "lora", "rank": 4, "alpha": 8, "group": {"kind": "all"}}).to_json()["alpha"] == 8.0
 
