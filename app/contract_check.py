@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from engine.design import shape_check
 from engine.module import contracts
 from engine.module.tree import FieldKind, find
 from engine.tensor.device import default_device
@@ -18,12 +19,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from .main_window import MainWindow
 
 
+SHAPES_ONLY_FROM = 64 * 2**20  # lazy parameters above this size make "Shapes only" the check's default
+
+
 class ContractCheck:
     def __init__(self, window: "MainWindow"):
         self.window = window
         self.document = window.document
         self.editor = window.contract_editor
         self.editor.set_validators(self.validate_contract, self.validate_example_input)
+        self._mode_for: int | None = None  # id of the model the check mode's default was set for
 
     # ---- the editor follows the selection and the document -----------------------------------
     def show_contract(self, path: str, found) -> None:
@@ -35,6 +40,11 @@ class ContractCheck:
             edited = doc.contracts.get(path)
             self.editor.set_target(path, edited or doc_text, doc_text, edited is not None)
         self.show_check_result()
+        if doc.module is not None and id(doc.module) != self._mode_for:
+            # shapes only by default for a model whose parameters are not allocated (llama-7b): where
+            # the full check would allocate more than SHAPES_ONLY_FROM bytes of lazy parameters
+            self._mode_for = id(doc.module)
+            self.editor.set_shapes_only(shape_check.unallocated_bytes(doc.module) > SHAPES_ONLY_FROM)
         default = "example" if isinstance(doc.source, ExampleSource) else \
             contracts.example_input_text(doc.contract_for("", doc.module), doc.module)
         self.editor.set_example_input(default)
@@ -55,9 +65,13 @@ class ContractCheck:
         if r is None:
             self.editor.show_result(None, "", "")
             return
-        if r.ok:
+        if r.ok and r.not_checked:
+            self.editor.show_result(None, f"⚠ shapes checked up to {r.not_checked[0]}",
+                                    "\n".join(r.not_checked) + "\n\nshapes that flowed:\n" + r.flow_text())
+        elif r.ok:
             shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in r.output_shapes)
-            self.editor.show_result(True, f"✓ every contract held; output {shapes}", r.flow_text())
+            how = " (shapes only: no layer ran, no parameter was allocated)" if r.shape_only else ""
+            self.editor.show_result(True, f"✓ every contract held; output {shapes}{how}", r.flow_text())
         else:
             where = r.failure.path if r.failure else "the model"
             self.editor.show_result(False, f"✗ {where or '(the whole model)'}: {r.error}",
@@ -98,6 +112,10 @@ class ContractCheck:
             return "'example' needs a model opened from the examples; give shapes such as [2, 784]"
         return None
 
+    def _check_failed(self, f) -> None:
+        self.editor.show_result(False, f"✗ {f}", "")
+        self.window.error("Check failed", str(f), f.traceback)
+
     def run_check(self, input_text: str) -> Task | None:
         """Run the example input through the model with checks at every module boundary, on a
         worker. A new check replaces a running one; a result for a model that changed meanwhile is
@@ -115,6 +133,7 @@ class ContractCheck:
         devices = module.devices()
         device = devices[0] if devices else default_device()
         source = doc.source
+        shapes_only = self.editor.shapes_only.isChecked()
         modules = list(module.named_modules())
         wanted = {p: doc.contract_for(p, m) for p, m in modules}
         wanted = {p: t for p, t in wanted.items() if t}
@@ -132,6 +151,15 @@ class ContractCheck:
                     raise ValueError(f"the example {source.name!r} has no example_input(); give shapes")
             else:
                 inputs = contracts.make_example_input(spec, device)
+            if shapes_only:
+                return shape_check.check_shapes(module, inputs, wanted, modules, checkpoint=state.check_cancelled)
+            if shape_check.unallocated_bytes(module) > SHAPES_ONLY_FROM:
+                # the full check allocates every parameter and the activations: refuse what cannot fit
+                # (the activations' figure comes from a shape-only pass, which allocates nothing)
+                shapes = shape_check.check_shapes(module, inputs, wanted, modules, checkpoint=state.check_cancelled)
+                shape_check.refuse_if_too_big("The full check", {
+                    "parameters to allocate": shape_check.unallocated_bytes(module),
+                    "activations for the check input": shape_check.activation_bytes(shapes)})
             return contracts.check(module, inputs, wanted, modules, checkpoint=state.check_cancelled)
 
         def done(result):
@@ -139,11 +167,12 @@ class ContractCheck:
             if result.failure is not None:
                 w.tree.select_path(result.failure.path)
                 w.contract_dock.show()
-            w.status("Check: every contract held" if result.ok else f"Check failed at "
+            w.status(("Check: not everything could be checked" if result.not_checked else
+                      "Check: every contract held") if result.ok else f"Check failed at "
                      f"{result.failure.path if result.failure else 'the model'}")
 
         self.editor.show_result(None, "Checking…", "")
         return w.tasks.start(Task(work, title="Checking shape contracts"), done,
-                             lambda f: w.error("Check failed", str(f), f.traceback), kind="check",
+                             self._check_failed, kind="check",
                              valid_while=lambda: doc.module is module,
                              dropped="The model changed while it was being checked; the result was dropped.")

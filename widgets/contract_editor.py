@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QVBoxLayout,
+from PySide6.QtWidgets import (QCheckBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QVBoxLayout,
                                QWidget)
 
 from .common import ErrorLabel, monospace_font
@@ -53,6 +53,11 @@ class ContractEditor(QWidget):
         self.input_error = ErrorLabel()
         self.check_button = QPushButton("Check")
         self.check_button.setObjectName("check")
+        self.shapes_only = QCheckBox("Shapes only")
+        self.shapes_only.setObjectName("shapes-only")
+        self.shapes_only.setToolTip("Let shapes flow through each layer's shape rule: no layer runs and no "
+                                    "parameter is allocated (the default for a model whose parameters are not "
+                                    "allocated yet). Untick to run the example input through the real layers.")
         self.status = QLabel("")
         self.status.setObjectName("check-status")
         self.status.setWordWrap(True)
@@ -68,6 +73,7 @@ class ContractEditor(QWidget):
         buttons.addStretch(1)
         check_row = QHBoxLayout()
         check_row.addWidget(self.input, 1)
+        check_row.addWidget(self.shapes_only)
         check_row.addWidget(self.check_button)
         form = QFormLayout()
         form.addRow("Docstring", self.docstring)
@@ -113,6 +119,10 @@ class ContractEditor(QWidget):
             w.setEnabled(enabled)
         self.reset_button.setEnabled(enabled and edited)
         self.apply_button.setEnabled(False)
+
+    def set_shapes_only(self, on: bool) -> None:
+        """The check mode's default for the model shown (the user may change it)."""
+        self.shapes_only.setChecked(on)
 
     def set_example_input(self, text: str) -> None:
         if not self.input.text().strip():

@@ -25,7 +25,7 @@ import numpy as np
 from engine.module import contracts
 from engine.module.contracts import CheckResult, NotCheckable
 from engine.module.tree import FieldKind, children
-from engine.tensor import Tensor
+from engine.tensor import Tensor, raw
 
 from . import shape_rules
 from .dims import as_dim
@@ -39,7 +39,7 @@ _NP = {"float": np.float32, "int": np.int64, "bool": np.bool_}
 
 def _stand_in(dims: tuple[int, ...], kind: str, device) -> Tensor:
     """A tensor of `dims` that holds one value: a zero broadcast to the shape."""
-    return Tensor._wrap(np.broadcast_to(np.zeros((), _NP[kind]), tuple(int(d) for d in dims)), device)
+    return raw.wrap(np.broadcast_to(np.zeros((), _NP[kind]), tuple(int(d) for d in dims)), device)
 
 
 def _tensors(value: Any, out: list, depth: int = 0) -> list:
@@ -139,3 +139,44 @@ def activation_bytes(result: CheckResult) -> int:
         for s in call.outputs:
             total += int(np.prod(s, dtype=np.int64)) * 4
     return total
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can still give (MemAvailable from /proc/meminfo, else the free pages
+    os.sysconf reports); None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import os  # noqa: PLC0415
+
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def size_text(n: int) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} bytes"
+
+
+class NotEnoughMemory(MemoryError):
+    """An action would need more memory than the machine has: says how much, and for what."""
+
+
+def refuse_if_too_big(action: str, parts: dict[str, int]) -> int:
+    """The total of `parts` (what each needs, in bytes); raise `NotEnoughMemory` with the figures
+    when it exceeds `available_memory()`."""
+    need = sum(parts.values())
+    have = available_memory()
+    if have is not None and need > have:
+        detail = ", ".join(f"{k} {size_text(v)}" for k, v in parts.items() if v)
+        raise NotEnoughMemory(f"{action} needs about {size_text(need)} ({detail}), but this machine has "
+                              f"{size_text(have)} available; refused")
+    return need
