@@ -123,6 +123,10 @@ class DesignerPanel(QWidget):
         split.addWidget(self.form)
         split.setStretchFactor(1, 1)
         split.setSizes([190, 700, 280])
+        # the canvas is the working area: never squeezed away; the palette and the node editor can
+        # be dragged shut (and open again) at the splitter's handles
+        split.setChildrenCollapsible(True)
+        split.setCollapsible(1, False)
         self.splitter = split
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
