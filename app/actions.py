@@ -54,7 +54,7 @@ class Actions:
         make("param_group", "Parameter &Group…", "Ctrl+G",
              "Freeze, unfreeze or stop gradients for the parameters matching a regex, path or predicate")
         make("attach_lora", "Attach &LoRA…", "Ctrl+L", "Attach low-rank adapters (LoRA or QLoRA)")
-        make("detach_lora", "&Detach LoRA", "Ctrl+Shift+L", "Undo back to before the last LoRA attachment")
+        make("detach_lora", "&Detach LoRA", "Ctrl+Shift+L", "Remove the LoRA adapters of the selected module (all when nothing is selected), keeping every other edit")
         make("materialize", "&Materialize", "Ctrl+M", "Fold the adapters into plain weights")
         make("fork", "Fork to Device", "Ctrl+Shift+D")
         make("transfer", "Transfer to Device", "Ctrl+Alt+D")

@@ -10,7 +10,7 @@ from widgets.group_dialog import GroupDialog
 from widgets.lora_dialog import LoraDialog
 
 from .core import edits
-from .core.schema import Edit, GroupEdit, GroupSpec, LoraEdit, MoveEdit, edit_from_json
+from .core.schema import DetachEdit, Edit, GroupEdit, GroupSpec, LoraEdit, MoveEdit, edit_from_json
 from .workers import Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,23 +65,10 @@ class EditActions:
             return False
         return self.apply_edit(MoveEdit(device, fork=fork))
 
-    def last_lora_index(self) -> int | None:
-        stack = self.document.undo_stack
-        for i in range(stack.index() - 1, -1, -1):
-            if isinstance(getattr(stack.command(i), "edit", None), LoraEdit):
-                return i
-        return None
-
-    def detach_lora(self) -> None:
-        """Detach = undo back to before the last LoRA attachment (redo attaches it again)."""
-        i = self.last_lora_index()
-        if i is None:
-            self.window.status("No LoRA attachment to detach in this session's history.")
-            return
-        stack = self.document.undo_stack
-        undone = stack.index() - i
-        stack.setIndex(i)
-        self.window.status(f"LoRA detached ({undone} step(s) undone; Redo attaches it again)")
+    def detach_lora(self) -> bool:
+        """Detach LoRA from the selected module's parameters (the whole model when nothing is
+        selected): one undoable edit that removes those adapters and keeps every other change."""
+        return self.apply_edit(DetachEdit(GroupSpec.subtree(self.window.current_path())))
 
     # ---- dialogs ---------------------------------------------------------------------------------
     def open_group_dialog(self) -> GroupDialog | None:

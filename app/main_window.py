@@ -349,7 +349,7 @@ class MainWindow(QMainWindow):
         reparameterized = has and self.document.stats.total.reparameterized > 0
         self.actions.materialize.setEnabled(reparameterized)
         self.actions.export_adapters.setEnabled(reparameterized)
-        self.actions.detach_lora.setEnabled(self.edit_actions.last_lora_index() is not None)
+        self.actions.detach_lora.setEnabled(reparameterized)
 
     def current_path(self) -> str:
         path = self.tree.selected_path()

@@ -161,10 +161,11 @@ class LoraDialog(QDialog):
         # the engine's preview of the selected parameters: which get factors, how many values
         preview = Lora(rank if rank is not None else 1, 1.0).preview(matches or [])
         targets = preview.targets
-        if self.reparameterized:
+        nested = [p for p, _ in targets if p in self.reparameterized]
+        if nested:
             self.group.error.show_error(
-                f"the model already has {len(self.reparameterized)} reparameterized parameter(s) "
-                f"({self.reparameterized[0]}, …): reparameterizations do not nest; detach or materialize first")
+                f"{len(nested)} selected weight(s) already have LoRA ({nested[0]}, …): reparameterizations do not "
+                f"nest; detach or materialize them first, or select weights without LoRA")
             targets = []
         elif matches is not None and not targets:
             self.group.error.show_error("none of the selected parameters is a rank-2 float weight; "

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from engine.module import Lora, QLora
 
-from .schema import GroupEdit, GroupSpec, LoadEdit, LoraEdit, MaterializeEdit, MoveEdit, Edit
+from .schema import DetachEdit, GroupEdit, GroupSpec, LoadEdit, LoraEdit, MaterializeEdit, MoveEdit, Edit
 
 OP_TEXT = {"freeze": "Freeze", "unfreeze": "Unfreeze", "no_grad": "No grad"}
 
@@ -38,6 +38,8 @@ def describe(edit: Edit) -> str:
         return f"Attach {kind} (rank {edit.rank}, alpha {edit.alpha:g}) to {edit.group.describe()}"
     if isinstance(edit, MaterializeEdit):
         return "Materialize adapters"
+    if isinstance(edit, DetachEdit):
+        return f"Detach LoRA from {edit.group.describe()}"
     if isinstance(edit, MoveEdit):
         return f"{'Fork' if edit.fork else 'Transfer'} to {edit.device}"
     if isinstance(edit, LoadEdit):
@@ -53,6 +55,12 @@ def lora_config(edit: LoraEdit):
     return lora
 
 
+def _reparameterized_params(module: Any):
+    from engine.module.tree import params  # noqa: PLC0415
+
+    return [(path, p) for path, p in params(module) if p.reparameterization is not None]
+
+
 def apply_edit(module: Any, edit: Edit) -> Any:
     if isinstance(edit, GroupEdit):
         return getattr(module, f"{edit.op}_group")(make_group(edit.group))
@@ -61,6 +69,12 @@ def apply_edit(module: Any, edit: Edit) -> Any:
         return module.apply_qlora(config) if edit.qlora else module.apply_lora(config)
     if isinstance(edit, MaterializeEdit):
         return module.materialize()
+    if isinstance(edit, DetachEdit):
+        group = make_group(edit.group)
+        if not any(p.reparameterization is not None and group.matches(p.id, path)
+                   for path, p in _reparameterized_params(module)):
+            raise EditError(f"{describe(edit)}: none of the selected parameters has LoRA attached")
+        return module.detach_reparameterization(group)
     if isinstance(edit, MoveEdit):
         return module.fork(edit.device) if edit.fork else module.to_device(edit.device)
     if isinstance(edit, LoadEdit):

@@ -140,7 +140,7 @@ class GroupSpec:
 
 # ---- edits ------------------------------------------------------------------------------------
 GROUP_OPS = ("freeze", "unfreeze", "no_grad")
-EDIT_OPS = GROUP_OPS + ("lora", "materialize", "fork", "to_device", "load")
+EDIT_OPS = GROUP_OPS + ("lora", "materialize", "detach", "fork", "to_device", "load")
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,18 @@ class MaterializeEdit:
 
 
 @dataclass(frozen=True)
+class DetachEdit:
+    """Remove the adapters (reparameterizations) of the parameters in `group`; keep the bases and
+    every other change."""
+
+    group: GroupSpec
+    op: ClassVar[str] = "detach"
+
+    def to_json(self) -> dict:
+        return {"op": "detach", "group": self.group.to_json()}
+
+
+@dataclass(frozen=True)
 class MoveEdit:
     """Fork (`fork=True`) or transfer the model to a device."""
 
@@ -216,7 +228,7 @@ class LoadEdit:
         return {"op": "load", "path": self.path, "allow_partial": self.allow_partial}
 
 
-Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, MoveEdit, LoadEdit]
+Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, DetachEdit, MoveEdit, LoadEdit]
 
 
 def edit_from_json(data: Any, where: str = "edit") -> Edit:
@@ -238,6 +250,8 @@ def edit_from_json(data: Any, where: str = "edit") -> Edit:
                         q or None)
     if op == "materialize":
         return MaterializeEdit()
+    if op == "detach":
+        return DetachEdit(GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"))
     if op in ("fork", "to_device"):
         return MoveEdit(_get(data, "device", str, where, "a device name (string)"), fork=op == "fork")
     if op == "load":

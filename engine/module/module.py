@@ -563,6 +563,13 @@ class Module(Node):
 
         return materialize(self)
 
+    def detach_reparameterization(self, group=None) -> "Module":
+        """The module without the reparameterizations (LoRA adapters) of the parameters in `group`
+        (default: all): their bases stay, as they are; nothing else changes."""
+        from .reparam import detach_reparameterization
+
+        return detach_reparameterization(self, group)
+
     # ---------------------------------------------------------------- display
     def custom_settings(self):
         """Override to return `DisplaySettings` for this module and its children (or None)."""

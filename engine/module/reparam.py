@@ -37,6 +37,8 @@ __all__ = [
     "ReparameterizationError",
     "Reparameterizer",
     "apply_reparameterization",
+    "detach_reparameterization",
+    "detached_param",
     "iter_param_slots",
     "materialize",
 ]
@@ -111,8 +113,9 @@ def _refuse_nesting(module: Module, what: str) -> None:
 class _ApplyReparameterization(ModuleMapper):
     """A module mapper that offers every float parameter, with its path, to a reparameterizer."""
 
-    def __init__(self, reparameterizer, stateful=frozenset()):
+    def __init__(self, reparameterizer, stateful=frozenset(), attached=None):
         self.reparameterizer = reparameterizer
+        self.attached = attached or {}  # path -> Param of the parameters that already have one
         self.path: list[str] = []
         self.stateful = stateful  # paths of the modules whose training flags freeze
 
@@ -130,6 +133,9 @@ class _ApplyReparameterization(ModuleMapper):
     def map_float(self, param: Param) -> Param:
         path = ".".join(self.path)
         name = type(self.reparameterizer).__name__
+        for owner in self.attached:  # a factor of an attached reparameterization: left as it is
+            if path.startswith(owner + "."):
+                return param
         out = self.reparameterizer.reparameterize(path, param)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise ReparameterizationError(
@@ -152,6 +158,15 @@ class _ApplyReparameterization(ModuleMapper):
                 f"{name}.reparameterize returned a base for '{path}' that already has a reparameterization "
                 f"({type(base.reparameterization).__name__}); reparameterizations cannot be nested"
             )
+        existing = self.attached.get(path)
+        if existing is not None:
+            if r is not None:
+                raise ReparameterizationError(
+                    f"{name}.reparameterize would attach a {type(r).__name__}, but reparameterizations cannot be "
+                    f"nested and '{path}' ({type(existing.reparameterization).__name__}) already has one. Call "
+                    f"detach_reparameterization() or materialize() first, or leave '{path}' out of the group"
+                )
+            return existing  # keeps its reparameterization (and its frozen base)
         if r is None:
             return base
         if not isinstance(r, Module) or not callable(getattr(r, "apply", None)):
@@ -177,11 +192,38 @@ def apply_reparameterization(module: Module, reparameterizer) -> Module:
             f"apply_reparameterization expects a Reparameterizer (an object with reparameterize(path, param)), "
             f"got {type(reparameterizer).__name__}"
         )
-    _refuse_nesting(module, f"apply_reparameterization({type(reparameterizer).__name__})")
+    attached = dict(_reparameterized(module))  # nesting is refused per parameter, in map_float
     stateful = frozenset()
     if getattr(reparameterizer, "FREEZES_RUNNING_STATE", False):
         stateful = frozenset(path.rpartition(".")[0] for path, p in module.named_params() if p.is_running_state())
-    return module.map(_ApplyReparameterization(reparameterizer, stateful))
+    return module.map(_ApplyReparameterization(reparameterizer, stateful, attached))
+
+
+# ---------------------------------------------------------------------------------- detaching
+def detached_param(param: Param) -> Param:
+    """`param` without its reparameterization: the structural base, with the same id and the
+    base's configured trainability (LoRA froze it: unfreeze it to train it again). A base the
+    reparameterization stores itself (QLoRA's packed weight) comes back dequantized."""
+    r = param.reparameterization
+    if r is None:
+        return param.clone()
+    if not getattr(r, "STORES_BASE", False):
+        return param.without_reparameterization()
+    value = r.base().detach()
+    value = value.autodiff() if param.is_autodiff() else value.inner()
+    return Param.initialized(value, id=param.id, active=param.is_active())
+
+
+def detach_reparameterization(module: Module, group=None) -> Module:
+    """A module whose parameters in `group` (default: all) lose their reparameterization (the
+    adapters are dropped, the bases kept); everything else, other adapters included, is kept."""
+    if not isinstance(module, Module):
+        raise TypeError(f"detach_reparameterization expects a Module, got {type(module).__name__}")
+    out = module.clone()
+    for path, p in _reparameterized(module):
+        if group is None or group.matches(p.id, path):
+            out = out.with_child(path, detached_param(p))
+    return out
 
 
 # ---------------------------------------------------------------------------------- materializing

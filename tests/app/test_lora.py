@@ -53,17 +53,36 @@ def test_attach_lora_through_the_dialog(opened, qtbot):
     assert opened.actions.materialize.isEnabled() and opened.actions.detach_lora.isEnabled()
 
 
-def test_detach_is_undo_and_redo_attaches_again(opened, qtbot):
-    before = opened.document.module
+def test_detach_is_an_edit_that_keeps_every_later_change(opened, qtbot):
+    """Issue 18, item 5: detaching removes the adapters and nothing else (an unfreeze made after
+    the attachment stays), is one undo step, and replays from the project's edits."""
     attach(qtbot, opened)
     attached = opened.document.module
     opened.group_op("unfreeze", "head")
+    opened.tree.select_path("")
     qtbot.keyClick(opened, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
-    assert opened.document.module is before
-    assert reparameterized(opened.document.module) == []
+    m = opened.document.module
+    assert reparameterized(m) == []
+    assert m.head.weight.is_require_grad()  # the later unfreeze is kept
+    assert opened.document.edits[-1].to_json() == {"op": "detach", "group": {"kind": "all"}}
+    assert opened.document.undo_stack.undoText() == "Detach LoRA from all parameters"
     assert not opened.actions.detach_lora.isEnabled()
-    opened.actions.redo.trigger()
-    assert opened.document.module is attached
+    opened.actions.undo.trigger()
+    assert reparameterized(opened.document.module) != [] and opened.document.module is not attached
+
+
+def test_lora_on_a_second_layer_while_the_first_has_one(opened, qtbot):
+    attach(qtbot, opened, pattern=r"^blocks\.0\.")
+    attach(qtbot, opened, pattern=r"^head\.")
+    m = opened.document.module
+    assert m.blocks[0].linear.weight.reparameterization is not None and m.head.weight.reparameterization is not None
+    qtbot.keyClick(opened, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
+    d = opened.dialog
+    d.group.mode.setCurrentIndex(d.group.mode.findData("regex"))
+    type_into(qtbot, d.group.pattern, r"^head\.")
+    assert not d.buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled()
+    assert "already have LoRA" in " ".join(d.errors())
+    d.reject()
 
 
 def test_materialize_folds_the_adapters(opened, qtbot):
