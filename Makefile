@@ -25,7 +25,8 @@ XVFB_PACKAGES := xvfb libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1
 
 test: $(STAMP)
 	-@command -v Xvfb >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
-		&& apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(XVFB_PACKAGES) >/dev/null 2>&1; } \
+		&& timeout 300 apt-get update -qq >/dev/null 2>&1 \
+		&& DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq $(XVFB_PACKAGES) >/dev/null 2>&1; } \
 		|| echo "Xvfb not installed: the window-geometry test runs offscreen"
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
 
