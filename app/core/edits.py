@@ -55,12 +55,6 @@ def lora_config(edit: LoraEdit):
     return lora
 
 
-def _reparameterized_params(module: Any):
-    from engine.module.tree import params  # noqa: PLC0415
-
-    return [(path, p) for path, p in params(module) if p.reparameterization is not None]
-
-
 def apply_edit(module: Any, edit: Edit) -> Any:
     if isinstance(edit, GroupEdit):
         return getattr(module, f"{edit.op}_group")(make_group(edit.group))
@@ -70,11 +64,7 @@ def apply_edit(module: Any, edit: Edit) -> Any:
     if isinstance(edit, MaterializeEdit):
         return module.materialize()
     if isinstance(edit, DetachEdit):
-        group = make_group(edit.group)
-        if not any(p.reparameterization is not None and group.matches(p.id, path)
-                   for path, p in _reparameterized_params(module)):
-            raise EditError(f"{describe(edit)}: none of the selected parameters has LoRA attached")
-        return module.detach_reparameterization(group)
+        return module.detach_reparameterization(make_group(edit.group))
     if isinstance(edit, MoveEdit):
         return module.fork(edit.device) if edit.fork else module.to_device(edit.device)
     if isinstance(edit, LoadEdit):

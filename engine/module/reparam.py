@@ -216,13 +216,18 @@ def detached_param(param: Param) -> Param:
 
 def detach_reparameterization(module: Module, group=None) -> Module:
     """A module whose parameters in `group` (default: all) lose their reparameterization (the
-    adapters are dropped, the bases kept); everything else, other adapters included, is kept."""
+    adapters are dropped, the bases kept); everything else, other adapters included, is kept.
+    A group that selects no reparameterized parameter is refused (the detach would change nothing)."""
     if not isinstance(module, Module):
         raise TypeError(f"detach_reparameterization expects a Module, got {type(module).__name__}")
+    selected = [(path, p) for path, p in _reparameterized(module) if group is None or group.matches(p.id, path)]
+    if not selected:
+        raise ReparameterizationError(
+            f"detach_reparameterization: none of the selected parameters of this {type(module).__name__} has a "
+            f"reparameterization (LoRA) attached")
     out = module.clone()
-    for path, p in _reparameterized(module):
-        if group is None or group.matches(p.id, path):
-            out = out.with_child(path, detached_param(p))
+    for path, p in selected:
+        out = out.with_child(path, detached_param(p))
     return out
 
 

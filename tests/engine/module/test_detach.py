@@ -60,3 +60,11 @@ def test_detaching_qlora_gives_back_the_dequantized_base():
     w, w0 = plain.fc1.weight.val().numpy(), base.fc1.weight.val().numpy()
     assert plain.fc1.weight.reparameterization is None and w.shape == w0.shape
     assert np.sqrt(((w - w0) ** 2).mean()) / np.sqrt((w0 ** 2).mean()) < 0.15  # NF4's error, not zeros
+
+
+def test_a_detach_that_would_change_nothing_is_refused():
+    model = Two().apply_lora(Lora(2, 4.0, param_group=group(r"^fc1\.weight$")))
+    with pytest.raises(ReparameterizationError, match="none of the selected parameters"):
+        model.detach_reparameterization(group(r"^fc2\."))
+    with pytest.raises(ReparameterizationError, match="none of the selected parameters"):
+        Two().detach_reparameterization()
