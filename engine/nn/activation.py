@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import _ops
-from ._base import Config, Layer, Module, assert_shape, check_dtype, f64, init_with, initializers
+from ._base import Config, Layer, Module, assert_shape, check_dtype, f64, init_with, initializers, row_settings
 from .linear import LinearConfig
 
 __all__ = [
@@ -45,11 +45,38 @@ class _Elementwise(Module):
         return self._fn(input)
 
 
+_GELU_TANH_SCALE = math.sqrt(2.0 / math.pi)
+
+
 class Gelu(_Elementwise):
-    """Gaussian Error Linear Unit, exact form: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`."""
+    """Gaussian Error Linear Unit, exact form: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`.
+
+    `Gelu.tanh_approximate()` is the tanh approximation instead (GPT-2's `gelu_new`, torch's
+    `gelu(approximate="tanh")`): `x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`; it
+    prints as `Gelu {approximate: tanh}`. `Gelu()` stays the exact form and prints as `Gelu`.
+    """
+
+    approximate = "none"  # "tanh" on the instances made by tanh_approximate()
+
+    @classmethod
+    def tanh_approximate(cls) -> "Gelu":
+        gelu = cls()
+        gelu.approximate = "tanh"
+        return gelu
 
     def _fn(self, x):
+        if self.approximate == "tanh":
+            inner = (x + x * x * x * 0.044715) * _GELU_TANH_SCALE
+            return x * 0.5 * (inner.tanh() + 1.0)
         return _ops.gelu(x)
+
+    def custom_settings(self):
+        return row_settings() if self.approximate == "tanh" else None
+
+    def custom_content(self, content):
+        if self.approximate == "tanh":
+            content = content.add("approximate", "tanh")
+        return content.optional()
 
 
 class Relu(_Elementwise):
