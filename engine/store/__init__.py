@@ -6,8 +6,9 @@ from .adapters import Adapter, PyTorchAdapter
 from .burnpack import Scalar, TensorEntry
 from .errors import RecordError
 from .record import ModuleRecord
+from .remap import KeyRemapper
 
-__all__ = ["Adapter", "ModuleRecord", "PyTorchAdapter", "RecordError", "Scalar", "TensorEntry"]
+__all__ = ["Adapter", "KeyRemapper", "ModuleRecord", "PyTorchAdapter", "RecordError", "Scalar", "TensorEntry"]
 
 # Module.into_record / into_record_group / load_record delegate to these
 from .module_io import into_record, into_record_group, load_record  # noqa: E402

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import burnpack, safetensors_io
+from . import burnpack, safetensors_io, torch_pickle
 from .adapters import get_adapter
 from .atomic import atomic_write
 from .burnpack import Scalar, TensorEntry
@@ -37,6 +37,9 @@ from .errors import RecordError
 from .filesource import FileSource
 
 __all__ = ["ModuleRecord", "RecordError", "TensorEntry", "Scalar"]
+
+
+_TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 
 
 def _is_safetensors(path: Path) -> bool:
@@ -105,6 +108,25 @@ class ModuleRecord:
             raise RecordError(f"duplicate tensor name {entry.name!r} in a record")
         self._entries[entry.name] = entry
         self.set_owner(entry.name, owner)
+
+    def with_key_remapping(self, remapper) -> "ModuleRecord":
+        """A record whose tensors are renamed by `remapper` (a `KeyRemapper` or a list of
+        (pattern, replacement) pairs), as Burn's `with_key_remapping`. The arrays are shared, not
+        copied; owners, metadata, scalars, the adapter and the loading options carry over."""
+        from .remap import KeyRemapper  # noqa: PLC0415
+
+        if not isinstance(remapper, KeyRemapper):
+            remapper = KeyRemapper(remapper)
+        names = remapper.mapping(self._entries)
+        out = ModuleRecord(metadata=self.metadata)
+        out.scalars = dict(self.scalars)
+        for old, e in self._entries.items():
+            new = names[old]
+            out._entries[new] = e if new == old else TensorEntry(new, e.dtype, e.shape, e.array, e.param_id, e.scheme)
+            if old in self._owners:
+                out._owners[new] = self._owners[old]
+        out.adapter, out._partial, out._unused, out.source = self.adapter, self._partial, self._unused, self.source
+        return out
 
     def num_params(self) -> int:
         return sum(int(np.prod(e.shape)) for e in self._entries.values())
@@ -190,7 +212,9 @@ class ModuleRecord:
 
     @classmethod
     def load(cls, path, adapter=None) -> "ModuleRecord":
-        """Read a burnpack (or, for `.safetensors`, a safetensors file) into memory.
+        """Read a burnpack (or, for `.safetensors`, a safetensors file; for a zip file or a
+        `.bin` / `.pt` / `.pth` path, a `torch.save` state dict, read by `torch_pickle` without
+        running its pickle) into memory.
 
         Every tensor is read into an array of its own and the file is closed before this
         returns: the record never depends on the file afterwards (see `filesource.py`)."""
@@ -204,6 +228,12 @@ class ModuleRecord:
             if src.size == 0:
                 raise RecordError("the file is empty", where=where)
             first = src.read_bytes(0, 16)
+            if fmt is burnpack and (torch_pickle.is_torch_zip(first) or p.suffix.lower() in _TORCH_SUFFIXES):
+                # a torch.save state dict (pytorch_model.bin, .pt): read without running its pickle
+                contents = burnpack.Burnpack(torch_pickle.load_entries(src, where), {}, {})
+                record = cls._from_contents(contents, adapter)
+                record.source = where
+                return record
             head = src.read_bytes(0, fmt.head_length(first, src.size, where))
             plan = fmt.plan(head, src.size, where)
             arrays = src.read_arrays(plan.spans())

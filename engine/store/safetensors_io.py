@@ -124,31 +124,42 @@ def decode(buf, where: str = "bytes") -> Burnpack:
     return Burnpack(entries(p, views(buf, p)), p.metadata, {})
 
 
-def layout(entries, metadata=None):
-    header = {}
+def header(specs, metadata=None) -> bytes:
+    """The length field and JSON header of a safetensors file whose tensors are `specs`:
+    (name, burnpack dtype, shape, byte count) in file order, the data packed back to back.
+    Lets a writer stream tensors one at a time after it (see `write`)."""
+    head = {}
     if metadata:
         for k, v in metadata.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise RecordError(f"metadata must map text to text, got {k!r}: {v!r}")
-        header["__metadata__"] = dict(metadata)
+        head["__metadata__"] = dict(metadata)
+    offset = 0
+    for name, dtype, shape, nbytes in specs:
+        if name in head:
+            raise RecordError(f"duplicate tensor name {name!r}: each name may appear once")
+        st = _FROM_BURN.get(dtype)
+        if st is None:
+            raise RecordError(f"tensor {name!r}: {dtype} cannot be stored in safetensors")
+        head[name] = {"dtype": st, "shape": [int(d) for d in shape], "data_offsets": [offset, offset + int(nbytes)]}
+        offset += int(nbytes)
+    blob = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the library writes it
+    return struct.pack("<Q", len(blob)) + blob
+
+
+def layout(entries, metadata=None):
     placed = []
+    specs = []
     offset = 0
     for e in entries:
-        if e.name in header:
-            raise RecordError(f"duplicate tensor name {e.name!r}: each name may appear once")
-        st = _FROM_BURN.get(e.dtype)
-        if st is None:
-            raise RecordError(f"tensor {e.name!r}: {e.dtype} cannot be stored in safetensors")
         raw = e.raw()
         if e.dtype == "Flex32":
             raw = raw.view("<f4")
-        header[e.name] = {"dtype": st, "shape": [int(d) for d in e.shape],
-                          "data_offsets": [offset, offset + raw.nbytes]}
+        specs.append((e.name, e.dtype, e.shape, raw.nbytes))
         placed.append((raw, offset))
         offset += raw.nbytes
-    blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the library writes it
-    head = struct.pack("<Q", len(blob)) + blob
+    head = header(specs, metadata)
     return head, placed, len(head) + offset
 
 

@@ -1,0 +1,33 @@
+"""Pretrained architectures read from and written to Hugging Face checkpoint folders.
+
+`from_pretrained(folder)` picks the family from `config.json`, builds the model from `engine.nn`
+layers with every parameter lazy, and ties each parameter to its stored tensor: nothing is read
+until a value is used. `save_pretrained(model, folder)` writes the folder back with Hugging Face's
+names and layout. The per-family name tables are data (`engine.models.mapping`).
+
+The names below are imported on first use, so that `engine.models.mapping` or one family's
+module can be imported alone.
+"""
+import importlib
+
+_NAMES = {
+    "PretrainedError": "checkpoint", "open_checkpoint": "checkpoint",
+    "FAMILIES": "pretrained", "Family": "pretrained", "PretrainedInfo": "pretrained",
+    "from_pretrained": "pretrained", "pretrained_info": "pretrained", "pretrained_names": "pretrained",
+    "save_pretrained": "pretrained", "supported_architectures": "pretrained",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES))

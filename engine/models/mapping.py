@@ -1,0 +1,252 @@
+"""Name and layout tables between Hugging Face checkpoints and Ember models, as data.
+
+A `WeightMap` is a list of `Rule`s. A rule pairs a Hugging Face tensor name template with an
+Ember parameter path template and the transforms that turn the stored array into the
+parameter (applied in order when loading; inverted in reverse order when saving):
+
+    Rule("model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.self_attn.query.weight",
+         [RopePermute(n_heads=32, head_dim=128), Transpose()])
+
+`{name}` placeholders match layer indices (`[0-9]+`); both templates of a rule use the same
+placeholders. Every transform says its output shape from its input shape, so that a loader can
+check every size from the file's header before it reads anything.
+
+- `Transpose()`: PyTorch's `nn.Linear` stores `[out, in]`, Ember's (Burn's) Linear `[in, out]`.
+- `RopePermute(n_heads, head_dim, axis=0)`: Hugging Face's rotary embedding rotates the two
+  halves of each head (`i`, `i + head_dim/2`), Ember's (Burn's) interleaved pairs (`2i`, `2i+1`).
+  Rows of `q_proj` / `k_proj` (and their biases) are permuted per head: viewed as
+  `[n_heads, 2, head_dim/2]`, the last two axes swapped. Applied to the stored layout.
+- `Split(axis, index, parts)`: one of `parts` equal slices (GPT-2's fused `c_attn` holds q, k, v);
+  on saving, the rules that share one stored name are concatenated in `index` order. A `Split`
+  comes first in its rule's transforms.
+- `Reshape(stored, ember)`: the same values in another shape (ViT's `cls_token` `[1, 1, d]`).
+
+`WeightMap(rules, ignore=[regex, ...])`: stored tensors matching an `ignore` pattern (buffers
+such as `rotary_emb.inv_freq`) are skipped; any other stored tensor that no rule uses is an
+error when loading, so a checkpoint that does not fit the configuration never loads partly.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Reshape", "RopePermute", "Rule", "Split", "Transform", "Transpose", "WeightMap"]
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Transform:
+    """A reversible change of layout. Subclasses define `shape`, `forward`, `inverse`."""
+
+    def shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        """The output shape for an input of shape `stored`; ValueError when it does not fit."""
+        raise NotImplementedError
+
+    def stored_shape(self, ember: tuple[int, ...]) -> tuple[int, ...]:
+        """The input shape that gives output shape `ember` (the inverse of `shape`)."""
+        raise NotImplementedError
+
+    def forward(self, array: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def inverse(self, array: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Transpose(Transform):
+    def shape(self, stored):
+        if len(stored) != 2:
+            raise ValueError(f"a transpose needs a rank-2 tensor, found dims {list(stored)}")
+        return (stored[1], stored[0])
+
+    def stored_shape(self, ember):
+        return (ember[1], ember[0])
+
+    def forward(self, array):
+        return np.ascontiguousarray(array.T)
+
+    def inverse(self, array):
+        return np.ascontiguousarray(array.T)
+
+
+@dataclass(frozen=True)
+class RopePermute(Transform):
+    n_heads: int
+    head_dim: int
+    axis: int = 0
+
+    def shape(self, stored):
+        if not stored or self.axis >= len(stored):
+            raise ValueError(f"a rotary permutation along axis {self.axis} needs rank > {self.axis}, found "
+                             f"dims {list(stored)}")
+        if self.head_dim % 2:
+            raise ValueError(f"a rotary permutation needs an even head_dim, found {self.head_dim}")
+        if stored[self.axis] != self.n_heads * self.head_dim:
+            raise ValueError(f"a rotary permutation of {self.n_heads} heads of {self.head_dim} needs "
+                             f"{self.n_heads * self.head_dim} along axis {self.axis}, found dims {list(stored)}")
+        return tuple(stored)
+
+    def stored_shape(self, ember):
+        return tuple(ember)
+
+    def _permute(self, array, halves_first: bool):
+        a = np.moveaxis(np.asarray(array), self.axis, 0)
+        rest = a.shape[1:]
+        h, half = self.n_heads, self.head_dim // 2
+        view = a.reshape((h, 2, half) + rest) if halves_first else a.reshape((h, half, 2) + rest)
+        out = np.swapaxes(view, 1, 2).reshape((h * self.head_dim,) + rest)
+        return np.ascontiguousarray(np.moveaxis(out, 0, self.axis))
+
+    def forward(self, array):
+        return self._permute(array, True)
+
+    def inverse(self, array):
+        return self._permute(array, False)
+
+
+@dataclass(frozen=True)
+class Split(Transform):
+    axis: int
+    index: int
+    parts: int
+
+    def shape(self, stored):
+        if self.axis >= len(stored):
+            raise ValueError(f"a split along axis {self.axis} needs rank > {self.axis}, found dims {list(stored)}")
+        if stored[self.axis] % self.parts:
+            raise ValueError(f"a split into {self.parts} along axis {self.axis} needs a multiple of {self.parts}, "
+                             f"found dims {list(stored)}")
+        out = list(stored)
+        out[self.axis] //= self.parts
+        return tuple(out)
+
+    def stored_shape(self, ember):  # one part's shape: the saver concatenates the parts
+        return tuple(ember)
+
+    def forward(self, array):
+        n = array.shape[self.axis] // self.parts
+        index = [slice(None)] * array.ndim
+        index[self.axis] = slice(self.index * n, (self.index + 1) * n)
+        return np.ascontiguousarray(array[tuple(index)])
+
+    def inverse(self, array):  # the concatenation is done by the saver, over the rules of one name
+        return array
+
+
+@dataclass(frozen=True)
+class Reshape(Transform):
+    stored: tuple[int, ...]
+    ember: tuple[int, ...]
+
+    def shape(self, stored):
+        if tuple(stored) != tuple(self.stored):
+            raise ValueError(f"expected dims {list(self.stored)} to reshape into {list(self.ember)}, "
+                             f"found {list(stored)}")
+        return tuple(self.ember)
+
+    def stored_shape(self, ember):
+        return tuple(self.stored)
+
+    def forward(self, array):
+        return np.ascontiguousarray(array.reshape(self.ember))
+
+    def inverse(self, array):
+        return np.ascontiguousarray(array.reshape(self.stored))
+
+
+def _compile(template: str) -> tuple[re.Pattern, tuple[str, ...]]:
+    names = tuple(_PLACEHOLDER.findall(template))
+    pieces, last = [], 0
+    for m in _PLACEHOLDER.finditer(template):
+        pieces.append(re.escape(template[last:m.start()]))
+        pieces.append(f"(?P<{m.group(1)}>[0-9]+)")
+        last = m.end()
+    pieces.append(re.escape(template[last:]))
+    return re.compile("".join(pieces) + r"\Z"), names
+
+
+@dataclass
+class Rule:
+    """One stored tensor (template `hf`) to one Ember parameter (template `ember`)."""
+
+    hf: str
+    ember: str
+    transforms: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.transforms = list(self.transforms)
+        self._hf_re, hf_names = _compile(self.hf)
+        self._ember_re, ember_names = _compile(self.ember)
+        if sorted(hf_names) != sorted(ember_names):
+            raise ValueError(f"rule {self.hf!r} -> {self.ember!r}: both templates must use the same placeholders")
+        for i, t in enumerate(self.transforms):
+            if not isinstance(t, Transform):
+                raise TypeError(f"rule {self.hf!r}: transform {i} is a {type(t).__name__}, not a Transform")
+            if isinstance(t, Split) and i != 0:
+                raise ValueError(f"rule {self.hf!r}: a Split must be the first transform")
+
+    @property
+    def split(self) -> Split | None:
+        return self.transforms[0] if self.transforms and isinstance(self.transforms[0], Split) else None
+
+    def match_ember(self, path: str) -> str | None:
+        """The stored name for Ember path `path`, or None when the rule does not cover it."""
+        m = self._ember_re.match(path)
+        if m is None:
+            return None
+        return _PLACEHOLDER.sub(lambda g: m.group(g.group(1)), self.hf)
+
+    def ember_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        shape = tuple(int(d) for d in stored)
+        for t in self.transforms:
+            shape = t.shape(shape)
+        return shape
+
+    def stored_shape(self, ember: tuple[int, ...]) -> tuple[int, ...]:
+        """The stored shape of an Ember value of shape `ember` (for a split rule: its part's)."""
+        shape = tuple(int(d) for d in ember)
+        for t in reversed(self.transforms):
+            shape = t.stored_shape(shape)
+        return shape
+
+    def load(self, array: np.ndarray) -> np.ndarray:
+        for t in self.transforms:
+            array = t.forward(array)
+        return array
+
+    def save(self, array: np.ndarray) -> np.ndarray:
+        """The stored layout of an Ember value (for a split rule: this rule's slice of it)."""
+        for t in reversed(self.transforms):
+            array = t.inverse(array)
+        return np.ascontiguousarray(array)
+
+
+class WeightMap:
+    """The rules of one architecture (see the module docstring)."""
+
+    def __init__(self, rules, ignore=()):
+        self.rules: list[Rule] = list(rules)
+        for r in self.rules:
+            if not isinstance(r, Rule):
+                raise TypeError(f"WeightMap expects Rules, got {type(r).__name__}")
+        self.ignore = [re.compile(p) for p in ignore]
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def __repr__(self) -> str:
+        return f"WeightMap({len(self.rules)} rules, {len(self.ignore)} ignored patterns)"
+
+    def find(self, ember_path: str) -> tuple[Rule, str] | None:
+        """(rule, stored name) for an Ember parameter path; None when no rule covers it."""
+        for r in self.rules:
+            name = r.match_ember(ember_path)
+            if name is not None:
+                return r, name
+        return None
+
+    def ignored(self, stored_name: str) -> bool:
+        return any(p.search(stored_name) for p in self.ignore)
