@@ -1,0 +1,326 @@
+"""Reading a Hugging Face checkpoint folder: `config.json` and the weight files' headers, lazily.
+
+    ckpt = open_checkpoint("path/to/folder")
+    ckpt.config                       # config.json, a dict
+    t = ckpt.tensors["model.embed_tokens.weight"]
+    t.dtype, t.shape, t.file          # from the header: nothing read yet
+    t.read()                          # an owned float32 (or int / bool / float64) array of t.shape
+    ckpt.close()
+
+Folder kinds, looked for in this order (as transformers does):
+
+- `model.safetensors`,
+- `model.safetensors.index.json` plus the shards its `weight_map` names,
+- `pytorch_model.bin` (a `torch.save` zip, read by `engine.store.torch_pickle` without running its
+  pickle),
+- `pytorch_model.bin.index.json` plus `.bin` shards.
+
+Only headers are read when the folder is opened (the safetensors JSON headers through
+`safetensors_io.plan`, the hardened parser `ModuleRecord.load` uses; a `.bin`'s zip directory and
+pickle). Each file stays open as an `engine.store.filesource.FileSource` (no memory map, see that
+file) and each tensor is read at its first `read()` into an array of its own; a file that
+changed since it was opened is an error, never a crash.
+
+Every problem a user can hit is a `PretrainedError` (a `RecordError`) that names the file, the
+tensor and what was expected: a folder without `config.json` (listing what it holds), a
+`config.json` that is not a JSON object, no weights file (naming the ones looked for), an index
+naming a missing shard or a shard path that leaves the folder, a tensor the index and its shard
+disagree on, a tensor in two files, truncated files and sizes that do not fit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import numpy as np
+
+from ..store import safetensors_io, torch_pickle
+from ..store.burnpack import bf16_to_float32, storage_dtype
+from ..store.errors import RecordError
+from ..store.filesource import FileSource
+
+__all__ = ["Checkpoint", "PretrainedError", "StoredTensor", "WEIGHT_FILES", "open_checkpoint"]
+
+CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+MAX_SHARDS = 10_000
+
+
+class PretrainedError(RecordError):
+    """A Hugging Face folder could not be read or does not fit the model; `where` names the file."""
+
+
+def _fail(where, message):
+    raise PretrainedError(message, where=str(where) if where is not None else None)
+
+
+def _as_pretrained(exc: RecordError) -> PretrainedError:
+    if isinstance(exc, PretrainedError):
+        return exc
+    err = PretrainedError(exc.reason, where=exc.where, missing=exc.missing, unused=exc.unused,
+                          mismatched=exc.mismatched)
+    return err
+
+
+class StoredTensor:
+    """One tensor in one file; nothing is read until `read()` / `read_stored()` is called.
+
+    `dtype` is the burnpack dtype name ("F32", "F16", "BF16", "F64", "I64", ..., "Bool(Native)"),
+    `shape` a tuple, `file` the file it lives in, `nbytes` its size as stored."""
+
+    __slots__ = ("name", "dtype", "shape", "file", "nbytes", "_reader")
+
+    def __init__(self, name: str, dtype: str, shape, file: Path, nbytes: int, reader):
+        self.name = name
+        self.dtype = dtype
+        self.shape = tuple(int(d) for d in shape)
+        self.file = Path(file)
+        self.nbytes = int(nbytes)
+        self._reader = reader
+
+    def __repr__(self) -> str:
+        return f"StoredTensor({self.name!r}, {self.dtype}, {list(self.shape)}, {self.file.name})"
+
+    def read_stored(self) -> np.ndarray:
+        """A new owned array of `shape` holding the stored bits: BF16 as uint16, F16 as float16,
+        bools as bool (for bit-exact copies on save). Checks that the file did not change."""
+        try:
+            arr = self._reader()
+        except PretrainedError:
+            raise
+        except RecordError as exc:
+            raise _as_pretrained(exc) from None
+        if tuple(arr.shape) != self.shape:  # the readers reshape; this guards the contract
+            arr = arr.reshape(self.shape)
+        return arr
+
+    def read(self) -> np.ndarray:
+        """A new owned array of `shape` to compute with: F32 / F16 / BF16 as float32 (BF16 widened
+        exactly: its bits are float32's upper 16), F64 as float64, ints as their NumPy type, bools
+        as bool."""
+        arr = self.read_stored()
+        if self.dtype == "BF16":
+            return bf16_to_float32(arr).reshape(self.shape)
+        if self.dtype == "F16":
+            return arr.astype(np.float32)
+        return arr
+
+
+class Checkpoint:
+    """A folder opened by `open_checkpoint`: `config` (config.json), `tensors` (HF name ->
+    StoredTensor, in file order), `files` (the weight files). `close()` closes the files; reading
+    a tensor after that raises PretrainedError."""
+
+    def __init__(self, folder: Path, config: dict, tensors: dict, files: list, sources: list):
+        self.folder = folder
+        self.config = config
+        self.tensors: dict[str, StoredTensor] = tensors
+        self.files: list[Path] = files
+        self._sources = sources
+
+    def close(self) -> None:
+        for src in self._sources:
+            src.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.folder)!r}, {len(self.tensors)} tensors in {len(self.files)} file(s))"
+
+
+# ------------------------------------------------------------------------------ files
+def _read_json(path: Path, limit: int, what: str):
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        _fail(path, f"cannot read {what}: {exc.strerror or exc}")
+    if size > limit:
+        _fail(path, f"{what} of {size} bytes exceeds the limit of {limit} bytes")
+    with FileSource(path, str(path)) as src:
+        raw = src.read_bytes(0, limit + 1)
+    if len(raw) > limit:
+        _fail(path, f"{what} exceeds the limit of {limit} bytes")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        _fail(path, f"{what}: not valid JSON: {exc}")
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _listing(folder: Path) -> str:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return "nothing readable"
+    if not names:
+        return "no files"
+    shown = ", ".join(names[:20])
+    return shown + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _shard_path(folder: Path, name, index: Path, tensor: str) -> Path:
+    """The shard file `name` of an index, which must stay inside the folder (lexically: a
+    plain relative path without '..'; a symlink inside the folder, as the Hub cache makes, is
+    fine)."""
+    if not isinstance(name, str) or not name:
+        _fail(index, f"weight_map[{tensor!r}]: a shard file name expected, found {name!r}")
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if (posix.is_absolute() or windows.is_absolute() or windows.drive or "\x00" in name
+            or ".." in posix.parts or ".." in windows.parts):
+        _fail(index, f"weight_map[{tensor!r}]: shard {name!r} is outside the folder; a file name inside "
+                     f"{folder} expected")
+    return folder / posix
+
+
+# ------------------------------------------------------------------------------ readers
+def _open_safetensors(path: Path, sources: list) -> dict[str, StoredTensor]:
+    where = str(path)
+    src = FileSource(path, where)
+    sources.append(src)
+    if src.size == 0:
+        _fail(path, "the file is empty; a safetensors file expected")
+    first = src.read_bytes(0, 16)
+    head = src.read_bytes(0, safetensors_io.head_length(first, src.size, where))
+    plan = safetensors_io.plan(head, src.size, where)
+    out = {}
+    for t in sorted(plan.tensors, key=lambda t: t.offset):
+        out[t.name] = StoredTensor(t.name, t.dtype, t.shape, path, t.nbytes,
+                                   _safetensors_reader(src, t.offset, t.dtype, t.count, t.shape))
+    return out
+
+
+def _safetensors_reader(src: FileSource, offset: int, dtype: str, count: int, shape):
+    def read():
+        arr = src.read_array(offset, storage_dtype(dtype), count).reshape(shape)
+        return arr != 0 if dtype.startswith("Bool(") else arr
+    return read
+
+
+def _open_torch(path: Path, sources: list) -> dict[str, StoredTensor]:
+    src = FileSource(path, str(path))
+    sources.append(src)
+    if src.size == 0:
+        _fail(path, "the file is empty; a torch.save zip archive expected")
+    z = torch_pickle.TorchZip(path, str(path), source=src)
+    return {name: StoredTensor(name, t.dtype, t.shape, path, t.nbytes, t.read_stored) for name, t in z.tensors.items()}
+
+
+def _open_index(folder: Path, index: Path, opener, sources: list) -> tuple[dict, list]:
+    doc = _read_json(index, MAX_INDEX_BYTES, "the index")
+    if not isinstance(doc, dict):
+        _fail(index, f"the index: a JSON object expected, found {type(doc).__name__}")
+    wmap = doc.get("weight_map")
+    if not isinstance(wmap, dict):
+        _fail(index, f"the index: a 'weight_map' object (tensor name -> shard file) expected, found "
+                     f"{type(wmap).__name__ if wmap is not None else 'none'}")
+    if not wmap:
+        _fail(index, "the index: 'weight_map' names no tensors")
+    shards: dict[str, list[str]] = {}
+    for tensor, shard in wmap.items():
+        _shard_path(folder, shard, index, tensor)
+        shards.setdefault(shard, []).append(tensor)
+    if len(shards) > MAX_SHARDS:
+        _fail(index, f"the index names {len(shards)} shards, more than the limit of {MAX_SHARDS}")
+    tensors: dict[str, StoredTensor] = {}
+    files = []
+    for shard, names in sorted(shards.items()):
+        path = _shard_path(folder, shard, index, names[0])
+        if not path.exists():
+            _fail(index, f"shard {shard!r} (holding {names[0]!r}{' and others' if len(names) > 1 else ''}) "
+                         f"does not exist in {folder}")
+        if not _regular(path):
+            _fail(path, f"shard {shard!r} named by {index.name}: a regular file expected")
+        found = opener(path, sources)
+        files.append(path)
+        for name in names:
+            if name not in found:
+                _fail(path, f"tensor {name!r}: {index.name} says it is in {shard}, which does not hold it")
+        for name, t in found.items():
+            owner = wmap.get(name)
+            if owner is None:
+                _fail(path, f"tensor {name!r} is in {shard} but not in {index.name}'s weight_map")
+            if owner != shard:
+                _fail(path, f"tensor {name!r} is in {shard} and in {owner}; {index.name} names {owner}, "
+                            f"a tensor must be in one shard")
+            tensors[name] = t
+    return tensors, files
+
+
+def open_checkpoint(folder) -> Checkpoint:
+    """Open a Hugging Face checkpoint folder: config.json parsed, the weight files' headers read,
+    every tensor described by a StoredTensor and nothing else read. See the module docstring."""
+    folder = Path(os.fspath(folder)).expanduser()
+    if not folder.exists():
+        _fail(folder, "no such folder; a Hugging Face checkpoint folder (config.json plus weights) expected")
+    if not folder.is_dir():
+        _fail(folder, "a Hugging Face checkpoint folder (config.json plus weights) expected, found a file")
+    config_path = folder / CONFIG
+    if not config_path.exists():
+        _fail(folder, f"no {CONFIG} in the folder; a Hugging Face checkpoint folder has one (it holds: "
+                      f"{_listing(folder)})")
+    if not _regular(config_path):
+        _fail(config_path, "a regular file expected")
+    try:
+        config = _read_json(config_path, MAX_CONFIG_BYTES, CONFIG)
+    except PretrainedError:
+        raise
+    except RecordError as exc:
+        raise _as_pretrained(exc) from None
+    if not isinstance(config, dict):
+        _fail(config_path, f"a JSON object expected, found {type(config).__name__}")
+
+    sources: list[FileSource] = []
+    try:
+        tensors, files = _open_weights(folder, sources)
+    except PretrainedError:
+        for s in sources:
+            s.close()
+        raise
+    except RecordError as exc:
+        for s in sources:
+            s.close()
+        raise _as_pretrained(exc) from None
+    except BaseException:
+        for s in sources:
+            s.close()
+        raise
+    return Checkpoint(folder, config, tensors, files, sources)
+
+
+def _open_weights(folder: Path, sources: list) -> tuple[dict, list]:
+    single = folder / SAFETENSORS
+    if single.exists():
+        return _open_safetensors(single, sources), [single]
+    index = folder / SAFETENSORS_INDEX
+    if index.exists():
+        return _open_index(folder, index, _open_safetensors, sources)
+    single = folder / TORCH_BIN
+    if single.exists():
+        return _open_torch(single, sources), [single]
+    index = folder / TORCH_BIN_INDEX
+    if index.exists():
+        return _open_index(folder, index, _open_torch, sources)
+    _fail(folder, f"no weights file: looked for {', '.join(WEIGHT_FILES)}; the folder holds: {_listing(folder)}")
