@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from engine.design import shape_check
-from engine.module import contracts
+from engine.module import contracts, memory
 from engine.module.tree import FieldKind, find
 from engine.tensor.device import default_device
 from widgets.module_tree import CONTRACT
@@ -157,9 +157,10 @@ class ContractCheck:
                 # the full check allocates every parameter and the activations: refuse what cannot fit
                 # (the activations' figure comes from a shape-only pass, which allocates nothing)
                 shapes = shape_check.check_shapes(module, inputs, wanted, modules, checkpoint=state.check_cancelled)
-                shape_check.refuse_if_too_big("The full check", {
+                memory.MemoryEstimate("The full check", {
                     "parameters to allocate": shape_check.unallocated_bytes(module),
-                    "activations for the check input": shape_check.activation_bytes(shapes)})
+                    "activations for the check input": shape_check.activation_bytes(shapes),
+                }).check(memory.available_memory())  # MemAvailable, and what RLIMIT_AS leaves
             return contracts.check(module, inputs, wanted, modules, checkpoint=state.check_cancelled)
 
         def done(result):

@@ -1,16 +1,25 @@
 """Model edits from the window: freeze / unfreeze / no-grad, LoRA, materialize, device moves and
 detach. Each becomes one undo step on the document (`app.core.edits` performs it); an edit that
 copies a lot runs on a worker. The LoRA and group dialogs emit the edit's JSON form (widgets do
-not import the app), read here with the schema."""
+not import the app), read here with the schema.
+
+Before an edit that allocates (LoRA factors, QLoRA's dense bases and NF4 weights, a Fork or
+Transfer of initialized parameters, Materialize) runs, its memory is estimated
+(`engine.module.memory`: a walk of the tree that reads no value, milliseconds on a 7 B model,
+so it runs here) and compared with what the machine has (`memory.available_memory()`); an edit
+that would not fit is refused with the figures and the model stays as it was. A lazy model's
+Fork or Transfer allocates nothing and is never refused."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.module import memory
 from widgets.group_dialog import GroupDialog
 from widgets.lora_dialog import LoraDialog
 
 from .core import edits
-from .core.schema import DetachEdit, Edit, GroupEdit, GroupSpec, LoraEdit, MoveEdit, edit_from_json
+from .core.schema import (DetachEdit, Edit, GroupEdit, GroupSpec, LoraEdit, MaterializeEdit, MoveEdit,
+                          edit_from_json)
 from .workers import Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,8 +37,16 @@ class EditActions:
         module = self.document.module
         if module is None:
             return False
+        estimate = self.memory_estimate(module, edit)
+        if estimate is not None and estimate.total:
+            refusal = estimate.refusal(memory.available_memory())
+            if refusal:
+                text = edits.describe(edit)
+                self.window.error("Not enough memory", f"{text}: {refusal}. The model was left as it was.")
+                self.window.status(f"{text}: refused, it needs about {memory.size_text(estimate.total)}")
+                return False
         if edits.edit_cost_bytes(module, edit) > edits.HEAVY_EDIT_BYTES:
-            self._apply_in_background(module, edit)
+            self._apply_in_background(module, edit, estimate)
             return True
         try:
             after = edits.apply_edit(module, edit)
@@ -40,7 +57,22 @@ class EditActions:
         self.window.status(edits.describe(edit))
         return True
 
-    def _apply_in_background(self, module, edit: Edit) -> Task:
+    @staticmethod
+    def memory_estimate(module, edit: Edit) -> "memory.MemoryEstimate | None":
+        """What `edit` will allocate on `module` (None for an edit that allocates nothing, or
+        whose group cannot be read: applying it says why)."""
+        try:
+            if isinstance(edit, LoraEdit):
+                return memory.estimate_lora(module, edits.lora_config(edit))
+            if isinstance(edit, MoveEdit):
+                return memory.estimate_move(module, edit.device, edit.fork)
+            if isinstance(edit, MaterializeEdit):
+                return memory.estimate_materialize(module)
+        except (edits.EditError, ValueError, TypeError):
+            return None
+        return None
+
+    def _apply_in_background(self, module, edit: Edit, estimate=None) -> Task:
         """A long edit (a move that copies gigabytes, QLoRA packing) on a worker thread: the
         window stays responsive, and the result becomes one undoable step when it arrives, unless
         the model was changed meanwhile (then it is dropped and the status bar says so)."""
@@ -50,7 +82,7 @@ class EditActions:
             self.document.push_module(text, after, edit)
             w.status(text)
 
-        w.status(f"{text}…")
+        w.status(f"{text}… ({estimate.text()})" if estimate is not None and estimate.total else f"{text}…")
         return w.tasks.start(Task(lambda state: edits.apply_edit(module, edit), title=text), done,
                              lambda f: w.error("Edit failed", f"{text} failed: {f}"),
                              valid_while=lambda: self.document.module is module,

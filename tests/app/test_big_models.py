@@ -1,11 +1,21 @@
 """Big models in the window (issue 18, item 4): llama-7b's contract check is shape-only by
-default and allocates nothing; a full check that would not fit is refused with its estimate."""
+default and allocates nothing; a full check, QLoRA, Materialize or a Fork of initialized
+weights that would not fit is refused with its estimate, and the model stays as it was; a lazy
+model's Fork or Transfer allocates nothing and is never refused. The actions run under an
+address-space limit, so a regression that allocates the 7 B model fails instead of filling memory."""
+import contextlib
+import re
+import resource
 import time
 import tracemalloc
 
-from PySide6.QtCore import Qt
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QDialogButtonBox
 
-from engine.design import shape_check
+from app.core.schema import GroupSpec, LoraEdit
+
+from engine.module import memory
 
 
 def _click_check(window, qtbot):
@@ -44,7 +54,7 @@ def test_llama_check_is_shape_only_by_default_fast_and_allocates_nothing(window,
 def test_a_full_check_that_would_not_fit_is_refused_with_its_estimate(window, qtbot, monkeypatch):
     errors = []
     monkeypatch.setattr(window, "error", lambda title, text, details="": errors.append(text))
-    monkeypatch.setattr(shape_check, "available_memory", lambda: 4 * 10**9)  # a 4 GB machine
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * 10**9)  # a 4 GB machine
     assert window.open_example("llama-7b")
     ed = window.contract_editor
     qtbot.mouseClick(ed.shapes_only, Qt.MouseButton.LeftButton)  # untick: the full check
@@ -63,3 +73,118 @@ def test_a_model_with_allocated_parameters_gets_the_full_check_by_default(opened
     _click_check(opened, qtbot)
     r = opened.document.check_result
     assert r.ok and not r.shape_only
+
+
+# ---- QLoRA, Materialize, Fork / Transfer on llama-7b: the estimate first, a refusal when it does not fit ----
+@contextlib.contextmanager
+def address_space_growth_limit(extra: int):
+    """A regression that allocates the 7 B model fails with MemoryError instead of filling memory."""
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.fixture
+def errors(window, monkeypatch):
+    shown = []
+    monkeypatch.setattr(window, "error", lambda title, text, details="": shown.append((title, text)))
+    return shown
+
+
+def _attach_qlora_through_the_dialog(window, qtbot):
+    window.tree.select_path("")  # the whole model
+    window.actions.attach_lora.trigger()
+    dialog = window.dialog
+    assert dialog is not None and dialog.isVisible()
+    box = dialog.qlora
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton, pos=QPoint(8, box.height() // 2))  # on the indicator
+    assert dialog.qlora.isChecked()
+    ok = dialog.buttons.button(QDialogButtonBox.StandardButton.Ok)
+    assert ok.isEnabled(), dialog.errors()
+    qtbot.mouseClick(ok, Qt.MouseButton.LeftButton)
+
+
+def test_qlora_on_llama_is_refused_with_its_estimate(window, qtbot, errors, monkeypatch):
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * 10**9)  # a 4 GB machine
+    with address_space_growth_limit(3 << 30):
+        assert window.open_example("llama-7b")
+        before = window.document.module
+        t0 = time.perf_counter()
+        _attach_qlora_through_the_dialog(window, qtbot)
+        elapsed = time.perf_counter() - t0
+    assert len(errors) == 1, errors
+    title, text = errors[0]
+    assert title == "Not enough memory"
+    assert "Attach QLoRA (rank 8, alpha 16) to all parameters: QLoRA needs about 33.2 GB (dense bases to initialize " \
+           "27.0 GB, NF4 weights 3.5 GB, LoRA factors 82.3 MB, quantizer working arrays 2.7 GB), but this machine " \
+           "has 4.0 GB available; refused" in text, text
+    assert "33.2 GB" in window.message_label.text()
+    assert window.document.module is before and window.document.undo_stack.count() == 0
+    assert not window.running_tasks
+    assert _allocated(before) == 0
+    assert elapsed < 1.0, elapsed
+
+
+def test_qlora_under_an_address_space_limit_is_refused_with_what_the_limit_leaves(window, qtbot, errors):
+    """No figure injected: the window reads RLIMIT_AS itself (MemAvailable alone would be far more
+    than the 3 GB the limit leaves)."""
+    with address_space_growth_limit(3 << 30):
+        assert window.open_example("llama-7b")
+        _attach_qlora_through_the_dialog(window, qtbot)
+        available = memory.available_memory()
+    assert available <= 3 << 30
+    assert len(errors) == 1 and "QLoRA needs about 33.2 GB" in errors[0][1], errors
+    shown = re.search(r"but this machine has ([\d.]+) GB available; refused", errors[0][1])
+    assert shown and 1.0 < float(shown.group(1)) <= 3.3, errors  # the limit's headroom, not MemAvailable
+    assert window.document.undo_stack.count() == 0 and _allocated(window.document.module) == 0
+
+
+def test_materialize_on_llama_with_lora_is_refused_with_its_estimate(window, qtbot, errors, monkeypatch):
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * 10**9)
+    with address_space_growth_limit(3 << 30):
+        assert window.open_example("llama-7b")
+        assert window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.\d+\.attention\.")))
+        with_lora = window.document.module
+        assert window.actions.materialize.isEnabled()
+        window.actions.materialize.trigger()
+    assert len(errors) == 1, errors
+    text = errors[0][1]
+    assert "Materialize adapters: Materialize needs about 17.3 GB (lazy bases to initialize 8.6 GB, folded weights " \
+           "8.6 GB, fold working arrays 134.2 MB), but this machine has 4.0 GB available; refused" in text, text
+    assert window.document.module is with_lora and window.document.undo_stack.count() == 1
+    assert not any(p.is_initialized() for path, p in with_lora.named_params() if ".lora." not in path)
+
+
+def test_a_lazy_fork_or_transfer_of_llama_is_never_refused(window, qtbot, errors, monkeypatch):
+    monkeypatch.setattr(memory, "available_memory", lambda: 10**6)  # 1 MB free: still fine, nothing is copied
+    with address_space_growth_limit(3 << 30):
+        assert window.open_example("llama-7b")
+        window.group_op("freeze", "layers.0")
+        window.device_selector.combo.setCurrentText("cpu:1")
+        window.actions.fork.trigger()
+        window.device_selector.combo.setCurrentText("cpu:2")
+        window.actions.transfer.trigger()
+    assert errors == []
+    assert [str(d) for d in window.document.module.devices()] == ["cpu:2"]
+    assert _allocated(window.document.module) == 0 and window.document.undo_stack.count() == 3
+
+
+def test_a_fork_of_initialized_weights_that_would_not_fit_is_refused(window, qtbot, errors, monkeypatch):
+    monkeypatch.setattr(memory, "available_memory", lambda: 100 * 10**6)  # 100 MB free
+    with address_space_growth_limit(3 << 30):
+        assert window.open_example("llama-7b")
+        output = dict(window.document.module.named_params())["output.weight"]
+        output.val()  # the 32000 x 4096 head is allocated (524 MB): a fork would copy it
+        before = window.document.module
+        window.device_selector.combo.setCurrentText("cpu:1")
+        window.actions.fork.trigger()
+    assert len(errors) == 1, errors
+    assert "Fork needs about 524.3 MB (copies of initialized parameters 524.3 MB), but this machine has 100.0 MB " \
+           "available; refused" in errors[0][1], errors
+    assert window.document.module is before and window.document.undo_stack.count() == 0
+    assert _allocated(before) == 1
