@@ -7,7 +7,9 @@ panel renders the model's text), the resident memory the opening added, and how 
 parameters got initialized (should be none). Then the moves: the 6.7 B model after three edits
 (freeze a block, no_grad the head, LoRA on one projection) forked and transferred through the
 window's own Fork / Transfer (targets: under 1 s, under 50 MB, no parameter initialized, the
-original in the undo history included).
+original in the undo history included). Last, the memory estimate and refusal of QLoRA and
+Materialize on the 6.7 B model posing as a 4 GB machine (target: under 0.3 s, refused, nothing
+initialized).
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/gui_open.py
 """
@@ -113,6 +115,56 @@ def measure_moves(app, window) -> list[dict]:
     return rows
 
 
+def measure_refusals(app, window) -> list[dict]:
+    """The memory estimate and the refusal of actions that would not fit, through the window's
+    own actions, posing as a 4 GB machine (`memory.available_memory` replaced): QLoRA on every
+    weight of the 7 B model (the LoRA dialog answered with QLoRA ticked), and Materialize after
+    LoRA on its attention projections. Nothing may be allocated (the head excepted: none here)."""
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from engine.module import memory
+    from resources.examples import build_example
+
+    real, shown = memory.available_memory, []
+    real_error = window.error
+    memory.available_memory = lambda: 4 * 10**9
+    window.error = lambda title, text, details="": shown.append(text)
+    rows = []
+    try:
+        window.document.set_model(build_example("llama-7b"), ExampleSource("llama-7b"))
+        app.processEvents()
+
+        def qlora():
+            window.actions.attach_lora.trigger()
+            dialog = window.dialog
+            dialog.qlora.setChecked(True)
+            dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+
+        def materialize():
+            window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.\d+\.attention\.")))
+            app.processEvents()
+            t0 = time.perf_counter()
+            window.actions.materialize.trigger()
+            return time.perf_counter() - t0
+
+        for name, action in (("QLoRA, all weights", qlora), ("Materialize (LoRA on attention)", materialize)):
+            before = len(shown)
+            gc.collect()
+            t0 = time.perf_counter()
+            timed = action()
+            seconds = timed if timed is not None else time.perf_counter() - t0
+            app.processEvents()
+            initialized = sum(1 for path, p in window.document.module.named_params()
+                              if p.is_initialized() and ".lora." not in path)
+            refused = len(shown) > before and "refused" in shown[-1]
+            rows.append({"action": name, "s": seconds, "refused": refused, "initialized": initialized,
+                         "message": shown[-1] if refused else ""})
+    finally:
+        memory.available_memory = real
+        window.error = real_error
+    return rows
+
+
 def main() -> int:
     from PySide6.QtWidgets import QApplication
 
@@ -153,6 +205,17 @@ def main() -> int:
               f"{r['devices']:>8} {'ok' if met else 'NO'}")
     print("seconds: the action until the document shows the moved model; RSS +MiB: resident memory it "
           "added; init: parameters (not LoRA factors) initialized in the document or its undo history.")
+    print()
+    print("Memory estimate and refusal on the 6.7 B model, posing as a 4 GB machine")
+    print(f"{'action':32} {'seconds':>8} {'target':>7} {'refused':>8} {'init':>5}")
+    for r in measure_refusals(app, window):
+        met = r["s"] < 0.3 and r["refused"] and r["initialized"] == 0
+        ok &= met
+        print(f"{r['action']:32} {r['s']:>8.3f} {'<0.3':>7} {'yes' if r['refused'] else 'NO':>8} "
+              f"{r['initialized']:>5} {'ok' if met else 'NO'}")
+        print(f"    {r['message']}")
+    print("seconds: the action (the dialog's OK for QLoRA) until the refusal is shown: the estimate, a walk "
+          "of the tree, and the check against the available memory; init: parameters initialized.")
     window.close()
     return 0 if ok else 1
 
