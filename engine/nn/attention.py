@@ -1,4 +1,10 @@
-"""Multi-head attention (Burn's `MultiHeadAttention`, `MhaInput`, `MhaOutput`) and masks."""
+"""Multi-head attention (Burn's `MultiHeadAttention`, `MhaInput`, `MhaOutput`) and masks.
+
+Beyond Burn's layer, `MultiHeadAttentionConfig` takes what decoder families need: grouped-query
+attention (`n_kv_heads`), a head size that is not `d_model / n_heads` (`head_dim`), linear maps
+without bias (`bias`, `output_bias`), a causal mask (`causal`) and a rotary encoding applied to the
+queries and keys of every head (`rotary`, or an `nn.RotaryEncoding` passed to `forward`).
+"""
 from __future__ import annotations
 
 import math
@@ -9,6 +15,7 @@ from ._base import Config, Layer, assert_shape, check_dtype, initializers
 from .activation import Gelu
 from .dropout import DropoutConfig
 from .linear import LinearConfig
+from .pos_encoding import RotaryEncodingConfig
 
 __all__ = [
     "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput",
@@ -78,7 +85,16 @@ class MhaOutput:
 
 @dataclass
 class MultiHeadAttentionConfig(Config):
-    """Configuration of a [`MultiHeadAttention`] layer."""
+    """Configuration of a [`MultiHeadAttention`] layer.
+
+    The defaults are Burn's layer. `n_kv_heads` (grouped-query attention, default `n_heads`): the
+    key and value maps are `[d_model, n_kv_heads * head_dim]` and each key/value head serves a
+    contiguous group of `n_heads / n_kv_heads` query heads (PyTorch's `repeat_interleave` order).
+    `head_dim` defaults to `d_model // n_heads`. `bias` is the bias of the query, key and value maps,
+    `output_bias` that of the output map (default: `bias`). `causal` masks every key after the
+    query's position. `rotary` (a `RotaryEncodingConfig` with `d_model` = `head_dim`) is held by the
+    layer and applied to the queries and keys per head.
+    """
 
     d_model: int
     n_heads: int
@@ -86,22 +102,55 @@ class MultiHeadAttentionConfig(Config):
     min_float: float = -1.0e4
     quiet_softmax: bool = False
     initializer: object = field(default_factory=_kaiming_default)
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    bias: bool = True
+    output_bias: bool | None = None
+    causal: bool = False
+    rotary: RotaryEncodingConfig | None = None
 
     def init(self, device=None) -> "MultiHeadAttention":
-        lin = LinearConfig(self.d_model, self.d_model, initializer=self.initializer)
+        n_kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        head_dim = self.d_model // self.n_heads if self.head_dim is None else self.head_dim
+        for name, value in (("n_kv_heads", self.n_kv_heads), ("head_dim", self.head_dim)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"MultiHeadAttentionConfig.{name} must be a positive int, got {value!r}")
+        if self.n_heads % n_kv:
+            raise ValueError(f"MultiHeadAttentionConfig: n_heads ({self.n_heads}) must be a multiple of "
+                             f"n_kv_heads ({n_kv})")
+        if self.rotary is not None and self.rotary.d_model != head_dim:
+            raise ValueError(f"MultiHeadAttentionConfig: the rotary encoding's d_model ({self.rotary.d_model}) "
+                             f"must equal head_dim ({head_dim})")
+        out_bias = self.bias if self.output_bias is None else self.output_bias
+        if self.head_dim is None and n_kv == self.n_heads:
+            q_dim = kv_dim = self.d_model  # Burn's layer: every map [d_model, d_model]
+        else:
+            q_dim, kv_dim = self.n_heads * head_dim, n_kv * head_dim
+        init = self.initializer
+        query = LinearConfig(self.d_model, q_dim, self.bias, init).init(device)
+        key = LinearConfig(self.d_model, kv_dim, self.bias, init).init(device)
+        value = LinearConfig(self.d_model, kv_dim, self.bias, init).init(device)
+        output = LinearConfig(q_dim, self.d_model, out_bias, init).init(device)
+        rotary = self.rotary.init(device) if self.rotary is not None else None
         return MultiHeadAttention(
-            lin.init(device), lin.init(device), lin.init(device), lin.init(device), DropoutConfig(self.dropout).init(),
-            Gelu(), self.d_model, self.n_heads, self.d_model // self.n_heads, self.min_float, self.quiet_softmax,
+            query, key, value, output, DropoutConfig(self.dropout).init(), Gelu(), self.d_model, self.n_heads,
+            head_dim, self.min_float, self.quiet_softmax, n_kv_heads=n_kv, causal=self.causal, rotary=rotary,
         )
 
 
 class MultiHeadAttention(Layer):
     """Multi-head attention of "Attention Is All You Need": `query`, `key`, `value`, `output`
-    linear maps `[d_model, d_model]`; scores scaled by `1 / sqrt(d_k)`, masked entries set to
-    `min_float`, softmax (or quiet softmax) over the keys. Dropout applies to the scores."""
+    linear maps (`[d_model, d_model]` by default); scores scaled by `1 / sqrt(d_k)`, masked entries
+    set to `min_float`, softmax (or quiet softmax) over the keys. Dropout applies to the scores.
+
+    With `n_kv_heads < n_heads` (grouped-query attention) the key and value maps have
+    `n_kv_heads * d_k` outputs and key/value head `j` serves query heads `j * g .. j * g + g - 1`
+    (`g = n_heads / n_kv_heads`). A rotary encoding (held in `rotary`, or passed to `forward`)
+    rotates each head's queries and keys by their positions; `causal` masks the keys after each
+    query's position."""
 
     def __init__(self, query, key, value, output, dropout, activation, d_model, n_heads, d_k, min_float,
-                 quiet_softmax):
+                 quiet_softmax, n_kv_heads=None, causal=False, rotary=None):
         super().__init__()
         self.query = query
         self.key = key
@@ -114,9 +163,17 @@ class MultiHeadAttention(Layer):
         self.d_k = int(d_k)
         self.min_float = float(min_float)
         self.quiet_softmax = bool(quiet_softmax)
+        self.n_kv_heads = int(n_heads if n_kv_heads is None else n_kv_heads)
+        self.causal = bool(causal)
+        self.rotary = rotary
 
-    def forward(self, input: MhaInput) -> MhaOutput:
+    def forward(self, input: MhaInput, rotary=None, start: int = 0) -> MhaOutput:
         """Applies the forward pass on the input tensors.
+
+        `rotary` (an `nn.RotaryEncoding` with `d_model` = `d_k`) is used instead of the layer's own;
+        the queries and keys of this call take positions `start .. start + seq_length - 1` (the
+        offset a KV cache gives new tokens). The causal mask aligns the last query with the last
+        key: query `i` sees keys `j <= i + seq_length_2 - seq_length_1`.
 
         # Shapes
 
@@ -125,7 +182,8 @@ class MultiHeadAttention(Layer):
         - value: `[batch_size, seq_length_2, d_model]`
         - mask_pad: `[batch_size, seq_length_2]`
         - mask_attn: `[batch_size, seq_length_1, seq_length_2]`
-        - output: `[batch_size, seq_length_1, d_model]`
+        - output weights: `[batch_size, n_heads, seq_length_1, seq_length_2]`
+        - output context: `[batch_size, seq_length_1, d_model]`
         """
         assert_shape(input.query, [None, None, self.d_model])
         batch_size, seq_length_1, d_model = input.query.dims()
@@ -141,10 +199,21 @@ class MultiHeadAttention(Layer):
         check_dtype(self, input.key, weight, name="key", param_name="query weight")
         check_dtype(self, input.value, weight, name="value", param_name="query weight")
 
-        query = self._heads(input.query, self.query)
-        key = self._heads(input.key, self.key)
-        value = self._heads(input.value, self.value)
-        scores = (query @ key.transpose()) * (1.0 / math.sqrt(self.d_k))
+        rope = rotary if rotary is not None else self.rotary
+        query = self._heads(input.query, self.query, self.n_heads)
+        key = self._heads(input.key, self.key, self.n_kv_heads)
+        value = self._heads(input.value, self.value, self.n_kv_heads)
+        if rope is not None:
+            query = rope.apply(query, start)
+            key = rope.apply(key, start)
+        groups = self.n_heads // self.n_kv_heads
+        if groups == 1:
+            scores = query @ key.transpose()
+        else:  # [b, kv, g, s1, d_k] @ [b, kv, 1, d_k, s2]: each kv head serves its group, not copied
+            q5 = query.reshape(batch_size, self.n_kv_heads, groups, seq_length_1, self.d_k)
+            scores = (q5 @ key.unsqueeze(2).transpose()).reshape(batch_size, self.n_heads, seq_length_1,
+                                                                 seq_length_2)
+        scores = scores * (1.0 / math.sqrt(self.d_k))
         scores = self.dropout.forward(scores)
         if input.mask_pad_ is not None:
             scores = scores.mask_fill(input.mask_pad_.reshape(batch_size, 1, 1, seq_length_2), self.min_float)
@@ -152,21 +221,43 @@ class MultiHeadAttention(Layer):
             scores = scores.mask_fill(
                 input.mask_attn_.reshape(batch_size, 1, seq_length_1, seq_length_2), self.min_float
             )
+        if self.causal:
+            scores = scores.mask_fill(_causal_mask(seq_length_1, seq_length_2, scores.device), self.min_float)
         weights = scores.quiet_softmax(3) if self.quiet_softmax else scores.softmax(3)
-        context = (weights @ value).swap_dims(1, 2).reshape(batch_size, seq_length_1, d_model)
+        if groups == 1:
+            context = weights @ value
+        else:
+            w5 = weights.reshape(batch_size, self.n_kv_heads, groups, seq_length_1, seq_length_2)
+            context = (w5 @ value.unsqueeze(2)).reshape(batch_size, self.n_heads, seq_length_1, self.d_k)
+        context = context.swap_dims(1, 2).reshape(batch_size, seq_length_1, self.n_heads * self.d_k)
         return MhaOutput(weights, self.output.forward(context))
 
-    def _heads(self, x, linear):
+    def _heads(self, x, linear, n_heads):
         b, s, _ = x.shape
-        return linear.forward(x).reshape(b, s, self.n_heads, self.d_k).swap_dims(1, 2)
+        return linear.forward(x).reshape(b, s, n_heads, self.d_k).swap_dims(1, 2)
 
     def custom_content(self, content):
-        return (
+        content = (
             content.add("d_model", self.d_model)
             .add("n_heads", self.n_heads)
-            .add("d_k", self.d_k)
+        )
+        if self.n_kv_heads != self.n_heads:
+            content = content.add("n_kv_heads", self.n_kv_heads)
+        content = (
+            content.add("d_k", self.d_k)
             .add("dropout", self.dropout.prob)
             .add("min_float", self.min_float)
             .add("quiet_softmax", self.quiet_softmax)
-            .optional()
         )
+        if self.causal:
+            content = content.add("causal", self.causal)
+        return content.optional()
+
+
+def _causal_mask(seq_length_1: int, seq_length_2: int, device) -> Tensor:
+    """`[1, 1, seq_length_1, seq_length_2]` bool, true where key `j` comes after query `i`, the last
+    query aligned with the last key (`j - (seq_length_2 - seq_length_1) > i`)."""
+    import numpy as np  # noqa: PLC0415
+
+    m = np.triu(np.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + seq_length_2 - seq_length_1)
+    return Tensor.from_data(m.reshape(1, 1, seq_length_1, seq_length_2), device=device)

@@ -11,7 +11,7 @@ from . import _ops
 from ._base import Config, Layer, assert_shape, check_float
 
 __all__ = ["PositionalEncodingConfig", "PositionalEncoding", "generate_sinusoids", "RotaryEncodingConfig",
-           "RotaryEncoding"]
+           "RotaryEncoding", "Llama3RopeScaling", "LinearRopeScaling"]
 
 
 def generate_sinusoids(length: int, d_model: int, max_timescale: int, device=None) -> Tensor:
@@ -83,45 +83,126 @@ class PositionalEncoding(Layer):
         )
 
 
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3's frequency scaling of a rotary encoding (transformers' `rope_type: "llama3"`):
+    frequencies whose wavelength exceeds `original_max_position_embeddings / low_freq_factor` are
+    divided by `factor`, those below `original_max_position_embeddings / high_freq_factor` are kept,
+    and the ones between are blended smoothly. Called on the inverse frequencies (float32)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        if not self.factor > 0 or not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ValueError(f"Llama3RopeScaling: expected factor > 0 and high_freq_factor > low_freq_factor > 0, "
+                             f"got factor {self.factor}, low_freq_factor {self.low_freq_factor}, high_freq_factor "
+                             f"{self.high_freq_factor}")
+        if not int(self.original_max_position_embeddings) > 0:
+            raise ValueError(f"Llama3RopeScaling: original_max_position_embeddings must be positive, got "
+                             f"{self.original_max_position_embeddings}")
+
+    def __call__(self, inv_freq):
+        inv = np.asarray(inv_freq, dtype=np.float32)
+        f32 = np.float32
+        old = f32(self.original_max_position_embeddings)
+        low, high, factor = f32(self.low_freq_factor), f32(self.high_freq_factor), f32(self.factor)
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = (f32(2.0 * np.pi) / inv).astype(np.float32)
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv).astype(np.float32)
+        smooth = ((old / wavelen - low) / (high - low)).astype(np.float32)
+        smoothed = ((f32(1.0) - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class LinearRopeScaling:
+    """Position interpolation (transformers' `rope_type: "linear"`): every frequency divided by
+    `factor`."""
+
+    factor: float
+
+    def __post_init__(self):
+        if not self.factor > 0:
+            raise ValueError(f"LinearRopeScaling: factor must be positive, got {self.factor}")
+
+    def __call__(self, inv_freq):
+        return (np.asarray(inv_freq, dtype=np.float32) / np.float32(self.factor)).astype(np.float32)
+
+
 @dataclass
 class RotaryEncodingConfig(Config):
-    """Configuration of a [`RotaryEncoding`] layer."""
+    """Configuration of a [`RotaryEncoding`] layer.
+
+    `scaling` (optional) maps the inverse frequencies `theta^(-2i / d_model)`, a float32 array
+    `[d_model / 2]`, to the ones used (`Llama3RopeScaling`, `LinearRopeScaling`, or any function of
+    that array); `init_with_frequency_scaling(scaling)` is Burn's builder for it.
+    """
 
     max_sequence_length: int
     d_model: int
     theta: float = 10000.0
+    scaling: object | None = None
 
     def init(self, device=None) -> "RotaryEncoding":
         if self.d_model % 2:
             raise ValueError(f"The input embedding dimension must be even, got d_model {self.d_model}")
         if not self.theta > 0.0:
             raise ValueError("Theta parameter must be positive (default: 10000).")
-        return RotaryEncoding(self.max_sequence_length, self.d_model, self.theta, device)
+        if self.scaling is not None and not callable(self.scaling):
+            raise ValueError(f"RotaryEncodingConfig.scaling must be a function of the inverse frequencies, got "
+                             f"{type(self.scaling).__name__}")
+        return RotaryEncoding(self.max_sequence_length, self.d_model, self.theta, device, scaling=self.scaling)
+
+    def init_with_frequency_scaling(self, scaling, device=None) -> "RotaryEncoding":
+        """Burn's `init_with_frequency_scaling`: the encoding with `scaling` applied to its inverse
+        frequencies (a function of a float32 array `[d_model / 2]` returning one of that shape)."""
+        import dataclasses  # noqa: PLC0415
+
+        return dataclasses.replace(self, scaling=scaling).init(device)
 
 
 class RotaryEncoding(Layer):
     """Rotary position encoding (RoFormer): rotates each pair `(x[2i], x[2i+1])` of the last
-    dim at position `p` by the angle `p * theta^(-2i / d_model)`.
+    dim at position `p` by the angle `p * theta^(-2i / d_model)` (the inverse frequency
+    `theta^(-2i / d_model)` passed through `scaling` when one is set).
 
     The rotation table `[max_sequence_length, d_model / 2]` is computed on first use per device
     and cached outside the module's fields, so building and displaying a large model with
     rotary encoding allocates nothing.
     """
 
-    def __init__(self, max_sequence_length: int, d_model: int, theta: float, device=None):
+    def __init__(self, max_sequence_length: int, d_model: int, theta: float, device=None, scaling=None):
         super().__init__()
         self.max_sequence_length = int(max_sequence_length)
         self.d_model = int(d_model)
         self.theta = float(np.float32(theta))
+        self.scaling = scaling
         self._cache = {}
+
+    def inverse_frequencies(self) -> np.ndarray:
+        """The float32 inverse frequencies `[d_model / 2]`, after `scaling`."""
+        exponent = np.arange(0, self.d_model, 2, dtype=np.float32) / np.float32(self.d_model)
+        inv = (1.0 / np.exp(exponent * np.float32(np.log(np.float32(self.theta))))).astype(np.float32)
+        scaling = self.__dict__.get("scaling")
+        if scaling is not None:
+            out = scaling(inv)
+            out = np.asarray(out.numpy() if isinstance(out, Tensor) else out, dtype=np.float32)
+            if out.shape != inv.shape:
+                raise ValueError(f"RotaryEncoding: the frequency scaling returned dims {list(out.shape)}, "
+                                 f"expected {list(inv.shape)}")
+            inv = out
+        return inv
 
     def frequencies(self, device=None):
         """(cos, sin) arrays `[max_sequence_length, d_model / 2]` on `device`."""
         dev = as_device(device)
         hit = self.__dict__.setdefault("_cache", {}).get(dev)
         if hit is None:
-            exponent = np.arange(0, self.d_model, 2, dtype=np.float32) / np.float32(self.d_model)
-            inv = (1.0 / np.exp(exponent * np.float32(np.log(np.float32(self.theta))))).astype(np.float32)
+            inv = self.inverse_frequencies()
             angles = np.arange(self.max_sequence_length, dtype=np.float32)[:, None] * inv[None, :]
             hit = (dev.asarray(np.cos(angles)), dev.asarray(np.sin(angles)))
             self._cache[dev] = hit

@@ -59,8 +59,8 @@ def test_examples_shape_only_agree_with_the_real_run(name):
     full = _check(model, [x], full=True)
     assert shape_only.ok and shape_only.complete, (shape_only.error, shape_only.not_checked)
     assert shape_only.output_shapes == [tuple(model.forward(x).shape)]
-    if full.ok:  # transformer: MultiHeadAttention's docstring contract gives mask_attn rank 3, it gets 4
-        _same_flow(shape_only, full)
+    assert full.ok, full.error  # transformer: MultiHeadAttention's contract now names both of its outputs
+    _same_flow(shape_only, full)
 
 
 def test_a_tiny_llama_agrees_with_the_real_run():
