@@ -15,8 +15,17 @@ rank-2 `weight` is transposed ([out, in] in PyTorch, [in, out] in Burn); a norm 
 (`BatchNorm`, `LayerNorm`, `GroupNorm`, `RmsNorm`, `InstanceNorm`) `gamma`/`beta` are PyTorch's
 `weight`/`bias`; `num_batches_tracked` (PyTorch's BatchNorm step counter) is dropped on reading
 and written as 0 on saving so that PyTorch's strict `load_state_dict` accepts the file.
+
+GPT-2's `Conv1D` layers are Linear layers that PyTorch stores as [in, out], Burn's layout
+already: their weights are neither transposed on loading nor on saving. Which weights are
+Conv1D is told by the path: by default GPT-2's names (`attn.c_attn.weight`, `attn.c_proj.weight`,
+`mlp.c_fc.weight`, `mlp.c_proj.weight`, with any prefix); `PyTorchAdapter(conv1d=[regex, ...])`
+names others (each searched in the path; `conv1d=()` for none, e.g. for GPTBigCode, whose
+`c_attn` / `c_proj` / `c_fc` are ordinary nn.Linear layers).
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -61,8 +70,32 @@ def _transpose(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(array).T)
 
 
+GPT2_CONV1D = (r"(^|\.)attn\.c_attn\.weight$", r"(^|\.)attn\.c_proj\.weight$",
+               r"(^|\.)mlp\.c_fc\.weight$", r"(^|\.)mlp\.c_proj\.weight$")
+
+
 class PyTorchAdapter(Adapter):
     name = "pytorch"
+
+    def __init__(self, conv1d=GPT2_CONV1D):
+        if isinstance(conv1d, str):
+            conv1d = [conv1d]
+        try:
+            self.conv1d = tuple(re.compile(p) for p in conv1d)
+        except (re.error, TypeError) as exc:
+            raise RecordError(f"PyTorchAdapter(conv1d=...): a list of regular expressions expected: {exc}") from None
+
+    def is_conv1d(self, path: str) -> bool:
+        """Whether the parameter `path` belongs to a Conv1D layer (stored [in, out], not transposed)."""
+        return any(p.search(path) for p in self.conv1d)
+
+    def _transposed(self, owner, attr, rank, path) -> bool:
+        return owner == "Linear" and attr == "weight" and rank == 2 and not self.is_conv1d(path)
+
+    def __repr__(self) -> str:
+        if tuple(p.pattern for p in self.conv1d) == GPT2_CONV1D:
+            return "PyTorchAdapter()"
+        return f"PyTorchAdapter(conv1d={[p.pattern for p in self.conv1d]!r})"
 
     def on_read(self, record) -> None:
         for name in list(record.names()):
@@ -71,7 +104,7 @@ class PyTorchAdapter(Adapter):
 
     def sources(self, path, owner, rank):
         prefix, attr = _split(path)
-        if owner == "Linear" and attr == "weight" and rank == 2:
+        if self._transposed(owner, attr, rank, path):
             return [(path, _transpose)]
         if owner in NORM_LAYERS and attr in _TO_TORCH:
             return [(_join(prefix, _TO_TORCH[attr]), None), (path, None)]
@@ -84,9 +117,9 @@ class PyTorchAdapter(Adapter):
         for e in record.entries():
             prefix, attr = _split(e.name)
             owner = record.owner(e.name)
-            if owner is None and attr == "weight" and len(e.shape) == 2:
+            if owner is None and attr == "weight" and len(e.shape) == 2 and not self.is_conv1d(e.name):
                 unknown.append(e.name)
-            if owner == "Linear" and attr == "weight" and len(e.shape) == 2:
+            if self._transposed(owner, attr, len(e.shape), e.name):
                 if e.dtype == "QFloat":
                     raise RecordError(f"tensor {e.name!r} is quantized; the PyTorch adapter cannot transpose it")
                 t = _transpose(e.array)

@@ -158,9 +158,10 @@ def _rebuild_parameter_for(where):
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, where: str, storages):
+    def __init__(self, data: bytes, where: str, storages, prefix: str = ""):
         super().__init__(io.BytesIO(data))
         self._where = where
+        self._prefix = prefix
         self._storages = storages   # key -> (file offset, nbytes) of the zip entry
         self._loaded: dict[tuple, _Storage] = {}
         self._byteswap = False
@@ -196,7 +197,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if not isinstance(stype, _StorageType):
             _fail(where, f"storage {_short(key)}: a torch storage type expected, found {_short(stype)}")
         if not isinstance(key, str) or key not in self._storages:
-            _fail(where, f"storage {_short(key)}: the archive has no entry data/{_short(key)} for it")
+            _fail(where, f"storage {_short(key)}: the archive has no entry {self._prefix}data/<key> for it")
         if type(numel) is not int or numel < 0:
             _fail(where, f"storage {key!r}: a non-negative element count expected, found {_short(numel)}")
         offset, nbytes = self._storages[key]
@@ -414,7 +415,7 @@ class TorchZip:
                 data = f.read(MAX_PICKLE_BYTES + 1)
             if len(data) > MAX_PICKLE_BYTES:
                 _fail(where, f"{pkl.filename}: more than {MAX_PICKLE_BYTES} bytes")
-        unpickler = _RestrictedUnpickler(data, where, storages)
+        unpickler = _RestrictedUnpickler(data, where, storages, prefix)
         unpickler._byteswap = byteswap
         try:
             root = unpickler.load()
@@ -458,7 +459,7 @@ class TorchZip:
                 keys = ", ".join(repr(k) for k in list(value)[:5])
                 _fail(where, f"entry {name!r} holds a nested dict ({keys}); a flat state dict of tensors expected")
             if not isinstance(value, _Rebuilt):
-                _fail(where, f"entry {name!r} holds a {type(value).__name__}; a tensor expected")
+                _fail(where, f"entry {name!r} holds a value of type {type(value).__name__}; a tensor expected")
             out[name] = TorchTensor(self, name, value)
         return out
 
