@@ -375,7 +375,8 @@ class TorchZip:
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, TypeError,
                 struct.error, NotImplementedError, KeyError, IndexError, AttributeError, OverflowError,
                 RuntimeError, MemoryError, RecursionError, pickle.UnpicklingError, LookupError) as exc:
-            _fail(where, f"not a readable PyTorch zip checkpoint: {type(exc).__name__}: {_clip(str(exc))}")
+            _fail(where, f"not a readable PyTorch zip checkpoint (truncated or damaged): {type(exc).__name__}: "
+                         f"{_clip(str(exc))}")
 
     def _read_zip(self) -> dict[str, TorchTensor]:
         where = self.where
