@@ -228,7 +228,8 @@ class ModuleRecord:
             if src.size == 0:
                 raise RecordError("the file is empty", where=where)
             first = src.read_bytes(0, 16)
-            if fmt is burnpack and (torch_pickle.is_torch_zip(first) or p.suffix.lower() in _TORCH_SUFFIXES):
+            if fmt is burnpack and (torch_pickle.is_torch_zip(first) or (
+                    p.suffix.lower() in _TORCH_SUFFIXES and first[:4] != burnpack.MAGIC_BYTES)):
                 # a torch.save state dict (pytorch_model.bin, .pt): read without running its pickle
                 contents = burnpack.Burnpack(torch_pickle.load_entries(src, where), {}, {})
                 record = cls._from_contents(contents, adapter)

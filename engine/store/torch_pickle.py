@@ -53,7 +53,7 @@ from .filesource import MAX_DIMS, FileSource
 __all__ = ["TorchTensor", "TorchZip", "ZIP_MAGIC", "is_torch_zip", "load_entries", "ALLOWED_GLOBALS"]
 
 ZIP_MAGIC = b"PK\x03\x04"
-MAX_PICKLE_BYTES = 64 * 1024 * 1024   # a state dict of 100,000 tensors pickles to ~10 MB
+MAX_PICKLE_BYTES = 32 * 1024 * 1024   # a state dict pickles to ~300 bytes a tensor: 100,000 tensors ~30 MB
 MAX_ZIP_ENTRIES = 2 * MAX_TENSORS + 16
 
 # torch storage type name -> burnpack dtype name

@@ -83,6 +83,13 @@ def test_a_pt_path_and_other_archive_names(tmp_path):
     assert rec["f32.sliced"].array.tobytes() == expected["f32.sliced"].tobytes()
 
 
+def test_a_burnpack_named_bin_still_loads(tmp_path):
+    rec = ModuleRecord.load(STATE_DICT)
+    path = rec.save(tmp_path / "model.bin")  # record.save writes burnpack whatever the extension
+    assert path.read_bytes()[:4] == b"NRUB"
+    assert ModuleRecord.load(path).names() == rec.names()
+
+
 def test_the_file_is_not_needed_after_module_record_load(tmp_path):
     path = tmp_path / "m.bin"
     path.write_bytes(STATE_DICT.read_bytes())
