@@ -198,3 +198,35 @@ def test_bad_inputs_are_clear_errors():
         model.forward(ids, token_type_ids=Tensor.from_data(np.zeros((1, 2), dtype=np.int64)))
     with pytest.raises(ValueError, match=r"attention_mask: expected dims \[1, 3\]"):
         model.forward(ids, attention_mask=Tensor.from_data(np.ones((2, 3), dtype=np.int64)))
+
+
+def test_lora_finetune_materialized_and_saved_loads_in_transformers(tmp_path):
+    """Optional (transformers installed, e.g. the oracle venv with --noconftest): LoRA on the
+    attention's query/value, a few Adam steps, materialize(), save_pretrained; transformers'
+    BertModel.from_pretrained gives Ember's hidden states and pooler output."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from engine import ParamGroup, optim
+    from engine.module import Lora
+
+    exp = _expected()
+    inputs = _inputs(exp)
+    model = from_pretrained(FIXTURE).apply_lora(
+        Lora(rank=4, alpha=8.0, param_group=ParamGroup.from_regex(r"attention\.self\.(query|value)\.weight$")))
+    optimizer = optim.AdamConfig().init()
+    target = Tensor.from_data(exp["last_hidden_state"])
+    for _ in range(3):
+        loss = (model.forward(*inputs) * target).mean()
+        model = optimizer.step(1e-2, model, optim.GradientsParams.from_grads(loss.backward(), model))
+    merged = model.materialize().valid()
+    hidden = merged.forward(*inputs)
+    ours, ours_pooled = hidden.numpy(), merged.pool(hidden).numpy()
+    assert np.abs(ours - exp["last_hidden_state"]).max() > 1e-3  # the fine-tune changed the model
+    out = save_pretrained(merged, tmp_path / "tuned")
+    theirs_model = transformers.BertModel.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = theirs_model(input_ids=torch.from_numpy(exp["input_ids"]),
+                              attention_mask=torch.from_numpy(exp["attention_mask"]),
+                              token_type_ids=torch.from_numpy(exp["token_type_ids"]))
+    np.testing.assert_allclose(ours, theirs.last_hidden_state.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(ours_pooled, theirs.pooler_output.numpy(), rtol=0, atol=ATOL)

@@ -238,3 +238,33 @@ def test_bad_inputs_are_clear_errors():
         model.forward(Tensor.from_data(np.zeros((1, 3), dtype=np.int64)), Tensor.from_data(np.ones((1, 4), np.int64)))
     with pytest.raises(ValueError, match="input_ids: expected an int tensor"):
         model.forward(Tensor.from_data(np.zeros((1, 3), dtype=np.float32)))
+
+
+def test_lora_finetune_materialized_and_saved_loads_in_transformers(tmp_path):
+    """Optional (transformers installed, e.g. the oracle venv with --noconftest): LoRA on the
+    query/value projections, a few Adam steps, materialize(), save_pretrained; transformers'
+    GPT2LMHeadModel.from_pretrained gives Ember's logits (c_attn concatenated back from the
+    trained query and value)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from engine import ParamGroup, optim
+    from engine.module import Lora
+
+    exp = _expected()
+    ids, mask = Tensor.from_data(exp["input_ids"]), Tensor.from_data(exp["attention_mask"])
+    model = from_pretrained(FIXTURE).apply_lora(
+        Lora(rank=4, alpha=8.0, param_group=ParamGroup.from_regex(r"attn\.(query|value)\.weight$")))
+    optimizer = optim.AdamConfig().init()
+    for _ in range(3):
+        loss = (model.forward(ids, mask) * Tensor.from_data(exp["logits"])).mean()
+        model = optimizer.step(1e-2, model, optim.GradientsParams.from_grads(loss.backward(), model))
+    merged = model.materialize().valid()
+    ours = merged.forward(ids, mask).numpy()
+    assert np.abs(ours - exp["logits"]).max() > 1e-3  # the fine-tune changed the model
+    out = save_pretrained(merged, tmp_path / "tuned")
+    theirs_model = transformers.GPT2LMHeadModel.from_pretrained(out, dtype=torch.float32,
+                                                                attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = theirs_model(input_ids=torch.from_numpy(exp["input_ids"]),
+                              attention_mask=torch.from_numpy(exp["attention_mask"])).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL)

@@ -141,3 +141,31 @@ def test_bad_inputs_are_clear_errors():
     model = from_pretrained(FIXTURE).valid()
     with pytest.raises(ValueError, match=r"pixel_values: expected dims \[batch, 3, 16, 16\].*found \[1, 3, 32, 32\]"):
         model.forward(Tensor.from_data(np.zeros((1, 3, 32, 32), dtype=np.float32)))
+
+
+def test_lora_finetune_materialized_and_saved_loads_in_transformers(tmp_path):
+    """Optional (transformers installed, e.g. the oracle venv with --noconftest): LoRA on the
+    attention's query/value and the classifier, a few Adam steps, materialize(), save_pretrained;
+    transformers' ViTForImageClassification.from_pretrained gives Ember's logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from engine import ParamGroup, optim
+    from engine.module import Lora
+
+    exp = _expected()
+    pixels = Tensor.from_data(exp["pixel_values"])
+    model = from_pretrained(FIXTURE).apply_lora(
+        Lora(rank=4, alpha=8.0, param_group=ParamGroup.from_regex(r"(attention\.(query|value)|classifier)\.weight$")))
+    optimizer = optim.AdamConfig().init()
+    for _ in range(3):
+        loss = (model.forward(pixels) * Tensor.from_data(exp["logits"])).mean()
+        model = optimizer.step(1e-2, model, optim.GradientsParams.from_grads(loss.backward(), model))
+    merged = model.materialize().valid()
+    ours = merged.forward(pixels).numpy()
+    assert np.abs(ours - exp["logits"]).max() > 1e-3  # the fine-tune changed the model
+    out = save_pretrained(merged, tmp_path / "tuned")
+    theirs_model = transformers.ViTForImageClassification.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = theirs_model(pixel_values=torch.from_numpy(exp["pixel_values"])).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL)
