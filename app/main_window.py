@@ -42,7 +42,7 @@ from .designer_panel import DesignerPanel
 from .document import Document
 from .edit_actions import EditActions
 from .project_io import ProjectIO
-from .prompts import ask_save_discard
+from .prompts import ScriptFileDialog, ask_save_discard
 from .settings import Settings
 from .task_runner import TaskRunner
 from .theme import apply_theme
@@ -283,7 +283,7 @@ class MainWindow(QMainWindow):
         a.expand_all.triggered.connect(self.tree.expand_all)
         a.collapse_all.triggered.connect(self.tree.view.collapseAll)
         # files
-        a.open_script.triggered.connect(projects.ask_open_script)
+        a.open_script.triggered.connect(self.ask_open_script)
         a.open_checkpoint.triggered.connect(projects.ask_open_checkpoint)
         a.open_project.triggered.connect(projects.ask_open_project)
         a.save_project.triggered.connect(projects.save_project)
@@ -415,6 +415,13 @@ class MainWindow(QMainWindow):
 
     def open_script(self, spec: str) -> bool:
         return self.projects.open_script(spec)
+
+    def ask_open_script(self, *_args) -> ScriptFileDialog:
+        """Ctrl+O: the script dialog, window-modal (kept as `dialog`); the file chosen, or the
+        `path.py:factory` typed, is opened."""
+        dialog = ScriptFileDialog(self, self.settings)
+        dialog.spec_chosen.connect(self.projects.open_script)
+        return self.open_dialog(dialog)
 
     def open_path(self, entry: str) -> bool:
         return self.projects.open_path(entry)

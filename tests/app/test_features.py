@@ -36,8 +36,10 @@ def ok(dialog):
 
 # ---- opening ------------------------------------------------------------------------------------
 def test_open_a_script_through_the_file_menu(window, mlp_script, qtbot, monkeypatch, settings):
-    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(mlp_script), ""))
     window.actions.open_script.trigger()
+    dialog = window.dialog  # Qt's widget file dialog (app.prompts.ScriptFileDialog), window-modal
+    dialog.name_edit.setText(str(mlp_script))
+    qtbot.keyClick(dialog.name_edit, Qt.Key.Key_Return)
     doc = window.document
     assert type(doc.module).__name__ == "Mlp"
     assert doc.source.to_json() == {"kind": "script", "path": str(mlp_script.resolve()), "factory": "build"}
