@@ -9,7 +9,8 @@
     record.save("m.safetensors", adapter="pytorch")
 
 Format by extension: `.safetensors` is safetensors, anything else burnpack (`.bpk` appended
-when the path has none). Loading checks the header first (every shape, size and offset against
+when the path has none); loading also reads `torch.save` zip files (`pytorch_model.bin`, `.pt`,
+`.pth`) through `torch_pickle`, which never runs their pickle. Loading checks the header first (every shape, size and offset against
 the file's length), then reads each tensor with one read into a new array of its own (small
 neighbours together), through `filesource.FileSource`. No file is memory-mapped: **a loaded
 record never depends on the file afterwards**, so rewriting, truncating or deleting the file
