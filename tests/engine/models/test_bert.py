@@ -230,3 +230,14 @@ def test_lora_finetune_materialized_and_saved_loads_in_transformers(tmp_path):
                               token_type_ids=torch.from_numpy(exp["token_type_ids"]))
     np.testing.assert_allclose(ours, theirs.last_hidden_state.numpy(), rtol=0, atol=ATOL)
     np.testing.assert_allclose(ours_pooled, theirs.pooler_output.numpy(), rtol=0, atol=ATOL)
+
+
+def test_bert_base_builds_lazily_with_transformers_parameter_count():
+    """transformers 5.24's BertModel(BertConfig(vocab_size=30522)).num_parameters() is 109,482,240
+    (bert-base, with its pooler); Ember builds it without allocating its weights."""
+    from engine.models.bert import build
+    raw = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+           "intermediate_size": 3072, "max_position_embeddings": 512}
+    model = build(BertConfig.from_json(raw))
+    assert model.num_params() == 109_482_240
+    assert not any(p.is_initialized() for _, p in model.named_params())

@@ -268,3 +268,28 @@ def test_lora_finetune_materialized_and_saved_loads_in_transformers(tmp_path):
         theirs = theirs_model(input_ids=torch.from_numpy(exp["input_ids"]),
                               attention_mask=torch.from_numpy(exp["attention_mask"])).logits.numpy()
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("sizes, transformers_count", [
+    ({}, 124_439_808),                                             # gpt2 (transformers' defaults)
+    ({"n_embd": 1600, "n_layer": 48, "n_head": 25}, 1_557_611_200),  # gpt2-xl
+])
+def test_real_sizes_build_lazily_with_transformers_parameter_count(sizes, transformers_count):
+    """The counts are transformers 5.24's GPT2LMHeadModel(GPT2Config(**sizes)).num_parameters()
+    (built on the meta device); Ember builds the same model without allocating its weights."""
+    import tracemalloc
+
+    from engine.models.gpt2 import build
+    raw = {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257, **sizes}
+    tracemalloc.start()
+    try:
+        model = build(GPT2Config.from_json(raw))
+        count = model.num_params()
+        text = str(model)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == transformers_count
+    assert not any(p.is_initialized() for _, p in model.named_params())
+    assert peak < 64 * 2 ** 20  # the weights alone would be 0.5-6 GB
+    assert f"params: {transformers_count}\n}}" in text

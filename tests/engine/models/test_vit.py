@@ -169,3 +169,15 @@ def test_lora_finetune_materialized_and_saved_loads_in_transformers(tmp_path):
     with torch.no_grad():
         theirs = theirs_model(pixel_values=torch.from_numpy(exp["pixel_values"])).logits.numpy()
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL)
+
+
+def test_vit_base_builds_lazily_with_transformers_parameter_count():
+    """transformers 5.24's ViTForImageClassification(ViTConfig(num_labels=1000)).num_parameters()
+    is 86,567,656 (vit-base-patch16-224); Ember builds it without allocating its weights."""
+    from engine.models.vit import build
+    raw = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+           "num_labels": 1000}
+    model = build(ViTConfig.from_json(raw))
+    assert model.num_params() == 86_567_656
+    assert model.config.image_size == (224, 224) and model.config.num_patches == 196
+    assert not any(p.is_initialized() for _, p in model.named_params())
