@@ -18,7 +18,8 @@ Stored names: a folder written by `BertModel` has `embeddings.*`, `encoder.*`, `
 written by a task model (`BertForMaskedLM`, `BertForSequenceClassification`, ...) has them under
 `bert.` and carries its task head (`cls.*`, `classifier.*`, ...), which is not part of `BertModel`
 and is ignored. The prefix follows `config.json`'s `architectures`. Task models that have no
-pooler (masked LM, token classification, question answering) give a `BertModel` without one.
+pooler (masked LM, token classification, question answering) give a `BertModel` without one (a
+pooler such a file still holds, as files converted from pre-training checkpoints do, is ignored).
 """
 from __future__ import annotations
 
@@ -300,6 +301,8 @@ def weight_map(config: BertConfig) -> WeightMap:
     ignore = [r"(\A|\.)embeddings\.position_ids\Z", r"(\A|\.)embeddings\.token_type_ids\Z"]
     if p:  # a task model's head is not part of BertModel
         ignore.append(r"\A(?!bert\.)")
+    if not config.add_pooling_layer:  # files converted from pre-training checkpoints still hold one
+        ignore.append(r"\A(bert\.)?pooler\.")
     return WeightMap(rules, ignore=ignore)
 
 

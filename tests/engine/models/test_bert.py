@@ -144,6 +144,10 @@ def test_task_model_folder_with_bert_prefix_and_head(tmp_path):
     np.testing.assert_allclose(mlm.forward(*_inputs(exp)).numpy(), exp["last_hidden_state"], rtol=0, atol=ATOL)
     with pytest.raises(ValueError, match="no pooler"):
         mlm.pooled(*_inputs(exp))
+    # converted pre-training checkpoints (bert-base-uncased: BertForMaskedLM) still hold the pooler
+    with_pool = dict(no_pool, **{k: v for k, v in tensors.items() if "pooler" in k})
+    folder3 = _copy(tmp_path, {"architectures": ["BertForMaskedLM"]}, tensors=with_pool, name="mlm-pooler")
+    assert from_pretrained(folder3).pooler is None
 
 
 def test_save_pretrained_round_trip_is_bit_exact(tmp_path):
