@@ -38,10 +38,10 @@ __all__ = [
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 
 
-def _pair(r: ConfigReader, key: str, default=None) -> tuple[int, int]:
-    v = r.raw.get(key, default)
+def _pair(r: ConfigReader, key: str, default: int) -> tuple[int, int]:
+    v = r.raw.get(key)
     if v is None:
-        r.fail(key, "missing (a required size of the model)")
+        v = default
     if isinstance(v, (list, tuple)) and len(v) == 2:
         items = list(v)
     else:
