@@ -14,7 +14,8 @@ node's status `not checked`): a module without a rule whose forward reads its ow
 while they are not allocated, and a layer whose rule gives only its main output (`Lstm`,
 `BiLstm`, `BiGru` return a state too; `MultiHeadAttention` returns the attention weights and
 takes separate key and value) while its parameters are not allocated; with allocated parameters
-those run for real.
+those run for real. `MultiHeadAttention` called on an `MhaInput` (query, key, value, masks) is
+checked by its rule and gives both of its outputs, so a lazy decoder (llama-7b) is checked whole.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 from engine.module import contracts
 from engine.module.contracts import CheckResult, NotCheckable
 from engine.module.tree import FieldKind, children
+from engine.nn.attention import MhaInput, MhaOutput
 from engine.tensor import Tensor, raw
 
 from . import shape_rules
@@ -78,6 +80,8 @@ class _ShapeRun(contracts._Run):
         name = type(module).__name__
         where = f"{node.path or '(model)'} [{name}]"
         lazy = _own_lazy_params(module)
+        if name == "MultiHeadAttention" and args and isinstance(args[0], MhaInput):
+            return self._attention(module, args[0])
         if shape_rules.has_rule(module) and name not in _MAIN_OUTPUT_ONLY:
             ins = _tensors(list(args) + list(kwargs.values()), [])
             shapes = [shape_rules.Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
@@ -99,6 +103,21 @@ class _ShapeRun(contracts._Run):
                 raise NotCheckable(f"{where}: not checked (its forward writes into its input; "
                                    f"no shape rule for {name})") from None
             raise
+
+
+    def _attention(self, module, inp):
+        """`MultiHeadAttention` on an `MhaInput`: both outputs (weights and context) from the rule."""
+        ins = _tensors(inp, [])
+        shapes = [shape_rules.Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
+        try:
+            context = shape_rules.infer(module, shapes).shape
+        except shape_rules.RuleError as e:
+            raise contracts.ContractMismatch(str(e)) from None
+        device = ins[0].device
+        batch, seq_1 = (_int(d) for d in context.dims[:2])
+        weights = (batch, module.n_heads, seq_1, int(inp.key.shape[1]))
+        return MhaOutput(_stand_in(weights, "float", device),
+                         _stand_in(tuple(_int(d) for d in context.dims), context.dtype, device))
 
 
 def check_shapes(root: Any, inputs: list[Any], contracts_by_path: dict, modules: list[tuple[str, Any]],

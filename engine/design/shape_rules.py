@@ -568,9 +568,17 @@ def _bidirectional(m, ins, ctx):
 
 # ---------------------------------------------------------------------------------- transformer
 @rule("MultiHeadAttention")
-def _mha(m, ins, ctx):  # self-attention: query, key and value are the one input
+def _mha(m, ins, ctx):  # self-attention on one input, or the tensors of an MhaInput: query, key, value, masks
     expect("assert_shape(input.query, [None, None, self.d_model])", ins[0], [None, None, m.d_model])
     _float_input("MultiHeadAttention", ins[0], "query")
+    if len(ins) >= 3:
+        batch_size = ins[0].dims[0]
+        expect("assert_shape(input.key, [batch_size, None, self.d_model])", ins[1], [batch_size, None, m.d_model])
+        seq_length_2 = ins[1].dims[1]
+        expect("assert_shape(input.value, [batch_size, seq_length_2, self.d_model])", ins[2],
+               [batch_size, seq_length_2, m.d_model])
+        _float_input("MultiHeadAttention", ins[1], "key")
+        _float_input("MultiHeadAttention", ins[2], "value")
     return _same(ins[0])
 
 

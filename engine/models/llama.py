@@ -291,12 +291,12 @@ class LlamaDecoderLayer(Module):
         self.mlp = LlamaMlp(config, device)
 
     def forward(self, x, rotary, mask_pad=None, start: int = 0):
-        """Causal self-attention with rotary positions, then the feed-forward block.
+        """Causal self-attention with rotary positions, then the feed-forward block. `mask_pad`
+        (optional, `[batch_size, seq_length]`) is true at padding positions.
 
         # Shapes
 
         - x: `[batch_size, seq_length, d_model]`
-        - mask_pad: `[batch_size, seq_length]`
         - output: `[batch_size, seq_length, d_model]`
         """
         attn_in = nn.MhaInput.self_attn(self.input_layernorm.forward(x))
@@ -324,12 +324,12 @@ class LlamaForCausalLM(Module):
         return self._config
 
     def forward(self, input_ids, attention_mask=None):
-        """Next-token logits (causal; `attention_mask` 1 for a real token, 0 for padding).
+        """Next-token logits (causal). `attention_mask` (optional, int or bool `[batch_size, seq_length]`,
+        as transformers takes it): 1 for a real token, 0 for padding, whose keys no query attends to.
 
         # Shapes
 
         - input_ids: `[batch_size, seq_length]`
-        - attention_mask: `[batch_size, seq_length]`
         - output: `[batch_size, seq_length, vocab_size]`
         """
         if not isinstance(input_ids, Tensor):

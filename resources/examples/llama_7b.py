@@ -1,121 +1,46 @@
-"""A Llama-2-7B-shaped decoder: 32 layers, d_model 4096, 32 heads, RmsNorm, SwiGlu feed-forward
-(d_ff 11008), rotary position encoding, vocabulary 32000 -- 6,738,415,616 parameters.
+"""Llama-2-7B: `engine.models.LlamaForCausalLM` built from Llama-2-7B's config.json settings (32
+layers, hidden size 4096, 32 heads and 32 key/value heads, SwiGLU feed-forward of 11008, rms eps
+1e-5, rotary theta 10000 over 4096 positions, vocabulary 32000, untied head) -- 6,738,415,616
+parameters, named as Hugging Face names them less `model.` (`layers.0.self_attn.query.weight` is
+`model.layers.0.self_attn.q_proj.weight`), so a real Llama-2 folder's tensors load into it.
 
 Every parameter is lazy: building, counting and displaying the model allocate no weights (the
 rotary table is computed on first use too). `build_config(...)` gives the same architecture at
 any size, e.g. a tiny one that runs a forward pass in tests.
 """
-import math
-from dataclasses import dataclass
+from engine import Tensor
+from engine.models.llama import LlamaConfig, LlamaForCausalLM
 
-from engine import Tensor, assert_shape, nn
-from engine.module import Module
+DESCRIPTION = "Llama-2-7B (LlamaForCausalLM, 32 layers, hidden 4096): 6.7 B lazy parameters"
 
-DESCRIPTION = "Llama-2-7B-shaped decoder (32 layers, d_model 4096): 6.7 B lazy parameters"
+# Llama-2-7B's config.json (meta-llama/Llama-2-7b-hf)
+LLAMA_2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  max_position_embeddings=4096, tie_word_embeddings=False)
 
-
-@dataclass
-class LlamaConfig:
-    vocab_size: int = 32000
-    d_model: int = 4096
-    n_layers: int = 32
-    n_heads: int = 32
-    d_ff: int = 11008
-    max_seq_length: int = 4096
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+# the short names this example took before it was the real architecture
+_ALIASES = {"d_model": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+            "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size", "max_seq_length": "max_position_embeddings",
+            "norm_eps": "rms_norm_eps"}
 
 
-class Attention(Module):
-    def __init__(self, cfg: LlamaConfig, device=None):
-        lin = nn.LinearConfig(cfg.d_model, cfg.d_model, bias=False)
-        self.wq = lin.init(device)
-        self.wk = lin.init(device)
-        self.wv = lin.init(device)
-        self.wo = lin.init(device)
-        self.n_heads = cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
-
-    def forward(self, x, rope, mask):
-        """Causal self-attention with rotary positions.
-
-        # Shapes
-
-        - x: `[batch_size, seq_length, d_model]`
-        - output: `[batch_size, seq_length, d_model]`
-        """
-        b, s, d = x.dims()
-
-        def heads(t):
-            return t.reshape(b, s, self.n_heads, self.head_dim).swap_dims(1, 2)
-
-        q = rope.forward(heads(self.wq.forward(x)))
-        k = rope.forward(heads(self.wk.forward(x)))
-        v = heads(self.wv.forward(x))
-        scores = (q @ k.transpose()) * (1.0 / math.sqrt(self.head_dim))
-        weights = scores.mask_fill(mask, -1.0e4).softmax(3)
-        return self.wo.forward((weights @ v).swap_dims(1, 2).reshape(b, s, d))
+def config(**overrides) -> LlamaConfig:
+    """Llama-2-7B's config with `overrides` (config.json names, or d_model / n_layers / n_heads / d_ff /
+    max_seq_length); the key/value heads follow the heads unless given."""
+    values = dict(LLAMA_2_7B)
+    given = {_ALIASES.get(k, k): v for k, v in overrides.items()}
+    if "num_attention_heads" in given and "num_key_value_heads" not in given:
+        given["num_key_value_heads"] = given["num_attention_heads"]
+    values.update(given)
+    return LlamaConfig(**values)
 
 
-class FeedForward(Module):
-    def __init__(self, cfg: LlamaConfig, device=None):
-        self.swiglu = nn.SwiGluConfig(cfg.d_model, cfg.d_ff).init(device)
-        self.w2 = nn.LinearConfig(cfg.d_ff, cfg.d_model, bias=False).init(device)
-
-    def forward(self, x):
-        """`w2(silu(x W1) * x W3)`.
-
-        # Shapes
-
-        - x: `[..., d_model]`
-        - output: `[..., d_model]`
-        """
-        return self.w2.forward(self.swiglu.forward(x))
+def build_config(device=None, **overrides) -> LlamaForCausalLM:
+    return LlamaForCausalLM(config(**overrides), device)
 
 
-class TransformerBlock(Module):
-    def __init__(self, cfg: LlamaConfig, device=None):
-        self.attention_norm = nn.RmsNormConfig(cfg.d_model, epsilon=cfg.norm_eps).init(device)
-        self.attention = Attention(cfg, device)
-        self.ffn_norm = nn.RmsNormConfig(cfg.d_model, epsilon=cfg.norm_eps).init(device)
-        self.feed_forward = FeedForward(cfg, device)
-
-    def forward(self, x, rope, mask):
-        x = x + self.attention.forward(self.attention_norm.forward(x), rope, mask)
-        return x + self.feed_forward.forward(self.ffn_norm.forward(x))
-
-
-class Llama(Module):
-    def __init__(self, cfg: LlamaConfig, device=None):
-        self.tok_embeddings = nn.EmbeddingConfig(cfg.vocab_size, cfg.d_model).init(device)
-        self.rope = nn.RotaryEncodingConfig(cfg.max_seq_length, cfg.d_model // cfg.n_heads, cfg.rope_theta).init(device)
-        self.layers = [TransformerBlock(cfg, device) for _ in range(cfg.n_layers)]
-        self.norm = nn.RmsNormConfig(cfg.d_model, epsilon=cfg.norm_eps).init(device)
-        self.output = nn.LinearConfig(cfg.d_model, cfg.vocab_size, bias=False).init(device)
-
-    def forward(self, tokens):
-        """Next-token logits.
-
-        # Shapes
-
-        - tokens: `[batch_size, seq_length]`
-        - output: `[batch_size, seq_length, vocab_size]`
-        """
-        assert_shape(tokens, [None, None])
-        b, s = tokens.dims()
-        mask = nn.generate_autoregressive_mask(b, s, device=tokens.device).unsqueeze(1)
-        x = self.tok_embeddings.forward(tokens)
-        for layer in self.layers:
-            x = layer.forward(x, self.rope, mask)
-        return self.output.forward(self.norm.forward(x))
-
-
-def build_config(device=None, **overrides) -> Llama:
-    return Llama(LlamaConfig(**overrides), device)
-
-
-def build(device=None) -> Llama:
-    return Llama(LlamaConfig(), device)
+def build(device=None) -> LlamaForCausalLM:
+    return LlamaForCausalLM(config(), device)
 
 
 def example_input(batch: int, device=None):

@@ -148,7 +148,7 @@ def test_materialize_on_llama_with_lora_is_refused_with_its_estimate(window, qtb
     monkeypatch.setattr(memory, "available_memory", lambda: 4 * 10**9)
     with address_space_growth_limit(3 << 30):
         assert window.open_example("llama-7b")
-        assert window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.\d+\.attention\.")))
+        assert window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.\d+\.self_attn\.")))
         with_lora = window.document.module
         assert window.actions.materialize.isEnabled()
         window.actions.materialize.trigger()
@@ -178,7 +178,7 @@ def test_a_fork_of_initialized_weights_that_would_not_fit_is_refused(window, qtb
     monkeypatch.setattr(memory, "available_memory", lambda: 100 * 10**6)  # 100 MB free
     with address_space_growth_limit(3 << 30):
         assert window.open_example("llama-7b")
-        output = dict(window.document.module.named_params())["output.weight"]
+        output = dict(window.document.module.named_params())["lm_head.weight"]
         output.val()  # the 32000 x 4096 head is allocated (524 MB): a fork would copy it
         before = window.document.module
         window.device_selector.combo.setCurrentText("cpu:1")

@@ -34,8 +34,8 @@ def test_fork_and_transfer_of_the_edited_7b_model_allocate_nothing(window, qtbot
 def _fork_and_transfer_the_edited_7b_model(window):
     assert window.open_example("llama-7b")
     window.group_op("freeze", "layers.0")
-    window.group_op("no_grad", "output")
-    window.apply_edit(LoraEdit(4, 8.0, group=GroupSpec("regex", pattern=r"^layers\.31\.attention\.wq\.")))
+    window.group_op("no_grad", "lm_head")
+    window.apply_edit(LoraEdit(4, 8.0, group=GroupSpec("regex", pattern=r"^layers\.31\.self_attn\.query\.")))
     assert window.move_to("cpu:1", fork=True)
     assert not window.running_tasks  # nothing to copy: done at once, on this thread
     forked = window.document.module

@@ -152,8 +152,8 @@ from resources.examples import build_example
 model = build_example("llama-7b")
 edits = [model]
 edits.append(edits[-1].freeze_group(ParamGroup.from_regex(r"^layers\\.0\\.")))
-edits.append(edits[-1].no_grad_group(ParamGroup.from_regex(r"^output\\.")))
-edits.append(edits[-1].apply_lora(Lora(4, 8.0, param_group=ParamGroup.from_regex(r"^layers\\.31\\.attention\\.wq"))))
+edits.append(edits[-1].no_grad_group(ParamGroup.from_regex(r"^lm_head\\.")))
+edits.append(edits[-1].apply_lora(Lora(4, 8.0, param_group=ParamGroup.from_regex(r"^layers\\.31\\.self_attn\\.query"))))
 tracemalloc.start()
 moved = getattr(edits[-1], sys.argv[1])("cpu:1")
 _, peak = tracemalloc.get_traced_memory()

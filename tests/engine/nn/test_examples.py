@@ -79,7 +79,8 @@ def test_llama_7b_stays_lazy():
     finally:
         tracemalloc.stop()
     assert n == 6_738_415_616
-    assert text.startswith("Llama {\n  tok_embeddings: Embedding {n_embedding: 32000, d_model: 4096, params: 131072000}")
+    assert text.startswith("LlamaForCausalLM {\n  embed_tokens: Embedding {n_embedding: 32000, d_model: 4096, "
+                           "params: 131072000}")
     assert "params: 6738415616\n}" in text
     assert peak < 50_000_000, f"building and printing allocated {peak} bytes"
     assert not any(p.is_initialized() for _, p in model.named_params())
