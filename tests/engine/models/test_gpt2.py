@@ -293,3 +293,20 @@ def test_real_sizes_build_lazily_with_transformers_parameter_count(sizes, transf
     assert not any(p.is_initialized() for _, p in model.named_params())
     assert peak < 64 * 2 ** 20  # the weights alone would be 0.5-6 GB
     assert f"params: {transformers_count}\n}}" in text
+
+
+def test_older_files_attention_buffers_are_ignored(tmp_path):
+    """transformers 4 before 4.3x saved each block's causal-mask buffers (`attn.bias` [1, 1, n, n],
+    `attn.masked_bias` []): they are not parameters and are skipped; any other extra tensor is refused."""
+    tensors = dict(_stored(FIXTURE))
+    for i in (0, 1):
+        tensors[f"transformer.h.{i}.attn.bias"] = np.tril(np.ones((64, 64), np.float32))[None, None]
+        tensors[f"transformer.h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
+    model = from_pretrained(_copy(tmp_path, tensors=tensors)).valid()
+    exp = _expected()
+    np.testing.assert_allclose(model.forward(Tensor.from_data(exp["input_ids"]),
+                                             Tensor.from_data(exp["attention_mask"])).numpy(),
+                               exp["logits"], rtol=0, atol=ATOL)
+    tensors["transformer.h.0.attn.extra"] = np.zeros(3, np.float32)
+    with pytest.raises(PretrainedError, match="transformer.h.0.attn.extra"):
+        from_pretrained(_copy(tmp_path / "extra", tensors=tensors))
