@@ -228,3 +228,31 @@ def test_the_weight_map_covers_every_parameter_once():
         hf = [wmap.find(p)[1] for p, _ in model.named_params()]
         assert len(hf) == len(set(hf)), name
         assert isinstance(model, LlamaForCausalLM)
+
+
+def test_the_llama_7b_example_takes_a_real_llama_2_folders_names():
+    """The example is LlamaForCausalLM from Llama-2-7B's config: its 291 parameters are the 291 tensors
+    of meta-llama/Llama-2-7b-hf (names and torch shapes as in that checkpoint), nothing allocated."""
+    from resources.examples import build_example
+
+    model = build_example("llama-7b")
+    assert type(model) is LlamaForCausalLM and model.num_params() == 6_738_415_616
+    cfg = model.config
+    assert (cfg.num_key_value_heads, cfg.rms_norm_eps, cfg.vocab_size, cfg.tie_word_embeddings) == (32, 1e-5, 32000,
+                                                                                                    False)
+    wmap = weight_map(cfg)
+    stored = {}
+    for path, p in model.named_params():
+        rule, name = wmap.find(path)
+        stored[name] = rule.stored_shape(p.shape)
+    expected = {"model.embed_tokens.weight": (32000, 4096), "model.norm.weight": (4096,),
+                "lm_head.weight": (32000, 4096)}
+    for i in range(32):
+        pre = f"model.layers.{i}."
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            expected[pre + f"self_attn.{n}.weight"] = (4096, 4096)
+        expected[pre + "mlp.gate_proj.weight"] = expected[pre + "mlp.up_proj.weight"] = (11008, 4096)
+        expected[pre + "mlp.down_proj.weight"] = (4096, 11008)
+        expected[pre + "input_layernorm.weight"] = expected[pre + "post_attention_layernorm.weight"] = (4096,)
+    assert len(expected) == 291 and stored == expected
+    assert not any(p.is_initialized() for _, p in model.named_params())
