@@ -23,7 +23,6 @@ pooler such a file still holds, as files converted from pre-training checkpoints
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from .. import nn
@@ -101,9 +100,6 @@ class BertConfig:
             "layer_norm_eps": self.layer_norm_eps, "pad_token_id": self.pad_token_id,
             "position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False,
         }
-
-    def with_(self, **changes) -> "BertConfig":
-        return dataclasses.replace(self, **changes)
 
 
 # ---------------------------------------------------------------------------------- the model

@@ -20,7 +20,6 @@ autodiff inputs; `model.valid()` is the inference model (transformers' `eval()`)
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -223,9 +222,6 @@ class GPT2Config:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
-
-    def with_(self, **changes) -> "GPT2Config":
-        return dataclasses.replace(self, **changes)
 
 
 # ---------------------------------------------------------------------------------- the model

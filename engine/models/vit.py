@@ -19,7 +19,6 @@ drop the `vit.` wrapper, and the attention is one `nn.MultiHeadAttention` at
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from .. import nn
@@ -124,9 +123,6 @@ class ViTConfig:
         out["id2label"] = dict(labels)
         out["label2id"] = {v: int(k) for k, v in labels.items()}
         return out
-
-    def with_(self, **changes) -> "ViTConfig":
-        return dataclasses.replace(self, **changes)
 
 
 def _size_json(pair):
