@@ -434,11 +434,12 @@ class MainWindow(QMainWindow):
         document's. What `--open DESIGN.ember.json` does."""
         try:
             complete = analyze(read_design(path)).ok
-        except DesignFileError:
-            complete = False  # open_design shows why
-        else:  # ask once, before anything changes: the design is replaced, and the model when complete
-            if not self.maybe_discard(document=complete, design=True):
-                return False
+        except DesignFileError as e:  # refused before anything changes; the dialog says what and where
+            self.error("Open design", str(e))
+            return False
+        # ask once, before anything changes: the design is replaced, and the model when complete
+        if not self.maybe_discard(document=complete, design=True):
+            return False
         if not self.designer.open_design(path, ask=False):
             return False
         self.tabs.setCurrentWidget(self.designer)

@@ -149,16 +149,20 @@ class ProjectIO:
                     project_path: Path | None = None, dirty: bool = False, from_file: bool = False,
                     runs_: list | None = None) -> bool:
         """Make the model a source describes, replay `edits_`, and show it. A checkpoint loads
-        and edits replay on a worker (cancellable); the window stays responsive. `from_file`: the
-        source was read from a project file, so a Python file it names runs only once the user
-        confirmed it (`confirm_script`)."""
+        and edits replay on a worker (cancellable from the status bar; a cancelled or failed open
+        leaves the document as it was); the window stays responsive. `from_file`: the source was
+        read from a project file, so a Python file it names runs only once the user confirmed it
+        (`confirm_script`). True: the model opened, or its load and replay started."""
         w = self.window
         checkpoint = isinstance(source, CheckpointSource)
+        # a project's errors name the file first, then the part of it that failed
+        where = f"{project_path}: " if project_path is not None else ""
+        title = "Open project" if project_path is not None else "Open"
         try:
             base = opening.build(source.architecture if checkpoint else source,
                                  self.confirm_script if from_file else None, trusted=not from_file)
         except opening.OpenError as e:
-            w.error("Open", e.message, e.details)
+            w.error(title, f"{where}{'source: ' if where else ''}{e.message}", e.details)
             return False
         replayed = list(edits_ or [])
 
@@ -166,42 +170,39 @@ class ProjectIO:
             self.document.set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path,
                                     runs=runs_, dirty=dirty)  # the project's runs: a save keeps them
 
-        def replay_failed(failure) -> None:
-            w.error("Open project", f"the model opened, but replaying its edits failed: {failure.exception}")
-
-        if not checkpoint:
-            if not replayed:
-                finish(base)
-                return True
-            try:  # regexes are matched with a time bound (engine.module.group)
-                module = edits.replay(base, replayed)
-            except edits.EditError as e:
-                w.error("Open project", f"the model opened, but replaying its edits failed: {e}")
-                return False
-            finish(module)
+        if not checkpoint and not replayed:
+            finish(base)
             return True
-        path, partial = source.path, source.allow_partial
+        path, partial = (source.path, source.allow_partial) if checkpoint else ("", False)
         reports = []
 
         def load_and_replay(state):
-            module, report = checkpoints.load(base, path, partial, state.set_progress)
-            reports.append(report)
-            try:
+            module = base
+            if checkpoint:
+                module, report = checkpoints.load(base, path, partial, state.set_progress)
+                reports.append(report)
+            try:  # regexes are matched with a time bound (engine.module.group); Cancel stops between edits
                 return edits.replay(module, replayed, state.check_cancelled)
             except edits.EditError as e:
+                state.check_cancelled()  # cancelled meanwhile: a cancel, not a failure
                 raise _ReplayFailed(str(e)) from e
 
         def loaded(module):
             finish(module)
-            show_partial_load(w, reports[0])
+            if reports:
+                show_partial_load(w, reports[0])
 
         def failed(failure) -> None:
             if isinstance(failure.exception, _ReplayFailed):
-                replay_failed(failure)
-            else:
-                show_load_failure(w, failure)
+                w.error(title, f"{where}the model opened, but replaying its edits failed: {failure.exception}")
+                return
+            show_load_failure(w, failure)
+            if where and w.last_message is not None:  # the checkpoint the project names: say which project
+                w.last_message.setText(f"{where}source.path: {w.last_message.text()}")
 
-        w.tasks.start(Task(load_and_replay, title=f"Loading {Path(path).name}"), loaded, failed, kind="open")
+        task_title = f"Loading {Path(path).name}" if checkpoint else \
+            f"Replaying {len(replayed)} edit(s) of {Path(project_path).name if project_path else 'the model'}"
+        w.tasks.start(Task(load_and_replay, title=task_title), loaded, failed, kind="open")
         return True
 
     def confirm_script(self, path: Path, digest: str) -> bool:

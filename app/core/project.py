@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from engine.design.design_schema import read_json_file as _read_json_file
 from engine.store.atomic import atomic_write_text
 
 from dataclasses import replace
@@ -24,64 +25,11 @@ def write_json_atomic(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-# A project file is a few kilobytes; one this large is not a project (and would stall the window).
-MAX_PROJECT_BYTES = 16 << 20
-# How deep JSON may nest: a project is about 6 levels deep, a design about 8.
-MAX_JSON_DEPTH = 64
-
-
-def _depth_ok(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether no bracket in the JSON text nests deeper than `limit` (strings skipped), checked
-    before parsing so that a file nested 100,000 deep never reaches the recursive parser."""
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
-
-
 def read_json_file(path: str | os.PathLike, what: str = "project file", error: type = None) -> object:
-    """Parse a project or design file with bounded size, nesting and numbers; every problem is
-    `error` (default `ProjectError`) naming the file."""
-    error = error or ProjectError
-    path = Path(path)
-    shown = str(path) if len(str(path)) <= 200 else str(path)[:100] + "…" + str(path)[-60:]
-    try:
-        size = path.stat().st_size
-        if size > MAX_PROJECT_BYTES:
-            raise error(f"{shown}: not a {what} (expected at most {MAX_PROJECT_BYTES >> 20} MiB of JSON, "
-                        f"found {size / (1 << 20):.0f} MiB)")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{shown}: no such {what}") from None
-    except IsADirectoryError:
-        raise error(f"{shown}: a folder, expected a {what}") from None
-    except UnicodeDecodeError as e:
-        raise error(f"{shown}: not a {what} (expected UTF-8 JSON): {e}") from None
-    except OSError as e:
-        raise error(f"{shown}: cannot read it: {e.strerror or e}") from None
-    if not _depth_ok(text):
-        raise error(f"{shown}: not a {what} (expected JSON nested at most {MAX_JSON_DEPTH} levels deep)")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise error(f"{shown}: not a {what} (expected JSON): {e}") from None
-    except (ValueError, RecursionError) as e:  # an integer of thousands of digits; nesting past the check
-        raise error(f"{shown}: not a {what} (expected JSON with numbers of ordinary size): {e}") from None
+    """Parse a project or design file with bounded size, nesting and numbers, each key once and no
+    NaN (`engine.design.design_schema.read_json_file`); every problem is `error` (default
+    `ProjectError`) naming the file."""
+    return _read_json_file(path, what, error or ProjectError)
 
 
 def read_project(path: str | os.PathLike) -> Project:

@@ -17,6 +17,7 @@ project files have always held, so files written before these types existed stay
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
@@ -35,11 +36,66 @@ class SchemaError(ValueError):
 MISSING = object()  # what `found` is when the field is not there
 
 
+class Described(str):
+    """A `found` already in words (`a name of 5,000 bytes`), shown as it is rather than repr'd."""
+
+
 def _found(value: Any) -> str:
     if value is MISSING:
         return "nothing (the field is missing)"
+    if isinstance(value, Described):
+        return str(value)
+    if isinstance(value, str) and len(value) > 60:
+        return f"{value[:40]!r}... ({len(value):,} characters)"
+    if isinstance(value, (list, dict)):  # never repr a whole (perhaps huge) container
+        return f"{'a list' if isinstance(value, list) else 'an object'} of {len(value):,} item(s)"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 18:
+        return f"an integer of {len(str(abs(value))):,} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Every text a project holds is bounded: names, devices and factories are short; a regex or a
+# contract is a line or a paragraph; a path fits the file system (4,096 bytes, 255 a name).
+MAX_NAME_CHARS = 256
+MAX_TEXT_CHARS = 16_384
+MAX_PATH_BYTES = 4096
+MAX_PATH_PART_BYTES = 255
+# Integers a project holds: LoRA ranks and QLoRA blocks (a rank past 65,536 is no adapter but
+# a copy of the weight), and steps or epochs of a run.
+MAX_RANK = 1 << 16
+MAX_BLOCK = 1 << 20
+MAX_COUNT = 1 << 53
+
+
+def _text(value: str, where: str, expected: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`value` as a text a project may hold: valid unicode (no lone surrogates), at most `limit`
+    characters."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchemaError(where, f"{expected} of valid unicode text", value) from None
+    if len(value) > limit:
+        raise SchemaError(where, f"{expected} of at most {limit:,} characters",
+                          Described(f"{len(value):,} characters"))
+    return value
+
+
+def check_path_text(value: str, where: str, expected: str = "a file path") -> str:
+    """`value` as a path this machine could open: no NUL, valid unicode, at most 4,096 bytes
+    and 255 bytes a name. Nothing is looked up on disk."""
+    _text(value, where, expected, MAX_PATH_BYTES)
+    if "\x00" in value:
+        raise SchemaError(where, f"{expected} without NUL characters", value)
+    encoded = value.encode("utf-8")
+    if len(encoded) > MAX_PATH_BYTES:
+        raise SchemaError(where, f"{expected} of at most {MAX_PATH_BYTES:,} bytes",
+                          Described(f"{len(encoded):,} bytes"))
+    longest = max(len(part) for part in encoded.replace(b"\\", b"/").split(b"/"))
+    if longest > MAX_PATH_PART_BYTES:
+        raise SchemaError(where, f"{expected} whose file and folder names have at most {MAX_PATH_PART_BYTES} bytes",
+                          Described(f"a name of {longest:,} bytes"))
+    return value
 
 
 def _object(data: Any, where: str) -> dict:
@@ -57,6 +113,39 @@ def _get(data: dict, key: str, types: type | tuple[type, ...], where: str, expec
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise SchemaError(f"{where}.{key}", expected, value)
     if not isinstance(value, types):
+        raise SchemaError(f"{where}.{key}", expected, value)
+    if isinstance(value, str):
+        _text(value, f"{where}.{key}", expected)
+    return value
+
+
+def _name(data: dict, key: str, where: str, expected: str, default: Any = ...) -> str:
+    return _text(_get(data, key, str, where, expected, default), f"{where}.{key}", expected, MAX_NAME_CHARS)
+
+
+def _path(data: dict, key: str, where: str, expected: str, default: Any = ...) -> str:
+    return check_path_text(_get(data, key, str, where, expected, default), f"{where}.{key}", expected)
+
+
+def _int(data: dict, key: str, where: str, low: int, high: int, default: Any = ...) -> int:
+    expected = f"an integer from {low:,} to {high:,}"
+    value = _get(data, key, int, where, expected, default)
+    if not low <= value <= high:
+        raise SchemaError(f"{where}.{key}", expected, value)
+    return value
+
+
+def _number(data: dict, key: str, where: str, expected: str, default: Any = ..., *, none: bool = False,
+            low: float = -1e12, high: float = 1e12) -> float | None:
+    """A finite number in [low, high] (None allowed when `none`), as a float."""
+    types = (int, float, type(None)) if none else (int, float)
+    value = _get(data, key, types, where, expected, default)
+    if value is None:
+        return None
+    if isinstance(value, int) and abs(value) > 10 ** 18:
+        raise SchemaError(f"{where}.{key}", expected, value)
+    value = float(value)
+    if not math.isfinite(value) or not low <= value <= high:
         raise SchemaError(f"{where}.{key}", expected, value)
     return value
 
@@ -98,7 +187,7 @@ class GroupSpec:
     @classmethod
     def from_json(cls, data: Any, where: str = "group") -> "GroupSpec":
         data = _object(data, where)
-        kind = data.get("kind")
+        kind = data.get("kind", MISSING)
         if kind == "all":
             return cls("all")
         if kind == "regex":
@@ -110,10 +199,11 @@ class GroupSpec:
             for i, p in enumerate(paths):
                 if not isinstance(p, str):
                     raise SchemaError(f"{where}.paths[{i}]", "a parameter path (string)", p)
+                _text(p, f"{where}.paths[{i}]", "a parameter path", MAX_TEXT_CHARS)
             return cls("paths", paths=tuple(paths))
         if kind == "predicate":
             return cls("predicate", text=_get(data, "text", str, where, "a text (string)"))
-        raise SchemaError(f"{where}.kind", "one of " + ", ".join(GROUP_KINDS), kind)
+        raise SchemaError(f"{where}.kind", "one of " + ", ".join(GROUP_KINDS), _kind_found(kind))
 
     def to_param_group(self):
         """The engine's ParamGroup (`ParamGroup.from_spec`); a bad regex raises `ParamGroupError`
@@ -233,19 +323,20 @@ Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, DetachEdit, MoveEdit, LoadEdi
 
 def edit_from_json(data: Any, where: str = "edit") -> Edit:
     data = _object(data, where)
-    op = data.get("op")
+    op = data.get("op", MISSING)
     if op in GROUP_OPS:
         return GroupEdit(op, GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"))
     if op == "lora":
         q = data.get("qlora")
-        if q:
+        if q is not None and q is not False:
             q = _object(q, f"{where}.qlora")
-            q = QLoraSettings(_get(q, "block_size", int, f"{where}.qlora", "an int", 64),
+            q = QLoraSettings(_int(q, "block_size", f"{where}.qlora", 1, MAX_BLOCK, 64),
                               _get(q, "double_quant", bool, f"{where}.qlora", "true or false", True))
-        init_std = _get(data, "init_std", (int, float, type(None)), where, "a number or null", None)
-        return LoraEdit(_get(data, "rank", int, where, "an int"),
-                        float(_get(data, "alpha", (int, float), where, "a number")),
-                        None if init_std is None else float(init_std),
+        init_std = _number(data, "init_std", where, "a standard deviation (a number from 0 to 1,000) or null", None,
+                           none=True, low=0.0, high=1000.0)
+        return LoraEdit(_int(data, "rank", where, 1, MAX_RANK),
+                        _number(data, "alpha", where, "a finite number (LoRA alpha)"),
+                        init_std,
                         GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"),
                         q or None)
     if op == "materialize":
@@ -253,11 +344,18 @@ def edit_from_json(data: Any, where: str = "edit") -> Edit:
     if op == "detach":
         return DetachEdit(GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"))
     if op in ("fork", "to_device"):
-        return MoveEdit(_get(data, "device", str, where, "a device name (string)"), fork=op == "fork")
+        return MoveEdit(_name(data, "device", where, "a device name (string)"), fork=op == "fork")
     if op == "load":
-        return LoadEdit(_get(data, "path", str, where, "a checkpoint path (string)"),
+        return LoadEdit(_path(data, "path", where, "a checkpoint path (string)"),
                         _get(data, "allow_partial", bool, where, "true or false", False))
-    raise SchemaError(f"{where}.op", "one of " + ", ".join(EDIT_OPS), op)
+    raise SchemaError(f"{where}.op", "one of " + ", ".join(EDIT_OPS), _kind_found(op))
+
+
+def _kind_found(value: Any) -> Any:
+    """What an `op` or `kind` field held, for a message (a value that is no text is named by its type)."""
+    if value is MISSING or isinstance(value, str):
+        return value
+    return Described(f"{_found(value)} (not a text)")
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -319,21 +417,27 @@ Source = Union[ExampleSource, ScriptSource, CheckpointSource, DesignSource]
 
 def source_from_json(data: Any, where: str = "source") -> Source:
     data = _object(data, where)
-    kind = data.get("kind")
+    kind = data.get("kind", MISSING)
     if kind == "example":
-        return ExampleSource(_get(data, "name", str, where, "an example name (string)"))
+        return ExampleSource(_name(data, "name", where, "an example name (string)"))
     if kind == "script":
-        return ScriptSource(_get(data, "path", str, where, "a Python file path (string)"),
-                            _get(data, "factory", str, where, "a function name (string)", "build"))
+        return ScriptSource(_path(data, "path", where, "a Python file path (string)"),
+                            _name(data, "factory", where, "a function name (string)", "build"))
     if kind == "checkpoint":
         arch = source_from_json(_get(data, "architecture", dict, where, "a source object"), f"{where}.architecture")
         if not isinstance(arch, (ExampleSource, ScriptSource)):
             raise SchemaError(f"{where}.architecture.kind", "example or script", arch.kind)
-        return CheckpointSource(_get(data, "path", str, where, "a checkpoint path (string)"), arch,
+        return CheckpointSource(_path(data, "path", where, "a checkpoint path (string)"), arch,
                                 _get(data, "allow_partial", bool, where, "true or false", False))
     if kind == "design":
+        from engine.design.design_schema import DesignSchemaError, check_source  # noqa: PLC0415
+
+        try:
+            check_source(data, where)
+        except DesignSchemaError as e:
+            raise SchemaError(e.where, e.expected, Described(e.found)) from None
         return DesignSource(dict(data))
-    raise SchemaError(f"{where}.kind", "one of " + ", ".join(SOURCE_KINDS), kind)
+    raise SchemaError(f"{where}.kind", "one of " + ", ".join(SOURCE_KINDS), _kind_found(kind))
 
 
 def describe_source(source: Source) -> str:
@@ -367,11 +471,11 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: Any, where: str = "run") -> "RunRecord":
         data = _object(data, where)
-        return cls(_get(data, "name", str, where, "a run name (string)"),
-                   _get(data, "folder", str, where, "a folder path (string)"),
-                   _get(data, "status", str, where, "a status (string)"),
-                   _get(data, "global_step", int, where, "an int", 0),
-                   _get(data, "epoch", int, where, "an int", 0))
+        return cls(_name(data, "name", where, "a run name (string)"),
+                   _path(data, "folder", where, "a folder path (string)"),
+                   _name(data, "status", where, "a status (string)"),
+                   _int(data, "global_step", where, 0, MAX_COUNT, 0),
+                   _int(data, "epoch", where, 0, MAX_COUNT, 0))
 
 
 # ---- the project ------------------------------------------------------------------------------
@@ -395,15 +499,17 @@ class Project:
     @classmethod
     def from_json(cls, data: Any) -> "Project":
         data = _object(data, "the project")
-        fmt = data.get("format")
-        if fmt != PROJECT_FORMAT:
+        fmt = data.get("format", MISSING)
+        if type(fmt) is not int or fmt != PROJECT_FORMAT:
             raise SchemaError("format", f"project format {PROJECT_FORMAT}", fmt)
         source = source_from_json(_get(data, "source", dict, "project", "a source object"), "source")
         edits = _get(data, "edits", list, "project", "a list of edits", [])
         contracts = _get(data, "contracts", dict, "project", "an object of module path -> contract text", {})
         for path, text in contracts.items():
+            _text(path, "contracts", "module paths", MAX_TEXT_CHARS)
             if not isinstance(text, str):
                 raise SchemaError(f"contracts[{path!r}]", "a contract text (string)", text)
+            _text(text, f"contracts[{path!r}]", "a contract text")
         runs = _get(data, "runs", list, "project", "a list of runs", [])
         return cls(source, [edit_from_json(e, f"edits[{i}]") for i, e in enumerate(edits)], dict(contracts),
                    [RunRecord.from_json(r, f"runs[{i}]") for i, r in enumerate(runs)])

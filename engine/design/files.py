@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..store.atomic import atomic_write_text
+from .design_schema import DesignFileError, DesignSchemaError, check_bare, check_source, read_json_file
+from .fields import FieldError
 from .graph import Design, DesignError
 
 __all__ = [
@@ -45,10 +47,6 @@ SCHEMA_VERSION = 2
 DESIGN_SUFFIX = ".ember.json"
 PROJECT_FORMAT = 1  # the app's project file format the design file is written in
 AUTOSAVE_SUFFIX = ".ember-design.autosave"
-
-
-class DesignFileError(ValueError):
-    """A design file that cannot be read: names the file and what was wrong."""
 
 
 # ---------------------------------------------------------------------------------- the data
@@ -74,15 +72,18 @@ def is_design_data(data) -> bool:
 
 
 def migrate(data: dict, where: str = "design") -> dict:
-    """The current-schema `source` dict for design data of any schema version."""
+    """The current-schema `source` dict for design data of any schema version, checked against the
+    design schema (`design_schema`) first: a `DesignFileError` names the key and what was expected."""
     if not isinstance(data, dict):
         raise DesignFileError(f"{where}: expected a JSON object, found {type(data).__name__}")
     if "ember_design" in data:
         version = data["ember_design"]
-        if version != 1:
+        if type(version) is not int or version != 1:
             raise DesignFileError(f"{where}: a bare design file must be schema 1, found {version!r}")
+        check_bare(data, where)
         return {"kind": "design", "schema_version": SCHEMA_VERSION, "design": _migrate_1_to_2(data, where)}
-    src = data.get("source") if "source" in data else data
+    project = "source" in data
+    src = data.get("source") if project else data
     if not isinstance(src, dict) or src.get("kind") != "design":
         raise DesignFileError(f"{where}: not a design (expected a project whose source kind is 'design')")
     version = src.get("schema_version")
@@ -91,11 +92,12 @@ def migrate(data: dict, where: str = "design") -> dict:
     if version > SCHEMA_VERSION:
         raise DesignFileError(f"{where}: design schema {version} is newer than this app reads "
                               f"(up to {SCHEMA_VERSION}); update Ember to open it")
+    if version < 1:
+        raise DesignFileError(f"{where}: unknown design schema {version}")
+    check_source(src, f"{where}: source" if project else where)
     design = src.get("design")
     if version == 1:
         design = _migrate_1_to_2(design, where)
-    elif version < 1:
-        raise DesignFileError(f"{where}: unknown design schema {version}")
     return {"kind": "design", "schema_version": SCHEMA_VERSION, "design": design}
 
 
@@ -135,24 +137,24 @@ def _migrate_1_to_2(old, where: str) -> dict:
 
 
 def design_from_source(source: dict, where: str = "design") -> Design:
-    """The design a project source (of any schema version) holds."""
+    """The design a project source (of any schema version) holds; `DesignFileError` says what is
+    wrong and where."""
     src = migrate(source, where)
     try:
         return Design.from_dict(src["design"])
-    except DesignError as e:
+    except (DesignError, FieldError) as e:
         raise DesignFileError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, RecursionError) as e:  # a value the schema let by and a layer refused
+        raise DesignFileError(f"{where}: not a valid design: {type(e).__name__}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------- files
 def read_design(path) -> Design:
-    """Read a design file of any schema version; `DesignFileError` says what is wrong and where."""
+    """Read a design file of any schema version; `DesignFileError` says what is wrong and where.
+    The file is read bounded (size, nesting, numbers) and checked against the design schema
+    before any of it is used; nothing in it is run."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DesignFileError(f"{path}: no such design file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DesignFileError(f"{path}: not a design file (expected JSON): {e}") from None
+    data = read_json_file(path, "design file", DesignFileError)
     if not is_design_data(data):
         raise DesignFileError(f"{path}: not a design file (a project whose model comes from "
                               f"{_kind_of(data)}, not from a design graph)")
@@ -161,7 +163,12 @@ def read_design(path) -> Design:
 
 def _kind_of(data) -> str:
     src = data.get("source") if isinstance(data, dict) else None
-    return f"a {src.get('kind')!r} source" if isinstance(src, dict) else "somewhere else"
+    if isinstance(src, dict):
+        kind = src.get("kind")
+        if isinstance(kind, str):
+            return f"a {kind[:60]!r} source"
+        return "a source of no known kind"
+    return "somewhere else"
 
 
 def dumps(data: dict) -> str:

@@ -319,6 +319,7 @@ def test_project_round_trip_replays_edits_and_contracts(opened, qtbot, tmp_path,
     opened.open_example("spirals")
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(saved), ""))
     opened.actions.open_project.trigger()
+    qtbot.waitUntil(lambda: not opened.running_tasks, timeout=20000)  # the edits replay on a worker
     doc = opened.document
     assert type(doc.module).__name__ == "Mlp"
     assert "blocks.0.linear.weight" not in trainable(doc.module)
@@ -465,6 +466,7 @@ def test_an_autosave_newer_than_its_project_is_offered_for_recovery(opened, qtbo
     assert box.objectName() == "recovery" and "1 edit(s)" in box.text()
     assert trainable(opened.document.module) == all_float(opened.document.module)  # the saved state
     box.button(QMessageBox.StandardButton.Yes).click()
+    qtbot.waitUntil(lambda: not opened.running_tasks, timeout=20000)  # the edits replay on a worker
     doc = opened.document
     assert "head.weight" not in trainable(doc.module) and doc.is_dirty() and doc.project_path == path
     opened.projects.save_project()

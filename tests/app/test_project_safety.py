@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 import time
 
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QMessageBox
+
+PATHOLOGICAL = r"^(.*?.*?)*(?!.)\W"  # exponential in the path's length for a backtracking engine
 
 
 def _evil(tmp_path):
@@ -51,9 +54,89 @@ def test_a_malformed_project_is_an_error_naming_the_file(window, tmp_path):
     assert not window.projects.open_project(tmp_path / ("x" * 5000 + ".ember.json"))
 
 
-def test_a_catastrophic_regex_in_a_project_opens_quickly(window, tmp_path):
+def test_a_catastrophic_regex_in_a_project_opens_quickly(window, qtbot, tmp_path):
     path = _project(tmp_path, {"kind": "example", "name": "burn-mnist"},
                     [{"op": "freeze", "group": {"kind": "regex", "pattern": "^(.*.*)*X$"}}])
     start = time.monotonic()
     assert window.projects.open_project(path)
+    qtbot.waitUntil(lambda: not window.running_tasks, timeout=10_000)
     assert time.monotonic() - start < 10
+    # a pattern that takes the regex engine exponential time is stopped at the match's time bound
+    path = _project(tmp_path, {"kind": "example", "name": "burn-mnist"},
+                    [{"op": "freeze", "group": {"kind": "regex", "pattern": PATHOLOGICAL}}])
+    before = window.document.module
+    start = time.monotonic()
+    assert window.projects.open_project(path)
+    qtbot.waitUntil(lambda: not window.running_tasks, timeout=10_000)
+    assert time.monotonic() - start < 5
+    text = window.last_message.text()
+    assert "p.ember.json" in text and "edit 1 of 1" in text and "took longer than" in text
+    assert window.document.module is before
+
+
+def test_a_replay_runs_on_a_worker_and_cancel_stops_it(window, qtbot, tmp_path, monkeypatch):
+    """Item 15: a project's edits replay off the GUI thread (an example's as a checkpoint's): the
+    window keeps processing events, and the status bar's Cancel stops the replay with the
+    document as it was."""
+    import engine.module.group as group
+
+    # the bound a match may take, raised so that the replay runs long enough to be cancelled (with
+    # the default a pathological match fails in a quarter of a second, as the test above shows)
+    monkeypatch.setattr(group, "MATCH_TIMEOUT_S", 2.0)
+    assert window.open_example("spirals")
+    before, message = window.document.module, window.last_message
+    edits = [{"op": "freeze", "group": {"kind": "regex", "pattern": PATHOLOGICAL}}] + \
+        [{"op": "unfreeze", "group": {"kind": "all"}}] * 20
+    path = _project(tmp_path, {"kind": "example", "name": "burn-mnist"}, edits)
+    start = time.monotonic()
+    assert window.projects.open_project(path)
+    assert time.monotonic() - start < 1.0  # the replay started; the GUI thread did not run it
+    assert window.running_tasks and window.document.module is before
+    task = window.running_tasks[0]
+    ticks = []
+    timer = QTimer()
+    timer.timeout.connect(lambda: ticks.append(time.monotonic()))
+    timer.start(20)
+    qtbot.wait(400)  # the event loop runs while the worker matches
+    assert task.is_running() and len(ticks) >= 5, len(ticks)
+    cancel = window.task_progress.cancel_button
+    assert cancel.isVisible() and cancel.isEnabled()
+    qtbot.mouseClick(cancel, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.running_tasks, timeout=10_000)
+    timer.stop()
+    assert task.outcome == "cancelled"  # not "failed" (as it would have at the bound): Cancel stopped it
+    assert window.document.module is before and window.document.project_path is None
+    assert window.last_message is message  # no error: the user cancelled
+    assert "cancelled" in window.message_label.text()
+
+
+def test_a_design_that_names_a_python_file_runs_nothing(window, tmp_path):
+    """Must-show 4: a design whose node kind, field or key names a Python file opens nothing and
+    runs nothing; the dialog (or the designer's status) says what is wrong where."""
+    script, marker = _evil(tmp_path)
+    design = window.designer.design.to_dict()
+    node = {"name": "x", "kind": "Input", "config": {"shape": ["batch", 4]}, "position": [0, 0]}
+    designs = [
+        {"nodes": [node, {"name": "evil", "kind": "../../" + str(script), "config": {}, "position": [0, 90]}]},
+        {"nodes": [node, {"name": "evil", "kind": str(script.with_suffix("")), "config": {}, "position": [0, 90]}]},
+        {"nodes": [node, {"name": "evil", "kind": "Linear", "config": {"d_input": 4, "d_output": 2},
+                          "script": str(script), "position": [0, 90]}]},
+        {"nodes": [node, {"name": "evil", "kind": "Linear", "config": {"d_input": 4, "d_output": 2,
+                                                                     "module": str(script)}}]},
+        {"nodes": [node], "script": str(script)},
+    ]
+    for i, d in enumerate(designs):
+        path = tmp_path / f"d{i}.ember.json"
+        path.write_text(json.dumps({"format": 1, "application": "ember", "source": {
+            "kind": "design", "schema_version": 2, "design": d}, "edits": [], "contracts": {}, "runs": []}))
+        assert not window.projects.open_project(path)
+        text = window.last_message.text()
+        assert f"d{i}.ember.json" in text and "source.design" in text, text
+        assert not window.designer.open_design(path)
+        assert "source.design" in window.designer.status.text()
+    bare = tmp_path / "bare.ember.json"
+    bare.write_text(json.dumps({"ember_design": 1, "nodes": {"evil": {"type": str(script)}}, "links": []}))
+    assert not window.open_design(bare)
+    assert "unknown node kind" in window.last_message.text()
+    assert not window.designer.open_design(bare)
+    assert not marker.exists() and window.designer.design.to_dict() == design and window.document.module is None
