@@ -256,3 +256,16 @@ def test_the_llama_7b_example_takes_a_real_llama_2_folders_names():
         expected[pre + "input_layernorm.weight"] = expected[pre + "post_attention_layernorm.weight"] = (4096,)
     assert len(expected) == 291 and stored == expected
     assert not any(p.is_initialized() for _, p in model.named_params())
+
+
+def test_left_padding_matches_transformers_eager_attention():
+    """A left-padded row: every real token matches transformers (eager and sdpa agree there). The
+    padded queries that see no real key are where transformers' own two attentions disagree; Ember
+    gives eager's answer (every key masked alike: uniform weights)."""
+    exp = np.load(Path(__file__).parent / "fixtures" / "llama_left_padding.npz")
+    model = from_pretrained(HF / "llama-gqa")
+    got = model.forward(Tensor.from_data(exp["input_ids"]), Tensor.from_data(exp["attention_mask"])).numpy()
+    real = exp["attention_mask"].astype(bool)
+    np.testing.assert_allclose(got[real], exp["sdpa"][real], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(got, exp["eager"], rtol=0, atol=1e-4)
+    assert np.abs(exp["eager"][0, :2] - exp["sdpa"][0, :2]).max() > 1.0  # transformers itself differs there
