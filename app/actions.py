@@ -31,6 +31,9 @@ class Actions:
         make("open_checkpoint", "Open &Checkpoint into Architecture…", "Ctrl+Shift+O",
              "Load a .bpk or .safetensors checkpoint into a chosen architecture")
         make("open_project", "Open &Project…", "Ctrl+Alt+O", "Open an .ember.json project")
+        make("open_pretrained", "Open Pre&trained…", "Ctrl+Shift+P",
+             "Open a Hugging Face model folder (config.json + safetensors or pytorch_model.bin): Llama, Mistral, "
+             "Qwen2, GPT-2, BERT, ViT; read lazily")
         make("save_project", "&Save Project", Std.Save, "Save the project (.ember.json): source, edits, contracts")
         make("save_project_as", "Save Project &As…", Std.SaveAs)
         make("import_checkpoint", "&Import Checkpoint…", "Ctrl+I",
@@ -39,6 +42,8 @@ class Actions:
         make("export_whole", "Export &Whole Model…", "Ctrl+E", "Every parameter, base weights and adapters")
         make("export_adapters", "Export &Adapters Only…", "Ctrl+Shift+E", "Only the LoRA factors (…lora.a, …lora.b)")
         make("export_materialized", "Export &Materialized…", None, "Adapters folded into plain weights")
+        make("export_pretrained", "&Hugging Face Folder…", None,
+             "Write the model as a Hugging Face folder that transformers loads (LoRA merged into a copy first)")
         make("quit", "&Quit", Std.Quit)
 
         # Edit

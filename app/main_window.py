@@ -40,7 +40,9 @@ from .contract_check import ContractCheck
 from .core.schema import Edit, MaterializeEdit
 from .designer_panel import DesignerPanel
 from .document import Document
+from .core.opening import hugging_face_names
 from .edit_actions import EditActions
+from .pretrained_actions import PretrainedActions
 from .project_io import ProjectIO
 from .prompts import ScriptFileDialog, ask_save_discard
 from .settings import Settings
@@ -72,6 +74,8 @@ class MainWindow(QMainWindow):
         self.confirm_close = confirm_close
         self.last_message: QMessageBox | None = None
         self.dialog = None  # the open LoRA / group / checkpoint dialog, if any
+        self.hf_names: dict[str, str] = {}  # the open model's Hugging Face names ({path: name}), if any
+        self.setAcceptDrops(True)  # a dropped folder, project, script or checkpoint opens (PretrainedActions.drop)
         self.setObjectName("ember-main-window")
         self.setWindowIcon(app_icon())
         self.resize(1400, 860)
@@ -86,6 +90,7 @@ class MainWindow(QMainWindow):
         self.projects = ProjectIO(self)
         self.edit_actions = EditActions(self)
         self.checkpoints = CheckpointActions(self)
+        self.pretrained = PretrainedActions(self)
         self.checks = ContractCheck(self)
         self.tree.model.set_contract_provider(self.checks.contract_info)
         self._connect()
@@ -206,6 +211,7 @@ class MainWindow(QMainWindow):
         m.addAction(a.open_script)
         m.addAction(a.open_checkpoint)
         m.addAction(a.open_project)
+        m.addAction(a.open_pretrained)
         self.recent_menu = m.addMenu("Open &Recent")
         self.recent_menu.aboutToShow.connect(lambda: self.projects.fill_recent_menu())
         m.addSeparator()
@@ -213,9 +219,13 @@ class MainWindow(QMainWindow):
         m.addAction(a.save_project_as)
         m.addSeparator()
         m.addAction(a.import_checkpoint)
-        export = m.addMenu("E&xport Checkpoint")
+        export = m.addMenu("E&xport")
+        export.setObjectName("menu.export")
+        export.setToolTipsVisible(True)  # a disabled Hugging Face export says why
         for action in (a.export_whole, a.export_adapters, a.export_materialized):
             export.addAction(action)
+        export.addSeparator()
+        export.addAction(a.export_pretrained)
         m.addSeparator()
         m.addAction(a.quit)
         m = bar.addMenu("&Edit")
@@ -286,6 +296,8 @@ class MainWindow(QMainWindow):
         a.open_script.triggered.connect(self.ask_open_script)
         a.open_checkpoint.triggered.connect(projects.ask_open_checkpoint)
         a.open_project.triggered.connect(projects.ask_open_project)
+        a.open_pretrained.triggered.connect(self.pretrained.ask_open)
+        a.export_pretrained.triggered.connect(self.pretrained.ask_export)
         a.save_project.triggered.connect(projects.save_project)
         a.save_project_as.triggered.connect(projects.save_project_as)
         a.import_checkpoint.triggered.connect(checkpoints.ask_import)
@@ -330,7 +342,8 @@ class MainWindow(QMainWindow):
     # ---- views follow the document ---------------------------------------------------------------
     def _on_model_changed(self) -> None:
         doc = self.document
-        self.tree.set_module(doc.module)
+        self.hf_names = hugging_face_names(doc.module)  # {} unless a Hugging Face family's model
+        self.tree.set_module(doc.module, names=self.hf_names)
         has = doc.module is not None
         self.summary_label.setText(str(doc.stats.total.counts) if has else "No model open.")
         self.device_selector.set_model_devices(doc.stats.total.devices if has else [])
@@ -350,6 +363,7 @@ class MainWindow(QMainWindow):
         self.actions.materialize.setEnabled(reparameterized)
         self.actions.export_adapters.setEnabled(reparameterized)
         self.actions.detach_lora.setEnabled(reparameterized)
+        self.pretrained.update_action()
 
     def current_path(self) -> str:
         path = self.tree.selected_path()
@@ -366,7 +380,7 @@ class MainWindow(QMainWindow):
         found = find(module, path)
         value = found[1] if found else None
         self.display.set_value(value, path)
-        self.inspector.set_selection(module, path, self.document.stats)
+        self.inspector.set_selection(module, path, self.document.stats, names=self.hf_names)
         self.checks.show_contract(path, found)
 
     def _update_title(self) -> None:
@@ -516,6 +530,26 @@ class MainWindow(QMainWindow):
         if design and not self.designer.maybe_discard_design():
             return False
         return True
+
+    # ---- drag and drop: a folder (a Hugging Face model), a project, a script or a checkpoint ---------------
+    def dragEnterEvent(self, event) -> None:
+        if self.pretrained.accepts(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            super().dragEnterEvent(event)
+
+    def dragMoveEvent(self, event) -> None:
+        if self.pretrained.accepts(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            super().dragMoveEvent(event)
+
+    def dropEvent(self, event) -> None:
+        if self.pretrained.accepts(event.mimeData()):
+            event.acceptProposedAction()
+            self.pretrained.drop(event.mimeData())
+        else:
+            super().dropEvent(event)
 
     # ---- closing ---------------------------------------------------------------------------------------
     def closeEvent(self, event) -> None:

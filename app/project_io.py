@@ -16,8 +16,8 @@ from widgets.checkpoint_dialog import CheckpointDialog
 from .checkpoint_actions import show_load_failure, show_partial_load
 from .core import checkpoints, edits, opening
 from .core.project import PROJECT_SUFFIX, ProjectError, read_project, write_json_atomic
-from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, ScriptSource, Source,
-                          source_from_json)
+from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, PretrainedSource, ScriptSource,
+                          Source, source_from_json)
 from .prompts import open_file, save_file
 from .workers import Task
 
@@ -98,11 +98,13 @@ class ProjectIO:
         return True
 
     def open_path(self, entry: str) -> bool:
-        """Open what a recent-files entry or `--open` names: a project, a script, or a checkpoint
-        (which needs an architecture: the dialog asks)."""
+        """Open what a recent-files entry or `--open` names: a project, a script, a Hugging Face
+        model folder, or a checkpoint (which needs an architecture: the dialog asks)."""
         text = str(entry)
         if text.endswith(PROJECT_SUFFIX):
             return self.open_project(text)
+        if opening.is_pretrained_folder(text):  # a Hugging Face folder: opened on a worker
+            return self.window.pretrained.open_folder(text) is not None
         path, _factory = opening.split_script_spec(text)
         if path.suffix.lower() in (".bpk", ".safetensors"):
             dialog = self.ask_open_checkpoint()
@@ -154,6 +156,9 @@ class ProjectIO:
         read from a project file, so a Python file it names runs only once the user confirmed it
         (`confirm_script`). True: the model opened, or its load and replay started."""
         w = self.window
+        if isinstance(source, PretrainedSource):  # a Hugging Face folder, opened on a worker (app/pretrained_actions.py)
+            return w.pretrained.open_folder(source.path, edits_=edits_, contracts_=contracts_, project_path=project_path,
+                                            dirty=dirty, runs_=runs_, ask=False) is not None
         checkpoint = isinstance(source, CheckpointSource)
         # a project's errors name the file first, then the part of it that failed
         where = f"{project_path}: " if project_path is not None else ""

@@ -1,4 +1,6 @@
-"""The inspector: the selection's parameters and constants, and its freeze / LoRA state.
+"""The inspector: the selection's parameters and constants, and its freeze / LoRA state. For a
+model from a Hugging Face folder the app passes each parameter's Hugging Face name in (a last
+column, hidden for other models).
 
 Reads metadata only: a lazy parameter shows as lazy and stays so.
 """
@@ -17,7 +19,9 @@ from engine.module.tree import FieldKind, children, find, join, params
 from .common import count, monospace_font
 from .module_tree import type_name
 
-PARAM_COLUMNS = ["Path", "Id", "Shape", "DType", "Device", "State", "Require grad", "Reparameterized"]
+PARAM_COLUMNS = ["Path", "Id", "Shape", "DType", "Device", "State", "Require grad", "Reparameterized",
+                 "Hugging Face name"]
+HF_COLUMN = PARAM_COLUMNS.index("Hugging Face name")
 CONST_COLUMNS = ["Path", "Shape", "DType", "Device"]
 MAX_ROWS = 500
 
@@ -26,7 +30,7 @@ def _shape(dims) -> str:
     return "[" + ", ".join(str(int(d)) for d in dims) + "]"
 
 
-def param_row(path: str, p: Param) -> list[str]:
+def param_row(path: str, p: Param, hf_name: str = "") -> list[str]:
     if p.is_initialized():
         dtype = str(p.base().dtype)
         state = "initialized"
@@ -36,7 +40,7 @@ def param_row(path: str, p: Param) -> list[str]:
     r = p.reparameterization
     reparam = type(r).__name__ if r is not None else ""
     return [path, str(p.id), _shape(p.shape), dtype, str(p.lazy_device()), state,
-            "yes" if param_trainable(p) else "no", reparam]
+            "yes" if param_trainable(p) else "no", reparam, hf_name]
 
 
 class Inspector(QWidget):
@@ -51,6 +55,9 @@ class Inspector(QWidget):
         self.state.setWordWrap(True)
         self.params = self._table(PARAM_COLUMNS)
         self.params.setObjectName("inspector-params")
+        # a Hugging Face name, when the model has them, is shown next to the Ember path
+        self.params.horizontalHeader().moveSection(HF_COLUMN, 1)
+        self.params.setColumnHidden(HF_COLUMN, True)
         self.consts = self._table(CONST_COLUMNS)
         self.consts.setObjectName("inspector-consts")
         self.more = QLabel("")
@@ -91,8 +98,12 @@ class Inspector(QWidget):
         t.horizontalHeader().setStretchLastSection(True)
         return t
 
-    def set_selection(self, module: Any, path: str | None, stats: ModelStats | None = None) -> None:
-        """Show what is at `path` in `module` (None: nothing selected)."""
+    def set_selection(self, module: Any, path: str | None, stats: ModelStats | None = None,
+                      names: dict[str, str] | None = None) -> None:
+        """Show what is at `path` in `module` (None: nothing selected). `names`: {parameter path:
+        Hugging Face name}, shown in the last column (hidden when there are none)."""
+        names = names or {}
+        self.params.setColumnHidden(HF_COLUMN, not names)
         found = find(module, path) if module is not None and path is not None else None
         if found is None:
             self.header.setText("Nothing selected." if module is None or path is None else f"{path}: not in the model")
@@ -102,9 +113,11 @@ class Inspector(QWidget):
             self.more.setText("")
             return
         kind, value = found
-        self.header.setText(f"<b>{path or '(the whole model)'}</b> — {type_name(kind, value)}")
+        hf = names.get(path, "")
+        self.header.setText(f"<b>{path or '(the whole model)'}</b> — {type_name(kind, value)}"
+                            + (f" · Hugging Face: <code>{hf}</code>" if hf and hf != path else ""))
         st = (stats or ModelStats(module)).get(path)
-        rows = [param_row(p, v) for p, v in itertools.islice(params(value, path), MAX_ROWS)]
+        rows = [param_row(p, v, names.get(p, "")) for p, v in itertools.islice(params(value, path), MAX_ROWS)]
         self._fill(self.params, rows)
         self.more.setText(f"… and {st.tensors - len(rows):,} more parameters" if st.tensors > len(rows) else "")
         consts = [(join(path, seg), v) for seg, k, v in children(value) if k is FieldKind.CONSTANT] \

@@ -5,7 +5,9 @@ Nodes are created when a branch is first expanded (`canFetchMore` / `fetchMore`)
 one metadata pass (`ModelStats`), never from parameter values.
 
 Columns: name (with a LoRA badge), type, parameters, trainable (a tri-state checkbox: trainable
-/ partly / frozen), device, contract. The model changes nothing: a click on a checkbox emits
+/ partly / frozen), device, contract, grad norm, and the Hugging Face name of each node when the
+app passes names in (`set_module(module, names=...)`, a model opened from a Hugging Face folder;
+the column is hidden otherwise, and the name's tooltip shows it too). The model changes nothing: a click on a checkbox emits
 `trainable_toggled(path, trainable)` and the app decides.
 """
 from __future__ import annotations
@@ -15,15 +17,15 @@ from typing import Any, Callable
 from PySide6.QtCore import QAbstractItemModel, QModelIndex, QPoint, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QBrush, QColor, QFont, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMenu, QSpinBox,
-                               QTreeView, QVBoxLayout, QWidget)
+                               QStyledItemDelegate, QTreeView, QVBoxLayout, QWidget)
 
 from engine.module.summary import ModelStats, ParamStats
 from engine.module.tree import FieldKind, children, find, join
 
 from .common import count, monospace_font
 
-NAME, TYPE, PARAMS, TRAINABLE, DEVICE, CONTRACT, GRAD = range(7)
-HEADERS = ["Name", "Type", "Parameters", "Trainable", "Device", "Contract", "Grad norm"]
+NAME, TYPE, PARAMS, TRAINABLE, DEVICE, CONTRACT, GRAD, HF_NAME = range(8)
+HEADERS = ["Name", "Type", "Parameters", "Trainable", "Device", "Contract", "Grad norm", "Hugging Face name"]
 PATH_ROLE = Qt.ItemDataRole.UserRole + 1
 KIND_ROLE = Qt.ItemDataRole.UserRole + 2
 STATE_ROLE = Qt.ItemDataRole.UserRole + 3
@@ -114,6 +116,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._visible: set[str] | None = None  # paths shown while filtering
         self._contracts: ContractProvider | None = None
         self._grad_norms: dict | None = None  # module path -> live gradient norm (None: frozen)
+        self._names: dict[str, str] = {}  # path -> the Hugging Face name, where it differs
         self._mono = monospace_font()
 
     # ---- content -------------------------------------------------------------------------
@@ -126,6 +129,14 @@ class ModuleTreeModel(QAbstractItemModel):
         if module is not None:
             self._root.children = [_Node(self._root, 0, "", "", FieldKind.MODULE, module)]
         self.endResetModel()
+
+    def set_names(self, names: dict[str, str] | None) -> None:
+        """Other names of the nodes ({path: Hugging Face name}), shown in their own column and in
+        the name's tooltip, and matched by the filter; takes effect at the next `set_module`."""
+        self._names = {k: v for k, v in (names or {}).items() if v and v != k}
+
+    def names(self) -> dict[str, str]:
+        return dict(self._names)
 
     def set_contract_provider(self, provider: ContractProvider | None) -> None:
         self._contracts = provider
@@ -167,7 +178,8 @@ class ModuleTreeModel(QAbstractItemModel):
 
         def walk(value, path, kind):
             hit = needle in (path.rsplit(".", 1)[-1] or type(value).__name__).lower() or \
-                needle in type_name(kind, value).lower() or (path and needle in path.lower())
+                needle in type_name(kind, value).lower() or (path and needle in path.lower()) or \
+                needle in self._names.get(path, "").lower()
             any_child = False
             for seg, k, v in tree_children(value):
                 if walk(v, join(path, seg), k):
@@ -329,6 +341,8 @@ class ModuleTreeModel(QAbstractItemModel):
                     return ""
                 value = norms[node.path]
                 return "frozen" if value is None else f"{value:.2e}"
+            if col == HF_NAME:
+                return self._names.get(node.path, "")
             return None
         if role == Qt.ItemDataRole.CheckStateRole and col == TRAINABLE and st.floats:
             state = st.state
@@ -341,7 +355,7 @@ class ModuleTreeModel(QAbstractItemModel):
             return lora_badge()
         if role == Qt.ItemDataRole.TextAlignmentRole and col in (PARAMS, TRAINABLE, GRAD):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        if role == Qt.ItemDataRole.FontRole and col in (CONTRACT, TYPE, GRAD):
+        if role == Qt.ItemDataRole.FontRole and col in (CONTRACT, TYPE, GRAD, HF_NAME):
             return self._mono
         if role == Qt.ItemDataRole.ForegroundRole and col == GRAD and self._grad_norms \
                 and self._grad_norms.get(node.path, 0.0) is None:
@@ -356,6 +370,8 @@ class ModuleTreeModel(QAbstractItemModel):
 
     def _tooltip(self, node: _Node, col: int, st: ParamStats) -> str:
         lines = [node.path or "(the whole model)"]
+        if node.path in self._names and col in (NAME, HF_NAME):
+            lines.append(f"Hugging Face: {self._names[node.path]}")
         if col == TRAINABLE and st.floats:
             lines.append(f"{st.state}: {st.trainable_floats} of {st.floats} float tensors trainable "
                          f"({count(st.trainable)} of {count(st.numel)} values)")
@@ -377,6 +393,14 @@ class ModuleTreeModel(QAbstractItemModel):
             self.trainable_toggled.emit(self._node(index).path, state == Qt.CheckState.Checked)
             return True
         return False
+
+
+class _ElideLeft(QStyledItemDelegate):
+    """Cuts long text on the left: of `model.layers.0.self_attn.q_proj` the end is what differs."""
+
+    def initStyleOption(self, option, index) -> None:
+        super().initStyleOption(option, index)
+        option.textElideMode = Qt.TextElideMode.ElideLeft
 
 
 class ModuleTree(QWidget):
@@ -413,6 +437,12 @@ class ModuleTree(QWidget):
         header.setSectionResizeMode(NAME, QHeaderView.ResizeMode.Interactive)
         for column, width in ((NAME, 150), (TYPE, 105), (PARAMS, 100), (TRAINABLE, 105), (DEVICE, 45)):
             self.view.setColumnWidth(column, width)
+        # a model's Hugging Face names, when it has them, come right after the trainable state
+        header.moveSection(header.visualIndex(HF_NAME), TRAINABLE + 1)
+        self.view.setColumnWidth(HF_NAME, 260)
+        self._hf_delegate = _ElideLeft(self.view)
+        self.view.setItemDelegateForColumn(HF_NAME, self._hf_delegate)
+        self.view.setColumnHidden(HF_NAME, True)
         self.empty_label = QLabel("No model open.")
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         top = QHBoxLayout()
@@ -453,8 +483,12 @@ class ModuleTree(QWidget):
         self.empty_label.setVisible(empty)
 
     # ---- content -------------------------------------------------------------------------
-    def set_module(self, module: Any) -> None:
-        """Show `module`, keeping the expanded branches and the selection that still exist."""
+    def set_module(self, module: Any, names: dict[str, str] | None = None) -> None:
+        """Show `module`, keeping the expanded branches and the selection that still exist.
+        `names`: {path: Hugging Face name} of a model from a Hugging Face folder (a column and
+        tooltips; the column is hidden without names)."""
+        self.model.set_names(names)
+        self.view.setColumnHidden(HF_NAME, not self.model.names())
         expanded = self.expanded_paths()
         selected = self.selected_path()
         first = self.model.module is None

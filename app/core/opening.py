@@ -1,8 +1,9 @@
-"""Where models come from: a built-in example, a user's Python file with a factory function, or a
-checkpoint loaded into one of those. No Qt here: the window runs these and shows the errors.
+"""Where models come from: a built-in example, a user's Python file with a factory function, a
+checkpoint loaded into one of those, or a Hugging Face checkpoint folder (`engine.models`). No Qt
+here: the window runs these and shows the errors.
 
 A *source* is one of the typed values of `app.core.schema` (`ExampleSource`, `ScriptSource`,
-`CheckpointSource`, `DesignSource`), kept in the project file.
+`CheckpointSource`, `DesignSource`, `PretrainedSource`), kept in the project file.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .schema import CheckpointSource, DesignSource, ExampleSource, ScriptSource, Source
+from .schema import CheckpointSource, DesignSource, ExampleSource, PretrainedSource, ScriptSource, Source
 
 DEFAULT_FACTORY = "build"
 
@@ -188,6 +189,8 @@ def build(source: Source, confirm: ConfirmScript | None = None, *, trusted: bool
         return load_script(source.path, source.factory)
     if isinstance(source, CheckpointSource):
         raise OpenError("a checkpoint source needs its weights loaded: use the window's open, not build()")
+    if isinstance(source, PretrainedSource):
+        return load_pretrained(source.path)
     if isinstance(source, DesignSource):
         from engine.design import BuildError, DesignFileError, build_source  # noqa: PLC0415
 
@@ -195,9 +198,116 @@ def build(source: Source, confirm: ConfirmScript | None = None, *, trusted: bool
             return build_source(source.to_json())
         except (BuildError, DesignFileError) as e:
             raise OpenError(f"design: {e}") from e
-    raise OpenError(f"unknown model source {source!r}: expected example, script, checkpoint or design")
+    raise OpenError(f"unknown model source {source!r}: expected example, script, checkpoint, design or pretrained")
 
 
 def source_for_script(spec: str) -> ScriptSource:
     path, factory = split_script_spec(spec)
     return ScriptSource(str(path.resolve()), factory)
+
+
+# ---- Hugging Face checkpoint folders ---------------------------------------------------------------
+def is_pretrained_folder(path: str | Path) -> bool:
+    """Whether `path` is a folder (what File ▸ Open Pretrained and a dropped folder open; the
+    engine says what is wrong with one that holds no supported model)."""
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def pretrained_folder_of(path: str | Path) -> Path | None:
+    """The model folder a dropped or named file stands for: a folder itself, or the folder of its
+    `config.json` or `model.safetensors.index.json`; None for anything else."""
+    p = Path(path)
+    if is_pretrained_folder(p):
+        return p
+    if p.name == "config.json" or p.name.endswith(".safetensors.index.json"):
+        return p.parent
+    return None
+
+
+def load_pretrained(path: str | Path, device=None) -> Any:
+    """Open a Hugging Face folder with `engine.models.from_pretrained` (lazy: only headers are read).
+    A folder that holds no supported model raises `OpenError` with the engine's message (which
+    names the file, the architecture found and the supported ones)."""
+    from engine.models import from_pretrained  # noqa: PLC0415
+    from engine.store.errors import RecordError  # noqa: PLC0415
+
+    path = Path(path)
+    if not path.is_dir():
+        raise OpenError(f"{path}: no such folder (expected a Hugging Face model folder with config.json and "
+                        "its weights)")
+    try:
+        return from_pretrained(path, device)
+    except RecordError as e:  # PretrainedError: what was expected, what was found, where
+        raise OpenError(str(e)) from None
+    except OSError as e:
+        raise OpenError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def hugging_face_names(module: Any) -> dict[str, str]:
+    """{Ember path: Hugging Face name} for the parameters of a model of a known family
+    (`engine.models.pretrained_names`) and, where every parameter of a module agrees, for the
+    module too (`layers.0.self_attn.query` -> `model.layers.0.self_attn.q_proj`). {} for any
+    other model; nothing is read."""
+    if module is None:
+        return {}
+    try:
+        from engine.models import pretrained_names  # noqa: PLC0415
+
+        names = dict(pretrained_names(module))
+    except Exception:  # noqa: BLE001 - a model the engine cannot name is shown without names
+        return {}
+    modules: dict[str, str | None] = {}
+    for path, hf in names.items():
+        ember = path.split(".")
+        theirs = hf.split(".")
+        # walk up both paths together: a module's name is its parameter's less the leaf
+        while len(ember) > 1 and len(theirs) > 1:
+            ember, theirs = ember[:-1], theirs[:-1]
+            key, value = ".".join(ember), ".".join(theirs)
+            if modules.get(key, value) != value:
+                modules[key] = None  # two parameters disagree: no single name
+                break
+            modules[key] = value
+    out = {k: v for k, v in modules.items() if v is not None and k not in names}
+    out.update(names)
+    return out
+
+
+def save_pretrained_refusal(module: Any) -> str:
+    """Why `module` cannot be written as a Hugging Face folder ('' when it can): a model of no
+    family `engine.models` knows has no Hugging Face names."""
+    if module is None:
+        return "no model is open"
+    if hugging_face_names(module):
+        return ""
+    return (f"this model ({type(module).__name__}) is not from a Hugging Face family Ember knows "
+            f"({', '.join(_supported())}): open one with File ▸ Open Pretrained")
+
+
+def _supported() -> list[str]:
+    try:
+        from engine.models import supported_architectures  # noqa: PLC0415
+
+        return supported_architectures()
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def save_pretrained(module: Any, folder: str | Path, progress: Callable[[float], None] | None = None) -> tuple[Path, int]:
+    """Write `module` as a Hugging Face folder (`engine.models.save_pretrained`). A model with
+    LoRA/QLoRA adapters is materialized first, on a copy (the caller's model is unchanged); returns
+    the folder and how many adapted weights were merged."""
+    from engine.models import save_pretrained as save  # noqa: PLC0415
+
+    from engine.module.tree import params  # noqa: PLC0415
+
+    progress = progress or (lambda f: None)
+    merged = sum(1 for _, p in params(module) if p.reparameterization is not None)
+    model = module.materialize() if merged else module
+    progress(0.3)
+    written = save(model, folder)
+    progress(1.0)
+    return Path(written), merged

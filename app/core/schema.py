@@ -9,6 +9,7 @@ project files have always held, so files written before these types existed stay
     {"kind": "script", "path": "/home/me/net.py", "factory": "build"}  ScriptSource
     {"kind": "checkpoint", "path": "w.bpk", "architecture": {...}, "allow_partial": false}
     {"kind": "design", "schema_version": 2, "design": {...}}           DesignSource
+    {"kind": "pretrained", "path": "models/llama"}                     PretrainedSource
     {"op": "freeze", "group": {"kind": "regex", "pattern": "^encoder\\\\."}}  GroupEdit
     {"op": "lora", "rank": 8, "alpha": 16.0, "init_std": null, "group": {"kind": "all"},
      "qlora": {"block_size": 64, "double_quant": true}}                LoraEdit
@@ -359,7 +360,7 @@ def _kind_found(value: Any) -> Any:
 
 
 # ---- sources ----------------------------------------------------------------------------------
-SOURCE_KINDS = ("example", "script", "checkpoint", "design")
+SOURCE_KINDS = ("example", "script", "checkpoint", "design", "pretrained")
 
 
 @dataclass(frozen=True)
@@ -412,7 +413,19 @@ class DesignSource:
         return isinstance(other, DesignSource) and other.data == self.data
 
 
-Source = Union[ExampleSource, ScriptSource, CheckpointSource, DesignSource]
+@dataclass(frozen=True)
+class PretrainedSource:
+    """A Hugging Face checkpoint folder (config.json plus weights) opened with
+    `engine.models.from_pretrained`; `path` is the folder (relative to the project file in it)."""
+
+    kind: ClassVar[str] = "pretrained"
+    path: str
+
+    def to_json(self) -> dict:
+        return {"kind": "pretrained", "path": self.path}
+
+
+Source = Union[ExampleSource, ScriptSource, CheckpointSource, DesignSource, PretrainedSource]
 
 
 def source_from_json(data: Any, where: str = "source") -> Source:
@@ -437,6 +450,11 @@ def source_from_json(data: Any, where: str = "source") -> Source:
         except DesignSchemaError as e:
             raise SchemaError(e.where, e.expected, Described(e.found)) from None
         return DesignSource(dict(data))
+    if kind == "pretrained":
+        path = _path(data, "path", where, "a Hugging Face model folder (string)")
+        if not path.strip():
+            raise SchemaError(f"{where}.path", "a Hugging Face model folder (string)", path)
+        return PretrainedSource(path)
     raise SchemaError(f"{where}.kind", "one of " + ", ".join(SOURCE_KINDS), _kind_found(kind))
 
 
@@ -450,6 +468,8 @@ def describe_source(source: Source) -> str:
         return f"{Path(source.path).name}:{source.factory}"
     if isinstance(source, CheckpointSource):
         return f"{Path(source.path).name} into {describe_source(source.architecture)}"
+    if isinstance(source, PretrainedSource):
+        return f"{Path(source.path).name} (Hugging Face)"
     return source.kind
 
 

@@ -1,0 +1,203 @@
+"""Hugging Face checkpoint folders from the window: File ▸ Open Pretrained… and folders dropped on
+the window open one as the document's model (source kind "pretrained", so a project saves and
+reopens it with its edits); File ▸ Export ▸ Hugging Face Folder… writes the current model back
+with `engine.models.save_pretrained`, merging LoRA/QLoRA adapters into a copy first.
+
+Opening reads only headers (`from_pretrained` is lazy) but still runs on a worker, like every
+load; a folder that holds no supported model shows the engine's `PretrainedError` text (the file,
+the architecture found, the supported ones) and leaves the document as it was. The Qt-free parts
+are in `app.core.opening` (`load_pretrained`, `save_pretrained`, `hugging_face_names`).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtWidgets import QFileDialog
+
+from engine.module import memory
+
+from .core import edits, opening
+from .core.project import PROJECT_SUFFIX
+from .core.schema import Edit, PretrainedSource
+from .prompts import Button, ask_question
+from .workers import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .main_window import MainWindow
+
+EXPORT_TIP = "Write the model as a Hugging Face folder (config.json + model.safetensors) that transformers loads; " \
+             "LoRA adapters are merged into a copy first"
+# what a dropped file may be (anything else is refused with this list)
+DROPPABLE = "a Hugging Face model folder, a project (.ember.json), a model script (.py) or a checkpoint " \
+            "(.bpk, .safetensors)"
+
+
+class _ReplayFailed(Exception):
+    """The folder opened but a project's edits did not replay on it."""
+
+
+class PretrainedActions:
+    def __init__(self, window: "MainWindow"):
+        self.window = window
+        self.document = window.document
+        self.settings = window.settings
+
+    # ---- opening ----------------------------------------------------------------------------------
+    def _start_folder(self) -> str:
+        return self.settings.last_folder() if self.settings is not None else str(Path.home())
+
+    def ask_open(self) -> Task | None:
+        """File ▸ Open Pretrained…: choose a folder, then open it (asking about unsaved work)."""
+        folder = QFileDialog.getExistingDirectory(self.window, "Open Pretrained (a Hugging Face model folder)",
+                                                  self._start_folder())
+        if not folder:
+            return None
+        self.settings.remember_folder(str(Path(folder) / "config.json"))  # the folder itself next time
+        return self.open_folder(folder)
+
+    def open_folder(self, folder: str | Path, *, edits_: list[Edit] | None = None, contracts_: dict | None = None,
+                    project_path: Path | None = None, dirty: bool = False, runs_: list | None = None,
+                    ask: bool = True) -> Task | None:
+        """Open a Hugging Face folder on a worker, replay `edits_` (a project's) and make it the
+        document's model. `ask`: ask about unsaved work first (a project's open already did)."""
+        w = self.window
+        if ask and not w.maybe_discard(document=True):
+            return None
+        path = Path(folder).expanduser()
+        source = PretrainedSource(str(path.resolve()) if path.exists() else str(path))
+        replayed = list(edits_ or [])
+        from_project = project_path is not None or edits_ is not None
+
+        def work(state):
+            module = opening.load_pretrained(source.path)
+            state.set_progress(0.5)
+            try:
+                return edits.replay(module, replayed, state.check_cancelled) if replayed else module
+            except edits.EditError as e:
+                raise _ReplayFailed(str(e)) from e
+
+        def loaded(module: Any) -> None:
+            self.document.set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path,
+                                    runs=runs_, dirty=dirty)
+            if not from_project:
+                self.settings.add_recent(source.path)
+            w.status(f"Opened {Path(source.path).name}: {type(module).__name__}, "
+                     f"{self.document.stats.total.counts.total:,} parameters, read lazily")
+
+        def failed(failure) -> None:
+            exc = failure.exception
+            if isinstance(exc, _ReplayFailed):
+                w.error("Open project", f"the model opened, but replaying its edits failed: {exc}")
+            elif isinstance(exc, opening.OpenError):
+                w.error("Open pretrained", exc.message, exc.details)
+            else:
+                w.error("Open pretrained", f"{source.path}: {type(exc).__name__}: {exc}", failure.traceback)
+
+        return w.tasks.start(Task(work, title=f"Opening {path.name}"), loaded, failed, kind="open")
+
+    # ---- drops ------------------------------------------------------------------------------------
+    @staticmethod
+    def dropped_paths(mime) -> list[Path]:
+        """The local files and folders a drag carries."""
+        if mime is None or not mime.hasUrls():
+            return []
+        return [Path(u.toLocalFile()) for u in mime.urls() if u.isLocalFile() and u.toLocalFile()]
+
+    def accepts(self, mime) -> bool:
+        return bool(self.dropped_paths(mime))
+
+    def drop(self, mime) -> bool:
+        """Open what was dropped on the window (the first item): a folder (or its config.json) as a
+        Hugging Face model; a project, script or checkpoint as File ▸ Open would; anything else
+        is refused, saying what is expected."""
+        paths = self.dropped_paths(mime)
+        if not paths:
+            return False
+        path = paths[0]
+        folder = opening.pretrained_folder_of(path)
+        if folder is not None:
+            return self.open_folder(folder) is not None
+        name = path.name.lower()
+        if name.endswith(PROJECT_SUFFIX) or path.suffix.lower() in (".py", ".bpk", ".safetensors"):
+            # as File ▸ Open does: a project or script opens (asking about unsaved work), a
+            # checkpoint opens the dialog that asks for its architecture
+            opened = self.window.open_path(str(path))
+            return bool(opened) or path.suffix.lower() in (".bpk", ".safetensors")
+        self.window.error("Open", f"{path}: cannot open a dropped {path.suffix or 'file'}: expected {DROPPABLE}")
+        return False
+
+    # ---- export -----------------------------------------------------------------------------------
+    def update_action(self) -> None:
+        """Enable Export ▸ Hugging Face Folder for a model of a known family; else say why."""
+        action = self.window.actions.export_pretrained
+        why = opening.save_pretrained_refusal(self.document.module)
+        action.setEnabled(not why)
+        tip = EXPORT_TIP if not why else f"Not available: {why}"
+        action.setToolTip(tip)
+        action.setStatusTip(tip)
+
+    def ask_export(self) -> Task | None:
+        module = self.document.module
+        why = opening.save_pretrained_refusal(module)
+        if why:
+            self.window.status(f"Export Hugging Face folder: {why}")
+            return None
+        folder = QFileDialog.getExistingDirectory(self.window, "Export Hugging Face Folder (choose or make a folder)",
+                                                  self._start_folder())
+        return self.export_folder(folder) if folder else None
+
+    def export_folder(self, folder: str | Path) -> Task | None:
+        """Write the document's model to `folder` on a worker; adapters are merged into a copy."""
+        w, module = self.window, self.document.module
+        why = opening.save_pretrained_refusal(module)
+        if why:
+            w.error("Export Hugging Face folder", why)
+            return None
+        folder = Path(folder)
+        info = _info(module)
+        if info is not None and info.folder is not None and folder.resolve() == Path(info.folder).resolve():
+            w.error("Export Hugging Face folder", f"{folder}: this is the folder the open model reads its weights "
+                    "from (lazily); choose another folder")
+            return None
+        if folder.is_file():
+            w.error("Export Hugging Face folder", f"{folder}: a file, expected a folder to write into")
+            return None
+        if (folder / "config.json").exists() or any(folder.glob("model*.safetensors")):
+            answer = ask_question(w, "Replace the model in this folder?",
+                                  f"{folder} already holds a model (config.json, model files). Replace it?",
+                                  Button.Yes | Button.Cancel, Button.Cancel)
+            if answer != Button.Yes:
+                return None
+        merged = self.document.stats.total.reparameterized
+        if merged:
+            estimate = memory.estimate_materialize(module)
+            refusal = estimate.refusal(memory.available_memory()) if estimate is not None else ""
+            if refusal:
+                w.error("Not enough memory", f"Merging the LoRA adapters for the export: {refusal}. Nothing was written.")
+                return None
+        note = (f"the LoRA adapters of {merged} weight(s) are merged into a copy (the open model keeps them)"
+                if merged else "")
+        w.status(f"Exporting to {folder}" + (f": {note}" if note else "") + "…")
+        started = time.perf_counter()
+
+        def done(result) -> None:
+            written, n = result
+            extra = f"; LoRA of {n} weight(s) merged into the saved weights, the open model keeps its adapters" \
+                if n else ""
+            w.status(f"Saved the Hugging Face folder {written} ({time.perf_counter() - started:.1f} s{extra})", 15000)
+
+        return w.tasks.start(
+            Task(lambda state: opening.save_pretrained(module, folder, state.set_progress),
+                 title=f"Exporting {folder.name}" + (" (merging LoRA into a copy)" if merged else "")),
+            done, lambda f: w.error("Export failed", str(f.exception), f.traceback), kind="export-pretrained")
+
+
+def _info(module):
+    try:
+        from engine.models import pretrained_info  # noqa: PLC0415
+
+        return pretrained_info(module)
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,249 @@
+"""Hugging Face folders in the window (issue 19, must-show 5): File ▸ Open Pretrained… and dropped
+folders open a folder as the document's model, the tree and inspector show Hugging Face's names,
+freezing and LoRA work through the UI, File ▸ Export ▸ Hugging Face Folder… writes a folder that
+`from_pretrained` reloads with the window model's outputs; projects save and reopen it with its
+edits; an unsupported folder says what it found and what is supported, and changes nothing."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+from PySide6.QtWidgets import QDialogButtonBox, QFileDialog
+
+from app.core.schema import PretrainedSource, ScriptSource
+from engine import Device, Tensor, optim
+from engine.models import from_pretrained
+from engine.module.tree import params
+from tests.widgets.qt_helpers import type_into
+from widgets.group_dialog import GroupDialog
+from widgets.inspector import HF_COLUMN
+from widgets.lora_dialog import LoraDialog
+from widgets.module_tree import HF_NAME
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
+LAYERS_0_1 = r"^layers\.(0|1)\."
+QUERY_VALUE = r"\.(query|value)\.weight$"
+
+
+@pytest.fixture
+def folders(monkeypatch):
+    """QFileDialog.getExistingDirectory answers with the folders put in this list, in order."""
+    answers: list = []
+
+    def choose(*_args, **_kwargs):
+        assert answers, "a folder dialog was opened that the test did not expect"
+        return str(answers.pop(0))
+
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", choose)
+    return answers
+
+
+def wait_idle(qtbot, window, timeout=30_000):
+    qtbot.waitUntil(lambda: not window.running_tasks, timeout=timeout)
+
+
+def open_through_menu(qtbot, window, folders, folder=LLAMA):
+    folders.append(folder)
+    window.actions.open_pretrained.trigger()
+    wait_idle(qtbot, window)
+
+
+def logits(model) -> np.ndarray:
+    ids = np.load(LLAMA / "expected.npz")["input_ids"]
+    return model.valid().forward(Tensor.from_data(ids)).numpy()
+
+
+def freeze_layers_through_the_group_dialog(qtbot, window):
+    window.actions.param_group.trigger()
+    d = window.dialog
+    assert isinstance(d, GroupDialog)
+    d.mode.setCurrentIndex(d.mode.findData("regex"))
+    type_into(qtbot, d.pattern, LAYERS_0_1)
+    d.op.setCurrentIndex(d.op.findData("freeze"))
+    assert d.ok_button().isEnabled(), d.error.error()
+    assert len(d.preview_paths()) == 18  # 9 tensors a layer, 2 layers
+    d.ok_button().click()
+
+
+def lora_on_query_value_through_the_dialog(qtbot, window):
+    qtbot.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
+    d = window.dialog
+    assert isinstance(d, LoraDialog)
+    type_into(qtbot, d.rank, "4")
+    type_into(qtbot, d.alpha, "8")
+    d.group.mode.setCurrentIndex(d.group.mode.findData("regex"))
+    type_into(qtbot, d.group.pattern, QUERY_VALUE)
+    button = d.buttons.button(QDialogButtonBox.StandardButton.Ok)
+    assert button.isEnabled(), d.errors()
+    # q and v of both layers
+    assert d.preview_counts["targets"] == 4
+    button.click()
+
+
+def train_adapters(window, steps=2):
+    """A few Adam steps on the adapters (as a training run would), so that merging them matters:
+    LoRA's b starts at zero."""
+    Device("cpu").seed(19)
+    model = window.document.module.train()
+    ids = Tensor.from_data(np.load(LLAMA / "expected.npz")["input_ids"])
+    opt = optim.AdamConfig().init()
+    for _ in range(steps):
+        out = model.forward(ids)
+        loss = (out * out).mean()
+        model = opt.step(0.05, model, optim.GradientsParams.from_grads(loss.backward(), model))
+    window.document.push_module("Train the adapters", model.valid())
+
+
+def test_open_freeze_lora_export_and_reload_through_the_menus(window, qtbot, folders, tmp_path):
+    open_through_menu(qtbot, window, folders)
+    doc = window.document
+    assert doc.source == PretrainedSource(str(LLAMA.resolve()))
+    assert type(doc.module).__name__ == "LlamaForCausalLM"
+    assert not any(p.is_initialized() for _, p in doc.module.named_params())  # lazy: nothing read yet
+    assert "llama-gqa" in window.windowTitle()
+
+    # Hugging Face's names: a column of the tree, the name's tooltip, the inspector
+    tree = window.tree
+    assert not tree.view.isColumnHidden(HF_NAME)
+    q = tree.model.index_of("layers.0.self_attn.query")
+    assert q.siblingAtColumn(HF_NAME).data() == "model.layers.0.self_attn.q_proj"
+    assert "Hugging Face: model.layers.0.self_attn.q_proj" in q.data(Qt.ItemDataRole.ToolTipRole)
+    w = tree.model.index_of("layers.1.input_layernorm.gamma")
+    assert w.siblingAtColumn(HF_NAME).data() == "model.layers.1.input_layernorm.weight"
+    tree.select_path("layers.0.self_attn.query")
+    rows = window.inspector.rows()
+    assert rows[0][0] == "layers.0.self_attn.query.weight"
+    assert rows[0][HF_COLUMN] == "model.layers.0.self_attn.q_proj.weight"
+    assert not window.inspector.params.isColumnHidden(HF_COLUMN)
+    assert "model.layers.0.self_attn.q_proj" in window.inspector.header.text()
+    tree.filter_edit.setText("v_proj")  # the filter finds Hugging Face's names too
+    assert tree.model.index_of("layers.1.self_attn.value", fetch=True).isValid()
+    assert not tree.model.index_of("layers.1.self_attn.key").isValid()
+    tree.filter_edit.setText("")
+
+    freeze_layers_through_the_group_dialog(qtbot, window)
+    m = doc.module
+    assert all(not p.is_require_grad() for path, p in m.named_params() if re.match(LAYERS_0_1, path))
+    assert m.embed_tokens.weight.is_require_grad()
+
+    lora_on_query_value_through_the_dialog(qtbot, window)
+    m = doc.module
+    adapted = sorted(path for path, p in params(m) if p.reparameterization is not None)
+    assert adapted == ["layers.0.self_attn.query.weight", "layers.0.self_attn.value.weight",
+                       "layers.1.self_attn.query.weight", "layers.1.self_attn.value.weight"]
+    assert window.actions.export_pretrained.isEnabled()
+    train_adapters(window)
+    before = doc.module
+
+    out = tmp_path / "exported"
+    out.mkdir()
+    folders.append(out)
+    window.actions.export_pretrained.trigger()
+    wait_idle(qtbot, window)
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert "merged" in window.message_label.text()
+    assert doc.module is before  # the document's model keeps its adapters
+    assert any(p.reparameterization is not None for _, p in params(doc.module))
+
+    reloaded = from_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    merged = doc.module.materialize()
+    np.testing.assert_allclose(logits(reloaded), logits(merged), rtol=0, atol=1e-5)
+    # the adapters were trained, so the export differs from the folder it came from
+    assert np.abs(logits(reloaded) - logits(from_pretrained(LLAMA))).max() > 1e-4
+
+
+def test_export_is_disabled_with_a_reason_for_a_model_of_no_known_family(opened):
+    action = opened.actions.export_pretrained
+    assert not action.isEnabled()
+    assert "not from a Hugging Face family" in action.toolTip() and "LlamaForCausalLM" in action.toolTip()
+    assert opened.tree.view.isColumnHidden(HF_NAME)
+
+
+def drop(window, path: Path) -> None:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDropEvent(QPointF(20, 20), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                       Qt.KeyboardModifier.NoModifier)
+    window.dropEvent(event)
+    assert event.isAccepted()
+
+
+def test_a_dropped_folder_opens_and_a_dropped_script_or_config_keeps_its_behaviour(window, qtbot, mlp_script,
+                                                                                   tmp_path):
+    drop(window, LLAMA)
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(LLAMA.resolve()))
+    drop(window, mlp_script)  # a script opens as File ▸ Open Model Script does
+    assert isinstance(window.document.source, ScriptSource)
+    drop(window, LLAMA / "config.json")  # a folder's config.json stands for the folder
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(LLAMA.resolve()))
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    module = window.document.module
+    drop(window, other)
+    assert window.document.module is module
+    assert "notes.txt" in window.last_message.text() and "Hugging Face model folder" in window.last_message.text()
+
+
+def test_a_project_saves_the_folder_relative_and_reopens_it_with_its_edits(window, qtbot, folders, tmp_path,
+                                                                           settings):
+    open_through_menu(qtbot, window, folders)
+    freeze_layers_through_the_group_dialog(qtbot, window)
+    lora_on_query_value_through_the_dialog(qtbot, window)
+    window.document.set_contract("layers.0.mlp", "[.., 48] -> [.., 48]")
+    project = tmp_path / "llama.ember.json"
+    window.document.save_project(project)
+    data = json.loads(project.read_text())
+    assert data["source"] == {"kind": "pretrained", "path": Path(
+        __import__("os").path.relpath(LLAMA, tmp_path)).as_posix()}
+    assert [e["op"] for e in data["edits"]] == ["freeze", "lora"]
+    want = {path: (p.is_require_grad(), p.reparameterization is not None)
+            for path, p in params(window.document.module)}
+
+    from app.main_window import MainWindow
+
+    w2 = MainWindow(settings=settings)
+    qtbot.addWidget(w2)
+    assert w2.open_project(project)
+    wait_idle(qtbot, w2)
+    doc = w2.document
+    assert doc.source == PretrainedSource(str(LLAMA.resolve())) and not doc.is_dirty()
+    assert {path: (p.is_require_grad(), p.reparameterization is not None)
+            for path, p in params(doc.module)} == want
+    assert sum(r for _, r in want.values()) == 4
+    assert doc.contracts == {"layers.0.mlp": "[.., 48] -> [.., 48]"}
+    assert w2.tree.model.index_of("layers.1.self_attn.value").siblingAtColumn(HF_NAME).data() == \
+        "model.layers.1.self_attn.v_proj"
+
+
+def test_open_path_and_the_command_line_take_a_folder(window, qtbot):
+    from app.__main__ import open_requested, parse_args
+
+    assert open_requested(window, parse_args(["--open", str(LLAMA)]))
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(LLAMA.resolve()))
+    assert str(LLAMA.resolve()) in window.settings.recent_files()
+
+
+def test_an_unsupported_folder_names_what_it_found_and_changes_nothing(opened, qtbot, folders, tmp_path):
+    mamba = tmp_path / "mamba"
+    mamba.mkdir()
+    (mamba / "config.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 16}))
+    safetensors.numpy.save_file({"backbone.embeddings.weight": np.zeros((8, 16), np.float32)},
+                                str(mamba / "model.safetensors"))
+    module, source = opened.document.module, opened.document.source
+    open_through_menu(qtbot, opened, folders, mamba)
+    text = opened.last_message.text()
+    assert "mamba" in text and "supported" in text
+    for arch in ("LlamaForCausalLM", "GPT2LMHeadModel", "BertModel", "ViTForImageClassification"):
+        assert arch in text, text
+    assert opened.document.module is module and opened.document.source == source
