@@ -416,6 +416,7 @@ class TorchZip:
                 data = f.read(MAX_PICKLE_BYTES + 1)
             if len(data) > MAX_PICKLE_BYTES:
                 _fail(where, f"{pkl.filename}: more than {MAX_PICKLE_BYTES} bytes")
+        _prescan(data, where, pkl.filename)
         unpickler = _RestrictedUnpickler(data, where, storages, prefix)
         unpickler._byteswap = byteswap
         try:
@@ -463,6 +464,31 @@ class TorchZip:
                 _fail(where, f"entry {name!r} holds a value of type {type(value).__name__}; a tensor expected")
             out[name] = TorchTensor(self, name, value)
         return out
+
+
+_MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_REFUSED_OPS = frozenset({"EXT1", "EXT2", "EXT4", "PERSID"})  # copyreg's registry; text ids (torch writes BINPERSID)
+
+
+def _prescan(data: bytes, where: str, entry: str) -> None:
+    """Walk the pickle's opcodes (pickletools, which executes nothing) before loading it: the C
+    unpickler grows its memo to any index a PUT names, so an 8-byte pickle `]r\xff\xff\xff\x07.`
+    would allocate and clear 2 GB. A pickler numbers its memo entries 0, 1, 2, ...: an index
+    beyond the number of opcodes read so far is refused, as are the copyreg extension opcodes."""
+    import pickletools  # noqa: PLC0415 (only needed here)
+
+    try:
+        for count, (op, arg, pos) in enumerate(pickletools.genops(data)):
+            if op.name in _MEMO_PUTS and (type(arg) is not int or arg > count):
+                _fail(where, f"{entry}: memo index {_short(arg)} at byte {pos} is beyond the {count} opcodes "
+                             f"before it; a pickler numbers them in order (refused, nothing was run)")
+            if op.name in _REFUSED_OPS:
+                _fail(where, f"{entry}: opcode {op.name} at byte {pos} is not used by state dicts (refused, "
+                             f"nothing was run)")
+    except RecordError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (a damaged pickle: pickletools raises ValueError and others)
+        _fail(where, f"{entry}: the pickle cannot be read: {type(exc).__name__}: {_clip(str(exc))}")
 
 
 def _clip(text: str, n: int = 200) -> str:

@@ -320,6 +320,23 @@ def test_stand_ins_refuse_build_and_fake_storages(tmp_path):
         TorchZip(_zip_with_pickle(tmp_path / "b.bin", build))
 
 
+@pytest.mark.parametrize("pkl, match", [
+    (b"\x80\x02]r\xff\xff\xff\x07.", "memo index 134217727 at byte 3 is beyond the 2 opcodes"),  # 2 GB memo
+    (b"\x80\x02]p4000000000\n.", "memo index 4000000000"),
+    (b"\x80\x02\x82\x01.", "opcode EXT1"),
+    (b"\x80\x02P0\n.", "opcode PERSID"),
+    (b"\x80\x02\xfe.", "the pickle cannot be read"),
+])
+def test_pickles_that_would_exhaust_memory_or_use_odd_opcodes(tmp_path, pkl, match):
+    """The C unpickler grows its memo to whatever index a PUT names: 8 bytes would allocate and
+    clear 2 GB (8.8 s here). The opcodes are checked first, by pickletools, which runs nothing."""
+    path = _zip_with_pickle(tmp_path / "m.bin", pkl)
+    t0 = time.perf_counter()
+    with capped_memory(), pytest.raises(RecordError, match=match):
+        TorchZip(path)
+    assert time.perf_counter() - t0 < 0.5
+
+
 def _pid_pickle(numel: int, offset: int, size, stride, key="0") -> bytes:
     """A state dict {'w': tensor} written with pickle opcodes, as torch writes it."""
     def tup(xs):
