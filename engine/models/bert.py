@@ -299,7 +299,13 @@ def weight_map(config: BertConfig) -> WeightMap:
         ignore.append(r"\A(?!bert\.)")
     if not config.add_pooling_layer:  # files converted from pre-training checkpoints still hold one
         ignore.append(r"\A(bert\.)?pooler\.")
-    return WeightMap(rules, ignore=ignore)
+    # old (TF-converted) files name LayerNorm's weight/bias gamma/beta; a BertModel config over a
+    # task model's file (bert.-prefixed, with a head) reads the encoder and leaves the head
+    aliases = [(r"\.LayerNorm\.gamma\Z", ".LayerNorm.weight"), (r"\.LayerNorm\.beta\Z", ".LayerNorm.bias")]
+    if not p:
+        aliases.append((r"\Abert\.", ""))
+        ignore.append(r"\A(cls|classifier|qa_outputs)\.")
+    return WeightMap(rules, ignore=ignore, aliases=aliases)
 
 
 FAMILY = Family(

@@ -336,7 +336,9 @@ def weight_map(config: GPT2Config) -> WeightMap:
         ignore.append(r"\Alm_head\.weight\Z")  # a tied head some files still store: wte is the value
     else:
         rules.append(Rule("lm_head.weight", "lm_head.weight", [Transpose()]))  # torch nn.Linear [vocab, d]
-    return WeightMap(rules, ignore=ignore)
+    # the original openai-community/gpt2 files lack the "transformer." wrapper that transformers writes
+    aliases = [(r"\A(?=(wte|wpe|h|ln_f)\.)", p)] if p else []
+    return WeightMap(rules, ignore=ignore, aliases=aliases)
 
 
 FAMILY = Family(

@@ -21,9 +21,13 @@ check every size from the file's header before it reads anything.
   comes first in its rule's transforms.
 - `Reshape(stored, ember)`: the same values in another shape (ViT's `cls_token` `[1, 1, d]`).
 
-`WeightMap(rules, ignore=[regex, ...])`: stored tensors matching an `ignore` pattern (buffers
-such as `rotary_emb.inv_freq`) are skipped; any other stored tensor that no rule uses is an
-error when loading, so a checkpoint that does not fit the configuration never loads partly.
+`WeightMap(rules, ignore=[regex, ...], aliases=[(regex, replacement), ...])`: stored tensors
+matching an `ignore` pattern (buffers such as `rotary_emb.inv_freq`) are skipped; any other
+stored tensor that no rule uses is an error when loading, so a checkpoint that does not fit the
+configuration never loads partly. `aliases` rename stored names before the rules see them (an
+`engine.store.KeyRemapper`), for the other spellings files of one family use: the original
+GPT-2 files without `transformer.`, old BERT files' `LayerNorm.gamma` / `beta`. Saving always
+writes the rules' names (what transformers writes today).
 """
 from __future__ import annotations
 
@@ -227,12 +231,20 @@ class Rule:
 class WeightMap:
     """The rules of one architecture (see the module docstring)."""
 
-    def __init__(self, rules, ignore=()):
+    def __init__(self, rules, ignore=(), aliases=()):
+        from ..store.remap import KeyRemapper  # noqa: PLC0415
+
         self.rules: list[Rule] = list(rules)
         for r in self.rules:
             if not isinstance(r, Rule):
                 raise TypeError(f"WeightMap expects Rules, got {type(r).__name__}")
         self.ignore = [re.compile(p) for p in ignore]
+        self.aliases = aliases if isinstance(aliases, KeyRemapper) else KeyRemapper(aliases)
+
+    def canonical(self, stored_names) -> dict[str, str]:
+        """{name the rules use: name in the file} for a checkpoint's tensor names (through the
+        aliases; two file names with one meaning raise RecordError naming both)."""
+        return {new: old for old, new in self.aliases.mapping(stored_names).items()}
 
     def __len__(self) -> int:
         return len(self.rules)

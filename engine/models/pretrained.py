@@ -280,6 +280,11 @@ def _open(ckpt: Checkpoint, device, dtype) -> Module:
     model = fam.build(cfg, device)
     wmap = fam.weight_map(cfg)
 
+    try:
+        canonical = wmap.canonical(list(ckpt.tensors))
+    except RecordError as exc:
+        raise PretrainedError(str(exc), where=str(ckpt.folder)) from None
+    tensors = {name: ckpt.tensors[stored] for name, stored in canonical.items()}
     plan: dict[str, Param] = {}
     names: dict[str, str] = {}
     used: set[str] = set()
@@ -295,7 +300,7 @@ def _open(ckpt: Checkpoint, device, dtype) -> Module:
             raise PretrainedError(f"the {fam.name} weight map has no rule for parameter '{path}' "
                                   f"(an Ember bug: every parameter needs one)", where=config_where)
         rule, name = hit
-        stored = ckpt.tensors.get(name)
+        stored = tensors.get(name)
         if stored is None:
             problems.append(f"tensor '{name}' (for '{path}') is missing")
             continue
@@ -328,16 +333,16 @@ def _open(ckpt: Checkpoint, device, dtype) -> Module:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise PretrainedError(f"the checkpoint lacks tensors the config needs: {'; '.join(first)}{more}",
                               where=str(ckpt.folder))
-    extra = [n for n in ckpt.tensors if n not in used and not wmap.ignored(n)]
+    extra = [n for n in tensors if n not in used and not wmap.ignored(n)]
     if extra:
-        where = str(ckpt.tensors[extra[0]].file)
-        shown = ", ".join(f"'{n}'" for n in extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
+        where = str(tensors[extra[0]].file)
+        shown = ", ".join(f"'{tensors[n].name}'" for n in extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
         raise PretrainedError(f"{len(extra)} tensor(s) fit no parameter of a {fam.name} model with this config: "
                               f"{shown}", where=where)
     out = model.map(_Attach(plan))
     out._pretrained = PretrainedInfo(
         family=fam, config=cfg, raw_config=dict(ckpt.config), folder=Path(ckpt.folder), names=names,
-        stored_dtypes={n: ckpt.tensors[n].dtype for n in used}, order=[n for n in ckpt.tensors if n in used],
+        stored_dtypes={n: tensors[n].dtype for n in used}, order=[n for n in tensors if n in used],
         sources=sources)
     return out
 
