@@ -79,6 +79,9 @@ RUST_LAYERS = {
 _PLAIN_IN_BURN = {("MaxPool2d", "strides"), ("AvgPool2d", "strides"), ("MaxPool1d", "stride"),
                   ("AvgPool1d", "stride")}
 _TENSOR_KIND = {"float": "", "int": ", Int", "bool": ", Bool"}
+# Engine fields Burn's config does not have: exported only at their default (Burn's behaviour).
+_ENGINE_ONLY = {("MultiHeadAttention", "bias"), ("MultiHeadAttention", "output_bias"),
+                ("MultiHeadAttention", "causal")}
 
 
 def _float(v: float) -> str:
@@ -130,7 +133,7 @@ def _layer_init(node: str, spec: NodeSpec, values: dict, uses: set) -> str:
             continue
         if v == f.default:
             continue
-        if f.optional and (spec.kind, f.name) not in _PLAIN_IN_BURN:
+        if (f.optional and (spec.kind, f.name) not in _PLAIN_IN_BURN) or (spec.kind, f.name) in _ENGINE_ONLY:
             raise ExportError(f"{node}: {spec.kind}.{f.name} = {v!r} has no Rust form in this exporter "
                               f"(leave it at its default to export)")
         if v is None:

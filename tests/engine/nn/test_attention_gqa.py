@@ -221,3 +221,29 @@ def test_init_with_frequency_scaling_is_burns_builder():
         cfg.init_with_frequency_scaling(lambda inv: inv[:3]).frequencies()
     with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
         nn.Llama3RopeScaling(8.0, 4.0, 1.0, 16)
+
+
+@pytest.mark.parametrize("field, value", [("causal", True), ("bias", False), ("n_kv_heads", 1), ("head_dim", 2)])
+def test_a_designed_attention_with_the_new_settings_builds_and_the_rust_export_refuses_them(field, value):
+    """The designer's catalog offers the new fields; Burn's MultiHeadAttentionConfig has none of them,
+    so the Rust export names the field instead of writing code that does not compile."""
+    from engine.design import Design, ExportError, build_model, export_python, export_rust  # noqa: PLC0415
+
+    d = Design()
+    d.add_node("Input", "x")
+    d.set_field("x", "shape", ["batch", "seq", 8])
+    d.add_node("MultiHeadAttention", "mha")
+    d.set_field("mha", "d_model", 8)
+    d.set_field("mha", "n_heads", 2)
+    d.add_node("Output", "out")
+    d.connect("x", "output", "mha", "input")
+    d.connect("mha", "output", "out", "input")
+    assert "MultiHeadAttentionConfig::new(8, 2)" in export_rust(d)
+    d.set_field("mha", field, value)
+    mha = build_model(d).mha
+    built = {"causal": mha.causal, "bias": mha.query.bias is not None, "n_kv_heads": mha.n_kv_heads,
+             "head_dim": mha.d_k}
+    assert built[field] == value
+    assert f"{field}={value!r}" in export_python(d)
+    with pytest.raises(ExportError, match=rf"mha: MultiHeadAttention\.{field} = {value!r} has no Rust form"):
+        export_rust(d)
