@@ -23,7 +23,13 @@ that records what the tensor is instead of building it:
 
 Every other global (`os.system`, `builtins.eval`, `subprocess.Popen`, `torch.load`, ...) is
 refused with a `RecordError` that names it and the file; nothing is called. Stand-ins refuse
-BUILD (`__setstate__`), so a pickle cannot rewrite a description after it was checked.
+BUILD (`__setstate__`), so a pickle cannot rewrite a description after it was checked. Before
+the unpickler sees the pickle, its opcodes are walked with `pickletools` (which runs nothing):
+a memo index past the opcodes read so far (the C unpickler would grow its memo to it: 8 bytes
+can ask for gigabytes) and the copyreg extension opcodes are refused. What a file can make a
+reader allocate is bounded by its size: the pickle at most 32 MB, one tensor at most the file's
+size plus 16 MB (only expanded views exceed their storage), all tensors together at most 8
+times the file (views sharing storages).
 
 Nothing is read eagerly but the pickle: each storage's data offset is found from its zip local
 header (entries must be ZIP_STORED, as torch writes them; a compressed storage is an error
@@ -55,6 +61,8 @@ __all__ = ["TorchTensor", "TorchZip", "ZIP_MAGIC", "is_torch_zip", "load_entries
 ZIP_MAGIC = b"PK\x03\x04"
 MAX_PICKLE_BYTES = 32 * 1024 * 1024   # a state dict pickles to ~300 bytes a tensor: 100,000 tensors ~30 MB
 MAX_ZIP_ENTRIES = 2 * MAX_TENSORS + 16
+EXPAND_SLACK = 16 * 1024 * 1024       # how much larger than the file an (expanded) tensor may be ...
+TOTAL_FACTOR = 8                      # ... and all tensors together, as a multiple of the file (shared storages)
 
 # torch storage type name -> burnpack dtype name
 STORAGE_DTYPES = {
@@ -285,6 +293,11 @@ class TorchTensor:
         itemsize = storage_dtype(self.dtype).itemsize
         count = math.prod(self.shape)
         self.nbytes = count * itemsize
+        if self.nbytes > zipped.source.size + EXPAND_SLACK:
+            # only a view with zero strides (expand) can be larger than its storage: refused past the
+            # file's size, so that a small file cannot make a reader allocate without bound
+            _fail(where, f"tensor {name!r}: shape {list(self.shape)} of {self.dtype} makes {self.nbytes} bytes, more than "
+                         f"the whole file ({zipped.source.size} bytes); an expanded view that large is refused")
         if count == 0:
             self._span = 0
             if self.offset > st.numel:
@@ -463,6 +476,10 @@ class TorchZip:
             if not isinstance(value, _Rebuilt):
                 _fail(where, f"entry {name!r} holds a value of type {type(value).__name__}; a tensor expected")
             out[name] = TorchTensor(self, name, value)
+        total = sum(t.nbytes for t in out.values())
+        if total > TOTAL_FACTOR * self.source.size + EXPAND_SLACK:
+            _fail(where, f"the state dict's {len(out)} tensors make {total} bytes, more than {TOTAL_FACTOR} times the "
+                         f"file ({self.source.size} bytes): views that share or expand storages that far are refused")
         return out
 
 

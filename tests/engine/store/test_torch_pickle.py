@@ -348,6 +348,17 @@ def _pid_pickle(numel: int, offset: int, size, stride, key="0") -> bytes:
             + b"\x89ccollections\nOrderedDict\n)RtRu.")
 
 
+def test_many_views_of_one_storage_are_bounded(tmp_path):
+    """Each view fits the file, but together they would make far more than it holds."""
+    one = (b"ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000"
+           b"X\x03\x00\x00\x00cpuK\x06tQK\x00(J\x00\x00\x10\x00t(K\x00t\x89tR")
+    body = b"".join(b"X\x04\x00\x00\x00" + f"w{i:03d}".encode() + one for i in range(200))
+    pkl = b"\x80\x02}(" + body + b"u."
+    path = _zip_with_pickle(tmp_path / "m.bin", pkl, [("0", bytes(24))])
+    with pytest.raises(RecordError, match=r"the state dict's 200 tensors make 838860800 bytes, more than 8 times"):
+        TorchZip(path)
+
+
 def test_hand_written_state_dict_reads(tmp_path):
     data = np.arange(6, dtype=np.float32)
     path = _zip_with_pickle(tmp_path / "ok.bin", _pid_pickle(6, 1, (2, 2), (1, 2)), [("0", data.tobytes())])
@@ -364,6 +375,8 @@ def test_hand_written_state_dict_reads(tmp_path):
     (6, 0, (2,), (1,), [("1", bytes(24))], r"storage '0': the archive has no entry archive/data/<key>"),
     (6, 0, (2, 3), (3,), [("0", bytes(24))], "differ in rank"),
     (6, 7, (0,), (1,), [("0", bytes(24))], "past the end of storage"),
+    # one stored element expanded to 2**20 x 2**20 (4 TiB): refused before anything is allocated
+    (6, 0, (2 ** 20, 2 ** 20), (0, 0), [("0", bytes(24))], r"makes 4398046511104 bytes, more than the whole file"),
 ])
 def test_sizes_that_do_not_fit_the_storage(tmp_path, numel, offset, size, stride, storages, match):
     path = _zip_with_pickle(tmp_path / "bad.bin", _pid_pickle(numel, offset, size, stride), storages)
