@@ -31,7 +31,8 @@ BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC  # noqa: E402
 
-SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training"]
+SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
+           "pretrained_open"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 TIMEOUT_S = 45 * 60
 
@@ -296,6 +297,30 @@ def _gui_training(which: str):
     return extract
 
 
+def _pretrained_7b(out, tables):
+    t = find_table(tables, "Open a 7 B sharded Hugging Face checkpoint")
+    seconds_ = seconds(t.cell("time", "total"))
+    mb = number(t.cell("resident memory", "total"))
+    m = re.search(r"7B result: .*?(\d+) stored tensors read", out)
+    if not m:
+        raise LookupError("no '7B result' line")
+    read = int(m.group(1))
+    return Figure(f"{fmt_seconds(seconds_)}, {mb:+.1f} MB, {read} stored tensors read",
+                  met=seconds_ < 1.0 and mb < 100 and read == 0)
+
+
+def _pretrained_first_forward(out, tables):
+    t = find_table(tables, "First forward of a small real model")
+    r = t.row("from_pretrained + first forward")
+    peer = r[t.column("transformers (")] if any(h.startswith("transformers (") for h in t.header) else "not measured"
+    ember = seconds(r[t.column("Ember")])
+    if "not measured" in peer:
+        raise LookupError("transformers (with torch) is not installed for the benchmark")
+    theirs = seconds(peer)
+    return Figure(fmt_seconds(ember), "transformers from_pretrained + first forward", fmt_seconds(theirs),
+                  f"{ember / theirs:.2f}×", None)
+
+
 TARGETS = [
     Target("ops", "c = a + b; c.sum().backward() on 2×2", "≤ 1.0× PyTorch", "issue 2", _ops_headline),
     Target("ops", "worst per-op fwd+bwd on 2×2", "≤ 1.0× PyTorch", "assumed", _ops_worst),
@@ -334,6 +359,10 @@ TARGETS = [
            "issue 16", _gui_move("transfer to cpu:2")),
     Target("gui_training", "timer delay while training (10 ms timer)", "< 50 ms", "issue 9", _gui_training("delay")),
     Target("gui_training", "dashboard throughput", "≥ 0.90× headless", "issue 9", _gui_training("throughput")),
+    Target("pretrained_open", "open a 7 B sharded HF folder: open, count, display, freeze, LoRA",
+           "< 1 s, < 100 MB, none read", "issue 19", _pretrained_7b),
+    Target("pretrained_open", "small HF Llama: from_pretrained + first forward", "side by side (no target)",
+           "issue 19", _pretrained_first_forward),
 ]
 
 
