@@ -283,3 +283,71 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
     assert not (escaped or slow or changed or silent), "\n".join(f[:300] for f in faults)
     assert refused >= N_FILES // 2 and opened >= 20
     assert total < 60
+
+
+# ---- designs, opened in the designer panel ---------------------------------------------------------
+N_DESIGNS = 320
+
+SCHEMA_1 = {"ember_design": 1, "name": "Tiny", "nodes": {
+    "x": {"type": "Input", "params": {"shape": ["batch", 4]}, "x": 0, "y": 0},
+    "fc": {"type": "Linear", "params": {"d_input": 4, "d_output": 2}, "x": 0, "y": 90},
+    "x2": {"type": "Input", "params": {"shape": ["batch", 2]}, "x": 200, "y": 90},
+    "sum": {"type": "Add", "params": {}, "x": 0, "y": 180},
+    "out": {"type": "Output", "params": {}, "x": 0, "y": 270}},
+    "links": [["x", "fc"], ["fc", "sum"], ["x2", "sum", "in1"], ["sum", "out"]]}
+
+
+def _designer_state(panel):
+    return {"design": panel.design.to_dict(), "path": panel.path, "dirty": panel.is_dirty(),
+            "undo": panel.undo_stack.count()}
+
+
+def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbot, tmp_path, monkeypatch):
+    from engine.design import SAMPLES, save_design
+
+    panel = window.designer
+    monkeypatch.setattr(panel, "confirm_discard", lambda *a, **k: True)  # no unsaved-design question between files
+    folder = tmp_path / "designs"
+    folder.mkdir()
+    bases = [save_design(make(), folder / f"{name}.ember.json") for name, make in SAMPLES.items()]
+    bare = folder / "tiny.ember.json"
+    bare.write_text(json.dumps(SCHEMA_1))
+    bases.append(bare)
+    for base in bases:
+        assert panel.open_design(base), panel.status.text()
+
+    escaped, slow, changed, silent, opened = [], [], [], [], 0
+    start = time.monotonic()
+    for i, (path, what) in enumerate(_mutants(bases, folder, N_DESIGNS, seed=4)):
+        before = _designer_state(panel)
+        panel.status.setText("")
+        with qtbot.captureExceptions() as exceptions:
+            t0 = time.monotonic()
+            try:
+                ok = panel.open_design(path)
+            except BaseException as e:  # noqa: BLE001 - counted, reported below
+                escaped.append(f"{path.name} ({what}): {type(e).__name__}: {str(e)[:200]}")
+                ok = None
+            QApplication.processEvents()
+            elapsed = time.monotonic() - t0
+        escaped += [f"{path.name} ({what}): from the event loop: {e[0].__name__}: {str(e[1])[:200]}"
+                    for e in exceptions]
+        if elapsed > PER_FILE_S:
+            slow.append(f"{path.name} ({what}): {elapsed:.1f} s")
+        if ok:
+            opened += 1
+            assert panel.path == path
+            continue
+        if _designer_state(panel) != before:
+            changed.append(f"{path.name} ({what})")
+        text = panel.status.text()
+        if not any(word in text for word in CLEAR + ("must", "names", "is not", "twice")) or path.name[:40] not in text and \
+                path.name[-30:] not in text:
+            silent.append(f"{path.name} ({what}): {text[:200]!r}")
+    total = time.monotonic() - start
+    print(f"\n{N_DESIGNS + 5} fuzzed design files in {total:.1f} s: {opened} opened")
+    faults = [f"{len(escaped)} escaped:", *escaped[:30], f"{len(slow)} took over {PER_FILE_S} s:", *slow[:30],
+              f"{len(changed)} refusals changed the design:", *changed[:30],
+              f"{len(silent)} refusals without a clear message:", *silent[:30]]
+    assert not (escaped or slow or changed or silent), "\n".join(f[:300] for f in faults)
+    assert opened >= 5 and total < 60
