@@ -1,5 +1,6 @@
 """The real window at real sizes: every interactive widget of every tab and main dialog is
-visible, not overlapped by a sibling and not clipped by its parents (issue 18).
+visible, not overlapped by a sibling and not clipped by its parents; on the Training tab every
+plot shown is at least 120 px high and no two tick labels of its axes overlap (issue 18).
 
 The window runs in a child process (the rest of the suite runs offscreen in this pytest
 process): under a real X server when `Xvfb` is on PATH (started here, `QT_QPA_PLATFORM=xcb`),
@@ -175,6 +176,79 @@ def required_problems(window) -> list[str]:
     return out
 
 
+MIN_PLOT_PX = 120  # a plot shown is at least this high (its title, curves and tick labels)
+
+
+def tick_label_rects(axis):
+    """The rectangles (in the axis's coordinates) pyqtgraph draws the axis's tick labels in."""
+    from PySide6.QtGui import QImage, QPainter
+
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        specs = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    if specs is None:
+        return []
+    return [(rect, text) for rect, _flags, text in specs[2]]
+
+
+def plot_problems(curves) -> list[str]:
+    """The training curves: at least one plot, each plot shown at least MIN_PLOT_PX high and
+    inside the canvas, and no two tick labels of an axis drawn over each other."""
+    out = []
+    shown = curves.shown_plots()
+    if not shown:
+        return ["the training curves show no plot"]
+    view = curves.graphics
+    canvas = view.mapToScene(view.viewport().rect()).boundingRect()
+    for key in shown:
+        plot = curves.plots[key]
+        rect = plot.sceneBoundingRect()
+        if not plot.isVisible() or plot.scene() is None:
+            out.append(f"plot {key}: said to be shown but not in the canvas")
+            continue
+        if rect.height() < MIN_PLOT_PX:
+            out.append(f"plot {key}: only {rect.height():.0f} px high, needs {MIN_PLOT_PX}")
+        if not canvas.adjusted(-1, -1, 1, 1).contains(rect):
+            out.append(f"plot {key}: {rect.getRect()} outside the canvas {canvas.getRect()}")
+        for name in ("left", "bottom"):
+            axis = plot.getAxis(name)
+            if not axis.isVisible():
+                continue
+            labels = tick_label_rects(axis)
+            for i, (a, ta) in enumerate(labels):
+                for b, tb in labels[i + 1:]:
+                    overlap = a.intersected(b)
+                    if overlap.width() > 0.5 and overlap.height() > 0.5:
+                        out.append(f"plot {key}, {name} axis: tick labels {ta!r} and {tb!r} overlap")
+    return out
+
+
+def feed_curves(curves) -> None:
+    """A finished run of 3 epochs in the dashboard, so the axes carry real ranges and tick labels."""
+    import math
+
+    from engine.train import events as ev
+    from engine.train.run_history import RunHistory
+
+    h = RunHistory("geometry-run")
+    steps = 40
+    h.apply(ev.Started(3, steps, 1, 0))
+    g = 0
+    for e in range(1, 4):
+        for s in range(1, steps + 1):
+            g += 1
+            h.apply(ev.StepLoss(e, s, steps, g, 1.2 * math.exp(-g / 30) + 0.05 * ((g * 7919) % 13) / 13))
+            h.apply(ev.LearningRate(e, s, g, 0.01 * (1 - g / 130)))
+        h.apply(ev.EpochMetrics(e, {"loss": math.exp(-g / 30), "accuracy": 1 - 0.8 * math.exp(-g / 30)}))
+        h.apply(ev.ValidationMetrics(e, {"loss": 1.1 * math.exp(-g / 30), "accuracy": 0.95 - 0.8 * math.exp(-g / 30)}))
+    h.apply(ev.Finished(3, {}))
+    curves.add_run(h)
+    curves.redraw()
+
+
 def settle(app, window, seconds=0.3):
     deadline = time.monotonic() + 60
     while window.running_tasks and time.monotonic() < deadline:
@@ -204,6 +278,7 @@ def child_main(shots: str, sizes) -> dict:
     window.show()
     assert window.open_example(EXAMPLE), "the example did not open"
     settle(app, window)
+    feed_curves(window.training_panel.curves)
     tabs = (("display", window.display), ("designer", window.designer), ("training", window.training_panel))
     window.designer.canvas.setFocus()
     for width, height in sizes:
@@ -217,6 +292,9 @@ def child_main(shots: str, sizes) -> dict:
             grab_window(app, window).save(str(shot), "PNG")
             report["shots"].append(str(shot))
             report["problems"][key] = required_problems(window) + geometry_problems(window)
+            if tab is window.training_panel:
+                report["problems"][key] += plot_problems(window.training_panel.curves)
+                report.setdefault("plots", {})[key] = window.training_panel.curves.shown_plots()
         window.tabs.setCurrentWidget(window.display)
         settle(app, window)
         for name, opener in (("lora", lambda: window.edit_actions.open_lora_dialog("")),

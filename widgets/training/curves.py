@@ -1,8 +1,10 @@
 """Live training curves on pyqtgraph: loss per step and per epoch, a chosen metric per epoch,
 and the learning rate, for any number of overlaid runs.
 
-Controls: a smoothing slider (a debiased EMA of the step losses), a log-scale toggle for the
-loss, a crosshair whose read-out gives every visible run's values at the step under the mouse,
+Controls: a plot selector (Loss, Metric, LR: which of the three plots to show; on a short window
+only as many as fit at `MIN_PLOT_HEIGHT` pixels each are shown, the most recently chosen first,
+so every plot shown is tall enough for its curves and tick labels), a smoothing slider (a
+debiased EMA of the step losses), a log-scale toggle for the loss, a crosshair whose read-out gives every visible run's values at the step under the mouse,
 a check box per run to show or hide it, and export as CSV (every run) or PNG (the plots).
 `clear_runs()` forgets every run and resets the axes (another model was opened). The plots
 follow the application's palette (light or dark theme): background, axes, titles, grid.
@@ -21,7 +23,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QImage, QPainter, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QListWidget,
-                               QListWidgetItem, QPushButton, QSlider, QSplitter, QVBoxLayout, QWidget)
+                               QListWidgetItem, QPushButton, QSlider, QSplitter, QToolButton, QVBoxLayout, QWidget)
 
 from engine.train.run_history import RunHistory, write_csv
 
@@ -29,6 +31,12 @@ from ..common import monospace_font
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 LOSS, METRIC, LR = "loss", "metric", "lr"
+PLOTS = (LOSS, METRIC, LR)  # top to bottom
+PLOT_BUTTONS = {LOSS: "Loss", METRIC: "Metric", LR: "LR"}
+PLOT_TIPS = {LOSS: "the step and per-epoch losses", METRIC: "the chosen metric per epoch", LR: "the learning rate"}
+PLOT_STRETCH = {LOSS: 3, METRIC: 2, LR: 2}
+MIN_PLOT_HEIGHT = 150  # pixels a plot needs (title and tick labels included) to stay readable
+AXIS_HEIGHT = 40  # the shared step axis under the last plot
 
 
 def _slack_range(lo: float, hi: float, current: tuple | None, floor: float | None = None) -> tuple[float, float]:
@@ -138,6 +146,8 @@ class _RunCurves:
 
 
 class _Graphics(pg.GraphicsLayoutWidget):
+    resized = Signal()
+
     """The plots' canvas. It remembers how long its last paint took (the dashboard budgets its
     redraws by it) and says when a paint begins and ends (`paint_began`, `paint_ended`, emitted
     on the GUI thread inside the paint): a paint calls back into Python for every item many
@@ -147,6 +157,10 @@ class _Graphics(pg.GraphicsLayoutWidget):
     paint_began = Signal()
     paint_ended = Signal()
     paint_seconds = 0.0
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.resized.emit()
 
     def paintEvent(self, event) -> None:
         t = time.perf_counter()
@@ -185,9 +199,8 @@ class TrainingCurves(QWidget):
             METRIC: self.graphics.addPlot(row=1, col=0, title=f"{self._metric} per epoch"),
             LR: self.graphics.addPlot(row=2, col=0, title="Learning rate"),
         }
-        self.graphics.ci.layout.setRowStretchFactor(0, 3)
-        self.graphics.ci.layout.setRowStretchFactor(1, 2)
-        self.graphics.ci.layout.setRowStretchFactor(2, 1)
+        self._shown: list[str] = list(PLOTS)  # the plots in the layout, top to bottom
+        self._priority: list[str] = list(PLOTS)  # the wanted plots, the most recently chosen first
         # Cheap frames: the ranges are set here (x: the runs' planned steps; y: with slack, so they
         # change rarely) instead of pyqtgraph's auto range, and the axes (which draw the grid)
         # are cached as pixmaps, so a frame mostly redraws curves.
@@ -204,11 +217,11 @@ class TrainingCurves(QWidget):
             left.setWidth(52)  # aligned plots, and no relayout as tick labels change
             if key != LOSS:
                 plot.setXLink(self.plots[LOSS])
-            if key != LR:  # the shared x axis is drawn once, under the last plot
-                plot.hideAxis("bottom")
+            plot.hideAxis("bottom")  # the shared x axis is drawn once, under the last plot shown
             for name in ("left", "bottom"):
                 plot.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-        self.plots[LR].setLabel("bottom", "step")
+        for plot in self.plots.values():
+            plot.setLabel("bottom", "step")
         self.crosshair = {k: pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", width=1,
                                                                                   style=Qt.PenStyle.DashLine))
                           for k in self.plots}
@@ -218,6 +231,15 @@ class TrainingCurves(QWidget):
         self.graphics.scene().sigMouseMoved.connect(self._on_mouse_moved)
 
         # controls
+        self.plot_buttons: dict[str, QToolButton] = {}
+        for key in PLOTS:
+            b = QToolButton()
+            b.setText(PLOT_BUTTONS[key])
+            b.setObjectName(f"show-{key}")
+            b.setCheckable(True)
+            b.setChecked(True)
+            b.clicked.connect(lambda on, k=key: self.choose_plot(k, on))
+            self.plot_buttons[key] = b
         self.smoothing_slider = QSlider(Qt.Orientation.Horizontal)
         self.smoothing_slider.setObjectName("smoothing")
         self.smoothing_slider.setRange(0, 99)
@@ -263,6 +285,10 @@ class TrainingCurves(QWidget):
         self.run_list.itemChanged.connect(self._on_run_item)
 
         controls = QHBoxLayout()
+        controls.addWidget(QLabel("Plots"))
+        for key in PLOTS:
+            controls.addWidget(self.plot_buttons[key])
+        controls.addSpacing(12)
         controls.addWidget(QLabel("Smoothing"))
         controls.addWidget(self.smoothing_slider)
         controls.addWidget(self.smoothing_label)
@@ -292,6 +318,63 @@ class TrainingCurves(QWidget):
         layout.addWidget(self.readout)
         self._on_smoothing(self.smoothing_slider.value())
         self.apply_palette()
+        self._layout_plots()
+        self.graphics.resized.connect(self._layout_plots)
+
+    # ---- which plots are shown -----------------------------------------------------------------
+    def plot_capacity(self) -> int:
+        """How many plots fit the canvas's height at `MIN_PLOT_HEIGHT` each (at least one)."""
+        return max(1, (self.graphics.viewport().height() - AXIS_HEIGHT) // MIN_PLOT_HEIGHT)
+
+    def shown_plots(self) -> list[str]:
+        """The plots shown now, top to bottom (`LOSS`, `METRIC`, `LR`)."""
+        return list(self._shown)
+
+    def wanted_plots(self) -> list[str]:
+        """The plots the selector asks for, top to bottom (shown when there is room)."""
+        return [k for k in PLOTS if k in self._priority]
+
+    def choose_plot(self, key: str, on: bool) -> None:
+        """Show (`on`) or hide the plot `key`. A plot chosen is shown at once: on a short window
+        it takes the place of the one chosen longest ago. The last plot shown stays."""
+        if on:
+            self._priority = [key] + [k for k in self._priority if k != key]
+        elif key in self._shown and len(self._shown) == 1:
+            pass  # never no plot at all
+        else:
+            self._priority = [k for k in self._priority if k != key]
+        self._layout_plots()
+
+    def _layout_plots(self) -> None:
+        wanted = self._priority[:self.plot_capacity()]
+        shown = [k for k in PLOTS if k in wanted]
+        for key, b in self.plot_buttons.items():
+            b.setChecked(key in shown)
+            room = "" if key in shown or key not in self._priority else \
+                " (chosen, but there is no room at this height: untick another plot or make the window taller)"
+            b.setToolTip(f"Show {PLOT_TIPS[key]}{room}")
+        if shown == self._shown:
+            return
+        layout = self.graphics.ci
+        for key in self._shown:
+            layout.removeItem(self.plots[key])
+        for row, key in enumerate(shown):
+            plot = self.plots[key]
+            layout.addItem(plot, row=row, col=0)
+            layout.layout.setRowStretchFactor(row, PLOT_STRETCH[key])
+            plot.setMinimumHeight(MIN_PLOT_HEIGHT - 10 if len(shown) > 1 else 0)
+            plot.showAxis("bottom", key == shown[-1])
+        for row in range(len(shown), len(PLOTS)):
+            layout.layout.setRowStretchFactor(row, 0)
+        if self._shown:  # a plot shown again takes the x range of one that stayed
+            x_range = self.plots[self._shown[0]].vb.viewRange()[0]
+            for key in shown:
+                if key not in self._shown:
+                    self.plots[key].vb.setXRange(*x_range, padding=0)
+        self._shown = shown
+        # the layout, activated, sizes its top item by its own hint: give it the canvas's size again
+        layout.layout.activate()
+        layout.setGeometry(self.graphics.range)
 
     # ---- theme -------------------------------------------------------------------------------
     def apply_palette(self, palette: QPalette | None = None) -> None:
@@ -466,8 +549,9 @@ class TrainingCurves(QWidget):
             return
         self._ranges[(key, axis)] = span
         vb = self.plots[key].vb
-        if axis == "x":
-            vb.setXRange(*span, padding=0.01)
+        if axis == "x":  # on every plot: the links line up only plots in the scene
+            for plot in self.plots.values():
+                plot.vb.setXRange(*span, padding=0.01)
         else:
             vb.setYRange(*span, padding=0)
 
@@ -534,7 +618,7 @@ class TrainingCurves(QWidget):
 
     # ---- crosshair ---------------------------------------------------------------------------
     def _on_mouse_moved(self, pos) -> None:
-        for plot in self.plots.values():
+        for plot in (self.plots[k] for k in self._shown):
             if plot.sceneBoundingRect().contains(pos):
                 step = plot.vb.mapSceneToView(pos).x()
                 self.set_cursor(step)
@@ -598,7 +682,7 @@ class TrainingCurves(QWidget):
         """The plots as a PNG with a legend naming the shown runs: at `size`, else at twice the
         plots' size and at least 1600 pixels wide (the aspect kept)."""
         self.redraw()
-        plot = self.plots[LOSS]
+        plot = self.plots[self._shown[0]]
         legend = pg.LegendItem(offset=(-10, 10))
         legend.setParentItem(plot.getViewBox())
         for name, curves in self._curves.items():
