@@ -5,14 +5,12 @@ The committed fixtures under tests/fixtures/torch_pickle/ were written by torch 
 make_torch_pickle_fixtures.py); their .npz files hold what torch itself reads back, as stored
 bits, so these tests check Ember's reader against torch without torch installed. Hostile
 pickles are built here with the standard library's pickler and by hand with pickle opcodes."""
-import io
 import json
 import os
 import pickle
 import random
 import struct
 import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
