@@ -141,7 +141,7 @@ def measure_refusals(app, window) -> list[dict]:
             dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
 
         def materialize():
-            window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.\d+\.attention\.")))
+            window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.\d+\.(attention|self_attn)\.")))
             app.processEvents()
             t0 = time.perf_counter()
             window.actions.materialize.trigger()
