@@ -247,3 +247,58 @@ def test_an_unsupported_folder_names_what_it_found_and_changes_nothing(opened, q
     for arch in ("LlamaForCausalLM", "GPT2LMHeadModel", "BertModel", "ViTForImageClassification"):
         assert arch in text, text
     assert opened.document.module is module and opened.document.source == source
+
+
+def test_a_bpk_checkpoint_of_the_fine_tuned_model_loads_into_a_fresh_folder(window, qtbot, folders, tmp_path):
+    """Checkpoints work on a Hugging Face model as on any model: Export ▸ Materialized (.bpk) of
+    the LoRA model, then Import Checkpoint into the folder opened again, gives the same logits."""
+    from app.core.schema import GroupSpec, LoraEdit
+
+    open_through_menu(qtbot, window, folders)
+    assert window.apply_edit(LoraEdit(4, 8.0, None, GroupSpec("regex", pattern=QUERY_VALUE)))
+    train_adapters(window)
+    merged = window.document.module.materialize()
+    bpk = tmp_path / "tuned.bpk"
+    window.checkpoints.export_checkpoint(str(bpk), "materialized")
+    wait_idle(qtbot, window)
+    assert bpk.is_file()
+    open_through_menu(qtbot, window, folders)  # the folder again: the original weights
+    assert np.abs(logits(window.document.module) - logits(merged)).max() > 1e-4
+    window.checkpoints.import_checkpoint(str(bpk), False)
+    wait_idle(qtbot, window)
+    assert window.document.undo_stack.count() == 1  # the load is one undo step
+    np.testing.assert_allclose(logits(window.document.module), logits(merged), rtol=0, atol=1e-6)
+    assert window.tree.model.index_of("layers.0.self_attn.key").siblingAtColumn(HF_NAME).data() == \
+        "model.layers.0.self_attn.k_proj"
+
+
+def test_open_pretrained_asks_before_discarding_unsaved_work(opened, qtbot, folders, monkeypatch):
+    import app.prompts as prompts
+
+    opened.group_op("freeze", "head")
+    assert opened.document.is_dirty()
+    module = opened.document.module
+    asked = []
+
+    def answer(_parent, title, text, _buttons, _default):
+        asked.append(text)
+        return prompts.Button.Cancel
+
+    monkeypatch.setattr(prompts, "ask_question", answer)
+    open_through_menu(qtbot, opened, folders)
+    assert asked and "unsaved changes" in asked[0]
+    assert opened.document.module is module  # Cancel: nothing changed
+    monkeypatch.setattr(prompts, "ask_question", lambda *a: prompts.Button.Discard)
+    open_through_menu(qtbot, opened, folders)
+    assert isinstance(opened.document.source, PretrainedSource)
+
+
+def test_the_shape_contract_check_runs_on_a_pretrained_model(window, qtbot, folders):
+    """Token ids are int: `int[2, 7]` (a float `[2, 7]` is refused inside, saying to cast)."""
+    open_through_menu(qtbot, window, folders)
+    window.contract_editor.input.setText("int[2, 7]")
+    assert window.run_check("int[2, 7]") is not None
+    wait_idle(qtbot, window)
+    result = window.document.check_result
+    assert result is not None and result.ok, result
+    assert result.nodes["layers.0.self_attn"].status == "ok"
