@@ -145,8 +145,9 @@ class LlamaConfig:
         kw["rope_theta"] = float(theta)
         scaling = rope if rope else data.get("rope_scaling")
         kw["rope_scaling"] = _check_rope_scaling(scaling)
-        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
-            kw[key] = _bool(data, key, defaults[key])
+        kw["tie_word_embeddings"] = _bool(data, "tie_word_embeddings", defaults["tie_word_embeddings"])
+        for key in ("attention_bias", "mlp_bias"):  # Mistral and Qwen2 fix their biases (transformers ignores the keys)
+            kw[key] = _bool(data, key, defaults[key]) if mt == "llama" else defaults[key]
         kw["attention_output_bias"] = defaults["attention_output_bias"]
         window = data.get("sliding_window", defaults["sliding_window"])
         if mt == "qwen2" and not data.get("use_sliding_window", False):
@@ -179,14 +180,14 @@ class LlamaConfig:
             "rope_parameters": rope,
             "tie_word_embeddings": self.tie_word_embeddings,
         }
-        if self.model_type == "qwen2":
+        if self.model_type == "qwen2":  # q/k/v biases always, none on o_proj: no keys for them
             out["use_sliding_window"] = False
             out["sliding_window"] = None
+        elif self.model_type == "mistral":  # no bias keys in MistralConfig
+            out["sliding_window"] = self.sliding_window
         else:
             out["attention_bias"] = self.attention_bias
             out["mlp_bias"] = self.mlp_bias
-        if self.model_type == "mistral":
-            out["sliding_window"] = self.sliding_window
         if self.rope_scaling:
             out["rope_scaling"] = dict(self.rope_scaling)
         return out

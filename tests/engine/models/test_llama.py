@@ -269,3 +269,22 @@ def test_left_padding_matches_transformers_eager_attention():
     np.testing.assert_allclose(got[real], exp["sdpa"][real], rtol=0, atol=1e-4)
     np.testing.assert_allclose(got, exp["eager"], rtol=0, atol=1e-4)
     assert np.abs(exp["eager"][0, :2] - exp["sdpa"][0, :2]).max() > 1.0  # transformers itself differs there
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-tied", "llama3-rope", "mistral", "qwen2", "qwen2-tied"])
+def test_transformers_rebuilds_the_model_from_to_json(tmp_path, name):
+    """Optional (needs transformers and torch, never Ember dependencies): config.json written from
+    `LlamaConfig.to_json()` next to the folder's weights makes transformers give the expected logits.
+    Run with the oracle venv: `PYTHONPATH=. /tmp/torchvenv/bin/python -m pytest -q -p no:cacheprovider
+    --noconftest tests/engine/models/test_llama.py -k rebuilds`."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    shutil.copy(HF / name / "model.safetensors", tmp_path / "model.safetensors")
+    cfg = LlamaConfig.from_json(_config(name))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_json()))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32,
+                                                              attn_implementation="eager").eval()
+    exp = np.load(HF / name / "expected.npz")
+    with torch.no_grad():
+        out = model(torch.tensor(exp["input_ids"]), attention_mask=torch.tensor(exp["attention_mask"])).logits
+    np.testing.assert_allclose(out.numpy(), exp["logits"], rtol=0, atol=1e-5)
