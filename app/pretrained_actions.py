@@ -132,7 +132,9 @@ class PretrainedActions:
     def update_action(self) -> None:
         """Enable Export ▸ Hugging Face Folder for a model of a known family; else say why."""
         action = self.window.actions.export_pretrained
-        why = opening.save_pretrained_refusal(self.document.module)
+        # the window's Hugging Face names of this model, made once per change (a known family has them)
+        names = getattr(self.window, "hf_names", None)
+        why = "" if names and self.document.module is not None else opening.save_pretrained_refusal(self.document.module)
         action.setEnabled(not why)
         tip = EXPORT_TIP if not why else f"Not available: {why}"
         action.setToolTip(tip)
