@@ -169,9 +169,9 @@ def hub(tmp_path, monkeypatch, mixed_folder):
     monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True, raising=False)  # plain HTTP, no Xet
     monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_PROGRESS_BARS", True, raising=False)
     server.cache = cache
     yield server
     server.stop()
