@@ -48,7 +48,7 @@ def _found(value: Any) -> str:
         return str(value)
     if isinstance(value, str) and len(value) > 60:
         return f"{value[:40]!r}... ({len(value):,} characters)"
-    if isinstance(value, (list, dict)):  # never repr a whole (perhaps huge) container
+    if isinstance(value, (list, dict)) and len(value) > 8:  # never repr a whole (perhaps huge) container
         return f"{'a list' if isinstance(value, list) else 'an object'} of {len(value):,} item(s)"
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 18:
         return f"an integer of {len(str(abs(value))):,} digits"
@@ -129,10 +129,9 @@ def _path(data: dict, key: str, where: str, expected: str, default: Any = ...) -
 
 
 def _int(data: dict, key: str, where: str, low: int, high: int, default: Any = ...) -> int:
-    expected = f"an integer from {low:,} to {high:,}"
-    value = _get(data, key, int, where, expected, default)
+    value = _get(data, key, int, where, "an int", default)
     if not low <= value <= high:
-        raise SchemaError(f"{where}.{key}", expected, value)
+        raise SchemaError(f"{where}.{key}", f"an int from {low:,} to {high:,}", value)
     return value
 
 

@@ -90,21 +90,21 @@ def test_a_replay_runs_on_a_worker_and_cancel_stops_it(window, qtbot, tmp_path, 
     path = _project(tmp_path, {"kind": "example", "name": "burn-mnist"}, edits)
     start = time.monotonic()
     assert window.projects.open_project(path)
-    assert time.monotonic() - start < 1.0  # the replay started; the GUI thread did not run it
+    assert time.monotonic() - start < 1.5, time.monotonic() - start  # started; the GUI thread did not run it
     assert window.running_tasks and window.document.module is before
     task = window.running_tasks[0]
     ticks = []
     timer = QTimer()
     timer.timeout.connect(lambda: ticks.append(time.monotonic()))
     timer.start(20)
-    qtbot.wait(400)  # the event loop runs while the worker matches
-    assert task.is_running() and len(ticks) >= 5, len(ticks)
+    qtbot.wait(500)  # the event loop runs while the worker matches
+    assert task.is_running() and len(ticks) >= 5, (task.outcome, len(ticks))
     cancel = window.task_progress.cancel_button
     assert cancel.isVisible() and cancel.isEnabled()
     qtbot.mouseClick(cancel, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not window.running_tasks, timeout=10_000)
     timer.stop()
-    assert task.outcome == "cancelled"  # not "failed" (as it would have at the bound): Cancel stopped it
+    assert task.outcome == "cancelled", window.last_message and window.last_message.text()  # not "failed"
     assert window.document.module is before and window.document.project_path is None
     assert window.last_message is message  # no error: the user cancelled
     assert "cancelled" in window.message_label.text()
