@@ -238,10 +238,11 @@ TORCH_SIDE = textwrap.dedent("""
     import numpy as np
     import torch
     import transformers
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM  # the model's module too, as Ember's
     t1 = time.perf_counter()
     folder, ids_file, out_file, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     torch.set_num_threads(threads)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     t2 = time.perf_counter()
     ids = torch.from_numpy(np.load(ids_file))
     with torch.no_grad():
@@ -315,7 +316,7 @@ def part2(tmp: Path):
     if "transformers" in sides:
         diff = float(np.abs(np.load(tmp / "ember.npy") - np.load(tmp / "torch.npy")).max())
     rows = []
-    for key, label in (("import", "import (engine.models / torch + transformers)"),
+    for key, label in (("import", "import (engine.models + llama / torch + transformers + LlamaForCausalLM)"),
                        ("open", "from_pretrained(folder)"), ("first", f"first forward, 1 x {seq} tokens"),
                        ("load_first", "**from_pretrained + first forward**"),
                        ("second", f"second forward, 1 x {seq} tokens")):
