@@ -255,13 +255,13 @@ def list_autosaves(directory, include_running: bool = False) -> list[Recovery]:
     out = []
     for p in d.glob(f"*{AUTOSAVE_SUFFIX}"):
         try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-            if rec.get("ember") != "design-autosave":
+            rec = read_json_file(p, "design autosave", DesignFileError)  # bounded, as any design file
+            if not isinstance(rec, dict) or rec.get("ember") != "design-autosave":
                 continue
             pid = int(rec.get("pid", 0))
             if not include_running and _alive(pid):
                 continue
             out.append(Recovery(p, rec.get("original"), float(rec.get("saved_at", 0.0)), pid, rec["source"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):  # DesignFileError is a ValueError
             continue
     return sorted(out, key=lambda r: -r.saved_at)

@@ -63,3 +63,14 @@ def test_a_design_file_that_is_not_a_regular_file_is_refused_without_reading(tmp
     os.mkfifo(fifo)  # opening a FIFO for reading would block until a writer came
     with pytest.raises(DesignFileError, match="expected a regular file"):
         read_design(fifo)
+
+
+def test_unreadable_autosaves_are_skipped_not_raised(tmp_path):
+    from engine.design import list_autosaves, write_autosave
+
+    good = write_autosave(tmp_path, "s1", mnist_design())
+    (tmp_path / "s2.ember-design.autosave").write_text("[" * 100_000)
+    (tmp_path / "s3.ember-design.autosave").write_text('{"ember": "design-autosave", "pid": ' + "9" * 4400 + "}")
+    (tmp_path / "s4.ember-design.autosave").write_text('["design-autosave"]')
+    found = list_autosaves(tmp_path, include_running=True)
+    assert [r.path for r in found] == [good] and found[0].design() == mnist_design()
