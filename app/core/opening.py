@@ -248,8 +248,12 @@ def load_pretrained(path: str | Path, device=None) -> Any:
 
 def hugging_face_names(module: Any) -> dict[str, str]:
     """{Ember path: Hugging Face name} for the parameters of a model of a known family
-    (`engine.models.pretrained_names`) and, where every parameter of a module agrees, for the
-    module too (`layers.0.self_attn.query` -> `model.layers.0.self_attn.q_proj`). {} for any
+    (`engine.models.pretrained_names`) and for the modules above them: a parameter's name less
+    as many segments as its path below the module has (`layers.0.self_attn.query` ->
+    `model.layers.0.self_attn.q_proj`); of these, the one most parameters give among those that
+    prefix every name below (ViT's `encoder.layer.0.attention` holds HF's `attention.attention.*`
+    and `attention.output.dense`); none where no such name prefixes them all (BERT's
+    `attention.self` holds HF's `attention.self.*` and `attention.output.dense`). {} for any
     other model; nothing is read."""
     if module is None:
         return {}
@@ -259,19 +263,25 @@ def hugging_face_names(module: Any) -> dict[str, str]:
         names = dict(pretrained_names(module))
     except Exception:  # noqa: BLE001 - a model the engine cannot name is shown without names
         return {}
-    modules: dict[str, str | None] = {}
+    candidates: dict[str, dict[str, int]] = {}
+    below: dict[str, list[list[str]]] = {}  # module path -> the HF names (as segments) of its parameters
     for path, hf in names.items():
-        ember = path.split(".")
-        theirs = hf.split(".")
-        # walk up both paths together: a module's name is its parameter's less the leaf
-        while len(ember) > 1 and len(theirs) > 1:
-            ember, theirs = ember[:-1], theirs[:-1]
-            key, value = ".".join(ember), ".".join(theirs)
-            if modules.get(key, value) != value:
-                modules[key] = None  # two parameters disagree: no single name
-                break
-            modules[key] = value
-    out = {k: v for k, v in modules.items() if v is not None and k not in names}
+        ember, theirs = path.split("."), hf.split(".")
+        for depth in range(1, len(ember)):
+            key = ".".join(ember[:-depth])
+            below.setdefault(key, []).append(theirs)
+            if depth < len(theirs):
+                votes = candidates.setdefault(key, {})
+                name = ".".join(theirs[:-depth])
+                votes[name] = votes.get(name, 0) + 1
+    out = {}
+    for key, parts in below.items():
+        if key in names:
+            continue
+        votes = {name: n for name, n in candidates.get(key, {}).items()
+                 if all(segs[:name.count(".") + 1] == name.split(".") for segs in parts)}
+        if votes:
+            out[key] = max(votes, key=lambda name: (votes[name], -len(name)))
     out.update(names)
     return out
 

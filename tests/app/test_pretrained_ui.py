@@ -316,3 +316,23 @@ def test_a_dropped_checkpoint_asks_for_its_architecture(window, qtbot, tmp_path)
     drop(window, bpk)
     assert isinstance(window.dialog, CheckpointDialog) and window.dialog.path.text() == str(bpk)
     window.dialog.reject()
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("llama-gqa", {"layers.0.self_attn.query": "model.layers.0.self_attn.q_proj", "layers.1": "model.layers.1",
+                   "layers.0.input_layernorm.gamma": "model.layers.0.input_layernorm.weight"}),
+    ("gpt2", {"h.0.attn.query": "transformer.h.0.attn.c_attn", "h.0.attn.output": "transformer.h.0.attn.c_proj",
+              "h.0.attn": "transformer.h.0.attn"}),
+    ("vit", {"encoder": "vit.encoder", "encoder.layer.0": "vit.encoder.layer.0",
+             "encoder.layer.0.attention": None,  # HF's attention.attention.* and attention.output.dense
+             "encoder.layer.0.attention.query": "vit.encoder.layer.0.attention.attention.query",
+             "encoder.layer.0.attention.output": "vit.encoder.layer.0.attention.output.dense"}),
+    ("bert", {"encoder.layer.0.attention.self.output.weight": "encoder.layer.0.attention.output.dense.weight",
+              "encoder.layer.0.attention.self": None}),  # spans HF's attention.self and attention.output
+])
+def test_module_names_follow_their_parameters(name, expected):
+    from app.core.opening import hugging_face_names, load_pretrained
+
+    names = hugging_face_names(load_pretrained(ROOT / "tests" / "fixtures" / "hf" / name))
+    for path, hf in expected.items():
+        assert names.get(path) == hf, (path, names.get(path))
