@@ -33,7 +33,8 @@ def download(snapshot_download, repo_id: str, *, revision=None, token=None, cach
         except Exception as exc:  # the library's own errors: not found, gated, offline, HTTP
             kind = type(exc).__name__
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
-            raise PretrainedError(f"could not get {repo_id!r} from the Hugging Face Hub ({kind}): {text}",
+            raise PretrainedError(f"could not get {repo_id!r} from the Hugging Face Hub ({kind}): {text} "
+                                  f"(there is no local folder of that name, so it was taken as a Hub model id)",
                                   where=repo_id) from None
 
     folder = fetch(CONFIG_AND_EXTRAS + SAFETENSORS)

@@ -228,6 +228,7 @@ def test_unknown_repo_is_a_pretrained_error_naming_the_id(hub):
     with pytest.raises(PretrainedError, match=r"ember-test/no-such-model") as info:
         from_pretrained("ember-test/no-such-model")
     assert "RepositoryNotFound" in str(info.value) or "not found" in str(info.value).lower()
+    assert "no local folder of that name" in str(info.value)  # a mistyped relative path reads as an id
     assert ("GET", "/api/models/ember-test/no-such-model/revision/main") in hub.requests
 
 
