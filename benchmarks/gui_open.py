@@ -92,8 +92,8 @@ def measure_moves(app, window) -> list[dict]:
     window.document.set_model(build_example("llama-7b"), ExampleSource("llama-7b"))
     app.processEvents()
     window.group_op("freeze", "layers.0")
-    window.group_op("no_grad", "output")
-    window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.31\.attention\.wq\.")))
+    window.group_op("no_grad", "lm_head")
+    window.apply_edit(LoraEdit(8, 16.0, group=GroupSpec("regex", pattern=r"^layers\.31\.self_attn\.query\.")))
     app.processEvents()
     rows = []
     for name, device, fork in (("fork to cpu:1", "cpu:1", True), ("transfer to cpu:2", "cpu:2", False)):
@@ -196,7 +196,7 @@ def main() -> int:
           "window have painted; RSS +MiB: resident memory added by opening (model built before); init: "
           "parameters initialized by opening (lazy ones must stay lazy); rows: tree rows created.")
     print()
-    print("Moving the 6.7 B model after three edits (freeze layers.0, no_grad output, LoRA on one projection)")
+    print("Moving the 6.7 B model after three edits (freeze layers.0, no_grad lm_head, LoRA on one projection)")
     print(f"{'move':20} {'seconds':>8} {'target':>7} {'RSS +MiB':>9} {'target':>7} {'init':>5} {'devices':>8}")
     for r in measure_moves(app, window):
         met = r["s"] < 1.0 and r["rss_mib"] < 50 and r["initialized"] == 0
