@@ -237,7 +237,7 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
         assert window.open_path(str(base)), window.last_message and window.last_message.text()
         _wait_tasks(qtbot, window)
 
-    escaped, slow, changed, silent, opened, refused = [], [], [], [], 0, 0
+    escaped, slow, changed, silent, opened, refused, longest = [], [], [], [], 0, 0, 0.0
     start = time.monotonic()
     for i, (path, what) in enumerate(_mutants(bases, bases[0].parent, N_FILES)):
         before = _state(window)
@@ -254,6 +254,7 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
             elapsed = time.monotonic() - t0
         escaped += [f"{path.name} ({what}): from the event loop: {e[0].__name__}: {str(e[1])[:200]}"
                     for e in exceptions]
+        longest = max(longest, elapsed)
         if elapsed > PER_FILE_S:
             slow.append(f"{path.name} ({what}): {elapsed:.1f} s")
         after = _state(window)
@@ -276,7 +277,8 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
         if window.last_message is not None and window.last_message is not shown:
             window.last_message.done(0)
     total = time.monotonic() - start
-    print(f"\n{N_FILES + 5} fuzzed project files in {total:.1f} s: {opened} opened, {refused} refused")
+    print(f"\n{N_FILES + 5} fuzzed project files in {total:.1f} s (the longest {longest:.2f} s): {opened} opened, "
+          f"{refused} refused")
     faults = [f"{len(escaped)} escaped:", *escaped[:30], f"{len(slow)} took over {PER_FILE_S} s:", *slow[:30],
               f"{len(changed)} refusals changed the document:", *changed[:30],
               f"{len(silent)} refusals without a clear message:", *silent[:30]]
@@ -316,7 +318,7 @@ def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbo
     for base in bases:
         assert panel.open_design(base), panel.status.text()
 
-    escaped, slow, changed, silent, opened = [], [], [], [], 0
+    escaped, slow, changed, silent, opened, longest = [], [], [], [], 0, 0.0
     start = time.monotonic()
     for i, (path, what) in enumerate(_mutants(bases, folder, N_DESIGNS, seed=4)):
         before = _designer_state(panel)
@@ -332,6 +334,7 @@ def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbo
             elapsed = time.monotonic() - t0
         escaped += [f"{path.name} ({what}): from the event loop: {e[0].__name__}: {str(e[1])[:200]}"
                     for e in exceptions]
+        longest = max(longest, elapsed)
         if elapsed > PER_FILE_S:
             slow.append(f"{path.name} ({what}): {elapsed:.1f} s")
         if ok:
@@ -345,7 +348,7 @@ def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbo
                 path.name[-30:] not in text:
             silent.append(f"{path.name} ({what}): {text[:200]!r}")
     total = time.monotonic() - start
-    print(f"\n{N_DESIGNS + 5} fuzzed design files in {total:.1f} s: {opened} opened")
+    print(f"\n{N_DESIGNS + 5} fuzzed design files in {total:.1f} s (the longest {longest:.2f} s): {opened} opened")
     faults = [f"{len(escaped)} escaped:", *escaped[:30], f"{len(slow)} took over {PER_FILE_S} s:", *slow[:30],
               f"{len(changed)} refusals changed the design:", *changed[:30],
               f"{len(silent)} refusals without a clear message:", *silent[:30]]
