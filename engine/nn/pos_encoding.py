@@ -170,9 +170,9 @@ class RotaryEncoding(Layer):
     dim at position `p` by the angle `p * theta^(-2i / d_model)` (the inverse frequency
     `theta^(-2i / d_model)` passed through `scaling` when one is set).
 
-    The rotation table `[max_sequence_length, d_model / 2]` is computed on first use per device
-    and cached outside the module's fields, so building and displaying a large model with
-    rotary encoding allocates nothing.
+    The rotation table (up to `[max_sequence_length, d_model / 2]`) is computed on first use per
+    device, for the positions used so far, and cached outside the module's fields, so building
+    and displaying a large model with rotary encoding allocates nothing.
     """
 
     def __init__(self, max_sequence_length: int, d_model: int, theta: float, device=None, scaling=None):
@@ -197,15 +197,23 @@ class RotaryEncoding(Layer):
             inv = out
         return inv
 
-    def frequencies(self, device=None):
-        """(cos, sin) arrays `[max_sequence_length, d_model / 2]` on `device`."""
+    def frequencies(self, device=None, length: int | None = None):
+        """(cos, sin) arrays `[rows, d_model / 2]` on `device`: all `max_sequence_length` rows, or
+        with `length` at least that many (the table grows as longer inputs come, so a model with
+        a 128k-position encoding holds only the rows it has used). Row `p` holds the angles of
+        position `p` whatever the table's size."""
         dev = as_device(device)
-        hit = self.__dict__.setdefault("_cache", {}).get(dev)
-        if hit is None:
+        cache = self.__dict__.setdefault("_cache", {})
+        hit = cache.get(dev)
+        full = self.max_sequence_length
+        need = full if length is None else min(max(int(length), 0), full)
+        if hit is None or hit[0].shape[0] < need:
+            have = 0 if hit is None else hit[0].shape[0]
+            rows = full if length is None else min(full, max(need, 2 * have, 1024))
             inv = self.inverse_frequencies()
-            angles = np.arange(self.max_sequence_length, dtype=np.float32)[:, None] * inv[None, :]
+            angles = np.arange(rows, dtype=np.float32)[:, None] * inv[None, :]
             hit = (dev.asarray(np.cos(angles)), dev.asarray(np.sin(angles)))
-            self._cache[dev] = hit
+            cache[dev] = hit
         return hit
 
     def forward(self, x):
@@ -228,7 +236,7 @@ class RotaryEncoding(Layer):
                 f"RotaryEncoding: positions {start}..{start + seq_length} exceed max_sequence_length "
                 f"{self.max_sequence_length}"
             )
-        cos, sin = self.frequencies(x.device)
+        cos, sin = self.frequencies(x.device, start + seq_length)
         return _ops.rotary(x, cos[start:start + seq_length], sin[start:start + seq_length])
 
     def custom_content(self, content):

@@ -247,3 +247,15 @@ def test_a_designed_attention_with_the_new_settings_builds_and_the_rust_export_r
     assert f"{field}={value!r}" in export_python(d)
     with pytest.raises(ExportError, match=rf"mha: MultiHeadAttention\.{field} = {value!r} has no Rust form"):
         export_rust(d)
+
+
+def test_the_rotary_table_holds_only_the_positions_used():
+    rope = nn.RotaryEncodingConfig(131072, 8, 500000.0, scaling=nn.Llama3RopeScaling(8.0, 1.0, 4.0, 8192)).init()
+    x = Tensor.from_data(RNG.standard_normal((1, 2, 6, 8)).astype(np.float32))
+    short = rope.apply(x, 3).numpy()
+    assert rope.frequencies(length=9)[0].shape == (1024, 4)  # not 131072 rows
+    full_cos, _ = rope.frequencies()
+    assert full_cos.shape == (131072, 4)
+    np.testing.assert_allclose(rope.apply(x, 3).numpy(), short, rtol=1e-6, atol=1e-7)  # whatever the table's size
+    fresh = nn.RotaryEncodingConfig(131072, 8, 500000.0, scaling=nn.Llama3RopeScaling(8.0, 1.0, 4.0, 8192)).init()
+    np.testing.assert_allclose(fresh.apply(x, 100000).numpy(), rope.apply(x, 100000).numpy(), rtol=1e-6, atol=1e-7)
