@@ -37,6 +37,7 @@ PLOT_TIPS = {LOSS: "the step and per-epoch losses", METRIC: "the chosen metric p
 PLOT_STRETCH = {LOSS: 3, METRIC: 2, LR: 2}
 MIN_PLOT_HEIGHT = 150  # pixels a plot needs (title and tick labels included) to stay readable
 AXIS_HEIGHT = 40  # the shared step axis under the last plot
+_UNLIMITED = 16777215  # Qt's QWIDGETSIZE_MAX
 
 
 def _slack_range(lo: float, hi: float, current: tuple | None, floor: float | None = None) -> tuple[float, float]:
@@ -199,7 +200,7 @@ class TrainingCurves(QWidget):
             METRIC: self.graphics.addPlot(row=1, col=0, title=f"{self._metric} per epoch"),
             LR: self.graphics.addPlot(row=2, col=0, title="Learning rate"),
         }
-        self._shown: list[str] = list(PLOTS)  # the plots in the layout, top to bottom
+        self._shown: list[str] = []  # the plots shown, top to bottom (set by _layout_plots)
         self._priority: list[str] = list(PLOTS)  # the wanted plots, the most recently chosen first
         # Cheap frames: the ranges are set here (x: the runs' planned steps; y: with slack, so they
         # change rarely) instead of pyqtgraph's auto range, and the axes (which draw the grid)
@@ -355,17 +356,17 @@ class TrainingCurves(QWidget):
             b.setToolTip(f"Show {PLOT_TIPS[key]}{room}")
         if shown == self._shown:
             return
+        # hidden plots stay in the scene and the grid, at no height: nothing is removed or added
+        # again, so no plot item ever lives outside the scene that owns it
         layout = self.graphics.ci
-        for key in self._shown:
-            layout.removeItem(self.plots[key])
-        for row, key in enumerate(shown):
+        for row, key in enumerate(PLOTS):
             plot = self.plots[key]
-            layout.addItem(plot, row=row, col=0)
-            layout.layout.setRowStretchFactor(row, PLOT_STRETCH[key])
-            plot.setMinimumHeight(MIN_PLOT_HEIGHT - 10 if len(shown) > 1 else 0)
-            plot.showAxis("bottom", key == shown[-1])
-        for row in range(len(shown), len(PLOTS)):
-            layout.layout.setRowStretchFactor(row, 0)
+            on = key in shown
+            layout.layout.setRowStretchFactor(row, PLOT_STRETCH[key] if on else 0)
+            plot.setMinimumHeight(MIN_PLOT_HEIGHT - 10 if on and len(shown) > 1 else 0)
+            plot.setMaximumHeight(_UNLIMITED if on else 0)  # a hidden item would keep its minimum height
+            plot.showAxis("bottom", on and key == shown[-1])
+            plot.setVisible(on)
         if self._shown:  # a plot shown again takes the x range of one that stayed
             x_range = self.plots[self._shown[0]].vb.viewRange()[0]
             for key in shown:
