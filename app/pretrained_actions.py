@@ -54,7 +54,7 @@ class PretrainedActions:
                                                   self._start_folder())
         if not folder:
             return None
-        self.settings.remember_folder(str(Path(folder) / "config.json"))  # the folder itself next time
+        self.settings.remember_folder(Path(folder).parent)  # next time: beside this model's folder
         return self.open_folder(folder)
 
     def open_folder(self, folder: str | Path, *, edits_: list[Edit] | None = None, contracts_: dict | None = None,
