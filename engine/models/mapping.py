@@ -70,10 +70,10 @@ class Transpose(Transform):
         return (ember[1], ember[0])
 
     def forward(self, array):
-        return np.ascontiguousarray(array.T)
+        return array.T  # a view: matmul reads a transposed (Fortran-ordered) weight as it is
 
     def inverse(self, array):
-        return np.ascontiguousarray(array.T)
+        return array.T
 
 
 @dataclass(frozen=True)
@@ -216,9 +216,23 @@ class Rule:
             shape = t.stored_shape(shape)
         return shape
 
-    def load(self, array: np.ndarray) -> np.ndarray:
-        for t in self.transforms:
+    def load(self, array: np.ndarray, dtype=None) -> np.ndarray:
+        """The Ember value of a stored array (in `dtype` when given), with as few copies as the
+        transforms allow: a transpose is a view (matmul reads the Fortran-ordered weight as it
+        is); the q/k rows' rotary permutation and the dtype conversion are one pass."""
+        ts = self.transforms
+        if ts and isinstance(ts[0], RopePermute) and ts[0].axis == 0 and array.ndim == 2:
+            # the rows' permutation moves whole rows (contiguous): one pass that also converts
+            rope = ts[0]
+            rows, cols = array.shape
+            h, half = rope.n_heads, rope.head_dim // 2
+            out = np.empty((h, half, 2, cols), dtype=array.dtype if dtype is None else dtype)
+            np.copyto(out, array.reshape(h, 2, half, cols).transpose(0, 2, 1, 3), casting="unsafe")
+            array, ts, dtype = out.reshape(rows, cols), ts[1:], None
+        for t in ts:
             array = t.forward(array)
+        if dtype is not None and array.dtype != dtype:
+            array = array.astype(dtype, order="K")
         return array
 
     def save(self, array: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ from ..store.burnpack import float32_to_bf16, storage_dtype
 from ..store.errors import RecordError
 from ..store.safetensors_io import header as safetensors_header
 from ..tensor import Tensor
+from ..tensor.dtype import as_dtype
 from .checkpoint import Checkpoint, PretrainedError, open_checkpoint
 from .mapping import Rule, WeightMap
 
@@ -223,10 +224,20 @@ class _Attach(ModuleMapper):
     map_float = map_int = map_bool = _map
 
 
+_WIDE_AS_STORED = {"F32", "F16", "F64"}  # read as stored: the transforms' one pass converts them
+
+
 def _initializer(stored, rule: Rule, dtype):
+    target = as_dtype(dtype).np if dtype is not None else np.dtype(np.float32)
+
     def init(device, require_grad):
         try:
-            array = rule.load(stored.read())
+            if stored.dtype in _WIDE_AS_STORED:
+                array = rule.load(stored.read_stored(), dtype=target)
+            elif _stored_kind(stored.dtype) == "float":
+                array = rule.load(stored.read(), dtype=target)
+            else:
+                array = rule.load(stored.read())
         except RecordError:
             raise
         except (OSError, ValueError) as exc:
@@ -276,7 +287,12 @@ def from_pretrained(source, device=None, dtype="float32", *, revision=None, toke
 def _open(ckpt: Checkpoint, device, dtype) -> Module:
     config_where = str(Path(ckpt.folder) / "config.json")
     fam = _choose_family(ckpt.config, config_where)
-    cfg = fam.config_from_json(ckpt.config)
+    try:
+        cfg = fam.config_from_json(ckpt.config)
+    except PretrainedError as exc:  # the family sees a dict: name the folder's config.json
+        if exc.where in (None, "config.json"):
+            raise PretrainedError(exc.reason, where=config_where) from None
+        raise
     model = fam.build(cfg, device)
     wmap = fam.weight_map(cfg)
 
