@@ -33,10 +33,27 @@ record the packed weight appears as
 and the placeholder at `fc1.weight` (zeros of the logical shape) for as long as module traversal
 shows it; `QLoraAdapter.base()` gives the dequantized weight. The adapter-only group
 `ParamGroup.from_regex(r"(^|\\.)lora\\.(a|b)$")` selects `a` and `b` for LoRA and QLoRA alike.
+
+Variants (PEFT's, as options of `Lora`; keyword-only):
+
+- `use_rslora=True`: rank-stabilized LoRA, scale `alpha / sqrt(rank)` instead of `alpha / rank`.
+- `use_dora=True`: DoRA, a `DoraAdapter` with a trainable magnitude per output column,
+  `….lora.magnitude` `[d_out]`, initialized to the column norms of the base: the value is
+  `m * (W + s·a@b) / ||W + s·a@b||`, the norm taken over axis 0 of Ember's `[d_in, d_out]`
+  layout (per output feature, as peft 0.21's `DoraLinearLayer.get_weight_norm` takes it over
+  torch's `[out, in]` rows) and detached from the graph (peft, after the DoRA paper's section
+  4.3): gradients reach `m`, `a` and `b` but not through the norm.
+- `rank_pattern` / `alpha_pattern`: `{pattern: rank}` / `{pattern: alpha}` overriding `rank` /
+  `alpha` per layer; a key matches a parameter's module name as peft matches it (the regex
+  `(.*\\.)?(key)$`, the first key in order that matches wins). The module name is
+  `module_names[path]` when `module_names` (`{param path: module name}`, e.g. Hugging Face's) is
+  given, else the parameter's path less its last segment (`layers.0.fc1` for `layers.0.fc1.weight`).
 """
 from __future__ import annotations
 
+import math
 import numbers
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +66,8 @@ from .nf4 import DEFAULT_BLOCK_SIZE, DoubleQuantized, NF4Packed, quantize_nf4
 from .param import Param
 from .reparam import Reparameterization, Reparameterizer, apply_reparameterization
 
-__all__ = ["Lora", "LoraAdapter", "LoraPreview", "NF4Weight", "QLora", "QLoraAdapter", "apply_lora", "apply_qlora"]
+__all__ = ["DoraAdapter", "Lora", "LoraAdapter", "LoraPreview", "NF4Weight", "QLora", "QLoraAdapter", "RsLoraAdapter",
+           "apply_lora", "apply_qlora", "pattern_key"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,39 @@ class LoraAdapter(Reparameterization):
         if tuple(delta.shape) != tuple(base.shape):
             delta = delta.reshape(base.shape)
         return base + delta
+
+
+class RsLoraAdapter(LoraAdapter):
+    """Rank-stabilized LoRA: a `LoraAdapter` whose `scale` is `alpha / sqrt(rank)` (the class says
+    so in displays and to `save_peft_adapter`, which writes `use_rslora`)."""
+
+    NAME = "lora"
+
+
+class DoraAdapter(LoraAdapter):
+    """DoRA: low-rank factors plus a trainable magnitude per output column (see this file's doc).
+
+    The value is `(W + scale * a @ b) * (magnitude / norm)` with `norm` the column norms (over
+    axis 0) of `W + scale * a @ b`, detached, as peft computes it."""
+
+    NAME = "lora"
+
+    def __init__(self, a: Param, b: Param, scale: float, magnitude: Param, rslora: bool = False):
+        super().__init__(a, b, scale)
+        self.magnitude = magnitude
+        self.rslora = bool(rslora)  # whether `scale` is alpha / sqrt(rank)
+
+    def apply(self, base: Tensor) -> Tensor:
+        if base.rank != 2:
+            raise ValueError(f"DoraAdapter.apply: expected a rank-2 weight, found dims {list(base.shape)}")
+        w = super().apply(base)
+        d_out = int(base.shape[1])
+        m = self.magnitude.val()
+        if tuple(m.shape) != (d_out,):
+            raise ValueError(f"DoraAdapter.apply: the magnitude has dims {list(m.shape)}, the weight {list(base.shape)} "
+                             f"needs [{d_out}]")
+        norm = w.detach().square().sum_dim(0).sqrt()  # [1, d_out], a constant
+        return w * (m.reshape(1, d_out) / norm)
 
 
 class NF4Weight(Module):
@@ -184,8 +235,47 @@ def _check_group(group) -> ParamGroup:
     return group
 
 
+def _check_pattern(name: str, pattern, value_ok) -> dict:
+    if pattern is None:
+        return {}
+    if not isinstance(pattern, dict):
+        raise ValueError(f"Lora: {name} must be a dict {{module pattern: value}}, got {type(pattern).__name__}")
+    out = {}
+    for key, value in pattern.items():
+        if not isinstance(key, str):
+            raise ValueError(f"Lora: {name} keys must be module name patterns (text), got {key!r}")
+        try:
+            re.compile(rf"(.*\.)?({key})$")
+        except re.error as exc:
+            raise ValueError(f"Lora: {name} key {key!r} is not a valid regex: {exc}") from None
+        if not value_ok(value):
+            raise ValueError(f"Lora: {name}[{key!r}] must be a positive {'integer' if name == 'rank_pattern' else 'number'}, "
+                             f"got {value!r}")
+        out[key] = int(value) if name == "rank_pattern" else float(value)
+    return out
+
+
+def _positive_int(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, numbers.Integral) and v > 0
+
+
+def _number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, numbers.Real)
+
+
+def pattern_key(patterns, module_name: str):
+    """The first key of `patterns` that matches `module_name` as peft's `get_pattern_key` matches
+    (`re.match(rf"(.*\.)?({key})$", name)`), or None."""
+    for key in patterns:
+        if re.match(rf"(.*\.)?({key})$", module_name):
+            return key
+    return None
+
+
 class Lora(Reparameterizer):
     """LoRA (see this file's doc). `Lora(8, 16.0)`; `set_param_group(group)`, `set_dtype(dtype)`.
+    Variants: `Lora(8, 16.0, use_rslora=True)`, `Lora(8, 16.0, use_dora=True)`,
+    `Lora(8, 16.0, rank_pattern={"o_proj": 4}, alpha_pattern={"o_proj": 8.0})`.
 
     The base is frozen structurally, running state included: the training flags of modules
     that own running state (BatchNorm) are frozen too, so they normalize with their saved
@@ -195,7 +285,9 @@ class Lora(Reparameterizer):
     FREEZES_RUNNING_STATE = True
 
     def __init__(self, rank: int, alpha: float, init_std: float | None = None,
-                 param_group: ParamGroup | None = None, dtype=None):
+                 param_group: ParamGroup | None = None, dtype=None, *, use_rslora: bool = False,
+                 use_dora: bool = False, rank_pattern: dict | None = None, alpha_pattern: dict | None = None,
+                 module_names: dict | None = None):
         if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank <= 0:
             raise ValueError(f"Lora: rank must be a positive integer, got {rank!r}")
         if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
@@ -208,20 +300,66 @@ class Lora(Reparameterizer):
         self.init_std = None if init_std is None else float(init_std)
         self.param_group = ParamGroup.all() if param_group is None else _check_group(param_group)
         self.dtype = dtype
+        self.use_rslora = bool(use_rslora)
+        self.use_dora = bool(use_dora)
+        self.rank_pattern = _check_pattern("rank_pattern", rank_pattern, _positive_int)
+        self.alpha_pattern = _check_pattern("alpha_pattern", alpha_pattern, _number)
+        if module_names is not None and not isinstance(module_names, dict):
+            raise ValueError(f"Lora: module_names must be a dict {{param path: module name}}, got "
+                             f"{type(module_names).__name__}")
+        self.module_names = None if module_names is None else dict(module_names)
+
+    def _replace(self, **changes) -> "Lora":
+        kw = dict(init_std=self.init_std, param_group=self.param_group, dtype=self.dtype, use_rslora=self.use_rslora,
+                  use_dora=self.use_dora, rank_pattern=self.rank_pattern or None,
+                  alpha_pattern=self.alpha_pattern or None, module_names=self.module_names)
+        kw.update(changes)
+        return Lora(self.rank, self.alpha, **kw)
 
     @property
     def scale(self) -> float:
-        return self.alpha / self.rank
+        """The scale of a parameter no pattern covers: `alpha / rank` (rsLoRA: `alpha / sqrt(rank)`)."""
+        return self._scale(self.rank, self.alpha)
+
+    def _scale(self, rank: int, alpha: float) -> float:
+        return alpha / math.sqrt(rank) if self.use_rslora else alpha / rank
+
+    def module_name(self, path: str) -> str:
+        """The name the patterns match for the parameter at `path` (see this file's doc)."""
+        if self.module_names is not None and path in self.module_names:
+            return self.module_names[path]
+        return path.rpartition(".")[0]
+
+    def rank_for(self, path: str) -> int:
+        key = pattern_key(self.rank_pattern, self.module_name(path)) if self.rank_pattern else None
+        return self.rank if key is None else self.rank_pattern[key]
+
+    def alpha_for(self, path: str) -> float:
+        key = pattern_key(self.alpha_pattern, self.module_name(path)) if self.alpha_pattern else None
+        return self.alpha if key is None else self.alpha_pattern[key]
+
+    def scale_for(self, path: str) -> float:
+        """The scale of the adapter of the parameter at `path`, patterns and rsLoRA applied."""
+        return self._scale(self.rank_for(path), self.alpha_for(path))
 
     def set_param_group(self, group: ParamGroup) -> "Lora":
-        return Lora(self.rank, self.alpha, self.init_std, _check_group(group), self.dtype)
+        return self._replace(param_group=_check_group(group))
 
     def set_dtype(self, dtype) -> "Lora":
-        return Lora(self.rank, self.alpha, self.init_std, self.param_group, dtype)
+        return self._replace(dtype=dtype)
 
     def __repr__(self) -> str:
+        extra = ""
+        if self.use_rslora:
+            extra += ", use_rslora=True"
+        if self.use_dora:
+            extra += ", use_dora=True"
+        if self.rank_pattern:
+            extra += f", rank_pattern={self.rank_pattern!r}"
+        if self.alpha_pattern:
+            extra += f", alpha_pattern={self.alpha_pattern!r}"
         return (f"Lora(rank={self.rank}, alpha={self.alpha}, init_std={self.init_std}, "
-                f"param_group={self.param_group!r})")
+                f"param_group={self.param_group!r}{extra})")
 
     def adapts(self, path: str, param: Param) -> bool:
         """Whether the parameter at `path` gets an adapter: rank 2 and in the group."""
@@ -234,10 +372,12 @@ class Lora(Reparameterizer):
             return param.base().dtype
         return param.lazy_device().default_float_dtype
 
-    def factor_count(self, param: Param) -> int:
-        """How many values the factors `a` and `b` of a rank-2 `param` hold: `rank * (d_in + d_out)`."""
+    def factor_count(self, param: Param, path: str | None = None) -> int:
+        """How many values the factors `a` and `b` of a rank-2 `param` hold: `rank * (d_in + d_out)`
+        (the rank `rank_pattern` gives `path`), plus `d_out` magnitudes with DoRA."""
         d_in, d_out = param.shape
-        return self.rank * (d_in + d_out)
+        rank = self.rank if path is None else self.rank_for(path)
+        return rank * (d_in + d_out) + (d_out if self.use_dora else 0)
 
     def preview(self, params) -> "LoraPreview":
         """What attaching this LoRA would give, without attaching it or reading a value: `params`
@@ -247,26 +387,34 @@ class Lora(Reparameterizer):
 
         params = list(params)
         targets = [(path, p) for path, p in params if p.kind == "float" and self.adapts(path, p)]
-        added = sum(self.factor_count(p) for _, p in targets)
+        added = sum(self.factor_count(p, path) for path, p in targets)
         total = sum(p.numel() for _, p in params) + added
         return LoraPreview(targets, added, TrainableCounts(added, total))
 
-    def factors(self, param: Param) -> tuple[Param, Param]:
+    def factors(self, param: Param, rank: int | None = None) -> tuple[Param, Param]:
         """Fresh trainable `a` ~ N(0, std) `[d_in, rank]` and `b` = 0 `[rank, d_out]` for `param`."""
         d_in, d_out = param.shape
+        rank = self.rank if rank is None else int(rank)
         device = param.lazy_device()
         dtype = self._factor_dtype(param)
-        std = self.init_std if self.init_std is not None else 1.0 / self.rank
-        a = Tensor.random((d_in, self.rank), ("normal", 0.0, std), device=device, dtype=dtype)
-        b = Tensor.zeros((self.rank, d_out), device=device, dtype=dtype)
+        std = self.init_std if self.init_std is not None else 1.0 / rank
+        a = Tensor.random((d_in, rank), ("normal", 0.0, std), device=device, dtype=dtype)
+        b = Tensor.zeros((rank, d_out), device=device, dtype=dtype)
         return Param(a), Param(b)
 
     def reparameterize(self, path: str, param: Param):
         base = param.set_require_grad(False)
         if not self.adapts(path, param):
             return base, None
-        a, b = self.factors(param)
-        adapter = LoraAdapter(a, b, self.scale)
+        a, b = self.factors(param, self.rank_for(path))
+        scale = self.scale_for(path)
+        if self.use_dora:  # the magnitude starts at the base's column norms (b = 0: the value is unchanged)
+            weight = param.base()
+            m = Tensor.from_data(np.linalg.norm(np.asarray(weight.numpy(), dtype=np.float64), axis=0),
+                                 device=weight.device, dtype=self._factor_dtype(param))
+            adapter = DoraAdapter(a, b, scale, Param(m), self.use_rslora)
+        else:
+            adapter = (RsLoraAdapter if self.use_rslora else LoraAdapter)(a, b, scale)
         return base, adapter if param.is_autodiff() else adapter.valid()
 
 
@@ -288,6 +436,8 @@ class QLora(Reparameterizer):
     def __init__(self, lora: Lora, block_size: int = DEFAULT_BLOCK_SIZE, double_quant: bool = True):
         if not isinstance(lora, Lora):
             raise TypeError(f"QLora expects a Lora as its first argument, got {type(lora).__name__}")
+        if lora.use_dora:
+            raise ValueError("QLora: DoRA over an NF4-packed base is not supported; expected a Lora without use_dora")
         if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size <= 0 \
                 or block_size % 2:
             raise ValueError(f"QLora: block_size must be a positive even integer, got {block_size!r}")
@@ -306,8 +456,8 @@ class QLora(Reparameterizer):
         device = weight.device
         nf4 = NF4Weight.from_packed(packed, device)
         lora = self.lora if self.lora.dtype is not None else self.lora.set_dtype(weight.dtype)
-        a, b = lora.factors(param)
-        adapter = QLoraAdapter(a, b, lora.scale, nf4)
+        a, b = lora.factors(param, lora.rank_for(path))
+        adapter = QLoraAdapter(a, b, lora.scale_for(path), nf4)
         dtype = np.dtype(packed.dtype).name
         placeholder = Param.uninitialized(_zeros_placeholder(dtype, packed.shape), device, False, packed.shape,
                                           id=param.id)
