@@ -207,7 +207,13 @@ class ProjectIO:
 
         task_title = f"Loading {Path(path).name}" if checkpoint else \
             f"Replaying {len(replayed)} edit(s) of {Path(project_path).name if project_path else 'the model'}"
-        w.tasks.start(Task(load_and_replay, title=task_title), loaded, failed, kind="open")
+        # the user was asked about the open model before this started; one edited meanwhile is newer
+        # work than the open, so the result is dropped rather than replacing it unasked
+        doc, was, step = self.document, self.document.module, self.document.undo_stack.index()
+        w.tasks.start(Task(load_and_replay, title=task_title), loaded, failed, kind="open",
+                      valid_while=lambda: doc.module is was and doc.undo_stack.index() == step,
+                      dropped=f"{task_title}: the open model was changed meanwhile, so it was kept and "
+                              f"{Path(project_path or path).name} was not opened.")
         return True
 
     def confirm_script(self, path: Path, digest: str) -> bool:

@@ -140,3 +140,20 @@ def test_a_design_that_names_a_python_file_runs_nothing(window, tmp_path):
     assert "unknown node kind" in window.last_message.text()
     assert not window.designer.open_design(bare)
     assert not marker.exists() and window.designer.design.to_dict() == design and window.document.module is None
+
+
+def test_an_edit_made_while_a_project_replays_is_not_replaced_unasked(window, qtbot, tmp_path):
+    """The unsaved-work question comes before the open starts; an edit made while the replay runs
+    in the background is newer work, so the finished replay does not replace it."""
+    many = [{"op": "freeze", "group": {"kind": "regex", "pattern": r"conv\d"}}] * 4000  # a second or two
+    path = _project(tmp_path, {"kind": "example", "name": "burn-mnist"}, many)
+    assert window.open_example("spirals")
+    assert window.projects.open_project(path) and window.running_tasks
+    assert window.group_op("freeze", "")  # an edit while the project replays
+    edited = window.document.module
+    qtbot.waitUntil(lambda: not window.running_tasks, timeout=30_000)
+    assert window.document.module is edited and window.document.project_path is None
+    assert "was not opened" in window.message_label.text()
+    assert window.projects.open_project(path)  # left alone, the same project opens
+    qtbot.waitUntil(lambda: not window.running_tasks, timeout=30_000)
+    assert window.document.project_path == path and len(window.document.base_edits) == 4000
