@@ -10,6 +10,8 @@
   A header line is detected when its cells are not numbers (or forced with `header=True/False`).
   `kind="auto"`: targets that are all non-negative integers become class indices (int64),
   others stay float (one column); `kind="classification"` / `"regression"` force either.
+  Inputs whose cells are all written as whole numbers (`12`, not `12.0`) stay integer (int64,
+  token ids), as in a `.npz`; others are float32.
 
 Every problem raises `DataFileError` naming the file, the line and column where it applies,
 what was expected and what was found.
@@ -198,6 +200,12 @@ def _is_number(text: str) -> bool:
         return False
 
 
+def _is_whole(cell: str, value: float) -> bool:
+    """A cell written as a whole number that float64 holds exactly (`7`, `-3`; not `7.0` or `1e3`)."""
+    digits = cell[1:] if cell[:1] in "+-" else cell
+    return digits.isdigit() and digits.isascii() and abs(value) <= 2 ** 53
+
+
 def load_csv(path, target="last", header: bool | None = None, delimiter: str = ",",
              kind: str = "auto") -> InMemoryDataset:
     p = Path(path)
@@ -238,6 +246,7 @@ def load_csv(path, target="last", header: bool | None = None, delimiter: str = "
         tcol = names.index(target)
 
     values = np.empty((len(data_rows), ncols), dtype=np.float64)
+    whole_inputs = True  # every input cell written as a whole number: the inputs stay int64
     for r, (number, cells) in enumerate(data_rows):
         if len(cells) != ncols:
             source = f"as in the header on line {first_line}" if header else f"as on line {first_line}"
@@ -253,11 +262,15 @@ def load_csv(path, target="last", header: bool | None = None, delimiter: str = "
             if not math.isfinite(v):
                 raise DataFileError(p, f"expected a finite number, found {cell!r}", line=number, column=c + 1)
             values[r, c] = v
+            if whole_inputs and c != tcol and not _is_whole(cell, v):
+                whole_inputs = False
 
     if kind not in ("auto", "classification", "regression"):
         raise ValueError(f"load_csv: kind must be 'auto', 'classification' or 'regression', got {kind!r}")
     y = values[:, tcol]
-    x = np.delete(values, tcol, axis=1).astype(np.float32)
+    # integer inputs stay integer (token ids for a model that starts with an Embedding); the run
+    # casts them to float32 when the model's first layer takes floats (run_spec.fit_file_data)
+    x = np.delete(values, tcol, axis=1).astype(np.int64 if whole_inputs else np.float32)
     labels = np.all(y == np.round(y)) and y.min() >= 0
     if kind == "classification" and not labels:
         bad = int(np.argmax((y != np.round(y)) | (y < 0)))

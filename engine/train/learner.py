@@ -18,10 +18,25 @@ as in Burn, where they live on the autodiff backend: layers apply their training
 model's first such layer would never train. Validation runs `model.valid()` on plain batches.
 
 One step. By default a step is `output = model.forward(inputs)`, then the task's loss
-(`cross_entropy` for classification, `mse_loss` for regression); pass `step=fn(model, batch)`
+(`cross_entropy` for classification, `mse_loss` for regression, `causal_lm_loss` for
+`kind="causal-lm"`: next-token cross entropy over the targets that are not `IGNORE_INDEX`,
+with perplexity, next-token accuracy and tokens/s as its metrics); pass `step=fn(model, batch)`
 returning a `StepOutput` for anything else (several named losses, a custom forward). A loss
 that is NaN or infinite ends the run with a `Failed` event saying which loss, at which epoch
 and step, and its value; the step's update is not applied.
+
+Accumulation, warm-up, clipping (`TrainingConfig`). With `grad_accumulation=N` one optimizer
+step takes N batches (micro-batches): each one's forward and backward run in turn and their
+gradients are summed, each loss weighted by its share of the loss items of the N batches
+(target tokens for causal-lm, whose `IGNORE_INDEX` targets count for nothing; targets
+otherwise), so the gradient is that of the mean over all kept items of the accumulated batch,
+as one big batch would give it (not a mean of per-batch means). A step is then N batches:
+`Started.steps_per_epoch`, `StepLoss` and the schedule count optimizer steps, and the step's
+loss is the accumulated batch's mean. `warmup_steps=W` puts a linear warm-up in front of the
+learning-rate schedule (`optim.linear_warmup`: step k of W uses `peak * k / W`, then the
+schedule from its first step). `max_grad_norm=M` scales all gradients together so that their
+global L2 norm is at most M before each update (`GradientsParams.clip_grad_norm_global`,
+PyTorch's `clip_grad_norm_`; an optimizer's own `grad_clipping` clips per tensor, as Burn).
 
 Finite parameters. A finite loss does not make finite weights: a NaN gradient (say, of
 `sqrt` at 0 behind a zero factor) leaves the loss finite and the updated parameters NaN. At
@@ -65,7 +80,7 @@ from ..tensor import raw
 from ..tensor.device import as_device
 from . import events as ev
 from .data import DataLoader, Dataset
-from .losses import cross_entropy, mse_loss
+from .losses import IGNORE_INDEX, causal_lm_loss, cross_entropy, mse_loss
 from .metrics import LossMetric, Metric, default_metrics
 
 
@@ -83,6 +98,9 @@ class TrainingConfig:
     resume_from: str | None = None
     throughput_interval: float = 1.0  # seconds between Throughput events
     device: object = None
+    grad_accumulation: int = 1  # batches (micro-batches) per optimizer step
+    warmup_steps: int = 0  # a linear learning-rate warm-up over this many optimizer steps, then the schedule
+    max_grad_norm: float | None = None  # clip all gradients together to this global L2 norm; None: no clipping
 
     def __post_init__(self):
         if self.num_epochs < 1:
@@ -91,6 +109,15 @@ class TrainingConfig:
             raise ValueError(f"TrainingConfig: batch_size must be at least 1, got {self.batch_size}")
         if self.keep_checkpoints < 0:
             raise ValueError(f"TrainingConfig: keep_checkpoints must be 0 (keep all) or more, got {self.keep_checkpoints}")
+        if int(self.grad_accumulation) != self.grad_accumulation or self.grad_accumulation < 1:
+            raise ValueError(f"TrainingConfig: grad_accumulation must be a whole number of at least 1, got "
+                             f"{self.grad_accumulation}")
+        if int(self.warmup_steps) != self.warmup_steps or self.warmup_steps < 0:
+            raise ValueError(f"TrainingConfig: warmup_steps must be a whole number of 0 (none) or more, got "
+                             f"{self.warmup_steps}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"TrainingConfig: max_grad_norm must be greater than 0 (or None: no clipping), got "
+                             f"{self.max_grad_norm}")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("TrainingConfig: checkpoint_every is set but checkpoint_dir is not: say where to write")
 
@@ -119,6 +146,14 @@ class TrainingResult:
 
 
 def default_step(kind: str, pad_token: int | None = None):
+    if kind == "causal-lm":
+        def lm_step(model, batch) -> StepOutput:
+            # rows are right-padded: under causal attention no real token attends to a pad, so the
+            # logits at real positions need no attention mask; pad targets are IGNORE_INDEX
+            output = model.forward(batch.inputs)
+            return StepOutput(causal_lm_loss(output, batch.targets), output, batch.targets)
+
+        return lm_step
     loss_fn = cross_entropy if kind == "classification" else mse_loss
 
     def step(model, batch) -> StepOutput:
@@ -157,7 +192,7 @@ class Learner:
         self.valid_step_fn = valid_step or self.step_fn
         self._model_arg = model
         self.optimizer = optimizer
-        self.scheduler = as_scheduler(lr)
+        self.scheduler = as_scheduler(_with_warmup(lr, self.config.warmup_steps))
         self.metric_factory = metrics
         self._listeners = list(listeners)
         self._cond = threading.Condition()
@@ -297,7 +332,9 @@ class Learner:
                 self.state = "failed"
                 self._emit(ev.Failed(epoch, 0, message, None, value, path))
                 return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history, error=message)
-            self._emit(ev.Started(cfg.num_epochs, len(loader), self._start_epoch, cfg.seed))
+            accum = int(cfg.grad_accumulation)
+            steps_per_epoch = -(-len(loader) // accum)
+            self._emit(ev.Started(cfg.num_epochs, steps_per_epoch, self._start_epoch, cfg.seed))
             last_metrics: dict = {}
             from ..optim import GradientsParams
 
@@ -308,34 +345,49 @@ class Learner:
                 t_mark, items_mark, steps_mark = time.perf_counter(), 0, 0
                 step = 0
                 epoch_start_step = self._global_step + 1
-                for step, batch in enumerate(loader, start=1):
+                for step, group in enumerate(_micro_batches(loader, accum), start=1):
                     if self._checkpoint_between_steps(epoch, step - 1):
                         return self._finish_stopped(model, epoch, step - 1, epoch_start_step)
                     lr = self.scheduler.step()
-                    out = self.step_fn(model, batch)
-                    bad = _non_finite(out)
-                    if bad is not None:
-                        name, value = bad
-                        message = (f"the {name} is {value} at epoch {epoch}, step {step} "
-                                   f"(global step {self._global_step + 1}); the run stopped before applying this step")
-                        broken = first_non_finite_param(model)
-                        if broken is not None:
-                            message += (f"; parameter '{broken[0]}' was already {broken[1]} before it (an earlier "
-                                        f"update made it non-finite)")
-                        return self._finish_failed(model, epoch, step, message, name, value)
-                    loss_value = float(out.loss)
-                    grads = GradientsParams.from_grads(out.loss.backward(), model)
+                    counts = [self._loss_items(b) for b in group] if len(group) > 1 else [1]
+                    total = sum(counts)
+                    grads, loss_value, n = None, 0.0, 0
+                    for k, (batch, count) in enumerate(zip(group, counts), start=1):
+                        out = self.step_fn(model, batch)
+                        bad = _non_finite(out)
+                        if bad is not None:
+                            name, value = bad
+                            part = f" (micro-batch {k} of {len(group)})" if len(group) > 1 else ""
+                            message = (f"the {name} is {value} at epoch {epoch}, step {step}{part} "
+                                       f"(global step {self._global_step + 1}); the run stopped before applying "
+                                       f"this step")
+                            broken = first_non_finite_param(model)
+                            if broken is not None:
+                                message += (f"; parameter '{broken[0]}' was already {broken[1]} before it (an "
+                                            f"earlier update made it non-finite)")
+                            return self._finish_failed(model, epoch, step, message, name, value)
+                        part_value = float(out.loss)
+                        if len(group) == 1:
+                            loss, loss_value = out.loss, part_value
+                        else:  # weighted by this batch's share of the accumulated batch's loss items
+                            share = count / total if total else 0.0
+                            loss, loss_value = out.loss * share, loss_value + part_value * share
+                        part_grads = GradientsParams.from_grads(loss.backward(), model)
+                        grads = part_grads if grads is None else _add_grads(grads, part_grads)
+                        n += len(batch)
+                        _update_metrics(metrics, out, batch, part_value)
+                        del out, loss
+                    if cfg.max_grad_norm is not None:
+                        grads.clip_grad_norm_global(cfg.max_grad_norm)
                     model = self.optimizer.step(lr, model, grads)
                     self._global_step += 1
                     self._step_losses.append(loss_value)
-                    n = len(batch)
-                    _update_metrics(metrics, out, batch, loss_value)
-                    self._emit(ev.StepLoss(epoch, step, len(loader), self._global_step, loss_value))
+                    self._emit(ev.StepLoss(epoch, step, steps_per_epoch, self._global_step, loss_value))
                     self._emit(ev.LearningRate(epoch, step, self._global_step, float(lr)))
                     items_mark += n
                     steps_mark += 1
                     now = time.perf_counter()
-                    if now - t_mark >= cfg.throughput_interval or step == len(loader):
+                    if now - t_mark >= cfg.throughput_interval or step == steps_per_epoch:
                         dt = max(now - t_mark, 1e-9)
                         self._emit(ev.Throughput(epoch, self._global_step, items_mark / dt, steps_mark / dt))
                         t_mark, items_mark, steps_mark = now, 0, 0
@@ -375,6 +427,14 @@ class Learner:
             self._emit(ev.Failed(epoch, step, message))
             return TrainingResult("failed", model, epoch - 1, self._step_losses, self._history,
                                   error=message + "\n" + traceback.format_exc())
+
+    def _loss_items(self, batch) -> int:
+        """What a batch's loss is the mean over: target tokens not IGNORE_INDEX (causal-lm), else
+        its targets' entries (items, positions of a sequence, outputs of a regression)."""
+        y = raw.array(batch.targets)
+        if self.kind == "causal-lm":
+            return int((y != IGNORE_INDEX).sum())
+        return int(y.size)
 
     def _validate(self, model, loader, epoch):
         metrics = self._new_metrics()
@@ -447,6 +507,44 @@ def _update_metrics(metrics, out: StepOutput, batch, loss_value: float) -> None:
         if out.output is None and not isinstance(m, LossMetric):
             continue  # a step that reports only its loss feeds only the loss metric
         m.update(out.output, targets, loss_value)
+
+
+def _micro_batches(loader, n: int):
+    """The loader's batches in groups of `n` (the last group may be smaller)."""
+    group = []
+    for batch in loader:
+        group.append(batch)
+        if len(group) == n:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _add_grads(into, more):
+    """Sum two `GradientsParams` (into `into`)."""
+    for pid in more.ids():
+        g = more.get(pid)
+        have = into.get(pid)
+        if have is None:
+            into.register(pid, g)
+        else:
+            into.register(pid, raw.wrap(raw.array(have) + raw.array(g), have.device))
+    return into
+
+
+def _with_warmup(lr, warmup_steps: int):
+    """The learning rate (a float, a scheduler or a config) behind a linear warm-up, when asked."""
+    if not warmup_steps:
+        return lr
+    from ..optim.lr_scheduler import linear_warmup
+
+    peak = float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else (
+        getattr(lr, "initial_lr", None) or getattr(lr, "lr", None))
+    if peak is None:
+        raise ValueError(f"warmup_steps: the schedule {type(lr).__name__} has no initial learning rate to warm up "
+                         f"to (it may warm up itself, as Noam does): set warmup_steps to 0")
+    return linear_warmup(lr, int(warmup_steps), peak_lr=float(peak))
 
 
 def _is_factory(m) -> bool:

@@ -7,6 +7,10 @@
   `CrossEntropyLoss` uses too), whose backward rule is `(softmax - one_hot) / n`: one node
   per step instead of four.
 - `mse_loss(output, targets)`: mean of squared differences (targets as a constant).
+- `causal_lm_loss(logits, targets)`: next-token cross entropy, logits `[batch, seq, vocab]`,
+  targets `[batch, seq]` (already shifted, `engine.train.text`); targets equal to
+  `IGNORE_INDEX` (-100: pads, prompt tokens) count for nothing, the mean is over the others
+  (`nn.CrossEntropyLoss(pad_tokens=[-100])`'s semantics; no kept target: 0).
 
 `engine.nn` has Burn's loss modules (CrossEntropyLoss, MseLoss, ...); a training step may use
 those instead. These are what the loop uses when the step is left to it.
@@ -16,6 +20,8 @@ from __future__ import annotations
 from ..nn._ops import first_bad_target, softmax_cross_entropy
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, record
+
+IGNORE_INDEX = -100  # a target that counts for nothing (PyTorch's ignore_index default)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, pad_token: int | None = None) -> Tensor:
@@ -65,3 +71,14 @@ def mse_loss(output: Tensor, targets: Tensor) -> Tensor:
         return (diff * (g * (2.0 / max(n, 1))).astype(diff.dtype),)
 
     return record(out, output.device, (output,), rule, "mse_loss")
+
+
+def causal_lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean next-token cross entropy over the targets that are not `IGNORE_INDEX`."""
+    return cross_entropy(logits, targets, IGNORE_INDEX)
+
+
+def kept_targets(targets) -> int:
+    """How many targets a causal-LM loss counts (those not `IGNORE_INDEX`)."""
+    y = array(targets) if isinstance(targets, Tensor) else targets
+    return int((y != IGNORE_INDEX).sum())

@@ -6,13 +6,25 @@ loss)` once per batch, then `value()`. `output` is the model's output tensor (lo
 batch's targets, `loss` the batch's loss as a float. Averages are weighted by the number of
 items (positions, for sequences), so an epoch's value does not depend on the batch size.
 
+Causal-LM metrics (the `"causal-lm"` kind's defaults) count target tokens, the targets that
+are not `IGNORE_INDEX` (-100: pads, prompt tokens): `TokenLossMetric` ("loss", the mean loss
+per target token of the epoch, so the value does not depend on how tokens fall into batches),
+`PerplexityMetric` ("perplexity", exp of that mean), `AccuracyMetric(pad_token=-100)`
+(next-token accuracy) and `TokensPerSecondMetric` ("tokens_per_second": target tokens per
+second from the metric's reset, i.e. the epoch's start, to when its value is read).
+
 User metrics: subclass `Metric`, or wrap a function with
 `CustomMetric(name, fn)` where `fn(output: np.ndarray, targets: np.ndarray) -> float` gives
 the batch's mean (weighted by batch size), or `-> (total, count)`.
 """
 from __future__ import annotations
 
+import math
+import time
+
 import numpy as np
+
+from .losses import IGNORE_INDEX
 
 
 def _host(t) -> np.ndarray:
@@ -132,8 +144,55 @@ class CustomMetric(Metric):
             self.count += n
 
 
+def _kept(targets) -> int:
+    return int((_host(targets) != IGNORE_INDEX).sum())
+
+
+class TokenLossMetric(LossMetric):
+    """The mean loss per target token (targets not `IGNORE_INDEX`), weighted by tokens."""
+
+    def update(self, output, targets, loss=None) -> None:
+        if loss is None or targets is None:
+            return
+        n = _kept(targets)
+        self.total += float(loss) * n
+        self.count += n
+
+
+class PerplexityMetric(TokenLossMetric):
+    """exp(mean loss per target token)."""
+
+    name = "perplexity"
+
+    def value(self) -> float:
+        if not self.count:
+            return float("nan")
+        mean = self.total / self.count
+        return math.exp(mean) if mean < 700 else float("inf")
+
+
+class TokensPerSecondMetric(Metric):
+    """Target tokens per second of wall time since `reset()`."""
+
+    name = "tokens_per_second"
+
+    def reset(self) -> None:
+        super().reset()
+        self.started = time.perf_counter()
+
+    def update(self, output, targets, loss=None) -> None:
+        if targets is not None:
+            self.count += _kept(targets)
+
+    def value(self) -> float:
+        return self.count / max(time.perf_counter() - self.started, 1e-9)
+
+
 def default_metrics(kind: str) -> list[Metric]:
-    """Loss, plus accuracy for classification."""
+    """Loss, plus accuracy for classification; for causal-lm the token loss, perplexity,
+    next-token accuracy and tokens per second."""
+    if kind == "causal-lm":
+        return [TokenLossMetric(), PerplexityMetric(), AccuracyMetric(IGNORE_INDEX), TokensPerSecondMetric()]
     if kind == "classification":
         return [LossMetric(), AccuracyMetric()]
     return [LossMetric()]

@@ -24,6 +24,7 @@ from .losses import cross_entropy, mse_loss
 from .tasks import TASKS, build_task
 
 FILE_TASK = "file"
+CAUSAL_LM_TASK = "causal-lm"  # next-token prediction on a text file, tokenized by a folder's tokenizer
 LOSSES = ("auto", "cross-entropy", "mse")
 KINDS = ("auto", "classification", "regression")
 MAX_INFERRED_CLASSES = 100  # integer targets with more distinct values are read as numbers (regression)
@@ -38,15 +39,24 @@ class DataSettings:
     valid_fraction: float = 0.2  # of a file's items, held out for validation
     loss: str = "auto"  # auto: cross-entropy for class targets, mse otherwise
     kind: str = "auto"  # a file's targets: classification, regression, or inferred (auto)
+    # causal-lm: `file` is a .txt / .jsonl file (or a folder of them), tokenized with `tokenizer`
+    tokenizer: str = ""  # a folder with tokenizer.json (the model's folder)
+    block_size: int = 128  # positions per row
+    packing: bool = True  # documents joined with eos and cut into blocks; False: one padded row each
+    per_line: bool = True  # a .txt file: one document per line (False: the whole file is one)
+    truncate: bool = False  # padding: cut a document longer than the block size (False: refuse it)
 
     def __post_init__(self):
-        choices = (*TASKS, FILE_TASK)
+        choices = (*TASKS, FILE_TASK, CAUSAL_LM_TASK)
         if self.task not in choices:
             raise ValueError(f"task: expected one of {list(choices)}, found {self.task!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss: expected one of {list(LOSSES)}, found {self.loss!r}")
         if self.kind not in KINDS:
             raise ValueError(f"kind: expected one of {list(KINDS)}, found {self.kind!r}")
+        if self.task == CAUSAL_LM_TASK:
+            self._check_text()
+            return
         if self.task != FILE_TASK and self.file.strip():
             # never train on data the user did not choose: a typed file with a built-in task is ambiguous
             raise ValueError(f"file: a data file is given but the built-in data {self.task!r} is chosen: choose "
@@ -61,6 +71,28 @@ class DataSettings:
                 raise ValueError(f"file: {p} does not exist")
             if not 0.0 < self.valid_fraction < 1.0:
                 raise ValueError(f"valid_fraction: expected a fraction between 0 and 1, found {self.valid_fraction}")
+
+
+    def _check_text(self) -> None:
+        if not self.file:
+            raise ValueError("file: the task is 'causal-lm': give a .txt or .jsonl file (or a folder of them)")
+        p = Path(self.file).expanduser()
+        if not p.exists():
+            raise ValueError(f"file: {p} does not exist")
+        if p.is_file() and p.suffix.lower() not in (".txt", ".jsonl"):
+            raise ValueError(f"file: expected a .txt or .jsonl file for causal-lm, found {p.name!r}")
+        if not self.tokenizer:
+            raise ValueError("tokenizer: the task is 'causal-lm': give the folder holding tokenizer.json")
+        t = Path(self.tokenizer).expanduser()
+        if not (t.is_file() or (t / "tokenizer.json").is_file()):
+            raise ValueError(f"tokenizer: expected a folder holding tokenizer.json, found no {t / 'tokenizer.json'}")
+        if isinstance(self.block_size, bool) or int(self.block_size) != self.block_size or self.block_size < 1:
+            raise ValueError(f"block_size: expected a positive whole number of positions, found {self.block_size!r}")
+        if self.loss != "auto" or self.kind != "auto":
+            raise ValueError(f"loss / kind: causal-lm trains with its own next-token loss: expected 'auto', found "
+                             f"{self.loss!r} / {self.kind!r}")
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ValueError(f"valid_fraction: expected a fraction between 0 and 1, found {self.valid_fraction}")
 
 
 @dataclass
@@ -118,12 +150,25 @@ class RunSpec:
 
     def describe(self) -> str:
         lr = getattr(self.schedule_config, "lr", None) or getattr(self.schedule_config, "initial_lr", None)
-        task = Path(self.data.file).name if self.data.task == FILE_TASK else self.data.task
+        task = Path(self.data.file).name if self.data.task in (FILE_TASK, CAUSAL_LM_TASK) else self.data.task
         return f"{task} · {self.optimizer}" + (f" lr {lr:g}" if lr else f" {self.schedule}")
 
 
-def make_data(settings: DataSettings, seed: int):
-    """(train, valid, kind, description) for the data settings."""
+def make_data(settings: DataSettings, seed: int, model=None):
+    """(train, valid, kind, description) for the data settings. For causal-lm, `model` (when
+    given) sets the limits the text is checked against: its vocabulary and positions."""
+    if settings.task == CAUSAL_LM_TASK:
+        from .text import load_text_data, load_tokenizer, model_limits
+
+        path = Path(settings.file).expanduser()
+        vocab, positions = model_limits(model) if model is not None else (None, None)
+        data = load_text_data(path, load_tokenizer(settings.tokenizer), int(settings.block_size),
+                              packing=settings.packing, per_line=settings.per_line, truncate=settings.truncate,
+                              vocab_size=vocab, max_positions=positions)
+        if len(data) < 2:
+            return data, None, CAUSAL_LM_TASK, path.name
+        train, valid = data.split(1.0 - settings.valid_fraction, seed=seed)
+        return train, valid, CAUSAL_LM_TASK, path.name
     if settings.task == FILE_TASK:
         path = Path(settings.file).expanduser()
         options = {"kind": settings.kind} if path.suffix.lower() in (".csv", ".tsv", ".txt") else {}
