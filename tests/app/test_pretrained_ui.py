@@ -336,3 +336,28 @@ def test_module_names_follow_their_parameters(name, expected):
     names = hugging_face_names(load_pretrained(ROOT / "tests" / "fixtures" / "hf" / name))
     for path, hf in expected.items():
         assert names.get(path) == hf, (path, names.get(path))
+
+
+def test_export_never_writes_into_the_source_folder_and_asks_before_replacing_a_model(window, qtbot, folders,
+                                                                                      tmp_path, monkeypatch):
+    import app.prompts as prompts
+    import app.pretrained_actions as pretrained_actions
+
+    open_through_menu(qtbot, window, folders)
+    before = {p.name: p.stat().st_mtime_ns for p in LLAMA.iterdir()}
+    assert window.pretrained.export_folder(LLAMA) is None
+    assert "reads its weights from" in window.last_message.text()
+    assert {p.name: p.stat().st_mtime_ns for p in LLAMA.iterdir()} == before
+    out = tmp_path / "out"
+    assert window.pretrained.export_folder(out) is not None
+    wait_idle(qtbot, window)
+    written = (out / "model.safetensors").stat().st_mtime_ns
+    asked = []
+    monkeypatch.setattr(pretrained_actions, "ask_question", lambda *a: asked.append(a[2]) or prompts.Button.Cancel)
+    assert window.pretrained.export_folder(out) is None  # Cancel: nothing written
+    assert asked and "already holds a model" in asked[0]
+    assert (out / "model.safetensors").stat().st_mtime_ns == written
+    monkeypatch.setattr(pretrained_actions, "ask_question", lambda *a: prompts.Button.Yes)
+    assert window.pretrained.export_folder(out) is not None
+    wait_idle(qtbot, window)
+    np.testing.assert_allclose(logits(from_pretrained(out)), logits(window.document.module), rtol=0, atol=1e-6)
