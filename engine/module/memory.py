@@ -3,7 +3,8 @@
 Each estimate is a walk of the parameter tree that reads shapes, dtypes, devices and whether a
 value exists, never a value: on a lazy 7 B model it allocates nothing and takes milliseconds.
 
-- `estimate_lora(module, lora)`: `Lora` allocates its factors `a` and `b`; `QLora` also
+- `estimate_lora(module, lora)`: `Lora` allocates its factors `a` and `b` (DoRA also its
+  magnitudes, from the bases' column norms: lazy bases are initialized); `QLora` also
   initializes every lazy base it packs (the dense weight: the lazy state is shared, so the
   original model keeps it), the NF4 codes and scales, and, for the largest weight, the
   quantizer's working arrays (about five float32 copies of it, measured).
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .lora import QLora
 from .param import Param
 from .reparam import iter_param_slots
 from .tree import FieldKind, walk
@@ -193,17 +195,21 @@ def _lora_targets(module, lora) -> list[tuple[str, Param]]:
 # ---- the estimates -----------------------------------------------------------------------------
 def estimate_lora(module, lora) -> MemoryEstimate:
     """What `module.apply_lora(lora)` or, for a `QLora`, `module.apply_qlora(lora)` allocates."""
-    qlora = getattr(lora, "lora", None) is not None and hasattr(lora, "block_size")
+    qlora = isinstance(lora, QLora)
     base_lora = lora.lora if qlora else lora
     targets = _lora_targets(module, base_lora)
-    factors = sum(base_lora.factor_count(p) * _float_itemsize(p, base_lora.dtype) for _, p in targets)
+    rank_for = getattr(base_lora, "rank_for", lambda _path: base_lora.rank)
+    factors = sum(base_lora.factor_count(p, path) * _float_itemsize(p, base_lora.dtype) for path, p in targets)
     # the random draw of the largest `a` factor, in float64, before its cast
-    draw = 8 * max((p.shape[0] * base_lora.rank for _, p in targets), default=0)
-    if not qlora:
-        return MemoryEstimate("LoRA", {"LoRA factors": factors, "random-draw working arrays": draw})
+    draw = 8 * max((p.shape[0] * rank_for(path) for path, p in targets), default=0)
     dense = sum(param_bytes(p) for _, p in targets if not p.is_initialized())
-    nf4 = sum(_nf4_bytes(p.numel(), lora.block_size, lora.double_quant) for _, p in targets)
     largest = max((p.numel() for _, p in targets), default=0)
+    if not qlora:
+        if getattr(base_lora, "use_dora", False):  # the magnitudes start at the bases' column norms
+            return MemoryEstimate("DoRA", {"dense bases to initialize": dense, "LoRA factors": factors,
+                                           "column-norm working arrays": 8 * largest + draw})
+        return MemoryEstimate("LoRA", {"LoRA factors": factors, "random-draw working arrays": draw})
+    nf4 = sum(_nf4_bytes(p.numel(), lora.block_size, lora.double_quant) for _, p in targets)
     return MemoryEstimate("QLoRA", {
         "dense bases to initialize": dense,
         "NF4 weights": nf4,

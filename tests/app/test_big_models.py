@@ -188,3 +188,23 @@ def test_a_fork_of_initialized_weights_that_would_not_fit_is_refused(window, qtb
            "available; refused" in errors[0][1], errors
     assert window.document.module is before and window.document.undo_stack.count() == 0
     assert _allocated(before) == 1
+
+
+def test_an_edit_that_fits_shows_its_estimate_while_it_runs(window, qtbot, monkeypatch):
+    from app.core import edits
+
+    monkeypatch.setattr(edits, "HEAVY_EDIT_BYTES", 1000)  # the small model counts as big: a worker runs it
+    monkeypatch.setattr(memory, "available_memory", lambda: 10**12)
+    assert window.open_example("spirals")
+    module = window.document.module
+    for p in module.params():
+        p.val()  # initialized: a fork copies them
+    need = memory.estimate_move(module, "cpu:1").total
+    assert need == 4 * module.num_params()
+    window.device_selector.combo.setCurrentText("cpu:1")
+    window.actions.fork.trigger()
+    assert window.running_tasks
+    assert f"Fork to cpu:1… (Fork needs about {memory.size_text(need)} (copies of initialized parameters " \
+           f"{memory.size_text(need)}))" == window.message_label.text()
+    qtbot.waitUntil(lambda: window.document.module is not module, timeout=10000)
+    assert [str(d) for d in window.document.module.devices()] == ["cpu:1"]

@@ -119,3 +119,20 @@ def test_available_memory_honours_the_address_space_limit():
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     assert limited <= min(free, 1 << 30) + (64 << 20)
     assert limited > (1 << 30) - (256 << 20)
+
+
+def test_the_dora_estimate_counts_the_bases_it_reads():
+    net = Net()
+    dora = Lora(16, 16.0, use_dora=True)
+    estimate = memory.estimate_lora(net, dora)
+    assert estimate.action == "DoRA"
+    assert estimate.parts["dense bases to initialize"] == sum(p.numel() * 4 for p in net.params() if p.rank == 2)
+    _, peak = _peak(lambda: net.apply_lora(dora))
+    assert 0.8 <= peak / estimate.total <= 1.25, (peak, estimate.text())
+
+
+def test_a_rank_pattern_is_counted_per_layer():
+    net = Net()
+    lora = Lora(8, 16.0, rank_pattern={"layers.3": 2})
+    estimate = memory.estimate_lora(net, lora)
+    assert estimate.parts["LoRA factors"] == 4 * (8 * 3 * (512 + 1024) + 2 * (1024 + 300))
