@@ -95,7 +95,13 @@ class PretrainedActions:
             else:
                 w.error("Open pretrained", f"{source.path}: {type(exc).__name__}: {exc}", failure.traceback)
 
-        return w.tasks.start(Task(work, title=f"Opening {path.name}"), loaded, failed, kind="open")
+        # unsaved work was asked about before this started; a model edited meanwhile is newer work
+        # than the open, so the result is dropped rather than replacing it unasked
+        doc, was, step = self.document, self.document.module, self.document.undo_stack.index()
+        return w.tasks.start(Task(work, title=f"Opening {path.name}"), loaded, failed, kind="open",
+                             valid_while=lambda: doc.module is was and doc.undo_stack.index() == step,
+                             dropped=f"Opening {path.name}: the open model was changed meanwhile, so it was kept "
+                                     f"and {path.name} was not opened.")
 
     # ---- drops ------------------------------------------------------------------------------------
     @staticmethod

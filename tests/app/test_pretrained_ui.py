@@ -361,3 +361,13 @@ def test_export_never_writes_into_the_source_folder_and_asks_before_replacing_a_
     assert window.pretrained.export_folder(out) is not None
     wait_idle(qtbot, window)
     np.testing.assert_allclose(logits(from_pretrained(out)), logits(window.document.module), rtol=0, atol=1e-6)
+
+
+def test_a_model_edited_while_the_folder_opens_is_kept(opened, qtbot, folders):
+    folders.append(LLAMA)
+    opened.actions.open_pretrained.trigger()  # the result arrives through the event loop
+    opened.group_op("freeze", "head")  # an edit before it arrives: newer work than the open
+    edited = opened.document.module
+    wait_idle(qtbot, opened)
+    assert opened.document.module is edited and isinstance(opened.document.source, ScriptSource)
+    assert "was not opened" in opened.message_label.text()
