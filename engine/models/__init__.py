@@ -15,6 +15,7 @@ _NAMES = {
     "FAMILIES": "pretrained", "Family": "pretrained", "PretrainedInfo": "pretrained",
     "from_pretrained": "pretrained", "pretrained_info": "pretrained", "pretrained_names": "pretrained",
     "save_pretrained": "pretrained", "supported_architectures": "pretrained",
+    "load_peft_adapter": "peft", "save_peft_adapter": "peft",
 }
 
 __all__ = sorted(_NAMES)
