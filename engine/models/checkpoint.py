@@ -269,9 +269,12 @@ def _open_index(folder: Path, index: Path, opener, sources: list) -> tuple[dict,
     return tensors, files
 
 
-def open_checkpoint(folder) -> Checkpoint:
+def open_checkpoint(folder, check_config=None) -> Checkpoint:
     """Open a Hugging Face checkpoint folder: config.json parsed, the weight files' headers read,
-    every tensor described by a StoredTensor and nothing else read. See the module docstring."""
+    every tensor described by a StoredTensor and nothing else read. See the module docstring.
+
+    `check_config(config)`, when given, runs on the parsed config before any weight file is
+    looked at (from_pretrained names an unsupported architecture before a missing file)."""
     folder = Path(os.fspath(folder)).expanduser()
     if not folder.exists():
         _fail(folder, "no such folder; a Hugging Face checkpoint folder (config.json plus weights) expected")
@@ -291,6 +294,8 @@ def open_checkpoint(folder) -> Checkpoint:
         raise _as_pretrained(exc) from None
     if not isinstance(config, dict):
         _fail(config_path, f"a JSON object expected, found {type(config).__name__}")
+    if check_config is not None:
+        check_config(config)
 
     sources: list[FileSource] = []
     try:

@@ -276,7 +276,7 @@ def from_pretrained(source, device=None, dtype="float32", *, revision=None, toke
     Raises `PretrainedError` (a `RecordError`) naming the file, the tensor and what was expected.
     """
     folder = _resolve(source, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
-    ckpt = open_checkpoint(folder)
+    ckpt = open_checkpoint(folder, check_config=lambda c: _choose_family(c, str(Path(folder) / "config.json")))
     try:
         return _open(ckpt, device, dtype)
     except BaseException:

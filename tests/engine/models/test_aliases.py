@@ -66,3 +66,10 @@ def test_two_spellings_of_one_tensor_are_refused(tmp_path):
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(PretrainedError, match="maps both .*wte.weight"):
         from_pretrained(folder)
+
+
+def test_an_unsupported_architecture_is_named_before_missing_weights(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["MambaForCausalLM"], "model_type": "mamba"}')
+    with pytest.raises(PretrainedError, match="unsupported architecture: found MambaForCausalLM; supported: "
+                                              ".*LlamaForCausalLM.*GPT2LMHeadModel"):
+        from_pretrained(tmp_path)
