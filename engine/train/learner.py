@@ -324,6 +324,12 @@ class Learner:
             if self.valid_set is not None and len(self.valid_set):
                 valid_loader = DataLoader(self.valid_set, cfg.valid_batch_size or cfg.batch_size, shuffle=False,
                                           device=self.device)
+            if self.kind == "causal-lm":  # token ids the model has no embedding for fail here, not mid-epoch
+                from .text import check_fits
+
+                for data in (self.train_set, self.valid_set):
+                    if data is not None and data.arrays() is not None:
+                        check_fits(model, data)
             broken = first_non_finite_param(model)
             if broken is not None:
                 path, value = broken

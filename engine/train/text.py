@@ -51,7 +51,7 @@ from .losses import IGNORE_INDEX
 
 __all__ = [
     "IGNORE_INDEX", "Document", "TextDataError", "TextDataset", "TextTokenizer", "TokenizerError",
-    "load_text_data", "load_tokenizer", "model_limits", "read_documents", "text_data_for_model",
+    "check_fits", "load_text_data", "load_tokenizer", "model_limits", "read_documents", "text_data_for_model",
 ]
 
 MAX_TOKENIZER_BYTES = 512 * 2 ** 20  # a tokenizer.json larger than this is refused before reading
@@ -456,3 +456,29 @@ def text_data_for_model(model, path, tokenizer: TextTokenizer, **options) -> Tex
     options.setdefault("vocab_size", vocab)
     options.setdefault("max_positions", positions)
     return load_text_data(path, tokenizer, **options)
+
+
+def check_fits(model, dataset, name: str | None = None) -> None:
+    """Refuse token rows the model cannot take, before anything trains: an id (input or
+    target) at or past its vocabulary, rows longer than its positions. The `"causal-lm"`
+    kind of the Learner checks its data sets with this (data loaded without the model's
+    limits, by `make_data` without a model, are checked here)."""
+    vocab, positions = model_limits(model)
+    inputs = np.asarray(dataset.inputs)
+    targets = np.asarray(dataset.targets)
+    name = name or getattr(dataset, "name", "the data")
+    if inputs.dtype.kind not in "iu" or targets.dtype.kind not in "iu":
+        raise TextDataError(name, f"expected integer token ids as inputs and targets, found {inputs.dtype} and "
+                                  f"{targets.dtype}")
+    if positions is not None and inputs.ndim == 2 and inputs.shape[1] > positions:
+        raise TextDataError(name, f"rows of {inputs.shape[1]} positions are longer than the model's {positions} "
+                                  f"positions (max_position_embeddings): choose a block size of at most {positions}")
+    if vocab is None:
+        return
+    for what, ids in (("input", inputs), ("target", np.where(targets == IGNORE_INDEX, 0, targets))):
+        if ids.size and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+            bad = np.argwhere((ids >= vocab) | (ids < 0))[0]
+            token = int(ids[tuple(bad)])
+            raise TextDataError(name, f"row {int(bad[0])}, position {int(bad[-1])}: {what} token id {token} is out of "
+                                      f"range for the model's {vocab} token embeddings (expected ids 0..{vocab - 1}): "
+                                      f"the tokenizer does not match the model")

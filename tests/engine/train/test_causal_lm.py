@@ -216,3 +216,46 @@ def test_lora_on_q_v_fine_tunes_the_tiny_llama_until_its_corpus_loss_halves(tmp_
     assert all(np.array_equal(frozen[k], trained[k].val().numpy()) for k in frozen)  # only the adapters moved
     perplexity = result.history[-1]["train"]["perplexity"]
     assert perplexity < math.exp(before)
+
+
+def test_the_learner_refuses_ids_past_the_models_vocabulary_before_any_step(tmp_path):
+    from engine.models.llama import LlamaConfig, LlamaForCausalLM
+    from engine.train.text import load_text_data
+
+    p = tmp_path / "c.txt"
+    p.write_text("the cat sat on the mat.\n")
+    data = load_text_data(p, load_tokenizer(FIXTURE), block_size=8, per_line=True)  # no limits given
+    small = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, max_position_embeddings=16))
+    before = {k: prm.val().numpy().copy() for k, prm in small.named_params()}
+    seen = []
+    result = Learner(small, optim.SgdConfig().init(), lr=1.0, train=data, kind="causal-lm",
+                     config=TrainingConfig(num_epochs=1, batch_size=2), listeners=[seen.append]).run()
+    assert result.status == "failed"
+    failed = next(e for e in seen if isinstance(e, ev.Failed))
+    assert "c.txt: row 0, position 1: input token id 58 is out of range for the model's 40 token embeddings" in \
+        failed.message and "the tokenizer does not match the model" in failed.message
+    assert not any(isinstance(e, ev.StepLoss) for e in seen)
+    assert all(np.array_equal(before[k], prm.val().numpy()) for k, prm in result.model.named_params())
+    long_rows = load_text_data(p, load_tokenizer(FIXTURE), block_size=32, per_line=True)
+    big = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                       num_attention_heads=2, max_position_embeddings=16))
+    result = Learner(big, optim.SgdConfig().init(), lr=1.0, train=long_rows, kind="causal-lm",
+                     config=TrainingConfig(num_epochs=1, batch_size=2)).run()
+    assert result.status == "failed" and "choose a block size of at most 16" in result.error
+
+
+def test_a_resumed_run_continues_the_warm_up(tmp_path):
+    task = build_task("spirals", n_train=16, n_valid=4)
+
+    def run(epochs, resume=None):
+        seen = []
+        cfg = TrainingConfig(num_epochs=epochs, batch_size=4, warmup_steps=6, checkpoint_every=1,
+                             checkpoint_dir=str(tmp_path / "ck"), resume_from=resume)
+        Learner(nn.LinearConfig(2, 2).init(), optim.SgdConfig().init(), lr=0.6, task=task, config=cfg,
+                listeners=[lambda e: seen.append(e.lr) if isinstance(e, ev.LearningRate) else None]).run()
+        return seen
+
+    whole = run(3)
+    np.testing.assert_allclose(whole[:7], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.6], rtol=1e-12)
+    np.testing.assert_allclose(run(3, str(tmp_path / "ck" / "epoch-1")), whole[4:], rtol=1e-12)
