@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import nn
 from ..module import Module, Param, ParamGroup
-from ..module.lora import DoraAdapter, Lora, LoraAdapter, QLoraAdapter, RsLoraAdapter, pattern_key
+from ..module.lora import DoraAdapter, Lora, LoraAdapter, RsLoraAdapter, pattern_key
 from ..module.reparam import Reparameterizer, apply_reparameterization, iter_param_slots
 from ..module.tree import FieldKind, walk
 from ..store import safetensors_io
@@ -143,6 +143,11 @@ def peft_targets(model: Module) -> list[PeftTarget]:
             rule = Rule(wpath, wpath, [Transpose()] if layer == "linear" else [])
         out.append(PeftTarget(wpath, module, layer, rule, p))
     return out
+
+
+def _tied(model) -> bool:
+    """Whether the model's output head is its input embedding, transposed (tie_word_embeddings)."""
+    return bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
 
 
 def _output_head(targets: list[PeftTarget]) -> set[str]:
@@ -379,15 +384,18 @@ def load_peft_adapter(model: Module, folder) -> Module:
                                   f"{config['target_modules']!r}", where=where)
         other = ("lora_A.weight", "lora_B.weight") if kind == "embedding" else ("lora_embedding_A",
                                                                                   "lora_embedding_B")
-        for o in other:
+        for o, mine in zip(other, names):
             if "." + o in parts:
-                raise PretrainedError(f"tensor '{parts['.' + o].name}': '{module}' is an {kind} layer here, expected "
-                                      f"'{PREFIX}{module}.{names[0 if o.endswith('A') or 'A.' in o else 1]}'",
-                                      where=where)
+                raise PretrainedError(f"tensor '{parts['.' + o].name}': '{module}' is an {kind} layer in this "
+                                      f"{model_name}, expected '{PREFIX}{module}.{mine}'", where=where)
         if ta is None or tb is None:
             lost = names[0] if ta is None else names[1]
             raise PretrainedError(f"tensor '{PREFIX}{module}.{lost}' is missing (module '{module}' has only "
                                   f"{', '.join(sorted(x.lstrip('.') for x in parts))})", where=where)
+        if kind == "embedding" and _tied(model):
+            raise PretrainedError(f"tensor '{ta.name}': an embedding LoRA on a model whose output head is tied to "
+                                  f"'{module}' is not supported (peft adapts the input embedding only, Ember's tied "
+                                  f"head would use the adapted weight too)", where=where)
         mag = parts.get(".lora_magnitude_vector")
         if dora and mag is None:
             raise PretrainedError(f"tensor '{PREFIX}{module}.lora_magnitude_vector' is missing: the config has "
@@ -471,6 +479,11 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
             raise PretrainedError(f"'{path}' carries a {type(r).__name__}: a PEFT adapter holds LoRA factors only")
         if path not in targets:
             raise PretrainedError(f"'{path}' is not the weight of a Linear or Embedding layer: peft has no LoRA for it")
+    tied = [p for p in adapters if targets[p].kind == "embedding" and _tied(model)]
+    if tied:
+        raise PretrainedError(f"'{tied[0]}' carries a LoRA, but this {type(model).__name__}'s output head is tied to "
+                              f"it: peft would adapt the input embedding only, so the adapter would not give Ember's "
+                              f"outputs; leave the embedding out of the LoRA group")
     doras = [isinstance(r, DoraAdapter) for r in adapters.values()]
     if any(doras) and not all(doras):
         raise PretrainedError("some adapters are DoRA and some are not: peft's use_dora is one setting for the whole "

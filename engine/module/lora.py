@@ -129,8 +129,8 @@ class DoraAdapter(LoraAdapter):
         d_out = int(base.shape[1])
         m = self.magnitude.val()
         if tuple(m.shape) != (d_out,):
-            raise ValueError(f"DoraAdapter.apply: the magnitude has dims {list(m.shape)}, the weight {list(base.shape)} "
-                             f"needs [{d_out}]")
+            raise ValueError(f"DoraAdapter.apply: the magnitude has dims {list(m.shape)}, the weight "
+                             f"{list(base.shape)} needs [{d_out}]")
         norm = w.detach().square().sum_dim(0).sqrt()  # [1, d_out], a constant
         return w * (m.reshape(1, d_out) / norm)
 
@@ -249,8 +249,8 @@ def _check_pattern(name: str, pattern, value_ok) -> dict:
         except re.error as exc:
             raise ValueError(f"Lora: {name} key {key!r} is not a valid regex: {exc}") from None
         if not value_ok(value):
-            raise ValueError(f"Lora: {name}[{key!r}] must be a positive {'integer' if name == 'rank_pattern' else 'number'}, "
-                             f"got {value!r}")
+            what = "positive integer" if name == "rank_pattern" else "number"
+            raise ValueError(f"Lora: {name}[{key!r}] must be a {what}, got {value!r}")
         out[key] = int(value) if name == "rank_pattern" else float(value)
     return out
 

@@ -296,6 +296,19 @@ def test_tensors_that_do_not_fit_the_config_are_refused(tmp_path):
     assert not _adapters(model)
 
 
+def test_an_embedding_lora_on_a_tied_head_is_refused_both_ways(tmp_path):
+    """peft adapts only the input embedding; Ember's tied head reads the same (adapted) weight."""
+    tied = from_pretrained(HF / "llama-tied")
+    with pytest.raises(PretrainedError, match=r"lora_embedding_A': an embedding LoRA on a model whose output head is "
+                                              r"tied to 'model.embed_tokens'"):
+        load_peft_adapter(tied, PEFT / "llama-embed-regex")
+    gpt2 = from_pretrained(HF / "gpt2")
+    tuned = gpt2.apply_lora(Lora(2, 4.0, param_group=target_group(gpt2, ["wte", "c_fc"])))
+    with pytest.raises(PretrainedError, match="'wte.weight' carries a LoRA, but this GPT2LMHeadModel's output head"):
+        save_peft_adapter(tuned, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
 def test_saving_without_adapters_or_with_mixed_variants_is_refused(tmp_path):
     model = from_pretrained(HF / "llama-gqa")
     with pytest.raises(PretrainedError, match="no LoRA adapters to save"):
@@ -311,7 +324,8 @@ VARIANTS = {
     "lora": ("llama-gqa", dict(target_modules=["q_proj", "v_proj"])),
     "rslora": ("llama-gqa", dict(target_modules="all-linear", use_rslora=True, rank_pattern={"o_proj": 2},
                                  alpha_pattern={"down_proj": 3.0})),
-    "dora": ("llama-gqa", dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"], use_dora=True)),
+    "dora": ("llama-gqa", dict(target_modules=["embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj"],
+                               use_dora=True)),
     # Ember's query / key / value LoRAs differ after training: one block-diagonal c_attn LoRA of rank 12
     "gpt2-dora-c_attn": ("gpt2", dict(target_modules=["c_attn", "c_proj"], use_dora=True)),
 }
