@@ -9,7 +9,8 @@ parameters got initialized (should be none). Then the moves: the 6.7 B model aft
 window's own Fork / Transfer (targets: under 1 s, under 50 MB, no parameter initialized, the
 original in the undo history included). Last, the memory estimate and refusal of QLoRA and
 Materialize on the 6.7 B model posing as a 4 GB machine (target: under 0.3 s, refused, nothing
-initialized).
+initialized). And the shape-only contract check of the 6.7 B model (under 1 s, under 50 MB,
+nothing initialized): the unit tests check what it computes and allocates, not its time.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/gui_open.py
 """
@@ -165,6 +166,37 @@ def measure_refusals(app, window) -> list[dict]:
     return rows
 
 
+def measure_shape_check() -> list[dict]:
+    """The shape-only contract check of the 6.7 B model on its example input (batch 2, 8 tokens):
+    time (best of 3, untraced), the peak of traced allocation in a separate traced run, and the
+    parameters it initialized (target: under 1 s, under 50 MB, none)."""
+    import tracemalloc
+
+    from engine.design.shape_check import check_shapes
+    from engine.module import contracts
+    from resources.examples import build_example, llama_7b
+
+    model = build_example("llama-7b")
+    x = llama_7b.example_input(2)
+    mods = list(model.named_modules())
+    wanted = {p: t for p, t in ((p, contracts.docstring_contract(m)) for p, m in mods) if t}
+    best = float("inf")
+    for _ in range(3):
+        gc.collect()
+        t0 = time.perf_counter()
+        result = check_shapes(model, [x], wanted, mods)
+        best = min(best, time.perf_counter() - t0)
+    tracemalloc.start()
+    try:
+        check_shapes(model, [x], wanted, mods)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    initialized = sum(p.is_initialized() for _, p in model.named_params())
+    return [{"check": "llama-7b shape-only", "s": best, "peak_mb": peak / 1e6, "initialized": initialized,
+             "ok": result.ok and result.shape_only, "contracts": len(wanted)}]
+
+
 def main() -> int:
     from PySide6.QtWidgets import QApplication
 
@@ -216,6 +248,16 @@ def main() -> int:
         print(f"    {r['message']}")
     print("seconds: the action (the dialog's OK for QLoRA) until the refusal is shown: the estimate, a walk "
           "of the tree, and the check against the available memory; init: parameters initialized.")
+    print()
+    print("Shape-only contract check of the 6.7 B model (example input [2, 8] token ids)")
+    print(f"{'check':24} {'seconds':>8} {'target':>7} {'peak MB':>8} {'target':>7} {'init':>5} {'contracts':>9}")
+    for r in measure_shape_check():
+        met = r["s"] < 1.0 and r["peak_mb"] < 50 and r["initialized"] == 0 and r["ok"]
+        ok &= met
+        print(f"{r['check']:24} {r['s']:>8.3f} {'<1':>7} {r['peak_mb']:>8.1f} {'<50':>7} {r['initialized']:>5} "
+              f"{r['contracts']:>9} {'ok' if met else 'NO'}")
+    print("seconds: best of 3 untraced runs; peak MB: tracemalloc's peak in a separate run; init: parameters "
+          "initialized (the check runs no kernel and reads no weight).")
     window.close()
     return 0 if ok else 1
 

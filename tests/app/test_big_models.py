@@ -6,7 +6,6 @@ address-space limit, so a regression that allocates the 7 B model fails instead 
 import contextlib
 import re
 import resource
-import time
 import tracemalloc
 
 import pytest
@@ -28,14 +27,12 @@ def _allocated(model) -> int:
     return sum(p.is_initialized() for _, p in model.named_params())
 
 
-def test_llama_check_is_shape_only_by_default_fast_and_allocates_nothing(window, qtbot):
+def test_llama_check_is_shape_only_by_default_and_allocates_nothing(window, qtbot):
     assert window.open_example("llama-7b")
     ed = window.contract_editor
     assert ed.input.text() == "example"
     assert ed.shapes_only.isChecked()  # parameters not allocated: shapes only is the default
-    t0 = time.perf_counter()
-    _click_check(window, qtbot)
-    elapsed = time.perf_counter() - t0
+    _click_check(window, qtbot)  # its speed is measured by benchmarks/gui_open.py (no timed unit tests)
     tracemalloc.start()  # a second check, measured for memory (tracemalloc slows it down)
     try:
         _click_check(window, qtbot)
@@ -47,7 +44,6 @@ def test_llama_check_is_shape_only_by_default_fast_and_allocates_nothing(window,
     assert r.output_shapes == [(2, 8, 32000)]
     assert "✓ every contract held" in ed.status.text() and "shapes only" in ed.status.text()
     assert _allocated(window.document.module) == 0
-    assert elapsed < 1.0, elapsed
     assert peak < 50e6, peak
 
 
@@ -114,9 +110,7 @@ def test_qlora_on_llama_is_refused_with_its_estimate(window, qtbot, errors, monk
     with address_space_growth_limit(3 << 30):
         assert window.open_example("llama-7b")
         before = window.document.module
-        t0 = time.perf_counter()
-        _attach_qlora_through_the_dialog(window, qtbot)
-        elapsed = time.perf_counter() - t0
+        _attach_qlora_through_the_dialog(window, qtbot)  # timed by benchmarks/gui_open.py
     assert len(errors) == 1, errors
     title, text = errors[0]
     assert title == "Not enough memory"
@@ -127,7 +121,6 @@ def test_qlora_on_llama_is_refused_with_its_estimate(window, qtbot, errors, monk
     assert window.document.module is before and window.document.undo_stack.count() == 0
     assert not window.running_tasks
     assert _allocated(before) == 0
-    assert elapsed < 1.0, elapsed
 
 
 def test_qlora_under_an_address_space_limit_is_refused_with_what_the_limit_leaves(window, qtbot, errors):

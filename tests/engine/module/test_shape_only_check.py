@@ -1,6 +1,5 @@
 """The shape-only contract check (engine.design.shape_check): shapes flow through the module
 boundaries by the layers' shape rules; no layer kernel runs and no parameter is allocated."""
-import time
 import tracemalloc
 
 import pytest
@@ -28,21 +27,19 @@ def _same_flow(shape_only, full):
     assert [(c.path, c.inputs, c.outputs) for c in shape_only.flow] == real
 
 
-def test_llama_7b_shape_only_is_fast_and_allocates_nothing():
+def test_llama_7b_shape_only_allocates_nothing():
+    # its speed (< 1 s) is measured by benchmarks/gui_open.py, not here: no timed unit tests
     model = llama_7b.build()
     x = llama_7b.example_input(2)
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         r = _check(model, [x])
-        elapsed = time.perf_counter() - t0
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert r.ok and r.complete, (r.error, r.not_checked)
     assert r.shape_only
     assert r.output_shapes == [(2, 8, 32000)]
-    assert elapsed < 1.0
     assert peak < 50e6
     assert all(not p.is_initialized() for _, p in model.named_params())
     assert r.nodes["layers.31.mlp.gate_proj"].outputs == [(2, 8, 11008)]
