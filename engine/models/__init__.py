@@ -16,6 +16,7 @@ _NAMES = {
     "from_pretrained": "pretrained", "pretrained_info": "pretrained", "pretrained_names": "pretrained",
     "save_pretrained": "pretrained", "supported_architectures": "pretrained",
     "load_peft_adapter": "peft", "save_peft_adapter": "peft",
+    "generate": "generate",
 }
 
 __all__ = sorted(_NAMES)

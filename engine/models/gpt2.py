@@ -248,11 +248,11 @@ class GPT2Block(Module):
         self.ln_2 = ln_2
         self.mlp = mlp
 
-    def forward(self, x, mask_pad, mask_attn):
+    def forward(self, x, mask_pad, mask_attn, cache=None):
         inp = nn.MhaInput.self_attn(self.ln_1.forward(x)).mask_attn(mask_attn)
         if mask_pad is not None:
             inp = inp.mask_pad(mask_pad)
-        x = x + self.resid_dropout.forward(self.attn.forward(inp).context)
+        x = x + self.resid_dropout.forward(self.attn.forward(inp, cache=cache).context)
         return x + self.mlp.forward(self.ln_2.forward(x))
 
 
@@ -274,25 +274,55 @@ class GPT2LMHeadModel(Module):
     def config(self) -> GPT2Config:
         return self._config
 
-    def hidden_states(self, input_ids, attention_mask=None) -> Tensor:
-        """The last block's output after `ln_f`: `[batch, seq, n_embd]`."""
+    def hidden_states(self, input_ids, attention_mask=None, cache=None) -> Tensor:
+        """The last block's output after `ln_f`: `[batch, seq, n_embd]` (`cache`: see `forward`)."""
         ids = check_ids(input_ids)
         batch, seq = ids.shape
         n_positions = self.wpe.weight.shape[0]
-        if seq > n_positions:
-            raise ValueError(f"input_ids: {seq} tokens, but this GPT-2 has {n_positions} positions (n_positions)")
-        positions = Tensor.arange(seq, device=ids.device).reshape(1, seq)
+        if cache is None:
+            if seq > n_positions:
+                raise ValueError(f"input_ids: {seq} tokens, but this GPT-2 has {n_positions} positions (n_positions)")
+            positions = Tensor.arange(seq, device=ids.device).reshape(1, seq)
+            mask_pad = attention_masks(attention_mask, batch, seq, ids.device)
+            causal = nn.generate_autoregressive_mask(batch, seq, device=ids.device)
+            blocks = [(block, None) for block in self.h]
+        else:
+            cache = list(cache)
+            if len(cache) != len(self.h):
+                raise ValueError(f"cache: expected one nn.KVCache per block ({len(self.h)}), found {len(cache)}")
+            lengths = {c.length for c in cache}
+            if len(lengths) != 1:
+                raise ValueError(f"cache: the blocks' caches hold different lengths {sorted(lengths)}")
+            past = lengths.pop()
+            if past + seq > n_positions:
+                raise ValueError(f"input_ids: {seq} tokens after {past} cached ones, but this GPT-2 has {n_positions} "
+                                 f"positions (n_positions)")
+            mask_pad = attention_masks(attention_mask, batch, past + seq, ids.device)
+            if attention_mask is None:
+                positions = Tensor.arange(past, past + seq, device=ids.device).reshape(1, seq)
+            else:  # transformers' generate: a row's positions count its real tokens (left padding)
+                real = np.asarray(attention_mask.numpy() if isinstance(attention_mask, Tensor) else attention_mask) != 0
+                pos = np.where(real, np.cumsum(real, axis=1) - 1, 0)[:, past:]
+                positions = Tensor.from_data(pos.astype(np.int64), device=ids.device)
+            m = np.triu(np.ones((seq, past + seq), dtype=bool), k=1 + past)
+            causal = Tensor.from_data(np.broadcast_to(m, (batch, seq, past + seq)).copy(), device=ids.device)
+            blocks = list(zip(self.h, cache))
         x = self.drop.forward(self.wte.forward(ids) + self.wpe.forward(positions))
-        mask_pad = attention_masks(attention_mask, batch, seq, ids.device)
-        causal = nn.generate_autoregressive_mask(batch, seq, device=ids.device)
-        for block in self.h:
-            x = block.forward(x, mask_pad, causal)
+        for block, block_cache in blocks:
+            x = block.forward(x, mask_pad, causal, block_cache)
         return self.ln_f.forward(x)
 
-    def forward(self, input_ids, attention_mask=None) -> Tensor:
+    def forward(self, input_ids, attention_mask=None, cache=None) -> Tensor:
         """Logits `[batch, seq, vocab_size]` of int `input_ids` `[batch, seq]`; `attention_mask`
-        `[batch, seq]` (1 = token, 0 = padding) hides padding keys."""
-        x = self.hidden_states(input_ids, attention_mask)
+        `[batch, seq]` (1 = token, 0 = padding) hides padding keys.
+
+        `cache` (optional, generation): a list of `nn.KVCache`, one per block
+        (`nn.KVCache.layers(len(model.h))`), holding the keys and values of the positions fed so
+        far. `input_ids` are then the next positions only, the caches grow by them, and
+        `attention_mask`, when given, covers the cached positions and the new ones
+        (`[batch, cache length + seq]`); with it a row's positions count its real tokens, as
+        transformers' `generate` numbers a left-padded row."""
+        x = self.hidden_states(input_ids, attention_mask, cache)
         if self.lm_head is None:
             return x.matmul(self.wte.weight.val().transpose())
         return self.lm_head.forward(x)

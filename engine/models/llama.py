@@ -291,9 +291,11 @@ class LlamaDecoderLayer(Module):
         self.post_attention_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
         self.mlp = LlamaMlp(config, device)
 
-    def forward(self, x, rotary, mask_pad=None, start: int = 0):
+    def forward(self, x, rotary, mask_pad=None, start: int | None = None, cache=None):
         """Causal self-attention with rotary positions, then the feed-forward block. `mask_pad`
-        (optional, `[batch_size, seq_length]`) is true at padding positions.
+        (optional, `[batch_size, seq_length]`, with a cache `[batch_size, cache length + seq_length]`)
+        is true at padding positions. `cache` (an `nn.KVCache`) holds this layer's earlier keys
+        and values; the new positions start at its length unless `start` says otherwise.
 
         # Shapes
 
@@ -303,7 +305,7 @@ class LlamaDecoderLayer(Module):
         attn_in = nn.MhaInput.self_attn(self.input_layernorm.forward(x))
         if mask_pad is not None:
             attn_in = attn_in.mask_pad(mask_pad)
-        h = x + self.self_attn.forward(attn_in, rotary, start).context
+        h = x + self.self_attn.forward(attn_in, rotary, start, cache).context
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 
@@ -324,9 +326,15 @@ class LlamaForCausalLM(Module):
         """The settings this model was built from."""
         return self._config
 
-    def forward(self, input_ids, attention_mask=None):
+    def forward(self, input_ids, attention_mask=None, cache=None):
         """Next-token logits (causal). `attention_mask` (optional, int or bool `[batch_size, seq_length]`,
         as transformers takes it): 1 for a real token, 0 for padding, whose keys no query attends to.
+
+        `cache` (optional, generation): a list of `nn.KVCache`, one per layer
+        (`nn.KVCache.layers(len(model.layers))`), holding the keys and values of the positions
+        fed so far. `input_ids` are then the next positions only (they start at the caches'
+        length), the caches grow by them, and `attention_mask`, when given, covers the cached
+        positions and the new ones (`[batch_size, cache length + seq_length]`, as transformers).
 
         # Shapes
 
@@ -337,23 +345,45 @@ class LlamaForCausalLM(Module):
             input_ids = Tensor.from_data(input_ids)
         assert_shape(input_ids, [None, None])
         batch_size, seq_length = input_ids.dims()
+        if cache is not None:
+            cache = list(cache)
+        past = _cache_length(cache, len(self.layers))
         window = self.config.sliding_window
-        if window is not None and seq_length > window:
+        if window is not None and past + seq_length > window:
             raise ValueError(f"{type(self).__name__}: sliding-window attention is not implemented: the input's "
-                             f"{seq_length} positions exceed sliding_window {window}")
+                             f"{past + seq_length} positions exceed sliding_window {window}")
         mask_pad = None
         if attention_mask is not None:
             if not isinstance(attention_mask, Tensor):
                 attention_mask = Tensor.from_data(attention_mask, device=input_ids.device)
-            assert_shape(attention_mask, [batch_size, seq_length])
+            assert_shape(attention_mask, [batch_size, past + seq_length])
             mask_pad = attention_mask.equal(0) if attention_mask.kind != "bool" else attention_mask.bool_not()
         x = self.embed_tokens.forward(input_ids)
-        for layer in self.layers:
-            x = layer.forward(x, self.rotary_emb, mask_pad)
+        if cache is None:
+            for layer in self.layers:
+                x = layer.forward(x, self.rotary_emb, mask_pad)
+        else:
+            for layer, layer_cache in zip(self.layers, cache):
+                x = layer.forward(x, self.rotary_emb, mask_pad, past, layer_cache)
         x = self.norm.forward(x)
         if self.lm_head is None:
             return x @ self.embed_tokens.weight.val().transpose()
         return self.lm_head.forward(x)
+
+
+def _cache_length(cache, n_layers: int) -> int:
+    """The positions a model's list of per-layer caches holds (0 without one); the list must
+    have one cache per layer, all of the same length."""
+    if cache is None:
+        return 0
+    cache = list(cache)
+    if len(cache) != n_layers:
+        raise ValueError(f"cache: expected one nn.KVCache per layer ({n_layers}), found {len(cache)}")
+    lengths = {c.length for c in cache}
+    if len(lengths) != 1:
+        raise ValueError(f"cache: the layers' caches hold different lengths {sorted(lengths)} (a cache is used "
+                         f"by one generation at a time)")
+    return lengths.pop()
 
 
 class MistralForCausalLM(LlamaForCausalLM):

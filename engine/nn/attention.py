@@ -3,7 +3,9 @@
 Beyond Burn's layer, `MultiHeadAttentionConfig` takes what decoder families need: grouped-query
 attention (`n_kv_heads`), a head size that is not `d_model / n_heads` (`head_dim`), linear maps
 without bias (`bias`, `output_bias`), a causal mask (`causal`) and a rotary encoding applied to the
-queries and keys of every head (`rotary`, or an `nn.RotaryEncoding` passed to `forward`).
+queries and keys of every head (`rotary`, or an `nn.RotaryEncoding` passed to `forward`), and a
+key/value cache for generation (`KVCache`: the keys and values of earlier calls are kept and
+attended to, never recomputed).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..tensor import Tensor
+from ..tensor import raw
 from ._base import Config, Layer, assert_shape, check_dtype, initializers
 from .activation import Gelu
 from .dropout import DropoutConfig
@@ -18,7 +21,7 @@ from .linear import LinearConfig
 from .pos_encoding import RotaryEncodingConfig
 
 __all__ = [
-    "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput",
+    "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput", "KVCache",
     "generate_autoregressive_mask", "generate_padding_mask",
 ]
 
@@ -71,6 +74,102 @@ class MhaInput:
 
     def mask_attn(self, mask_attn) -> "MhaInput":
         return MhaInput(self.query, self.key, self.value, self.mask_pad_, mask_attn)
+
+
+class KVCache:
+    """The keys and values one self-attention layer has computed so far, for generation.
+
+    `keys` and `values` are `[batch_size, n_kv_heads, length, head_dim]` (after the rotary
+    encoding), `length` the number of positions held. `MultiHeadAttention.forward(..., cache=c)`
+    appends the new positions' keys and values and attends over all of them; the next call
+    starts at position `length`. One cache serves one layer (`KVCache.layers(n)` makes one per
+    layer of a model).
+
+    Outside a graph the keys and values are written into a buffer the cache owns, grown by
+    doubling (or sized once by `capacity`, the most positions it will hold), so a step copies
+    only its own positions. When the inputs take part in a graph (recording, autodiff) the
+    cache concatenates tensors instead, so gradients flow through it.
+    """
+
+    __slots__ = ("_k", "_v", "_dev", "_dt", "length", "capacity")
+
+    def __init__(self, capacity: int | None = None):
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"KVCache: capacity must be a positive int or None, got {capacity!r}")
+        self.capacity = capacity
+        self.reset()
+
+    @staticmethod
+    def layers(n_layers: int, capacity: int | None = None) -> list["KVCache"]:
+        """One empty cache per layer."""
+        return [KVCache(capacity) for _ in range(int(n_layers))]
+
+    def reset(self) -> None:
+        """Forget every position (the buffer is released)."""
+        self._k = self._v = None
+        self._dev = self._dt = None
+        self.length = 0
+
+    @property
+    def keys(self) -> Tensor | None:
+        """`[batch_size, n_kv_heads, length, head_dim]`, or None while empty."""
+        return self._view(self._k)
+
+    @property
+    def values(self) -> Tensor | None:
+        """`[batch_size, n_kv_heads, length, head_dim]`, or None while empty."""
+        return self._view(self._v)
+
+    def _view(self, buf):
+        if buf is None:
+            return None
+        if isinstance(buf, Tensor):
+            return buf
+        return raw.wrap(buf[:, :, :self.length], self._dev)
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the keys and values of new positions (`[batch_size, n_kv_heads, seq_length, head_dim]`
+        each) and return all of them so far."""
+        if key.rank != 4 or tuple(key.shape) != tuple(value.shape):
+            raise ValueError(f"KVCache.append: expected keys and values of the same dims [batch_size, n_kv_heads, "
+                             f"seq_length, head_dim], found {list(key.shape)} and {list(value.shape)}")
+        b, h, s, d = key.shape
+        if self._k is not None:
+            held = self._k.shape
+            if (held[0], held[1], held[3]) != (b, h, d) or key.dtype != self._dt or key.device != self._dev:
+                raise ValueError(
+                    f"KVCache.append: the cache holds keys [batch_size {held[0]}, n_kv_heads {held[1]}, head_dim "
+                    f"{held[3]}] {self._dt} on {self._dev}, the new ones are [{b}, {h}, {d}] {key.dtype} on "
+                    f"{key.device} (one cache per layer and per batch; reset() it for another)")
+        need = self.length + s
+        if raw.tracking(key, value) or isinstance(self._k, Tensor):
+            if self._k is None:
+                self._k, self._v = key, value
+            else:
+                if not isinstance(self._k, Tensor):  # a graph joins a buffered cache: continue with tensors
+                    self._k, self._v = self.keys, self.values
+                self._k, self._v = Tensor.cat([self._k, key], 2), Tensor.cat([self._v, value], 2)
+            self._dev, self._dt = key.device, key.dtype
+            self.length = need
+            return self._k, self._v
+        kd, vd = raw.array(key), raw.array(value)
+        if self._k is None or self._k.shape[2] < need:
+            old = 0 if self._k is None else self._k.shape[2]
+            cap = max(need, 2 * old, self.capacity or 0)
+            xp = key.device.xp
+            k_buf, v_buf = xp.empty((b, h, cap, d), dtype=kd.dtype), xp.empty((b, h, cap, d), dtype=vd.dtype)
+            if self.length:
+                k_buf[:, :, :self.length] = self._k[:, :, :self.length]
+                v_buf[:, :, :self.length] = self._v[:, :, :self.length]
+            self._k, self._v, self._dev, self._dt = k_buf, v_buf, key.device, key.dtype
+        # positions before `length` are never written again: the views handed out stay valid
+        self._k[:, :, self.length:need] = kd
+        self._v[:, :, self.length:need] = vd
+        self.length = need
+        return self.keys, self.values
+
+    def __repr__(self) -> str:
+        return f"KVCache(length {self.length})"
 
 
 class MhaOutput:
@@ -167,13 +266,18 @@ class MultiHeadAttention(Layer):
         self.causal = bool(causal)
         self.rotary = rotary
 
-    def forward(self, input: MhaInput, rotary=None, start: int = 0) -> MhaOutput:
+    def forward(self, input: MhaInput, rotary=None, start: int | None = None, cache: KVCache | None = None) -> MhaOutput:
         """Applies the forward pass on the input tensors.
 
         `rotary` (an `nn.RotaryEncoding` with `d_model` = `d_k`) is used instead of the layer's own;
-        the queries and keys of this call take positions `start .. start + seq_length - 1` (the
-        offset a KV cache gives new tokens). The causal mask aligns the last query with the last
-        key: query `i` sees keys `j <= i + seq_length_2 - seq_length_1`.
+        the queries and keys of this call take positions `start .. start + seq_length - 1` (default:
+        0, or with a cache the number of positions it holds). The causal mask aligns the last query
+        with the last key: query `i` sees keys `j <= i + seq_length_2 - seq_length_1`.
+
+        `cache` (a `KVCache`, self-attention): this call's keys and values are appended to the
+        cache's and the queries attend over all of them, so `seq_length_2` (the masks' last dim)
+        is the cache's length before the call plus this call's key positions; the weights cover
+        every key too.
 
         # Shapes
 
@@ -188,8 +292,12 @@ class MultiHeadAttention(Layer):
         assert_shape(input.query, [None, None, self.d_model])
         batch_size, seq_length_1, d_model = input.query.dims()
         assert_shape(input.key, [batch_size, None, self.d_model])
-        seq_length_2 = input.key.dims()[1]
-        assert_shape(input.value, [batch_size, seq_length_2, self.d_model])
+        seq_new = input.key.dims()[1]
+        assert_shape(input.value, [batch_size, seq_new, self.d_model])
+        past = 0 if cache is None else cache.length
+        if start is None:
+            start = past
+        seq_length_2 = past + seq_new
         if input.mask_pad_ is not None:
             assert_shape(input.mask_pad_, [batch_size, seq_length_2])
         if input.mask_attn_ is not None:
@@ -206,6 +314,8 @@ class MultiHeadAttention(Layer):
         if rope is not None:
             query = rope.apply(query, start)
             key = rope.apply(key, start)
+        if cache is not None:
+            key, value = cache.append(key, value)
         groups = self.n_heads // self.n_kv_heads
         if groups == 1:
             scores = query @ key.transpose()

@@ -1,0 +1,387 @@
+"""Text generation for the causal language models of `engine.models` (the Llama family, GPT-2).
+
+    result = generate(model, tokenizer, "once upon a time", max_new_tokens=32, temperature=0)
+    result.text          # the new text; result.ids: the new token ids
+
+`generate` feeds the prompt once, then one token a step, with a key/value cache per layer
+(`nn.KVCache`): each step computes the new position only and attends to the cached keys and
+values of the earlier ones. It runs on the model's `valid()` form with nothing recorded, so it
+needs no autodiff and can run on a worker thread (recording is per thread).
+
+Choosing a token follows transformers' `generate`: `temperature` 0 is greedy (the first largest
+logit); otherwise the logits are divided by `temperature`, `top_k` keeps the k largest (ties with
+the k-th kept), `top_p` keeps the smallest set of most likely tokens whose probability reaches
+`top_p` (a token goes when the tokens above it already hold `top_p`), and a token is drawn from the
+rest with a NumPy generator seeded by `seed` (the same seed, the same tokens).
+
+A row stops at a stop token (the tokenizer's or the model's eos, and any ids or strings in `stop`)
+or after `max_new_tokens`; a stop string that is not one token stops the row once the new text
+contains it. `stream(...)` gives the tokens as they come (for a panel that shows them) and
+`cancel` (a callable returning true, or a `threading.Event`) ends the generation between steps.
+
+A list of prompts is one left-padded batch with an attention mask; each row gives what it gives
+alone (its positions count its real tokens, as transformers numbers them).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import nn
+from ..autodiff.tape import no_recording
+from ..tensor import Tensor
+
+__all__ = ["generate", "stream", "GenerationResult", "GenerationStream", "GeneratedToken", "warp_logits",
+           "GenerationError"]
+
+
+class GenerationError(ValueError):
+    """Generation settings or a prompt that cannot be used (what was expected, what was found)."""
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """One new token of one row: its `id`, the `text` it adds to the row's decoded text (may be
+    empty while a multi-byte character is incomplete; "" without a tokenizer), the `step` (0 for
+    the first new token) and the batch `row`."""
+
+    row: int
+    step: int
+    id: int
+    text: str
+
+
+@dataclass
+class GenerationResult:
+    """What `generate` made: per row the new token `ids` (a stop token included), the decoded
+    new `texts` (special tokens skipped; None without a tokenizer), the `prompt_ids` (without
+    padding) and why the row ended (`finish_reasons`: "stop", "length" or "cancelled").
+    `text` and `token_ids` are the single row's values for a single prompt (the lists for a
+    batch). `new_tokens` counts the tokens made, `seconds` the time taken."""
+
+    ids: list[list[int]]
+    texts: list[str | None]
+    prompt_ids: list[list[int]]
+    finish_reasons: list[str]
+    batched: bool = False
+    new_tokens: int = 0
+    seconds: float = 0.0
+    tokens_per_second: float = field(init=False, default=0.0)
+
+    def __post_init__(self):
+        self.tokens_per_second = self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def text(self):
+        return self.texts if self.batched else self.texts[0]
+
+    @property
+    def token_ids(self):
+        return self.ids if self.batched else self.ids[0]
+
+    @property
+    def cancelled(self) -> bool:
+        return "cancelled" in self.finish_reasons
+
+
+# ---------------------------------------------------------------------------------- token choice
+def warp_logits(logits, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> np.ndarray:
+    """The logits a token is drawn from (float64, `[..., vocab]`): divided by `temperature`, then
+    every token outside the `top_k` largest (ties with the k-th kept) and outside the `top_p`
+    nucleus set to -inf, in that order, as transformers' `TemperatureLogitsWarper`,
+    `TopKLogitsWarper` and `TopPLogitsWarper` do (at least one token always stays)."""
+    x = np.array(logits, dtype=np.float64)
+    if temperature is not None and temperature != 1.0:
+        x = x / float(temperature)
+    vocab = x.shape[-1]
+    if top_k is not None and top_k < vocab:
+        kth = np.partition(x, vocab - top_k, axis=-1)[..., vocab - top_k:vocab - top_k + 1]
+        x = np.where(x < kth, -np.inf, x)
+    if top_p is not None and top_p < 1.0:
+        # transformers' formulation: ascending order, a token goes while the cumulative probability up
+        # to it is at most 1 - top_p (the tokens above it hold top_p), the most likely one always stays
+        order = np.argsort(x, axis=-1, kind="stable")
+        srt = np.take_along_axis(x, order, axis=-1)
+        p = np.exp(srt - srt[..., -1:])
+        p /= p.sum(axis=-1, keepdims=True)
+        drop_sorted = np.cumsum(p, axis=-1) <= 1.0 - top_p
+        drop_sorted[..., -1] = False
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        x = np.where(drop, -np.inf, x)
+    return x
+
+
+def _draw(logits_row: np.ndarray, rng) -> int:
+    p = np.exp(logits_row - logits_row.max())
+    c = np.cumsum(p)
+    i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
+    return min(i, len(c) - 1)
+
+
+# ---------------------------------------------------------------------------------- model facts
+def _model_facts(model):
+    """(layers, n_positions, eos id or None, vocab size) of a supported causal LM."""
+    if hasattr(model, "layers") and hasattr(model, "rotary_emb"):  # the Llama family
+        cfg = model.config
+        return len(model.layers), int(cfg.max_position_embeddings), None, int(cfg.vocab_size)
+    if hasattr(model, "h") and hasattr(model, "wpe"):  # GPT-2
+        cfg = model.config
+        return len(model.h), int(cfg.n_positions), cfg.eos_token_id, int(cfg.vocab_size)
+    raise GenerationError(f"generate: expected a causal language model of engine.models (the Llama family or GPT-2), "
+                          f"found {type(model).__name__}")
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    out = tokenizer.encode(text)
+    ids = getattr(out, "ids", out)  # a tokenizers.Encoding, or a list of ids
+    return [int(i) for i in ids]
+
+
+def _decode(tokenizer, ids) -> str | None:
+    if tokenizer is None:
+        return None
+    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _token_id(tokenizer, text: str):
+    for obj in (tokenizer, getattr(tokenizer, "tokenizer", None)):
+        fn = getattr(obj, "token_to_id", None)
+        if fn is not None:
+            return fn(text)
+    return None
+
+
+def _prompt_rows(tokenizer, prompt, vocab: int) -> tuple[list[list[int]], bool]:
+    """The prompt's rows of ids and whether it was a batch."""
+    if isinstance(prompt, Tensor):
+        prompt = prompt.numpy()
+    if isinstance(prompt, np.ndarray):
+        if prompt.dtype.kind not in "iu" or prompt.ndim not in (1, 2):
+            raise GenerationError(f"generate: expected a prompt of int token ids [seq] or [batch, seq], found an array "
+                                  f"of {prompt.dtype} dims {list(prompt.shape)}")
+        prompt = prompt.tolist()
+    if isinstance(prompt, str):
+        items, batched = [prompt], False
+    elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (int, np.integer)) for p in prompt):
+        items, batched = [list(prompt)], False
+    elif isinstance(prompt, (list, tuple)) and prompt:
+        items, batched = list(prompt), True
+    else:
+        raise GenerationError(f"generate: the prompt is empty (expected text, a list of texts or token ids, found "
+                              f"{prompt!r})")
+    rows = []
+    for r, item in enumerate(items):
+        where = f"prompt {r}" if batched else "the prompt"
+        if isinstance(item, str):
+            if not item:
+                raise GenerationError(f"generate: {where} is empty text (expected at least one character)")
+            if tokenizer is None:
+                raise GenerationError(f"generate: {where} is text, but no tokenizer was given to encode it")
+            ids = _encode(tokenizer, item)
+        elif isinstance(item, (list, tuple, np.ndarray)):
+            ids = list(item)
+            if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in ids):
+                raise GenerationError(f"generate: {where}: expected int token ids, found {ids!r}")
+            ids = [int(i) for i in ids]
+        else:
+            raise GenerationError(f"generate: {where}: expected text or a list of token ids, found "
+                                  f"{type(item).__name__}")
+        if not ids:
+            raise GenerationError(f"generate: {where} has no tokens (expected at least one)")
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise GenerationError(f"generate: {where} holds token id {bad[0]}, outside the model's vocabulary "
+                                  f"0..{vocab - 1} (a tokenizer for another model?)")
+        rows.append(ids)
+    return rows, batched
+
+
+def _check_settings(max_new_tokens, temperature, top_k, top_p):
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise GenerationError(f"generate: max_new_tokens must be a positive int, found {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise GenerationError(f"generate: temperature must be a number >= 0 (0: greedy), found {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise GenerationError(f"generate: top_k must be a positive int or None, found {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise GenerationError(f"generate: top_p must be a number in (0, 1] or None, found {top_p!r}")
+
+
+def _stops(tokenizer, stop, eos) -> tuple[set[int], list[str]]:
+    ids: set[int] = set()
+    for e in (getattr(tokenizer, "eos_id", None), eos):
+        if e is not None:
+            ids.add(int(e))
+    texts: list[str] = []
+    if stop is None:
+        stop = []
+    elif isinstance(stop, (str, int, np.integer)):
+        stop = [stop]
+    for s in stop:
+        if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
+            ids.add(int(s))
+        elif isinstance(s, str) and s:
+            tid = _token_id(tokenizer, s) if tokenizer is not None else None
+            if tid is not None:
+                ids.add(int(tid))
+            elif tokenizer is None:
+                raise GenerationError(f"generate: the stop string {s!r} needs a tokenizer")
+            else:
+                texts.append(s)
+        else:
+            raise GenerationError(f"generate: a stop entry must be a token id or a non-empty string, found {s!r}")
+    return ids, texts
+
+
+# ---------------------------------------------------------------------------------- the loop
+class GenerationStream:
+    """An iterator of `GeneratedToken`s (made by `stream`); `result` is the `GenerationResult`
+    once the iteration has ended (also when the consumer stops early: then call `close()`)."""
+
+    def __init__(self, model, tokenizer, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None,
+                 stop=None, cancel=None, use_cache=True, decode_stream=True):
+        _check_settings(max_new_tokens, temperature, top_k, top_p)
+        n_layers, n_positions, eos, vocab = _model_facts(model)
+        rows, self._batched = _prompt_rows(tokenizer, prompt, vocab)
+        width = max(len(r) for r in rows)
+        if width > n_positions:
+            raise GenerationError(f"generate: the prompt has {width} tokens, longer than the model's {n_positions} "
+                                  f"positions")
+        if width + max_new_tokens > n_positions:
+            raise GenerationError(f"generate: max_new_tokens {max_new_tokens} would pass the model's {n_positions} "
+                                  f"positions after the prompt's {width} tokens: at most {n_positions - width} new tokens")
+        self._stop_ids, self._stop_texts = _stops(tokenizer, stop, eos)
+        if cancel is not None and hasattr(cancel, "is_set"):
+            cancel = cancel.is_set
+        self._cancel = cancel
+        self._model, self._tokenizer = model, tokenizer
+        self._rows, self._width, self._n_layers = rows, width, n_layers
+        self._max_new = int(max_new_tokens)
+        self._greedy = temperature == 0
+        self._temperature, self._top_k, self._top_p = float(temperature), top_k, top_p
+        self._rng = np.random.default_rng(seed)
+        self._use_cache = use_cache
+        self._decode_stream = decode_stream and tokenizer is not None
+        pad = getattr(tokenizer, "pad_id", None)
+        self._pad = int(pad if pad is not None else (min(self._stop_ids) if self._stop_ids else 0))
+        self.result: GenerationResult | None = None
+        self._it = self._run()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> GeneratedToken:
+        return next(self._it)
+
+    def close(self) -> None:
+        """End the generation now (the result keeps the tokens so far)."""
+        self._it.close()
+        if self.result is None:
+            self._finish(["cancelled" if r is None else r for r in self._reasons])
+
+    def _choose(self, logits: np.ndarray) -> list[int]:
+        if self._greedy:
+            return [int(i) for i in np.argmax(logits, axis=-1)]
+        warped = warp_logits(logits, self._temperature, self._top_k, self._top_p)
+        return [_draw(row, self._rng) for row in warped]
+
+    def _finish(self, reasons):
+        texts = [_decode(self._tokenizer, ids) for ids in self._new]
+        self.result = GenerationResult(self._new, texts, [list(r) for r in self._rows], list(reasons), self._batched,
+                                       sum(len(n) for n in self._new), time.perf_counter() - self._t0)
+
+    def _run(self):
+        self._t0 = time.perf_counter()
+        rows, width, b = self._rows, self._width, len(self._rows)
+        self._new = [[] for _ in range(b)]
+        self._reasons = [None] * b
+        decoded = [""] * b
+        padded = any(len(r) < width for r in rows)
+        ids = np.full((b, width), self._pad, dtype=np.int64)
+        mask = np.zeros((b, width + self._max_new), dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = r
+            mask[i, width - len(r):] = 1
+        mask[:, width:] = 1
+        model = self._model.valid()
+        with no_recording():
+            cache = nn.KVCache.layers(self._n_layers, capacity=width + self._max_new) if self._use_cache else None
+            seq = ids
+            logits = model.forward(Tensor.from_data(ids), attention_mask=mask[:, :width] if padded else None,
+                                   cache=cache)
+            last = logits.numpy()[:, -1, :]
+        for step in range(self._max_new):
+            if self._cancel is not None and self._cancel():
+                self._reasons = ["cancelled" if r is None else r for r in self._reasons]
+                break
+            chosen = self._choose(last)
+            out = []
+            for i, t in enumerate(chosen):
+                if self._reasons[i] is not None:
+                    chosen[i] = self._pad  # a finished row is fed padding, its result frozen
+                    continue
+                self._new[i].append(t)
+                text = ""
+                if self._decode_stream or self._stop_texts:
+                    full = _decode(self._tokenizer, self._new[i])
+                    if not full.endswith("\ufffd"):  # an incomplete character waits for its next bytes
+                        text = full[len(decoded[i]):] if full.startswith(decoded[i]) else full
+                        decoded[i] = full
+                if t in self._stop_ids or any(s in decoded[i] for s in self._stop_texts):
+                    self._reasons[i] = "stop"
+                elif step == self._max_new - 1:
+                    self._reasons[i] = "length"
+                out.append(GeneratedToken(i, step, t, text))
+            yield from out
+            if all(r is not None for r in self._reasons):
+                break
+            nxt = np.asarray(chosen, dtype=np.int64).reshape(b, 1)
+            n = width + step + 1
+            with no_recording():
+                if cache is not None:
+                    logits = model.forward(Tensor.from_data(nxt), attention_mask=mask[:, :n] if padded else None,
+                                           cache=cache)
+                else:
+                    seq = np.concatenate([seq, nxt], axis=1)
+                    logits = model.forward(Tensor.from_data(seq), attention_mask=mask[:, :n] if padded else None)
+                last = logits.numpy()[:, -1, :]
+        self._finish(self._reasons)
+
+
+def stream(model, tokenizer, prompt, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None, seed: int | None = None, stop=None, cancel=None,
+           use_cache: bool = True) -> GenerationStream:
+    """`generate`, one `GeneratedToken` at a time: iterate it (on a worker thread in an app); its
+    `result` is set once the iteration ends. Settings are checked when it is made."""
+    return GenerationStream(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, cancel,
+                            use_cache)
+
+
+def generate(model, tokenizer, prompt, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, stop=None, on_token=None, cancel=None,
+             use_cache: bool = True) -> GenerationResult:
+    """Continue `prompt` by up to `max_new_tokens` tokens (see the module docstring).
+
+    - `tokenizer`: a `tokenizers.Tokenizer` or `engine.train.text.TextTokenizer` (anything with
+      `encode(text)` and `decode(ids, skip_special_tokens=True)`); None for a prompt of ids
+      (then the result has ids and no text).
+    - `prompt`: text, a list of texts (one left-padded batch), token ids, or a list of rows of ids.
+    - `temperature` 0: greedy; `top_k`, `top_p`, `seed`: sampling as transformers does it.
+    - `stop`: token ids and strings to stop at, besides the eos token.
+    - `on_token(GeneratedToken)`: called for each new token (streaming); `cancel()`: checked
+      before each step, true ends the generation (finish reason "cancelled").
+    - `use_cache=False` recomputes the whole sequence every step (a reference for the cache;
+      it numbers a padded GPT-2 row's positions from the first column, as `forward` does).
+
+    Raises `GenerationError` for an empty prompt, a prompt longer than the model's positions,
+    `max_new_tokens` that would pass them (the message gives the limit) and bad settings.
+    """
+    s = GenerationStream(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, cancel,
+                         use_cache, decode_stream=on_token is not None)
+    for token in s:
+        if on_token is not None:
+            on_token(token)
+    return s.result
