@@ -41,9 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import regex as _regex  # a user's regex (adapter_config.json) matches with a timeout
 
 from .. import nn
 from ..module import Module, Param, ParamGroup
+from ..module.group import MATCH_TIMEOUT_S
 from ..module.lora import DoraAdapter, Lora, LoraAdapter, RsLoraAdapter, pattern_key
 from ..module.reparam import Reparameterizer, apply_reparameterization, iter_param_slots
 from ..module.tree import FieldKind, walk
@@ -154,6 +156,21 @@ def _output_head(targets: list[PeftTarget]) -> set[str]:
     return {t.module for t in targets if t.module.rpartition(".")[2] == "lm_head"}
 
 
+def _compiled(pattern: str, key: str, fail):
+    try:
+        return _regex.compile(pattern)
+    except (_regex.error, RecursionError, OverflowError, ValueError) as exc:
+        fail(f"{key} {pattern!r} is not a valid regex: {exc}")
+
+
+def _full(rx, name: str, fail) -> bool:
+    try:
+        return rx.fullmatch(name, timeout=MATCH_TIMEOUT_S) is not None
+    except TimeoutError:
+        fail(f"the regex {rx.pattern!r} took longer than {MATCH_TIMEOUT_S:g} s to match '{name}': expected a "
+             f"pattern without nested repetition such as (.*.*)*")
+
+
 def _select(targets: list[PeftTarget], target_modules, exclude_modules=None, where=None) -> list[PeftTarget]:
     """The targets PEFT's rules select (`check_target_module_exists` in peft 0.21)."""
     def fail(msg):
@@ -167,11 +184,8 @@ def _select(targets: list[PeftTarget], target_modules, exclude_modules=None, whe
             head = _output_head(targets)
             chosen = [t for t in targets if t.kind == "linear" and t.module not in head]
         else:
-            try:
-                rx = re.compile(target_modules)
-            except re.error as exc:
-                fail(f"target_modules {target_modules!r} is not a valid regex: {exc}")
-            chosen = [t for t in targets if rx.fullmatch(t.module)]
+            rx = _compiled(target_modules, "target_modules", fail)
+            chosen = [t for t in targets if _full(rx, t.module, fail)]
     elif isinstance(target_modules, (list, tuple, set)) and all(isinstance(n, str) for n in target_modules):
         names = set(target_modules)
         if "all-linear" in names and len(names) == 1:
@@ -181,8 +195,8 @@ def _select(targets: list[PeftTarget], target_modules, exclude_modules=None, whe
         fail(f"target_modules must be a list of module names, a regex or 'all-linear', found {target_modules!r}")
     if exclude_modules:
         if isinstance(exclude_modules, str):
-            rx = re.compile(exclude_modules)
-            chosen = [t for t in chosen if not rx.fullmatch(t.module)]
+            rx = _compiled(exclude_modules, "exclude_modules", fail)
+            chosen = [t for t in chosen if not _full(rx, t.module, fail)]
         else:
             ex = set(exclude_modules)
             chosen = [t for t in chosen if not suffix_match(ex, t.module)]
@@ -403,10 +417,13 @@ def load_peft_adapter(model: Module, folder) -> Module:
         if mag is not None and not dora:
             raise PretrainedError(f"tensor '{mag.name}' is a DoRA magnitude, but adapter_config.json does not set "
                                   f"use_dora", where=where)
-        key = pattern_key(rank_pattern, module)
-        rank = int(rank_pattern[key]) if key is not None else r0
-        key = pattern_key(alpha_pattern, module)
-        alpha = float(alpha_pattern[key]) if key is not None else alpha0
+        try:
+            key = pattern_key(rank_pattern, module)
+            rank = int(rank_pattern[key]) if key is not None else r0
+            key = pattern_key(alpha_pattern, module)
+            alpha = float(alpha_pattern[key]) if key is not None else alpha0
+        except (ValueError, _regex.error) as exc:
+            raise PretrainedError(f"rank_pattern / alpha_pattern: {exc}", where=config_where) from None
         # every shape, before any data
         d_in = members[0].param.lazy_shape()[0]
         if tuple(ta.shape) != (rank, d_in):

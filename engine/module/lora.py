@@ -53,14 +53,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from dataclasses import dataclass
+
+import regex as _regex  # matches take a timeout: patterns come from files (adapter_config.json, projects)
 
 import numpy as np
 
 from ..tensor import Tensor
 from ..tensor.raw import array
-from .group import ParamGroup
+from .group import MATCH_TIMEOUT_S, ParamGroup
 from .module import Module
 from .nf4 import DEFAULT_BLOCK_SIZE, DoubleQuantized, NF4Packed, quantize_nf4
 from .param import Param
@@ -245,8 +246,8 @@ def _check_pattern(name: str, pattern, value_ok) -> dict:
         if not isinstance(key, str):
             raise ValueError(f"Lora: {name} keys must be module name patterns (text), got {key!r}")
         try:
-            re.compile(rf"(.*\.)?({key})$")
-        except re.error as exc:
+            _regex.compile(rf"(.*\.)?({key})$")
+        except (_regex.error, RecursionError, OverflowError, ValueError) as exc:
             raise ValueError(f"Lora: {name} key {key!r} is not a valid regex: {exc}") from None
         if not value_ok(value):
             what = "positive integer" if name == "rank_pattern" else "number"
@@ -267,7 +268,12 @@ def pattern_key(patterns, module_name: str):
     """The first key of `patterns` that matches `module_name` as peft's `get_pattern_key` matches
     (`re.match(rf"(.*\.)?({key})$", name)`), or None."""
     for key in patterns:
-        if re.match(rf"(.*\.)?({key})$", module_name):
+        try:
+            hit = _regex.match(rf"(.*\.)?({key})$", module_name, timeout=MATCH_TIMEOUT_S)
+        except TimeoutError:
+            raise ValueError(f"pattern {key!r} took longer than {MATCH_TIMEOUT_S:g} s to match the module name "
+                             f"{module_name!r}: expected a pattern without nested repetition") from None
+        if hit:
             return key
     return None
 

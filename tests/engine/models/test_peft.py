@@ -266,6 +266,12 @@ def test_unsupported_peft_type_and_options_are_refused(tmp_path):
     _edit_config(folder, bias="none", modules_to_save=["lm_head"])
     with pytest.raises(PretrainedError, match="modules_to_save"):
         load_peft_adapter(model, folder)
+    _edit_config(folder, modules_to_save=None, target_modules=r"(.|\.|[a-z_.0-9])*\d\d\d")
+    with pytest.raises(PretrainedError, match=r"adapter_config.json: the regex .* took longer than"):
+        load_peft_adapter(model, folder)
+    _edit_config(folder, target_modules=["q_proj", "v_proj"], rank_pattern={r"(.|\.|[a-z_.0-9])*\d\d\d": 2})
+    with pytest.raises(PretrainedError, match=r"adapter_config.json: rank_pattern / alpha_pattern: pattern"):
+        load_peft_adapter(model, folder)
     (folder / "adapter_config.json").write_text("{not json")
     with pytest.raises(PretrainedError, match="adapter_config.json: not a readable JSON file"):
         load_peft_adapter(model, folder)
