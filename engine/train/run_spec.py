@@ -1,7 +1,10 @@
 """A run's settings besides the model: where the data comes from, the loss, the optimizer, the
 learning-rate schedule and the training config (`RunSpec`, saved in the run folder as
 `run.json`), and what they make: the data sets (`make_data`) and the training step of a
-chosen loss (`make_step`).
+chosen loss (`make_step`). The task `"causal-lm"` reads a text file with a folder's tokenizer
+(`DataSettings.tokenizer`, `block_size`, `packing`, `per_line`, `truncate`; `engine.train.text`)
+and trains with the Learner's `"causal-lm"` kind; `make_data(settings, seed, model)` checks the
+text against the model's vocabulary and positions.
 
     spec = RunSpec(DataSettings("spirals"), "Adam", optim.AdamConfig(), "constant", ConstantLrConfig(1e-2),
                    TrainingConfig(num_epochs=2))

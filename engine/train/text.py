@@ -23,6 +23,7 @@ data.inputs, data.targets, data.attention_mask      # int64 [rows, 64] each
   token after the first is a target exactly once; the last row is padded. With
   `packing=False` each document is one row, right-padded to the block size (by default the
   longest document's length); `attention_mask` is 1 on real input positions, 0 on pads.
+  A row with no target to learn (all prompt) is left out.
 - The causal shift: a row's inputs are `ids[:-1]`, its targets `ids[1:]`. A target is
   `IGNORE_INDEX` (-100) where nothing is learnt: a pad, and, for prompt/completion data, a
   token of the prompt. `losses.causal_lm_loss` (the `"causal-lm"` kind's loss) averages over
