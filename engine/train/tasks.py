@@ -33,7 +33,7 @@ class DataTask:
     many (a data set to train on, not a thread)."""
 
     name: str
-    kind: str  # "classification" | "regression"
+    kind: str  # "classification" | "regression" | "causal-lm" (token rows, engine.train.text)
     train: InMemoryDataset
     valid: InMemoryDataset
     num_classes: int | None = None
