@@ -140,7 +140,7 @@ def test_saving_a_loaded_adapter_writes_back_peft_tensors(name, tmp_path):
 def _trained(model, lora, steps=3, seed=0):
     """`model` with `lora` attached and trained a few Adam steps on a toy objective (all factors non-zero)."""
     Device("cpu").seed(seed)
-    tuned = model.apply_lora(lora).valid().train()
+    tuned = model.apply_reparameterization(lora).valid().train()
     exp = np.load(HF / "llama-gqa" / "expected.npz")
     ids = Tensor.from_data(exp["input_ids"])
     target = Tensor.from_data(np.random.default_rng(seed).standard_normal((2, 7, 128)).astype(np.float32))
@@ -163,6 +163,20 @@ def test_gpt2_query_key_value_loras_that_differ_save_as_one_exact_block_diagonal
     again = load_peft_adapter(from_pretrained(HF / "gpt2"), tmp_path / "a")
     exp = np.load(HF / "gpt2" / "expected.npz")
     np.testing.assert_allclose(_logits(again, exp), _logits(tuned, exp), rtol=0, atol=1e-5)
+
+
+def test_a_qlora_adapter_saves_its_factors_for_the_plain_base(tmp_path):
+    from engine.module.lora import QLora
+
+    model = from_pretrained(HF / "llama-gqa")
+    q = _trained(model, QLora(peft_lora(model, 4, 8.0, ["q_proj", "v_proj"]), block_size=16))
+    save_peft_adapter(q, tmp_path / "q")
+    again = load_peft_adapter(from_pretrained(HF / "llama-gqa"), tmp_path / "q")
+    for path, r in _adapters(q).items():
+        mine = _adapters(again)[path]
+        np.testing.assert_array_equal(mine.a.val().numpy(), r.a.val().numpy())
+        np.testing.assert_array_equal(mine.b.val().numpy(), r.b.val().numpy())
+        assert mine.scale == r.scale
 
 
 # ---------------------------------------------------------------------------------- targets
