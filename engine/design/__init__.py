@@ -15,7 +15,8 @@
 - `shapes`: live shape inference with named axes, errors at the node;
 - `build`: the design as a Module (dotted names nest: `conv1.conv` -> `conv1.conv.weight`);
 - `files`: design files with schema versions and migration, autosave and recovery;
-- `export_python` / `export_rust`: code for Ember and for Burn.
+- `export_python` / `export_rust`: code for Ember and for Burn;
+- `onnx_export`: `export_onnx` (ONNX by tracing) and `trace_model` (the traced op graph of any model).
 """
 from .catalog import CATEGORIES, NodeSpec, UnknownKind, catalog, kinds, spec_for
 from .fields import FieldError, FieldSpec
@@ -28,6 +29,7 @@ from .files import (SCHEMA_VERSION, DesignFileError, Recovery, design_from_sourc
 from .export_common import ExportError
 from .export_python import export_python
 from .export_rust import export_rust
+from .onnx_export import OnnxExportError, export_onnx, trace_model
 from .samples import SAMPLES, mnist_design, residual_design
 
 
@@ -42,5 +44,5 @@ __all__ = [
     "BuildError", "DesignBlock", "DesignModel", "build_model", "SCHEMA_VERSION", "DesignFileError", "Recovery",
     "design_from_source", "design_source", "discard_autosave", "is_design_data", "list_autosaves", "migrate",
     "read_design", "save_design", "write_autosave", "ExportError", "export_python", "export_rust", "SAMPLES",
-    "mnist_design", "residual_design", "build_source",
+    "mnist_design", "residual_design", "build_source", "export_onnx", "trace_model", "OnnxExportError",
 ]

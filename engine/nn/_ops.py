@@ -706,3 +706,14 @@ def rotary(x: Tensor, cos, sin) -> Tensor:
         return (gx.reshape(shape),)
 
     return record(out, x.device, (x,), rule, op)
+
+
+# ---------------------------------------------------------------------- tracing
+# each kernel is one op in a trace (engine.tensor.trace): the wrappers exist only while a trace runs
+from ..tensor import trace as _trace  # noqa: E402
+
+_trace.register_functions(__import__("sys").modules[__name__], [
+    "gelu", "relu6", "leaky_relu", "elu", "celu", "selu", "hard_sigmoid", "silu", "hard_swish", "mish", "softplus",
+    "softsign", "log_sigmoid", "hard_shrink", "soft_shrink", "tanhshrink", "thresholded_relu", "hardtanh", "prelu",
+    "linear", "normalize", "rms_norm", "softmax_cross_entropy", "rotary",
+])

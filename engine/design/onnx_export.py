@@ -1,0 +1,644 @@
+"""ONNX export by tracing, and the traced graph of any model.
+
+- `trace_model(model, inputs, shape_only=False)`: one forward pass of `model` recorded op by op
+  (`engine.tensor.trace`), each op under the module path it ran in, parameters and constants
+  named by their paths. `shape_only=True` runs no layer kernel and allocates no parameter: a
+  built-in layer is one op (`module`, its type in `attrs["type"]`) whose output dims its shape
+  rule gives (`engine.design.shape_check`); the glue between layers runs on zero-stride
+  stand-ins. That is the graph of a lazy 7 B model in well under a second.
+- `export_onnx(model_or_design, path, example_input, dynamic_batch=True, opset=17)`: a Design is
+  built first; a model with LoRA / QLoRA adapters is exported materialized (on a copy, in
+  `valid()` mode). Initializers are named by parameter path, node names carry the module path
+  (`layers.0.self_attn/MatMul_3`), axis 0 of the inputs and outputs is `batch` when
+  `dynamic_batch`; the model is checked with `onnx.checker` and written atomically. An op with no
+  ONNX form raises `OnnxExportError` naming the op and the module path.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.module import contracts
+from engine.module.tree import FieldKind, walk
+from engine.tensor import Tensor, raw
+from engine.tensor.trace import Trace, Tracer, TraceError, _flat_tensors
+
+from . import shape_check, shape_rules
+from .dims import as_dim
+from .export_common import ExportError
+
+__all__ = ["export_onnx", "trace_model", "OnnxExportError"]
+
+
+class OnnxExportError(ExportError):
+    """The model cannot be written as ONNX: the message names the op and the module path."""
+
+
+# ---- tracing a module tree ----------------------------------------------------------------------
+def _names(model, params: bool) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for path, kind, value in walk(model):
+        if kind is FieldKind.CONSTANT and isinstance(value, Tensor):
+            names.setdefault(id(value), path)
+        elif params and kind is FieldKind.PARAM and value.is_initialized() and value.reparameterization is None:
+            names.setdefault(id(value.val()), path)
+    return names
+
+
+class _ScopeRun:
+    """The module-boundary hook: each module call of the tree opens the trace scope of its path."""
+
+    def __init__(self, tracer: Tracer, paths: dict[int, str]):
+        self.tracer = tracer
+        self.paths = paths
+
+    def call(self, module, original, args, kwargs):
+        tr = self.tracer
+        path = self.paths.get(id(module))
+        if path is None or (tr._scopes and tr._scopes[-1] == path):
+            return original(module, *args, **kwargs)
+        tr.push_scope(path, type(module).__name__)
+        try:
+            return original(module, *args, **kwargs)
+        finally:
+            tr.pop_scope()
+
+
+def _as_inputs(example_input) -> list:
+    if isinstance(example_input, (list, tuple)):
+        items = list(example_input)
+    else:
+        items = [example_input]
+    return [Tensor.from_data(x) if isinstance(x, np.ndarray) else x for x in items]
+
+
+def _input_names(n: int) -> list[str]:
+    return ["input"] if n == 1 else [f"input_{i}" for i in range(n)]
+
+
+def trace_model(model, inputs, shape_only: bool = False) -> Trace:
+    """The trace of `model.forward(*inputs)` (see the module docstring)."""
+    inputs = _as_inputs(inputs)
+    modules = list(model.named_modules())
+    paths: dict[int, str] = {}
+    for path, m in modules:
+        paths.setdefault(id(m), path)
+    classes = {k for _, m in modules for k in type(m).__mro__ if "forward" in k.__dict__}
+    if shape_only:
+        return _trace_shape_only(model, inputs, modules, paths)
+    tracer = Tracer(_names(model, params=True))
+    run = _ScopeRun(tracer, paths)
+    contracts._Patcher.install(classes)
+    prev = getattr(contracts._Patcher._local, "ctx", None)
+    contracts._Patcher._local.ctx = run
+    try:
+        with tracer:
+            for t, name in zip(inputs, _input_names(len(inputs))):
+                if isinstance(t, Tensor):
+                    tracer.input(t, name)
+            tracer.push_scope("", type(model).__name__)
+            try:
+                out = model.forward(*inputs)
+            finally:
+                tracer.pop_scope()
+            tracer.output(out)
+    finally:
+        contracts._Patcher._local.ctx = prev
+        contracts._Patcher.uninstall(classes)
+    return tracer.trace
+
+
+class _ShapeTraceRun(shape_check._ShapeRun):
+    """The shape-only check's run with trace scopes, and each layer a shape rule stands for
+    recorded as one `module` op."""
+
+    tracer: Tracer
+    error: BaseException | None = None
+
+    def call(self, module, original, args, kwargs):
+        tr = self.tracer
+        path = self.paths.get(id(module))
+        if path is None or (tr._scopes and tr._scopes[-1] == path):
+            return original(module, *args, **kwargs)
+        tr.push_scope(path, type(module).__name__)
+        try:
+            out = super().call(module, original, args, kwargs)
+            if path == "" and len(tr._scopes) == 1:
+                self.root_output = out
+            return out
+        except BaseException as e:
+            if self.error is None:
+                self.error = e
+            raise
+        finally:
+            tr.pop_scope()
+
+    def forward(self, module, original, args, kwargs, node):
+        name = type(module).__name__
+        ruled = (shape_rules.has_rule(module) and name not in shape_check._MAIN_OUTPUT_ONLY) or (
+            name == "MultiHeadAttention" and args and type(args[0]).__name__ == "MhaInput")
+        out = super().forward(module, original, args, kwargs, node)
+        if ruled:
+            ins = shape_check._tensors(list(args) + list(kwargs.values()), [])
+            self.tracer.record("module", ins, _flat_tensors(out), {"type": name, "path": node.path})
+        return out
+
+
+def _trace_shape_only(model, inputs, modules, paths) -> Trace:
+    stand_ins = [shape_check._stand_in(t.shape, t.kind, t.device) if isinstance(t, Tensor) else t for t in inputs]
+    tracer = Tracer(_names(model, params=False))
+
+    class Run(_ShapeTraceRun):
+        pass
+
+    Run.tracer = tracer
+    holder: dict[str, Any] = {}
+
+    def run_class(*a, **k):
+        r = Run(*a, **k)
+        holder["run"] = r
+        return r
+
+    with tracer:
+        for t, name in zip(stand_ins, _input_names(len(stand_ins))):
+            if isinstance(t, Tensor):
+                tracer.input(t, name)
+        result = contracts.check(model, stand_ins, {}, modules, run_class=run_class)
+    if result.not_checked:
+        raise TraceError(f"shape-only trace: {result.not_checked[0]}")
+    if result.failure is not None or result.error:
+        raise TraceError(f"shape-only trace failed at {result.failure.path if result.failure else 'the model'}: "
+                         f"{result.error}")
+    run = holder["run"]
+    tracer.output(getattr(run, "root_output", None))
+    return tracer.trace
+
+
+# ---- the functions layers hold themselves: traced as one op each ---------------------------------
+def _register_layer_functions() -> None:
+    import importlib  # noqa: PLC0415
+
+    conv = importlib.import_module("engine.nn.conv")
+    embedding = importlib.import_module("engine.nn.embedding")
+    from engine.tensor import trace as _trace  # noqa: PLC0415
+
+    for klass in vars(conv).values():
+        if isinstance(klass, type) and "_FN" in klass.__dict__:
+            fn = klass.__dict__["_FN"]
+            fn = getattr(fn, "__func__", fn)
+            if fn is None:
+                continue
+            _trace.register_functions(klass, ["_FN"])
+            _trace._registered[-1] = (klass, "_FN", fn.__name__)
+    _trace.register_functions(embedding, ["embedding"])
+
+
+_register_layer_functions()
+
+
+# ---- ONNX ------------------------------------------------------------------------------------------
+def _onnx():
+    try:
+        import onnx  # noqa: PLC0415
+        from onnx import helper, numpy_helper  # noqa: PLC0415,F401
+    except ImportError:  # pragma: no cover - onnx is a dependency
+        raise OnnxExportError("export_onnx needs the onnx package (pip install onnx)") from None
+    return onnx
+
+
+_NP_OF = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "int64": np.int64,
+          "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
+
+
+def _np_dtype(name: str):
+    return np.dtype(_NP_OF.get(name, np.float32))
+
+
+class _Graph:
+    """What the converters write into: nodes, initializers, value names."""
+
+    def __init__(self, trace: Trace, dynamic_batch: bool):
+        self.onnx = _onnx()
+        self.h = self.onnx.helper
+        self.trace = trace
+        self.nodes: list = []
+        self.inits: list = []
+        self.names: dict[int, str] = {}
+        self.counts: dict[str, int] = {}
+        self.consts = 0
+        self.batch = None
+        self.batched: set[int] = set()
+        if dynamic_batch and trace.inputs:
+            shapes = [trace.tensors[i].shape for i in trace.inputs]
+            if all(len(s) > 0 for s in shapes):
+                self.batch = shapes[0][0]
+                self.batched = {i for i in trace.inputs if trace.tensors[i].shape[0] == self.batch}
+        self.scope = ""
+        self.op = None
+
+    # names
+    def name(self, tid: int) -> str:
+        n = self.names.get(tid)
+        if n is None:
+            t = self.trace.tensors[tid]
+            if t.source == "input" or t.source == "param":
+                n = t.name
+            elif t.source == "const":
+                n = f"const_{tid}"
+            else:
+                n = f"t{tid}"
+            if t.source in ("param", "const"):
+                value = self.trace.values[tid]
+                self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value.numpy()), n))
+            self.names[tid] = n
+        return n
+
+    def const(self, array, dtype=None) -> str:
+        arr = np.asarray(array, dtype=dtype)
+        self.consts += 1
+        n = f"{self.scope}/const_{self.consts}" if self.scope else f"const_{self.consts}"
+        self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(arr), n))
+        return n
+
+    def ints(self, values) -> str:
+        return self.const(np.asarray(list(values), dtype=np.int64))
+
+    def scalar(self, value, like_tid: int) -> str:
+        return self.const(np.asarray(value, dtype=_np_dtype(self.trace.tensors[like_tid].dtype)))
+
+    def node(self, op_type: str, inputs, outputs=None, **attrs) -> str:
+        k = self.counts.get(self.scope, 0)
+        self.counts[self.scope] = k + 1
+        nm = f"{self.scope}/{op_type}_{k}" if self.scope else f"{op_type}_{k}"
+        if outputs is None:
+            outputs = [nm + ":0"]
+        self.nodes.append(self.h.make_node(op_type, list(inputs), list(outputs), name=nm, **attrs))
+        return outputs[0]
+
+    def fail(self, why: str):
+        o = self.op
+        raise OnnxExportError(f"op '{o.op}' in module '{o.scope or '(model)'}' has no ONNX form: {why}")
+
+    # shapes with the batch axis left free
+    def shape_for(self, in_tid: int, out_shape) -> list[int]:
+        shape = list(out_shape)
+        if in_tid in self.batched and shape and shape[0] == self.batch:
+            shape[0] = 0  # Reshape: copy the input's (batch) size
+        elif in_tid in self.batched and shape:
+            shape[0] = -1
+        return shape
+
+
+def _axes(dim, rank: int) -> list[int]:
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    return [int(d) % rank for d in dims]
+
+
+def _shape_arg(v) -> tuple:
+    if len(v) == 1 and isinstance(v[0], (list, tuple)):
+        v = v[0]
+    return tuple(int(d) for d in v)
+
+
+def _pairs(padding, n: int):
+    if isinstance(padding, int):
+        return [(padding, padding)] * n
+    out = []
+    for p in padding:
+        out.append((int(p), int(p)) if isinstance(p, (int, np.integer)) else (int(p[0]), int(p[1])))
+    return out
+
+
+def _tuple(v, n: int):
+    return [int(v)] * n if isinstance(v, (int, np.integer)) else [int(x) for x in v]
+
+
+_UNARY = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
+          "neg": "Neg", "abs": "Abs", "erf": "Erf", "sin": "Sin", "cos": "Cos", "recip": "Reciprocal",
+          "identity": "Identity", "dropout": "Identity", "sign": "Sign", "bool_not": "Not", "softsign": "Softsign",
+          "is_nan": "IsNaN"}
+_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul", "pow": "Pow",
+           "maximum": "Max", "minimum": "Min", "equal": "Equal", "greater": "Greater", "lower": "Less",
+           "greater_equal": "GreaterOrEqual", "lower_equal": "LessOrEqual", "bool_and": "And", "bool_or": "Or"}
+_REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd",
+           "sum_dim": "ReduceSum", "mean_dim": "ReduceMean", "max_dim": "ReduceMax", "min_dim": "ReduceMin"}
+
+
+def _reduce(g: _Graph, kind: str, x: str, axes: list[int], keep: bool) -> str:
+    if kind == "ReduceSum":  # axes an input from opset 13
+        return g.node(kind, [x, g.ints(axes)], keepdims=int(keep))
+    return g.node(kind, [x], axes=axes, keepdims=int(keep))
+
+
+def _convert(g: _Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op name
+    t = g.trace.tensors
+    ins = dict(zip(o.input_names, o.inputs))
+    a = o.attrs
+    x_id = o.inputs[0] if o.inputs else None
+    x = g.name(x_id) if x_id is not None else None
+    out_shape = t[o.outputs[0]].shape
+    op = o.op
+    if op in _UNARY:
+        return [g.node(_UNARY[op], [x])]
+    if op in _BINARY or op in ("rsub", "rdiv"):
+        other = ins.get("other")
+        y = g.name(other) if other is not None else g.scalar(a.get("other"), x_id)
+        if op == "rsub":
+            return [g.node("Sub", [y, x])]
+        if op == "rdiv":
+            return [g.node("Div", [y, x])]
+        if op == "pow" and other is None:
+            y = g.scalar(a.get("other"), x_id)
+        return [g.node(_BINARY[op], [x, y])]
+    if op == "not_equal":
+        y = g.name(ins["other"]) if "other" in ins else g.scalar(a.get("other"), x_id)
+        return [g.node("Not", [g.node("Equal", [x, y])])]
+    if op == "powf":
+        return [g.node("Pow", [x, g.scalar(a["exponent"], x_id)])]
+    if op == "square":
+        return [g.node("Mul", [x, x])]
+    if op == "rsqrt":
+        return [g.node("Reciprocal", [g.node("Sqrt", [x])])]
+    if op == "log1p":
+        return [g.node("Log", [g.node("Add", [x, g.scalar(1.0, x_id)])])]
+    if op == "silu":
+        return [g.node("Mul", [x, g.node("Sigmoid", [x])])]
+    if op == "gelu":  # exact: x / 2 * (1 + erf(x / sqrt 2))
+        e = g.node("Erf", [g.node("Mul", [x, g.scalar(1.0 / math.sqrt(2.0), x_id)])])
+        return [g.node("Mul", [g.node("Mul", [x, g.scalar(0.5, x_id)]), g.node("Add", [e, g.scalar(1.0, x_id)])])]
+    if op == "leaky_relu":
+        return [g.node("LeakyRelu", [x], alpha=float(a["negative_slope"]))]
+    if op == "elu":
+        return [g.node("Elu", [x], alpha=float(a["alpha"]))]
+    if op == "selu":
+        return [g.node("Selu", [x])]
+    if op == "relu6":
+        return [g.node("Clip", [x, g.scalar(0.0, x_id), g.scalar(6.0, x_id)])]
+    if op == "hardtanh":
+        return [g.node("Clip", [x, g.scalar(a["min_val"], x_id), g.scalar(a["max_val"], x_id)])]
+    if op in ("clamp", "clamp_min", "clamp_max"):
+        lo = a.get("min") if op != "clamp_max" else None
+        hi = a.get("max") if op != "clamp_min" else None
+        return [g.node("Clip", [x, "" if lo is None else g.scalar(lo, x_id), "" if hi is None else g.scalar(hi, x_id)])]
+    if op == "hard_sigmoid":
+        return [g.node("HardSigmoid", [x], alpha=float(a["alpha"]), beta=float(a["beta"]))]
+    if op == "softplus":
+        beta = float(a["beta"])
+        if beta == 1.0:
+            return [g.node("Softplus", [x])]
+        sp = g.node("Softplus", [g.node("Mul", [x, g.scalar(beta, x_id)])])
+        return [g.node("Div", [sp, g.scalar(beta, x_id)])]
+    if op == "cast":
+        onnx = g.onnx
+        to = onnx.helper.np_dtype_to_tensor_dtype(_np_dtype(t[o.outputs[0]].dtype))
+        return [g.node("Cast", [x], to=int(to))]
+    if op == "linear":
+        y = g.node("MatMul", [x, g.name(ins["weight"])])
+        if "bias" in ins:
+            y = g.node("Add", [y, g.name(ins["bias"])])
+        return [y]
+    if op == "embedding":
+        return [g.node("Gather", [g.name(ins["weight"]), g.name(ins["indices"])], axis=0)]
+    if op == "rms_norm":
+        ms = _reduce(g, "ReduceMean", g.node("Mul", [x, x]), [len(t[x_id].shape) - 1], True)
+        r = g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [ms, g.scalar(a["eps"], x_id)])])])
+        return [g.node("Mul", [g.node("Mul", [x, r]), g.name(ins["gamma"])])]
+    if op == "normalize":
+        if a.get("stats") is not None:
+            g.fail("batch statistics are asked for (a training-mode batch norm); export the model in valid() mode")
+        rank = len(t[x_id].shape)
+        axes = _axes(a["axes"], rank)
+        mean = _reduce(g, "ReduceMean", x, axes, True)
+        xc = g.node("Sub", [x, mean])
+        var = _reduce(g, "ReduceMean", g.node("Mul", [xc, xc]), axes, True)
+        y = g.node("Div", [xc, g.node("Sqrt", [g.node("Add", [var, g.scalar(a["eps"], x_id)])])])
+        for key, kind in (("gamma", "Mul"), ("beta", "Add")):
+            if key in ins:
+                p = g.name(ins[key])
+                if a.get("affine_shape") is not None and tuple(a["affine_shape"]) != t[ins[key]].shape:
+                    p = g.node("Reshape", [p, g.ints(a["affine_shape"])])
+                y = g.node(kind, [y, p])
+        return [y]
+    if op == "rotary":
+        shape = t[x_id].shape
+        half = shape[-1] // 2
+        pairs = g.node("Reshape", [x, g.ints(g.shape_for(x_id, shape[:-1] + (half, 2)))])
+        first = g.node("Slice", [pairs, g.ints([0]), g.ints([1]), g.ints([-1])])
+        second = g.node("Slice", [pairs, g.ints([1]), g.ints([2]), g.ints([-1])])
+        dt = _np_dtype(t[x_id].dtype)
+        c = g.const(np.asarray(a["cos"].get() if hasattr(a["cos"], "get") else a["cos"], dtype=dt)[..., None])
+        s = g.const(np.asarray(a["sin"].get() if hasattr(a["sin"], "get") else a["sin"], dtype=dt)[..., None])
+        out0 = g.node("Sub", [g.node("Mul", [first, c]), g.node("Mul", [second, s])])
+        out1 = g.node("Add", [g.node("Mul", [first, s]), g.node("Mul", [second, c])])
+        joined = g.node("Concat", [out0, out1], axis=-1)
+        return [g.node("Reshape", [joined, g.ints(g.shape_for(x_id, shape))])]
+    if op in ("reshape", "flatten", "squeeze", "unsqueeze") and not (op == "unsqueeze" and len(out_shape) == 0):
+        if op == "unsqueeze":
+            return [g.node("Unsqueeze", [x, g.ints([int(a.get("dim", 0)) % len(out_shape)])])]
+        return [g.node("Reshape", [x, g.ints(g.shape_for(x_id, out_shape))])]
+    if op == "expand":
+        shape = list(out_shape)
+        if x_id in g.batched and shape and t[x_id].shape and t[x_id].shape[0] == g.batch:
+            shape[0] = 1
+        return [g.node("Expand", [x, g.ints(shape)])]
+    if op in ("swap_dims", "transpose", "permute"):
+        rank = len(t[x_id].shape)
+        perm = list(range(rank))
+        if op == "swap_dims":
+            d1, d2 = int(a["dim1"]) % rank, int(a["dim2"]) % rank
+            perm[d1], perm[d2] = perm[d2], perm[d1]
+        elif op == "transpose":
+            perm[-1], perm[-2] = perm[-2], perm[-1]
+        else:
+            perm = [int(d) % rank for d in _shape_arg(a["axes"])]
+        return [g.node("Transpose", [x], perm=perm)]
+    if op in ("softmax", "log_softmax"):
+        axis = int(a["dim"]) % len(t[x_id].shape)
+        return [g.node("Softmax" if op == "softmax" else "LogSoftmax", [x], axis=axis)]
+    if op == "mask_fill":
+        return [g.node("Where", [g.name(ins["mask"]), g.scalar(a["value"], x_id), x])]
+    if op == "mask_where":
+        return [g.node("Where", [g.name(ins["mask"]), g.name(ins["other"]), x])]
+    if op == "where" and "self" in ins:  # the method: values of `other` where `mask`, else self
+        other = g.name(ins["other"]) if "other" in ins else g.scalar(a["other"], x_id)
+        return [g.node("Where", [g.name(ins["mask"]), other, g.name(ins["self"])])]
+    if op == "where" and "mask" in ins:
+        va = g.name(ins["a"]) if "a" in ins else None
+        vb = g.name(ins["b"]) if "b" in ins else None
+        ref = ins.get("a", ins.get("b"))
+        va = va or g.scalar(a["a"], ref)
+        vb = vb or g.scalar(a["b"], ref)
+        return [g.node("Where", [g.name(ins["mask"]), va, vb])]
+    if op in _REDUCE:
+        rank = len(t[x_id].shape)
+        dim = a.get("dim")
+        axes = list(range(rank)) if dim is None else _axes(dim, rank)
+        keep = True if op.endswith("_dim") else bool(a.get("keepdim", False))
+        return [_reduce(g, _REDUCE[op], x, axes, keep)]
+    if op == "cat":
+        names = [g.name(i) for i in o.inputs]
+        rank = len(t[o.inputs[0]].shape)
+        return [g.node("Concat", names, axis=int(a.get("dim", 0)) % rank)]
+    if op == "stack":
+        rank = len(out_shape)
+        axis = int(a.get("dim", 0)) % rank
+        names = [g.node("Unsqueeze", [g.name(i), g.ints([axis])]) for i in o.inputs]
+        return [g.node("Concat", names, axis=axis)]
+    if op in ("zeros_like", "ones_like", "full_like"):
+        value = {"zeros_like": 0, "ones_like": 1}.get(op, a.get("value"))
+        val = g.onnx.numpy_helper.from_array(np.asarray([value], dtype=_np_dtype(t[x_id].dtype)))
+        return [g.node("ConstantOfShape", [g.node("Shape", [x])], value=val)]
+    if op == "narrow":
+        d = int(a["dim"]) % len(t[x_id].shape)
+        s = int(a["start"])
+        return [g.node("Slice", [x, g.ints([s]), g.ints([s + int(a["length"])]), g.ints([d])])]
+    if op == "getitem":
+        return [_getitem(g, o, x, x_id, a["key"])]
+    if op in ("conv1d", "conv2d", "conv3d"):
+        n = int(op[4])
+        w = ins["weight"]
+        kernel = t[w].shape[2:]
+        if isinstance(a.get("padding"), str):
+            mode = a["padding"].lower()
+            if mode == "valid":
+                pads = [(0, 0)] * n
+            else:  # "same" (stride 1)
+                dil = _tuple(a.get("dilation", 1), n)
+                pads = [((k - 1) * d // 2, (k - 1) * d - (k - 1) * d // 2) for k, d in zip(kernel, dil)]
+        else:
+            pads = _pairs(a.get("padding", 0), n)
+        inputs = [x, g.name(w)] + ([g.name(ins["bias"])] if "bias" in ins else [])
+        return [g.node("Conv", inputs, kernel_shape=list(kernel), strides=_tuple(a.get("stride", 1), n),
+                       dilations=_tuple(a.get("dilation", 1), n), group=int(a.get("groups", 1)),
+                       pads=[p[0] for p in pads] + [p[1] for p in pads])]
+    if op in ("max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d"):
+        n = int(op[-2])
+        kernel = _tuple(a["kernel_size"], n)
+        stride = kernel if a.get("stride") is None else _tuple(a["stride"], n)
+        pads = _pairs(a.get("padding", 0), n)
+        common = dict(kernel_shape=kernel, strides=stride, pads=[p[0] for p in pads] + [p[1] for p in pads],
+                      ceil_mode=int(bool(a.get("ceil_mode", False))))
+        if op.startswith("max"):
+            return [g.node("MaxPool", [x], dilations=_tuple(a.get("dilation", 1), n), **common)]
+        return [g.node("AveragePool", [x], count_include_pad=int(bool(a.get("count_include_pad", True))), **common)]
+    if op in ("adaptive_avg_pool1d", "adaptive_avg_pool2d"):
+        in_sp = t[x_id].shape[2:]
+        out_sp = out_shape[2:]
+        if all(s == 1 for s in out_sp):
+            return [g.node("GlobalAveragePool", [x])]
+        if all(i % s == 0 for i, s in zip(in_sp, out_sp)):
+            k = [i // s for i, s in zip(in_sp, out_sp)]
+            return [g.node("AveragePool", [x], kernel_shape=k, strides=k)]
+        g.fail(f"adaptive pooling from {list(in_sp)} to {list(out_sp)} has windows of different sizes")
+    if op == "module":
+        g.fail(f"a shape-only trace ({a.get('type')} was not run); trace the model with allocated parameters")
+    g.fail("no converter for this op")
+
+
+def _getitem(g: _Graph, o, x: str, x_id: int, key) -> str:
+    shape = g.trace.tensors[x_id].shape
+    key = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, tuple) and k and k[0] == "tensor" for k in key):
+        g.fail("indexing with a tensor")
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + (slice(None),) * (len(shape) - (len(key) - 1 - sum(k is None for k in key))) + key[i + 1:]
+    starts, ends, axes, steps, squeeze = [], [], [], [], []
+    axis = 0
+    for k in key:
+        if k is None:
+            g.fail("indexing with None (a new axis)")
+        if isinstance(k, (int, np.integer)):
+            s = int(k) % shape[axis]
+            starts.append(s), ends.append(s + 1), axes.append(axis), steps.append(1)
+            squeeze.append(axis)
+        elif isinstance(k, slice):
+            s0, e0, st = k.indices(shape[axis])
+            if (s0, e0, st) != (0, shape[axis], 1):
+                if st < 0:
+                    g.fail("a negative slice step")
+                starts.append(s0), ends.append(e0), axes.append(axis), steps.append(st)
+        else:
+            g.fail(f"index {k!r}")
+        axis += 1
+    y = x
+    if axes:
+        y = g.node("Slice", [x, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(steps)])
+    if squeeze:
+        y = g.node("Squeeze", [y, g.ints(squeeze)])
+    if y is x:
+        y = g.node("Identity", [x])
+    return y
+
+
+def _value_info(g: _Graph, tid: int, name: str, dynamic: bool):
+    t = g.trace.tensors[tid]
+    dims = list(t.shape)
+    if dynamic and dims and dims[0] == g.batch:
+        dims[0] = "batch"
+    elem = g.onnx.helper.np_dtype_to_tensor_dtype(_np_dtype(t.dtype))
+    return g.onnx.helper.make_tensor_value_info(name, elem, dims)
+
+
+def trace_to_onnx(trace: Trace, dynamic_batch: bool = True, opset: int = 17, graph_name: str = "ember"):
+    """The ONNX `ModelProto` of a trace (checked by `onnx.checker`)."""
+    g = _Graph(trace, dynamic_batch)
+    for o in trace.ops:
+        g.scope, g.op = o.scope, o
+        results = _convert(g, o)
+        if len(results) != len(o.outputs):
+            g.fail(f"{len(o.outputs)} outputs traced, {len(results)} written")
+        for tid, n in zip(o.outputs, results):
+            g.names[tid] = n
+            if g.batch is not None and any(i in g.batched for i in o.inputs if i is not None):
+                shape = trace.tensors[tid].shape
+                if shape and shape[0] == g.batch:
+                    g.batched.add(tid)
+    inputs = [_value_info(g, i, g.name(i), g.batch is not None and i in g.batched) for i in trace.inputs]
+    outputs = []
+    used = set()
+    for k, tid in enumerate(trace.outputs):
+        name = "output" if len(trace.outputs) == 1 else f"output_{k}"
+        src = g.name(tid)
+        if src in used or trace.tensors[tid].source != "op":
+            pass
+        g.scope = ""
+        g.nodes.append(g.h.make_node("Identity", [src], [name], name=f"{name}/Identity"))
+        used.add(src)
+        outputs.append(_value_info(g, tid, name, g.batch is not None and tid in g.batched))
+    graph = g.h.make_graph(g.nodes, graph_name, inputs, outputs, initializer=g.inits)
+    model = g.h.make_model(graph, opset_imports=[g.h.make_opsetid("", int(opset))], producer_name="ember")
+    model.ir_version = min(model.ir_version, 8 if opset <= 17 else model.ir_version)
+    g.onnx.checker.check_model(model)
+    return model
+
+
+def _is_design(value) -> bool:
+    return type(value).__name__ == "Design" and hasattr(value, "add_node")
+
+
+def export_onnx(model_or_design, path, example_input, dynamic_batch: bool = True, opset: int = 17) -> Path:
+    """Trace `model_or_design` on `example_input` (a tensor, an array, or a list of them) and
+    write the ONNX model to `path` atomically; returns the path (see the module docstring)."""
+    from engine.module import Module  # noqa: PLC0415
+    from engine.store.atomic import atomic_write  # noqa: PLC0415
+
+    if _is_design(model_or_design):
+        from .build import build_model  # noqa: PLC0415
+
+        model = build_model(model_or_design)
+    elif isinstance(model_or_design, Module):
+        model = model_or_design
+    else:
+        raise OnnxExportError(f"export_onnx expects a Module or a Design, got {type(model_or_design).__name__}")
+    for _, prm in model.named_params():
+        if not prm.is_initialized():
+            prm.base()  # a lazy parameter is allocated as a forward would (in place, once)
+    model = model.materialize().valid()  # a copy: adapters folded in, eval mode
+    trace = trace_model(model, example_input)
+    proto = trace_to_onnx(trace, dynamic_batch, opset, graph_name=type(model).__name__)
+    data = proto.SerializeToString()
+    return atomic_write(path, lambda fp: fp.write(data), error=OnnxExportError)
