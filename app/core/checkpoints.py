@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ADAPTER_REGEX = r"(^|\.)lora\.(a|b)$"
+ADAPTER_REGEX = r"(^|\.)lora\.(a|b|magnitude)$"  # DoRA adds a magnitude per output column
 EXPORT_KINDS = ("whole", "adapters", "materialized")
 
 

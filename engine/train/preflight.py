@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..autodiff import no_recording
 from ..module import contracts
 from .data import DataLoader
-from .losses import cross_entropy, mse_loss
+from .losses import causal_lm_loss, cross_entropy, mse_loss
 
 
 class TrainingSetupError(ValueError):
@@ -31,9 +31,13 @@ def preflight(model, train, kind: str, loss: str, device, name: str) -> None:
             where = (result.failure.path or "the model's own forward") if result.failure else "the model"
             raise TrainingSetupError(f"{what} does not fit the model: at {where}: {result.error}")
         output = vmodel.forward(batch.inputs)
-        loss_name = loss if loss != "auto" else ("cross-entropy" if kind == "classification" else "mse")
+        if kind == "causal-lm":
+            loss_name, loss_fn = "next-token cross-entropy", causal_lm_loss
+        else:
+            loss_name = loss if loss != "auto" else ("cross-entropy" if kind == "classification" else "mse")
+            loss_fn = cross_entropy if loss_name == "cross-entropy" else mse_loss
         try:
-            (cross_entropy if loss_name == "cross-entropy" else mse_loss)(output, batch.targets)
+            loss_fn(output, batch.targets)
         except Exception as e:  # noqa: BLE001 - reported with the shapes
             raise TrainingSetupError(f"{what} does not fit the {loss_name} loss: the model outputs "
                                      f"{_dims(output.shape)}, the targets are {_dims(batch.targets.shape)}: "

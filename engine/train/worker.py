@@ -32,7 +32,7 @@ from .grad_norms import GradTap
 from .checkpoint import describe_os_error, disk_errno
 from .learner import Learner
 from .preflight import TrainingSetupError, preflight
-from .run_spec import FILE_TASK, RunSpec, fit_file_data, make_data, make_step
+from .run_spec import CAUSAL_LM_TASK, FILE_TASK, RunSpec, fit_file_data, make_data, make_step
 
 FLUSH_S = 1 / 4  # the worker sends batched events at most this often (control events at once)
 PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most this often
@@ -213,7 +213,9 @@ def run_training(state, control: RunControl, model, spec: RunSpec, run_dir: str,
 def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, yield_between_steps) -> RunOutcome:
     started = time.perf_counter()
     cfg = spec.training
-    train, valid, kind, data_name = make_data(spec.data, cfg.seed)
+    # causal-lm text is checked against the model's vocabulary and positions as it is read
+    train, valid, kind, data_name = make_data(spec.data, cfg.seed, model=model if spec.data.task == CAUSAL_LM_TASK
+                                              else None)
     # A lazy parameter stays lazy in the fork and shares its lazy state with the document's, so
     # every run (and the document itself) reads the values the first reader made.
     try:
@@ -244,7 +246,8 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
         forwarder(Prefill(tuple(progress["step_losses"]), tuple(progress["history"]), int(progress["global_step"])))
     if max_steps is not None:
         n = len(train)
-        per_epoch = max(1, n // cfg.batch_size if cfg.drop_last else -(-n // cfg.batch_size))
+        batches = max(1, n // cfg.batch_size if cfg.drop_last else -(-n // cfg.batch_size))
+        per_epoch = -(-batches // max(1, int(cfg.grad_accumulation)))  # optimizer steps, as the Learner counts
         epochs = done + max(1, -(-max_steps // per_epoch))
     config = dataclasses.replace(cfg, num_epochs=max(epochs, done + 1), checkpoint_dir=run_dir,
                                  resume_from=resume_from)
