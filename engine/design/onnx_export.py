@@ -89,6 +89,9 @@ def trace_model(model, inputs, shape_only: bool = False) -> Trace:
     classes = {k for _, m in modules for k in type(m).__mro__ if "forward" in k.__dict__}
     if shape_only:
         return _trace_shape_only(model, inputs, modules, paths)
+    for _, prm in model.named_params():
+        if not prm.is_initialized():
+            prm.base()  # the forward allocates it anyway; allocated first, it is traced by its path
     tracer = Tracer(_names(model, params=True))
     run = _ScopeRun(tracer, paths)
     contracts._Patcher.install(classes)
