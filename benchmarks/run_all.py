@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
-           "pretrained_open"]
+           "pretrained_open", "generate"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 TIMEOUT_S = 45 * 60
 
@@ -321,6 +321,22 @@ def _pretrained_first_forward(out, tables):
                   f"{ember / theirs:.2f}×", None)
 
 
+def _generate(threads: str):
+    def extract(out, tables):
+        t = find_table(tables, "Greedy generation, tokens/s")
+        rows = [r for r in t.rows if r[t.column("threads")] == threads]
+        ember = next((r for r in rows if r[t.column("side")].startswith("Ember, KV cache")), None)
+        peer = next((r for r in rows if r[t.column("side")].startswith("transformers")), None)
+        if ember is None:
+            raise LookupError(f"no 'Ember, KV cache' row at {threads} thread(s)")
+        if peer is None:
+            raise LookupError("transformers (with torch) is not installed for the benchmark")
+        mine, theirs = number(ember[t.column("tokens/s")]), number(peer[t.column("tokens/s")])
+        return Figure(f"{mine:.1f} tokens/s", "transformers generate", f"{theirs:.1f} tokens/s",
+                      f"{mine / theirs:.2f}×", mine / theirs >= 1.0)
+    return extract
+
+
 TARGETS = [
     Target("ops", "c = a + b; c.sum().backward() on 2×2", "≤ 1.0× PyTorch", "issue 2", _ops_headline),
     Target("ops", "worst per-op fwd+bwd on 2×2", "≤ 1.0× PyTorch", "assumed", _ops_worst),
@@ -363,6 +379,10 @@ TARGETS = [
            "< 1 s, < 100 MB, none read", "issue 19", _pretrained_7b),
     Target("pretrained_open", "small HF Llama: from_pretrained + first forward", "side by side (no target)",
            "issue 19", _pretrained_first_forward),
+    Target("generate", "greedy generation with the KV cache, 64 tokens, 1 thread", "≥ 1.0× transformers tokens/s",
+           "issue 20", _generate("1")),
+    Target("generate", "greedy generation with the KV cache, 64 tokens, 2 threads", "≥ 1.0× transformers tokens/s",
+           "issue 20", _generate("2")),
 ]
 
 
