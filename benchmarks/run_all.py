@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
-           "pretrained_open", "generate"]
+           "pretrained_open", "generate", "onnx_export"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 TIMEOUT_S = 45 * 60
 
@@ -194,6 +194,16 @@ def _lazy(which: str):
         init = t.cell("result", "initializers run")
         return Figure(f"{mb:.1f} MB ({init} initializers run)", met=mb < 50 and init == "0")
     return extract
+
+
+def _onnx_shape_only(out, tables):
+    t = find_table(tables, "ONNX export")
+    value = seconds(t.cell("time", "shape-only trace llama-7b"))
+    mb = number(t.cell("peak memory", "shape-only trace llama-7b"))
+    note = t.cell("notes", "shape-only trace llama-7b")
+    none = "; 0 parameters allocated" in note
+    return Figure(f"{fmt_seconds(value)}, {mb:.0f} MB, {'none' if none else 'some'} allocated",
+                  met=value < 2 and mb < 100 and none)
 
 
 def _conv(case: str, column: str, limit: float):
@@ -383,6 +393,8 @@ TARGETS = [
            "issue 20", _generate("1")),
     Target("generate", "greedy generation with the KV cache, 64 tokens, 2 threads", "≥ 1.0× transformers tokens/s",
            "issue 20", _generate("2")),
+    Target("onnx_export", "shape-only trace of llama-7b", "< 2 s, < 100 MB, none allocated", "issue 21",
+           _onnx_shape_only),
 ]
 
 
