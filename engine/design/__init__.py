@@ -16,6 +16,7 @@
 - `build`: the design as a Module (dotted names nest: `conv1.conv` -> `conv1.conv.weight`);
 - `files`: design files with schema versions and migration, autosave and recovery;
 - `export_python` / `export_rust`: code for Ember and for Burn;
+- `onnx_import`: `import_onnx(path)` -> `.design`, `.record`, `.report` (`primitive`: the `Op` node kind);
 - `onnx_export`: `export_onnx` (ONNX by tracing) and `trace_model` (the traced op graph of any model).
 """
 from .catalog import CATEGORIES, NodeSpec, UnknownKind, catalog, kinds, spec_for
@@ -29,6 +30,7 @@ from .files import (SCHEMA_VERSION, DesignFileError, Recovery, design_from_sourc
 from .export_common import ExportError
 from .export_python import export_python
 from .export_rust import export_rust
+from .onnx_import import ImportedOnnx, ImportReport, OnnxImportError, import_onnx
 from .onnx_export import OnnxExportError, export_onnx, trace_model
 from .samples import SAMPLES, mnist_design, residual_design
 
@@ -45,4 +47,5 @@ __all__ = [
     "design_from_source", "design_source", "discard_autosave", "is_design_data", "list_autosaves", "migrate",
     "read_design", "save_design", "write_autosave", "ExportError", "export_python", "export_rust", "SAMPLES",
     "mnist_design", "residual_design", "build_source", "export_onnx", "trace_model", "OnnxExportError",
+    "import_onnx", "ImportedOnnx", "ImportReport", "OnnxImportError",
 ]

@@ -237,7 +237,7 @@ def build_model(design: Design, device=None, analysis: Analysis | None = None) -
     blocks: dict[str, Module] = {}
     for n in design.topological_order():
         spec = design.spec(n)
-        if spec.structural:
+        if spec.structural and spec.module_class is None:  # the Op kind is structural and holds a module
             continue
         try:
             module = spec.create(design.config(n), device)

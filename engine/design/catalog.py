@@ -9,6 +9,9 @@ its built-in modules: General, Convolutions, Pooling, Interpolation, RNNs, Trans
 
 Structural kinds (category "Structure"): `Input`, `Output`, `Add` (residuals), `Concat`,
 `Reshape`, `Flatten`, `Split`. They hold no module; the design's forward runs them itself.
+`Op` is the one structural kind with a module: one primitive tensor operation, as ONNX import
+makes them; its module (`primitive.PrimitiveOp`) holds the op's constants (as parameters that
+never train) and runs it through engine Tensor ops; its shape rule is `shape_rules`' `PrimitiveOp`.
 """
 from __future__ import annotations
 
@@ -117,8 +120,8 @@ class NodeSpec:
 
     # ------------------------------------------------------------------ ports
     def input_ports(self, values: dict | None = None) -> tuple[str, ...]:
-        if self.kind in ("Add", "Concat"):
-            n = int((values or {}).get("inputs", 2))
+        if self.kind in ("Add", "Concat", "Op"):
+            n = int((values or {}).get("inputs", 1 if self.kind == "Op" else 2))
             return tuple(f"in{i}" for i in range(max(n, 0)))
         return self.inputs
 
@@ -140,7 +143,7 @@ class NodeSpec:
 
     def create(self, values: dict, device=None) -> Module:
         """A fresh module of this kind (lazy parameters: nothing is drawn until first use)."""
-        if self.structural:
+        if self.structural and self.module_class is None:
             raise TypeError(f"{self.kind} is a structural node: it has no module")
         if self.config_class is not None:
             return self.make_config(values).init(device)
@@ -326,7 +329,33 @@ def _structural_specs() -> list[NodeSpec]:
                  (FieldSpec(name="dim", kind="int", default=1),
                   FieldSpec(name="sizes", kind="int_list", default=[1, 1], minimum=1)),
                  outputs=(), structural=True),
+        _op_spec(),
     ]
+
+
+def _op_spec() -> NodeSpec:
+    """The primitive-op kind (`Op`, engine/design/primitive.py): one tensor operation (MatMul, Transpose,
+    Gather, Slice, Where, ...) with its attributes as fields and its constants held by its module."""
+    from .primitive import DTYPES, PRIMITIVE_OPS, PrimitiveOp  # noqa: PLC0415 - primitive imports engine.module
+
+    ints = {"kind": "int_list", "default": None, "optional": True}
+    fields = (
+        FieldSpec(name="op", kind="enum", choices=PRIMITIVE_OPS, default="Identity"),
+        FieldSpec(name="inputs", kind="int", default=1, minimum=0),
+        FieldSpec(name="operands", kind="str", default="in0",
+                  help="the op's operands in order: inN an input port, cK a constant, empty an absent one"),
+        FieldSpec(name="constants", kind="str", default="", help="the constants' dtypes and dims: float32[2,3];int64[]"),
+        FieldSpec(name="axis", kind="int", default=0),
+        FieldSpec(name="axes", **ints), FieldSpec(name="perm", **ints),
+        FieldSpec(name="keepdims", kind="bool", default=True),
+        FieldSpec(name="starts", **ints), FieldSpec(name="ends", **ints), FieldSpec(name="steps", **ints),
+        FieldSpec(name="shape", **ints),
+        FieldSpec(name="alpha", kind="float", default=1.0), FieldSpec(name="beta", kind="float", default=1.0),
+        FieldSpec(name="to", kind="enum", choices=DTYPES, default="float32"),
+        FieldSpec(name="trans_a", kind="bool", default=False), FieldSpec(name="trans_b", kind="bool", default=False),
+    )
+    return NodeSpec("Op", "Structure", "One primitive tensor operation (ONNX semantics) with its attributes; "
+                    "its constants are held by the node.", fields, module_class=PrimitiveOp, structural=True)
 
 
 @lru_cache(maxsize=1)
@@ -351,4 +380,4 @@ def spec_for(kind: str) -> NodeSpec:
         return catalog()[kind]
     except KeyError:
         raise UnknownKind(f"unknown node kind {kind!r}: expected a layer of engine.nn (Linear, Conv2d, ...) "
-                          f"or a structural node (Input, Output, Add, Concat, Reshape, Flatten, Split)") from None
+                          f"or a structural node (Input, Output, Add, Concat, Reshape, Flatten, Split, Op)") from None

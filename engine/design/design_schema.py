@@ -130,7 +130,7 @@ def _kind(value: Any, where: str) -> str:
     text = _text(value, where, "a node kind (text)")
     if text not in catalog():
         raise DesignSchemaError(where, "a node kind: a layer of engine.nn by its class name (Linear, Conv2d, ...) "
-                                "or a structural node (Input, Output, Add, Concat, Reshape, Flatten, Split)",
+                                "or a structural node (Input, Output, Add, Concat, Reshape, Flatten, Split, Op)",
                                 _Said(f"the unknown node kind {text[:60]!r}"))
     return text
 
@@ -169,6 +169,46 @@ def _config(value: Any, where: str, kind: str) -> None:
     if kind in ("Add", "Concat") and isinstance(inputs, int) and not isinstance(inputs, bool) \
             and not 2 <= inputs <= MAX_PORTS:
         raise DesignSchemaError(f"{where}.inputs", f"a number of inputs from 2 to {MAX_PORTS}", inputs)
+    if kind == "Op":
+        _op_config(value, where)
+
+
+MAX_OP_ELEMENTS = 1 << 31  # elements in one constant of an Op node
+
+
+def _op_config(value: dict, where: str) -> None:
+    """The primitive-op node's fields: a known op, input ports in range, operands and constants that parse."""
+    from .primitive import PRIMITIVE_OPS, OpError, parse_constants, parse_operands  # noqa: PLC0415
+
+    op = value.get("op", "Identity")
+    if op not in PRIMITIVE_OPS:
+        raise DesignSchemaError(f"{where}.op", f"a primitive op ({', '.join(PRIMITIVE_OPS)})", op)
+    inputs = value.get("inputs", 1)
+    if isinstance(inputs, bool) or not isinstance(inputs, int) or not 0 <= inputs <= MAX_PORTS:
+        raise DesignSchemaError(f"{where}.inputs", f"a number of input ports from 0 to {MAX_PORTS}", inputs)
+    try:
+        operands = parse_operands(value.get("operands", "in0"))
+    except OpError as e:
+        raise DesignSchemaError(f"{where}.operands", "operands such as 'in0,c0' (inN an input port, cK a constant)",
+                                _Said(str(e))) from None
+    try:
+        constants = parse_constants(value.get("constants", ""))
+    except OpError as e:
+        raise DesignSchemaError(f"{where}.constants", "constants such as 'float32[2,3];int64[]'", _Said(str(e))) \
+            from None
+    for i, (_dtype, dims) in enumerate(constants):
+        n = math.prod(dims)
+        if n > MAX_OP_ELEMENTS:
+            raise DesignSchemaError(f"{where}.constants", f"constants of at most {MAX_OP_ELEMENTS:,} elements",
+                                    _Said(f"constant c{i} of dims {list(dims)} ({n:,} elements)"))
+    for t in operands:
+        if t is None:
+            continue
+        limit = inputs if t[0] == "in" else len(constants)
+        if t[1] >= limit:
+            what = "input port" if t[0] == "in" else "constant"
+            raise DesignSchemaError(f"{where}.operands", f"operands naming the node's {limit} {what}(s)",
+                                    _Said(f"{t[0]}{t[1]}"))
 
 
 def _position(value: Any, where: str) -> None:

@@ -728,3 +728,246 @@ def _triplet(m, ins, ctx):
     expect("assert_shape(positive, [batch_size, embedding_dim])", positive, [batch_size, embedding_dim])
     expect("assert_shape(negative, [batch_size, embedding_dim])", negative, [batch_size, embedding_dim])
     return _ONE
+
+
+# ---------------------------------------------------------------------------------- primitive ops
+_OP_KIND = {"float32": "float", "float64": "float", "float16": "float", "int64": "int", "int32": "int",
+            "int8": "int", "uint8": "int", "bool": "bool"}
+
+
+def _op_axis(axis: int, rank: int, op: str) -> int:
+    a = axis + rank if axis < 0 else axis
+    if not 0 <= a < rank:
+        raise RuleError(f"{op}: axis {axis} is out of range for a tensor of rank {rank}")
+    return a
+
+
+def _broadcast(op: str, shapes: list) -> tuple:
+    n = max(s.rank for s in shapes)
+    out = [as_dim(1)] * n
+    padded = [(as_dim(1),) * (n - s.rank) + tuple(s.dims) for s in shapes]
+    for i in range(n):
+        d = None
+        for p in padded:
+            x = p[i]
+            if x == 1:
+                continue
+            if d is None:
+                d = x
+            elif x != d:
+                raise RuleError(f"{op}: the operands' dims {', '.join(dims_text(s.dims) for s in shapes)} do not "
+                                f"broadcast (axis {i}: {d} and {x})")
+        out[i] = d if d is not None else as_dim(1)
+    return tuple(out)
+
+
+def _const_int(d, what: str, op: str) -> int:
+    d = as_dim(d)
+    if not d.is_const():
+        raise RuleError(f"{op}: {what} is the named axis {d}, where a fixed size is needed")
+    return d.value()
+
+
+@rule("PrimitiveOp")
+def _primitive_op(m, ins, ctx):
+    from .primitive import parse_operands, slice_length  # noqa: PLC0415
+
+    op, a = m.op, m.attrs
+    consts = m.constant_specs()
+    ops = []
+    for t in parse_operands(m.operands):
+        if t is None:
+            ops.append(None)
+        elif t[0] == "in":
+            ops.append(ins[t[1]])
+        else:
+            dtype, dims = consts[t[1]]
+            ops.append(Shape(tuple(as_dim(d) for d in dims), _OP_KIND[dtype]))
+    x = ops[0] if ops else None
+    if x is None:
+        raise RuleError(f"{op}: the first operand is missing")
+    arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2}
+    arity.update({k: 2 for k in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "LessOrEqual",
+                                 "Greater", "GreaterOrEqual", "And", "Or", "Xor")})
+    need = arity.get(op, 1)
+    if len([o for o in ops[:need] if o is not None]) < need:
+        raise RuleError(f"{op}: expected {need} operands, got {len([o for o in ops if o is not None])}")
+    if op in ("Identity", "Neg", "Sqrt", "Reciprocal", "Exp", "Log", "Abs", "Erf", "Tanh", "Sigmoid", "Relu", "Sin",
+              "Cos"):
+        return _same(x)
+    if op in ("IsNaN",):
+        return Shape(x.dims, "bool")
+    if op == "Not":
+        return _same(x)
+    if op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"):
+        if op != "Pow" and ops[0].dtype != ops[1].dtype:
+            raise RuleError(f"{op}: expected operands of one dtype, got {_NP_DTYPE[ops[0].dtype]} and "
+                            f"{_NP_DTYPE[ops[1].dtype]} (dims {dims_text(ops[0].dims)} and {dims_text(ops[1].dims)})")
+        return Shape(_broadcast(op, ops[:2]), ops[0].dtype)
+    if op in ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor"):
+        return Shape(_broadcast(op, ops[:2]), "bool")
+    if op == "Where":
+        if ops[0].dtype != "bool":
+            raise RuleError(f"Where: expected a bool condition, got {_NP_DTYPE[ops[0].dtype]}")
+        return Shape(_broadcast(op, ops[:3]), ops[1].dtype)
+    if op == "Cast":
+        return Shape(x.dims, _OP_KIND[a["to"]])
+    if op in ("MatMul", "Gemm"):
+        p, q = ops[0], ops[1]
+        if op == "Gemm":
+            if p.rank != 2 or q.rank != 2:
+                raise RuleError(f"Gemm: expected two rank-2 operands, got dims {dims_text(p.dims)} and "
+                                f"{dims_text(q.dims)}")
+            pd = p.dims[::-1] if a["trans_a"] else p.dims
+            qd = q.dims[::-1] if a["trans_b"] else q.dims
+            p, q = Shape(pd, p.dtype), Shape(qd, q.dtype)
+        pd = p.dims if p.rank > 1 else (as_dim(1),) + tuple(p.dims)
+        qd = q.dims if q.rank > 1 else tuple(q.dims) + (as_dim(1),)
+        if p.dtype != q.dtype:
+            raise RuleError(f"{op}: expected operands of one dtype, got {_NP_DTYPE[p.dtype]} and {_NP_DTYPE[q.dtype]}")
+        if pd[-1] != qd[-2]:
+            raise RuleError(f"{op}: inner dimensions differ: dims {dims_text(p.dims)} @ {dims_text(q.dims)}")
+        lead = _broadcast(op, [Shape(pd[:-2]), Shape(qd[:-2])]) if len(pd) > 2 or len(qd) > 2 else ()
+        out = tuple(lead) + ((pd[-2],) if p.rank > 1 else ()) + ((qd[-1],) if q.rank > 1 else ())
+        if op == "Gemm" and len(ops) > 2 and ops[2] is not None:
+            _broadcast("Gemm", [Shape(out), ops[2]])
+        return Shape(out, p.dtype)
+    if op == "Transpose":
+        perm = a["perm"] if a["perm"] is not None else list(range(x.rank))[::-1]
+        if sorted(perm) != list(range(x.rank)):
+            raise RuleError(f"Transpose: perm {perm} is not a permutation of the {x.rank} axes of "
+                            f"{dims_text(x.dims)}")
+        return Shape(tuple(x.dims[i] for i in perm), x.dtype)
+    if op == "Reshape":
+        shape = list(a["shape"] or [])
+        if shape.count(-1) > 1 or any(s < -1 for s in shape):
+            raise RuleError(f"Reshape: expected sizes >= 0 and at most one -1, got {shape}")
+        out = []
+        for i, s in enumerate(shape):
+            if s == 0:
+                if i >= x.rank:
+                    raise RuleError(f"Reshape: 0 at axis {i} copies an axis the input {dims_text(x.dims)} lacks")
+                out.append(as_dim(x.dims[i]))
+            else:
+                out.append(s)
+        total = as_dim(1)
+        for d in x.dims:
+            total = total * d
+        known = as_dim(1)
+        for d in out:
+            if not (isinstance(d, int) and d == -1):
+                known = known * d
+        if -1 in [d for d in out if isinstance(d, int)]:
+            if known == 0:
+                raise RuleError(f"Reshape: cannot infer -1 in {shape} from dims {dims_text(x.dims)}")
+            q = _quotient(total, known)
+            if q is None:
+                raise RuleError(f"Reshape: cannot reshape {dims_text(x.dims)} into {shape}: no size for -1 makes "
+                                f"the number of elements agree")
+            out = [q if isinstance(d, int) and d == -1 else d for d in out]
+        elif _product_dims(out) != total:
+            raise RuleError(f"Reshape: cannot reshape {dims_text(x.dims)} into {shape}: the number of elements "
+                            f"differs")
+        return Shape(tuple(as_dim(d) for d in out), x.dtype)
+    if op == "Unsqueeze":
+        axes = a["axes"] or []
+        rank = x.rank + len(axes)
+        pos = sorted({_op_axis(v, rank, op) for v in axes})
+        if len(pos) != len(axes):
+            raise RuleError(f"Unsqueeze: axes {axes} repeat an axis")
+        dims = list(x.dims)
+        for p in pos:
+            dims.insert(p, as_dim(1))
+        return Shape(tuple(dims), x.dtype)
+    if op == "Squeeze":
+        axes = a["axes"]
+        if axes is None:
+            pos = [i for i, d in enumerate(x.dims) if d == 1]
+        else:
+            pos = sorted({_op_axis(v, x.rank, op) for v in axes})
+            for p in pos:
+                if x.dims[p] != 1:
+                    raise RuleError(f"Squeeze: axis {p} of {dims_text(x.dims)} has size {x.dims[p]}, expected 1")
+        return Shape(tuple(d for i, d in enumerate(x.dims) if i not in pos), x.dtype)
+    if op == "Flatten":
+        k = _op_axis(a["axis"], x.rank + 1, op)
+        return Shape((_product_dims(x.dims[:k]), _product_dims(x.dims[k:])), x.dtype)
+    if op == "Expand":
+        shape = a["shape"] or []
+        return Shape(_broadcast(op, [x, Shape(tuple(as_dim(s) for s in shape))]), x.dtype)
+    if op == "Concat":
+        parts = [o for o in ops if o is not None]
+        k = _op_axis(a["axis"], x.rank, op)
+        total = as_dim(0)
+        for i, t in enumerate(parts):
+            if t.rank != x.rank or t.dtype != x.dtype or any(t.dims[j] != x.dims[j] for j in range(x.rank) if j != k):
+                raise RuleError(f"Concat: operand {i} has dims {dims_text(t.dims)} ({_NP_DTYPE[t.dtype]}), expected "
+                                f"those of operand 0 {dims_text(x.dims)} ({_NP_DTYPE[x.dtype]}) except on axis {k}")
+            total = total + t.dims[k]
+        return Shape(x.dims[:k] + (total,) + x.dims[k + 1:], x.dtype)
+    if op == "Slice":
+        starts, ends = a["starts"] or [], a["ends"] or []
+        axes = a["axes"] if a["axes"] is not None else list(range(len(starts)))
+        steps = a["steps"] if a["steps"] is not None else [1] * len(starts)
+        if not len(starts) == len(ends) == len(axes) == len(steps):
+            raise RuleError(f"Slice: starts, ends, axes and steps differ in length ({len(starts)}, {len(ends)}, "
+                            f"{len(axes)}, {len(steps)})")
+        dims = list(x.dims)
+        for s, e, ax, st in zip(starts, ends, axes, steps):
+            k = _op_axis(ax, x.rank, op)
+            if st == 0:
+                raise RuleError("Slice: a step of 0")
+            size = _const_int(dims[k], f"axis {k} of {dims_text(x.dims)}", op) if not (
+                s == 0 and st == 1 and e >= 1 << 31) else None
+            dims[k] = dims[k] if size is None else as_dim(slice_length(size, s, e, st))
+        return Shape(tuple(dims), x.dtype)
+    if op == "Gather":
+        idx = ops[1]
+        if idx.dtype != "int":
+            raise RuleError(f"Gather: expected int indices, got {_NP_DTYPE[idx.dtype]}")
+        k = _op_axis(a["axis"], x.rank, op)
+        return Shape(x.dims[:k] + tuple(idx.dims) + x.dims[k + 1:], x.dtype)
+    if op in ("Softmax", "LogSoftmax"):
+        _op_axis(a["axis"], x.rank, op)
+        _float_input(op, x)
+        return _same(x)
+    if op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
+        axes = a["axes"]
+        pos = set(range(x.rank)) if axes is None else {_op_axis(v, x.rank, op) for v in axes}
+        if a["keepdims"]:
+            return Shape(tuple(as_dim(1) if i in pos else d for i, d in enumerate(x.dims)), x.dtype)
+        return Shape(tuple(d for i, d in enumerate(x.dims) if i not in pos), x.dtype)
+    if op == "Shape":
+        return Shape((as_dim(x.rank),), "int")
+    raise RuleError(f"{op}: no shape rule")
+
+
+def _product_dims(dims):
+    p = as_dim(1)
+    for d in dims:
+        p = p * as_dim(d)
+    return p
+
+
+def _quotient(total, known):
+    """total / known when it is exact (a monomial divisor, or a constant one dividing every coefficient)."""
+    known = as_dim(known)
+    if known.is_const():
+        k = known.value()
+        return total // k if k and total.divisible_by(k) else None
+    if len(known.terms) != 1:
+        return None
+    (km, kc), = known.terms.items()
+    out = {}
+    for mono, c in total.terms.items():
+        rest = list(mono)
+        for atom in km:
+            if atom not in rest:
+                return None
+            rest.remove(atom)
+        if c % kc:
+            return None
+        out[tuple(rest)] = c // kc
+    from .dims import Dim  # noqa: PLC0415
+
+    return Dim(out)

@@ -23,7 +23,7 @@ def test_every_nn_config_gives_a_palette_kind_in_burns_groups():
     assert {"Lstm", "Gru"} <= set(kinds("RNNs"))
     assert {"TransformerEncoder", "MultiHeadAttention"} <= set(kinds("Transformer"))
     assert {"CrossEntropyLoss", "MseLoss"} <= set(kinds("Loss"))
-    assert kinds("Structure") == ["Input", "Output", "Add", "Concat", "Reshape", "Flatten", "Split"]
+    assert kinds("Structure") == ["Input", "Output", "Add", "Concat", "Reshape", "Flatten", "Split", "Op"]
     # config-less modules come from their constructors; internal building blocks do not appear
     assert "Relu" in cat and "GLU" in cat and "GateController" not in cat
 

@@ -1,0 +1,347 @@
+"""The primitive-op node kind (`Op`): one ONNX-style tensor operation run through engine Tensor ops.
+
+A design imported from ONNX maps nodes onto catalog layers where one exists (Conv, Gemm, norms,
+pooling, activations); everything else the engine can compute becomes an `Op` node: its `op`
+(`MatMul`, `Transpose`, `Gather`, `Slice`, `Where`, ...), its attributes as node fields (`axis`,
+`axes`, `perm`, `starts` / `ends` / `steps`, `shape`, `keepdims`, `alpha`, `beta`, `to`,
+`trans_a` / `trans_b`), and how its operands are fed: `operands` names each operand in order,
+`inN` for the node's N-th input port, `cK` for its K-th constant, empty for an absent optional
+operand (`"in0,c0,in1"` for `Where(cond, <constant>, y)`). The constants are held by the node's
+module as parameters `c0`, `c1`, ... that never train (saved in the model's record like any
+weight); `constants` gives their dtypes and shapes (`"float32[1,1,6,8];int64[]"`), so the node is
+made lazily and its shape rule (`shape_rules`, rule `PrimitiveOp`) reads only shapes.
+
+`run_op(op, attrs, operands)` is the one implementation of each op, used by the module's forward
+and by the ONNX importer to fold constant subgraphs.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from ..module import Module, Param
+from ..tensor import Tensor, cat
+from ..tensor import ops_elementwise as _elementwise
+
+__all__ = ["PrimitiveOp", "PRIMITIVE_OPS", "FOLD_ONLY_OPS", "run_op", "parse_operands", "parse_constants",
+           "constants_text", "OpError", "DTYPES"]
+
+# the ops an Op node runs (ONNX names, ONNX semantics)
+PRIMITIVE_OPS = (
+    "Identity", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Neg", "Sqrt", "Reciprocal", "Exp", "Log", "Abs",
+    "Erf", "Tanh", "Sigmoid", "Relu", "Sin", "Cos", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+    "And", "Or", "Not", "Xor", "IsNaN", "Where", "Cast", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze",
+    "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
+    "ReduceSum", "ReduceMax", "ReduceMin", "Shape",
+)
+# ops the importer evaluates on constants only (their output's shape is a run-time value)
+FOLD_ONLY_OPS = ("Constant", "ConstantOfShape", "Range")
+DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
+_KIND = {"float32": "float", "float64": "float", "float16": "float", "int64": "int", "int32": "int", "int8": "int",
+         "uint8": "int", "bool": "bool"}
+MAX_CONSTANTS = 64
+
+
+class OpError(ValueError):
+    """An Op node's settings or operands that do not fit the op."""
+
+
+_OPERAND = re.compile(r"^(in|c)(\d{1,4})$")
+_CONST = re.compile(r"^(float32|float64|float16|int64|int32|int8|uint8|bool)\[((?:\d{1,12}(?:,\d{1,12})*)?)\]$")
+
+
+def parse_operands(text: str) -> list:
+    """`"in0,c0,"` -> [("in", 0), ("c", 0), None]; OpError names a token that is not one."""
+    if not isinstance(text, str):
+        raise OpError(f"operands: expected text such as 'in0,c0', got {text!r}")
+    if text.strip() == "":
+        return []
+    out = []
+    for tok in text.split(","):
+        tok = tok.strip()
+        if tok == "":
+            out.append(None)
+            continue
+        m = _OPERAND.match(tok)
+        if not m:
+            raise OpError(f"operands: expected inN (an input port), cK (a constant) or nothing, got {tok!r} "
+                          f"in {text!r}")
+        out.append((m.group(1), int(m.group(2))))
+    return out
+
+
+def parse_constants(text: str) -> list:
+    """`"float32[2,3];int64[]"` -> [("float32", (2, 3)), ("int64", ())]."""
+    if not isinstance(text, str):
+        raise OpError(f"constants: expected text such as 'float32[2,3]', got {text!r}")
+    if text.strip() == "":
+        return []
+    out = []
+    for tok in text.split(";"):
+        m = _CONST.match(tok.strip())
+        if not m:
+            raise OpError(f"constants: expected dtype[dims] such as float32[2,3] (dtypes {', '.join(DTYPES)}), "
+                          f"got {tok.strip()[:60]!r}")
+        dims = tuple(int(d) for d in m.group(2).split(",")) if m.group(2) else ()
+        out.append((m.group(1), dims))
+    if len(out) > MAX_CONSTANTS:
+        raise OpError(f"constants: at most {MAX_CONSTANTS} constants a node, got {len(out)}")
+    return out
+
+
+def constants_text(arrays) -> str:
+    return ";".join(f"{np.asarray(a).dtype.name}[{','.join(str(d) for d in np.shape(a))}]" for a in arrays)
+
+
+def _zeros_init(dtype: str, dims: tuple):
+    def init(device, require_grad):
+        return Tensor.from_data(np.zeros(dims, dtype=dtype), device)
+    return init
+
+
+class PrimitiveOp(Module):
+    """One tensor operation with its attributes and constants (see this file's docstring)."""
+
+    def __init__(self, op: str = "Identity", inputs: int = 1, operands: str = "in0", constants: str = "",
+                 axis: int = 0, axes=None, perm=None, keepdims: bool = True, starts=None, ends=None, steps=None,
+                 shape=None, alpha: float = 1.0, beta: float = 1.0, to: str = "float32", trans_a: bool = False,
+                 trans_b: bool = False, device=None):
+        if op not in PRIMITIVE_OPS:
+            raise OpError(f"op: expected one of {', '.join(PRIMITIVE_OPS)}, got {op!r}")
+        specs = parse_constants(constants)
+        toks = parse_operands(operands)
+        for t in toks:
+            if t is not None and t[0] == "in" and t[1] >= inputs:
+                raise OpError(f"operands: in{t[1]} names an input port, but the node has {inputs} (in0..in"
+                              f"{inputs - 1})")
+            if t is not None and t[0] == "c" and t[1] >= len(specs):
+                raise OpError(f"operands: c{t[1]} names a constant, but the node holds {len(specs)}")
+        if to not in DTYPES:
+            raise OpError(f"to: expected one of {', '.join(DTYPES)}, got {to!r}")
+        self.op = op
+        self.inputs = int(inputs)
+        self.operands = operands
+        self.constants = constants
+        self.attrs = {"axis": axis, "axes": None if axes is None else list(axes),
+                      "perm": None if perm is None else list(perm), "keepdims": bool(keepdims),
+                      "starts": None if starts is None else list(starts), "ends": None if ends is None else list(ends),
+                      "steps": None if steps is None else list(steps), "shape": None if shape is None else list(shape),
+                      "alpha": float(alpha), "beta": float(beta), "to": to, "trans_a": bool(trans_a),
+                      "trans_b": bool(trans_b)}
+        for i, (dtype, dims) in enumerate(specs):
+            setattr(self, f"c{i}", Param.uninitialized(_zeros_init(dtype, dims), device, require_grad=False,
+                                                       shape=dims, kind=_KIND[dtype]))
+
+    def constant_specs(self) -> list:
+        return parse_constants(self.constants)
+
+    def forward(self, *xs):
+        ops = []
+        for t in parse_operands(self.operands):
+            if t is None:
+                ops.append(None)
+            elif t[0] == "in":
+                ops.append(xs[t[1]])
+            else:
+                ops.append(getattr(self, f"c{t[1]}").val())
+        return run_op(self.op, self.attrs, ops)
+
+
+# ---------------------------------------------------------------------------------- the ops
+def _wrap_np(arr, like: Tensor) -> Tensor:
+    return Tensor.from_data(np.asarray(arr), like.device)
+
+
+def _axis_of(axis: int, rank: int, op: str) -> int:
+    a = axis + rank if axis < 0 else axis
+    if not 0 <= a < rank:
+        raise OpError(f"{op}: axis {axis} is out of range for a tensor of rank {rank}")
+    return a
+
+
+def broadcast_shapes(a: tuple, b: tuple, op: str) -> tuple:
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise OpError(f"{op}: dims {list(a)} and {list(b)} do not broadcast")
+    return tuple(out)
+
+
+def _reshape_target(shape: list, src: tuple, op: str = "Reshape") -> tuple:
+    out = [src[i] if s == 0 and i < len(src) else s for i, s in enumerate(shape)]
+    return tuple(out)
+
+
+def _int_div(a: Tensor, b: Tensor) -> Tensor:
+    x, y = a.numpy(), b.numpy()
+    return _wrap_np(np.trunc(x / y).astype(np.result_type(x, y)), a)
+
+
+_BINARY = {
+    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+    "Pow": lambda a, b: a ** b,
+    "Max": lambda a, b: a.maximum(b), "Min": lambda a, b: a.minimum(b),
+    "Equal": lambda a, b: a.equal(b), "Less": lambda a, b: a.lower(b), "LessOrEqual": lambda a, b: a.lower_equal(b),
+    "Greater": lambda a, b: a.greater(b), "GreaterOrEqual": lambda a, b: a.greater_equal(b),
+    "And": lambda a, b: a.bool_and(b), "Or": lambda a, b: a.bool_or(b),
+    "Xor": lambda a, b: a.not_equal(b),
+}
+_UNARY = {
+    "Identity": lambda x: x, "Neg": lambda x: -x, "Sqrt": lambda x: x.sqrt(), "Reciprocal": lambda x: x.recip(),
+    "Exp": lambda x: x.exp(), "Log": lambda x: x.log(), "Abs": lambda x: x.abs(), "Erf": lambda x: x.erf(),
+    "Tanh": lambda x: x.tanh(), "Sigmoid": lambda x: x.sigmoid(), "Relu": lambda x: x.relu(),
+    "Sin": lambda x: x.sin(), "Cos": lambda x: x.cos(), "IsNaN": lambda x: x.is_nan(), "Not": lambda x: x.bool_not(),
+}
+
+
+def _same_dtype(a: Tensor, b: Tensor, op: str):
+    if a.dtype != b.dtype:
+        raise OpError(f"{op}: expected operands of one dtype, got {a.dtype} and {b.dtype}")
+
+
+def run_op(op: str, attrs: dict, ops: list) -> Tensor:
+    """The result of one op on engine tensors (ONNX semantics; see PRIMITIVE_OPS)."""
+    x = ops[0] if ops else None
+    if op in _UNARY:
+        return _UNARY[op](x)
+    if op in _BINARY:
+        a, b = ops[0], ops[1]
+        if op != "Pow":
+            _same_dtype(a, b, op)
+        return _BINARY[op](a, b)
+    if op == "Div":
+        a, b = ops
+        _same_dtype(a, b, op)
+        if a.kind == "int":
+            return _int_div(a, b)
+        return a / b
+    if op == "Where":
+        c, a, b = ops
+        return _elementwise.where(c, a, b)
+    if op == "Cast":
+        return x.cast(attrs["to"])
+    if op == "MatMul":
+        a, b = ops
+        if a.rank == 1 and b.rank == 1:
+            return (a.unsqueeze(0).matmul(b.unsqueeze(1))).reshape(())
+        if a.rank == 1:
+            return a.unsqueeze(0).matmul(b).squeeze(-2)
+        if b.rank == 1:
+            return a.matmul(b.unsqueeze(1)).squeeze(-1)
+        return a.matmul(b)
+    if op == "Gemm":
+        a, b = ops[0], ops[1]
+        c = ops[2] if len(ops) > 2 else None
+        if attrs["trans_a"]:
+            a = a.transpose()
+        if attrs["trans_b"]:
+            b = b.transpose()
+        y = a.matmul(b)
+        if attrs["alpha"] != 1.0:
+            y = y * attrs["alpha"]
+        if c is not None:
+            y = y + (c * attrs["beta"] if attrs["beta"] != 1.0 else c)
+        return y
+    if op == "Transpose":
+        perm = attrs["perm"] if attrs["perm"] is not None else list(range(x.rank))[::-1]
+        return x.permute(perm)
+    if op == "Reshape":
+        return x.reshape(_reshape_target(attrs["shape"], tuple(x.shape)))
+    if op == "Unsqueeze":
+        rank = x.rank + len(attrs["axes"])
+        axes = sorted(_axis_of(a, rank, op) for a in attrs["axes"])
+        for a in axes:
+            x = x.unsqueeze(a)
+        return x
+    if op == "Squeeze":
+        axes = attrs["axes"]
+        if axes is None:
+            axes = [i for i, s in enumerate(x.shape) if s == 1]
+        axes = sorted((_axis_of(a, x.rank, op) for a in axes), reverse=True)
+        for a in axes:
+            x = x.squeeze(a)
+        return x
+    if op == "Flatten":
+        a = _axis_of(attrs["axis"], x.rank + 1, op)
+        lead = int(np.prod(x.shape[:a], dtype=np.int64))
+        return x.reshape((lead, -1 if lead else 0))
+    if op == "Expand":
+        target = broadcast_shapes(tuple(x.shape), tuple(attrs["shape"]), op)
+        while x.rank < len(target):
+            x = x.unsqueeze(0)
+        return x if tuple(x.shape) == target else x.expand(target)
+    if op == "Concat":
+        parts = [t for t in ops if t is not None]
+        return cat(parts, _axis_of(attrs["axis"], parts[0].rank, op))
+    if op == "Slice":
+        return x[slice_key(x.shape, attrs)]
+    if op == "Gather":
+        idx = ops[1]
+        a = _axis_of(attrs["axis"], x.rank, op)
+        n = x.shape[a]
+        flat = np.asarray(idx.numpy(), dtype=np.int64).reshape(-1)
+        if flat.size and (flat.min() < -n or flat.max() >= n):
+            raise OpError(f"Gather: index out of range for axis {a} of size {n}")
+        flat = np.where(flat < 0, flat + n, flat)
+        out = x.select(a, Tensor.from_data(flat, x.device))
+        return out.reshape(tuple(x.shape[:a]) + tuple(idx.shape) + tuple(x.shape[a + 1:]))
+    if op == "Softmax":
+        return x.softmax(_axis_of(attrs["axis"], x.rank, op))
+    if op == "LogSoftmax":
+        return x.log_softmax(_axis_of(attrs["axis"], x.rank, op))
+    if op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
+        axes = attrs["axes"]
+        axes = list(range(x.rank)) if axes is None else sorted({_axis_of(a, x.rank, op) for a in axes})
+        fn = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}[op]
+        for a in sorted(axes, reverse=True):
+            x = getattr(x, fn)(a, keepdim=True)
+        if not attrs["keepdims"]:
+            for a in sorted(axes, reverse=True):
+                x = x.squeeze(a)
+        return x
+    if op == "Shape":
+        return Tensor.from_data(np.asarray(x.shape, dtype=np.int64), x.device)
+    raise OpError(f"the engine has no implementation of the op {op!r}")
+
+
+def slice_key(shape, attrs) -> tuple:
+    rank = len(shape)
+    starts, ends = attrs["starts"], attrs["ends"]
+    axes = attrs["axes"] if attrs["axes"] is not None else list(range(len(starts)))
+    steps = attrs["steps"] if attrs["steps"] is not None else [1] * len(starts)
+    key = [slice(None)] * rank
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if st == 0:
+            raise OpError("Slice: a step of 0")
+        key[_axis_of(a, rank, "Slice")] = slice(int(s), int(e), int(st))
+    return tuple(key)
+
+
+def slice_length(size: int, start: int, end: int, step: int) -> int:
+    return len(range(*slice(start, end, step).indices(size)))
+
+
+def fold(op: str, attrs: dict, arrays: list) -> np.ndarray:
+    """`run_op` on NumPy constants (the importer's constant folding), and the fold-only ops."""
+    if op == "ConstantOfShape":
+        shape = [int(v) for v in np.asarray(arrays[0]).reshape(-1)]
+        value = attrs.get("value")
+        value = np.zeros((1,), np.float32) if value is None else np.asarray(value).reshape(-1)
+        return np.full(shape, value[0], dtype=value.dtype)
+    if op == "Range":
+        start, limit, delta = (np.asarray(a).reshape(()) for a in arrays)
+        if delta == 0:
+            raise OpError("Range: a delta of 0")
+        n = max(int(math.ceil((limit - start) / delta)), 0)
+        return (start + np.arange(n, dtype=np.result_type(start, limit, delta)) * delta).astype(start.dtype)
+    ts = [None if a is None else Tensor.from_data(np.asarray(a)) for a in arrays]
+    return np.asarray(run_op(op, attrs, ts).numpy())

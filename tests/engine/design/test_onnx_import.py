@@ -1,0 +1,172 @@
+"""ONNX import (issue 21): graphs exported by torch import as designs whose built models give
+onnxruntime's outputs.
+
+The fixtures in tests/fixtures/onnx/ were exported once with torch 2.13 (make_fixtures.py there)
+and hold onnxruntime's outputs (.npz), so the Ember side always runs; the test with onnxruntime
+live is optional and skips visibly without it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from engine import Tensor
+from engine.design import (ImportReport, OnnxImportError, analyze, build_model, import_onnx, read_design,
+                           save_design)
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "onnx"
+FIXTURES = ["cnn_bn", "cnn_folded", "mlp_ln_gelu", "encoder_layer", "llama_dynamo"]
+
+
+def _run(imported, feeds: dict):
+    model = build_model(imported.design).load_record(imported.record).valid()
+    y = model.forward(*[Tensor.from_data(v) for v in feeds.values()])
+    return [t.numpy() for t in (y if isinstance(y, tuple) else (y,))]
+
+
+def _feeds_and_outputs(name: str):
+    data = np.load(FIX / f"{name}.npz")
+    feeds = {k: data[k] for k in data.files if not k.startswith("out:")}
+    outs = [data[k] for k in data.files if k.startswith("out:")]
+    return feeds, outs
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_imported_fixture_matches_onnxruntime(name):
+    imported = import_onnx(FIX / f"{name}.onnx")
+    feeds, want = _feeds_and_outputs(name)
+    got = _run(imported, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert np.abs(g - w).max() <= 1e-4, name
+    # every ONNX node is in the report, nothing skipped silently
+    graph = onnx.load(str(FIX / f"{name}.onnx")).graph
+    assert len(imported.report.mapping) == len(graph.node)
+    assert all(isinstance(v, str) and v for v in imported.report.mapping.values())
+    assert imported.report.ok
+
+
+def test_the_report_says_what_each_node_became():
+    bn = import_onnx(FIX / "cnn_bn.onnx")
+    counts = bn.report.counts()
+    assert counts["Conv2d"] == 2 and counts["BatchNorm"] == 2 and counts["Linear"] == 1  # Conv + BN: two nodes
+    assert bn.report.mapping["/bn1/BatchNormalization"].endswith("(BatchNorm)")
+    assert bn.report.mapping["/fc/Gemm"].endswith("(Linear)")
+    assert "BatchNorm" not in import_onnx(FIX / "cnn_folded.onnx").report.counts()  # folded by the exporter
+
+    mlp = import_onnx(FIX / "mlp_ln_gelu.onnx")
+    gelu = [f for f in mlp.report.fused if f[1] == "Gelu"]
+    assert len(gelu) == 1 and sorted(op.split("/")[-1] for op in gelu[0][2]) == ["Add", "Div", "Erf", "Mul", "Mul_1"]
+    assert mlp.report.counts() == {"Linear": 2, "LayerNorm": 1, "Gelu": 1, "Sigmoid": 1}
+
+    llama = import_onnx(FIX / "llama_dynamo.onnx")
+    c = llama.report.counts()
+    assert c["RmsNorm"] == 5 and c["Linear"] == 15 and c["Embedding"] == 1 and c["SiLU"] == 2
+    rms = [f for f in llama.report.fused if f[1] == "RmsNorm"]
+    assert len(rms) == 5 and all(len(f[2]) == 7 for f in rms)  # Pow ReduceMean Add Sqrt Reciprocal Mul Mul
+    assert "Op" in c  # the rest: primitive ops (Transpose, Slice, Where, ...)
+    text = llama.report.text()
+    assert "node_embedding: embedding (Embedding)" in text and "(Op Where)" in text
+
+
+def test_weights_are_named_by_design_node_and_the_record_fits_exactly():
+    imported = import_onnx(FIX / "cnn_bn.onnx")
+    names = set(imported.record.names())
+    model = build_model(imported.design)
+    assert names == {p for p, _ in model.named_params()}
+    assert "bn1_batchnormalization.running_var" in names and "fc_gemm.weight" in names
+    w = onnx.load(str(FIX / "cnn_bn.onnx")).graph.initializer
+    fc = numpy_helper.to_array(next(t for t in w if t.name == "fc.weight"))
+    assert np.array_equal(imported.record["fc_gemm.weight"].array, fc.T)  # Gemm transB -> Burn's [d_in, d_out]
+
+
+def test_dynamic_batch_is_a_named_axis():
+    imported = import_onnx(FIX / "cnn_bn.onnx")
+    (inp,) = imported.design.inputs()
+    assert imported.design.config(inp)["shape"] == ["batch", 3, 16, 16]
+    assert analyze(imported.design).output_shapes()["logits"].dims == ("batch", 10)
+    feeds, (want,) = _feeds_and_outputs("cnn_bn")
+    x = feeds["x"]
+    (one,) = _run(imported, {"x": x[:1]})
+    (four,) = _run(imported, {"x": np.concatenate([x, x[::-1]])})
+    assert np.abs(one - want[:1]).max() <= 1e-4
+    assert np.abs(four - np.concatenate([want, want[::-1]])).max() <= 1e-4
+
+
+def test_the_design_saves_reopens_and_builds(tmp_path):
+    imported = import_onnx(FIX / "llama_dynamo.onnx")
+    path = save_design(imported.design, tmp_path / "llama")
+    again = read_design(path)
+    assert again == imported.design
+    feeds, (want,) = _feeds_and_outputs("llama_dynamo")
+    model = build_model(again).load_record(imported.record).valid()
+    got = model.forward(Tensor.from_data(feeds["input_ids"])).numpy()
+    assert np.abs(got - want).max() <= 1e-4
+
+
+def test_an_imported_design_edits_and_trains():
+    imported = import_onnx(FIX / "mlp_ln_gelu.onnx")
+    d = imported.design
+    gelu = next(n for n in d.topological_order() if d.kind(n) == "Gelu")
+    (src,) = [(u, sp) for u, sp, v, dp in d.in_edges(gelu)]
+    outs = d.out_edges(gelu)
+    d.remove_node(gelu)
+    d.add_node("Relu", "relu_new")
+    d.connect(src[0], src[1], "relu_new", "input")
+    for _, _, v, dp in outs:
+        d.connect("relu_new", "output", v, dp)
+    model = build_model(d).load_record(imported.record)
+    x = Tensor.from_data(np.ones((3, 16), np.float32)).autodiff()
+    loss = model.forward(x).sum()
+    grads = loss.backward()
+    w = next(p for n, p in model.named_params() if n.endswith("fc1_gemm.weight"))
+    assert w.val().grad(grads) is not None
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17, domains=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+def test_every_unsupported_op_is_listed_at_once(tmp_path):
+    f = helper.make_tensor_value_info
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+        helper.make_node("ScatterND", ["r", "idx", "upd"], ["s"], name="scatter_a"),
+        helper.make_node("Frobnicate", ["s"], ["t"], name="frob_b", domain="com.example"),
+        helper.make_node("ScatterND", ["t", "idx", "upd"], ["y"], name="scatter_c"),
+    ]
+    inits = [numpy_helper.from_array(np.zeros((1, 1), np.int64), "idx"),
+             numpy_helper.from_array(np.ones((1, 4), np.float32), "upd")]
+    m = _model(nodes, [f("x", TensorProto.FLOAT, [2, 4])], [f("y", TensorProto.FLOAT, [2, 4])], inits,
+               domains=["com.example"])
+    path = tmp_path / "bad.onnx"
+    onnx.save(m, str(path))
+    with pytest.raises(OnnxImportError) as e:
+        import_onnx(path)
+    msg = str(e.value)
+    assert "ScatterND (scatter_a, scatter_c)" in msg and "com.example::Frobnicate (frob_b" in msg
+    report = e.value.report
+    assert isinstance(report, ImportReport)
+    assert sorted(report.unsupported) == ["ScatterND", "com.example::Frobnicate"]
+    assert report.unsupported["ScatterND"] == ["scatter_a", "scatter_c"]
+    assert report.mapping["relu0"] == "relu0 (Relu)"  # what could be mapped is reported too
+
+
+def test_onnxruntime_live_on_another_batch_size():
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is an optional oracle (run with the torch venv)")
+    rng = np.random.default_rng(3)
+    for name in ("cnn_bn", "mlp_ln_gelu"):
+        path = FIX / f"{name}.onnx"
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        shape = [5] + [d.dim_value for d in onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[1:]]
+        x = rng.standard_normal(shape).astype(np.float32)
+        (want,) = sess.run(None, {sess.get_inputs()[0].name: x})
+        (got,) = _run(import_onnx(path), {"x": x})
+        assert np.abs(got - want).max() <= 1e-4
