@@ -1,0 +1,713 @@
+"""The scale-out hand-off: a PyTorch + transformers + peft training script for an Ember run.
+
+```python
+out = export_training_script(model, "export/", data=train_rows, training_config=TrainingConfig(...),
+                             optimizer=optim.AdamWConfig(), lr=2e-4)
+# export/train.py, export/train_config.json, export/tokens.safetensors, export/initial_adapter/
+```
+
+`export_training_script(model, folder, *, data, ...)` writes into `folder`:
+
+- `train.py`: a short, commented PyTorch script (`TRAIN_PY`; the same text for every export:
+  everything about the run is in its config). It runs as `python train.py`, `accelerate launch
+  train.py` or `torchrun --nproc_per_node N train.py`: under a launcher it reads the
+  environment variables torchrun and accelerate set (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`),
+  joins the process group and wraps the model in `DistributedDataParallel`; every process
+  takes its share of each batch Ember would feed. It imports torch, transformers, peft,
+  safetensors and numpy, never Ember.
+- `train_config.json`: the base model folder (the Hugging Face folder the model was opened
+  from when its base weights are still the stored ones, else a `save_pretrained` copy in
+  `base_model/`), the LoRA settings as peft's `LoraConfig` (r, lora_alpha, target_modules as
+  Hugging Face module names, use_rslora, use_dora, rank/alpha patterns), the frozen parameters
+  by their Hugging Face / peft names (`requires_grad=False`), the optimizer (AdamW / Adam /
+  SGD with Ember's hyperparameters: Burn's defaults differ from PyTorch's, epsilon 1e-5 for
+  one, so every value is written out), learning rate, warm-up, global-norm clipping, gradient
+  accumulation, batch size, epochs, seed, shuffling, and how the data were made (text files,
+  tokenizer, block size, packing or padding, prompt masking).
+- `tokens.safetensors`: the token rows Ember trains on (`inputs`, `targets` with -100 where
+  nothing is learnt) and its validation rows, so the script sees the very batches, in the very
+  order (the script rebuilds Ember's per-epoch shuffle with NumPy from the seed). `python
+  train.py --tokenize` makes the rows again from the text files with the `tokenizers` library,
+  the way `engine.train.text` does, for data changed since the export.
+- `initial_adapter/`: the LoRA factors Ember initialized (`save_peft_adapter`), loaded by the
+  script in place of peft's random initialization, so both start from the same weights.
+
+The script's loss is Ember's: the mean next-token cross entropy over the targets of an
+optimizer step (all its micro-batches, all processes), so a step of N accumulated batches on
+K processes has the gradient of one batch of N·B rows, as Ember's accumulation gives it.
+
+Everything the export cannot express is refused before anything is written, with what was
+expected and what was found: a model of no known family, a learning-rate schedule other than a
+constant (with an optional warm-up), an optimizer rule PyTorch has no twin for (cautious weight
+decay, per-tensor clipping, per-group optimizers), a QLoRA adapter, a fused GPT-2 c_attn whose
+q/k/v parts are frozen differently.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import optim
+from ..optim.decay import as_weight_decay
+from ..module import Module, ParamGroup
+from ..module.lora import DoraAdapter, Lora, LoraAdapter, QLoraAdapter
+from ..module.reparam import detach_reparameterization, iter_param_slots
+from ..store.atomic import atomic_write, atomic_write_text
+from ..store.safetensors_io import header as safetensors_header
+from .checkpoint import PretrainedError
+
+__all__ = ["ExportedScript", "TRAIN_PY", "export_training_script"]
+
+CONFIG_FILE = "train_config.json"
+SCRIPT_FILE = "train.py"
+TOKENS_FILE = "tokens.safetensors"
+ADAPTER_FOLDER = "initial_adapter"
+BASE_FOLDER = "base_model"
+
+
+@dataclass
+class ExportedScript:
+    """What `export_training_script` wrote, and the model it describes (with the adapters the
+    script starts from: train this one in Ember to compare)."""
+
+    folder: Path
+    script: Path
+    config_path: Path
+    config: dict
+    model: Module
+    files: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------- names
+def _adapter_names(model: Module) -> dict[str, str]:
+    """{Ember adapter param path: its peft name} (`model.layers.0.self_attn.q_proj.lora_A.weight`,
+    the name the script gives a torch parameter once peft's prefix and adapter name are dropped)."""
+    from .peft import peft_targets  # noqa: PLC0415
+
+    targets = {t.path: t for t in peft_targets(model)}
+    out = {}
+    for path, p in iter_param_slots(model):
+        r = p.reparameterization
+        if r is None or path not in targets:
+            continue
+        t = targets[path]
+        if t.kind == "embedding":
+            out[f"{path}.lora.a"], out[f"{path}.lora.b"] = (f"{t.module}.lora_embedding_A",
+                                                            f"{t.module}.lora_embedding_B")
+        else:
+            out[f"{path}.lora.a"], out[f"{path}.lora.b"] = f"{t.module}.lora_A.weight", f"{t.module}.lora_B.weight"
+        if isinstance(r, DoraAdapter):
+            out[f"{path}.lora.magnitude"] = f"{t.module}.lora_magnitude_vector.weight"
+    return out
+
+
+def _trainability(model: Module) -> tuple[list[str], list[str], int]:
+    """(frozen names, trainable names, trainable values) by Hugging Face / peft names."""
+    from .pretrained import pretrained_names  # noqa: PLC0415
+
+    base_names = pretrained_names(model)
+    adapter_names = _adapter_names(model)
+    state: dict[str, set] = {}
+    who: dict[str, list] = {}
+    trainable_values = 0
+    seen = set()
+    for path, p in model.named_params():
+        if p.id in seen:
+            continue
+        seen.add(p.id)
+        name = adapter_names.get(path) or base_names.get(path)
+        if name is None:
+            if ".lora." in path:
+                raise PretrainedError(f"'{path}' belongs to an adapter peft has no parameter for")
+            raise PretrainedError(f"parameter '{path}' has no Hugging Face name: the model's family does not "
+                                  f"name it")
+        trains = bool(p.is_require_grad()) and p.kind == "float"
+        state.setdefault(name, set()).add(trains)
+        who.setdefault(name, []).append(path)
+        if trains:
+            trainable_values += p.numel()
+    mixed = [n for n, s in state.items() if len(s) > 1]
+    if mixed:
+        n = mixed[0]
+        raise PretrainedError(f"the Hugging Face tensor '{n}' holds {', '.join(who[n])}, some frozen and some "
+                              f"not: PyTorch trains a tensor as a whole; freeze them alike")
+    frozen = sorted(n for n, s in state.items() if True not in s)
+    trainable = sorted(n for n, s in state.items() if True in s)
+    return frozen, trainable, trainable_values
+
+
+# ---------------------------------------------------------------------------------- optimizer
+def _optimizer_json(optimizer, lr, training) -> dict:
+    """The optimizer as torch.optim's arguments, from an Ember optimizer config (or optimizer)."""
+    cfg = optimizer
+    if isinstance(cfg, optim.ModuleOptimizer):
+        if cfg.groups:
+            raise ValueError("export_training_script: an optimizer with per-group rules (with_group) has no one "
+                             "torch.optim equivalent: expected one rule for every parameter")
+        if cfg.grad_clipping is not None:
+            raise ValueError("export_training_script: per-tensor gradient clipping (grad_clipping) has no torch "
+                             "equivalent: use TrainingConfig.max_grad_norm (global clipping) instead")
+        cfg = cfg.default
+    clip = getattr(cfg, "grad_clipping", None) or getattr(cfg, "gradient_clipping", None)
+    if clip is not None:
+        raise ValueError("export_training_script: per-tensor gradient clipping (grad_clipping) has no torch "
+                         "equivalent: use TrainingConfig.max_grad_norm (global clipping) instead")
+    if isinstance(cfg, (optim.AdamWConfig, optim.AdamW)):
+        cautious = cfg.cautious_weight_decay if isinstance(cfg, optim.AdamWConfig) else cfg.cautious
+        if cautious:
+            raise ValueError("export_training_script: AdamW's cautious weight decay has no torch.optim.AdamW "
+                             "equivalent: expected cautious_weight_decay=False")
+        eps = cfg.epsilon
+        out = {"name": "AdamW", "betas": [cfg.beta_1, cfg.beta_2], "eps": eps, "weight_decay": cfg.weight_decay}
+    elif isinstance(cfg, (optim.AdamConfig, optim.Adam)):
+        if isinstance(cfg, optim.AdamConfig):
+            wd = as_weight_decay(cfg.weight_decay)
+            penalty = wd.penalty if wd is not None else 0.0
+        else:
+            penalty = cfg.penalty or 0.0
+        out = {"name": "Adam", "betas": [cfg.beta_1, cfg.beta_2], "eps": cfg.epsilon, "weight_decay": penalty,
+               "amsgrad": bool(cfg.amsgrad)}
+    elif isinstance(cfg, (optim.SgdConfig, optim.Sgd)):
+        if isinstance(cfg, optim.SgdConfig):
+            wd = as_weight_decay(cfg.weight_decay)
+            penalty = wd.penalty if wd is not None else 0.0
+        else:
+            penalty = cfg.penalty or 0.0
+        m = cfg.momentum
+        out = {"name": "SGD", "weight_decay": penalty, "momentum": float(m.momentum) if m else 0.0,
+               "dampening": float(m.dampening) if m else 0.0, "nesterov": bool(m.nesterov) if m else False}
+    else:
+        raise ValueError(f"export_training_script: expected an Adam, AdamW or SGD optimizer (config), found "
+                         f"{type(cfg).__name__}")
+    out["lr"] = _constant_lr(lr)
+    out["warmup_steps"] = int(training.warmup_steps)
+    out["max_grad_norm"] = training.max_grad_norm
+    return out
+
+
+def _constant_lr(lr) -> float:
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+        return float(lr)
+    if isinstance(lr, optim.ConstantLr):
+        return float(lr.lr)
+    if type(lr).__name__ == "ConstantLrConfig":  # engine.train.run_spec's (engine.models does not import engine.train)
+        return float(lr.lr)
+    raise ValueError(f"export_training_script: expected a constant learning rate (a float or ConstantLr; "
+                     f"TrainingConfig.warmup_steps adds the warm-up), found {type(lr).__name__}")
+
+
+# ---------------------------------------------------------------------------------- base weights
+def _base_matches_folder(model: Module) -> bool:
+    """Whether every base weight still holds the stored tensor of the folder it was opened from
+    (never read since, or read and unchanged: that reads the stored tensors once)."""
+    from .pretrained import pretrained_info  # noqa: PLC0415
+
+    info = pretrained_info(model)
+    if info is None or info.folder is None or not info.folder.is_dir():
+        return False
+    for _, p in iter_param_slots(model):
+        src = info.sources.get(p.id)
+        if src is None:
+            continue  # an adapter's factor, not a base weight
+        if not p.is_initialized():
+            if src[0] is not p._lazy:
+                return False
+            continue
+        stored, rule = src[1], src[2]
+        try:
+            value = rule.load(stored.read())
+        except Exception:  # noqa: BLE001 - a file changed since: write a copy
+            return False
+        mine = np.asarray(p.base().numpy())
+        if mine.shape != value.shape or not np.array_equal(mine, value.astype(mine.dtype, copy=False)):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------- data
+def _rows(data, settings, training):
+    """(train rows, valid rows or None, description of how the rows were made)."""
+    valid = None
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        data, valid = data
+    if not (hasattr(data, "inputs") and hasattr(data, "targets")):
+        raise ValueError(f"export_training_script: data must be the training rows (a TextDataset of "
+                         f"engine.train.text) or a (train, valid) pair of them, found {type(data).__name__}")
+    desc = {"block_size": int(np.asarray(data.inputs).shape[1]), "packing": getattr(data, "packing", None)}
+    tok = getattr(data, "tokenizer", None)
+    if tok is not None and getattr(tok, "path", None):
+        desc["tokenizer"] = str(Path(tok.path).resolve().parent)
+    if settings is not None:  # engine.train.run_spec.DataSettings (read by its fields: no import of engine.train)
+        desc.update({"file": str(Path(settings.file).expanduser().resolve()),
+                     "tokenizer": str(Path(settings.tokenizer).expanduser().resolve()),
+                     "block_size": int(settings.block_size), "packing": bool(settings.packing),
+                     "per_line": bool(settings.per_line), "truncate": bool(settings.truncate), "fields": "auto",
+                     "valid_fraction": float(settings.valid_fraction) if valid is not None else None,
+                     "split_seed": int(training.seed)})
+    return data, valid, desc
+
+
+def _check_rows(inputs, targets, where: str):
+    inputs, targets = np.asarray(inputs), np.asarray(targets)
+    if inputs.ndim != 2 or inputs.shape != targets.shape or inputs.dtype.kind not in "iu" or \
+            targets.dtype.kind not in "iu":
+        raise ValueError(f"export_training_script: {where}: expected integer token rows inputs and targets of the "
+                         f"same dims [rows, block], found {inputs.dtype} {list(inputs.shape)} and {targets.dtype} "
+                         f"{list(targets.shape)}")
+    return np.ascontiguousarray(inputs, dtype=np.int64), np.ascontiguousarray(targets, dtype=np.int64)
+
+
+def _write_tokens(path: Path, arrays: dict) -> None:
+    head = safetensors_header([(k, "I64", a.shape, a.nbytes) for k, a in arrays.items()], {"format": "np"})
+
+    def write(fp):
+        fp.write(head)
+        for a in arrays.values():
+            if a.nbytes:
+                fp.write(memoryview(a.reshape(-1)).cast("B"))
+    atomic_write(path, write)
+
+
+# ---------------------------------------------------------------------------------- export
+def export_training_script(model: Module, folder, *, data, training_config, tokenizer_folder=None,
+                           data_settings=None, optimizer=None, lr=1e-3, lora: Lora | None = None,
+                           frozen: ParamGroup | None = None, base_folder=None) -> ExportedScript:
+    """Write `train.py`, `train_config.json`, the token rows and the initial adapter (see this
+    file's doc) into `folder`, for `model` (opened by `from_pretrained`, or any model of a known
+    family) trained on `data` as Ember's Learner would (`kind="causal-lm"`).
+
+    - `data`: the training rows Ember trains on (a `TextDataset`) or a `(train, valid)` pair
+      (`engine.train.run_spec.make_data` gives the app's); `data_settings`: the run's causal-lm
+      `DataSettings` they were made with (text file, tokenizer, block size, packing...), written
+      to the config so that `train.py --tokenize` can make them again.
+    - `training_config`: a `TrainingConfig` (epochs, batch size, seed, shuffle, accumulation,
+      warm-up, clipping); `optimizer`: an Adam / AdamW / SGD config (default `AdamWConfig()`,
+      Burn's defaults); `lr`: a constant learning rate.
+    - `lora`: a `Lora` to attach to a model that carries no adapters yet (the returned
+      `ExportedScript.model` has them); a model with adapters keeps its own.
+    - `frozen`: a `ParamGroup` to freeze besides what the model already froze.
+    - `tokenizer_folder`: copied into the base folder's place when the base is written out
+      (default: the data's tokenizer, else the model's folder).
+    - `base_folder`: the Hugging Face folder the script loads; default: the model's own folder
+      when its base weights are unchanged, else a `save_pretrained` copy in `folder/base_model`.
+    """
+    from .peft import ADAPTER_CONFIG, save_peft_adapter  # noqa: PLC0415
+    from .pretrained import _family_of, pretrained_info, save_pretrained  # noqa: PLC0415
+
+    if not isinstance(model, Module):
+        raise TypeError(f"export_training_script expects a Module, got {type(model).__name__}")
+    fam, _ = _family_of(model)
+    if fam is None:
+        raise PretrainedError(f"export_training_script needs a model of a known Hugging Face family (opened with "
+                              f"from_pretrained); found a {type(model).__name__}")
+    training = training_config
+    missing = [k for k in ("num_epochs", "batch_size", "seed", "shuffle", "drop_last", "grad_accumulation",
+                           "warmup_steps", "max_grad_norm") if not hasattr(training, k)]
+    if missing:
+        raise TypeError(f"export_training_script: training_config must be a TrainingConfig, found "
+                        f"{type(training).__name__} without {', '.join(missing)}")
+    opt = _optimizer_json(optimizer if optimizer is not None else optim.AdamWConfig(), lr, training)
+    adapters = {path: p.reparameterization for path, p in iter_param_slots(model) if p.reparameterization is not None}
+    if any(isinstance(r, QLoraAdapter) for r in adapters.values()):
+        raise PretrainedError("export_training_script: the model carries QLoRA adapters (NF4 bases): the script "
+                              "trains float LoRA; expected LoRA, rsLoRA or DoRA adapters")
+    if lora is not None:
+        if adapters:
+            raise ValueError("export_training_script: the model already carries LoRA adapters; lora= attaches "
+                             "adapters to a model without them")
+        model = model.apply_lora(lora)
+        adapters = {path: p.reparameterization for path, p in iter_param_slots(model)
+                    if p.reparameterization is not None}
+    if frozen is not None:
+        model = model.freeze_group(frozen)
+    if adapters and not all(isinstance(r, LoraAdapter) for r in adapters.values()):
+        kinds = sorted({type(r).__name__ for r in adapters.values() if not isinstance(r, LoraAdapter)})
+        raise PretrainedError(f"export_training_script: the model carries {', '.join(kinds)}: the script trains "
+                              f"LoRA adapters only")
+    frozen_names, trainable_names, trainable_values = _trainability(model)
+    if not trainable_names:
+        raise ValueError("export_training_script: nothing in the model trains (every parameter is frozen)")
+    train, valid, data_desc = _rows(data, data_settings, training)
+    tx, ty = _check_rows(train.inputs, train.targets, "the training rows")
+    arrays = {"train_inputs": tx, "train_targets": ty}
+    if valid is not None and len(valid):
+        vx, vy = _check_rows(valid.inputs, valid.targets, "the validation rows")
+        arrays.update(valid_inputs=vx, valid_targets=vy)
+
+    folder = Path(os.fspath(folder)).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise PretrainedError("expected a folder to write the training script into, found a file", where=str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    info = pretrained_info(model)
+    if base_folder is not None:
+        base_ref = str(Path(base_folder).expanduser().resolve())
+    elif _base_matches_folder(model):
+        base_ref = str(info.folder.resolve())
+    else:  # the base weights changed in Ember (or came from no folder): the script needs them as they are
+        base = detach_reparameterization(model) if adapters else model
+        target = folder / BASE_FOLDER
+        save_pretrained(base, target)
+        tok_src = tokenizer_folder or data_desc.get("tokenizer")
+        if tok_src:
+            tok_src = Path(tok_src)
+            tok_src = tok_src.parent if tok_src.is_file() else tok_src
+            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                if (tok_src / name).is_file() and tok_src.resolve() != target.resolve():
+                    shutil.copyfile(tok_src / name, target / name)
+        base_ref = BASE_FOLDER
+        written.append(target)
+    lora_json = None
+    if adapters:
+        adapter_dir = folder / ADAPTER_FOLDER
+        save_peft_adapter(model, adapter_dir)
+        saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        lora_json = {k: saved[k] for k in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora",
+                                           "rank_pattern", "alpha_pattern", "fan_in_fan_out")}
+        lora_json["initial_adapter"] = ADAPTER_FOLDER
+        written.append(adapter_dir)
+    tokens = folder / TOKENS_FILE
+    _write_tokens(tokens, arrays)
+    written.append(tokens)
+    if tokenizer_folder is not None:
+        data_desc["tokenizer"] = str(Path(tokenizer_folder).expanduser().resolve())
+    config = {
+        "written_by": "Ember (engine.models.export_training_script)",
+        "model": {"base": base_ref, "family": fam.name, "dtype": "float32"},
+        "lora": lora_json,
+        "frozen_parameters": frozen_names,
+        "trainable_parameters": trainable_names,
+        "trainable_values": int(trainable_values),
+        "optimizer": opt,
+        "training": {"num_epochs": int(training.num_epochs), "batch_size": int(training.batch_size),
+                     "valid_batch_size": int(training.valid_batch_size or training.batch_size),
+                     "grad_accumulation": int(training.grad_accumulation), "seed": int(training.seed),
+                     "shuffle": bool(training.shuffle), "drop_last": bool(training.drop_last)},
+        "data": {"tokens": TOKENS_FILE, "train_rows": int(tx.shape[0]),
+                 "valid_rows": int(arrays["valid_inputs"].shape[0]) if "valid_inputs" in arrays else 0,
+                 "ignore_index": -100, **data_desc},
+    }
+    config_path = folder / CONFIG_FILE
+    atomic_write_text(config_path, json.dumps(config, indent=2) + "\n", error=PretrainedError)
+    script = folder / SCRIPT_FILE
+    atomic_write_text(script, TRAIN_PY, error=PretrainedError)
+    written += [config_path, script]
+    return ExportedScript(folder, script, config_path, config, model, written)
+
+
+# ---------------------------------------------------------------------------------- the script
+TRAIN_PY = '''\
+"""Fine-tune a causal language model with PyTorch + transformers + peft.
+
+Written by Ember's File > Export > Training script. The run itself (model folder, LoRA,
+frozen parameters, optimizer, batches) is in train_config.json beside this file.
+
+    python train.py                                # one process: a GPU if there is one, else the CPU
+    torchrun --nproc_per_node 8 train.py           # DistributedDataParallel on 8 GPUs
+    accelerate launch train.py                     # the same with accelerate's launcher / config
+
+Options: --steps N (stop after N optimizer steps), --out DIR (where the trained adapter or
+model goes; default ./trained), --losses FILE (write every step's loss as JSON), --tokenize
+(make the token rows again from the text files instead of reading tokens.safetensors).
+
+Every process takes its share of each batch; the loss of an optimizer step is the mean
+next-token cross entropy over all of its targets (all micro-batches, all processes), as Ember
+computes it, so the run reproduces Ember's steps on the same data and initial weights.
+"""
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.numpy import load_file
+from transformers import AutoModelForCausalLM
+
+HERE = Path(__file__).resolve().parent
+IGNORE = -100  # a target that counts for nothing (pads, prompt tokens)
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(HERE / "train_config.json"))
+    ap.add_argument("--steps", type=int, default=None, help="stop after this many optimizer steps")
+    ap.add_argument("--out", default=str(HERE / "trained"))
+    ap.add_argument("--losses", default=None, help="write the step losses to this JSON file")
+    ap.add_argument("--tokenize", action="store_true", help="tokenize the text files again")
+    return ap.parse_args()
+
+
+# ----------------------------------------------------------------------------- processes
+def setup_processes():
+    """(rank, world size, device). torchrun and accelerate launch set RANK / WORLD_SIZE /
+    LOCAL_RANK; a plain `python train.py` is process 0 of 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return rank, world, device
+
+
+def all_sum(x, world):
+    """The sum of a float over every process."""
+    if world == 1:
+        return float(x)
+    t = torch.tensor([float(x)], dtype=torch.float64, device="cuda" if torch.cuda.is_available() else "cpu")
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+# ----------------------------------------------------------------------------- data
+def load_rows(cfg, tokenize):
+    """{"train_inputs", "train_targets", maybe "valid_..."}: int64 [rows, block] each."""
+    if not tokenize:
+        return load_file(str(HERE / cfg["data"]["tokens"]))
+    return tokenize_text(cfg["data"])
+
+
+def tokenize_text(d):
+    """The rows Ember's engine.train.text makes: each document encoded with the tokenizer's
+    special tokens and an eos appended (a prompt with them, its completion without, the prompt
+    not learnt); packed into overlapping windows of block + 1 ids, or one right-padded row each;
+    inputs ids[:-1], targets ids[1:]."""
+    from tokenizers import Tokenizer
+
+    if not d.get("file"):
+        raise SystemExit("--tokenize: train_config.json names no text file (the rows were given to the export)")
+    folder = Path(d["tokenizer"])
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json" if folder.is_dir() else folder))
+    special = {}
+    tc = folder / "tokenizer_config.json"
+    if tc.is_file():
+        special = json.loads(tc.read_text(encoding="utf-8"))
+
+    def token_id(key):
+        v = special.get(key)
+        v = v.get("content") if isinstance(v, dict) else v
+        return tok.token_to_id(v) if isinstance(v, str) else None
+
+    eos, pad = token_id("eos_token"), token_id("pad_token")
+    pad = pad if pad is not None else (eos or 0)
+    path = Path(d["file"])
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".txt", ".jsonl")) if path.is_dir() else [path]
+    docs = []  # (head text, completion text or None)
+    for f in files:
+        text = f.read_bytes().decode("utf-8-sig")
+        if f.suffix.lower() == ".jsonl":
+            for line in text.splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    docs.append((r["text"], None) if "text" in r else (r["prompt"], r["completion"]))
+        elif d["per_line"]:
+            docs += [(line, None) for line in text.splitlines() if line.strip()]
+        else:
+            docs.append((text, None))
+    tail = [] if eos is None else [eos]
+    seqs = []
+    for head, completion in docs:
+        ids = tok.encode(head).ids
+        if completion is None:
+            ids = ids + tail
+            learn = [True] * len(ids)
+        else:
+            rest = tok.encode(completion, add_special_tokens=False).ids + tail
+            learn = [False] * len(ids) + [True] * len(rest)
+            ids = ids + rest
+        seqs.append((np.array(ids, np.int64), np.array(learn, bool)))
+    T = d["block_size"]
+    if d["packing"]:
+        ids, learn = np.concatenate([s[0] for s in seqs]), np.concatenate([s[1] for s in seqs])
+        windows = [(ids[s:s + T + 1], learn[s:s + T + 1]) for s in range(0, max(len(ids) - 1, 0), T)]
+    else:
+        windows = [(i[:T + 1], k[:T + 1]) if d["truncate"] else (i, k) for i, k in seqs]
+    windows = [w for w in windows if len(w[0]) >= 2 and w[1][1:].any()]
+    x = np.full((len(windows), T), pad, np.int64)
+    y = np.full((len(windows), T), IGNORE, np.int64)
+    for r, (ids, learn) in enumerate(windows):
+        x[r, :len(ids) - 1] = ids[:-1]
+        y[r, :len(ids) - 1] = np.where(learn[1:], ids[1:], IGNORE)
+    rows = {"train_inputs": x, "train_targets": y}
+    if d.get("valid_fraction"):  # Ember's seeded split: the first round(fraction * n) of a permutation train
+        order = np.random.default_rng(d["split_seed"]).permutation(len(x))
+        k = int(round((1.0 - d["valid_fraction"]) * len(x)))
+        rows = {"train_inputs": x[order[:k]], "train_targets": y[order[:k]],
+                "valid_inputs": x[order[k:]], "valid_targets": y[order[k:]]}
+    return rows
+
+
+def epoch_order(n, seed, epoch, shuffle):
+    """The row order of an epoch (from 1), as Ember's DataLoader shuffles: it depends only on
+    (seed, epoch)."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, epoch])).permutation(n)
+
+
+def batches(order, batch_size, drop_last):
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    return [order[s:s + batch_size] for s in range(0, stop, batch_size)]
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(cfg, device):
+    base = Path(cfg["model"]["base"])
+    base = base if base.is_absolute() else HERE / base
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    lora = cfg["lora"]
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+        config = LoraConfig(r=lora["r"], lora_alpha=lora["lora_alpha"], target_modules=lora["target_modules"],
+                            use_rslora=lora["use_rslora"], use_dora=lora["use_dora"],
+                            rank_pattern=lora["rank_pattern"], alpha_pattern=lora["alpha_pattern"],
+                            fan_in_fan_out=lora["fan_in_fan_out"], lora_dropout=0.0, bias="none",
+                            task_type="CAUSAL_LM")
+        model = get_peft_model(model, config)
+        # start from the adapter Ember initialized, not peft's random one
+        state = load_file(str(HERE / lora["initial_adapter"] / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(model, {k: torch.from_numpy(v) for k, v in state.items()})
+        if getattr(result, "unexpected_keys", None):
+            raise SystemExit(f"the initial adapter has tensors the model lacks: {result.unexpected_keys[:3]}")
+    # trainability as in Ember: the frozen parameters by their Hugging Face / peft names
+    frozen = set(cfg["frozen_parameters"])
+    for name, p in model.named_parameters():
+        p.requires_grad_(plain_name(name) not in frozen)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable != cfg["trainable_values"]:
+        raise SystemExit(f"{trainable} trainable values, Ember trains {cfg['trainable_values']}: the names in "
+                         f"train_config.json do not fit this model")
+    return model.to(device)
+
+
+def plain_name(name):
+    """A torch parameter name without peft's wrapping: base_model.model.X.base_layer.weight -> X.weight,
+    X.lora_A.default.weight -> X.lora_A.weight."""
+    if name.startswith("base_model.model."):
+        name = name[len("base_model.model."):]
+    return name.replace(".base_layer.", ".").replace(".default.", ".").removesuffix(".default")
+
+
+def make_optimizer(params, o):
+    if o["name"] == "AdamW":
+        return torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                 weight_decay=o["weight_decay"])
+    if o["name"] == "Adam":
+        return torch.optim.Adam(params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                weight_decay=o["weight_decay"], amsgrad=o["amsgrad"])
+    return torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"], dampening=o["dampening"],
+                           nesterov=o["nesterov"], weight_decay=o["weight_decay"])
+
+
+def token_loss_sum(model, x, y):
+    """The summed cross entropy over the targets that are not IGNORE. No attention mask: rows
+    are right-padded, so under causal attention no real token sees a pad (as in Ember)."""
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE,
+                           reduction="sum")
+
+
+# ----------------------------------------------------------------------------- training
+def main():
+    args = parse_args()
+    cfg = json.loads(Path(args.config).read_text(encoding="utf-8"))
+    rank, world, device = setup_processes()
+    t, o = cfg["training"], cfg["optimizer"]
+    torch.manual_seed(t["seed"])
+    rows = load_rows(cfg, args.tokenize)
+    x_all, y_all = torch.from_numpy(rows["train_inputs"]), torch.from_numpy(rows["train_targets"])
+    model = build_model(cfg, device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = make_optimizer(params, o)
+    warm = o["warmup_steps"]  # step k of the warm-up uses lr * k / warm (Ember's linear warm-up)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)
+    accum, losses, step = t["grad_accumulation"], [], 0
+    if rank == 0:
+        print(f"{len(x_all)} training rows of {x_all.shape[1]} tokens, {world} process(es) on {device}, "
+              f"{sum(p.numel() for p in params):,} trainable values")
+    for epoch in range(1, t["num_epochs"] + 1):
+        order = batches(epoch_order(len(x_all), t["seed"], epoch, t["shuffle"]), t["batch_size"], t["drop_last"])
+        for first in range(0, len(order), accum):
+            group = order[first:first + accum]  # the micro-batches of one optimizer step
+            total = sum(int((y_all[b] != IGNORE).sum()) for b in group)  # targets of the whole step
+            loss_sum = 0.0
+            for k, b in enumerate(group):
+                mine = b[rank::world]  # this process's share of the batch
+                x, y = x_all[mine].to(device), y_all[mine].to(device)
+                last = k == len(group) - 1
+                sync = net.no_sync() if world > 1 and not last else _nothing()
+                with sync:
+                    if len(mine):
+                        part = token_loss_sum(net, x, y)
+                        # DDP averages gradients over processes: * world makes it their sum
+                        (part * (world / max(total, 1))).backward()
+                        loss_sum += float(part.detach())
+                    elif world > 1 and last:  # nothing here, but the gradient all-reduce needs everyone
+                        (sum(p.sum() for p in params) * 0.0).backward()
+            loss = all_sum(loss_sum, world) / max(total, 1)
+            if o["max_grad_norm"] is not None:  # one global L2 norm over every trainable tensor, as Ember clips
+                torch.nn.utils.clip_grad_norm_(params, o["max_grad_norm"])
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            losses.append(loss)
+            if rank == 0:
+                print(f"epoch {epoch} step {step} loss {loss:.6f} lr {lr:.3g}", flush=True)
+            if args.steps is not None and step >= args.steps:
+                break
+        if args.steps is not None and step >= args.steps:
+            break
+        if "valid_inputs" in rows:
+            validate(net, rows, t["valid_batch_size"], rank, world, device, epoch)
+    if rank == 0:
+        if args.losses:
+            Path(args.losses).write_text(json.dumps(losses), encoding="utf-8")
+        model.save_pretrained(args.out)  # the adapter (peft) or the whole model
+        print(f"saved to {args.out}")
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def validate(net, rows, batch_size, rank, world, device, epoch):
+    x_all, y_all = torch.from_numpy(rows["valid_inputs"]), torch.from_numpy(rows["valid_targets"])
+    total, loss = 0, 0.0
+    with torch.no_grad():
+        for s in range(rank * batch_size, len(x_all), batch_size * world):
+            x, y = x_all[s:s + batch_size].to(device), y_all[s:s + batch_size].to(device)
+            loss += float(token_loss_sum(net, x, y))
+            total += int((y != IGNORE).sum())
+    loss, total = all_sum(loss, world), all_sum(total, world)
+    if rank == 0:
+        mean = loss / max(total, 1)
+        print(f"epoch {epoch} validation loss {mean:.6f} perplexity {math.exp(min(mean, 50)):.3f}", flush=True)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()
+'''

@@ -1,0 +1,286 @@
+"""The scale-out hand-off (issue 20, must-show 3): `export_training_script` writes a PyTorch +
+transformers + peft training script whose first steps are Ember's.
+
+Always run: the written script is valid Python that imports no Ember module; its config holds
+what the Ember model and run say (LoRA targets as Hugging Face module names, r, alpha, the
+frozen parameters by their Hugging Face / peft names, the optimizer's hyperparameters, the
+batches); the initial adapter is the one Ember initialized; the token rows are Ember's; a base
+whose weights changed in Ember is written beside the script, an unchanged one is referred to;
+what the script cannot express is refused before anything is written.
+
+Optional (skipped visibly without torch + transformers + peft): the script runs 5 steps on CPU
+in a subprocess and its per-step losses equal Ember's Learner's on the same rows and initial
+weights — step 1 to <= 1e-4, later steps to <= 1e-3 (both sides compute in float32, so sums
+taken in another order differ by ~1e-7 relative; Adam's update divides by sqrt(v) and carries
+those differences into the weights, then into later losses, but over 5 steps they stay near
+1e-6: the tolerance leaves room for other BLAS builds). Also under `torchrun --nproc_per_node 2`
+(DDP on CPU, gloo) and for DoRA + rsLoRA on prompt/completion data re-tokenized by the script.
+Run them with the oracle venv, without the app's conftest:
+
+    PYTHONPATH=. /tmp/torchvenv/bin/python -m pytest -q -p no:cacheprovider --noconftest \\
+        tests/engine/models/test_training_script.py
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import Device, Tensor, optim
+from engine.models import PretrainedError, export_training_script, from_pretrained, load_peft_adapter
+from engine.module import Param, ParamGroup
+from engine.module.lora import Lora, QLora
+from engine.module.reparam import iter_param_slots
+from engine.store import safetensors_io
+from engine.train import Learner, TrainingConfig
+from engine.train.text import load_tokenizer, text_data_for_model
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-gqa"
+QV = ParamGroup.from_regex(r"self_attn\.(query|value)\.weight$")
+FIRST_STEP_TOL = 1e-4
+LATER_TOL = 1e-3
+
+
+def corpus(path: Path, n=120, seed=0) -> Path:
+    rng = np.random.default_rng(seed)
+    lines = [f"{rng.choice(['the cat', 'a dog', 'the bird'])} {rng.choice(['sat on', 'ran to', 'looked at'])} "
+             f"{rng.choice(['the mat.', 'a box.', 'the log.'])}" for _ in range(n)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def lora_qv_with_frozen_layer(seed=0):
+    """The fixture Llama with LoRA (r 8, alpha 16) on every q/v projection, layer 0 frozen."""
+    base = from_pretrained(FIXTURE)
+    Device("cpu").seed(seed)
+    model = base.apply_lora(Lora(8, 16.0, param_group=QV))
+    return model.freeze_group(ParamGroup.from_regex(r"^layers\.0\."))
+
+
+CONFIG = TrainingConfig(num_epochs=1, batch_size=4, seed=3, grad_accumulation=2, warmup_steps=2, max_grad_norm=1.0)
+ADAMW = optim.AdamWConfig(weight_decay=0.01)
+
+
+@pytest.fixture
+def exported(tmp_path):
+    model = lora_qv_with_frozen_layer()
+    data = text_data_for_model(model, corpus(tmp_path / "corpus.txt"), load_tokenizer(FIXTURE), block_size=16,
+                               per_line=True)
+    out = export_training_script(model, tmp_path / "export", data=data, training_config=CONFIG, optimizer=ADAMW,
+                                 lr=1e-2)
+    return out, data
+
+
+# ---------------------------------------------------------------------------------- always run
+def test_the_script_is_python_that_imports_no_ember_module(exported):
+    out, _ = exported
+    source = out.script.read_text(encoding="utf-8")
+    tree = ast.parse(compile(source, str(out.script), "exec", ast.PyCF_ONLY_AST))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+    assert imported <= {"argparse", "json", "math", "os", "pathlib", "numpy", "torch", "safetensors",
+                        "transformers", "peft", "tokenizers"}, imported
+    assert "engine" not in imported and "import engine" not in source and "from engine" not in source
+    assert {"torch", "transformers", "peft"} <= imported
+    for launcher in ("torchrun --nproc_per_node", "accelerate launch", "WORLD_SIZE", "LOCAL_RANK",
+                     "DistributedDataParallel"):
+        assert launcher in source
+
+
+def test_the_config_holds_what_the_ember_model_and_run_say(exported):
+    out, data = exported
+    cfg = json.loads(out.config_path.read_text(encoding="utf-8"))
+    assert cfg == out.config
+    assert cfg["model"]["base"] == str(FIXTURE.resolve())  # base weights unchanged: the folder it came from
+    lora = cfg["lora"]
+    assert lora["r"] == 8 and lora["lora_alpha"] == 16 and not lora["use_rslora"] and not lora["use_dora"]
+    assert lora["target_modules"] == [f"model.layers.{i}.self_attn.{m}_proj" for i in (0, 1) for m in "qv"]
+    # trainable: layer 1's factors only (layer 0 frozen, LoRA froze the base), by peft's names
+    assert cfg["trainable_parameters"] == [f"model.layers.1.self_attn.{m}_proj.lora_{f}.weight"
+                                           for m in "qv" for f in "AB"]
+    frozen = set(cfg["frozen_parameters"])
+    assert {f"model.layers.0.self_attn.{m}_proj.lora_{f}.weight" for m in "qv" for f in "AB"} <= frozen
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.layers.1.self_attn.q_proj.weight",
+            "model.norm.weight"} <= frozen
+    ember_trainable = sum(p.numel() for _, p in out.model.named_params() if p.is_require_grad())
+    assert cfg["trainable_values"] == ember_trainable == 8 * (48 + 48) + 8 * (48 + 16)  # q: 48 -> 48, v: 48 -> 2 kv heads x 8
+    assert cfg["optimizer"] == {"name": "AdamW", "betas": [0.9, 0.999], "eps": 1e-5, "weight_decay": 0.01,
+                                "lr": 1e-2, "warmup_steps": 2, "max_grad_norm": 1.0}
+    assert cfg["training"] == {"num_epochs": 1, "batch_size": 4, "valid_batch_size": 4, "grad_accumulation": 2,
+                               "seed": 3, "shuffle": True, "drop_last": False}
+    assert cfg["data"]["block_size"] == 16 and cfg["data"]["packing"] is True
+    assert cfg["data"]["train_rows"] == len(data)
+
+
+def test_the_rows_and_the_initial_adapter_are_embers(exported):
+    out, data = exported
+    buf = (out.folder / "tokens.safetensors").read_bytes()
+    plan = {t.name: t for t in safetensors_io.plan(buf, len(buf), "tokens").tensors}
+    for name, want in (("train_inputs", data.inputs), ("train_targets", data.targets)):
+        t = plan[name]
+        got = np.frombuffer(buf, np.int64, count=int(np.prod(t.shape)), offset=t.offset).reshape(t.shape)
+        assert t.dtype == "I64" and np.array_equal(got, want)
+    # the adapter in initial_adapter/ opens in Ember as the very factors the exported model holds
+    reopened = load_peft_adapter(from_pretrained(FIXTURE), out.folder / "initial_adapter")
+    mine = {p: v.val().numpy() for p, v in out.model.named_params() if ".lora." in p}
+    theirs = {p: v.val().numpy() for p, v in reopened.named_params() if ".lora." in p}
+    assert mine.keys() == theirs.keys() and len(mine) == 8
+    assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    assert any(np.abs(v).sum() > 0 for k, v in mine.items() if k.endswith(".a"))
+
+
+def test_a_base_changed_in_ember_is_written_beside_the_script(tmp_path):
+    base = from_pretrained(FIXTURE)
+    path = "layers.1.mlp.down_proj.weight"
+    param = dict(base.named_params())[path]
+    doubled = param.val().numpy() * 2.0
+    changed = base.with_child(path, Param.initialized(Tensor.from_data(doubled), id=param.id, active=True))
+    Device("cpu").seed(1)
+    model = changed.apply_lora(Lora(4, 8.0, param_group=QV))
+    data = text_data_for_model(model, corpus(tmp_path / "c.txt", 20), load_tokenizer(FIXTURE), block_size=16,
+                               per_line=True)
+    out = export_training_script(model, tmp_path / "x", data=data, training_config=CONFIG, lr=1e-3)
+    assert out.config["model"]["base"] == "base_model"
+    copy = from_pretrained(tmp_path / "x" / "base_model")
+    assert np.array_equal(dict(copy.named_params())[path].val().numpy(), doubled)
+    assert (tmp_path / "x" / "base_model" / "tokenizer.json").is_file()
+    assert not any(p.reparameterization for _, p in iter_param_slots(copy))
+    # the same model read but unchanged refers to its folder
+    Device("cpu").seed(1)
+    same = from_pretrained(FIXTURE).apply_lora(Lora(4, 8.0, param_group=QV))
+    same.forward(Tensor.from_data(data.inputs[:1]))  # reads every weight: still the stored values
+    out2 = export_training_script(same, tmp_path / "y", data=data, training_config=CONFIG, lr=1e-3)
+    assert out2.config["model"]["base"] == str(FIXTURE.resolve())
+    assert not (tmp_path / "y" / "base_model").exists()
+
+
+def test_lora_given_to_the_export_is_attached_and_returned(tmp_path):
+    base = from_pretrained(FIXTURE)
+    data = text_data_for_model(base, corpus(tmp_path / "c.txt", 20), load_tokenizer(FIXTURE), block_size=16,
+                               per_line=True)
+    out = export_training_script(base, tmp_path / "x", data=data, training_config=CONFIG, lr=1e-3,
+                                 lora=Lora(4, 8.0, param_group=QV, use_rslora=True))
+    assert out.config["lora"]["use_rslora"] and out.config["lora"]["r"] == 4
+    assert sum(".lora." in p for p, _ in out.model.named_params()) == 8
+    with pytest.raises(ValueError, match="already carries LoRA adapters"):
+        export_training_script(out.model, tmp_path / "z", data=data, training_config=CONFIG, lora=Lora(4, 8.0))
+
+
+def test_what_the_script_cannot_express_is_refused_before_writing(tmp_path):
+    model = lora_qv_with_frozen_layer()
+    data = text_data_for_model(model, corpus(tmp_path / "c.txt", 20), load_tokenizer(FIXTURE), block_size=16,
+                               per_line=True)
+    target = tmp_path / "x"
+    cases = [
+        (dict(optimizer=optim.AdamWConfig(cautious_weight_decay=True)), "cautious weight decay"),
+        (dict(lr=optim.CosineAnnealingLrSchedulerConfig(1e-2, 10)), "expected a constant learning rate"),
+        (dict(optimizer=optim.AdamConfig(grad_clipping=optim.GradientClippingConfig.value(1.0))),
+         "per-tensor gradient clipping"),
+        (dict(data=np.zeros((2, 3))), "data must be the training rows"),
+        (dict(training_config=object()), "training_config must be a TrainingConfig"),
+    ]
+    for change, message in cases:
+        kw = {**dict(data=data, training_config=CONFIG, lr=1e-3), **change}
+        with pytest.raises((ValueError, TypeError), match=message):
+            export_training_script(model, target, **kw)
+        assert not target.exists()
+    q = from_pretrained(FIXTURE).apply_qlora(QLora(Lora(4, 8.0, param_group=QV)))
+    with pytest.raises(PretrainedError, match="QLoRA"):
+        export_training_script(q, target, data=data, training_config=CONFIG)
+    with pytest.raises(PretrainedError, match="known Hugging Face family"):
+        from engine import nn
+        export_training_script(nn.LinearConfig(2, 2).init(), target, data=data, training_config=CONFIG)
+    assert not target.exists()
+
+
+# ---------------------------------------------------------------------------------- optional: run it
+def _run_script(cmd, cwd, timeout=600):
+    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1", TQDM_DISABLE="1",
+               OMP_NUM_THREADS="1", PYTHONPATH="")
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _torch_side():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+
+
+def _compare(ember, script, steps):
+    assert len(script) == steps and len(ember) >= steps
+    diffs = [abs(a - b) for a, b in zip(ember[:steps], script)]
+    assert diffs[0] <= FIRST_STEP_TOL, (ember[:steps], script)
+    assert max(diffs) <= LATER_TOL, (ember[:steps], script)
+    return diffs
+
+
+def test_the_script_reproduces_embers_first_five_steps(exported, tmp_path):
+    _torch_side()
+    out, data = exported
+    result = Learner(out.model, ADAMW.init(), lr=1e-2, train=data, kind="causal-lm", config=CONFIG).run()
+    assert result.status == "finished", result.error
+    losses = tmp_path / "losses.json"
+    _run_script([sys.executable, str(out.script), "--steps", "5", "--losses", str(losses), "--out",
+                 str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 5)
+    print(f"Ember vs the exported script, 5 steps: |loss difference| {['%.1e' % d for d in diffs]}")
+    assert (tmp_path / "trained" / "adapter_model.safetensors").is_file()
+
+
+def test_the_script_under_torchrun_with_two_processes_gives_the_same_losses(exported, tmp_path):
+    _torch_side()
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.is_file():
+        pytest.skip(f"no torchrun beside {sys.executable}")
+    out, data = exported
+    result = Learner(out.model, ADAMW.init(), lr=1e-2, train=data, kind="causal-lm", config=CONFIG).run()
+    losses = tmp_path / "losses.json"
+    _run_script([str(torchrun), "--nproc_per_node", "2", str(out.script), "--steps", "3", "--losses", str(losses),
+                 "--out", str(tmp_path / "trained")], tmp_path)
+    _compare(result.step_losses, json.loads(losses.read_text()), 3)
+
+
+def test_dora_rslora_on_prompt_completion_rows_tokenized_by_the_script(tmp_path):
+    _torch_side()
+    rng = np.random.default_rng(4)
+    lines = [json.dumps({"prompt": f"Q: {rng.choice(['cat', 'dog', 'bird'])}?",
+                         "completion": f" A: the {rng.choice(['mat', 'box', 'log'])}."}) for _ in range(24)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    from engine.train.run_spec import DataSettings, make_data
+
+    settings = DataSettings("causal-lm", str(tmp_path / "qa.jsonl"), tokenizer=str(FIXTURE), block_size=20,
+                            packing=False, valid_fraction=0.25)
+    base = from_pretrained(FIXTURE)
+    Device("cpu").seed(2)
+    model = base.apply_lora(Lora(4, 8.0, param_group=ParamGroup.from_regex(r"(query|value|down)\.weight$"),
+                                 use_dora=True, use_rslora=True))
+    cfg = TrainingConfig(num_epochs=2, batch_size=6, seed=5)
+    train, valid, _, _ = make_data(settings, cfg.seed, model)
+    assert (train.targets == -100).sum() > (train.inputs == 0).sum()  # prompts masked, not only pads
+    sgd = optim.SgdConfig(momentum=optim.MomentumConfig(0.9, 0.1), weight_decay=1e-3)
+    out = export_training_script(model, tmp_path / "x", data=(train, valid), data_settings=settings,
+                                 training_config=cfg, optimizer=sgd, lr=0.05)
+    assert out.config["lora"]["use_dora"] and out.config["lora"]["use_rslora"]
+    assert out.config["data"]["valid_rows"] == len(valid)
+    result = Learner(out.model, sgd.init(), lr=0.05, train=train, kind="causal-lm", config=cfg).run()
+    assert result.status == "finished", result.error
+    steps = len(result.step_losses)
+    losses = tmp_path / "losses.json"
+    proc = _run_script([sys.executable, str(out.script), "--tokenize", "--losses", str(losses), "--out",
+                        str(tmp_path / "trained")], tmp_path)
+    _compare(result.step_losses, json.loads(losses.read_text()), steps)
+    assert "validation loss" in proc.stdout
+    shutil.rmtree(tmp_path / "trained")
