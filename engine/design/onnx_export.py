@@ -9,9 +9,14 @@
 - `export_onnx(model_or_design, path, example_input, dynamic_batch=True, opset=17)`: a Design is
   built first; a model with LoRA / QLoRA adapters is exported materialized (on a copy, in
   `valid()` mode). Initializers are named by parameter path, node names carry the module path
-  (`layers.0.self_attn/MatMul_3`), axis 0 of the inputs and outputs is `batch` when
-  `dynamic_batch`; the model is checked with `onnx.checker` and written atomically. An op with no
-  ONNX form raises `OnnxExportError` naming the op and the module path.
+  (`layers.0.self_attn/MatMul_3`); the model is checked with `onnx.checker` and written
+  atomically. An op with no ONNX form raises `OnnxExportError` naming the op and the module path.
+  With `dynamic_batch`, axis 0 of the inputs and outputs is `batch`: the forward is traced twice,
+  at the example's batch B and at B + 1, and every size that differs between the two traces (a
+  reshape's target, an expanded class token, zeros made at the batch's size) is computed from the
+  input's batch in the graph, so a batch size that equals another size is still told apart. A
+  model that runs different ops at another batch size, or makes a constant whose rows differ with
+  the batch, is refused with a message saying so (export it with `dynamic_batch=False`).
 """
 from __future__ import annotations
 
@@ -223,24 +228,54 @@ def _np_dtype(name: str):
 class _Graph:
     """What the converters write into: nodes, initializers, value names."""
 
-    def __init__(self, trace: Trace, dynamic_batch: bool):
+    def __init__(self, trace: Trace, other: Trace | None = None):
         self.onnx = _onnx()
         self.h = self.onnx.helper
         self.trace = trace
+        self.other = other  # the same forward traced at batch + 1: what differs depends on the batch
         self.nodes: list = []
         self.inits: list = []
         self.names: dict[int, str] = {}
         self.counts: dict[str, int] = {}
         self.consts = 0
-        self.batch = None
-        self.batched: set[int] = set()
-        if dynamic_batch and trace.inputs:
-            shapes = [trace.tensors[i].shape for i in trace.inputs]
-            if all(len(s) > 0 for s in shapes):
-                self.batch = shapes[0][0]
-                self.batched = {i for i in trace.inputs if trace.tensors[i].shape[0] == self.batch}
+        self.batch = trace.tensors[trace.inputs[0]].shape[0] if other is not None else None
+        self._batch_value = None
         self.scope = ""
         self.op = None
+
+    def shape2(self, tid: int):
+        """The tensor's shape in the batch + 1 trace (its own shape without one)."""
+        if self.other is None:
+            return self.trace.tensors[tid].shape
+        return self.other.tensors[tid].shape
+
+    def batched(self, tid: int) -> bool:
+        return self.trace.tensors[tid].shape != self.shape2(tid)
+
+    def shape_value(self, shape, shape2) -> str:
+        """An int64 shape tensor: `shape` where it does not depend on the batch, and `a * batch + c`
+        (from the two traces) on the axes that do."""
+        if tuple(shape) == tuple(shape2):
+            return self.ints(shape)
+        if self._batch_value is None:
+            first = self.name(self.trace.inputs[0])
+            saved, self.scope = self.scope, ""
+            self._batch_value = self.node("Slice", [self.node("Shape", [first]), self.ints([0]), self.ints([1])])
+            self.scope = saved
+        pieces = []
+        for d1, d2 in zip(shape, shape2):
+            if d1 == d2:
+                pieces.append(self.ints([d1]))
+                continue
+            a = d2 - d1
+            c = d1 - a * self.batch
+            v = self._batch_value
+            if a != 1:
+                v = self.node("Mul", [v, self.ints([a])])
+            if c:
+                v = self.node("Add", [v, self.ints([c])])
+            pieces.append(v)
+        return self.node("Concat", pieces, axis=0)
 
     # names
     def name(self, tid: int) -> str:
@@ -250,14 +285,35 @@ class _Graph:
             if t.source == "input" or t.source == "param":
                 n = t.name
             elif t.source == "const":
-                n = f"const_{tid}"
+                n = f"constant.t{tid}"
             else:
                 n = f"t{tid}"
             if t.source in ("param", "const"):
-                value = self.trace.values[tid]
-                self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value.numpy()), n))
+                value = self.trace.values[tid].numpy()
+                if t.source == "const" and self.batched(tid):
+                    n = self._batch_constant(tid, value, n)
+                else:
+                    self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value), n))
             self.names[tid] = n
         return n
+
+    def _batch_constant(self, tid: int, value, n: str) -> str:
+        """A constant the forward made at the batch's size (zeros for token types, a state): one
+        row, expanded to the batch, when every row is the same."""
+        shape, shape2 = self.trace.tensors[tid].shape, self.shape2(tid)
+        axes = [i for i, (a, b) in enumerate(zip(shape, shape2)) if a != b]
+        row = value
+        for ax in axes:
+            row = np.take(row, [0], axis=ax)
+        if not np.array_equal(np.broadcast_to(row, value.shape), value):
+            raise OnnxExportError(
+                f"a constant of dims {list(shape)} read in module '{self.scope or '(model)'}' depends on the batch "
+                "and its rows differ; export with dynamic_batch=False")
+        self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(row), n))
+        saved = self.scope
+        out = self.node("Expand", [n, self.shape_value(shape, shape2)])
+        self.scope = saved
+        return out
 
     def const(self, array, dtype=None) -> str:
         arr = np.asarray(array, dtype=dtype)
@@ -284,15 +340,6 @@ class _Graph:
     def fail(self, why: str):
         o = self.op
         raise OnnxExportError(f"op '{o.op}' in module '{o.scope or '(model)'}' has no ONNX form: {why}")
-
-    # shapes with the batch axis left free
-    def shape_for(self, in_tid: int, out_shape) -> list[int]:
-        shape = list(out_shape)
-        if in_tid in self.batched and shape and shape[0] == self.batch:
-            shape[0] = 0  # Reshape: copy the input's (batch) size
-        elif in_tid in self.batched and shape:
-            shape[0] = -1
-        return shape
 
 
 def _axes(dim, rank: int) -> list[int]:
@@ -428,7 +475,8 @@ def _convert(g: _Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op 
     if op == "rotary":
         shape = t[x_id].shape
         half = shape[-1] // 2
-        pairs = g.node("Reshape", [x, g.ints(g.shape_for(x_id, shape[:-1] + (half, 2)))])
+        shape2 = g.shape2(x_id)
+        pairs = g.node("Reshape", [x, g.shape_value(shape[:-1] + (half, 2), shape2[:-1] + (half, 2))])
         first = g.node("Slice", [pairs, g.ints([0]), g.ints([1]), g.ints([-1])])
         second = g.node("Slice", [pairs, g.ints([1]), g.ints([2]), g.ints([-1])])
         dt = _np_dtype(t[x_id].dtype)
@@ -437,16 +485,13 @@ def _convert(g: _Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op 
         out0 = g.node("Sub", [g.node("Mul", [first, c]), g.node("Mul", [second, s])])
         out1 = g.node("Add", [g.node("Mul", [first, s]), g.node("Mul", [second, c])])
         joined = g.node("Concat", [out0, out1], axis=-1)
-        return [g.node("Reshape", [joined, g.ints(g.shape_for(x_id, shape))])]
+        return [g.node("Reshape", [joined, g.shape_value(shape, shape2)])]
     if op in ("reshape", "flatten", "squeeze", "unsqueeze") and not (op == "unsqueeze" and len(out_shape) == 0):
         if op == "unsqueeze":
             return [g.node("Unsqueeze", [x, g.ints([int(a.get("dim", 0)) % len(out_shape)])])]
-        return [g.node("Reshape", [x, g.ints(g.shape_for(x_id, out_shape))])]
+        return [g.node("Reshape", [x, g.shape_value(out_shape, g.shape2(o.outputs[0]))])]
     if op == "expand":
-        shape = list(out_shape)
-        if x_id in g.batched and shape and t[x_id].shape and t[x_id].shape[0] == g.batch:
-            shape[0] = 1
-        return [g.node("Expand", [x, g.ints(shape)])]
+        return [g.node("Expand", [x, g.shape_value(out_shape, g.shape2(o.outputs[0]))])]
     if op in ("swap_dims", "transpose", "permute"):
         rank = len(t[x_id].shape)
         perm = list(range(rank))
@@ -577,18 +622,41 @@ def _getitem(g: _Graph, o, x: str, x_id: int, key) -> str:
     return y
 
 
-def _value_info(g: _Graph, tid: int, name: str, dynamic: bool):
+def _value_info(g: _Graph, tid: int, name: str):
     t = g.trace.tensors[tid]
-    dims = list(t.shape)
-    if dynamic and dims and dims[0] == g.batch:
-        dims[0] = "batch"
+    dims = [d1 if d1 == d2 else ("batch" if (d1, d2) == (g.batch, g.batch + 1) else f"{name}_dim{i}")
+            for i, (d1, d2) in enumerate(zip(t.shape, g.shape2(tid)))]
     elem = g.onnx.helper.np_dtype_to_tensor_dtype(_np_dtype(t.dtype))
     return g.onnx.helper.make_tensor_value_info(name, elem, dims)
 
 
-def trace_to_onnx(trace: Trace, dynamic_batch: bool = True, opset: int = 17, graph_name: str = "ember"):
-    """The ONNX `ModelProto` of a trace (checked by `onnx.checker`)."""
-    g = _Graph(trace, dynamic_batch)
+def _aligned(a: Trace, b: Trace) -> str | None:
+    """Why two traces of one forward at batch sizes B and B + 1 cannot be read together (None: they can)."""
+    if a.op_names() != b.op_names():
+        return "it runs different ops at another batch size"
+    if len(a.tensors) != len(b.tensors):
+        return "it reads different tensors at another batch size"
+    for tid, t in a.tensors.items():
+        u = b.tensors[tid]
+        if len(t.shape) != len(u.shape) or t.source != u.source:
+            return f"a tensor of dims {list(t.shape)} has another rank or role at another batch size"
+    for tid in a.inputs:
+        t, u = a.tensors[tid].shape, b.tensors[tid].shape
+        if not t or u[0] != t[0] + 1 or t[1:] != u[1:]:
+            return "its inputs do not share a leading batch axis"
+    return None
+
+
+def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, graph_name: str = "ember"):
+    """The ONNX `ModelProto` of a trace (checked by `onnx.checker`). `other`, the same forward
+    traced at batch + 1, makes the batch axis dynamic: every size that differs between the two
+    traces is computed from the input's batch in the graph."""
+    if other is not None:
+        why = _aligned(trace, other)
+        if why is not None:
+            raise OnnxExportError(f"dynamic_batch: the model cannot be exported with a dynamic batch ({why}); "
+                                  "export with dynamic_batch=False")
+    g = _Graph(trace, other)
     for o in trace.ops:
         g.scope, g.op = o.scope, o
         results = _convert(g, o)
@@ -596,27 +664,27 @@ def trace_to_onnx(trace: Trace, dynamic_batch: bool = True, opset: int = 17, gra
             g.fail(f"{len(o.outputs)} outputs traced, {len(results)} written")
         for tid, n in zip(o.outputs, results):
             g.names[tid] = n
-            if g.batch is not None and any(i in g.batched for i in o.inputs if i is not None):
-                shape = trace.tensors[tid].shape
-                if shape and shape[0] == g.batch:
-                    g.batched.add(tid)
-    inputs = [_value_info(g, i, g.name(i), g.batch is not None and i in g.batched) for i in trace.inputs]
+    inputs = [_value_info(g, i, g.name(i)) for i in trace.inputs]
     outputs = []
-    used = set()
+    g.scope = ""
     for k, tid in enumerate(trace.outputs):
         name = "output" if len(trace.outputs) == 1 else f"output_{k}"
-        src = g.name(tid)
-        if src in used or trace.tensors[tid].source != "op":
-            pass
-        g.scope = ""
-        g.nodes.append(g.h.make_node("Identity", [src], [name], name=f"{name}/Identity"))
-        used.add(src)
-        outputs.append(_value_info(g, tid, name, g.batch is not None and tid in g.batched))
+        g.nodes.append(g.h.make_node("Identity", [g.name(tid)], [name], name=f"{name}/Identity"))
+        outputs.append(_value_info(g, tid, name))
     graph = g.h.make_graph(g.nodes, graph_name, inputs, outputs, initializer=g.inits)
     model = g.h.make_model(graph, opset_imports=[g.h.make_opsetid("", int(opset))], producer_name="ember")
     model.ir_version = min(model.ir_version, 8 if opset <= 17 else model.ir_version)
     g.onnx.checker.check_model(model)
     return model
+
+
+def _one_more(x):
+    """`x` with its first row repeated once more along the batch axis."""
+    if not isinstance(x, Tensor) or x.rank == 0:
+        raise OnnxExportError("dynamic_batch: every example input must be a tensor with a leading batch axis; "
+                              "export with dynamic_batch=False")
+    arr = x.numpy()
+    return Tensor.from_data(np.concatenate([arr, arr[:1]], axis=0), device=x.device, dtype=x.dtype)
 
 
 def _is_design(value) -> bool:
@@ -641,7 +709,9 @@ def export_onnx(model_or_design, path, example_input, dynamic_batch: bool = True
         if not prm.is_initialized():
             prm.base()  # a lazy parameter is allocated as a forward would (in place, once)
     model = model.materialize().valid()  # a copy: adapters folded in, eval mode
-    trace = trace_model(model, example_input)
-    proto = trace_to_onnx(trace, dynamic_batch, opset, graph_name=type(model).__name__)
+    inputs = _as_inputs(example_input)
+    trace = trace_model(model, inputs)
+    other = trace_model(model, [_one_more(x) for x in inputs]) if dynamic_batch else None
+    proto = trace_to_onnx(trace, other, opset, graph_name=type(model).__name__)
     data = proto.SerializeToString()
     return atomic_write(path, lambda fp: fp.write(data), error=OnnxExportError)

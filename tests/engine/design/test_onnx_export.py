@@ -250,3 +250,64 @@ def test_a_shape_only_trace_is_not_exportable(tmp_path):
     tr = trace_model(build_example("burn-mnist"), example_input("burn-mnist", 2), shape_only=True)
     with pytest.raises(OnnxExportError, match=r"op 'module' in module 'conv1.conv' has no ONNX form"):
         trace_to_onnx(tr)
+
+
+@pytest.mark.parametrize("folder", ["bert", "vit", "gpt2"])
+def test_pretrained_bert_vit_gpt2_match_ember_with_a_dynamic_batch(folder, tmp_path):
+    """BERT makes its token types as zeros of the batch's size and ViT expands its class token to
+    the batch: the two traces (batch B and B + 1) make both follow the input's batch."""
+    from engine.models import from_pretrained  # noqa: PLC0415
+
+    model = from_pretrained(str(ROOT / "tests" / "fixtures" / "hf" / folder)).valid()
+    if folder == "vit":
+        import json  # noqa: PLC0415
+
+        config = json.loads((ROOT / "tests" / "fixtures" / "hf" / "vit" / "config.json").read_text())
+        size = config["image_size"]
+
+        def make(b):
+            return Tensor.from_data(np.random.default_rng(b).standard_normal((b, 3, size, size)).astype(np.float32))
+    else:
+        make = _tokens
+    path = export_onnx(model, tmp_path / f"{folder}.onnx", make(2))
+    for b in (1, 3):
+        want = model.forward(make(b))
+        want = want.numpy() if isinstance(want, Tensor) else _flat_last(want)
+        (got,) = _run_reference(path, make(b))[-1:]
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def _flat_last(out):
+    from engine.tensor.trace import _flat_tensors  # noqa: PLC0415
+
+    return _flat_tensors(out)[-1].numpy()
+
+
+def test_a_batch_equal_to_another_size_is_still_told_apart(llama, tmp_path):
+    """Traced at batch 4 on 4 tokens: the reshapes' batch and sequence sizes are both 4, and only
+    the batch follows the input."""
+    path = export_onnx(llama, tmp_path / "square.onnx", _tokens(4, seq=4))
+    _agree(llama, path, [_tokens(1, seq=4), _tokens(3, seq=4)], _run_reference)
+
+
+def test_a_qlora_model_is_exported_dequantized(llama, tmp_path):
+    from engine.module.lora import QLora  # noqa: PLC0415
+
+    tuned = llama.apply_qlora(QLora(Lora(2, 4.0))).map(_Perturb()).valid()
+    path = export_onnx(tuned, tmp_path / "qlora.onnx", _tokens(2))
+    _agree(tuned, path, [_tokens(1), _tokens(3)], _run_reference)
+
+
+class _RowIds(Module):
+    """Adds each row's index: a constant that depends on the batch and differs between rows."""
+
+    def forward(self, x):
+        return x + Tensor.arange(x.shape[0]).cast("float32").reshape(x.shape[0], 1)
+
+
+def test_a_constant_that_differs_between_rows_refuses_a_dynamic_batch(tmp_path):
+    with pytest.raises(OnnxExportError, match=r"depends on the batch and its rows differ.*dynamic_batch=False"):
+        export_onnx(_RowIds(), tmp_path / "rows.onnx", Tensor.zeros([2, 3]))
+    path = export_onnx(_RowIds(), tmp_path / "rows.onnx", Tensor.zeros([2, 3]), dynamic_batch=False)
+    (got,) = _run_reference(path, Tensor.zeros([2, 3]))
+    np.testing.assert_array_equal(got, [[0, 0, 0], [1, 1, 1]])
