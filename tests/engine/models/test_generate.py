@@ -275,3 +275,45 @@ def test_errors():
     gpt2 = _model("gpt2")
     with pytest.raises(GenerationError, match="at most 4 new tokens"):
         generate(gpt2, None, [5] * 60, 5)
+
+
+@pytest.mark.slow
+def test_after_lora_fine_tuning_generation_continues_a_training_prompt_as_the_corpus_does(tmp_path):
+    """Must-show 1, second half: the tiny Llama of the fixtures, LoRA on q/v, trained on a generated
+    corpus (each subject always continues the same way) until its loss falls by half; greedy
+    generation then continues each subject as the corpus does, and a seeded sample repeats."""
+    from engine import Device, optim
+    from engine.module.group import ParamGroup
+    from engine.module.lora import Lora, apply_lora
+    from engine.train import Learner, TrainingConfig
+    from engine.train.losses import causal_lm_loss
+    from engine.train.text import load_tokenizer, text_data_for_model
+
+    endings = {"the cat": "sat on the mat.", "the dog": "ran to the log.", "a bird": "looked at a box."}
+    subjects = list(endings)
+    lines = [f"{s} {endings[s]}" for s in np.random.default_rng(0).choice(subjects, 200)]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
+    tok = load_tokenizer(HF / "llama-gqa")
+    Device("cpu").seed(0)  # the adapters' `a` factors
+    lora = Lora(16, 32.0).set_param_group(ParamGroup.from_regex(r"self_attn\.(query|value)\.weight$"))
+    model = apply_lora(from_pretrained(HF / "llama-gqa"), lora)
+    data = text_data_for_model(model, tmp_path / "corpus.txt", tok, block_size=32, per_line=True)
+
+    def corpus_loss(m):
+        with no_recording():
+            return float(causal_lm_loss(m.valid().forward(Tensor.from_data(data.inputs)), Tensor.from_data(data.targets)))
+
+    before = [generate(model, tok, s, 16, temperature=0).text for s in subjects]
+    assert all(b.strip() != endings[s] for b, s in zip(before, subjects))
+    loss_before = corpus_loss(model)
+    cfg = TrainingConfig(num_epochs=25, batch_size=8, seed=0, warmup_steps=5, max_grad_norm=1.0)
+    result = Learner(model, optim.AdamConfig().init(), lr=3e-2, train=data, kind="causal-lm", config=cfg).run()
+    assert result.status == "finished", result.error
+    trained = result.model
+    assert corpus_loss(trained) < loss_before / 2
+    for s in subjects:
+        r = generate(trained, tok, s, 16, temperature=0)
+        assert r.text.strip() == endings[s] and r.finish_reasons == ["stop"]  # then eos, as every line ends
+    for s in subjects:
+        a = generate(trained, tok, s, 16, temperature=0.5, top_p=0.6, seed=3)
+        assert generate(trained, tok, s, 16, temperature=0.5, top_p=0.6, seed=3).text == a.text
