@@ -188,14 +188,19 @@ def _check_opset(model, where: str) -> int:
     return version
 
 
-def _check(model, where: str) -> None:
+def _check(model, path: Path, where: str) -> None:
     import onnx  # noqa: PLC0415
 
+    external = any(t.data_location == 1 for t in model.graph.initializer)
     try:
-        onnx.checker.check_model(model)
+        # with external data the checker needs the file's path: it checks the data lies in the model's folder
+        onnx.checker.check_model(str(path) if external else model)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no reason given"
         raise OnnxImportError(f"{where}: the model fails onnx.checker: {first[:300]}") from None
+    except UnicodeDecodeError as e:
+        raise OnnxImportError(f"{where}: the model fails onnx.checker: a name or text in it is not valid UTF-8 "
+                              f"({e.reason} at byte {e.start})") from None
 
 
 def _tensor_array(t, where: str, folder: Path, what: str) -> np.ndarray:
@@ -287,7 +292,7 @@ def import_onnx(path) -> ImportedOnnx:
     model = _read_model(path)
     where = _shown(path)
     opset = _check_opset(model, where)
-    _check(model, where)
+    _check(model, path, where)
     return _Importer(model, path, where, opset).run()
 
 
@@ -342,7 +347,7 @@ class _Importer:
         return None if got is None else got[1]
 
     def design_name(self, onnx_name: str, op: str) -> str:
-        stem = onnx_name
+        stem = onnx_name if isinstance(onnx_name, str) else bytes(onnx_name).decode("utf-8", "replace")
         if stem.startswith("node_"):
             stem = stem[5:]
         stem = _SAFE.sub("_", stem).strip("_").lower()
@@ -759,6 +764,8 @@ class _Importer:
             self.report.mapping[name] = "a constant"
             return
         arrays = [self.consts[v] if v else None for v in node.input]
+        if not arrays or arrays[0] is None:
+            self.fail(f"node {name!r} ({op}): its first input is missing (expected a tensor)")
         attrs = self._op_attrs(node, at, fold=True)
         if op == "ConstantOfShape":
             n = math.prod(int(v) for v in arrays[0].reshape(-1)) if arrays[0].size else 1
