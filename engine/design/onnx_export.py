@@ -221,6 +221,12 @@ _NP_OF = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "
           "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
 
 
+def _host(t: Tensor) -> np.ndarray:
+    """The values of `t` as a NumPy array: the array itself on the CPU (no copy), a copy from a GPU."""
+    arr = raw.array(t)
+    return arr if isinstance(arr, np.ndarray) else t.numpy()
+
+
 def _np_dtype(name: str):
     return np.dtype(_NP_OF.get(name, np.float32))
 
@@ -289,7 +295,7 @@ class _Graph:
             else:
                 n = f"t{tid}"
             if t.source in ("param", "const"):
-                value = self.trace.values[tid].numpy()
+                value = _host(self.trace.values[tid])
                 if t.source == "const" and self.batched(tid):
                     n = self._batch_constant(tid, value, n)
                 else:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,8 +188,9 @@ class Tracer:
     def __init__(self, names: dict[int, str] | None = None):
         self.trace = Trace()
         self.names = dict(names or {})
-        self._by_pyid: dict[int, TracedTensor] = {}
-        self._keep: list = []  # every tensor seen, so that no id is reused while the trace runs
+        # id(tensor) -> (a weak reference to it, its traced tensor): an activation is not kept alive
+        # by the trace, and an id that a freed tensor's successor reuses is told apart by the reference
+        self._by_pyid: dict[int, tuple] = {}
         self._scopes: list[str] = []
         self._depth = 0
         self._thread = None
@@ -240,13 +242,13 @@ class Tracer:
         info = TracedTensor(len(self.trace.tensors), tuple(int(d) for d in t.shape), str(t.dtype), source, name,
                             producer)
         self.trace.tensors[info.id] = info
-        self._by_pyid[id(t)] = info
-        self._keep.append(t)
+        self._by_pyid[id(t)] = (weakref.ref(t), info)
         return info
 
     def tensor_id(self, t: Tensor) -> int:
         """The id of `t` in the trace; a tensor not seen yet is a parameter (when named) or a constant."""
-        info = self._by_pyid.get(id(t))
+        entry = self._by_pyid.get(id(t))
+        info = entry[1] if entry is not None and entry[0]() is t else None
         if info is None:
             name = self.names.get(id(t))
             info = self._info(t, "param" if name is not None else "const", name)
@@ -312,8 +314,7 @@ class Tracer:
         if op == "identity" and len(inputs) == 1 and len(outs) == 1:
             # the same values under another autodiff state or device: the same traced tensor
             info = self.trace.tensors[self.tensor_id(inputs[0])]
-            self._by_pyid[id(outs[0])] = info
-            self._keep.append(outs[0])
+            self._by_pyid[id(outs[0])] = (weakref.ref(outs[0]), info)
             return
         self.record(op, inputs, outs, attrs, names)
 
