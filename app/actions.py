@@ -44,6 +44,9 @@ class Actions:
         make("export_materialized", "Export &Materialized…", None, "Adapters folded into plain weights")
         make("export_pretrained", "&Hugging Face Folder…", None,
              "Write the model as a Hugging Face folder that transformers loads (LoRA merged into a copy first)")
+        make("export_peft", "&PEFT Adapter…", None,
+             "Write the LoRA / rsLoRA / DoRA adapters as a PEFT adapter folder (adapter_config.json + "
+             "adapter_model.safetensors) that peft's PeftModel.from_pretrained loads on the same base")
         make("quit", "&Quit", Std.Quit)
 
         # Edit
@@ -68,6 +71,8 @@ class Actions:
 
         # Train (the training dashboard lives in its own tab)
         make("train_show", "Show &Training", "Ctrl+3")
+        make("generate_show", "Show &Generate", "Ctrl+4", "Continue a prompt with the language model, "
+                                                            "before and after fine-tuning")
 
         # View
         self.theme_group = QActionGroup(parent)

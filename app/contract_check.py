@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from engine.design import shape_check
 from engine.module import contracts, memory
+from engine import nn
 from engine.module.tree import FieldKind, find
+from engine.module.tree import children as tree_children
+from engine.train.text import model_limits
 from engine.tensor.device import default_device
 from widgets.module_tree import CONTRACT
 
@@ -20,6 +23,31 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 SHAPES_ONLY_FROM = 64 * 2**20  # lazy parameters above this size make "Shapes only" the check's default
+
+
+TOKEN_EXAMPLE_LENGTH = 8  # positions of a language model's default example input (fewer when it has fewer)
+
+
+def first_layer(module: Any):
+    """The first layer a forward reaches, in the tree's order: the first module below the root
+    that has no module children (an Embedding for a language model)."""
+    for _path, m in module.named_modules():
+        if m is module:
+            continue
+        if not any(kind is FieldKind.MODULE for _n, kind, _v in tree_children(m)):
+            return m
+    return None
+
+
+def default_example_input(contract_text: str | None, module: Any) -> str:
+    """The contract editor's default example input: integer token ids `int[2, L]` (L within the
+    model's positions) for a model whose first layer is an Embedding (a language model), else
+    the shape its contract gives (`[batch, 784]` -> `[2, 784]`)."""
+    if isinstance(first_layer(module), nn.Embedding):
+        _vocab, positions = model_limits(module)
+        length = min(TOKEN_EXAMPLE_LENGTH, positions) if positions else TOKEN_EXAMPLE_LENGTH
+        return f"int[2, {max(1, length)}]"
+    return contracts.example_input_text(contract_text, module)
 
 
 class ContractCheck:
@@ -46,7 +74,7 @@ class ContractCheck:
             self._mode_for = id(doc.module)
             self.editor.set_shapes_only(shape_check.unallocated_bytes(doc.module) > SHAPES_ONLY_FROM)
         default = "example" if isinstance(doc.source, ExampleSource) else \
-            contracts.example_input_text(doc.contract_for("", doc.module), doc.module)
+            default_example_input(doc.contract_for("", doc.module), doc.module)
         self.editor.set_example_input(default)
 
     def on_contracts_changed(self) -> None:

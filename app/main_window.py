@@ -42,6 +42,7 @@ from .designer_panel import DesignerPanel
 from .document import Document
 from .core.opening import hugging_face_names
 from .edit_actions import EditActions
+from .generate_panel import GeneratePanel
 from .pretrained_actions import PretrainedActions
 from .project_io import ProjectIO
 from .prompts import ScriptFileDialog, ask_save_discard
@@ -52,7 +53,8 @@ from .training_panel import TrainingPanel
 
 AUTOSAVE_MS = 30_000
 # the docks each tab shows until the user chooses otherwise on that tab (remembered per tab)
-DEFAULT_TAB_DOCKS = {"display": ("dock.tree", "dock.inspector", "dock.contract"), "designer": (), "training": ()}
+DEFAULT_TAB_DOCKS = {"display": ("dock.tree", "dock.inspector", "dock.contract"), "designer": (), "training": (),
+                     "generate": ()}
 
 
 ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons" / "app"
@@ -120,6 +122,9 @@ class MainWindow(QMainWindow):
         # the dashboard's own minimum width must not widen the window: it shrinks with the tab
         self.training_panel.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.tabs.addTab(self.training_panel, "Training")
+        self.generate_panel = GeneratePanel(self)  # a language model continues a prompt (app/generate_panel.py)
+        self.generate_panel.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.tabs.addTab(self.generate_panel, "Generate")
         self.setCentralWidget(self.tabs)
 
     def _dock(self, name: str, title: str, widget, area) -> QDockWidget:
@@ -149,7 +154,7 @@ class MainWindow(QMainWindow):
     def tab_key(self, widget=None) -> str:
         widget = self.tabs.currentWidget() if widget is None else widget
         return {id(self.display): "display", id(self.designer): "designer",
-                id(self.training_panel): "training"}.get(id(widget), "display")
+                id(self.training_panel): "training", id(self.generate_panel): "generate"}.get(id(widget), "display")
 
     def _remember_tab_docks(self) -> None:
         """The user showed or closed a dock: remember it for the tab shown now."""
@@ -226,6 +231,7 @@ class MainWindow(QMainWindow):
             export.addAction(action)
         export.addSeparator()
         export.addAction(a.export_pretrained)
+        export.addAction(a.export_peft)
         m.addSeparator()
         m.addAction(a.quit)
         m = bar.addMenu("&Edit")
@@ -246,6 +252,7 @@ class MainWindow(QMainWindow):
         m.addAction(a.check_contracts)
         m = bar.addMenu("&Train")
         m.addAction(a.train_show)
+        m.addAction(a.generate_show)
         m = bar.addMenu("&View")
         m.addAction(a.theme_light)
         m.addAction(a.theme_dark)
@@ -287,6 +294,7 @@ class MainWindow(QMainWindow):
         a.show_display.triggered.connect(lambda: self.tabs.setCurrentWidget(self.display))
         a.show_designer.triggered.connect(lambda: self.tabs.setCurrentWidget(self.designer))
         a.train_show.triggered.connect(lambda: self.tabs.setCurrentWidget(self.training_panel))
+        a.generate_show.triggered.connect(lambda: self.tabs.setCurrentWidget(self.generate_panel))
         a.shortcuts.triggered.connect(self.show_shortcuts)
         a.about.triggered.connect(self.show_about)
         a.find.triggered.connect(self._focus_filter)
@@ -298,6 +306,7 @@ class MainWindow(QMainWindow):
         a.open_project.triggered.connect(projects.ask_open_project)
         a.open_pretrained.triggered.connect(self.pretrained.ask_open)
         a.export_pretrained.triggered.connect(self.pretrained.ask_export)
+        a.export_peft.triggered.connect(self.pretrained.ask_export_peft)
         a.save_project.triggered.connect(projects.save_project)
         a.save_project_as.triggered.connect(projects.save_project_as)
         a.import_checkpoint.triggered.connect(checkpoints.ask_import)
@@ -508,7 +517,7 @@ class MainWindow(QMainWindow):
         current = self.tabs.currentWidget()
         if current is self.display:
             tree, inspector = 0.46, 0.27
-        elif current is self.training_panel:
+        elif current is self.training_panel or current is self.generate_panel:
             tree, inspector = 0.14, 0.17
         else:
             tree, inspector = 0.24, 0.18

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QFileDialog
 
+from engine.models.peft import save_peft_adapter
 from engine.module import memory
+from engine.module.tree import params as tree_params
 
 from .core import edits, opening
 from .core.project import PROJECT_SUFFIX
@@ -29,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 EXPORT_TIP = "Write the model as a Hugging Face folder (config.json + model.safetensors) that transformers loads; " \
              "LoRA adapters are merged into a copy first"
+PEFT_TIP = "Write the LoRA adapters as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) " \
+           "that peft loads on the same base model"
 # what a dropped file may be (anything else is refused with this list)
 DROPPABLE = "a Hugging Face model folder, a project (.ember.json), a model script (.py) or a checkpoint " \
             "(.bpk, .safetensors)"
@@ -145,6 +149,67 @@ class PretrainedActions:
         tip = EXPORT_TIP if not why else f"Not available: {why}"
         action.setToolTip(tip)
         action.setStatusTip(tip)
+        peft = self.window.actions.export_peft
+        why = self.peft_refusal()
+        peft.setEnabled(not why)
+        tip = PEFT_TIP if not why else f"Not available: {why}"
+        peft.setToolTip(tip)
+        peft.setStatusTip(tip)
+
+    def peft_refusal(self) -> str:
+        """Why File ▸ Export ▸ PEFT Adapter… cannot run now ('' when it can)."""
+        module = self.document.module
+        if module is None:
+            return "no model is open"
+        if not getattr(self.window, "hf_names", None):
+            why = opening.save_pretrained_refusal(module)
+            return (f"a PEFT adapter names the modules of a known Hugging Face family; {why}" if why else
+                    "a PEFT adapter names the modules of a model opened from a Hugging Face folder")
+        if not self.document.stats.total.reparameterized:
+            return "the model has no LoRA adapters: attach them first (Model ▸ Attach LoRA…)"
+        return ""
+
+    def ask_export_peft(self) -> Task | None:
+        why = self.peft_refusal()
+        if why:
+            self.window.status(f"Export PEFT adapter: {why}")
+            return None
+        folder = QFileDialog.getExistingDirectory(self.window, "Export PEFT Adapter (choose or make a folder)",
+                                                  self._start_folder())
+        return self.export_peft(folder) if folder else None
+
+    def export_peft(self, folder: str | Path) -> Task | None:
+        """Write the document's LoRA adapters as a PEFT adapter folder, on a worker."""
+        w, module = self.window, self.document.module
+        why = self.peft_refusal()
+        if why:
+            w.error("Export PEFT adapter", why)
+            return None
+        folder = Path(folder)
+        if folder.is_file():
+            w.error("Export PEFT adapter", f"{folder}: a file, expected a folder to write into")
+            return None
+        if (folder / "adapter_config.json").exists():
+            answer = ask_question(w, "Replace the adapter in this folder?",
+                                  f"{folder} already holds a PEFT adapter (adapter_config.json). Replace it?",
+                                  Button.Yes | Button.Cancel, Button.Cancel)
+            if answer != Button.Yes:
+                return None
+        info = _info(module)
+        base = str(info.folder) if info is not None and info.folder is not None else None
+        started = time.perf_counter()
+
+        def work(state):
+            return save_peft_adapter(module, folder, base_model_name_or_path=base)
+
+        def done(written) -> None:
+            w.status(f"Saved the PEFT adapter {written} ({time.perf_counter() - started:.1f} s): "
+                     f"PeftModel.from_pretrained(base, folder) loads it", 15000)
+
+        w.status(f"Exporting the PEFT adapter to {folder}…")
+        return w.tasks.start(Task(work, title=f"Exporting the PEFT adapter {folder.name}"), done,
+                             lambda f: w.error("Export PEFT adapter failed", str(f.exception), f.traceback),
+                             kind="export-peft")
 
     def ask_export(self) -> Task | None:
         module = self.document.module
@@ -179,12 +244,13 @@ class PretrainedActions:
             if answer != Button.Yes:
                 return None
         merged = self.document.stats.total.reparameterized
-        if merged:
-            estimate = memory.estimate_materialize(module)
-            refusal = estimate.refusal(memory.available_memory()) if estimate is not None else ""
-            if refusal:
-                w.error("Not enough memory", f"Merging the LoRA adapters for the export: {refusal}. Nothing was written.")
-                return None
+        estimate = export_estimate(module, bool(merged))
+        refusal = estimate.refusal(memory.available_memory()) if estimate.total else ""
+        if refusal:
+            what = "Merging the LoRA adapters for the export: " if merged else ""
+            w.error("Not enough memory", f"{what}{refusal}. Nothing was written.")
+            w.status(f"Export Hugging Face folder: refused, it needs about {memory.size_text(estimate.total)}")
+            return None
         note = (f"the LoRA adapters of {merged} weight(s) are merged into a copy (the open model keeps them)"
                 if merged else "")
         w.status(f"Exporting to {folder}" + (f": {note}" if note else "") + "…")
@@ -200,6 +266,22 @@ class PretrainedActions:
             Task(lambda state: opening.save_pretrained(module, folder, state.set_progress),
                  title=f"Exporting {folder.name}" + (" (merging LoRA into a copy)" if merged else "")),
             done, lambda f: w.error("Export failed", str(f.exception), f.traceback), kind="export-pretrained")
+
+
+def export_estimate(module, merged: bool) -> memory.MemoryEstimate:
+    """What writing `module` as a Hugging Face folder allocates before the first byte is written:
+    the lazy parameters that no file backs (a model built from a config, such as the llama-7b
+    example) are initialized to be saved; merging LoRA initializes lazy bases and makes plain
+    weights (`estimate_materialize`). A model read lazily from a folder reads each tensor from
+    its file as it is written."""
+    parts: dict[str, int] = {}
+    if merged:
+        parts.update(memory.estimate_materialize(module).parts)
+    if _info(module) is None:  # not from a folder: nothing backs its lazy parameters
+        unbacked = sum(memory.param_bytes(p) for _path, p in tree_params(module)
+                       if not p.is_initialized() and not (merged and p.reparameterization is not None))
+        parts["parameters to initialize (no file backs them)"] = unbacked
+    return memory.MemoryEstimate("The Hugging Face export", parts)
 
 
 def _info(module):

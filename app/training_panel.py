@@ -59,7 +59,7 @@ from engine.train.preflight import TrainingSetupError
 from engine.train.checkpoint import describe_os_error
 from engine.train.run_folder import latest_checkpoint, new_run_folder, read_run, resumable_on_disk
 from engine.train.run_history import RunHistory
-from engine.train.run_spec import FILE_TASK, RunSpec
+from engine.train.run_spec import CAUSAL_LM_TASK, FILE_TASK, RunSpec
 from engine.train.tasks import TASKS
 from engine.train.worker import GuiGate, RunOutcome, run_training
 from widgets.common import ErrorLabel
@@ -69,7 +69,7 @@ from widgets.training.grad_norms import GradNormTable
 from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
-from .core.schema import CheckpointSource, ExampleSource, LoadEdit, Source
+from .core.schema import CheckpointSource, ExampleSource, LoadEdit, PretrainedSource, Source
 from .training_run import TrainingRun
 from .workers import Task, TaskFailure
 
@@ -96,6 +96,67 @@ def example_task(source: Source | None) -> str | None:
     except Exception:  # noqa: BLE001 - a broken example shows up when it is opened
         return None
     return name if name in TASKS else None
+
+
+DETECT_BYTES = 1 << 20  # the data note reads at most this much of a .jsonl file (its first record)
+
+
+def tokenizer_folder(source: Source | None) -> str:
+    """The folder of a model opened from a Hugging Face folder with a tokenizer.json ('' else)."""
+    if isinstance(source, PretrainedSource):
+        folder = Path(source.path).expanduser()
+        if (folder / "tokenizer.json").is_file():
+            return str(folder)
+    return ""
+
+
+def describe_text_file(path: str, per_line: bool = True) -> str:
+    """What a causal-lm data file holds, from its first record (a bounded read, on the GUI
+    thread): text documents, or prompt/completion records whose loss is on the completions.
+    Problems are not reported here: the run names them with the file and the line."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return ""
+    if p.suffix.lower() == ".txt":
+        return ("plain text: one document per non-blank line" if per_line else
+                "plain text: the whole file is one document")
+    if p.suffix.lower() != ".jsonl":
+        return ""
+    import json  # noqa: PLC0415
+
+    try:
+        with p.open("rb") as f:
+            head = f.read(DETECT_BYTES)
+        first = next((line for line in head.decode("utf-8", errors="replace").splitlines() if line.strip()), "")
+        record = json.loads(first)
+    except (OSError, ValueError):
+        return "jsonl: the first record could not be read (the run will say where)"
+    if not isinstance(record, dict):
+        return ""
+    if "text" in record:
+        return "jsonl with a 'text' field: each record is a document"
+    if "prompt" in record and "completion" in record:
+        return ("jsonl with 'prompt' and 'completion' fields detected: the loss is on the completions only "
+                "(the prompt's tokens are masked)")
+    return f"jsonl: expected a 'text' field, or 'prompt' and 'completion'; the first record has {sorted(record)}"
+
+
+def lm_metrics_text(history: RunHistory) -> str:
+    """The language-model figures of a run's last epoch: perplexity (train, validation) and
+    target tokens per second ('' before the first epoch ends or for another task)."""
+    for row in reversed(history.epochs):
+        train, valid = row.get("train", {}), row.get("valid", {})
+        if "perplexity" not in train and "perplexity" not in valid:
+            continue
+        parts = []
+        if "perplexity" in train:
+            parts.append(f"perplexity {train['perplexity']:.3g} (train)")
+        if "perplexity" in valid:
+            parts.append(f"{valid['perplexity']:.3g} (validation)")
+        if "tokens_per_second" in train:
+            parts.append(f"{train['tokens_per_second']:,.0f} tokens/s")
+        return f"Epoch {row['epoch']}: " + " · ".join(parts)
+    return ""
 
 
 # ---- the panel ---------------------------------------------------------------------------------
@@ -149,6 +210,8 @@ class TrainingPanel(QWidget):
     def _build(self) -> None:
         self.run_settings = RunSettings()
         self.run_settings.changed.connect(self._update_can_start)
+        self.run_settings.changed.connect(self._update_data_note)
+        self._noted_file: tuple | None = None
         # the forms, as the window, the tests and the benchmarks reach them
         self.data_form = self.run_settings.data_form
         self.browse_button = self.run_settings.browse_button
@@ -173,6 +236,10 @@ class TrainingPanel(QWidget):
         self.apply_button.clicked.connect(self.apply_pending)
         self.error_label = ErrorLabel()
         self.error_label.setObjectName("run-error")
+        # a causal-lm run's perplexity and tokens per second (its last epoch)
+        self.lm_label = QLabel("")
+        self.lm_label.setObjectName("lm-metrics")
+        self.lm_label.hide()
         apply_row = QHBoxLayout()
         apply_row.addWidget(self.apply_check)
         apply_row.addStretch(1)
@@ -204,6 +271,7 @@ class TrainingPanel(QWidget):
         rl.setContentsMargins(4, 4, 4, 4)
         rl.addWidget(self.controls)
         rl.addLayout(apply_row)
+        rl.addWidget(self.lm_label)
         rl.addWidget(self.error_label)
         rl.addWidget(right_split, 1)
         split = QSplitter(Qt.Orientation.Horizontal)
@@ -278,8 +346,20 @@ class TrainingPanel(QWidget):
             devices = module.devices() if hasattr(module, "devices") else []
             if devices:
                 self.run_settings.set_device(str(devices[0]))
+            self.run_settings.set_tokenizer_folder(tokenizer_folder(source))
         self._update_can_start()
         self._update_checkpoint_button()
+
+    def _update_data_note(self) -> None:
+        """Say what the chosen causal-lm data file holds (prompt/completion or text)."""
+        values, _errors = self.data_form.field_values()
+        key = (values.get("task"), values.get("file"), values.get("per_line"))
+        if key == self._noted_file:
+            return
+        self._noted_file = key
+        lm = values.get("task") == CAUSAL_LM_TASK and str(values.get("file") or "").strip()
+        self.run_settings.set_data_note(describe_text_file(values["file"], bool(values.get("per_line", True)))
+                                        if lm else "")
 
     # ---- run folders ------------------------------------------------------------------------------
     def runs_dir(self) -> Path:
@@ -395,6 +475,11 @@ class TrainingPanel(QWidget):
         self._show_error("")
         run.history.begin()
         run.write(resumed_from=resume_from)
+        lm = run.spec is not None and run.spec.data.task == CAUSAL_LM_TASK
+        self.lm_label.setText("Perplexity and tokens/s appear when the first epoch ends." if lm else "")
+        self.lm_label.setVisible(lm)
+        if lm:
+            self.curves.set_metric("perplexity")
         task = Task(run_training, run.control, run.source_module, run.spec, str(run.folder), resume_from,
                     max_steps, self.yield_between_steps, title=f"Training {run.name}")
         run.task = task
@@ -493,6 +578,10 @@ class TrainingPanel(QWidget):
                 self.controls.set_progress(h.fraction_done(), h.steps_per_second,
                                            h.seconds_left() if h.status == "running" else None,
                                            f"epoch {h.epoch}/{h.total_epochs} · step {h.global_step}/{h.total_steps}")
+                lm = lm_metrics_text(h)
+                if lm:
+                    self.lm_label.setText(lm)
+                    self.lm_label.show()
             self.curves.redraw()
         finally:
             self.gui_gate.release()

@@ -1,5 +1,8 @@
-"""The LoRA dialog: rank, alpha, init std, parameter group, and QLoRA (block size, double
-quantization), with a live preview of the parameters LoRA adds and of what stays trainable.
+"""The LoRA dialog: the variant (LoRA, rsLoRA, DoRA, QLoRA), rank, alpha, init std, the targets
+(PEFT-style presets for the model's family: "q_proj, v_proj", "all-linear", a custom list of
+module names or a regex, matched by `engine.models.peft`'s target rules; or a parameter group),
+and QLoRA's block size and double quantization, with a live preview of the parameters LoRA adds
+and of what stays trainable.
 
 LoRA (Burn's): every float parameter is frozen; each rank-2 float parameter in the group gets
 factors `a` [d_in, rank] and `b` [rank, d_out], trainable, so the preview is plain arithmetic
@@ -11,22 +14,68 @@ import math
 from typing import Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel, QLineEdit,
-                               QVBoxLayout)
+import re
+
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel,
+                               QLineEdit, QVBoxLayout)
 
 from engine.module import Lora
 from engine.module.nf4 import bits_per_weight
 from engine.module.summary import TrainableCounts
 from engine.module import tree
+from engine.models.peft import peft_targets, target_group
 
 from .common import ErrorLabel, count, monospace_font
 from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
 
 
+VARIANTS = [("lora", "LoRA"), ("rslora", "rsLoRA (alpha / √rank)"), ("dora", "DoRA (+ magnitude per column)"),
+            ("qlora", "QLoRA (4-bit NF4 base)")]
+GROUP_TARGETS = "group"  # the targets are the parameter group below
+CUSTOM_TARGETS = "custom"
+_NAME_LIST = re.compile(r"^\s*[\w.-]+(\s*,\s*[\w.-]+)*\s*$")
+
+
+def target_presets(module: Any) -> list[tuple[str, str]]:
+    """(key, label) of the PEFT-style target presets that select something in `module`: the
+    family's usual ones (Llama's "q_proj, v_proj" and the four attention projections, GPT-2's
+    "c_attn"), "all-linear", a custom list or regex, and the parameter group."""
+    try:
+        names = {t.module.rpartition(".")[2] for t in peft_targets(module)}
+        linear = any(t.kind == "linear" for t in peft_targets(module))
+    except Exception:  # noqa: BLE001 - a model the rules cannot read keeps the group
+        names, linear = set(), False
+    out = []
+    if {"q_proj", "v_proj"} <= names:
+        out.append(("q_proj, v_proj", "q_proj, v_proj (PEFT's default for Llama)"))
+    if {"q_proj", "k_proj", "v_proj", "o_proj"} <= names:
+        out.append(("q_proj, k_proj, v_proj, o_proj", "q_proj, k_proj, v_proj, o_proj"))
+    if "c_attn" in names:
+        out.append(("c_attn", "c_attn (GPT-2's attention)"))
+    if linear:
+        out.append(("all-linear", "all-linear (every Linear but the output head)"))
+    out.append((CUSTOM_TARGETS, "Custom: module names or a regex"))
+    out.append((GROUP_TARGETS, "Parameter group (below)"))
+    return out
+
+
+def peft_target_modules(text: str):
+    """A custom target text as peft's `target_modules`: "q_proj, v_proj" -> a list of names,
+    "all-linear" as it is, anything else a regex (full match on module names)."""
+    t = text.strip()
+    if t.lower() == "all-linear":
+        return "all-linear"
+    if _NAME_LIST.match(t):
+        return [n.strip() for n in t.split(",")]
+    return t
+
+
 class LoraDialog(QDialog):
     """Emits `lora_chosen(edit)` with `{"op": "lora", "rank", "alpha", "init_std", "group",
-    "qlora"}` when accepted: the project file's JSON form of the edit, which the app reads into
-    its typed schema (`app.core.schema.edit_from_json`; widgets do not import the app)."""
+    "qlora", "variant"}` when accepted: the project file's JSON form of the edit, which the app
+    reads into its typed schema (`app.core.schema.edit_from_json`; widgets do not import the
+    app). PEFT-style targets are resolved here to the exact parameter paths they select
+    (`{"kind": "paths"}`), so the edit replays the same selection."""
 
     lora_chosen = Signal(dict)
 
@@ -36,6 +85,25 @@ class LoraDialog(QDialog):
         self.setObjectName("lora-dialog")
         self.params = module.named_params()
         self.reparameterized = [p for p, v in tree.params(module) if v.reparameterization is not None]
+        self.module = module
+        self.variant = QComboBox()
+        self.variant.setObjectName("variant")
+        for key, label in VARIANTS:
+            self.variant.addItem(label, key)
+        self.variant.setToolTip("LoRA: scale alpha / rank. rsLoRA: alpha / sqrt(rank). DoRA: LoRA plus a trainable "
+                                "magnitude per output column. QLoRA: LoRA over base weights packed to 4-bit NF4")
+        self.targets = QComboBox()
+        self.targets.setObjectName("targets")
+        for key, label in target_presets(module):
+            self.targets.addItem(label, key)
+        self.targets.setToolTip("Which weights get adapters, by PEFT's target_modules rules on the module names")
+        self.custom_targets = QLineEdit()
+        self.custom_targets.setObjectName("custom-targets")
+        self.custom_targets.setFont(monospace_font())
+        self.custom_targets.setPlaceholderText(r"q_proj, k_proj   or   .*\.layers\.0\..*_proj")
+        self.targets_error = ErrorLabel()
+        # the dialog starts on the parameter group, as it always did (the tree's selection, or all)
+        self.targets.setCurrentIndex(self.targets.count() - 1)
         self.rank = self._field("rank", "8", "the adapters' inner dimension, an integer ≥ 1")
         self.rank_error = ErrorLabel()
         # a rank that is not below a target's smaller side makes no low-rank update: warned, allowed
@@ -64,6 +132,7 @@ class LoraDialog(QDialog):
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
 
         form = QFormLayout()
+        form.addRow("Variant", self.variant)
         form.addRow("Rank", self.rank)
         form.addRow("", self.rank_error)
         form.addRow("", self.rank_warning)
@@ -71,6 +140,9 @@ class LoraDialog(QDialog):
         form.addRow("", self.alpha_error)
         form.addRow("Init std", self.init_std)
         form.addRow("", self.init_std_error)
+        form.addRow("Targets", self.targets)
+        form.addRow("", self.custom_targets)
+        form.addRow("", self.targets_error)
         form.addRow("Parameters", self.group)
         qbox = QGroupBox("Quantization")
         qform = QFormLayout(qbox)
@@ -87,8 +159,11 @@ class LoraDialog(QDialog):
         self.resize(680, 620)
         for w in (self.rank, self.alpha, self.init_std, self.block_size):
             w.textChanged.connect(self._update)
-        self.group.changed.connect(self._update)
-        self.qlora.toggled.connect(self._update)
+        self.group.changed.connect(self._on_group_edited)
+        self.qlora.toggled.connect(self._on_qlora_toggled)
+        self.variant.currentIndexChanged.connect(self._on_variant)
+        self.targets.currentIndexChanged.connect(self._update)
+        self.custom_targets.textChanged.connect(self._update)
         self.double_quant.toggled.connect(self._update)
         self.buttons.accepted.connect(self._accept)
         self.buttons.rejected.connect(self.reject)
@@ -101,6 +176,62 @@ class LoraDialog(QDialog):
         w.setToolTip(tip)
         w.setFont(monospace_font())
         return w
+
+    def _on_variant(self, *_):
+        quant = self.variant.currentData() == "qlora"
+        if self.qlora.isChecked() != quant:
+            self.qlora.setChecked(quant)  # updates through _on_qlora_toggled
+        else:
+            self._update()
+
+    def _on_qlora_toggled(self, on: bool) -> None:
+        if on and self.variant.currentData() != "qlora":
+            self.variant.setCurrentIndex([k for k, _ in VARIANTS].index("qlora"))
+        elif not on and self.variant.currentData() == "qlora":
+            self.variant.setCurrentIndex(0)
+        self._update()
+
+    def _on_group_edited(self) -> None:
+        """Editing the parameter group makes it the targets."""
+        i = self.targets.findData(GROUP_TARGETS)
+        if self.targets.currentIndex() != i:
+            self.targets.setCurrentIndex(i)  # updates through currentIndexChanged
+        else:
+            self._update()
+
+    def set_targets(self, key: str, custom: str = "") -> None:
+        """Choose a target preset by key ("q_proj, v_proj", "all-linear", "custom", "group")."""
+        if custom:
+            self.custom_targets.setText(custom)
+        i = self.targets.findData(key)
+        if i < 0:
+            raise ValueError(f"no target preset {key!r}: expected one of "
+                             f"{[self.targets.itemData(j) for j in range(self.targets.count())]}")
+        self.targets.setCurrentIndex(i)
+
+    def set_variant(self, key: str) -> None:
+        self.variant.setCurrentIndex([k for k, _ in VARIANTS].index(key))
+
+    def _selected(self):
+        """(the parameters the targets select or None, the group's JSON form)."""
+        key = self.targets.currentData()
+        self.custom_targets.setVisible(key == CUSTOM_TARGETS)
+        if key == GROUP_TARGETS:
+            self.targets_error.show_error(None)
+            return self.group.select(self.params), self.group.spec()
+        self.group.error.show_error(None)
+        text = self.custom_targets.text() if key == CUSTOM_TARGETS else key
+        if not text.strip():
+            self.targets_error.show_error("type module names (q_proj, v_proj), a regex, or all-linear")
+            return None, None
+        try:
+            group = target_group(self.module, peft_target_modules(text))
+        except ValueError as e:  # the rules' message: what matched nothing, the names the model has
+            self.targets_error.show_error(str(e))
+            return None, None
+        self.targets_error.show_error(None)
+        matches = [(p, v) for p, v in self.params if group.matches(v.id, p)]
+        return matches, {"kind": "paths", "paths": [p for p, _ in matches]}
 
     def ok_button(self):
         return self.buttons.button(QDialogButtonBox.StandardButton.Ok)
@@ -157,7 +288,10 @@ class LoraDialog(QDialog):
             ok &= err is None
         else:
             self.block_size_error.show_error(None)
-        matches = self.group.select(self.params)
+        matches, group_spec = self._selected()
+        variant = self.variant.currentData()
+        if variant == "dora" and quant:  # pragma: no cover - the combo makes them exclusive
+            variant = "lora"
         # the engine's preview of the selected parameters: which get factors, how many values
         preview = Lora(rank if rank is not None else 1, 1.0).preview(matches or [])
         targets = preview.targets
@@ -178,7 +312,13 @@ class LoraDialog(QDialog):
             after = TrainableCounts(added, sum(v.numel() for _, v in self.params) + added)
             pv = {"added": added, "trainable": after.trainable, "all": after.total, "percent": after.percent,
                   "targets": len(targets)}
-            text = f"LoRA on {len(targets)} weight(s) adds {count(added)} parameters. After: {after}"
+            label = {"rslora": "rsLoRA", "dora": "DoRA", "qlora": "QLoRA"}.get(variant, "LoRA")
+            if variant == "dora":  # a magnitude per output column of each target
+                added += sum(int(v.shape[1]) for _p, v in targets)
+                after = TrainableCounts(added, sum(v.numel() for _, v in self.params) + added)
+                pv = {"added": added, "trainable": after.trainable, "all": after.total, "percent": after.percent,
+                      "targets": len(targets)}
+            text = f"{label} on {len(targets)} weight(s) adds {count(added)} parameters. After: {after}"
             if quant and block is not None:
                 bits = bits_per_weight(block, self.double_quant.isChecked())
                 text += f". Base weights packed to NF4, about {bits:.3f} bits per weight."
@@ -191,9 +331,12 @@ class LoraDialog(QDialog):
             self.summary.setText("")
             fill_preview(self.preview, [])
             self.preview_counts = None
+        ok &= group_spec is not None
+        self.ok_button().setEnabled(ok)
         self._edit = {"op": "lora", "rank": rank, "alpha": alpha, "init_std": init_std,
-                      "group": self.group.spec(),
-                      "qlora": {"block_size": block, "double_quant": self.double_quant.isChecked()} if quant else None
+                      "group": group_spec,
+                      "qlora": {"block_size": block, "double_quant": self.double_quant.isChecked()} if quant else None,
+                      **({"variant": variant} if variant in ("rslora", "dora") else {})
                       } if ok else None
 
     def _warn_rank(self, rank: int | None, targets) -> None:
@@ -216,7 +359,7 @@ class LoraDialog(QDialog):
 
     def errors(self) -> list[str]:
         return [e.error() for e in (self.rank_error, self.alpha_error, self.init_std_error, self.block_size_error,
-                                    self.group.error) if e.error()]
+                                    self.targets_error, self.group.error) if e.error()]
 
     def _accept(self) -> None:
         if self._edit is None:

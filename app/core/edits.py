@@ -34,7 +34,7 @@ def describe(edit: Edit) -> str:
     if isinstance(edit, GroupEdit):
         return f"{OP_TEXT[edit.op]} {edit.group.describe()}"
     if isinstance(edit, LoraEdit):
-        kind = "QLoRA" if edit.qlora else "LoRA"
+        kind = "QLoRA" if edit.qlora else {"rslora": "rsLoRA", "dora": "DoRA"}.get(edit.variant, "LoRA")
         return f"Attach {kind} (rank {edit.rank}, alpha {edit.alpha:g}) to {edit.group.describe()}"
     if isinstance(edit, MaterializeEdit):
         return "Materialize adapters"
@@ -49,7 +49,8 @@ def describe(edit: Edit) -> str:
 
 def lora_config(edit: LoraEdit):
     """The engine's `Lora` (or `QLora`) for a LoRA edit."""
-    lora = Lora(edit.rank, edit.alpha, init_std=edit.init_std, param_group=make_group(edit.group))
+    lora = Lora(edit.rank, edit.alpha, init_std=edit.init_std, param_group=make_group(edit.group),
+                use_rslora=edit.variant == "rslora", use_dora=edit.variant == "dora")
     if edit.qlora:
         return QLora(lora, block_size=edit.qlora.block_size, double_quant=edit.qlora.double_quant)
     return lora

@@ -263,10 +263,14 @@ class LoraEdit:
     init_std: float | None = None
     group: GroupSpec = field(default_factory=GroupSpec)
     qlora: QLoraSettings | None = None
+    variant: str = "lora"  # LORA_VARIANTS: plain LoRA, rsLoRA (alpha / sqrt(rank)) or DoRA (magnitudes)
 
     def to_json(self) -> dict:
-        return {"op": "lora", "rank": self.rank, "alpha": self.alpha, "init_std": self.init_std,
-                "group": self.group.to_json(), "qlora": None if self.qlora is None else self.qlora.to_json()}
+        out = {"op": "lora", "rank": self.rank, "alpha": self.alpha, "init_std": self.init_std,
+               "group": self.group.to_json(), "qlora": None if self.qlora is None else self.qlora.to_json()}
+        if self.variant != "lora":  # a plain LoRA edit reads as it always did
+            out["variant"] = self.variant
+        return out
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,18 @@ class LoadEdit:
 Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, DetachEdit, MoveEdit, LoadEdit]
 
 
+LORA_VARIANTS = ("lora", "rslora", "dora")
+
+
+def _lora_variant(data: dict, where: str, qlora: bool) -> str:
+    variant = _get(data, "variant", str, where, "one of " + ", ".join(LORA_VARIANTS), "lora")
+    if variant not in LORA_VARIANTS:
+        raise SchemaError(f"{where}.variant", "one of " + ", ".join(LORA_VARIANTS), _kind_found(variant))
+    if qlora and variant == "dora":
+        raise SchemaError(f"{where}.variant", "lora or rslora with qlora (QLoRA has no DoRA)", variant)
+    return variant
+
+
 def edit_from_json(data: Any, where: str = "edit") -> Edit:
     data = _object(data, where)
     op = data.get("op", MISSING)
@@ -338,7 +354,7 @@ def edit_from_json(data: Any, where: str = "edit") -> Edit:
                         _number(data, "alpha", where, "a finite number (LoRA alpha)"),
                         init_std,
                         GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"),
-                        q or None)
+                        q or None, _lora_variant(data, where, bool(q)))
     if op == "materialize":
         return MaterializeEdit()
     if op == "detach":

@@ -15,7 +15,8 @@ def test_the_window_has_its_docks_tabs_and_menus(window):
     assert {"dock.tree", "dock.inspector", "dock.contract"} <= set(docks)
     assert window.dockWidgetArea(docks["dock.tree"]) == Qt.DockWidgetArea.LeftDockWidgetArea
     assert window.dockWidgetArea(docks["dock.inspector"]) == Qt.DockWidgetArea.RightDockWidgetArea
-    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == ["Display", "Graph / Designer", "Training"]
+    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == ["Display", "Graph / Designer", "Training",
+                                                                                  "Generate"]
     assert menu_titles(window) == ["File", "Edit", "Model", "Train", "View", "Help"]
     assert window.device_selector.devices()[:2] == ["cpu", "cpu:1"]
 

@@ -366,6 +366,12 @@ class DataclassForm(QWidget):
             self._fixed[name] = value
             self.validate()
 
+    def set_row_visible(self, name: str, visible: bool) -> None:
+        """Show or hide a field's row (label, editor and error); its value still counts."""
+        editor = self.editors.get(name)
+        if editor is not None:
+            self.layout_.setRowVisible(editor.parentWidget(), visible)
+
     def field_widget(self, name: str) -> QWidget:
         """The input widget of a field (a line edit, check box, combo box or group box)."""
         return self.editors[name].input_widget()

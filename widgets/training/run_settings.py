@@ -6,12 +6,14 @@ when one is invalid), `set_spec(spec)` shows one; `changed` fires on every edit.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QPushButton, QScrollArea, QSizePolicy,
-                               QStackedWidget, QVBoxLayout, QWidget)
+from pathlib import Path
+
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QPushButton, QScrollArea,
+                               QSizePolicy, QStackedWidget, QVBoxLayout, QWidget)
 
 from engine import available_devices, optim
 from engine.train import TrainingConfig
-from engine.train.run_spec import FILE_TASK, KINDS, LOSSES, OPTIMIZERS, SCHEDULES, DataSettings, RunSpec
+from engine.train.run_spec import CAUSAL_LM_TASK, FILE_TASK, KINDS, LOSSES, OPTIMIZERS, SCHEDULES, DataSettings, RunSpec
 from engine.train.tasks import TASKS
 
 from .config_form import DataclassForm, FieldOptions, FormError
@@ -20,6 +22,9 @@ _CLIP = FieldOptions(label="gradient clipping", type=optim.GradientClippingConfi
                      options={"kind": FieldOptions(choices=["norm", "value"])})
 OPTIMIZER_OPTIONS = {"grad_clipping": _CLIP, "gradient_clipping": _CLIP}
 _TRAINING_HIDDEN = ("valid_batch_size", "checkpoint_dir", "resume_from", "throughput_interval")
+TEXT_SUFFIXES = (".txt", ".jsonl")
+_TEXT_FIELDS = ("tokenizer", "block_size", "packing", "per_line", "truncate")  # shown for causal-lm only
+_FILE_FIELDS = ("loss", "kind")  # not for causal-lm (its own next-token loss)
 
 
 def device_choices() -> list[str]:
@@ -37,8 +42,21 @@ class RunSettings(QScrollArea):
         super().__init__(parent)
         devices = device_choices()
         self.data_form = DataclassForm(DataSettings, options={
-            "task": FieldOptions(choices=[*TASKS, FILE_TASK], tooltip="A built-in task, or 'file' for your own data"),
-            "file": FieldOptions(label="data file", tooltip=".npz with arrays x and y, or .csv with the target last"),
+            "task": FieldOptions(choices=[*TASKS, FILE_TASK, CAUSAL_LM_TASK],
+                                 tooltip="A built-in task, 'file' for your own data, or 'causal-lm': next-token "
+                                         "prediction on a .txt / .jsonl file with the model folder's tokenizer"),
+            "file": FieldOptions(label="data file", tooltip=".npz with arrays x and y, or .csv with the target last; "
+                                                            "for causal-lm a .txt or .jsonl file (text, or "
+                                                            "prompt and completion)"),
+            "tokenizer": FieldOptions(label="tokenizer folder", tooltip="the folder holding tokenizer.json (the "
+                                                                        "model's Hugging Face folder)"),
+            "block_size": FieldOptions(label="block size", tooltip="positions per row (at most the model's)"),
+            "packing": FieldOptions(label="packing", tooltip="on: documents joined and cut into blocks; off: one "
+                                                             "row a document, padded (the pads get no loss)"),
+            "per_line": FieldOptions(label="one document per line", tooltip="a .txt file: each non-blank line is "
+                                                                            "a document (off: the whole file)"),
+            "truncate": FieldOptions(label="truncate long documents",
+                                     tooltip="padding: cut a document longer than the block (off: refuse it)"),
             "valid_fraction": FieldOptions(label="validation fraction"),
             "loss": FieldOptions(choices=list(LOSSES)),
             "kind": FieldOptions(label="targets", choices=list(KINDS),
@@ -46,6 +64,12 @@ class RunSettings(QScrollArea):
                                          "(regression), or inferred from the file and the model (auto)"),
         })
         self.data_form.setObjectName("form:data")
+        self.tokenizer_folder = ""  # the open model's folder when it has a tokenizer (set_tokenizer_folder)
+        self.data_note = QLabel("")
+        self.data_note.setObjectName("data-note")
+        self.data_note.setWordWrap(True)
+        self.data_note.hide()
+        self.data_form.field_widget("task").currentIndexChanged.connect(lambda _i: self._show_task_fields())
         # a typed data file is the data to train on, as a browsed one is
         self.data_form.field_widget("file").textEdited.connect(self._on_file_typed)
         self.browse_button = QPushButton("Browse…")
@@ -88,6 +112,15 @@ class RunSettings(QScrollArea):
                                                       tooltip="the newest N checkpoints of a run are kept, "
                                                               "older ones deleted; 0: keep all"),
                      "drop_last": FieldOptions(label="drop last partial batch"),
+                     "grad_accumulation": FieldOptions(label="gradient accumulation",
+                                                       tooltip="batches per optimizer step (the gradients are "
+                                                               "averaged: as one batch this many times larger)"),
+                     "warmup_steps": FieldOptions(label="warm-up steps",
+                                                  tooltip="the learning rate rises linearly over this many "
+                                                          "optimizer steps, then follows the schedule; 0: none"),
+                     "max_grad_norm": FieldOptions(label="clip gradient norm",
+                                                   tooltip="clip all gradients together to this global L2 "
+                                                           "norm; empty: no clipping"),
                      "device": FieldOptions(type=str, choices=devices)})
         self.training_form.setObjectName("form:training")
         for form in (self.data_form, self.training_form, *self.optimizer_forms.values(), *self.schedule_forms.values()):
@@ -112,7 +145,7 @@ class RunSettings(QScrollArea):
         browse_row = QHBoxLayout()
         browse_row.addStretch(1)
         browse_row.addWidget(self.browse_button)
-        group("Data and loss", self.data_form, browse_row)
+        group("Data and loss", self.data_form, self.data_note, browse_row)
         group("Optimizer", self.optimizer_combo, self.optimizer_stack)
         group("Learning-rate schedule", self.schedule_combo, self.schedule_stack)
         group("Training", self.training_form)
@@ -125,6 +158,38 @@ class RunSettings(QScrollArea):
         settings_width = max(settings.minimumSizeHint().width(), widest + 40)
         self.setMinimumWidth(settings_width + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth())
         self.show_chosen()
+        self._show_task_fields()
+
+    def _show_task_fields(self) -> None:
+        """The text settings for causal-lm, the loss and target kind for the others."""
+        lm = self.data_form.field_widget("task").currentText() == CAUSAL_LM_TASK
+        for name in _TEXT_FIELDS:
+            self.data_form.set_row_visible(name, lm)
+        for name in _FILE_FIELDS:
+            self.data_form.set_row_visible(name, not lm)
+        self.data_note.setVisible(bool(self.data_note.text()))
+
+    def set_tokenizer_folder(self, folder: str) -> None:
+        """The open model's folder holds a tokenizer: a .txt / .jsonl data file trains causal-lm
+        with it ('' when the model has none)."""
+        self.tokenizer_folder = folder
+        if folder and self.data_form.field_widget("task").currentText() == CAUSAL_LM_TASK:
+            self.data_form.set_field("tokenizer", folder)
+
+    def set_data_note(self, text: str) -> None:
+        """What was detected in the data file (shown under the data form)."""
+        self.data_note.setText(text)
+        self.data_note.setVisible(bool(text))
+
+    def choose_data_file(self, path: str) -> None:
+        """Train on `path`: a .txt / .jsonl file of a model with a tokenizer is causal-lm (the
+        tokenizer from the model's folder), any other file the 'file' task."""
+        if Path(path).suffix.lower() in TEXT_SUFFIXES and self.tokenizer_folder:
+            self.data_form.set_field("task", CAUSAL_LM_TASK)
+            self.data_form.set_field("tokenizer", self.tokenizer_folder)
+        elif self.data_form.field_widget("task").currentText() != CAUSAL_LM_TASK:
+            self.data_form.set_field("task", FILE_TASK)
+        self.data_form.set_field("file", path)
 
     def _on_choice_changed(self, *_args) -> None:
         self.show_chosen()
@@ -176,11 +241,18 @@ class RunSettings(QScrollArea):
             self.training_form.set_field("device", device)
 
     def _on_file_typed(self, text: str) -> None:
-        if text.strip() and self.data_form.field_widget("task").currentText() != FILE_TASK:
+        task = self.data_form.field_widget("task").currentText()
+        if not text.strip():
+            return
+        if Path(text.strip()).suffix.lower() in TEXT_SUFFIXES and self.tokenizer_folder:
+            if task != CAUSAL_LM_TASK:
+                self.data_form.set_field("task", CAUSAL_LM_TASK)
+                self.data_form.set_field("tokenizer", self.tokenizer_folder)
+        elif task not in (FILE_TASK, CAUSAL_LM_TASK):
             self.data_form.set_field("task", FILE_TASK)
 
     def _browse_data(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Training data", "", "Data (*.npz *.csv *.tsv);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Training data", "",
+                                              "Data (*.npz *.csv *.tsv *.txt *.jsonl);;All files (*)")
         if path:
-            self.data_form.set_field("task", FILE_TASK)
-            self.data_form.set_field("file", path)
+            self.choose_data_file(path)

@@ -1,0 +1,201 @@
+"""The Generate tab: continue a prompt with the document's language model, tokens streaming in
+from a worker thread, and compare two models on the same prompt and seed, side by side.
+
+- The tokenizer is the open model's folder's `tokenizer.json` (`engine.train.text.load_tokenizer`,
+  read on the worker the first time and kept for that folder); a model without one cannot
+  generate here and the panel says why.
+- Generate starts a `Task` (app.workers) through the window's `TaskRunner` (kind "generate": a new
+  generation replaces a running one); it iterates `engine.models.generate.stream` and sends each
+  token's text back as a partial result, which the view appends to its pane. Stop cancels the
+  task: the stream checks it before each step, and the text so far stays.
+- Compare: "before / after the last training run" generates with the model the run started from
+  (`TrainingRun.source_module`) and then the document's model; "adapter off / on" with the
+  document's model without its LoRA adapters (`detach_reparameterization`, on the worker) and then
+  with them. Both columns use the same settings and seed, so any difference is the models'.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from engine.models.generate import stream
+from engine.module.tree import params as tree_params
+from engine.train.text import load_tokenizer
+from widgets.generate_view import GenerateView
+
+from .training_panel import tokenizer_folder
+from .workers import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .main_window import MainWindow
+
+
+def has_adapters(module: Any) -> bool:
+    return module is not None and any(p.reparameterization is not None for _path, p in tree_params(module))
+
+
+class _Later:
+    """A column's model made on the worker (a copy without adapters, say)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _generate_columns(state, columns, tokenizer, folder: str, settings: dict):
+    """The worker: each column's model (made here when it is a function) continues the prompt;
+    every token's text goes back as `(column, text)`. Returns (tokenizer, results, thread name)."""
+    tok = tokenizer if tokenizer is not None else load_tokenizer(folder)
+    results = []
+    for col, (_title, model) in enumerate(columns):
+        if isinstance(model, _Later):
+            model = model.fn()
+        s = stream(model, tok, settings["prompt"], settings["max_new_tokens"], settings["temperature"],
+                   settings["top_k"], settings["top_p"], settings["seed"], cancel=state.is_cancelled)
+        for token in s:
+            if token.text:
+                state.set_partial_result((col, token.text))
+        results.append(s.result)
+        if state.is_cancelled():
+            break
+    return tok, results, threading.current_thread().name
+
+
+class GeneratePanel(QWidget):
+    def __init__(self, window: "MainWindow", parent=None):
+        super().__init__(parent)
+        self.setObjectName("generate-panel")
+        self.window = window
+        self.document = window.document
+        self.view = GenerateView()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.view)
+        self.task: Task | None = None
+        self._tokenizer = None
+        self._tokenizer_folder = ""
+        self.last_results: list = []  # the GenerationResults of the last generation, a column each
+        self.last_thread = ""  # the thread the last generation ran on (never the GUI thread)
+        self.view.generate_requested.connect(self.generate)
+        self.view.stop_requested.connect(self.stop)
+        self.document.model_changed.connect(self._update_enabled)
+        self._update_enabled()
+
+    # ---- state ----------------------------------------------------------------------------------
+    def folder(self) -> str:
+        return tokenizer_folder(getattr(self.document, "source", None))
+
+    def _update_enabled(self) -> None:
+        module = self.document.module
+        if module is None:
+            self.view.set_can_generate(False, "Open a language model (File ▸ Open Pretrained…) to generate text.")
+        elif not self.folder():
+            self.view.set_can_generate(False, "Generation needs the model's tokenizer: open a Hugging Face folder "
+                                              "holding tokenizer.json.")
+        else:
+            self.view.set_can_generate(True)
+            if self.task is None:
+                self.view.set_status("")
+
+    def is_running(self) -> bool:
+        return self.task is not None
+
+    def last_run(self):
+        """The newest run of the open document that trained (finished or stopped with steps)."""
+        panel = self.window.training_panel
+        for run in reversed(panel.runs):
+            if run.generation == panel.generation and run.outcome is not None and run.outcome.steps > 0 \
+                    and run.status in ("finished", "stopped"):
+                return run
+        return None
+
+    def _columns(self, compare: str) -> list[tuple[str, Any]] | str:
+        module = self.document.module
+        if compare == "run":
+            run = self.last_run()
+            if run is None:
+                return "No training run of this model yet: train it on the Training tab, then compare."
+            after = "After: the document's model" + (" (trained)" if module is run.outcome.model else "")
+            return [(f"Before: the model {run.name} started from", run.source_module), (after, module)]
+        if compare == "adapter":
+            if not has_adapters(module):
+                return "The model has no LoRA adapters: attach them (Model ▸ Attach LoRA…) to compare."
+            return [("Adapter off (the base weights)", _Later(module.detach_reparameterization)),
+                    ("Adapter on", module)]
+        return [("The document's model", module)]
+
+    # ---- commands -------------------------------------------------------------------------------
+    def generate(self, settings: dict | None = None) -> Task | None:
+        """Continue the prompt with the chosen model(s) on a worker; None when it cannot start."""
+        settings = dict(settings if settings is not None else self.view.settings())
+        v = self.view
+        v.error.show_error(None)
+        if self.document.module is None or not self.folder():
+            self._update_enabled()
+            return None
+        if not settings["prompt"].strip():
+            v.error.show_error("Type a prompt to continue.")
+            return None
+        columns = self._columns(settings.get("compare", "none"))
+        if isinstance(columns, str):
+            v.error.show_error(columns)
+            return None
+        folder = self.folder()
+        tokenizer = self._tokenizer if self._tokenizer_folder == folder else None
+        v.set_columns([title for title, _ in columns])
+        v.set_running(True)
+        v.set_status("Generating…")
+        task = Task(_generate_columns, columns, tokenizer, folder, settings, title="Generating text")
+        task.partial.connect(lambda part: v.append(*part))
+        task.cancelled.connect(lambda t=task: self._ended(t, "Stopped: the text so far is kept."))
+        # a result dropped because the model changed meanwhile ends the generation too
+        task.done.connect(lambda t=task: self._ended(t, "The model changed while it generated; the text shown is "
+                                                        "what it gave."))
+        self.task = task
+        module = self.document.module
+        self.window.tasks.start(task, lambda out, t=task, f=folder: self._finished(t, f, out),
+                                lambda failure, t=task: self._failed(t, failure), kind="generate",
+                                valid_while=lambda: self.document.module is module,
+                                dropped="The model changed while it generated; the text is what it gave.")
+        return task
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            self.view.set_status("Stopping after the current token…")
+
+    def _ended(self, task: Task, text: str) -> None:
+        if self.task is task:
+            self.task = None
+            self.view.set_running(False)
+            self.view.set_status(text)
+
+    def _finished(self, task: Task, folder: str, out) -> None:
+        tokenizer, results, thread = out
+        self._tokenizer, self._tokenizer_folder = tokenizer, folder
+        self.last_results, self.last_thread = results, thread
+        parts = [f"{r.new_tokens} tokens in {r.seconds:.2f} s ({r.tokens_per_second:,.1f} tokens/s, "
+                 f"{r.finish_reasons[0]})" for r in results]
+        self._ended(task, "Done: " + "; ".join(parts))
+
+    def _failed(self, task: Task, failure) -> None:
+        exc = failure.exception
+        message = str(exc) if isinstance(exc, (ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
+        self.view.error.show_error(f"Generation failed: {message}")
+        self._ended(task, "Failed.")
+
+    def wait(self, timeout: float = 60.0) -> bool:
+        """For tests: process events until no generation runs; False on timeout."""
+        import time  # noqa: PLC0415
+
+        from PySide6.QtWidgets import QApplication  # noqa: PLC0415
+
+        deadline = time.monotonic() + timeout
+        while self.task is not None and time.monotonic() < deadline:
+            QApplication.processEvents()
+            time.sleep(0.002)
+        QApplication.processEvents()
+        return self.task is None
+
+

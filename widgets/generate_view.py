@@ -1,0 +1,183 @@
+"""The Generate panel's view: a prompt, the sampling settings (max new tokens, temperature, top-k,
+top-p, seed), what to compare, Generate and Stop, and one or two output panes side by side.
+
+The widget only asks and shows: `generate_requested(settings)` with
+`{"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "compare"}` (top-k 0 and
+top-p 1 mean off: None), `stop_requested()`; the app streams text into the panes
+(`append(column, text)`), titles them (`set_columns`) and says what is going on (`set_status`).
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtCore import Qt
+
+from .common import ErrorLabel, monospace_font
+
+COMPARE = [("none", "Current model only"), ("run", "Before / after the last training run"),
+           ("adapter", "Adapter off / on")]
+
+
+class GenerateView(QWidget):
+    generate_requested = Signal(dict)
+    stop_requested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("generate-view")
+        self.prompt = QPlainTextEdit()
+        self.prompt.setObjectName("prompt")
+        self.prompt.setPlaceholderText("A prompt to continue…")
+        self.prompt.setFont(monospace_font())
+        self.prompt.setMinimumHeight(48)
+        self.prompt.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+
+        def spin(name, lo, hi, value, tip):
+            w = QSpinBox()
+            w.setObjectName(name)
+            w.setRange(lo, hi)
+            w.setValue(value)
+            w.setToolTip(tip)
+            return w
+
+        def dspin(name, lo, hi, value, step, tip):
+            w = QDoubleSpinBox()
+            w.setObjectName(name)
+            w.setRange(lo, hi)
+            w.setDecimals(2)
+            w.setSingleStep(step)
+            w.setValue(value)
+            w.setToolTip(tip)
+            return w
+
+        self.max_new_tokens = spin("max-new-tokens", 1, 4096, 32, "new tokens at most (fewer at a stop token)")
+        self.temperature = dspin("temperature", 0.0, 10.0, 0.0, 0.1, "0: greedy (the most likely token each step)")
+        self.top_k = spin("top-k", 0, 100_000, 0, "sample among the k most likely tokens; 0: off")
+        self.top_p = dspin("top-p", 0.01, 1.0, 1.0, 0.05, "sample among the most likely tokens holding this much "
+                                                         "probability; 1: off")
+        self.seed = spin("seed", 0, 2**31 - 1, 0, "the same seed gives the same text")
+        self.compare = QComboBox()
+        self.compare.setObjectName("compare")
+        for key, label in COMPARE:
+            self.compare.addItem(label, key)
+        self.compare.setToolTip("Generate the same prompt with two models, side by side")
+        self.generate_button = QPushButton("Generate")
+        self.generate_button.setObjectName("generate")
+        self.generate_button.clicked.connect(self._on_generate)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("stop-generation")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_requested.emit)
+        self.status = QLabel("")
+        self.status.setObjectName("generate-status")
+        self.status.setWordWrap(True)
+        self.error = ErrorLabel()
+        self.error.setObjectName("generate-error")
+
+        settings = QGroupBox("Sampling")
+        grid = QGridLayout(settings)
+        grid.setContentsMargins(6, 6, 6, 6)
+        for i, (label, w) in enumerate((("max new tokens", self.max_new_tokens), ("temperature", self.temperature),
+                                        ("top-k", self.top_k), ("top-p", self.top_p), ("seed", self.seed))):
+            grid.addWidget(QLabel(label), i // 3, 2 * (i % 3))
+            grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
+        form = QFormLayout()
+        form.setContentsMargins(0, 0, 0, 0)
+        form.addRow("Compare", self.compare)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.generate_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+
+        self.titles: list[QLabel] = []
+        self.outputs: list[QPlainTextEdit] = []
+        self.output_split = QSplitter(Qt.Orientation.Horizontal)
+        self.output_split.setObjectName("generate-outputs")
+        for i in range(2):
+            box = QWidget()
+            col = QVBoxLayout(box)
+            col.setContentsMargins(0, 0, 0, 0)
+            title = QLabel("")
+            title.setObjectName(f"output-title-{i}")
+            out = QPlainTextEdit()
+            out.setObjectName(f"output-{i}")
+            out.setReadOnly(True)
+            out.setFont(monospace_font())
+            out.setMinimumHeight(60)
+            col.addWidget(title)
+            col.addWidget(out, 1)
+            self.titles.append(title)
+            self.outputs.append(out)
+            self.output_split.addWidget(box)
+        self.output_split.setCollapsible(0, False)
+        self.output_split.setCollapsible(1, False)
+
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.addWidget(QLabel("Prompt"))
+        tl.addWidget(self.prompt, 1)
+        tl.addWidget(settings)
+        tl.addLayout(form)
+        tl.addLayout(buttons)
+        tl.addWidget(self.status)
+        tl.addWidget(self.error)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(top)
+        split.addWidget(self.output_split)
+        split.setCollapsible(0, False)
+        split.setCollapsible(1, False)
+        split.setStretchFactor(1, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(split)
+        self.set_columns(["Output"])
+
+    # ---- what the user asked ------------------------------------------------------------------
+    def settings(self) -> dict:
+        top_k = self.top_k.value()
+        top_p = self.top_p.value()
+        return {"prompt": self.prompt.toPlainText(), "max_new_tokens": self.max_new_tokens.value(),
+                "temperature": self.temperature.value(), "top_k": top_k or None,
+                "top_p": None if top_p >= 1.0 else top_p, "seed": self.seed.value(),
+                "compare": self.compare.currentData()}
+
+    def _on_generate(self) -> None:
+        self.generate_requested.emit(self.settings())
+
+    # ---- what the app shows -------------------------------------------------------------------
+    def set_columns(self, titles: list[str]) -> None:
+        """One pane a title (one or two); the panes are cleared."""
+        for i, (title, out) in enumerate(zip(self.titles, self.outputs)):
+            on = i < len(titles)
+            title.setText(titles[i] if on else "")
+            out.clear()
+            title.parentWidget().setVisible(on)
+
+    def append(self, column: int, text: str) -> None:
+        out = self.outputs[column]
+        cursor = out.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertText(text)
+        out.setTextCursor(cursor)
+
+    def text(self, column: int) -> str:
+        return self.outputs[column].toPlainText()
+
+    def set_running(self, running: bool) -> None:
+        self.generate_button.setEnabled(not running and self._can_generate)
+        self.stop_button.setEnabled(running)
+
+    _can_generate = True
+
+    def set_can_generate(self, ok: bool, why: str = "") -> None:
+        self._can_generate = bool(ok)
+        self.generate_button.setEnabled(ok and not self.stop_button.isEnabled())
+        self.generate_button.setToolTip("" if ok else why)
+        if not ok and why:
+            self.set_status(why)
+
+    def set_status(self, text: str) -> None:
+        self.status.setText(text)
