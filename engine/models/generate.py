@@ -6,7 +6,8 @@
 `generate` feeds the prompt once, then one token a step, with a key/value cache per layer
 (`nn.KVCache`): each step computes the new position only and attends to the cached keys and
 values of the earlier ones. It runs on the model's `valid()` form with nothing recorded, so it
-needs no autodiff and can run on a worker thread (recording is per thread).
+needs no autodiff and can run on a worker thread (recording is per thread); LoRA and DoRA
+adapters are folded into their weights once per call (the model itself is unchanged).
 
 Choosing a token follows transformers' `generate`: `temperature` 0 is greedy (the first largest
 logit); otherwise the logits are divided by `temperature`, `top_k` keeps the k largest (ties with
@@ -132,6 +133,22 @@ def _model_facts(model):
         return len(model.h), int(cfg.n_positions), cfg.eos_token_id, int(cfg.vocab_size)
     raise GenerationError(f"generate: expected a causal language model of engine.models (the Llama family or GPT-2), "
                           f"found {type(model).__name__}")
+
+
+def _inference_model(model):
+    """The model generation runs: `valid()`, with every LoRA / DoRA adapter folded into its weight
+    once (`materialized_param`), so that a step multiplies by one weight instead of merging the
+    factors again; the same values as `val()` gives each step. QLoRA weights stay packed (folding
+    them in would hold a full-precision copy of each)."""
+    from ..module.lora import QLoraAdapter  # noqa: PLC0415
+    from ..module.reparam import iter_param_slots, materialized_param  # noqa: PLC0415
+
+    m = model.valid()
+    for path, p in list(iter_param_slots(m)):
+        r = p.reparameterization
+        if r is not None and not isinstance(r, QLoraAdapter):
+            m = m.with_child(path, materialized_param(p))
+    return m
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -306,7 +323,7 @@ class GenerationStream:
             ids[i, width - len(r):] = r
             mask[i, width - len(r):] = 1
         mask[:, width:] = 1
-        model = self._model.valid()
+        model = _inference_model(self._model)
         with no_recording():
             cache = nn.KVCache.layers(self._n_layers, capacity=width + self._max_new) if self._use_cache else None
             seq = ids

@@ -317,3 +317,14 @@ def test_after_lora_fine_tuning_generation_continues_a_training_prompt_as_the_co
     for s in subjects:
         a = generate(trained, tok, s, 16, temperature=0.5, top_p=0.6, seed=3)
         assert generate(trained, tok, s, 16, temperature=0.5, top_p=0.6, seed=3).text == a.text
+
+
+@pytest.mark.parametrize("adapter", ["llama-lora-qv", "llama-dora"])
+def test_an_adapted_model_generates_as_its_merged_weights_and_stays_unchanged(adapter):
+    from engine.models import load_peft_adapter
+
+    model = load_peft_adapter(from_pretrained(HF / "llama-gqa"), HF.parent / "peft" / adapter)  # peft-written
+    tuned = generate(model, None, [5, 6, 7], 20, temperature=0)
+    assert tuned.token_ids == generate(model.materialize(), None, [5, 6, 7], 20, temperature=0).token_ids
+    assert tuned.token_ids != generate(_model("llama-gqa"), None, [5, 6, 7], 20, temperature=0).token_ids
+    assert model.layers[0].self_attn.query.weight.reparameterization is not None  # the model is unchanged
