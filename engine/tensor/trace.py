@@ -203,25 +203,32 @@ class Tracer:
             if _active is not None:
                 raise TraceError("a trace is already recording; traces do not nest")
             self._thread = threading.get_ident()
-            for owner, attr, value, fn, static in _tensor_targets():
-                w = _wrapper(fn, _op_name(attr, fn))
-                self._saved.append((owner, attr, value))
-                setattr(owner, attr, staticmethod(w) if static else w)
-            for owner, attr, op in _registered:
-                value = inspect.getattr_static(owner, attr)
-                static = isinstance(value, staticmethod)
-                w = _wrapper(value.__func__ if static else value, op)
-                self._saved.append((owner, attr, value))
-                setattr(owner, attr, staticmethod(w) if static else w)
+            try:
+                for owner, attr, value, fn, static in _tensor_targets():
+                    w = _wrapper(fn, _op_name(attr, fn))
+                    self._saved.append((owner, attr, value))
+                    setattr(owner, attr, staticmethod(w) if static else w)
+                for owner, attr, op in _registered:
+                    value = inspect.getattr_static(owner, attr)
+                    static = isinstance(value, staticmethod)
+                    w = _wrapper(value.__func__ if static else value, op)
+                    self._saved.append((owner, attr, value))
+                    setattr(owner, attr, staticmethod(w) if static else w)
+            except BaseException:
+                self._restore()
+                raise
             _active = self
         return self
+
+    def _restore(self) -> None:
+        for owner, attr, value in reversed(self._saved):
+            setattr(owner, attr, value)
+        self._saved.clear()
 
     def __exit__(self, *exc) -> bool:
         global _active
         with _lock:
-            for owner, attr, value in reversed(self._saved):
-                setattr(owner, attr, value)
-            self._saved.clear()
+            self._restore()
             _active = None
         return False
 

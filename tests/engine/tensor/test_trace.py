@@ -151,3 +151,14 @@ def test_an_output_without_tensors_is_an_error():
     with Tracer() as tr:
         with pytest.raises(TraceError, match="returned no tensor"):
             tr.output(3)
+
+
+def test_a_registration_that_cannot_be_installed_leaves_every_method_plain(monkeypatch):
+    class Owner:
+        pass
+
+    monkeypatch.setattr(trace_mod, "_registered", trace_mod._registered + [(Owner, "missing", "missing")])
+    with pytest.raises(AttributeError):
+        Tracer().__enter__()
+    assert Tensor.add is ops_elementwise.add and Tensor.reshape is ops_shape.reshape
+    assert not trace_mod.is_active()
