@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
-           "pretrained_open", "generate", "onnx_export"]
+           "pretrained_open", "generate", "onnx_export", "onnx_io"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 TIMEOUT_S = 45 * 60
 
@@ -204,6 +204,13 @@ def _onnx_shape_only(out, tables):
     none = "; 0 parameters allocated" in note
     return Figure(f"{fmt_seconds(value)}, {mb:.0f} MB, {'none' if none else 'some'} allocated",
                   met=value < 2 and mb < 100 and none)
+
+
+def _onnx_import(out, tables):
+    t = find_table(tables, "Import a ResNet-50 ONNX graph")
+    value = seconds(t.cell("time", "import_onnx"))
+    mb = number(t.cell("resident memory", "import_onnx"))
+    return Figure(f"{fmt_seconds(value)}, {mb:+.0f} MB (the 25.6 M weights included)")
 
 
 def _conv(case: str, column: str, limit: float):
@@ -395,6 +402,8 @@ TARGETS = [
            "issue 20", _generate("2")),
     Target("onnx_export", "shape-only trace of llama-7b", "< 2 s, < 100 MB, none allocated", "issue 21",
            _onnx_shape_only),
+    Target("onnx_io", "import_onnx of a ResNet-50-sized graph (25.6 M parameters)", "measured (no target)",
+           "issue 21", _onnx_import),
 ]
 
 

@@ -166,7 +166,7 @@ def _read_model(path: Path):
                               f"parse: {str(e)[:200] or type(e).__name__})") from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise OnnxImportError(f"{where}: not an ONNX model (expected a ModelProto with a graph, found none)")
-    return model
+    return model, data
 
 
 def _check_opset(model, where: str) -> int:
@@ -188,13 +188,14 @@ def _check_opset(model, where: str) -> int:
     return version
 
 
-def _check(model, path: Path, where: str) -> None:
+def _check(model, data: bytes, path: Path, where: str) -> None:
     import onnx  # noqa: PLC0415
 
     external = any(t.data_location == 1 for t in model.graph.initializer)
     try:
-        # with external data the checker needs the file's path: it checks the data lies in the model's folder
-        onnx.checker.check_model(str(path) if external else model)
+        # with external data the checker needs the file's path: it checks the data lies in the model's folder;
+        # else the bytes read (the ModelProto would be serialized again)
+        onnx.checker.check_model(str(path) if external else data)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "no reason given"
         raise OnnxImportError(f"{where}: the model fails onnx.checker: {first[:300]}") from None
@@ -289,11 +290,38 @@ def _external(t, where: str, folder: Path, dims, dtype, name: str) -> np.ndarray
 def import_onnx(path) -> ImportedOnnx:
     """The design, weights and report of an ONNX file (see this file's docstring)."""
     path = Path(path)
-    model = _read_model(path)
+    model, data = _read_model(path)
     where = _shown(path)
     opset = _check_opset(model, where)
-    _check(model, path, where)
+    _check(model, data, path, where)
+    del data
     return _Importer(model, path, where, opset).run()
+
+
+def _light(model):
+    """The model for shape inference: initializers of more than 4,096 elements become typed graph inputs
+    (their dims are all the inference reads; small ones, such as a Reshape's shape, keep their values)."""
+    from onnx import ModelProto, helper  # noqa: PLC0415
+
+    graph = model.graph
+    if not any(math.prod(t.dims) > 4096 for t in graph.initializer):
+        return model
+    light = ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    g = light.graph
+    g.node.extend(graph.node)
+    g.input.extend(graph.input)
+    g.output.extend(graph.output)
+    g.value_info.extend(graph.value_info)
+    declared = {v.name for v in graph.input}
+    for t in graph.initializer:
+        if math.prod(t.dims) > 4096:
+            if t.name not in declared:
+                g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    return light
 
 
 def _attrs(node) -> dict:
@@ -375,7 +403,8 @@ class _Importer:
                           f"input, an initializer or an earlier node's output)")
             self.design.connect(s[0], s[1], name, port)
         for fname, arr in (params or {}).items():
-            self.entries.append(TensorEntry.from_array(f"{name}.{fname}", np.array(arr, order="C")))
+            arr = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+            self.entries.append(TensorEntry.from_array(f"{name}.{fname}", arr))
         if output is not None:
             self.src[output] = (name, "output")
         self.origin[name] = onnx_name
@@ -460,7 +489,7 @@ class _Importer:
         import onnx  # noqa: PLC0415
 
         try:
-            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+            inferred = onnx.shape_inference.infer_shapes(_light(self.model), strict_mode=False)
             values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
         except Exception:  # noqa: BLE001 - shape inference is a hint only; the design's own analysis decides
             values = list(self.g.value_info) + list(self.g.output) + list(self.g.input)
