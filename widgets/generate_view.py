@@ -83,9 +83,12 @@ class GenerateView(QWidget):
                                         ("top-k", self.top_k), ("top-p", self.top_p), ("seed", self.seed))):
             grid.addWidget(QLabel(label), i // 3, 2 * (i % 3))
             grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
+            w.setMinimumWidth(90)
+        grid.setColumnStretch(6, 1)  # the boxes keep their size; the row's room goes to the right
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
         form.addRow("Compare", self.compare)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
         buttons = QHBoxLayout()
         buttons.addWidget(self.generate_button)
         buttons.addWidget(self.stop_button)
@@ -130,6 +133,8 @@ class GenerateView(QWidget):
         split.setCollapsible(0, False)
         split.setCollapsible(1, False)
         split.setStretchFactor(1, 1)
+        split.setSizes([240, 600])  # a few lines of prompt; the outputs get the room
+        self.split = split
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(split)

@@ -1,6 +1,9 @@
 """The real window at real sizes: every interactive widget of every tab and main dialog is
 visible, not overlapped by a sibling and not clipped by its parents; on the Training tab every
-plot shown is at least 120 px high and no two tick labels of its axes overlap (issue 18).
+plot shown is at least 120 px high and no two tick labels of its axes overlap (issue 18). The
+Generate tab too, and both again with the fixture Llama fine-tuned on a text file (LoRA, a short
+causal-lm run, a before/after generation: the causal-lm settings, the perplexity line and two
+output panes shown), whose screenshots `--finetune-shots DIR` writes for the user guide (issue 20).
 
 The window runs in a child process (the rest of the suite runs offscreen in this pytest
 process): under a real X server when `Xvfb` is on PATH (started here, `QT_QPA_PLATFORM=xcb`),
@@ -167,6 +170,11 @@ def required_problems(window) -> list[str]:
                 (c.checkpoint_button, 0, 0), (window.training_panel.curves.graphics, 300, 200)]
     elif tab is window.designer:
         need = [(window.designer.canvas, 400, 250)]
+    elif tab is window.generate_panel:
+        v = window.generate_panel.view
+        need = [(v.prompt, 200, 40), (v.generate_button, 0, 0), (v.stop_button, 0, 0), (v.compare, 0, 0),
+                (v.max_new_tokens, 0, 0), (v.temperature, 0, 0), (v.top_k, 0, 0), (v.top_p, 0, 0), (v.seed, 0, 0),
+                (v.outputs[0], 200, 60)]
     for w, min_w, min_h in need:
         if not w.isVisible():
             out.append(f"{describe(w)}: not shown")
@@ -279,7 +287,8 @@ def child_main(shots: str, sizes) -> dict:
     assert window.open_example(EXAMPLE), "the example did not open"
     settle(app, window)
     feed_curves(window.training_panel.curves)
-    tabs = (("display", window.display), ("designer", window.designer), ("training", window.training_panel))
+    tabs = (("display", window.display), ("designer", window.designer), ("training", window.training_panel),
+            ("generate", window.generate_panel))
     window.designer.canvas.setFocus()
     for width, height in sizes:
         window.resize(width, height)
@@ -312,8 +321,69 @@ def child_main(shots: str, sizes) -> dict:
             report["problems"][key] = geometry_problems(dialog)
             dialog.reject()
             settle(app, window, 0.1)
+    guide = os.environ.get("EMBER_FINETUNE_SHOTS")
+    finetune_phase(app, window, shots_dir, sizes, report, Path(guide) if guide else None)
     window.close()
     return report
+
+
+LLAMA = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
+
+
+def finetune_phase(app, window, shots_dir: Path, sizes, report: dict, guide_dir: Path | None = None) -> None:
+    """The fixture Llama: LoRA on q/v, a short causal-lm run on a generated text file, a
+    before/after generation; the Training and Generate tabs checked (and shot) at every size."""
+    import numpy as np
+
+    from app.core.schema import GroupSpec, LoraEdit
+
+    folder = Path(tempfile.mkdtemp(prefix="ember-finetune-"))
+    rng = np.random.default_rng(0)
+    lines = [f"{rng.choice(['the cat', 'the dog', 'a bird'])} {rng.choice(['sat on', 'ran to'])} "
+             f"{rng.choice(['the mat.', 'a box.'])}" for _ in range(300)]
+    (folder / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    window.pretrained.open_folder(LLAMA)
+    settle(app, window)
+    window.edit_actions.apply_edit(LoraEdit(8, 16.0, None, GroupSpec("regex", pattern=r"\.(query|value)\.weight$")))
+    panel = window.training_panel
+    panel.run_settings.choose_data_file(str(folder / "corpus.txt"))
+    panel.data_form.set_field("block_size", 32)
+    for name, value in (("num_epochs", 10), ("batch_size", 16), ("warmup_steps", 5), ("max_grad_norm", 1.0),
+                        ("checkpoint_every", 0)):
+        panel.training_form.set_field(name, value)
+    panel.schedule_forms["constant"].set_field("lr", 2e-2)
+    window.tabs.setCurrentWidget(panel)
+    panel._runs_dir = folder / "runs"
+    run = panel.start()
+    assert run is not None, panel.last_error
+    assert panel.wait(300), "the fine-tuning run did not end"
+    settle(app, window)
+    gen = window.generate_panel
+    v = gen.view
+    v.prompt.setPlainText("the cat sat on")
+    v.max_new_tokens.setValue(24)
+    v.compare.setCurrentIndex(v.compare.findData("run"))
+    gen.generate()
+    assert gen.wait(60), "the generation did not end"
+    for width, height in sizes:
+        window.resize(width, height)
+        settle(app, window)
+        for name, tab in (("training", panel), ("generate", gen)):
+            window.tabs.setCurrentWidget(tab)
+            settle(app, window)
+            key = f"{width}x{height}-llama-{name}"
+            shot = shots_dir / f"{key}.png"
+            image = grab_window(app, window)
+            image.save(str(shot), "PNG")
+            report["shots"].append(str(shot))
+            report["problems"][key] = required_problems(window) + geometry_problems(window)
+            if tab is panel:
+                report["problems"][key] += plot_problems(panel.curves)
+            if guide_dir is not None and (width, height) == (1400, 860):
+                guide_dir.mkdir(parents=True, exist_ok=True)
+                image.save(str(guide_dir / f"guide-finetune-{name}.png"), "PNG")
+    report["finetune"] = {"lm_metrics": panel.lm_label.text(), "outputs": [v.text(0), v.text(1)],
+                          "status": v.status.text()}
 
 
 def grab_window(app, window):
@@ -365,7 +435,7 @@ def test_every_widget_is_visible_unclipped_and_not_overlapped(x_display, tmp_pat
     sizes = ",".join(f"{w}x{h}" for w, h in SIZES)
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--shots", str(shots), "--sizes", sizes,
-                           "--report", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                           "--report", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0 and out.exists(), f"the window's child process failed:\n{proc.stdout}\n{proc.stderr}"
     report = json.loads(out.read_text())
     with capsys.disabled():
@@ -411,7 +481,10 @@ if __name__ == "__main__":
     p.add_argument("--shots", required=True)
     p.add_argument("--sizes", default=",".join(f"{w}x{h}" for w, h in SIZES))
     p.add_argument("--report")
+    p.add_argument("--finetune-shots", help="also write guide-finetune-{training,generate}.png (1400x860) here")
     a = p.parse_args()
+    if a.finetune_shots:
+        os.environ["EMBER_FINETUNE_SHOTS"] = a.finetune_shots
     result = child_main(a.shots, [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")])
     text = json.dumps(result, indent=1)
     if a.report:
