@@ -258,6 +258,38 @@ class _Graph:
     def batched(self, tid: int) -> bool:
         return self.trace.tensors[tid].shape != self.shape2(tid)
 
+    def reshape_target(self, in_shapes, out_shapes) -> str:
+        """A Reshape's target: constant where it can be (0 copies an input size that depends on
+        the batch, -1 infers the one other such size), else computed from the batch."""
+        (i1, i2), (o1, o2) = in_shapes, out_shapes
+        target, infer = [], 0
+        for k, (d1, d2) in enumerate(zip(o1, o2)):
+            if d1 == d2:
+                target.append(d1)
+            elif k < len(i1) and (i1[k], i2[k]) == (d1, d2):
+                target.append(0)
+            else:
+                target.append(-1)
+                infer += 1
+        if infer > 1 or any(d == 0 for d in o1):
+            return self.shape_value(o1, o2)
+        return self.ints(target)
+
+    def expand_target(self, in_shapes, out_shapes) -> str:
+        """An Expand's target: 1 on the batch-dependent axes the input already has at full size."""
+        (i1, i2), (o1, o2) = in_shapes, out_shapes
+        lead = len(o1) - len(i1)
+        target = []
+        for k, (d1, d2) in enumerate(zip(o1, o2)):
+            j = k - lead
+            if d1 == d2:
+                target.append(d1)
+            elif j >= 0 and (i1[j], i2[j]) == (d1, d2):
+                target.append(1)
+            else:
+                return self.shape_value(o1, o2)
+        return self.ints(target)
+
     def shape_value(self, shape, shape2) -> str:
         """An int64 shape tensor: `shape` where it does not depend on the batch, and `a * batch + c`
         (from the two traces) on the axes that do."""
@@ -482,7 +514,7 @@ def _convert(g: _Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op 
         shape = t[x_id].shape
         half = shape[-1] // 2
         shape2 = g.shape2(x_id)
-        pairs = g.node("Reshape", [x, g.shape_value(shape[:-1] + (half, 2), shape2[:-1] + (half, 2))])
+        pairs = g.node("Reshape", [x, g.reshape_target((shape, shape2), (shape[:-1] + (half, 2), shape2[:-1] + (half, 2)))])
         first = g.node("Slice", [pairs, g.ints([0]), g.ints([1]), g.ints([-1])])
         second = g.node("Slice", [pairs, g.ints([1]), g.ints([2]), g.ints([-1])])
         dt = _np_dtype(t[x_id].dtype)
@@ -491,13 +523,16 @@ def _convert(g: _Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op 
         out0 = g.node("Sub", [g.node("Mul", [first, c]), g.node("Mul", [second, s])])
         out1 = g.node("Add", [g.node("Mul", [first, s]), g.node("Mul", [second, c])])
         joined = g.node("Concat", [out0, out1], axis=-1)
-        return [g.node("Reshape", [joined, g.shape_value(shape, shape2)])]
+        return [g.node("Reshape", [joined, g.reshape_target((shape[:-1] + (half, 2), shape2[:-1] + (half, 2)),
+                                                            (shape, shape2))])]
     if op in ("reshape", "flatten", "squeeze", "unsqueeze") and not (op == "unsqueeze" and len(out_shape) == 0):
         if op == "unsqueeze":
             return [g.node("Unsqueeze", [x, g.ints([int(a.get("dim", 0)) % len(out_shape)])])]
-        return [g.node("Reshape", [x, g.shape_value(out_shape, g.shape2(o.outputs[0]))])]
+        return [g.node("Reshape", [x, g.reshape_target((t[x_id].shape, g.shape2(x_id)),
+                                                       (out_shape, g.shape2(o.outputs[0])))])]
     if op == "expand":
-        return [g.node("Expand", [x, g.shape_value(out_shape, g.shape2(o.outputs[0]))])]
+        return [g.node("Expand", [x, g.expand_target((t[x_id].shape, g.shape2(x_id)),
+                                                     (out_shape, g.shape2(o.outputs[0])))])]
     if op in ("swap_dims", "transpose", "permute"):
         rank = len(t[x_id].shape)
         perm = list(range(rank))
