@@ -307,3 +307,33 @@ def test_the_hugging_face_export_of_an_unbacked_lazy_model_is_refused_with_its_s
     assert shown and "needs about 27.0 GB" in shown[0] and "8.0 GB available" in shown[0], shown
     assert not (tmp_path / "out").exists()
     assert all(not p.is_initialized() for _path, p in window.document.module.named_params())
+
+
+@pytest.mark.parametrize("variant", ["rslora", "dora"])
+def test_the_merged_hugging_face_export_folds_the_variants_into_a_copy(window, qtbot, folders, tmp_path, variant):
+    from engine import optim
+
+    open_llama(qtbot, window, folders)
+    d = window.edit_actions.open_lora_dialog("")
+    d.set_targets("q_proj, v_proj")
+    d.set_variant(variant)
+    d.ok_button().click()
+    Device("cpu").seed(20)
+    model = window.document.module.train()
+    ids = Tensor.from_data(np.load(LLAMA / "expected.npz")["input_ids"])
+    opt = optim.AdamConfig().init()
+    for _ in range(2):  # b starts at zero: a few steps so that merging matters
+        out = model.forward(ids)
+        model = opt.step(0.05, model, optim.GradientsParams.from_grads((out * out).mean().backward(), model))
+    window.document.push_module("Train the adapters", model.valid())
+    out = tmp_path / "merged"
+    folders.append(out)
+    window.actions.export_pretrained.trigger()
+    wait_idle(qtbot, window)
+    merged = from_pretrained(out)
+    assert not any(p.reparameterization for _path, p in params(merged))
+    np.testing.assert_allclose(logits(merged), logits(window.document.module), atol=1e-5)
+    assert np.abs(logits(merged) - logits(from_pretrained(LLAMA))).max() > 1e-3  # the adapters changed something
+    kind = RsLoraAdapter if variant == "rslora" else DoraAdapter
+    kept = [p.reparameterization for _path, p in params(window.document.module) if p.reparameterization]
+    assert len(kept) == 4 and all(isinstance(a, kind) for a in kept)  # the open model keeps its adapters
