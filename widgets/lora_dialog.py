@@ -86,6 +86,7 @@ class LoraDialog(QDialog):
         self.params = module.named_params()
         self.reparameterized = [p for p, v in tree.params(module) if v.reparameterization is not None]
         self.module = module
+        self._target_cache: dict[str, Any] = {}  # target text -> the parameters it selects, or the error
         self.variant = QComboBox()
         self.variant.setObjectName("variant")
         for key, label in VARIANTS:
@@ -224,14 +225,19 @@ class LoraDialog(QDialog):
         if not text.strip():
             self.targets_error.show_error("type module names (q_proj, v_proj), a regex, or all-linear")
             return None, None
-        try:
-            group = target_group(self.module, peft_target_modules(text))
-        except ValueError as e:  # the rules' message: what matched nothing, the names the model has
-            self.targets_error.show_error(str(e))
+        found = self._target_cache.get(text)
+        if found is None:  # the rules walk the model once per target text, not once per keystroke elsewhere
+            try:
+                group = target_group(self.module, peft_target_modules(text))
+                found = [(p, v) for p, v in self.params if group.matches(v.id, p)]
+            except ValueError as e:  # the rules' message: what matched nothing, the names the model has
+                found = str(e)
+            self._target_cache[text] = found
+        if isinstance(found, str):
+            self.targets_error.show_error(found)
             return None, None
         self.targets_error.show_error(None)
-        matches = [(p, v) for p, v in self.params if group.matches(v.id, p)]
-        return matches, {"kind": "paths", "paths": [p for p, _ in matches]}
+        return found, {"kind": "paths", "paths": [p for p, _ in found]}
 
     def ok_button(self):
         return self.buttons.button(QDialogButtonBox.StandardButton.Ok)
