@@ -170,3 +170,24 @@ def test_onnxruntime_live_on_another_batch_size():
         (want,) = sess.run(None, {sess.get_inputs()[0].name: x})
         (got,) = _run(import_onnx(path), {"x": x})
         assert np.abs(got - want).max() <= 1e-4
+
+
+def test_a_design_file_with_a_bad_op_node_is_refused_where_it_is(tmp_path):
+    import json
+
+    from engine.design import DesignFileError
+
+    imported = import_onnx(FIX / "encoder_layer.onnx")
+    path = save_design(imported.design, tmp_path / "enc")
+    data = json.loads(path.read_text())
+    nodes = data["source"]["design"]["nodes"]
+    i = next(k for k, n in enumerate(nodes) if n["kind"] == "Op")
+    for key, bad, said in (("op", "os.system", "a primitive op"), ("operands", "in0,__import__", "operands such as"),
+                           ("constants", "float32[99999999999,99999999999]", "at most"),
+                           ("operands", "in7", "input port")):
+        broken = json.loads(json.dumps(data))
+        broken["source"]["design"]["nodes"][i]["config"][key] = bad
+        path.write_text(json.dumps(broken))
+        with pytest.raises(DesignFileError) as e:
+            read_design(path)
+        assert f"nodes[{i}].config.{key}" in str(e.value) and said in str(e.value), str(e.value)
