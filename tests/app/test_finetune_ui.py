@@ -337,3 +337,43 @@ def test_the_merged_hugging_face_export_folds_the_variants_into_a_copy(window, q
     kind = RsLoraAdapter if variant == "rslora" else DoraAdapter
     kept = [p.reparameterization for _path, p in params(window.document.module) if p.reparameterization]
     assert len(kept) == 4 and all(isinstance(a, kind) for a in kept)  # the open model keeps its adapters
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_named_and_the_model_unchanged(window, qtbot, folders,
+                                                                                       files, tmp_path):
+    """The fixture Llama's weights (128 token embeddings) beside a word-level tokenizer of 300 ids:
+    ids past 127 are refused before any step, naming the file and the line."""
+    import shutil
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    folder = tmp_path / "llama-big-vocab"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json"):
+        shutil.copy(LLAMA / name, folder / name)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, **{f"w{i}": i for i in range(4, 300)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    folders.append(folder)
+    window.actions.open_pretrained.trigger()
+    wait_idle(qtbot, window)
+    model = window.document.module
+    assert model is not None
+    text = tmp_path / "words.txt"
+    text.write_text("w5 w6 w7\nw8 w250 w9\n", encoding="utf-8")
+    panel = window.training_panel
+    files.append(text)
+    qtbot.mouseClick(panel.browse_button, Qt.MouseButton.LeftButton)
+    assert panel.data_form.field_widget("tokenizer").text() == str(folder)
+    panel.data_form.set_field("block_size", 8)
+    panel.training_form.set_field("checkpoint_every", 0)
+    run = panel.start()
+    assert run is not None, panel.last_error
+    assert panel.wait(120)
+    assert run.status == "failed"
+    message = panel.last_error
+    assert "words.txt" in message and "line 2" in message and "250" in message and "128" in message, message
+    assert window.document.module is model
