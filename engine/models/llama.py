@@ -327,7 +327,7 @@ class LlamaForCausalLM(Module):
         return self._config
 
     def forward(self, input_ids, attention_mask=None, cache=None):
-        """Next-token logits (causal). `attention_mask` (optional, int or bool `[batch_size, seq_length]`,
+        """Next-token logits (causal): `hidden_states` through the language-model head. `attention_mask` (optional, int or bool `[batch_size, seq_length]`,
         as transformers takes it): 1 for a real token, 0 for padding, whose keys no query attends to.
 
         `cache` (optional, generation): a list of `nn.KVCache`, one per layer
@@ -341,6 +341,14 @@ class LlamaForCausalLM(Module):
         - input_ids: `[batch_size, seq_length]`
         - output: `[batch_size, seq_length, vocab_size]`
         """
+        x = self.hidden_states(input_ids, attention_mask, cache)
+        if self.lm_head is None:
+            return x @ self.embed_tokens.weight.val().transpose()
+        return self.lm_head.forward(x)
+
+    def hidden_states(self, input_ids, attention_mask=None, cache=None) -> Tensor:
+        """The last layer's output after the final norm, `[batch_size, seq_length, hidden_size]`
+        (what the head turns into logits; the arguments are `forward`'s)."""
         if not isinstance(input_ids, Tensor):
             input_ids = Tensor.from_data(input_ids)
         assert_shape(input_ids, [None, None])
@@ -365,10 +373,7 @@ class LlamaForCausalLM(Module):
         else:
             for layer, layer_cache in zip(self.layers, cache):
                 x = layer.forward(x, self.rotary_emb, mask_pad, past, layer_cache)
-        x = self.norm.forward(x)
-        if self.lm_head is None:
-            return x @ self.embed_tokens.weight.val().transpose()
-        return self.lm_head.forward(x)
+        return self.norm.forward(x)
 
 
 def _cache_length(cache, n_layers: int) -> int:

@@ -328,3 +328,17 @@ def test_an_adapted_model_generates_as_its_merged_weights_and_stays_unchanged(ad
     assert tuned.token_ids == generate(model.materialize(), None, [5, 6, 7], 20, temperature=0).token_ids
     assert tuned.token_ids != generate(_model("llama-gqa"), None, [5, 6, 7], 20, temperature=0).token_ids
     assert model.layers[0].self_attn.query.weight.reparameterization is not None  # the model is unchanged
+
+
+def test_generate_is_callable_whichever_import_comes_first():
+    import subprocess
+    import sys
+
+    code = ("import engine.models.generate\n"  # the submodule first: Python sets engine.models.generate to it
+            "from engine.models import from_pretrained, generate\n"
+            f"m = from_pretrained({str(HF / 'gpt2')!r})\n"
+            "print(generate(m, None, [5, 6, 7], 3, temperature=0).token_ids)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parents[3]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(generate(_model("gpt2"), None, [5, 6, 7], 3, temperature=0).token_ids)
