@@ -2,7 +2,8 @@
 
 - `trace_model(model, inputs, shape_only=False)`: one forward pass of `model` recorded op by op
   (`engine.tensor.trace`), each op under the module path it ran in, parameters and constants
-  named by their paths. `shape_only=True` runs no layer kernel and allocates no parameter: a
+  named by their paths; `trace.calls` lists every module call with the tensors it took and
+  returned (the module-level graph, with a shape on every edge) and the range of its ops. `shape_only=True` runs no layer kernel and allocates no parameter: a
   built-in layer is one op (`module`, its type in `attrs["type"]`) whose output dims its shape
   rule gives (`engine.design.shape_check`); the glue between layers runs on zero-stride
   stand-ins. That is the graph of a lazy 7 B model in well under a second.
@@ -66,10 +67,13 @@ class _ScopeRun:
         if path is None or (tr._scopes and tr._scopes[-1] == path):
             return original(module, *args, **kwargs)
         tr.push_scope(path, type(module).__name__)
+        first = len(tr.trace.ops)
         try:
-            return original(module, *args, **kwargs)
+            out = original(module, *args, **kwargs)
         finally:
             tr.pop_scope()
+        tr.module_call(path, type(module).__name__, list(args) + list(kwargs.values()), out, first)
+        return out
 
 
 def _as_inputs(example_input) -> list:
@@ -112,6 +116,7 @@ def trace_model(model, inputs, shape_only: bool = False) -> Trace:
                 out = model.forward(*inputs)
             finally:
                 tracer.pop_scope()
+            tracer.module_call("", type(model).__name__, inputs, out, 0)
             tracer.output(out)
     finally:
         contracts._Patcher._local.ctx = prev
@@ -132,10 +137,12 @@ class _ShapeTraceRun(shape_check._ShapeRun):
         if path is None or (tr._scopes and tr._scopes[-1] == path):
             return original(module, *args, **kwargs)
         tr.push_scope(path, type(module).__name__)
+        first = len(tr.trace.ops)
         try:
             out = super().call(module, original, args, kwargs)
             if path == "" and len(tr._scopes) == 1:
                 self.root_output = out
+            tr.module_call(path, type(module).__name__, list(args) + list(kwargs.values()), out, first)
             return out
         except BaseException as e:
             if self.error is None:

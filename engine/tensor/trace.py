@@ -38,7 +38,7 @@ from typing import Any
 
 from .tensor import Tensor, TensorError
 
-__all__ = ["Tracer", "Trace", "TracedOp", "TracedTensor", "TraceError", "register_functions", "is_active",
+__all__ = ["Tracer", "Trace", "TracedOp", "TracedTensor", "ModuleCall", "TraceError", "register_functions", "is_active",
            "hook_calls"]
 
 
@@ -72,6 +72,19 @@ class TracedOp:
 
 
 @dataclass
+class ModuleCall:
+    """One module's forward in a trace: its path and type, the ids of the tensors it was given
+    and returned, and the ops that ran inside it (`trace.ops[first:end]`)."""
+
+    path: str
+    type_name: str
+    inputs: list
+    outputs: list
+    first: int
+    end: int
+
+
+@dataclass
 class Trace:
     ops: list = field(default_factory=list)
     tensors: dict = field(default_factory=dict)  # id -> TracedTensor
@@ -79,6 +92,7 @@ class Trace:
     outputs: list = field(default_factory=list)  # ids of the traced outputs
     values: dict = field(default_factory=dict)  # id -> Tensor, for params and constants
     modules: list = field(default_factory=list)  # (path, type name) of every module call, in order
+    calls: list = field(default_factory=list)  # ModuleCall of every module call, in the order they ended
 
     def op_names(self) -> list[str]:
         return [o.op for o in self.ops]
@@ -243,6 +257,13 @@ class Tracer:
     @property
     def scope(self) -> str:
         return self._scopes[-1] if self._scopes else ""
+
+    def module_call(self, path: str, type_name: str, args, out, first: int) -> None:
+        """Record that the module at `path` ran on the tensors in `args` and returned `out`, its
+        ops starting at `trace.ops[first]` (the drivers of module scopes call it)."""
+        ins = [self.tensor_id(t) for t in _flat_tensors(list(args))]
+        outs = [self.tensor_id(t) for t in _flat_tensors(out)]
+        self.trace.calls.append(ModuleCall(path, type_name, ins, outs, first, len(self.trace.ops)))
 
     # ---- tensors
     def _info(self, t: Tensor, source: str, name: str | None = None, producer: int | None = None) -> TracedTensor:

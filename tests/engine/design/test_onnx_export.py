@@ -143,7 +143,7 @@ class _Perturb(ModuleMapper):
     def map_float(self, param):
         if not re.search(r"(^|\.)lora\.(a|b)$", ".".join(self.path)):
             return param
-        noise = (self.rng.standard_normal(param.shape) * 0.3).astype(np.float32)
+        noise = (self.rng.standard_normal(param.shape) * 0.05).astype(np.float32)
         return param.map(lambda t: (t + Tensor.from_data(noise, device=t.device)).detach())
 
 
@@ -329,3 +329,20 @@ def test_an_exported_model_imports_back_with_the_same_outputs(which, mnist, llam
     back = build_model(imported.design).load_record(imported.record).valid()
     for xi in xs:
         np.testing.assert_allclose(back.forward(xi).numpy(), model.forward(xi).numpy(), atol=1e-4, rtol=0)
+
+
+def test_module_calls_give_the_module_level_graph_with_shapes():
+    tr = trace_model(build_example("burn-mnist"), example_input("burn-mnist", 2))
+    calls = {c.path: c for c in tr.calls}
+    conv = calls["conv1.conv"]
+    assert conv.type_name == "Conv2d"
+    assert [tr.tensors[i].shape for i in conv.inputs] == [(2, 1, 28, 28)]
+    assert [tr.tensors[i].shape for i in conv.outputs] == [(2, 64, 26, 26)]
+    assert [o.op for o in tr.ops[conv.first:conv.end]] == ["conv2d"]
+    # an edge: what conv1.conv returned is what conv1.norm was given
+    assert calls["conv1.norm"].inputs == conv.outputs
+    assert calls[""].outputs == tr.outputs and calls[""].first == 0 and calls[""].end == len(tr.ops)
+
+    lazy = trace_model(llama_7b.build(), llama_7b.example_input(1), shape_only=True)
+    gate = {c.path: c for c in lazy.calls}["layers.0.mlp.gate_proj"]
+    assert [lazy.tensors[i].shape for i in gate.outputs] == [(1, 8, 11008)]
