@@ -328,7 +328,11 @@ def _forward(plan: Plan, uses: set) -> list[str]:
                 start += size
             continue
         else:
-            rl = RUST_LAYERS[k]
+            rl = RUST_LAYERS.get(k)
+            if rl is None:  # a primitive op of an imported ONNX graph (structural, no Burn layer)
+                raise ExportError(f"{n}: {k} ({values.get('op', k) if isinstance(values, dict) else k}) has no "
+                                  f"Rust form in this exporter; supported structural kinds: Add, Concat, "
+                                  f"Reshape, Flatten, Split")
             rhs = rl.call.format(m=f"self.{n}", x=", ".join(use(v) for v in ins))
             for module, name in rl.extra_imports:
                 uses.add((module, name))
