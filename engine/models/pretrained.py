@@ -464,9 +464,13 @@ def _out_for(name, members, info, stored_dtype, dtype) -> _Out:
     if split is None:
         rule, p, path = members[0]
         src = _untouched(p, info)
-        if src is not None and (dtype is None or _NP_TO_DTYPE.get(str(dtype)) == src[1].dtype):
+        if src is not None:  # never read since it was opened: from the file, without initializing it
             stored = src[1]
-            return _Out(name, stored.dtype, tuple(stored.shape), stored.read_stored)
+            if dtype is None or _NP_TO_DTYPE.get(str(dtype)) == stored.dtype:
+                return _Out(name, stored.dtype, tuple(stored.shape), stored.read_stored)
+            target = _target_dtype(dtype, stored.dtype, np.float32 if _stored_kind(stored.dtype) == "float"
+                                   else storage_dtype(stored.dtype))
+            return _Out(name, target, tuple(stored.shape), lambda: _encode(stored.read(), target))
         shape = rule.stored_shape(tuple(p.lazy_shape()))
         np_dtype = _param_np_dtype(p)
         target = _target_dtype(dtype, stored_dtype, np_dtype)

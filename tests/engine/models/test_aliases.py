@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from engine import Tensor
-from engine.models import PretrainedError, from_pretrained, save_pretrained
+from engine.models import PretrainedError, from_pretrained, pretrained_info, save_pretrained
 
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 
@@ -73,3 +73,14 @@ def test_an_unsupported_architecture_is_named_before_missing_weights(tmp_path):
     with pytest.raises(PretrainedError, match="unsupported architecture: found MambaForCausalLM; supported: "
                                               ".*LlamaForCausalLM.*GPT2LMHeadModel"):
         from_pretrained(tmp_path)
+
+
+def test_saving_an_unread_model_in_another_dtype_reads_the_files_not_the_model(tmp_path):
+    model = from_pretrained(HF / "llama-gqa")
+    out = save_pretrained(model, tmp_path / "bf16", dtype="bfloat16")
+    assert not any(p.is_initialized() for _, p in model.named_params())  # nothing kept in the model
+    back = from_pretrained(out)
+    assert set(pretrained_info(back).stored_dtypes.values()) == {"BF16"}
+    exp = np.load(HF / "llama-gqa" / "expected.npz")
+    got = back.valid().forward(Tensor.from_data(exp["input_ids"])).numpy()
+    np.testing.assert_allclose(got, exp["logits_nomask"], atol=0.1)  # bf16 rounding of every weight
