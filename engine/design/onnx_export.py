@@ -209,6 +209,7 @@ def _register_layer_functions() -> None:
             _trace.register_functions(klass, ["_FN"])
             _trace._registered[-1] = (klass, "_FN", fn.__name__)
     _trace.register_functions(embedding, ["embedding"])
+    _trace.register_functions(importlib.import_module("engine.nn.rnn"), ["cat", "stack"])  # imported by name
 
 
 _register_layer_functions()

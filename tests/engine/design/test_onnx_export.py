@@ -346,3 +346,22 @@ def test_module_calls_give_the_module_level_graph_with_shapes():
     lazy = trace_model(llama_7b.build(), llama_7b.example_input(1), shape_only=True)
     gate = {c.path: c for c in lazy.calls}["layers.0.mlp.gate_proj"]
     assert [lazy.tensors[i].shape for i in gate.outputs] == [(1, 8, 11008)]
+
+
+class _Recurrent(Module):
+    def __init__(self):
+        self.rnn = nn.LstmConfig(4, 6, True).init()
+
+    def forward(self, x):
+        return self.rnn.forward(x)[0]
+
+
+def test_an_lstm_exports_its_steps_and_its_batch_sized_initial_state(tmp_path):
+    """The recurrent layers join their steps with `cat` / `stack` imported by name, and start from
+    zeros of the batch's size: both are traced, and the state follows the input's batch."""
+    model = _Recurrent()
+    make = lambda b: Tensor.from_data(np.random.default_rng(b).standard_normal((b, 5, 4)).astype(np.float32))  # noqa: E731
+    tr = trace_model(model, make(2))
+    assert "stack" in tr.op_names()
+    path = export_onnx(model, tmp_path / "lstm.onnx", make(2))
+    _agree(model.valid(), path, [make(1), make(3)], _run_reference)
