@@ -360,6 +360,8 @@ class _Importer:
         self.origin: dict = {}  # design node -> onnx node name
         self.info: dict = {}  # value name -> (elem_type, dims or None)
         self.done: set = set()
+        self.sym: dict = {}  # value -> (entries, rank): a run-time shape, each entry an int or (value, axis)
+        self.deferred: dict = {}  # value -> node index: made as Op nodes only when a consumer needs the tensor
 
     # ------------------------------------------------------------------ helpers
     def fail(self, message: str):
@@ -729,7 +731,12 @@ class _Importer:
             raise _Unsupported(f"an op of the domain {node.domain!r}")
         if i in self.fusions:
             kind, config, x, out, params, members = self.fusions[i]
-            if x not in self.src or self.src[x] is None:
+            if x in self.src and self.src[x] is None:
+                for nm in [self.node_name(m, self.g.node[m]) for m in sorted(members)]:
+                    self.report.mapping[nm] = "not imported: it reads the output of an unsupported node"
+                self.src.setdefault(out, None)
+                return
+            if x not in self.src:
                 raise _Unsupported("its input is not a tensor computed from the graph's inputs")
             made = self.add(kind, snake_name(kind), kind, config, [x], out, params)
             self.origin[made] = name
@@ -744,6 +751,11 @@ class _Importer:
         if not known:
             raise _Unsupported()
         runtime = [v for v in ins if v and v not in self.consts]
+        if any(v in self.sym for v in runtime) and self._symbolic(i, node, name):
+            return
+        for v in runtime:
+            if v in self.deferred and v not in self._attr_inputs(node):
+                self._materialize(v)
         if any(self.src.get(v, 0) is None for v in runtime):
             self.report.mapping[name] = "not imported: it reads the output of an unsupported node"
             for o in node.output:
@@ -759,6 +771,12 @@ class _Importer:
                 arr = np.asarray(dims, np.int64)[slice(at.get("start", 0), at.get("end"))]
                 self.consts[node.output[0]] = arr
                 self.report.mapping[name] = "folded into a constant (the input's dims are fixed)"
+                return
+            if dims is not None and ins[0] in self.src and self.src[ins[0]] is not None:
+                entries = [d if isinstance(d, int) and d > 0 else (ins[0], k) for k, d in enumerate(dims)]
+                self.sym[node.output[0]] = (entries[slice(at.get("start", 0), at.get("end"))], 1)
+                self.deferred[node.output[0]] = i
+                self.report.mapping[name] = "a run-time shape (its named axes flow into the ops reading it)"
                 return
             if "start" in at or "end" in at:
                 raise _Unsupported("Shape with start / end of a tensor whose dims vary")
@@ -781,6 +799,93 @@ class _Importer:
         if op in FOLD_ONLY_OPS:
             raise _Unsupported("its inputs are computed at run time (the output's dims would be a run-time value)")
         raise _Unsupported()
+
+    # ------------------------------------------------------------------ run-time shapes
+    def _sym_of(self, v: str):
+        """(entries, rank) of a run-time shape or of a small int constant (None for anything else)."""
+        if v in self.sym:
+            return self.sym[v]
+        a = self.consts.get(v)
+        if a is not None and a.dtype.kind in "iu" and a.ndim <= 1 and a.size <= 1024:
+            return [int(x) for x in a.reshape(-1)], a.ndim
+        return None
+
+    def _symbolic(self, i: int, node, name: str) -> bool:
+        """Evaluates Gather / Slice / Concat / Unsqueeze / Squeeze / Cast / Identity of a run-time shape on its
+        entries (the named axes flow through); False where the op is not one of those forms."""
+        op, ins, at = node.op_type, list(node.input), _attrs(node)
+        got = self._sym_of(ins[0]) if ins and ins[0] else None
+        out = None
+        if op in ("Identity", "Cast") and got is not None and (op == "Identity" or _TO.get(int(at.get("to", 1)))
+                                                               == "int64"):
+            out = got
+        elif op == "Gather" and got is not None and got[1] == 1 and int(at.get("axis", 0)) == 0:
+            idx = self.consts.get(ins[1])
+            if idx is not None and idx.dtype.kind in "iu" and idx.ndim <= 1 and                     all(-len(got[0]) <= int(k) < len(got[0]) for k in idx.reshape(-1)):
+                out = ([got[0][int(k)] for k in idx.reshape(-1)], idx.ndim)
+        elif op == "Slice" and got is not None and got[1] == 1:
+            try:
+                b = [self._ints(node, k, w) for k, w in ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps"))]
+            except _Unsupported:
+                return False
+            if b[0] is not None and b[1] is not None and len(b[0]) == 1 and (b[2] is None or b[2] in ([0], [-1])):
+                step = (b[3] or [1])[0]
+                if step != 0:
+                    out = (got[0][slice(b[0][0], b[1][0], step)], 1)
+        elif op == "Concat" and int(at.get("axis", 0)) in (0, -1):
+            parts = [self._sym_of(v) for v in ins if v]
+            if all(p is not None and p[1] == 1 for p in parts):
+                out = ([e for p in parts for e in p[0]], 1)
+        elif op == "Unsqueeze" and got is not None and got[1] == 0:
+            axes = [int(v) for v in at["axes"]] if "axes" in at else self._ints(node, 1, "axes")
+            if axes in ([0], [-1]):
+                out = (got[0], 1)
+        elif op == "Squeeze" and got is not None and got[1] == 1 and len(got[0]) == 1:
+            out = (got[0], 0)
+        if out is None:
+            return False
+        entries, rank = out
+        if all(isinstance(e, int) for e in entries):
+            arr = np.asarray(entries, np.int64)
+            self.consts[node.output[0]] = arr.reshape(()) if rank == 0 else arr
+            self.report.mapping[name] = "folded into a constant (the run-time sizes it reads are not used)"
+        else:
+            self.sym[node.output[0]] = out
+            self.deferred[node.output[0]] = i
+            self.report.mapping[name] = "a run-time shape (its named axes flow into the ops reading it)"
+        return True
+
+    def _materialize(self, v: str):
+        """The Op nodes of a run-time shape a consumer reads as a tensor (not only as a target shape)."""
+        i = self.deferred.pop(v)
+        node = self.g.node[i]
+        for u in node.input:
+            if u in self.deferred:
+                self._materialize(u)
+        name = self.node_name(i, node)
+        made = self._primitive(node, name)
+        self.report.mapping[name] = f"{made} (Op {node.op_type})"
+
+    def _runtime_target(self, node, pos: int):
+        """A run-time Reshape / Expand target as (shape with codes, reference value) (see primitive.py)."""
+        entries, rank = self.sym[node.input[pos]]
+        if rank != 1:
+            raise _Unsupported("its target shape is not a 1-d list of sizes")
+        refs = {e[0] for e in entries if not isinstance(e, int)}
+        data = node.input[0]
+        if node.op_type == "Reshape":
+            free = [k for k, e in enumerate(entries) if not isinstance(e, int) and e != (data, k)]
+            if len(free) <= 1 and -1 not in entries or not free:
+                return [e if isinstance(e, int) else (0 if e == (data, k) else -1)
+                        for k, e in enumerate(entries)], None
+        if len(refs) != 1:
+            raise _Unsupported(f"its target shape reads the sizes of {len(refs)} tensors (expected one)")
+        ref = refs.pop()
+        if ref in self.deferred:
+            self._materialize(ref)
+        if self.src.get(ref) is None:
+            raise _Unsupported(f"its target shape reads the sizes of {ref!r}, which is not imported")
+        return [e if isinstance(e, int) else -2 - e[1] for e in entries], ref
 
     def _fold(self, node, name: str):
         at = _attrs(node)
@@ -845,7 +950,9 @@ class _Importer:
             attrs["axis"] = int(at.get("axis", -1))
         if op == "Transpose" and "perm" in at:
             attrs["perm"] = [int(v) for v in at["perm"]]
-        if op == "Reshape":
+        if op in ("Reshape", "Expand") and len(node.input) > 1 and node.input[1] in self.sym:
+            attrs["shape"], attrs["_ref"] = self._runtime_target(node, 1)
+        elif op == "Reshape":
             attrs["shape"] = self._ints(node, 1, "target shape")
             if attrs["shape"] is None:
                 raise _Unsupported("a Reshape without a shape")
@@ -855,7 +962,7 @@ class _Importer:
             attrs["axes"] = self._ints(node, 1, "axes") if "axes" not in at else [int(v) for v in at["axes"]]
             if op == "Unsqueeze" and attrs["axes"] is None:
                 raise _Unsupported("an Unsqueeze without axes")
-        if op == "Expand":
+        if op == "Expand" and "_ref" not in attrs:
             attrs["shape"] = self._ints(node, 1, "target shape")
             if attrs["shape"] is None or any(s < 0 for s in attrs["shape"]):
                 raise _Unsupported("an Expand without a shape of sizes >= 0")
@@ -912,6 +1019,10 @@ class _Importer:
                 inputs.append(v)
         while operands and operands[-1] == "":
             operands.pop()
+        ref = attrs.pop("_ref", None)
+        if ref is not None:
+            operands.append(f"in{len(inputs)}")
+            inputs.append(ref)
         if len(consts) > 64:
             raise _Unsupported("more than 64 constant operands")
         config = {k: v for k, v in attrs.items() if v is not None}
@@ -1207,6 +1318,8 @@ class _Importer:
         return self.add("Flatten", name, "Flatten", {"start_dim": 1, "end_dim": -1}, [node.input[0]], node.output[0])
 
     def _op_Reshape(self, node, name):
+        if len(node.input) > 1 and node.input[1] in self.sym:
+            return None
         shape = self._ints(node, 1, "target shape")
         if shape is None or not shape or any(s == 0 or s < -1 for s in shape) or shape.count(-1) > 1:
             return None

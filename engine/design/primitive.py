@@ -6,7 +6,11 @@ pooling, activations); everything else the engine can compute becomes an `Op` no
 `axes`, `perm`, `starts` / `ends` / `steps`, `shape`, `keepdims`, `alpha`, `beta`, `to`,
 `trans_a` / `trans_b`), and how its operands are fed: `operands` names each operand in order,
 `inN` for the node's N-th input port, `cK` for its K-th constant, empty for an absent optional
-operand (`"in0,c0,in1"` for `Where(cond, <constant>, y)`). The constants are held by the node's
+operand (`"in0,c0,in1"` for `Where(cond, <constant>, y)`). A run-time target of `Expand` or
+`Reshape` (one a dynamic batch computes through Shape, Gather, Concat) is held as `shape` with a
+code for each run-time size: -2 - k is the size of axis k of the op's second operand, the
+reference tensor (`shape=[-2, 1, 32]`, operands `"c0,in0"`: the constant expanded to the input's
+batch). The constants are held by the node's
 module as parameters `c0`, `c1`, ... that never train (saved in the model's record like any
 weight); `constants` gives their dtypes and shapes (`"float32[1,1,6,8];int64[]"`), so the node is
 made lazily and its shape rule (`shape_rules`, rule `PrimitiveOp`) reads only shapes.
@@ -181,6 +185,21 @@ def _reshape_target(shape: list, src: tuple, op: str = "Reshape") -> tuple:
     return tuple(out)
 
 
+def resolve_shape(shape: list, ref_shape) -> list:
+    """`shape` with each code -2 - k replaced by axis k of the reference (`ref_shape`; None: no reference)."""
+    out = []
+    for s in shape:
+        if s <= -2:
+            k = -s - 2
+            if ref_shape is None or k >= len(ref_shape):
+                raise OpError(f"shape {list(shape)}: the code {s} names axis {k} of the reference operand, which "
+                              f"{'is absent' if ref_shape is None else f'has rank {len(ref_shape)}'}")
+            out.append(ref_shape[k])
+        else:
+            out.append(s)
+    return out
+
+
 def _int_div(a: Tensor, b: Tensor) -> Tensor:
     x, y = a.numpy(), b.numpy()
     return _wrap_np(np.trunc(x / y).astype(np.result_type(x, y)), a)
@@ -255,7 +274,8 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         perm = attrs["perm"] if attrs["perm"] is not None else list(range(x.rank))[::-1]
         return x.permute(perm)
     if op == "Reshape":
-        return x.reshape(_reshape_target(attrs["shape"], tuple(x.shape)))
+        shape = resolve_shape(attrs["shape"], tuple(ops[1].shape) if len(ops) > 1 and ops[1] is not None else None)
+        return x.reshape(_reshape_target(shape, tuple(x.shape)))
     if op == "Unsqueeze":
         rank = x.rank + len(attrs["axes"])
         axes = sorted(_axis_of(a, rank, op) for a in attrs["axes"])
@@ -275,7 +295,8 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         lead = int(np.prod(x.shape[:a], dtype=np.int64))
         return x.reshape((lead, -1 if lead else 0))
     if op == "Expand":
-        target = broadcast_shapes(tuple(x.shape), tuple(attrs["shape"]), op)
+        shape = resolve_shape(attrs["shape"], tuple(ops[1].shape) if len(ops) > 1 and ops[1] is not None else None)
+        target = broadcast_shapes(tuple(x.shape), tuple(shape), op)
         while x.rank < len(target):
             x = x.unsqueeze(0)
         return x if tuple(x.shape) == target else x.expand(target)

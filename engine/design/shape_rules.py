@@ -838,13 +838,26 @@ def _primitive_op(m, ins, ctx):
             raise RuleError(f"Transpose: perm {perm} is not a permutation of the {x.rank} axes of "
                             f"{dims_text(x.dims)}")
         return Shape(tuple(x.dims[i] for i in perm), x.dtype)
+    if op in ("Reshape", "Expand") and any(s <= -2 for s in (a["shape"] or [])):
+        ref = ops[1] if len(ops) > 1 else None
+        target = []
+        for s in a["shape"]:
+            if s <= -2:
+                if ref is None or -s - 2 >= ref.rank:
+                    raise RuleError(f"{op}: the shape code {s} names axis {-s - 2} of the reference operand, which "
+                                    f"{'is absent' if ref is None else f'has dims {dims_text(ref.dims)}'}")
+                target.append(ref.dims[-s - 2])
+            else:
+                target.append(s)
+    else:
+        target = list(a["shape"] or [])
     if op == "Reshape":
-        shape = list(a["shape"] or [])
-        if shape.count(-1) > 1 or any(s < -1 for s in shape):
+        shape = target
+        if shape.count(-1) > 1 or any(isinstance(s, int) and s < -1 for s in shape):
             raise RuleError(f"Reshape: expected sizes >= 0 and at most one -1, got {shape}")
         out = []
         for i, s in enumerate(shape):
-            if s == 0:
+            if isinstance(s, int) and s == 0:
                 if i >= x.rank:
                     raise RuleError(f"Reshape: 0 at axis {i} copies an axis the input {dims_text(x.dims)} lacks")
                 out.append(as_dim(x.dims[i]))
@@ -893,7 +906,7 @@ def _primitive_op(m, ins, ctx):
         k = _op_axis(a["axis"], x.rank + 1, op)
         return Shape((_product_dims(x.dims[:k]), _product_dims(x.dims[k:])), x.dtype)
     if op == "Expand":
-        shape = a["shape"] or []
+        shape = target
         return Shape(_broadcast(op, [x, Shape(tuple(as_dim(s) for s in shape))]), x.dtype)
     if op == "Concat":
         parts = [o for o in ops if o is not None]
