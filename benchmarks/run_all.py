@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
-           "pretrained_open", "generate", "onnx_export", "onnx_io"]
+           "pretrained_open", "generate", "lora_step", "onnx_export", "onnx_io"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 TIMEOUT_S = 45 * 60
 
@@ -354,6 +354,25 @@ def _generate(threads: str):
     return extract
 
 
+def _lora_step(threads: str):
+    def extract(out, tables):
+        t = find_table(tables, "LoRA fine-tune step of a small Llama")
+        rows = [r for r in t.rows if r[t.column("threads")] == threads]
+        ember = next((r for r in rows if r[t.column("side")] == "Ember"), None)
+        peer = next((r for r in rows if r[t.column("side")].startswith("PyTorch")), None)
+        if ember is None:
+            raise LookupError(f"no Ember row at {threads} thread(s)")
+        if peer is None:
+            raise LookupError("PyTorch + peft (with transformers) is not installed for the benchmark")
+        col = t.column("step (median)")
+        mem = t.column("step memory")
+        fig = vs(seconds(ember[col]), "PyTorch + peft", seconds(peer[col]), 1.0)
+        fig.ember += f" ({ember[mem]})"
+        fig.peer_value += f" ({peer[mem]})"
+        return fig
+    return extract
+
+
 TARGETS = [
     Target("ops", "c = a + b; c.sum().backward() on 2×2", "≤ 1.0× PyTorch", "issue 2", _ops_headline),
     Target("ops", "worst per-op fwd+bwd on 2×2", "≤ 1.0× PyTorch", "assumed", _ops_worst),
@@ -400,6 +419,10 @@ TARGETS = [
            "issue 20", _generate("1")),
     Target("generate", "greedy generation with the KV cache, 64 tokens, 2 threads", "≥ 1.0× transformers tokens/s",
            "issue 20", _generate("2")),
+    Target("lora_step", "LoRA q/v step, small Llama, batch 8 x 128, 1 thread", "≤ 1.0× PyTorch + peft", "issue 20",
+           _lora_step("1")),
+    Target("lora_step", "LoRA q/v step, small Llama, batch 8 x 128, 2 threads", "≤ 1.0× PyTorch + peft", "issue 20",
+           _lora_step("2")),
     Target("onnx_export", "shape-only trace of llama-7b", "< 2 s, < 100 MB, none allocated", "issue 21",
            _onnx_shape_only),
     Target("onnx_io", "import_onnx of a ResNet-50-sized graph (25.6 M parameters)", "measured (no target)",
