@@ -18,7 +18,7 @@ import numpy as np
 
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, check_same_device, record, tracking, unbroadcast, untracked
-from ..tensor.threads import run_blocks, run_chunks
+from ..tensor.threads import PARALLEL_MIN_BYTES, run_blocks, run_chunks
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -79,12 +79,78 @@ def _softplus(x):
     return xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))
 
 
+# Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + p z),
+# z >= 0, absolute error under 1.5e-7 (measured: Phi within 7.3e-8, Gelu within 2.2e-7 of SciPy's
+# float64 result over [-10, 10]: about one float32 ulp of Gelu near |x| = 3, less elsewhere)
+_AS_P = 0.3275911
+_AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_GELU_BLOCK = 1 << 14  # elements per pass: the ~20 passes over a block stay in the L1/L2 cache
+
+
+def _gelu_f32(xd):
+    """Gelu of a float32 NumPy array and its derivative `Phi(x) + x phi(x)`, in blocks of
+    `_GELU_BLOCK` elements (threaded over blocks): SciPy's float32 `erf` alone cost ~50 ns an
+    element, a fifth of a small GPT's step. Phi comes from A&S 7.1.26, whose `exp(-x^2 / 2)` is
+    phi's too, so the derivative costs no second exp; the backward is one product."""
+    xf = np.ascontiguousarray(xd).reshape(-1)
+    n = xf.size
+    out = np.empty(n, np.float32)
+    der = np.empty(n, np.float32)
+    f32 = np.float32
+    inv_sqrt2, p, inv_sqrt_2pi = f32(1.0 / _SQRT_2), f32(_AS_P), f32(_INV_SQRT_2PI)
+    a1, a2, a3, a4, a5 = (f32(a) for a in _AS_A)
+
+    def chunk(blocks):
+        size = min(_GELU_BLOCK, n)
+        z, e, t, q = (np.empty(size, np.float32) for _ in range(4))
+        for lo in blocks:
+            hi = min(lo + _GELU_BLOCK, n)
+            m = hi - lo
+            x = xf[lo:hi]
+            zb, eb, tb, qb = z[:m], e[:m], t[:m], q[:m]
+            np.abs(x, out=zb)
+            zb *= inv_sqrt2
+            np.multiply(zb, zb, out=eb)
+            np.negative(eb, out=eb)
+            np.exp(eb, out=eb)  # exp(-x^2 / 2)
+            np.multiply(zb, p, out=tb)
+            tb += 1.0
+            np.reciprocal(tb, out=tb)
+            np.multiply(tb, a5, out=qb)
+            for a in (a4, a3, a2, a1):
+                qb += a
+                qb *= tb
+            qb *= eb
+            qb *= 0.5  # Phi(-|x|) = erfc(|x| / sqrt 2) / 2
+            np.subtract(1.0, qb, out=tb)
+            np.copyto(qb, tb, where=x >= 0)
+            cdf = qb  # Phi(x)
+            np.multiply(x, cdf, out=out[lo:hi])
+            eb *= x
+            eb *= inv_sqrt_2pi  # x phi(x)
+            np.add(eb, cdf, out=der[lo:hi])
+
+    run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=max(2, (PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+    return out.reshape(xd.shape), der.reshape(xd.shape)
+
+
 def gelu(x: Tensor) -> Tensor:
-    """Exact Gelu: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`; the backward reuses Phi(x)."""
+    """Exact Gelu: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`. float32 on NumPy goes through
+    `_gelu_f32` (Phi within 7.3e-8); other dtypes and devices use SciPy's / CuPy's erf, and the
+    backward reuses Phi(x)."""
     op = "gelu"
     _float_input(op, x)
     xd = array(x)
     xp = x.device.xp
+    if xp is np and xd.dtype == np.float32 and xd.size:
+        out, der = _gelu_f32(xd)
+        if not tracking(x):
+            return untracked(out, (x,))
+
+        def rule32(g):
+            return ((g * der).astype(g.dtype, copy=False),)
+
+        return record(out, x.device, (x,), rule32, op)
     cdf = special(xp).erf(xd * (1.0 / _SQRT_2))
     cdf += 1.0
     cdf *= 0.5
