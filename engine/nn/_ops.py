@@ -706,10 +706,14 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
         rows = xp.arange(x2.shape[0])
         rw = None if row_weights is None else row_weights.astype(xd.dtype, copy=False)
         if log_probs:
-            shifted = x2 - x2.max(axis=1, keepdims=True)
-            e = xp.exp(shifted)
+            # one array of the logits' size: the shifted logits, exponentiated in place (the
+            # targets' entries read before), kept for the backward
+            m = x2.max(axis=1, keepdims=True)
+            picked = x2[rows, t] - m[:, 0]
+            e = x2 - m
+            xp.exp(e, out=e)
             s = e.sum(axis=1, keepdims=True)
-            per = xp.log(s[:, 0]) - shifted[rows, t]
+            per = xp.log(s[:, 0]) - picked
             if rw is not None:
                 per = xp.where(rw != 0, per * rw, 0)
         else:
@@ -740,11 +744,10 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
     def rule(g):
         scale = g.reshape(()) * (1.0 / denom)
         if index and log_probs:
-            grad = e / s  # softmax, a fresh array this rule owns
-            grad[rows, t] -= 1
-            if rw is not None:
-                grad *= rw[:, None]
-            grad *= scale
+            # (softmax - one_hot) * r * scale in one pass over the logits: each row's factor first
+            row = scale / s if rw is None else (scale * rw[:, None]) / s
+            grad = e * row.astype(e.dtype, copy=False)  # a fresh array this rule owns
+            grad[rows, t] -= scale if rw is None else (scale * rw).astype(e.dtype, copy=False)
         elif index:
             grad = xp.zeros_like(x2)
             with np.errstate(divide="ignore"):
