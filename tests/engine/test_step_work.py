@@ -1,0 +1,99 @@
+"""Performance regression check that times nothing (issue 22, must-show 2).
+
+For one training step of a fixed small MLP and of a fixed small transformer encoder layer it
+counts the work the step does: the tape nodes the forward records (by op), the bytes the
+forward's graph keeps alive for the backward, and the peak bytes NumPy holds during forward +
+backward (tracemalloc sees NumPy's allocations). The bounds sit a little above today's numbers,
+so that a change that records extra nodes per layer, keeps extra intermediates or allocates
+twice the scratch fails here on any machine, without a timer. If a change lowers a number on
+purpose, lower its bound with it.
+"""
+from __future__ import annotations
+
+import collections
+import gc
+import tracemalloc
+
+import numpy as np
+
+from engine import Module, Tensor, nn
+from engine.tensor.threads import num_threads, set_num_threads
+
+
+def _graph_ops(t: Tensor) -> collections.Counter:
+    """Op name -> count over the graph that leads to `t` (leaves counted as 'leaf')."""
+    seen, stack, ops = set(), [t._node], collections.Counter()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        ops["leaf" if node.leaf else node.op] += 1
+        stack.extend(node.parents or ())
+    return ops
+
+
+def _measure(forward):
+    """(ops of the graph, bytes held by the graph after the forward, peak bytes during the step)."""
+    forward().backward()  # warm-up: lazy parameters, caches, thread pools
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        loss = forward()
+        held = tracemalloc.get_traced_memory()[0] - base
+        ops = _graph_ops(loss)
+        loss.backward()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return ops, held, peak
+
+
+class _Mlp(Module):
+    def __init__(self):
+        self.fc1 = nn.LinearConfig(64, 128).init()
+        self.act = nn.Relu()
+        self.fc2 = nn.LinearConfig(128, 10).init()
+
+    def forward(self, x):
+        return self.fc2.forward(self.act.forward(self.fc1.forward(x)))
+
+
+def _single_thread(fn):
+    old = num_threads()
+    set_num_threads(1)  # the same blocks and scratch on every machine
+    try:
+        return fn()
+    finally:
+        set_num_threads(old)
+
+
+def test_mlp_training_step_work():
+    rng = np.random.default_rng(0)
+    model = _Mlp()
+    x = Tensor.from_data(rng.standard_normal((32, 64), dtype=np.float32))
+    y = Tensor.from_data(rng.integers(0, 10, 32))
+    loss_fn = nn.CrossEntropyLossConfig().init()
+    ops, held, peak = _single_thread(lambda: _measure(lambda: loss_fn.forward(model.forward(x), y)))
+    interior = sum(n for op, n in ops.items() if op != "leaf")
+    assert interior <= 4, ops  # today: linear, relu, linear, the fused cross-entropy
+    assert ops["leaf"] == 4, ops  # the four parameters
+    # the graph keeps relu's output and the logits' softmax: 23.5 KB today
+    assert held <= 28_000, held
+    assert peak <= 96_000, peak  # the four parameters' gradients and scratch: 80.5 KB today
+
+
+def test_transformer_layer_training_step_work():
+    rng = np.random.default_rng(1)
+    layer = nn.TransformerEncoderConfig(32, 64, 4, 1, dropout=0.0).init()
+    x = Tensor.from_data(rng.standard_normal((2, 16, 32), dtype=np.float32))
+    ops, held, peak = _single_thread(lambda: _measure(lambda: layer.forward(x).sum()))
+    interior = sum(n for op, n in ops.items() if op != "leaf")
+    # today 26: 6 linear, 5 swap_dims, 4 reshape, 2 normalize, 2 add, 2 matmul, softmax, mul
+    # (the score scale), gelu and the sum; 16 parameters
+    assert interior <= 28, ops
+    assert ops["leaf"] == 16, ops
+    assert held <= 100_000, held  # 83.6 KB today
+    assert peak <= 145_000, peak  # 120.9 KB today
