@@ -1,0 +1,101 @@
+"""Performance regression check for convolutions that times nothing (issue 22, must-show 2).
+
+One conv2d forward + backward and one training step of the burn-mnist CNN on fixed small
+inputs are run with NumPy's `matmul` wrapped to count the matrix products and their
+floating-point operations, under tracemalloc for the peak of the bytes allocated. The bounds
+are today's numbers (measured at one kernel thread, noted beside each bound) with a little
+room: a change that doubles the products, their work or the memory a step holds fails here,
+whatever the machine's speed.
+"""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from engine import Device, Tensor, optim
+from engine.tensor.threads import set_num_threads
+from engine.train import cross_entropy
+from resources.examples import build_example
+
+
+@pytest.fixture
+def gemm_counter(monkeypatch):
+    """Every `np.matmul` call made while the test runs: a list of (calls' flops)."""
+    flops: list[int] = []
+    real = np.matmul
+
+    def counting(a, b, *args, **kwargs):
+        out = real(a, b, *args, **kwargs)
+        a_, b_ = np.asarray(a), np.asarray(b)
+        m, k = (a_.shape[-2], a_.shape[-1]) if a_.ndim > 1 else (1, a_.shape[-1])
+        n = b_.shape[-1] if b_.ndim > 1 else 1
+        stack = int(np.prod(np.broadcast_shapes(a_.shape[:-2], b_.shape[:-2]))) if max(a_.ndim, b_.ndim) > 2 else 1
+        flops.append(2 * m * n * k * stack)
+        return out
+
+    monkeypatch.setattr(np, "matmul", counting)
+    set_num_threads(1)  # the blocked kernels' scratch space depends on the thread count
+    yield flops
+    set_num_threads(None)
+
+
+def _measure(fn, flops):
+    """(products, their flops, peak bytes allocated) of one call of `fn`."""
+    flops.clear()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return len(flops), sum(flops), peak
+
+
+def test_conv2d_forward_backward_work_is_bounded(gemm_counter):
+    rng = np.random.default_rng(0)
+    x = Tensor.from_data(rng.standard_normal((4, 8, 9, 9), dtype=np.float32)).require_grad()
+    w = Tensor.from_data(rng.standard_normal((16, 8, 3, 3), dtype=np.float32)).require_grad()
+    b = Tensor.from_data(rng.standard_normal(16, dtype=np.float32)).require_grad()
+    g = Tensor.from_data(rng.standard_normal((4, 16, 7, 7), dtype=np.float32))
+
+    def step():
+        grads = x.conv2d(w, b).backward(g)
+        assert all(t.grad(grads) is not None for t in (x, w, b))
+
+    step()  # warm caches (pools, lazily built helpers)
+    calls, work, peak = _measure(step, gemm_counter)
+    # the arithmetic itself: forward [16, 73] @ [73, 196] (bias folded), weight gradient
+    # [72, 196] @ [196, 16], col2im three products [24, 16] @ [16, 196]: 1,361,024 flops
+    minimum = 2 * 16 * 73 * 196 + 2 * 72 * 196 * 16 + 3 * 2 * 24 * 16 * 196
+    assert work >= minimum  # the counter sees every product
+    assert calls <= 5, f"{calls} matrix products for one conv2d forward + backward (5 today)"
+    assert work <= 1.1 * 1_361_024, f"{work:,} flops in matrix products (1,361,024 today)"
+    assert peak <= 1.3 * 151_816, f"peak {peak:,} bytes allocated (151,816 today)"
+
+
+def test_mnist_cnn_train_step_work_is_bounded(gemm_counter):
+    dev = Device("cpu")
+    dev.seed(0)
+    state = {"model": build_example("digits", dev).train()}
+    opt = optim.AdamConfig().init()
+    rng = np.random.default_rng(0)
+    xt = Tensor.from_data(rng.standard_normal((8, 28, 28), dtype=np.float32))
+    yt = Tensor.from_data(np.arange(8) % 10)
+
+    def step():
+        model = state["model"]
+        loss = cross_entropy(model.forward(xt), yt)
+        grads = optim.GradientsParams.from_grads(loss.backward(), model)
+        state["model"] = opt.step(1e-3, model, grads)
+
+    step()  # the first step creates Adam's moments
+    calls, work, peak = _measure(step, gemm_counter)
+    # the second convolution alone (64 -> 64, 3x3, 11x11 out of 13x13 at batch 8): forward,
+    # weight gradient and input gradient, 2 * 64 * 576 * 968 flops each
+    assert work >= 3 * 2 * 64 * 576 * 968
+    assert calls <= 10, f"{calls} matrix products in one MNIST CNN train step (7 today)"
+    assert work <= 1.1 * 228_074_496, f"{work:,} flops in matrix products (228,074,496 today)"
+    assert peak <= 1.3 * 8_337_712, f"peak {peak:,} bytes allocated in one step (8,337,712 today)"
