@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
-           "pretrained_open", "generate", "lora_step", "onnx_export", "onnx_io"]
+           "pretrained_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 TIMEOUT_S = 45 * 60
 
@@ -239,6 +239,22 @@ def _layers(case: str, threads: str, limit: float):
     return extract
 
 
+def _gpt(threads: str, limit: float):
+    """The slowest cell (highest ratio) of the small-GPT grid at `threads`."""
+    def extract(out, tables):
+        t = find_table(tables, "Small GPT training step")
+        rows = [r for r in t.rows if r[t.column("threads")] == threads]
+        if not rows:
+            raise LookupError(f"no row at {threads} thread(s)")
+        if any(r[t.column("PyTorch")] == "-" for r in rows):
+            raise LookupError("PyTorch is not installed")
+        worst = max(rows, key=lambda r: seconds(r[t.column("engine")]) / seconds(r[t.column("PyTorch")]))
+        fig = vs(seconds(worst[t.column("engine")]), "PyTorch CPU", seconds(worst[t.column("PyTorch")]), limit)
+        fig.ember += f" ({worst[0]})"
+        return fig
+    return extract
+
+
 def _store(label: str, limit: float):
     def extract(out, tables):
         m = re.search(re.escape(label) + r"\s*:\s*([0-9.]+)x", out)
@@ -423,6 +439,10 @@ TARGETS = [
            _lora_step("1")),
     Target("lora_step", "LoRA q/v step, small Llama, batch 8 x 128, 2 threads", "≤ 1.0× PyTorch + peft", "issue 20",
            _lora_step("2")),
+    Target("gpt", "small GPT train step, worst of the batch/d/seq grid, 1 thread", "≤ 1.0× PyTorch", "issue 22",
+           _gpt("1", 1.0)),
+    Target("gpt", "small GPT train step, worst of the batch/d/seq grid, 2 threads", "≤ 1.0× PyTorch", "issue 22",
+           _gpt("2", 1.0)),
     Target("onnx_export", "shape-only trace of llama-7b", "< 2 s, < 100 MB, none allocated", "issue 21",
            _onnx_shape_only),
     Target("onnx_io", "import_onnx of a ResNet-50-sized graph (25.6 M parameters)", "measured (no target)",
