@@ -178,7 +178,7 @@ MAX_OP_ELEMENTS = 1 << 31  # elements in one constant of an Op node
 
 def _op_config(value: dict, where: str) -> None:
     """The primitive-op node's fields: a known op, input ports in range, operands and constants that parse."""
-    from .primitive import PRIMITIVE_OPS, OpError, parse_constants, parse_operands  # noqa: PLC0415
+    from .primitive import PRIMITIVE_OPS, OpError, check_op_settings, parse_constants, parse_operands  # noqa: PLC0415
 
     op = value.get("op", "Identity")
     if op not in PRIMITIVE_OPS:
@@ -201,6 +201,10 @@ def _op_config(value: dict, where: str) -> None:
         if n > MAX_OP_ELEMENTS:
             raise DesignSchemaError(f"{where}.constants", f"constants of at most {MAX_OP_ELEMENTS:,} elements",
                                     _Said(f"constant c{i} of dims {list(dims)} ({n:,} elements)"))
+    try:
+        check_op_settings(op, value.get("mode", ""), value.get("starts"), value.get("ends"))
+    except (OpError, TypeError, ValueError) as e:
+        raise DesignSchemaError(f"{where}.mode", f"settings {op} takes", _Said(str(e))) from None
     for t in operands:
         if t is None:
             continue

@@ -927,6 +927,7 @@ class _Importer:
     def _attr_inputs(self, node) -> set:
         """The inputs this op reads as settings (a Reshape's shape, a Slice's starts...)."""
         pos = {"Reshape": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4),
+               "Pad": (1, 2, 3), "Tile": (1,), "Trilu": (1,),
                "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,)}.get(node.op_type, ())
         return {node.input[p] for p in pos if p < len(node.input) and node.input[p]}
 
@@ -943,7 +944,8 @@ class _Importer:
     def _op_attrs(self, node, at: dict, fold: bool = False) -> dict:
         op = node.op_type
         attrs = {"axis": 0, "axes": None, "perm": None, "keepdims": True, "starts": None, "ends": None, "steps": None,
-                 "shape": None, "alpha": 1.0, "beta": 1.0, "to": "float32", "trans_a": False, "trans_b": False}
+                 "shape": None, "alpha": 1.0, "beta": 1.0, "to": "float32", "trans_a": False, "trans_b": False,
+                 "mode": ""}
         if op in ("Concat", "Gather", "Flatten"):
             attrs["axis"] = int(at.get("axis", 1 if op == "Flatten" else 0))
         if op in ("Softmax", "LogSoftmax"):
@@ -990,6 +992,31 @@ class _Importer:
             if to not in _TO:
                 raise _Unsupported(f"a Cast to the element type {to}")
             attrs["to"] = _TO[to]
+        if op == "Pad":
+            pads = self._ints(node, 1, "pads")
+            mode = at.get("mode", b"constant")
+            mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+            if mode not in ("constant", "reflect", "edge"):
+                raise _Unsupported(f"mode {mode!r} (constant, reflect and edge are imported)")
+            if pads is None or len(pads) % 2:
+                raise _Unsupported("a Pad without an even number of pads")
+            if any(p < 0 for p in pads):
+                raise _Unsupported(f"negative pads {pads} (cropping)")
+            n = len(pads) // 2
+            attrs.update(starts=pads[:n], ends=pads[n:], mode=mode, axes=self._ints(node, 3, "axes"))
+            if len(node.input) > 2 and node.input[2]:
+                v = self.scalar(node.input[2]) if node.input[2] in self.consts else None
+                if v is None:
+                    raise _Unsupported("its constant_value is computed at run time or is not a scalar")
+                attrs["alpha"] = v
+        if op == "Tile":
+            attrs["shape"] = self._ints(node, 1, "repeats")
+            if attrs["shape"] is None:
+                raise _Unsupported("a Tile without repeats")
+        if op == "Trilu":
+            k = self._ints(node, 1, "k")
+            attrs["axis"] = 0 if not k else k[0]
+            attrs["mode"] = "upper" if at.get("upper", 1) else "lower"
         if op == "Gemm":
             attrs.update(alpha=float(at.get("alpha", 1.0)), beta=float(at.get("beta", 1.0)),
                          trans_a=bool(at.get("transA", 0)), trans_b=bool(at.get("transB", 0)))
@@ -1025,7 +1052,7 @@ class _Importer:
             inputs.append(ref)
         if len(consts) > 64:
             raise _Unsupported("more than 64 constant operands")
-        config = {k: v for k, v in attrs.items() if v is not None}
+        config = {k: v for k, v in attrs.items() if v is not None and not (k == "mode" and v == "")}
         config.update(op=op_, inputs=len(inputs), operands=",".join(operands), constants=constants_text(consts))
         return self.add("Op", name, op, config, inputs, node.output[0],
                         {f"c{k}": a for k, a in enumerate(consts)})
@@ -1316,6 +1343,39 @@ class _Importer:
         if dims is None or len(dims) < 2:
             return None
         return self.add("Flatten", name, "Flatten", {"start_dim": 1, "end_dim": -1}, [node.input[0]], node.output[0])
+
+    def _op_Split(self, node, name):
+        """Split -> one Slice Op node an output (the parts' sizes from `split` or `num_outputs`)."""
+        x, at = node.input[0], _attrs(node)
+        dims = self.dims_of(x)
+        if dims is None:
+            raise _Unsupported("its input's rank is not known")
+        axis = int(at.get("axis", 0))
+        k = axis + len(dims) if axis < 0 else axis
+        if not 0 <= k < len(dims):
+            raise _Unsupported(f"axis {axis} is out of range for dims {dims}")
+        sizes = self._ints(node, 1, "split")
+        if sizes is None:
+            size = dims[k]
+            n = int(at.get("num_outputs", len(node.output)))
+            if not isinstance(size, int):
+                raise _Unsupported(f"an even split of the named axis {size} (the parts' sizes are needed)")
+            if n < 1 or n != len(node.output):
+                raise _Unsupported(f"num_outputs {n} for {len(node.output)} outputs")
+            part = -(-size // n)
+            sizes = [min(part, max(size - part * j, 0)) for j in range(n)]
+        if len(sizes) != len(node.output) or any(v < 0 for v in sizes):
+            raise _Unsupported(f"split sizes {sizes} for {len(node.output)} outputs")
+        if isinstance(dims[k], int) and sum(sizes) != dims[k]:
+            raise _Unsupported(f"split sizes {sizes} do not add up to axis {k} of dims {dims}")
+        made, start = None, 0
+        for j, (out, size) in enumerate(zip(node.output, sizes)):
+            if out and (out in self._consumers or out in self.outputs):
+                config = {"op": "Slice", "inputs": 1, "operands": "in0", "constants": "", "starts": [start],
+                          "ends": [start + size], "axes": [k], "steps": [1]}
+                made = self.add("Op", f"{name}_{j}", "Split", config, [x], out)
+            start += size
+        return made
 
     def _op_Reshape(self, node, name):
         if len(node.input) > 1 and node.input[1] in self.sym:

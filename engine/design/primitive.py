@@ -4,7 +4,9 @@ A design imported from ONNX maps nodes onto catalog layers where one exists (Con
 pooling, activations); everything else the engine can compute becomes an `Op` node: its `op`
 (`MatMul`, `Transpose`, `Gather`, `Slice`, `Where`, ...), its attributes as node fields (`axis`,
 `axes`, `perm`, `starts` / `ends` / `steps`, `shape`, `keepdims`, `alpha`, `beta`, `to`,
-`trans_a` / `trans_b`), and how its operands are fed: `operands` names each operand in order,
+`trans_a` / `trans_b`, `mode`: Pad's `constant` / `reflect` / `edge`, Trilu's `upper` / `lower`;
+Pad's pads before and after each axis are `starts` / `ends`, its constant value `alpha`; Tile's
+repeats are `shape`; Trilu's diagonal is `axis`), and how its operands are fed: `operands` names each operand in order,
 `inN` for the node's N-th input port, `cK` for its K-th constant, empty for an absent optional
 operand (`"in0,c0,in1"` for `Where(cond, <constant>, y)`). A run-time target of `Expand` or
 `Reshape` (one a dynamic batch computes through Shape, Gather, Concat) is held as `shape` with a
@@ -29,7 +31,7 @@ from ..module import Module, Param
 from ..tensor import Tensor, cat
 from ..tensor import ops_elementwise as _elementwise
 
-__all__ = ["PrimitiveOp", "PRIMITIVE_OPS", "FOLD_ONLY_OPS", "run_op", "parse_operands", "parse_constants",
+__all__ = ["PrimitiveOp", "PRIMITIVE_OPS", "FOLD_ONLY_OPS", "PAD_MODES", "run_op", "parse_operands", "parse_constants",
            "constants_text", "OpError", "DTYPES"]
 
 # the ops an Op node runs (ONNX names, ONNX semantics)
@@ -38,8 +40,9 @@ PRIMITIVE_OPS = (
     "Erf", "Tanh", "Sigmoid", "Relu", "Sin", "Cos", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
     "And", "Or", "Not", "Xor", "IsNaN", "Where", "Cast", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze",
     "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
-    "ReduceSum", "ReduceMax", "ReduceMin", "Shape",
+    "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean",
 )
+PAD_MODES = ("constant", "reflect", "edge")
 # ops the importer evaluates on constants only (their output's shape is a run-time value)
 FOLD_ONLY_OPS = ("Constant", "ConstantOfShape", "Range")
 DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
@@ -105,13 +108,27 @@ def _zeros_init(dtype: str, dims: tuple):
     return init
 
 
+def check_op_settings(op: str, mode, starts, ends) -> None:
+    """The settings some ops need: Pad's `mode` and pads (`starts` before, `ends` after each axis), Trilu's
+    `mode` (`upper` or `lower`)."""
+    mode = mode or ""
+    if op == "Pad":
+        if mode not in ("",) + PAD_MODES:
+            raise OpError(f"mode: expected one of {', '.join(PAD_MODES)} for Pad, got {mode!r}")
+        if starts is None or ends is None or len(starts) != len(ends) or any(int(v) < 0 for v in list(starts) + list(ends)):
+            raise OpError(f"Pad: expected pads before (starts) and after (ends) each axis, of one length and >= 0, "
+                          f"got starts {starts} and ends {ends}")
+    if op == "Trilu" and mode not in ("", "upper", "lower"):
+        raise OpError(f"mode: expected 'upper' or 'lower' for Trilu, got {mode!r}")
+
+
 class PrimitiveOp(Module):
     """One tensor operation with its attributes and constants (see this file's docstring)."""
 
     def __init__(self, op: str = "Identity", inputs: int = 1, operands: str = "in0", constants: str = "",
                  axis: int = 0, axes=None, perm=None, keepdims: bool = True, starts=None, ends=None, steps=None,
                  shape=None, alpha: float = 1.0, beta: float = 1.0, to: str = "float32", trans_a: bool = False,
-                 trans_b: bool = False, device=None):
+                 trans_b: bool = False, mode: str = "", device=None):
         if op not in PRIMITIVE_OPS:
             raise OpError(f"op: expected one of {', '.join(PRIMITIVE_OPS)}, got {op!r}")
         specs = parse_constants(constants)
@@ -124,6 +141,7 @@ class PrimitiveOp(Module):
                 raise OpError(f"operands: c{t[1]} names a constant, but the node holds {len(specs)}")
         if to not in DTYPES:
             raise OpError(f"to: expected one of {', '.join(DTYPES)}, got {to!r}")
+        check_op_settings(op, mode, starts, ends)
         self.op = op
         self.inputs = int(inputs)
         self.operands = operands
@@ -133,7 +151,7 @@ class PrimitiveOp(Module):
                       "starts": None if starts is None else list(starts), "ends": None if ends is None else list(ends),
                       "steps": None if steps is None else list(steps), "shape": None if shape is None else list(shape),
                       "alpha": float(alpha), "beta": float(beta), "to": to, "trans_a": bool(trans_a),
-                      "trans_b": bool(trans_b)}
+                      "trans_b": bool(trans_b), "mode": str(mode or "")}
         for i, (dtype, dims) in enumerate(specs):
             setattr(self, f"c{i}", Param.uninitialized(_zeros_init(dtype, dims), device, require_grad=False,
                                                        shape=dims, kind=_KIND[dtype]))
@@ -232,6 +250,13 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
     x = ops[0] if ops else None
     if op in _UNARY:
         return _UNARY[op](x)
+    if op in ("Max", "Min") and len([t for t in ops if t is not None]) != 2:
+        parts = [t for t in ops if t is not None]
+        y = parts[0]
+        for t in parts[1:]:
+            _same_dtype(y, t, op)
+            y = _BINARY[op](y, t)
+        return y
     if op in _BINARY:
         a, b = ops[0], ops[1]
         if op != "Pow":
@@ -331,7 +356,62 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         return x
     if op == "Shape":
         return Tensor.from_data(np.asarray(x.shape, dtype=np.int64), x.device)
+    if op == "Clip":
+        lo = ops[1] if len(ops) > 1 else None
+        hi = ops[2] if len(ops) > 2 else None
+        if lo is not None:
+            x = x.maximum(lo.cast(x.dtype) if lo.dtype != x.dtype else lo)
+        if hi is not None:
+            x = x.minimum(hi.cast(x.dtype) if hi.dtype != x.dtype else hi)
+        return x
+    if op in ("Sum", "Mean"):
+        parts = [t for t in ops if t is not None]
+        y = parts[0]
+        for t in parts[1:]:
+            _same_dtype(y, t, op)
+            y = y + t
+        return y / float(len(parts)) if op == "Mean" else y
+    if op == "Pad":
+        return _pad(x, attrs)
+    if op == "Tile":
+        reps = attrs["shape"] or []
+        if len(reps) != x.rank or any(r < 0 for r in reps):
+            raise OpError(f"Tile: expected {x.rank} repeats >= 0 for dims {list(x.shape)}, got {reps}")
+        return x.repeat(list(reps))
+    if op == "Trilu":
+        k = int(attrs["axis"])
+        if x.rank < 2:
+            raise OpError(f"Trilu: expected a tensor of rank >= 2, got dims {list(x.shape)}")
+        return x.triu(k) if attrs.get("mode") == "upper" else x.tril(k)
     raise OpError(f"the engine has no implementation of the op {op!r}")
+
+
+def pad_widths(rank: int, attrs) -> list:
+    """[(before, after)] for each axis of a Pad (`starts`/`ends` for the listed `axes`, all axes when none)."""
+    starts, ends = list(attrs["starts"] or []), list(attrs["ends"] or [])
+    axes = attrs["axes"] if attrs["axes"] is not None else list(range(len(starts)))
+    if len(axes) != len(starts) or len(starts) != len(ends):
+        raise OpError(f"Pad: {len(starts)} pads before, {len(ends)} after and {len(axes)} axes (expected one length)")
+    widths = [(0, 0)] * rank
+    for a, b, e in zip(axes, starts, ends):
+        widths[_axis_of(a, rank, "Pad")] = (int(b), int(e))
+    return widths
+
+
+def _pad(x: Tensor, attrs) -> Tensor:
+    widths = pad_widths(x.rank, attrs)
+    mode = attrs.get("mode") or "constant"
+    flat = []
+    for b, e in reversed(widths):  # the engine's pad: pairs from the last axis back
+        flat += [b, e]
+    while flat[-2:] == [0, 0] and len(flat) > 2:
+        flat = flat[:-2]
+    if mode == "reflect":
+        for k, (b, e) in enumerate(widths):
+            if max(b, e) >= x.shape[k] and (b or e):
+                raise OpError(f"Pad: reflect pads {b}, {e} must be smaller than axis {k} of dims {list(x.shape)}")
+    return x.pad(flat, mode={"constant": "constant", "reflect": "reflect", "edge": "replicate"}[mode],
+                 value=float(attrs["alpha"]) if mode == "constant" else 0.0)
 
 
 def slice_key(shape, attrs) -> tuple:

@@ -787,7 +787,7 @@ def _primitive_op(m, ins, ctx):
     if x is None:
         raise RuleError(f"{op}: the first operand is missing")
     arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2}
-    arity.update({k: 2 for k in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "LessOrEqual",
+    arity.update({k: 2 for k in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual",
                                  "Greater", "GreaterOrEqual", "And", "Or", "Xor")})
     need = arity.get(op, 1)
     if len([o for o in ops[:need] if o is not None]) < need:
@@ -799,7 +799,45 @@ def _primitive_op(m, ins, ctx):
         return Shape(x.dims, "bool")
     if op == "Not":
         return _same(x)
-    if op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"):
+    if op in ("Max", "Min", "Sum", "Mean"):
+        parts = [o for o in ops if o is not None]
+        for o in parts[1:]:
+            if o.dtype != x.dtype:
+                raise RuleError(f"{op}: expected operands of one dtype, got {_NP_DTYPE[x.dtype]} and "
+                                f"{_NP_DTYPE[o.dtype]}")
+        if op == "Mean":
+            _float_input(op, x)
+        return Shape(_broadcast(op, parts), x.dtype)
+    if op == "Clip":
+        for o in ops[1:3]:
+            if o is not None and o.rank != 0 and not all(d == 1 for d in o.dims):
+                raise RuleError(f"Clip: expected a scalar min / max, got dims {dims_text(o.dims)}")
+        return _same(x)
+    if op == "Pad":
+        from .primitive import OpError, pad_widths  # noqa: PLC0415
+
+        try:
+            widths = pad_widths(x.rank, a)
+        except OpError as e:
+            raise RuleError(str(e)) from None
+        dims = []
+        for k, (b, e) in enumerate(widths):
+            if (a.get("mode") or "constant") == "reflect" and (b or e):
+                size = _const_int(x.dims[k], f"axis {k} of {dims_text(x.dims)}", op)
+                if max(b, e) >= size:
+                    raise RuleError(f"Pad: reflect pads {b}, {e} must be smaller than axis {k} of {dims_text(x.dims)}")
+            dims.append(x.dims[k] + (b + e) if b or e else x.dims[k])
+        return Shape(tuple(dims), x.dtype)
+    if op == "Tile":
+        reps = a["shape"] or []
+        if len(reps) != x.rank or any(r < 0 for r in reps):
+            raise RuleError(f"Tile: expected {x.rank} repeats >= 0 for {dims_text(x.dims)}, got {list(reps)}")
+        return Shape(tuple(d * r if r != 1 else d for d, r in zip(x.dims, reps)), x.dtype)
+    if op == "Trilu":
+        if x.rank < 2:
+            raise RuleError(f"Trilu: expected a tensor of rank >= 2, got {dims_text(x.dims)}")
+        return _same(x)
+    if op in ("Add", "Sub", "Mul", "Div", "Pow"):
         if op != "Pow" and ops[0].dtype != ops[1].dtype:
             raise RuleError(f"{op}: expected operands of one dtype, got {_NP_DTYPE[ops[0].dtype]} and "
                             f"{_NP_DTYPE[ops[1].dtype]} (dims {dims_text(ops[0].dims)} and {dims_text(ops[1].dims)})")

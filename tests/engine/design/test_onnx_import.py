@@ -191,3 +191,92 @@ def test_a_design_file_with_a_bad_op_node_is_refused_where_it_is(tmp_path):
         with pytest.raises(DesignFileError) as e:
             read_design(path)
         assert f"nodes[{i}].config.{key}" in str(e.value) and said in str(e.value), str(e.value)
+
+
+# ---- ops real exports use: each against onnx's ReferenceEvaluator at batch 1 and 3 -------------------
+def _one_graph(tmp_path, nodes, inits, in_dims, out_names=("y",), name="ops"):
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_dims)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [None] * len(in_dims)) for o in out_names],
+                              initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def _against_reference(path, dims_of, tmp_path):
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    imported = import_onnx(path)
+    assert imported.report.ok
+    design = read_design(save_design(imported.design, tmp_path / "again"))  # the file keeps the Op settings
+    model = build_model(design).load_record(imported.record).valid()
+    ref = ReferenceEvaluator(str(path))
+    for b in (1, 3):
+        x = np.random.default_rng(b).standard_normal(dims_of(b)).astype(np.float32)
+        want = ref.run(None, {"x": x})
+        got = model.forward(Tensor.from_data(x))
+        got = [t.numpy() for t in (got if isinstance(got, tuple) else (got,))]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
+    return imported
+
+
+_F = np.float32
+_OP_CASES = {
+    "clip": ([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], {"lo": _F(-0.5), "hi": _F(0.7)}),
+    "clip_min_only": ([helper.make_node("Clip", ["x", "lo"], ["y"])], {"lo": _F(0.1)}),
+    "pad_constant": ([helper.make_node("Pad", ["x", "pads", "v"], ["y"], mode="constant")],
+                     {"pads": np.asarray([0, 1, 2, 0, 0, 1], np.int64), "v": _F(1.5)}),
+    "pad_reflect": ([helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")],
+                    {"pads": np.asarray([0, 0, 1, 0, 2, 3], np.int64)}),
+    "pad_edge_axes": ([helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"], mode="edge")],
+                      {"pads": np.asarray([2, 1], np.int64), "axes": np.asarray([-1], np.int64)}),
+    "tile": ([helper.make_node("Tile", ["x", "reps"], ["y"])], {"reps": np.asarray([1, 2, 3], np.int64)}),
+    "trilu_upper": ([helper.make_node("Trilu", ["x", "k"], ["y"], upper=1)], {"k": np.asarray(1, np.int64)}),
+    "trilu_lower": ([helper.make_node("Trilu", ["x"], ["y"], upper=0)], {}),
+    "min_max_variadic": ([helper.make_node("Max", ["x", "a", "b"], ["m"]), helper.make_node("Min", ["m", "c"], ["y"])],
+                         {"a": _F(-0.2), "b": np.full((5,), 0.1, _F), "c": _F(0.9)}),
+    "sum_mean": ([helper.make_node("Sum", ["x", "a", "x"], ["s"]), helper.make_node("Mean", ["s", "x"], ["y"])],
+                 {"a": np.linspace(0, 1, 5).astype(_F)}),
+    "erf_sin_cos": ([helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Sin", ["e"], ["s"]),
+                     helper.make_node("Cos", ["s"], ["y"])], {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OP_CASES))
+def test_an_op_imports_with_the_reference_evaluators_outputs(case, tmp_path):
+    nodes, inits = _OP_CASES[case]
+    path = _one_graph(tmp_path, nodes, inits, ["batch", 4, 5], name=case)
+    imported = _against_reference(path, lambda b: (b, 4, 5), tmp_path)
+    assert "Op" in imported.report.counts()
+
+
+@pytest.mark.parametrize("how", ["sizes", "num_outputs"])
+def test_split_becomes_one_slice_an_output(how, tmp_path):
+    if how == "sizes":
+        node = helper.make_node("Split", ["x", "split"], ["a", "b", "c"], axis=-1)
+        inits = {"split": np.asarray([1, 3, 2], np.int64)}
+    else:
+        node = helper.make_node("Split", ["x"], ["a", "b", "c"], axis=2, num_outputs=3)
+        inits = {}
+    nodes = [node, helper.make_node("Relu", ["b"], ["rb"])]
+    path = _one_graph(tmp_path, nodes, inits, ["batch", 2, 6], out_names=("a", "rb", "c"), name=f"split_{how}")
+    imported = _against_reference(path, lambda b: (b, 2, 6), tmp_path)
+    assert imported.report.counts()["Op"] == 3
+
+
+def test_pad_and_trilu_settings_that_do_not_fit_are_refused(tmp_path):
+    path = _one_graph(tmp_path, [helper.make_node("Pad", ["x", "pads"], ["y"], mode="wrap")],
+                      {"pads": np.asarray([0, 0, 1, 0, 0, 1], np.int64)}, ["batch", 4, 5], name="wrap")
+    with pytest.raises(OnnxImportError, match=r"Pad \(.*mode 'wrap'"):
+        import_onnx(path)
+    from engine.design.design_schema import DesignSchemaError, check_design  # noqa: PLC0415
+
+    node = {"name": "t", "kind": "Op", "config": {"op": "Trilu", "mode": "sideways"}}
+    with pytest.raises(DesignSchemaError, match=r"nodes\[0\]\.config\.mode.*'upper' or 'lower'.*sideways"):
+        check_design({"name": "M", "nodes": [node], "edges": []})
+    node = {"name": "p", "kind": "Op", "config": {"op": "Pad", "starts": [1], "ends": [1, 2]}}
+    with pytest.raises(DesignSchemaError, match=r"config\.mode.*pads before"):
+        check_design({"name": "M", "nodes": [node], "edges": []})
