@@ -99,36 +99,42 @@ def _gelu_f32(xd):
     f32 = np.float32
     inv_sqrt2, p, inv_sqrt_2pi = f32(1.0 / _SQRT_2), f32(_AS_P), f32(_INV_SQRT_2PI)
     a1, a2, a3, a4, a5 = (f32(a) for a in _AS_A)
+    zero, one, half, minus_two = f32(0.0), f32(1.0), f32(0.5), f32(-2.0)  # NumPy scalars: Python floats take a slow path
 
     def chunk(blocks):
         size = min(_GELU_BLOCK, n)
         z, e, t, q = (np.empty(size, np.float32) for _ in range(4))
+        pos = np.empty(size, np.bool_)
         for lo in blocks:
             hi = min(lo + _GELU_BLOCK, n)
             m = hi - lo
             x = xf[lo:hi]
-            zb, eb, tb, qb = z[:m], e[:m], t[:m], q[:m]
+            zb, eb, tb, qb, pb = z[:m], e[:m], t[:m], q[:m], pos[:m]
             np.abs(x, out=zb)
             zb *= inv_sqrt2
             np.multiply(zb, zb, out=eb)
             np.negative(eb, out=eb)
             np.exp(eb, out=eb)  # exp(-x^2 / 2)
             np.multiply(zb, p, out=tb)
-            tb += 1.0
+            tb += one
             np.reciprocal(tb, out=tb)
             np.multiply(tb, a5, out=qb)
             for a in (a4, a3, a2, a1):
                 qb += a
                 qb *= tb
             qb *= eb
-            qb *= 0.5  # Phi(-|x|) = erfc(|x| / sqrt 2) / 2
-            np.subtract(1.0, qb, out=tb)
-            np.copyto(qb, tb, where=x >= 0)
-            cdf = qb  # Phi(x)
-            np.multiply(x, cdf, out=out[lo:hi])
+            qb *= half  # Phi(-|x|) = erfc(|x| / sqrt 2) / 2
+            # Phi(x) = q + [x >= 0] (1 - 2 q): exactly q where x < 0 (no cancellation in the
+            # left tail); arithmetic with a mask, as np.where / copyto(where=) cost ~8 ns an element
+            np.greater_equal(x, zero, out=pb)
+            np.multiply(qb, minus_two, out=tb)
+            tb += one
+            tb *= pb
+            qb += tb
+            np.multiply(x, qb, out=out[lo:hi])
             eb *= x
             eb *= inv_sqrt_2pi  # x phi(x)
-            np.add(eb, cdf, out=der[lo:hi])
+            np.add(eb, qb, out=der[lo:hi])
 
     run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=max(2, (PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
     return out.reshape(xd.shape), der.reshape(xd.shape)
