@@ -479,6 +479,27 @@ def _convert(g: _Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op 
         lo = a.get("min") if op != "clamp_max" else None
         hi = a.get("max") if op != "clamp_min" else None
         return [g.node("Clip", [x, "" if lo is None else g.scalar(lo, x_id), "" if hi is None else g.scalar(hi, x_id)])]
+    if op == "celu":
+        return [g.node("Celu", [x], alpha=float(a["alpha"]))]
+    if op == "hard_swish":
+        return [g.node("HardSwish", [x])]
+    if op == "mish":  # Mish is opset 18: x * tanh(softplus(x))
+        return [g.node("Mul", [x, g.node("Tanh", [g.node("Softplus", [x])])])]
+    if op == "log_sigmoid":
+        return [g.node("Neg", [g.node("Softplus", [g.node("Neg", [x])])])]
+    if op == "hard_shrink":
+        lam = g.scalar(a["lambd"], x_id)
+        return [g.node("Where", [g.node("Greater", [g.node("Abs", [x]), lam]), x, g.scalar(0.0, x_id)])]
+    if op == "soft_shrink":
+        return [g.node("Shrink", [x], lambd=float(a["lambd"]), bias=float(a["bias"]))]
+    if op == "tanhshrink":
+        return [g.node("Sub", [x, g.node("Tanh", [x])])]
+    if op == "prelu":
+        rank = len(t[x_id].shape)
+        n = t[ins["alpha"]].shape[0]
+        slope = g.node("Reshape", [g.name(ins["alpha"]), g.ints([n] + [1] * (rank - 2))]) if rank >= 2 else \
+            g.name(ins["alpha"])
+        return [g.node("PRelu", [x, slope])]
     if op == "hard_sigmoid":
         return [g.node("HardSigmoid", [x], alpha=float(a["alpha"]), beta=float(a["beta"]))]
     if op == "softplus":
@@ -630,6 +651,63 @@ def _convert(g: _Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op 
             k = [i // s for i, s in zip(in_sp, out_sp)]
             return [g.node("AveragePool", [x], kernel_shape=k, strides=k)]
         g.fail(f"adaptive pooling from {list(in_sp)} to {list(out_sp)} has windows of different sizes")
+    if op == "flip":
+        rank = len(t[x_id].shape)
+        dims = _axes(a["dims"], rank)
+        n = len(dims)
+        return [g.node("Slice", [x, g.ints([-1] * n), g.ints([-(1 << 62)] * n), g.ints(dims), g.ints([-1] * n)])]
+    if op == "pad":
+        mode, value = a.get("mode", "constant"), a.get("value", 0.0)
+        if not isinstance(mode, str):
+            mode, value = "constant", mode
+        onnx_mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "edge": "edge"}.get(mode)
+        if onnx_mode is None:
+            g.fail(f"pad mode {mode!r}")
+        rank = len(t[x_id].shape)
+        flat = [int(p) for p in a["pads"]]
+        before, after = [0] * rank, [0] * rank
+        for k in range(len(flat) // 2):  # pairs from the last axis back
+            before[rank - 1 - k], after[rank - 1 - k] = flat[2 * k], flat[2 * k + 1]
+        inputs = [x, g.ints(before + after)]
+        if onnx_mode == "constant":
+            inputs.append(g.scalar(value, x_id))
+        return [g.node("Pad", inputs, mode=onnx_mode)]
+    if op in ("tril", "triu"):
+        k = g.const(np.asarray(int(a.get("diagonal", 0)), np.int64))
+        return [g.node("Trilu", [x, k], upper=int(op == "triu"))]
+    if op == "gather":
+        return [g.node("GatherElements", [x, g.name(ins["indices"])], axis=int(a["dim"]) % len(t[x_id].shape))]
+    if op in ("select", "index_select"):
+        axis = int(a["dim"]) % len(t[x_id].shape)
+        idx = g.name(ins["indices"]) if "indices" in ins else g.ints([int(v) for v in np.ravel(a["indices"])])
+        return [g.node("Gather", [x, idx], axis=axis)]
+    if op == "one_hot":
+        # Equal(x[..., None], [0, 1, ..., n - 1]) cast: the same values as OneHot, in ops every runtime reads
+        classes = g.const(np.arange(int(a["num_classes"]), dtype=_np_dtype(t[x_id].dtype)))
+        hit = g.node("Equal", [g.node("Unsqueeze", [x, g.ints([-1])]), classes])
+        to = g.onnx.helper.np_dtype_to_tensor_dtype(_np_dtype(t[o.outputs[0]].dtype))
+        return [g.node("Cast", [hit], to=int(to))]
+    if op == "repeat":
+        rank = len(t[x_id].shape)
+        sizes = [int(v) for v in (a["sizes"] if isinstance(a["sizes"], (list, tuple)) else [a["sizes"]])]
+        sizes = (sizes + [1] * rank)[:rank]
+        return [g.node("Tile", [x, g.ints(sizes)])]
+    if op == "repeat_dim":
+        rank = len(t[x_id].shape)
+        sizes = [1] * rank
+        sizes[int(a["dim"]) % rank] = int(a["times"])
+        return [g.node("Tile", [x, g.ints(sizes)])]
+    if op in ("argmax", "argmin"):
+        rank = len(t[x_id].shape)
+        kind = "ArgMax" if op == "argmax" else "ArgMin"
+        if a.get("dim") is None:
+            flat = g.node("Reshape", [x, g.ints([-1])])
+            y = g.node(kind, [flat], axis=0, keepdims=0)
+            return [g.node("Reshape", [y, g.ints(list(out_shape))])] if out_shape else [y]
+        return [g.node(kind, [x], axis=int(a["dim"]) % rank, keepdims=int(bool(a.get("keepdim", False))))]
+    if op == "logsumexp":
+        rank = len(t[x_id].shape)
+        return [g.node("ReduceLogSumExp", [x], axes=_axes(a["dim"], rank), keepdims=int(bool(a.get("keepdim", False))))]
     if op == "module":
         g.fail(f"a shape-only trace ({a.get('type')} was not run); trace the model with allocated parameters")
     g.fail("no converter for this op")
@@ -645,9 +723,14 @@ def _getitem(g: _Graph, o, x: str, x_id: int, key) -> str:
         key = key[:i] + (slice(None),) * (len(shape) - (len(key) - 1 - sum(k is None for k in key))) + key[i + 1:]
     starts, ends, axes, steps, squeeze = [], [], [], [], []
     axis = 0
+    new_axes, out_axis = [], 0  # None: a new axis at that place of the result
     for k in key:
         if k is None:
-            g.fail("indexing with None (a new axis)")
+            new_axes.append(out_axis)
+            out_axis += 1
+            continue
+        if isinstance(k, slice):
+            out_axis += 1
         if isinstance(k, (int, np.integer)):
             s = int(k) % shape[axis]
             starts.append(s), ends.append(s + 1), axes.append(axis), steps.append(1)
@@ -666,6 +749,8 @@ def _getitem(g: _Graph, o, x: str, x_id: int, key) -> str:
         y = g.node("Slice", [x, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(steps)])
     if squeeze:
         y = g.node("Squeeze", [y, g.ints(squeeze)])
+    if new_axes:
+        y = g.node("Unsqueeze", [y, g.ints(new_axes)])
     if y is x:
         y = g.node("Identity", [x])
     return y

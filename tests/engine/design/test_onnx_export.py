@@ -188,12 +188,13 @@ class _Flipper(Module):
 
 class _Flip(Module):
     def forward(self, x):
-        return x.flip([1])
+        idx = Tensor.from_data(np.zeros(x.shape, dtype=np.int64))
+        return x.scatter_add(1, idx, x)  # (flip has a converter now; scatter_add has none)
 
 
 def test_an_op_without_an_onnx_form_names_the_op_and_the_module(tmp_path):
     target = tmp_path / "flip.onnx"
-    with pytest.raises(OnnxExportError, match=r"op 'flip' in module 'inner' has no ONNX form"):
+    with pytest.raises(OnnxExportError, match=r"op 'scatter_add' in module 'inner' has no ONNX form"):
         export_onnx(_Flipper(), target, Tensor.zeros([2, 4]))
     assert not target.exists() and list(tmp_path.iterdir()) == []  # nothing written, no temporary left
 
@@ -365,3 +366,68 @@ def test_an_lstm_exports_its_steps_and_its_batch_sized_initial_state(tmp_path):
     assert "stack" in tr.op_names()
     path = export_onnx(model, tmp_path / "lstm.onnx", make(2))
     _agree(model.valid(), path, [make(1), make(3)], _run_reference)
+
+
+# ---- converters of more ops: each against the ReferenceEvaluator at batch 1 and 3 ----------------------
+class _Fn(Module):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+_SEL = Tensor.from_data(np.asarray([2, 0, 1]))
+_OP_FORMS = {
+    "flip": lambda x: x.flip([1, -1]),
+    "pad_constant": lambda x: x.pad([1, 2, 0, 1], value=0.5),
+    "pad_reflect": lambda x: x.pad([1, 2], mode="reflect"),
+    "pad_replicate": lambda x: x.pad([1, 1, 2, 0], mode="replicate"),
+    "tril": lambda x: x.tril(1),
+    "triu": lambda x: x.triu(-1),
+    "gather": lambda x: x.gather(2, Tensor.from_data(np.tile(np.asarray([[[0, 3], [1, 1], [2, 0]]]),
+                                                             (x.shape[0], 1, 1)))),
+    "select": lambda x: x.select(1, _SEL),
+    "index_new_axes": lambda x: x[:, None, 1:, None, 2],
+    "index_ellipsis_new_axis": lambda x: x[..., None, 1:3],
+    "repeat": lambda x: x.repeat([1, 2, 1]),
+    "repeat_dim": lambda x: x.repeat_dim(2, 2),
+    "argmax": lambda x: x.argmax(2).cast("float32"),
+    "argmin_keepdim": lambda x: x.argmin(1, keepdim=True).cast("float32"),
+    "logsumexp": lambda x: x.logsumexp(1),
+    "one_hot": lambda x: x.argmax(2).one_hot(4, "float32"),
+}
+
+
+def _three_batches(model, path):
+    ref = ReferenceEvaluator(str(path))
+    for b in (1, 3):
+        x = Tensor.from_data(np.random.default_rng(b).standard_normal((b, 3, 4)).astype(np.float32) * 2)
+        want = model.forward(x).numpy()
+        (got,) = ref.run(None, {"input": x.numpy()})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("form", sorted(_OP_FORMS))
+def test_more_ops_export_with_embers_outputs(form, tmp_path):
+    model = _Fn(_OP_FORMS[form])
+    path = export_onnx(model, tmp_path / f"{form}.onnx", Tensor.zeros([2, 3, 4]) + 0.25)
+    _three_batches(model, path)
+
+
+def _activation(name):
+    if name == "GLU":
+        return nn.GLU(-1)
+    if name == "PRelu":
+        return nn.PReluConfig(num_parameters=3, alpha=0.3).init()  # one slope a channel (axis 1)
+    cfg = getattr(nn, f"{name}Config", None)
+    return cfg().init() if cfg is not None else getattr(nn, name)()
+
+
+@pytest.mark.parametrize("name", ["Celu", "HardSwish", "Mish", "LogSigmoid", "HardShrink", "SoftShrink", "Tanhshrink",
+                                  "PRelu", "GLU"])
+def test_the_remaining_activations_export(name, tmp_path):
+    model = _activation(name).valid()
+    path = export_onnx(model, tmp_path / f"{name}.onnx", Tensor.zeros([2, 3, 4]) + 0.25)
+    _three_batches(model, path)
