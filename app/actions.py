@@ -34,6 +34,9 @@ class Actions:
         make("open_pretrained", "Open Pre&trained…", "Ctrl+Shift+P",
              "Open a Hugging Face model folder (config.json + safetensors or pytorch_model.bin): Llama, Mistral, "
              "Qwen2, GPT-2, BERT, ViT; read lazily")
+        make("open_onnx", "Open &ONNX…", None,
+             "Import an .onnx file into the designer (editable, buildable, trainable), with a report of what "
+             "each ONNX node became")
         make("save_project", "&Save Project", Std.Save, "Save the project (.ember.json): source, edits, contracts")
         make("save_project_as", "Save Project &As…", Std.SaveAs)
         make("import_checkpoint", "&Import Checkpoint…", "Ctrl+I",
@@ -47,6 +50,9 @@ class Actions:
         make("export_peft", "&PEFT Adapter…", None,
              "Write the LoRA / rsLoRA / DoRA adapters as a PEFT adapter folder (adapter_config.json + "
              "adapter_model.safetensors) that peft's PeftModel.from_pretrained loads on the same base")
+        make("export_onnx", "&ONNX…", None,
+             "Trace the model with the Shape Contract dock's example input and write an .onnx file (LoRA / QLoRA "
+             "materialized on a copy)")
         make("quit", "&Quit", Std.Quit)
 
         # Edit

@@ -25,8 +25,8 @@ from typing import Any
 
 from PySide6.QtCore import QMimeData, QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication, QUndoCommand, QUndoStack
-from PySide6.QtWidgets import (QFileDialog, QLabel, QMessageBox, QSplitter, QToolBar, QToolButton, QMenu, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFileDialog, QLabel, QMessageBox, QSplitter, QStackedWidget, QToolBar, QToolButton,
+                               QMenu, QVBoxLayout, QWidget)
 
 from engine.design import (SAMPLES, BuildError, Design, DesignError, DesignFileError, ExportError, Recovery, analyze,
                            auto_layout, build_model, design_source, discard_autosave, export_python, export_rust,
@@ -35,6 +35,7 @@ from engine.design.files import autosave_path
 from widgets.designer.canvas import DesignCanvas
 from widgets.designer.config_form import ConfigForm
 from widgets.designer.palette import Palette
+from widgets.model_graph import ModelGraphView
 
 from .core.schema import DesignSource
 from .prompts import open_file, save_file
@@ -88,6 +89,7 @@ class DesignerPanel(QWidget):
     dirty_changed = Signal(bool)
     model_built = Signal(object, dict)
     message = Signal(str)
+    graph_requested = Signal()  # the Graph page was shown: the window traces the open model for it
 
     def __init__(self, document=None, undo_stack: QUndoStack | None = None, autosave_dir=None,
                  autosave_ms: int = AUTOSAVE_MS, parent=None):
@@ -104,6 +106,8 @@ class DesignerPanel(QWidget):
         self._autosaved: dict | None = None
         self._was_dirty = False
         self.last_model = None
+        self.weights = None  # an imported ONNX file's record: a build loads it (`open_imported`)
+        self.weights_from: str | None = None
         # asked before the design (design=True) or the document (document=True) is replaced;
         # the main window puts its own `maybe_discard` here. True: go on; False: change nothing.
         self.confirm_discard = self._confirm_discard
@@ -112,6 +116,7 @@ class DesignerPanel(QWidget):
         self.palette = Palette()
         self.canvas = DesignCanvas()
         self.form = ConfigForm()
+        self.graph = ModelGraphView()  # the traced graph of any open model (app/onnx_actions.py)
         self.status = QLabel("")
         self.status.setObjectName("designer-status")
         self.status.setWordWrap(True)
@@ -132,7 +137,10 @@ class DesignerPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addWidget(self.toolbar)
-        layout.addWidget(split, 1)
+        self.pages = QStackedWidget()
+        self.pages.addWidget(split)
+        self.pages.addWidget(self.graph)
+        layout.addWidget(self.pages, 1)
         layout.addWidget(self.status)
 
         self.palette.kind_activated.connect(self.add_node)
@@ -191,7 +199,22 @@ class DesignerPanel(QWidget):
         act("build", "Build", self.build, "Build the design into the model (Ctrl+B)")
         act("export_python", "Export Python…", self.ask_export_python, "Export an Ember Module subclass (.py)")
         act("export_rust", "Export Rust…", self.ask_export_rust, "Export a Burn #[derive(Module)] struct (.rs)")
+        tb.addSeparator()
+        graph = act("graph", "Model Graph", lambda: self.show_graph(self.action_graph.isChecked()),
+                    "Show the traced graph of the open model (module boxes that expand into their ops, a shape "
+                    "on every edge) instead of the design's canvas")
+        graph.setCheckable(True)
         return tb
+
+    def show_graph(self, on: bool = True) -> None:
+        """The Graph page (the open model's traced graph) or the design's canvas."""
+        self.action_graph.setChecked(on)
+        self.pages.setCurrentIndex(1 if on else 0)
+        if on:
+            self.graph_requested.emit()
+
+    def graph_shown(self) -> bool:
+        return self.pages.currentIndex() == 1 and self.isVisible()
 
     def canvas_fit(self) -> None:
         self.canvas.fit()
@@ -391,6 +414,9 @@ class DesignerPanel(QWidget):
         except BuildError as e:
             self._say("cannot build: " + "; ".join(e.messages[:3]) + (" …" if len(e.messages) > 3 else ""))
             return None
+        loaded = ""
+        if self.weights is not None:  # an imported file's weights: every layer whose tensors still fit
+            model, loaded = self._load_weights(model)
         if ask and self.document is not None and not self.confirm_discard(document=True, design=False):
             return None
         source = design_source(self.design)
@@ -400,9 +426,24 @@ class DesignerPanel(QWidget):
         self.model_built.emit(model, source)
         if self.document is not None:
             self.document.set_model(model, DesignSource(source))
-        self.status.setText(f"✓ built {self.design.name}: {model.num_params():,} parameters")
+        self.status.setText(f"✓ built {self.design.name}: {model.num_params():,} parameters{loaded}")
         self.status.setStyleSheet("")
         return model
+
+    def _load_weights(self, model):
+        """The imported weights loaded into `model`: every tensor whose parameter is still there
+        with the same shape (a layer replaced or resized since keeps its fresh initialization); the
+        status line says how many were loaded."""
+        from engine.store.record import ModuleRecord  # noqa: PLC0415
+
+        shapes = {path: tuple(p.shape) for path, p in model.named_params()}
+        kept = [e for name, e in self.weights.items() if shapes.get(name) == tuple(e.shape)]
+        try:
+            model = model.load_record(ModuleRecord(kept).allow_partial().allow_unused())
+        except Exception as e:  # noqa: BLE001 - said in the status line; the model keeps its initialization
+            self._say(f"the weights of {self.weights_from} were not loaded: {e}")
+            return model, ""
+        return model, f" ({len(kept)} of {len(self.weights)} tensors from {self.weights_from})"
 
     def export_python(self, path) -> Path | None:
         return self._export(path, export_python, ".py")
@@ -437,9 +478,20 @@ class DesignerPanel(QWidget):
             self.export_rust(path)
 
     # ------------------------------------------------------------------ files
+    def open_imported(self, imported, onnx_path) -> None:
+        """Show an imported ONNX file's design (unsaved: Save asks for a design file) with its
+        weights, which a build loads. The caller asked about unsaved edits."""
+        self._discard_own_autosave()
+        self.set_design(imported.design, dirty=True)
+        self.weights = imported.record
+        self.weights_from = Path(onnx_path).name
+
     def set_design(self, design: Design, path=None, *, dirty: bool = False) -> None:
         """Show `design` (the undo history starts over)."""
         self.undo_stack.clear()
+        self.weights = self.weights_from = None
+        if hasattr(self, "pages"):
+            self.show_graph(False)
         self.design = design
         self.path = Path(path) if path else None
         self._saved = design.to_dict() if not dirty else {}

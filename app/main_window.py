@@ -37,12 +37,13 @@ from widgets.task_progress import TaskProgress
 from .actions import Actions
 from .checkpoint_actions import CheckpointActions
 from .contract_check import ContractCheck
-from .core.schema import Edit, MaterializeEdit
+from .core.schema import DesignSource, Edit, MaterializeEdit
 from .designer_panel import DesignerPanel
 from .document import Document
 from .core.opening import hugging_face_names
 from .edit_actions import EditActions
 from .generate_panel import GeneratePanel
+from .onnx_actions import OnnxActions
 from .pretrained_actions import PretrainedActions
 from .project_io import ProjectIO
 from .prompts import ScriptFileDialog, ask_save_discard
@@ -94,6 +95,7 @@ class MainWindow(QMainWindow):
         self.checkpoints = CheckpointActions(self)
         self.pretrained = PretrainedActions(self)
         self.checks = ContractCheck(self)
+        self.onnx = OnnxActions(self)  # File > Open ONNX, Export > ONNX, the Graph page (app/onnx_actions.py)
         self.tree.model.set_contract_provider(self.checks.contract_info)
         self._connect()
         self._layout_restored = self.settings.restore_window(self)
@@ -217,6 +219,7 @@ class MainWindow(QMainWindow):
         m.addAction(a.open_checkpoint)
         m.addAction(a.open_project)
         m.addAction(a.open_pretrained)
+        m.addAction(a.open_onnx)
         self.recent_menu = m.addMenu("Open &Recent")
         self.recent_menu.aboutToShow.connect(lambda: self.projects.fill_recent_menu())
         m.addSeparator()
@@ -232,6 +235,7 @@ class MainWindow(QMainWindow):
         export.addSeparator()
         export.addAction(a.export_pretrained)
         export.addAction(a.export_peft)
+        export.addAction(a.export_onnx)
         m.addSeparator()
         m.addAction(a.quit)
         m = bar.addMenu("&Edit")
@@ -307,6 +311,13 @@ class MainWindow(QMainWindow):
         a.open_pretrained.triggered.connect(self.pretrained.ask_open)
         a.export_pretrained.triggered.connect(self.pretrained.ask_export)
         a.export_peft.triggered.connect(self.pretrained.ask_export_peft)
+        a.open_onnx.triggered.connect(self.onnx.ask_open)
+        a.export_onnx.triggered.connect(self.onnx.ask_export)
+        self.designer.graph_requested.connect(self.onnx.refresh_graph)
+        self.designer.graph.module_activated.connect(self.tree.select_path)
+        self.tree.selection_changed.connect(self.designer.graph.select_path)
+        self.tabs.currentChanged.connect(lambda _i: self.onnx.model_changed()
+                                         if self.tabs.currentWidget() is self.designer else None)
         a.save_project.triggered.connect(projects.save_project)
         a.save_project_as.triggered.connect(projects.save_project_as)
         a.import_checkpoint.triggered.connect(checkpoints.ask_import)
@@ -358,6 +369,12 @@ class MainWindow(QMainWindow):
         self.device_selector.set_model_devices(doc.stats.total.devices if has else [])
         self._show_selection(self.tree.selected_path())
         self._update_actions()
+        if hasattr(self, "onnx"):
+            # a model that is not the design's: the Graph / Designer tab shows its traced graph
+            if has and not isinstance(doc.source, DesignSource) and not self.designer.action_graph.isChecked():
+                self.designer.action_graph.setChecked(True)
+                self.designer.pages.setCurrentIndex(1)
+            self.onnx.model_changed()
 
     def _on_index_changed(self, _index: int) -> None:
         if isValid(self.document.undo_stack):  # not while the window is being torn down
@@ -367,6 +384,7 @@ class MainWindow(QMainWindow):
         has = self.document.module is not None
         for action in self.actions.model_actions:
             action.setEnabled(has)
+        self.actions.export_onnx.setEnabled(has)
         self.device_selector.set_enabled_actions(has)
         reparameterized = has and self.document.stats.total.reparameterized > 0
         self.actions.materialize.setEnabled(reparameterized)
