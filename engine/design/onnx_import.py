@@ -1009,6 +1009,16 @@ class _Importer:
                 if v is None:
                     raise _Unsupported("its constant_value is computed at run time or is not a scalar")
                 attrs["alpha"] = v
+        if op == "Einsum":
+            from .primitive import parse_einsum  # noqa: PLC0415
+
+            eq = at.get("equation", b"")
+            eq = eq.decode() if isinstance(eq, bytes) else str(eq)
+            try:
+                parse_einsum(eq)
+            except OpError as e:
+                raise _Unsupported(str(e)) from None
+            attrs["mode"] = eq.replace(" ", "")
         if op == "Tile":
             attrs["shape"] = self._ints(node, 1, "repeats")
             if attrs["shape"] is None:

@@ -5,7 +5,7 @@ pooling, activations); everything else the engine can compute becomes an `Op` no
 (`MatMul`, `Transpose`, `Gather`, `Slice`, `Where`, ...), its attributes as node fields (`axis`,
 `axes`, `perm`, `starts` / `ends` / `steps`, `shape`, `keepdims`, `alpha`, `beta`, `to`,
 `trans_a` / `trans_b`, `mode`: Pad's `constant` / `reflect` / `edge`, Trilu's `upper` / `lower`;
-Pad's pads before and after each axis are `starts` / `ends`, its constant value `alpha`; Tile's
+Einsum's equation; Pad's pads before and after each axis are `starts` / `ends`, its constant value `alpha`; Tile's
 repeats are `shape`; Trilu's diagonal is `axis`), and how its operands are fed: `operands` names each operand in order,
 `inN` for the node's N-th input port, `cK` for its K-th constant, empty for an absent optional
 operand (`"in0,c0,in1"` for `Where(cond, <constant>, y)`). A run-time target of `Expand` or
@@ -40,7 +40,7 @@ PRIMITIVE_OPS = (
     "Erf", "Tanh", "Sigmoid", "Relu", "Sin", "Cos", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
     "And", "Or", "Not", "Xor", "IsNaN", "Where", "Cast", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze",
     "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
-    "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean",
+    "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean", "Einsum",
 )
 PAD_MODES = ("constant", "reflect", "edge")
 # ops the importer evaluates on constants only (their output's shape is a run-time value)
@@ -118,6 +118,8 @@ def check_op_settings(op: str, mode, starts, ends) -> None:
         if starts is None or ends is None or len(starts) != len(ends) or any(int(v) < 0 for v in list(starts) + list(ends)):
             raise OpError(f"Pad: expected pads before (starts) and after (ends) each axis, of one length and >= 0, "
                           f"got starts {starts} and ends {ends}")
+    if op == "Einsum":
+        parse_einsum(mode)
     if op == "Trilu" and mode not in ("", "upper", "lower"):
         raise OpError(f"mode: expected 'upper' or 'lower' for Trilu, got {mode!r}")
 
@@ -373,6 +375,8 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         return y / float(len(parts)) if op == "Mean" else y
     if op == "Pad":
         return _pad(x, attrs)
+    if op == "Einsum":
+        return _einsum(attrs.get("mode", ""), [t for t in ops if t is not None])
     if op == "Tile":
         reps = attrs["shape"] or []
         if len(reps) != x.rank or any(r < 0 for r in reps):
@@ -384,6 +388,72 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
             raise OpError(f"Trilu: expected a tensor of rank >= 2, got dims {list(x.shape)}")
         return x.triu(k) if attrs.get("mode") == "upper" else x.tril(k)
     raise OpError(f"the engine has no implementation of the op {op!r}")
+
+
+_EINSUM = re.compile(r"^([a-zA-Z]*)(?:,([a-zA-Z]*))?->([a-zA-Z]*)$")
+
+
+def parse_einsum(equation) -> tuple:
+    """`"bij,bjk->bik"` -> (["bij", "bjk"], "bik"): one or two operands, an explicit output, each letter at most
+    once an operand (no ellipsis, no diagonals), every output letter from an operand."""
+    eq = str(equation or "").replace(" ", "")
+    m = _EINSUM.match(eq)
+    if not m:
+        raise OpError(f"Einsum: expected an equation such as 'bij,bjk->bik' (one or two operands of letters, an "
+                      f"explicit '->' output, no '...'), got {str(equation)[:80]!r}")
+    ins = [m.group(1)] + ([m.group(2)] if m.group(2) is not None else [])
+    out = m.group(3)
+    for t in ins + [out]:
+        if len(set(t)) != len(t):
+            raise OpError(f"Einsum: the letter(s) of {t!r} repeat (diagonals are not computed) in {eq!r}")
+    if set(out) - set("".join(ins)):
+        raise OpError(f"Einsum: output letters {''.join(sorted(set(out) - set(''.join(ins))))} of {eq!r} are in no "
+                      f"operand")
+    return ins, out
+
+
+def einsum_sizes(terms, shapes, equation) -> dict:
+    """{letter: size} of the operands (sizes compared with ==; 1 broadcasts against a size)."""
+    sizes: dict = {}
+    for term, shape in zip(terms, shapes):
+        if len(term) != len(shape):
+            raise OpError(f"Einsum: operand {term!r} of {equation!r} has {len(term)} letters but {len(shape)} axes")
+        for c, d in zip(term, shape):
+            if c not in sizes or sizes[c] == 1:
+                sizes[c] = d
+            elif d != 1 and d != sizes[c]:
+                raise OpError(f"Einsum: the letter {c!r} of {equation!r} has sizes {sizes[c]} and {d}")
+    return sizes
+
+
+def _einsum(equation: str, xs: list) -> Tensor:
+    terms, out = parse_einsum(equation)
+    sizes = einsum_sizes(terms, [tuple(x.shape) for x in xs], equation)
+    ops = []
+    for k, (term, x) in enumerate(zip(terms, xs)):  # letters only this operand has and the output lacks: summed
+        others = "".join(t for j, t in enumerate(terms) if j != k) + out
+        gone = [i for i, c in enumerate(term) if c not in others]
+        for i in sorted(gone, reverse=True):
+            x = x.sum(i, keepdim=True).squeeze(i)
+        ops.append((x, "".join(c for c in term if c in others)))
+    if len(ops) == 1:
+        x, term = ops[0]
+        return x.permute([term.index(c) for c in out]) if term != out else x
+    (a, ta), (b, tb) = ops
+    batch = [c for c in out if c in ta and c in tb]
+    contr = [c for c in ta if c in tb and c not in out]
+    fa = [c for c in ta if c not in tb]
+    fb = [c for c in tb if c not in ta]
+    a = a.permute([ta.index(c) for c in batch + fa + contr])
+    b = b.permute([tb.index(c) for c in batch + contr + fb])
+    bs = [a.shape[i] if a.shape[i] != 1 else b.shape[i] for i in range(len(batch))]
+    size = {c: sizes[c] for c in sizes}
+    na, nb, nc = (int(np.prod([size[c] for c in g], dtype=np.int64)) for g in (fa, fb, contr))
+    a = a.reshape(tuple(a.shape[:len(batch)]) + (na, nc))
+    b = b.reshape(tuple(b.shape[:len(batch)]) + (nc, nb))
+    y = a.matmul(b).reshape(tuple(bs) + tuple(size[c] for c in fa) + tuple(size[c] for c in fb))
+    have = batch + fa + fb
+    return y.permute([have.index(c) for c in out]) if have != list(out) else y
 
 
 def pad_widths(rank: int, attrs) -> list:

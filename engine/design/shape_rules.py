@@ -833,6 +833,19 @@ def _primitive_op(m, ins, ctx):
         if len(reps) != x.rank or any(r < 0 for r in reps):
             raise RuleError(f"Tile: expected {x.rank} repeats >= 0 for {dims_text(x.dims)}, got {list(reps)}")
         return Shape(tuple(d * r if r != 1 else d for d, r in zip(x.dims, reps)), x.dtype)
+    if op == "Einsum":
+        from .primitive import OpError, einsum_sizes, parse_einsum  # noqa: PLC0415
+
+        parts = [o for o in ops if o is not None]
+        try:
+            terms, out = parse_einsum(a.get("mode", ""))
+            if len(terms) != len(parts):
+                raise OpError(f"Einsum: {a.get('mode')!r} names {len(terms)} operand(s), the node has {len(parts)}")
+            sizes = einsum_sizes(terms, [p.dims for p in parts], a.get("mode"))
+        except OpError as e:
+            raise RuleError(str(e)) from None
+        _float_input(op, x)
+        return Shape(tuple(as_dim(sizes[c]) for c in out), x.dtype)
     if op == "Trilu":
         if x.rank < 2:
             raise RuleError(f"Trilu: expected a tensor of rank >= 2, got {dims_text(x.dims)}")

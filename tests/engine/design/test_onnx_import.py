@@ -240,6 +240,12 @@ _OP_CASES = {
                          {"a": _F(-0.2), "b": np.full((5,), 0.1, _F), "c": _F(0.9)}),
     "sum_mean": ([helper.make_node("Sum", ["x", "a", "x"], ["s"]), helper.make_node("Mean", ["s", "x"], ["y"])],
                  {"a": np.linspace(0, 1, 5).astype(_F)}),
+    "einsum_matmul_const": ([helper.make_node("Einsum", ["x", "w"], ["y"], equation="bij,jk->bki")],
+                            {"w": np.linspace(-1, 1, 15).reshape(5, 3).astype(_F)}),
+    "einsum_attention": ([helper.make_node("Einsum", ["x", "x"], ["y"], equation="bid, bjd -> bij")], {}),
+    "einsum_transpose": ([helper.make_node("Einsum", ["x"], ["y"], equation="bij->jbi")], {}),
+    "einsum_sum_out": ([helper.make_node("Einsum", ["x", "w"], ["y"], equation="bij,kl->bik")],
+                       {"w": np.ones((2, 3), _F)}),
     "erf_sin_cos": ([helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Sin", ["e"], ["s"]),
                      helper.make_node("Cos", ["s"], ["y"])], {}),
 }
