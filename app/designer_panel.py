@@ -479,10 +479,11 @@ class DesignerPanel(QWidget):
 
     # ------------------------------------------------------------------ files
     def open_imported(self, imported, onnx_path) -> None:
-        """Show an imported ONNX file's design (unsaved: Save asks for a design file) with its
-        weights, which a build loads. The caller asked about unsaved edits."""
+        """Show an imported ONNX file's design with its weights, which a build loads. Not dirty
+        until edited (the file holds it; Save asks for a design file). The caller asked about
+        unsaved edits."""
         self._discard_own_autosave()
-        self.set_design(imported.design, dirty=True)
+        self.set_design(imported.design)
         self.weights = imported.record
         self.weights_from = Path(onnx_path).name
 

@@ -465,6 +465,8 @@ class MainWindow(QMainWindow):
         return self.open_dialog(dialog)
 
     def open_path(self, entry: str) -> bool:
+        if str(entry).lower().endswith(".onnx"):  # imported on a worker (app/onnx_actions.py)
+            return self.onnx.open_onnx(entry) is not None
         return self.projects.open_path(entry)
 
     def open_project(self, path) -> bool:
@@ -572,6 +574,11 @@ class MainWindow(QMainWindow):
             super().dragMoveEvent(event)
 
     def dropEvent(self, event) -> None:
+        dropped = self.pretrained.dropped_paths(event.mimeData())
+        if dropped and dropped[0].suffix.lower() == ".onnx" and dropped[0].is_file():
+            event.acceptProposedAction()
+            self.onnx.open_onnx(dropped[0])
+            return
         if self.pretrained.accepts(event.mimeData()):
             event.acceptProposedAction()
             self.pretrained.drop(event.mimeData())

@@ -187,3 +187,30 @@ def test_llama_7b_graph_draws_with_no_parameter_allocated(window, qtbot):
     assert any(type(module).__name__ in t and "shapes only" in t for t in texts), texts
     assert any(t.startswith("[2, ") for t in texts)  # the shapes on the edges
     assert len(view.boxes) < 50  # lazy: only the top level is drawn
+
+
+def test_a_dropped_onnx_file_and_open_path_import_it(window, qtbot, monkeypatch):
+    import app.prompts as prompts
+
+    asked = []
+    monkeypatch.setattr(prompts, "ask_question", lambda _p, _t, text, *_a: asked.append(text)
+                        or QMessageBox.StandardButton.Discard)
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    from app.__main__ import open_requested, parse_args
+
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(FIXTURES / "mlp_ln_gelu.onnx"))])
+    event = QDropEvent(QPointF(20, 20), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                       Qt.KeyboardModifier.NoModifier)
+    window.dropEvent(event)
+    assert event.isAccepted()
+    _wait(window, qtbot)
+    assert "LayerNorm" in {window.designer.design.kind(n) for n in window.designer.design.nodes()}
+    assert window.document.module is not None
+    # --open file.onnx (what `python -m app --open` does)
+    assert open_requested(window, parse_args(["--open", str(FIXTURES / "cnn_bn.onnx")]))
+    _wait(window, qtbot)
+    assert "conv1_conv" in window.designer.design.nodes()
+    assert not any("design" in t for t in asked)  # an imported design not edited since is not asked about
