@@ -214,3 +214,97 @@ def test_a_dropped_onnx_file_and_open_path_import_it(window, qtbot, monkeypatch)
     _wait(window, qtbot)
     assert "conv1_conv" in window.designer.design.nodes()
     assert not any("design" in t for t in asked)  # an imported design not edited since is not asked about
+
+
+# ---- screenshots in a real window (Xvfb when installed), for the user guide ------------------------------------
+def _shots_child(folder: str) -> int:
+    """Run in a child process on a real display: the ONNX design opened, and the Graph tab on
+    burn-mnist with conv1 expanded; both saved as PNG into `folder`. Returns 0 when both were written."""
+    import tempfile
+    import time
+
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+    from app.settings import Settings
+
+    app = QApplication.instance() or QApplication([])
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    w = MainWindow(settings=Settings.at(Path(tempfile.mkdtemp()) / "settings.ini"))
+    w.resize(1400, 860)
+    w.show()
+
+    def settle(until=lambda: True, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        while (w.running_tasks or not until()) and time.monotonic() < deadline:
+            app.processEvents()
+            time.sleep(0.01)
+        for _ in range(20):
+            app.processEvents()
+            time.sleep(0.01)
+
+    w.onnx.open_onnx(FIXTURES / "cnn_bn.onnx")
+    settle(lambda: "conv1_conv" in w.designer.design.nodes())
+    if w.last_message is not None:
+        w.last_message.close()
+    w.designer.canvas.fit()
+    settle()
+    w.grab().save(str(out / "onnx-design.png"))
+    w.open_example("burn-mnist")
+    w.tabs.setCurrentWidget(w.designer)
+    settle(lambda: w.designer.graph.trace is not None)
+    w.designer.graph.expand("conv1")
+    w.tree.select_path("conv1.conv")
+    w.designer.graph.fit()
+    settle()
+    w.grab().save(str(out / "graph-burn-mnist.png"))
+    ok = (out / "onnx-design.png").is_file() and (out / "graph-burn-mnist.png").is_file()
+    w.close()
+    return 0 if ok else 1
+
+
+def test_screenshots_of_the_onnx_design_and_the_graph_tab_in_a_real_window(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    shots = Path(os.environ.get("EMBER_UI_SHOTS") or tmp_path / "shots")
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYQTGRAPH_QT_LIB="PySide6", PYTEST_QT_API="pyside6",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    xvfb, proc = shutil.which("Xvfb"), None
+    if xvfb is not None:
+        number = next(n for n in range(160, 200) if not Path(f"/tmp/.X{n}-lock").exists()
+                      and not Path(f"/tmp/.X11-unix/X{n}").exists())
+        proc = subprocess.Popen([xvfb, f":{number}", "-screen", "0", "1920x1200x24", "-nolisten", "tcp"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not Path(f"/tmp/.X11-unix/X{number}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env.update(DISPLAY=f":{number}", QT_QPA_PLATFORM="xcb")
+        env.pop("WAYLAND_DISPLAY", None)
+    else:
+        env["QT_QPA_PLATFORM"] = "offscreen"
+    try:
+        run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--shots", str(shots)],
+                             cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                             timeout=300)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(5)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+    assert (shots / "onnx-design.png").stat().st_size > 10_000
+    assert (shots / "graph-burn-mnist.png").stat().st_size > 10_000
+    if xvfb is None:
+        print("screenshots taken on the offscreen platform: Xvfb is not installed")
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    raise SystemExit(_shots_child(sys.argv[sys.argv.index("--shots") + 1]))
