@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["num_threads", "set_num_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES"]
+__all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES"]
 
 # below this many bytes of data the threads' hand-off costs more than they save
 PARALLEL_MIN_BYTES = 1 << 20
@@ -190,4 +190,29 @@ def elementwise(fn, dtype, *arrays):
     return out
 
 
+def blas_threads() -> int:
+    """How many threads BLAS (OpenBLAS) was started with: `OPENBLAS_NUM_THREADS`, else
+    `OMP_NUM_THREADS`, else the CPUs this process may run on, read once at import as OpenBLAS
+    reads them when it loads. Fixed for the process (unlike `num_threads`), so that a kernel
+    that shapes its products by it gives the same bits on any number of kernel threads."""
+    return _BLAS
+
+
+def _blas_from_environment() -> int:
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            try:
+                n = int(raw)
+            except ValueError:
+                continue
+            if n >= 1:
+                return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 _DEFAULT = _from_environment()
+_BLAS = _blas_from_environment()

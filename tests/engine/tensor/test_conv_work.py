@@ -99,3 +99,38 @@ def test_mnist_cnn_train_step_work_is_bounded(gemm_counter):
     assert calls <= 10, f"{calls} matrix products in one MNIST CNN train step (7 today)"
     assert work <= 1.1 * 228_074_496, f"{work:,} flops in matrix products (228,074,496 today)"
     assert peak <= 1.3 * 8_337_712, f"peak {peak:,} bytes allocated in one step (8,337,712 today)"
+
+
+@pytest.mark.parametrize("blas", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv2d_product_orientations_match_a_float64_reference(threads, blas, monkeypatch):
+    """The forward product is formed directly with one BLAS thread and transposed with
+    several: both, on one or two kernel threads, give the float64 reference's output and
+    gradients to float32 rounding."""
+    import engine.tensor.threads as threads_module
+
+    monkeypatch.setattr(threads_module, "blas_threads", lambda: blas)
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    rng = np.random.default_rng(3)
+    xa = rng.standard_normal((3, 5, 8, 7)).astype(np.float32)
+    wa = rng.standard_normal((6, 5, 3, 2)).astype(np.float32)
+    ba = rng.standard_normal(6).astype(np.float32)
+    ga = rng.standard_normal((3, 6, 6, 6)).astype(np.float32)
+    x, w, b = (Tensor.from_data(a).require_grad() for a in (xa, wa, ba))
+    set_num_threads(threads)
+    try:
+        y = x.conv2d(w, b)
+        grads = y.backward(Tensor.from_data(ga))
+    finally:
+        set_num_threads(None)
+    x64, w64, g64 = xa.astype(np.float64), wa.astype(np.float64), ga.astype(np.float64)
+    win = sliding_window_view(x64, (3, 2), axis=(2, 3))  # [B, C, OH, OW, KH, KW]
+    ref = np.einsum("bchwij,ocij->bohw", win, w64) + ba[None, :, None, None]
+    ref_gw = np.einsum("bohw,bchwij->ocij", g64, win)
+    ref_gx = np.zeros_like(x64)
+    for i in range(3):
+        for j in range(2):
+            ref_gx[:, :, i:i + 6, j:j + 6] += np.einsum("bohw,oc->bchw", g64, w64[:, :, i, j])
+    for got, want in ((y, ref), (x.grad(grads), ref_gx), (w.grad(grads), ref_gw), (b.grad(grads), g64.sum(axis=(0, 2, 3)))):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
