@@ -928,7 +928,8 @@ class _Importer:
         """The inputs this op reads as settings (a Reshape's shape, a Slice's starts...)."""
         pos = {"Reshape": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4),
                "Pad": (1, 2, 3), "Tile": (1,), "Trilu": (1,),
-               "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,)}.get(node.op_type, ())
+               "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+               "ReduceLogSumExp": (1,)}.get(node.op_type, ())
         return {node.input[p] for p in pos if p < len(node.input) and node.input[p]}
 
     def _ints(self, node, pos: int, what: str):
@@ -946,7 +947,11 @@ class _Importer:
         attrs = {"axis": 0, "axes": None, "perm": None, "keepdims": True, "starts": None, "ends": None, "steps": None,
                  "shape": None, "alpha": 1.0, "beta": 1.0, "to": "float32", "trans_a": False, "trans_b": False,
                  "mode": ""}
-        if op in ("Concat", "Gather", "Flatten"):
+        if op in ("ArgMax", "ArgMin"):
+            if at.get("select_last_index", 0):
+                raise _Unsupported("select_last_index=1 (the first index of ties is computed)")
+            attrs["keepdims"] = bool(at.get("keepdims", 1))
+        if op in ("Concat", "Gather", "Flatten", "GatherElements", "ArgMax", "ArgMin"):
             attrs["axis"] = int(at.get("axis", 1 if op == "Flatten" else 0))
         if op in ("Softmax", "LogSoftmax"):
             attrs["axis"] = int(at.get("axis", -1))
@@ -1009,6 +1014,8 @@ class _Importer:
                 if v is None:
                     raise _Unsupported("its constant_value is computed at run time or is not a scalar")
                 attrs["alpha"] = v
+        if op == "Shrink":
+            attrs.update(alpha=float(at.get("lambd", 0.5)), beta=float(at.get("bias", 0.0)))
         if op == "Einsum":
             from .primitive import parse_einsum  # noqa: PLC0415
 

@@ -41,6 +41,7 @@ PRIMITIVE_OPS = (
     "And", "Or", "Not", "Xor", "IsNaN", "Where", "Cast", "MatMul", "Gemm", "Transpose", "Reshape", "Unsqueeze",
     "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
     "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean", "Einsum",
+    "GatherElements", "ArgMax", "ArgMin", "PRelu", "Shrink", "ReduceLogSumExp",
 )
 PAD_MODES = ("constant", "reflect", "edge")
 # ops the importer evaluates on constants only (their output's shape is a run-time value)
@@ -375,6 +376,37 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         return y / float(len(parts)) if op == "Mean" else y
     if op == "Pad":
         return _pad(x, attrs)
+    if op == "GatherElements":
+        idx = ops[1]
+        a = _axis_of(attrs["axis"], x.rank, op)
+        if idx.rank != x.rank:
+            raise OpError(f"GatherElements: indices of dims {list(idx.shape)} for data of dims {list(x.shape)} "
+                          f"(expected the same rank)")
+        n = x.shape[a]
+        raw = np.asarray(idx.numpy(), dtype=np.int64)
+        if raw.size and (raw.min() < -n or raw.max() >= n):
+            raise OpError(f"GatherElements: index out of range for axis {a} of size {n}")
+        return x.gather(a, Tensor.from_data(np.where(raw < 0, raw + n, raw), x.device))
+    if op == "PRelu":
+        slope = ops[1]
+        _same_dtype(x, slope, op)
+        return _elementwise.where(x.lower(0.0), x * slope, x)
+    if op == "Shrink":  # lambd: alpha, bias: beta
+        lam, bias = float(attrs["alpha"]), float(attrs["beta"])
+        return _elementwise.where(x.greater(lam), x - bias, _elementwise.where(x.lower(-lam), x + bias, x * 0.0))
+    if op == "ReduceLogSumExp":
+        axes = attrs["axes"]
+        axes = list(range(x.rank)) if axes is None else sorted({_axis_of(a, x.rank, op) for a in axes})
+        for a in sorted(axes, reverse=True):
+            x = x.logsumexp(a, keepdim=True)
+        if not attrs["keepdims"]:
+            for a in sorted(axes, reverse=True):
+                x = x.squeeze(a)
+        return x
+    if op in ("ArgMax", "ArgMin"):
+        a = _axis_of(attrs["axis"], x.rank, op)
+        y = (x.argmax if op == "ArgMax" else x.argmin)(a, keepdim=True)
+        return y if attrs["keepdims"] else y.squeeze(a)
     if op == "Einsum":
         return _einsum(attrs.get("mode", ""), [t for t in ops if t is not None])
     if op == "Tile":

@@ -786,7 +786,7 @@ def _primitive_op(m, ins, ctx):
     x = ops[0] if ops else None
     if x is None:
         raise RuleError(f"{op}: the first operand is missing")
-    arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2}
+    arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2, "GatherElements": 2, "PRelu": 2}
     arity.update({k: 2 for k in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual",
                                  "Greater", "GreaterOrEqual", "And", "Or", "Xor")})
     need = arity.get(op, 1)
@@ -833,6 +833,18 @@ def _primitive_op(m, ins, ctx):
         if len(reps) != x.rank or any(r < 0 for r in reps):
             raise RuleError(f"Tile: expected {x.rank} repeats >= 0 for {dims_text(x.dims)}, got {list(reps)}")
         return Shape(tuple(d * r if r != 1 else d for d, r in zip(x.dims, reps)), x.dtype)
+    if op == "GatherElements":
+        idx = ops[1]
+        k = _op_axis(a["axis"], x.rank, op)
+        if idx.dtype != "int" or idx.rank != x.rank:
+            raise RuleError(f"GatherElements: expected int indices of rank {x.rank}, got {_NP_DTYPE[idx.dtype]} "
+                            f"{dims_text(idx.dims)}")
+        return Shape(tuple(idx.dims), x.dtype)
+    if op in ("ArgMax", "ArgMin"):
+        k = _op_axis(a["axis"], x.rank, op)
+        dims = tuple(as_dim(1) if i == k else d for i, d in enumerate(x.dims)) if a["keepdims"] else \
+            tuple(d for i, d in enumerate(x.dims) if i != k)
+        return Shape(dims, "int")
     if op == "Einsum":
         from .primitive import OpError, einsum_sizes, parse_einsum  # noqa: PLC0415
 
@@ -995,7 +1007,18 @@ def _primitive_op(m, ins, ctx):
         _op_axis(a["axis"], x.rank, op)
         _float_input(op, x)
         return _same(x)
-    if op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
+    if op == "PRelu":
+        if ops[1] is None or ops[1].dtype != x.dtype:
+            raise RuleError("PRelu: expected a slope of the input's dtype")
+        if _broadcast(op, [x, ops[1]]) != tuple(x.dims):
+            raise RuleError(f"PRelu: the slope {dims_text(ops[1].dims)} does not broadcast to {dims_text(x.dims)}")
+        return _same(x)
+    if op == "Shrink":
+        _float_input(op, x)
+        return _same(x)
+    if op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceLogSumExp"):
+        if op == "ReduceLogSumExp":
+            _float_input(op, x)
         axes = a["axes"]
         pos = set(range(x.rank)) if axes is None else {_op_axis(v, x.rank, op) for v in axes}
         if a["keepdims"]:

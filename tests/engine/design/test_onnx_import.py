@@ -246,6 +246,10 @@ _OP_CASES = {
     "einsum_transpose": ([helper.make_node("Einsum", ["x"], ["y"], equation="bij->jbi")], {}),
     "einsum_sum_out": ([helper.make_node("Einsum", ["x", "w"], ["y"], equation="bij,kl->bik")],
                        {"w": np.ones((2, 3), _F)}),
+    "argmax_gather_elements": ([helper.make_node("ArgMax", ["x"], ["i"], axis=2, keepdims=1),
+                                helper.make_node("GatherElements", ["x", "i"], ["y"], axis=2)], {}),
+    "argmin_cast": ([helper.make_node("ArgMin", ["x"], ["i"], axis=-2, keepdims=1),
+                     helper.make_node("Cast", ["i"], ["y"], to=TensorProto.FLOAT)], {}),
     "erf_sin_cos": ([helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Sin", ["e"], ["s"]),
                      helper.make_node("Cos", ["s"], ["y"])], {}),
 }

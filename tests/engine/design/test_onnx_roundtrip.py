@@ -162,3 +162,28 @@ def test_a_run_time_shape_read_as_a_tensor_is_still_computed(tmp_path):
              helper.make_node("Add", ["x", "sf"], ["y"])]
     inp = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])
     _check_batches(_save(tmp_path, nodes, {}, inp, ["batch", 2]), lambda b: (b, 2))
+
+
+# ---- the exporter's forms of more ops import back ------------------------------------------------------
+def _op_forms():
+    from tests.engine.design.test_onnx_export import _OP_FORMS, _Fn, _activation  # noqa: PLC0415
+
+    forms = {k: _Fn(f) for k, f in _OP_FORMS.items()}
+    for name in ("Celu", "HardSwish", "Mish", "LogSigmoid", "HardShrink", "SoftShrink", "Tanhshrink", "PRelu", "GLU"):
+        forms[name] = _activation(name).valid()
+    return forms
+
+
+_FORMS = sorted(["flip", "pad_constant", "pad_reflect", "pad_replicate", "tril", "triu", "gather", "select",
+                 "index_new_axes", "index_ellipsis_new_axis", "repeat", "repeat_dim", "argmax", "argmin_keepdim",
+                 "logsumexp", "one_hot", "Celu", "HardSwish", "Mish", "LogSigmoid", "HardShrink", "SoftShrink",
+                 "Tanhshrink", "PRelu", "GLU"])
+
+
+@pytest.mark.parametrize("form", _FORMS)
+def test_an_exported_op_form_imports_back(form, tmp_path):
+    model = _op_forms()[form]
+
+    def make(b):
+        return Tensor.from_data(np.random.default_rng(b).standard_normal((b, 3, 4)).astype(np.float32) * 2)
+    _round_trip(model, make, tmp_path, form)
