@@ -15,10 +15,15 @@ Concat and Add -> the structural nodes. Patterns that are one layer are fused: t
 GELU (Div, Erf, Add, Mul, Mul), the RMSNorm chain (Pow, ReduceMean, Add, Sqrt, Reciprocal or Div,
 Mul, and the weight's Mul, as the dynamo exporter writes it) and SiLU (Sigmoid, Mul). Conv and
 BatchNormalization stay two nodes with their weights. Everything else the engine can compute is
-an `Op` node (`primitive.PrimitiveOp`) holding its attributes and constants; subgraphs of
-constants (and `Shape` of a tensor of fixed dims) are folded at import.
+an `Op` node (`primitive.PrimitiveOp`) holding its attributes and constants (Split: one Slice Op
+an output); subgraphs of constants (and `Shape` of a tensor of fixed dims) are folded at import.
 
-Dynamic batch: an input dim with a `dim_param` is a named axis of the design's Input node.
+Dynamic batch: an input dim with a `dim_param` is a named axis of the design's Input node. `Shape`
+of a tensor whose dims vary is a run-time shape: its entries (sizes, or (tensor, axis) pairs) flow
+through Gather / Slice / Unsqueeze / Squeeze / Concat / Cast / Identity symbolically, and a Reshape
+or Expand target made of them becomes an Op node whose `shape` holds -2 - k for axis k of a
+reference operand (or 0 / -1 for Reshape where that says the same). The Shape nodes are made as Op
+nodes only where some node reads them as a tensor.
 
 Bad input raises `OnnxImportError` naming the file, the node and what was expected: a protobuf
 that does not parse, a model `onnx.checker` refuses, an opset outside 13..`MAX_OPSET`, an input
