@@ -216,6 +216,54 @@ def test_a_dropped_onnx_file_and_open_path_import_it(window, qtbot, monkeypatch)
     assert not any("design" in t for t in asked)  # an imported design not edited since is not asked about
 
 
+def test_a_lora_model_exports_materialized_and_the_window_model_keeps_its_adapters(window, qtbot, monkeypatch,
+                                                                                   tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx.reference import ReferenceEvaluator
+
+    from app.core.schema import GroupSpec, LoraEdit
+
+    assert window.open_example("burn-mnist")
+    assert window.apply_edit(LoraEdit(4, 8.0, group=GroupSpec("regex", pattern=r"^fc\d\.")))
+    model = window.document.module
+    assert window.document.stats.total.reparameterized > 0
+    # the adapters' B factors start at zero: give them values so that the LoRA changes the outputs
+    from engine.store.burnpack import TensorEntry
+    from engine.store.record import ModuleRecord
+
+    rng = np.random.default_rng(3)
+    entries = [TensorEntry.from_array(n, (rng.standard_normal(e.shape) * 0.1).astype(np.float32))
+               if n.endswith("lora.b") else e for n, e in window.document.module.into_record().items()]
+    assert any(n.endswith("lora.b") for n, _ in window.document.module.into_record().items())
+    model = window.document.module.load_record(ModuleRecord(entries))
+    window.document.set_model(model, window.document.source)
+    out = tmp_path / "lora.onnx"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
+    window.actions.export_onnx.trigger()  # the example's own input batch ("example")
+    _wait(window, qtbot)
+    assert out.is_file(), window.last_message.text() if window.last_message else ""
+    m = onnx.load(str(out))
+    assert not any("lora" in i.name for i in m.graph.initializer)  # materialized
+    assert window.document.module is model and window.document.stats.total.reparameterized > 0
+    x = np.random.default_rng(0).standard_normal((3, 28, 28)).astype(np.float32)
+    ref = ReferenceEvaluator(m).run(None, {m.graph.input[0].name: x})[0]
+    assert np.abs(model.valid().forward(Tensor(x)).numpy() - ref).max() <= 1e-4
+
+
+def test_exporting_llama_7b_is_refused_with_its_estimate_when_it_does_not_fit(window, qtbot, monkeypatch, tmp_path):
+    from engine.module import memory
+
+    assert window.open_example("llama-7b")
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * 10**9)  # a 4 GB machine
+    out = tmp_path / "llama.onnx"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
+    window.actions.export_onnx.trigger()
+    assert not window.running_tasks and not out.exists()
+    text = window.last_message.text()
+    assert "GB" in text and "Nothing was written" in text
+    assert sum(1 for _, p in window.document.module.named_params() if p.is_initialized()) == 0
+
+
 # ---- screenshots in a real window (Xvfb when installed), for the user guide ------------------------------------
 def _shots_child(folder: str) -> int:
     """Run in a child process on a real display: the ONNX design opened, and the Graph tab on

@@ -169,7 +169,9 @@ def required_problems(window) -> list[str]:
         need = [(c.start_button, 0, 0), (c.pause_button, 0, 0), (c.resume_button, 0, 0), (c.stop_button, 0, 0),
                 (c.checkpoint_button, 0, 0), (window.training_panel.curves.graphics, 300, 200)]
     elif tab is window.designer:
-        need = [(window.designer.canvas, 400, 250)]
+        # a model that is not a design is shown as its traced graph (the Graph page), a design on its canvas
+        shown = window.designer.graph if window.designer.pages.currentIndex() == 1 else window.designer.canvas
+        need = [(shown, 400, 250)]
     elif tab is window.generate_panel:
         v = window.generate_panel.view
         need = [(v.prompt, 200, 40), (v.generate_button, 0, 0), (v.stop_button, 0, 0), (v.compare, 0, 0),
