@@ -1019,6 +1019,12 @@ class _Importer:
                 if v is None:
                     raise _Unsupported("its constant_value is computed at run time or is not a scalar")
                 attrs["alpha"] = v
+        if op == "ScatterND":
+            red = at.get("reduction", b"none")
+            red = red.decode() if isinstance(red, bytes) else str(red)
+            if red not in ("none", "add"):
+                raise _Unsupported(f"reduction {red!r} (none and add are imported)")
+            attrs["mode"] = "" if red == "none" else red
         if op == "Shrink":
             attrs.update(alpha=float(at.get("lambd", 0.5)), beta=float(at.get("bias", 0.0)))
         if op == "Einsum":

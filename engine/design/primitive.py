@@ -42,6 +42,7 @@ PRIMITIVE_OPS = (
     "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
     "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean", "Einsum",
     "GatherElements", "ArgMax", "ArgMin", "PRelu", "Shrink", "ReduceLogSumExp",
+    "ScatterND",
 )
 PAD_MODES = ("constant", "reflect", "edge")
 # ops the importer evaluates on constants only (their output's shape is a run-time value)
@@ -121,6 +122,8 @@ def check_op_settings(op: str, mode, starts, ends) -> None:
                           f"got starts {starts} and ends {ends}")
     if op == "Einsum":
         parse_einsum(mode)
+    if op == "ScatterND" and mode not in ("", "none", "add"):
+        raise OpError(f"mode: expected 'none' or 'add' for ScatterND, got {mode!r}")
     if op == "Trilu" and mode not in ("", "upper", "lower"):
         raise OpError(f"mode: expected 'upper' or 'lower' for Trilu, got {mode!r}")
 
@@ -387,6 +390,8 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         if raw.size and (raw.min() < -n or raw.max() >= n):
             raise OpError(f"GatherElements: index out of range for axis {a} of size {n}")
         return x.gather(a, Tensor.from_data(np.where(raw < 0, raw + n, raw), x.device))
+    if op == "ScatterND":
+        return _scatter_nd(x, ops[1], ops[2], attrs.get("mode") or "none")
     if op == "PRelu":
         slope = ops[1]
         _same_dtype(x, slope, op)
@@ -486,6 +491,41 @@ def _einsum(equation: str, xs: list) -> Tensor:
     y = a.matmul(b).reshape(tuple(bs) + tuple(size[c] for c in fa) + tuple(size[c] for c in fb))
     have = batch + fa + fb
     return y.permute([have.index(c) for c in out]) if have != list(out) else y
+
+
+def _scatter_nd(data: Tensor, indices: Tensor, updates: Tensor, reduction: str) -> Tensor:
+    """ONNX ScatterND (`reduction` none or add): the rows that `indices` names (its last axis indexes the
+    leading q axes of `data`) replaced by (or added to) `updates`."""
+    idx = np.asarray(indices.numpy(), dtype=np.int64)
+    shape = tuple(data.shape)
+    q = idx.shape[-1] if idx.ndim else 0
+    if idx.ndim < 1 or not 1 <= q <= len(shape):
+        raise OpError(f"ScatterND: indices of dims {list(idx.shape)} for data of dims {list(shape)} (expected a last "
+                      f"axis of 1 to {len(shape)})")
+    want = tuple(idx.shape[:-1]) + shape[q:]
+    if tuple(updates.shape) != want:
+        raise OpError(f"ScatterND: updates of dims {list(updates.shape)}, expected {list(want)}")
+    lead = shape[:q]
+    flat = idx.reshape(-1, q)
+    for k, n in enumerate(lead):
+        col = flat[:, k]
+        if col.size and (col.min() < -n or col.max() >= n):
+            raise OpError(f"ScatterND: index out of range for axis {k} of size {n}")
+        flat[:, k] = np.where(col < 0, col + n, col)
+    rows = np.ravel_multi_index(tuple(flat.T), lead) if flat.size else np.zeros((0,), np.int64)
+    p = int(np.prod(lead, dtype=np.int64))
+    rest = shape[q:]
+    d2 = data.reshape((p,) + rest)
+    u2 = updates.reshape((len(rows),) + rest)
+    r = Tensor.from_data(rows.astype(np.int64), data.device)
+    if reduction == "add":
+        return d2.select_assign(0, r, u2).reshape(shape)
+    if len(np.unique(rows)) != len(rows):
+        raise OpError("ScatterND: indices repeat a row (reduction none needs each row once)")
+    mask = np.zeros((p,) + (1,) * len(rest), dtype=bool)
+    mask[rows] = True
+    placed = d2.zeros_like().select_assign(0, r, u2)
+    return _elementwise.where(Tensor.from_data(mask, data.device), placed, d2).reshape(shape)
 
 
 def pad_widths(rank: int, attrs) -> list:

@@ -786,7 +786,7 @@ def _primitive_op(m, ins, ctx):
     x = ops[0] if ops else None
     if x is None:
         raise RuleError(f"{op}: the first operand is missing")
-    arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2, "GatherElements": 2, "PRelu": 2}
+    arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2, "GatherElements": 2, "PRelu": 2, "ScatterND": 3}
     arity.update({k: 2 for k in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual",
                                  "Greater", "GreaterOrEqual", "And", "Or", "Xor")})
     need = arity.get(op, 1)
@@ -1006,6 +1006,18 @@ def _primitive_op(m, ins, ctx):
     if op in ("Softmax", "LogSoftmax"):
         _op_axis(a["axis"], x.rank, op)
         _float_input(op, x)
+        return _same(x)
+    if op == "ScatterND":
+        idx, upd = ops[1], ops[2]
+        if idx.dtype != "int" or idx.rank < 1:
+            raise RuleError(f"ScatterND: expected int indices of rank >= 1, got {_NP_DTYPE[idx.dtype]} "
+                            f"{dims_text(idx.dims)}")
+        q = _const_int(idx.dims[-1], "the indices' last axis", op)
+        if not 1 <= q <= x.rank:
+            raise RuleError(f"ScatterND: indices {dims_text(idx.dims)} index {q} axes of {dims_text(x.dims)}")
+        want = tuple(idx.dims[:-1]) + tuple(x.dims[q:])
+        if upd.dtype != x.dtype or upd.rank != len(want) or any(u != w for u, w in zip(upd.dims, want)):
+            raise RuleError(f"ScatterND: updates {dims_text(upd.dims)}, expected {dims_text(want)} of the data's dtype")
         return _same(x)
     if op == "PRelu":
         if ops[1] is None or ops[1].dtype != x.dtype:
