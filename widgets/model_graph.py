@@ -93,7 +93,12 @@ class ModelGraphView(QGraphicsView):
         for c in (trace.calls if trace is not None else []):
             if c.path == "":
                 continue
-            parent = c.path.rsplit(".", 1)[0] if "." in c.path else ""
+            # the nearest enclosing module that was called (a list of layers, `layers`, is not one)
+            parent = c.path
+            while parent:
+                parent = parent.rsplit(".", 1)[0] if "." in parent else ""
+                if parent in self._calls:
+                    break
             self._children.setdefault(parent, []).append(c)
         for kids in self._children.values():
             kids.sort(key=lambda c: c.first)

@@ -187,6 +187,12 @@ def test_llama_7b_graph_draws_with_no_parameter_allocated(window, qtbot):
     assert any(type(module).__name__ in t and "shapes only" in t for t in texts), texts
     assert any(t.startswith("[2, ") for t in texts)  # the shapes on the edges
     assert len(view.boxes) < 50  # lazy: only the top level is drawn
+    assert "layers.0" in view.boxes and "layers.31" in view.boxes  # the 32 decoder layers, one box each
+    view.expand("layers.0")
+    assert "layers.0.self_attn" in view.boxes and "layers.0.mlp" in view.boxes
+    window.tree.select_path("layers.3.mlp")
+    assert view.highlighted() == "layers.3"
+    assert sum(1 for _, p in module.named_params() if p.is_initialized()) == 0
 
 
 def test_a_dropped_onnx_file_and_open_path_import_it(window, qtbot, monkeypatch):
