@@ -932,7 +932,7 @@ class _Importer:
     def _attr_inputs(self, node) -> set:
         """The inputs this op reads as settings (a Reshape's shape, a Slice's starts...)."""
         pos = {"Reshape": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4),
-               "Pad": (1, 2, 3), "Tile": (1,), "Trilu": (1,),
+               "Pad": (1, 2, 3), "Tile": (1,), "Trilu": (1,), "TopK": (1,),
                "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
                "ReduceLogSumExp": (1,)}.get(node.op_type, ())
         return {node.input[p] for p in pos if p < len(node.input) and node.input[p]}
@@ -1371,6 +1371,21 @@ class _Importer:
         if dims is None or len(dims) < 2:
             return None
         return self.add("Flatten", name, "Flatten", {"start_dim": 1, "end_dim": -1}, [node.input[0]], node.output[0])
+
+    def _op_TopK(self, node, name):
+        """TopK -> one Op node an output used (values, indices), k constant."""
+        at = _attrs(node)
+        k = self._ints(node, 1, "k")
+        if k is None or len(k) != 1 or k[0] < 0:
+            raise _Unsupported("a k that is not one constant >= 0")
+        prefix = "" if at.get("largest", 1) else "smallest_"
+        made = None
+        for out, what in zip(node.output, ("values", "indices")):
+            if out and (out in self._consumers or out in self.outputs):
+                config = {"op": "TopK", "inputs": 1, "operands": "in0", "constants": "", "axis": int(at.get("axis", -1)),
+                          "shape": [k[0]], "mode": prefix + what}
+                made = self.add("Op", f"{name}_{what}", "TopK", config, [node.input[0]], out)
+        return made
 
     def _op_Split(self, node, name):
         """Split -> one Slice Op node an output (the parts' sizes from `split` or `num_outputs`)."""

@@ -42,8 +42,9 @@ PRIMITIVE_OPS = (
     "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
     "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean", "Einsum",
     "GatherElements", "ArgMax", "ArgMin", "PRelu", "Shrink", "ReduceLogSumExp",
-    "ScatterND",
+    "ScatterND", "TopK",
 )
+TOPK_MODES = ("values", "indices", "smallest_values", "smallest_indices")
 PAD_MODES = ("constant", "reflect", "edge")
 # ops the importer evaluates on constants only (their output's shape is a run-time value)
 FOLD_ONLY_OPS = ("Constant", "ConstantOfShape", "Range")
@@ -122,6 +123,8 @@ def check_op_settings(op: str, mode, starts, ends) -> None:
                           f"got starts {starts} and ends {ends}")
     if op == "Einsum":
         parse_einsum(mode)
+    if op == "TopK" and mode not in ("",) + TOPK_MODES:
+        raise OpError(f"mode: expected one of {', '.join(TOPK_MODES)} for TopK, got {mode!r}")
     if op == "ScatterND" and mode not in ("", "none", "add"):
         raise OpError(f"mode: expected 'none' or 'add' for ScatterND, got {mode!r}")
     if op == "Trilu" and mode not in ("", "upper", "lower"):
@@ -390,6 +393,8 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         if raw.size and (raw.min() < -n or raw.max() >= n):
             raise OpError(f"GatherElements: index out of range for axis {a} of size {n}")
         return x.gather(a, Tensor.from_data(np.where(raw < 0, raw + n, raw), x.device))
+    if op == "TopK":
+        return _top_k(x, attrs)
     if op == "ScatterND":
         return _scatter_nd(x, ops[1], ops[2], attrs.get("mode") or "none")
     if op == "PRelu":
@@ -491,6 +496,21 @@ def _einsum(equation: str, xs: list) -> Tensor:
     y = a.matmul(b).reshape(tuple(bs) + tuple(size[c] for c in fa) + tuple(size[c] for c in fb))
     have = batch + fa + fb
     return y.permute([have.index(c) for c in out]) if have != list(out) else y
+
+
+def _top_k(x: Tensor, attrs) -> Tensor:
+    """One output of ONNX TopK (sorted; ties: the lower index first): `mode` values / indices, smallest_... for
+    largest=0; k is `shape[0]`, the axis `axis`."""
+    mode = attrs.get("mode") or "values"
+    a = _axis_of(attrs["axis"], x.rank, "TopK")
+    k = int((attrs["shape"] or [0])[0])
+    if not 0 <= k <= x.shape[a]:
+        raise OpError(f"TopK: k {k} for axis {a} of size {x.shape[a]}")
+    raw = x.numpy()
+    order = np.argsort(raw if mode.startswith("smallest") else -raw, axis=a, kind="stable")
+    idx = np.take(order, np.arange(k), axis=a).astype(np.int64)
+    it = Tensor.from_data(idx, x.device)
+    return it if mode.endswith("indices") else x.gather(a, it)
 
 
 def _scatter_nd(data: Tensor, indices: Tensor, updates: Tensor, reduction: str) -> Tensor:

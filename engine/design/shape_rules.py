@@ -1007,6 +1007,14 @@ def _primitive_op(m, ins, ctx):
         _op_axis(a["axis"], x.rank, op)
         _float_input(op, x)
         return _same(x)
+    if op == "TopK":
+        k_axis = _op_axis(a["axis"], x.rank, op)
+        k = int((a["shape"] or [0])[0])
+        size = x.dims[k_axis]
+        if as_dim(size).is_const() and not 0 <= k <= as_dim(size).value():
+            raise RuleError(f"TopK: k {k} for axis {k_axis} of {dims_text(x.dims)}")
+        dims = tuple(as_dim(k) if i == k_axis else d for i, d in enumerate(x.dims))
+        return Shape(dims, "int" if (a.get("mode") or "").endswith("indices") else x.dtype)
     if op == "ScatterND":
         idx, upd = ops[1], ops[2]
         if idx.dtype != "int" or idx.rank < 1:

@@ -280,6 +280,16 @@ def test_split_becomes_one_slice_an_output(how, tmp_path):
     assert imported.report.counts()["Op"] == 3
 
 
+@pytest.mark.parametrize("largest", [1, 0])
+def test_top_k_values_and_indices(largest, tmp_path):
+    nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1, largest=largest),
+             helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT)]
+    path = _one_graph(tmp_path, nodes, {"k": np.asarray([3], np.int64)}, ["batch", 4, 5], out_names=("v", "fi"),
+                      name=f"topk{largest}")
+    imported = _against_reference(path, lambda b: (b, 4, 5), tmp_path)
+    assert imported.report.counts()["Op"] == 3  # values, indices, the Cast
+
+
 def test_pad_and_trilu_settings_that_do_not_fit_are_refused(tmp_path):
     path = _one_graph(tmp_path, [helper.make_node("Pad", ["x", "pads"], ["y"], mode="wrap")],
                       {"pads": np.asarray([0, 0, 1, 0, 0, 1], np.int64)}, ["batch", 4, 5], name="wrap")
