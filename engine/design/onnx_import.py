@@ -932,7 +932,7 @@ class _Importer:
     def _attr_inputs(self, node) -> set:
         """The inputs this op reads as settings (a Reshape's shape, a Slice's starts...)."""
         pos = {"Reshape": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4),
-               "Pad": (1, 2, 3), "Tile": (1,), "Trilu": (1,), "TopK": (1,),
+               "Pad": (1, 2, 3), "Tile": (1,), "Trilu": (1,), "TopK": (1,), "CumSum": (1,),
                "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
                "ReduceLogSumExp": (1,)}.get(node.op_type, ())
         return {node.input[p] for p in pos if p < len(node.input) and node.input[p]}
@@ -1025,6 +1025,11 @@ class _Importer:
             if red not in ("none", "add"):
                 raise _Unsupported(f"reduction {red!r} (none and add are imported)")
             attrs["mode"] = "" if red == "none" else red
+        if op == "CumSum":
+            ax = self._ints(node, 1, "axis")
+            if ax is None or len(ax) != 1:
+                raise _Unsupported("its axis is not one constant")
+            attrs.update(axis=ax[0], trans_a=bool(at.get("exclusive", 0)), trans_b=bool(at.get("reverse", 0)))
         if op == "Shrink":
             attrs.update(alpha=float(at.get("lambd", 0.5)), beta=float(at.get("bias", 0.0)))
         if op == "Einsum":

@@ -42,7 +42,7 @@ PRIMITIVE_OPS = (
     "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
     "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean", "Einsum",
     "GatherElements", "ArgMax", "ArgMin", "PRelu", "Shrink", "ReduceLogSumExp",
-    "ScatterND", "TopK",
+    "ScatterND", "TopK", "CumSum",
 )
 TOPK_MODES = ("values", "indices", "smallest_values", "smallest_indices")
 PAD_MODES = ("constant", "reflect", "edge")
@@ -395,6 +395,18 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         return x.gather(a, Tensor.from_data(np.where(raw < 0, raw + n, raw), x.device))
     if op == "TopK":
         return _top_k(x, attrs)
+    if op == "CumSum":  # along `axis`: a product with a triangle of ones (exclusive: trans_a, reverse: trans_b)
+        if x.kind != "float":
+            raise OpError(f"CumSum: expected a float tensor, got {x.dtype}")
+        a = _axis_of(attrs["axis"], x.rank, op)
+        n = x.shape[a]
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        keep = (i > j if attrs["trans_a"] else i >= j) if attrs["trans_b"] else (i < j if attrs["trans_a"] else i <= j)
+        tri = Tensor.from_data(keep.astype(np.float32), x.device)
+        tri = tri if tri.dtype == x.dtype else tri.cast(x.dtype)
+        perm = [d for d in range(x.rank) if d != a] + [a]
+        back = [perm.index(d) for d in range(x.rank)]
+        return x.permute(perm).matmul(tri).permute(back)
     if op == "ScatterND":
         return _scatter_nd(x, ops[1], ops[2], attrs.get("mode") or "none")
     if op == "PRelu":

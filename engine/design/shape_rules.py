@@ -1007,6 +1007,10 @@ def _primitive_op(m, ins, ctx):
         _op_axis(a["axis"], x.rank, op)
         _float_input(op, x)
         return _same(x)
+    if op == "CumSum":
+        _op_axis(a["axis"], x.rank, op)
+        _float_input(op, x)
+        return _same(x)
     if op == "TopK":
         k_axis = _op_axis(a["axis"], x.rank, op)
         k = int((a["shape"] or [0])[0])

@@ -191,7 +191,7 @@ def _mutate_bytes(data: bytes, rng: random.Random) -> bytes:
 
 _OPS = ["Relu", "Add", "MatMul", "Transpose", "Reshape", "Gather", "Softmax", "Concat", "Slice", "Conv", "Gemm",
         "ScatterND", "TopK", "Where", "LayerNormalization", "BatchNormalization", "Unsqueeze", "Expand",
-        "Split", "Pad", "Clip", "Tile", "Trilu", "Max", "Min", "Sum", "Mean", "Erf", "Sin", "Cos", "Shape", "Einsum", "GatherElements", "ArgMax"]
+        "Split", "Pad", "Clip", "Tile", "Trilu", "Max", "Min", "Sum", "Mean", "Erf", "Sin", "Cos", "Shape", "Einsum", "GatherElements", "ArgMax", "CumSum"]
 
 
 def _mutate_graph(model, rng: random.Random):

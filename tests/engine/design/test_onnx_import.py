@@ -138,11 +138,11 @@ def test_every_unsupported_op_is_listed_at_once(tmp_path):
     f = helper.make_tensor_value_info
     nodes = [
         helper.make_node("Relu", ["x"], ["r"], name="relu0"),
-        helper.make_node("CumSum", ["r", "axis"], ["s"], name="scatter_a"),
+        helper.make_node("NonZero", ["r"], ["s"], name="scatter_a"),
         helper.make_node("Frobnicate", ["s"], ["t"], name="frob_b", domain="com.example"),
-        helper.make_node("CumSum", ["t", "axis"], ["y"], name="scatter_c"),
+        helper.make_node("NonZero", ["t"], ["y"], name="scatter_c"),
     ]
-    inits = [numpy_helper.from_array(np.asarray(1, np.int64), "axis")]  # (ScatterND imports now)
+    inits = []  # (ScatterND and CumSum import now)
     m = _model(nodes, [f("x", TensorProto.FLOAT, [2, 4])], [f("y", TensorProto.FLOAT, [2, 4])], inits,
                domains=["com.example"])
     path = tmp_path / "bad.onnx"
@@ -150,11 +150,11 @@ def test_every_unsupported_op_is_listed_at_once(tmp_path):
     with pytest.raises(OnnxImportError) as e:
         import_onnx(path)
     msg = str(e.value)
-    assert "CumSum (scatter_a, scatter_c)" in msg and "com.example::Frobnicate (frob_b" in msg
+    assert "NonZero (scatter_a, scatter_c)" in msg and "com.example::Frobnicate (frob_b" in msg
     report = e.value.report
     assert isinstance(report, ImportReport)
-    assert sorted(report.unsupported) == ["CumSum", "com.example::Frobnicate"]
-    assert report.unsupported["CumSum"] == ["scatter_a", "scatter_c"]
+    assert sorted(report.unsupported) == ["NonZero", "com.example::Frobnicate"]
+    assert report.unsupported["NonZero"] == ["scatter_a", "scatter_c"]
     assert report.mapping["relu0"] == "relu0 (Relu)"  # what could be mapped is reported too
 
 
@@ -253,6 +253,10 @@ _OP_CASES = {
                         {"i": np.asarray([[0, 3], [0, 1]], np.int64), "u": np.full((2, 5), 7.0, _F)}),
     "scatter_nd_add": ([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction="add")],
                        {"i": np.asarray([[0, 2, 4], [0, 0, 0], [0, 2, 4]], np.int64), "u": np.asarray([1, 2, 3], _F)}),
+    "cumsum": ([helper.make_node("CumSum", ["x", "ax"], ["y"])], {"ax": np.asarray(1, np.int64)}),
+    "cumsum_exclusive_reverse": ([helper.make_node("CumSum", ["x", "ax"], ["y"], exclusive=1, reverse=1)],
+                                 {"ax": np.asarray(-1, np.int64)}),
+    "cumsum_reverse": ([helper.make_node("CumSum", ["x", "ax"], ["y"], reverse=1)], {"ax": np.asarray(2, np.int64)}),
     "erf_sin_cos": ([helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Sin", ["e"], ["s"]),
                      helper.make_node("Cos", ["s"], ["y"])], {}),
 }
