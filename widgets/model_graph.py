@@ -64,7 +64,7 @@ class _Box(QGraphicsRectItem):
     def mousePressEvent(self, event) -> None:
         super().mousePressEvent(event)
         if self.unit.kind == "module":
-            self.view.module_activated.emit(self.unit.key)
+            self.view.module_activated.emit(self.unit.key.split("@", 1)[0])  # a second call's box: its module
 
 
 class ModelGraphView(QGraphicsView):

@@ -141,6 +141,16 @@ def test_the_graph_page_draws_burn_mnist_with_shapes_and_expands_a_box(window, q
     # the module tree's selection is highlighted
     window.tree.select_path(first)
     assert view.highlighted() == first
+    # a click on a box selects its module in the tree; a double-click expands it
+    from PySide6.QtCore import Qt
+
+    box = view.boxes["conv2"]
+    view.centerOn(box)
+    at = view.mapFromScene(box.sceneBoundingRect().center())
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=at)
+    assert window.tree.selected_path() == "conv2" and view.highlighted() == "conv2"
+    qtbot.mouseDClick(view.viewport(), Qt.MouseButton.LeftButton, pos=at)
+    assert "conv2.conv" in view.boxes and "− conv2 · ConvBlock" in view.texts()
 
 
 SCRIPT = """
