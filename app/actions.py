@@ -53,6 +53,9 @@ class Actions:
         make("export_onnx", "&ONNX…", None,
              "Trace the model with the Shape Contract dock's example input and write an .onnx file (LoRA / QLoRA "
              "materialized on a copy)")
+        make("export_training_script", "&Training Script…", None,
+             "Write a PyTorch + transformers + peft training script for this model and the Training tab's run "
+             "(python train.py, accelerate launch train.py, torchrun --nproc_per_node N train.py)")
         make("quit", "&Quit", Std.Quit)
 
         # Edit

@@ -45,6 +45,7 @@ from .edit_actions import EditActions
 from .generate_panel import GeneratePanel
 from .onnx_actions import OnnxActions
 from .pretrained_actions import PretrainedActions
+from .script_export_actions import ScriptExportActions
 from .project_io import ProjectIO
 from .prompts import ScriptFileDialog, ask_save_discard
 from .settings import Settings
@@ -94,6 +95,7 @@ class MainWindow(QMainWindow):
         self.edit_actions = EditActions(self)
         self.checkpoints = CheckpointActions(self)
         self.pretrained = PretrainedActions(self)
+        self.script_export = ScriptExportActions(self)  # File > Export > Training script (issue 20)
         self.checks = ContractCheck(self)
         self.onnx = OnnxActions(self)  # File > Open ONNX, Export > ONNX, the Graph page (app/onnx_actions.py)
         self.tree.model.set_contract_provider(self.checks.contract_info)
@@ -236,6 +238,7 @@ class MainWindow(QMainWindow):
         export.addAction(a.export_pretrained)
         export.addAction(a.export_peft)
         export.addAction(a.export_onnx)
+        export.addAction(a.export_training_script)
         m.addSeparator()
         m.addAction(a.quit)
         m = bar.addMenu("&Edit")
@@ -313,6 +316,9 @@ class MainWindow(QMainWindow):
         a.export_peft.triggered.connect(self.pretrained.ask_export_peft)
         a.open_onnx.triggered.connect(self.onnx.ask_open)
         a.export_onnx.triggered.connect(self.onnx.ask_export)
+        a.export_training_script.triggered.connect(self.script_export.ask_export)
+        # the Training tab's data decide whether a training script can be exported
+        self.training_panel.run_settings.changed.connect(self.script_export.update_action)
         self.designer.graph_requested.connect(self.onnx.refresh_graph)
         self.designer.graph.module_activated.connect(self.tree.select_path)
         self.tree.selection_changed.connect(self.designer.graph.select_path)
@@ -391,6 +397,8 @@ class MainWindow(QMainWindow):
         self.actions.export_adapters.setEnabled(reparameterized)
         self.actions.detach_lora.setEnabled(reparameterized)
         self.pretrained.update_action()
+        if hasattr(self, "script_export"):
+            self.script_export.update_action()
 
     def current_path(self) -> str:
         path = self.tree.selected_path()
