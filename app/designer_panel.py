@@ -140,6 +140,8 @@ class DesignerPanel(QWidget):
         self.pages = QStackedWidget()
         self.pages.addWidget(split)
         self.pages.addWidget(self.graph)
+        # the status line is the design's (its last build, save or error): hidden over the graph page
+        self.pages.currentChanged.connect(lambda index: self.status.setVisible(index == 0))
         layout.addWidget(self.pages, 1)
         layout.addWidget(self.status)
 

@@ -121,6 +121,7 @@ def _graph(window, qtbot):
 def test_the_graph_page_draws_burn_mnist_with_shapes_and_expands_a_box(window, qtbot):
     assert window.open_example("burn-mnist")
     view = _graph(window, qtbot)
+    assert not window.designer.status.isVisible()  # the design's status line is not the graph's
     texts = view.texts()
     assert "+ conv1 · ConvBlock" in texts and "+ fc1 · Linear" in texts
     assert "[2, 1, 28, 28]" in texts and "[2, 10]" in texts
