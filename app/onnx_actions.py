@@ -4,7 +4,12 @@
   is imported on a worker (`engine.design.import_onnx`); unsaved work is asked about only once the
   import succeeded, then the design opens in the designer with its weights (a build loads them) and
   the import report (every ONNX node and what it became) is shown. A file that cannot be imported
-  shows the error (the node named, every unsupported op listed) and changes nothing.
+  shows the error (the node named, every unsupported op listed) and changes nothing. The document's
+  source is then an `OnnxSource` (the file and the SHA-256 of its bytes), so a project saved after
+  it reopens the file's design with the file's weights (`open_source`, on a worker), then replays
+  the edits made since; a missing or changed file is refused, naming it, and nothing changes. A
+  model built from the design after it was edited holds weights no project can name: Save Project
+  refuses it (`save_refusal`) and suggests Export ▸ ONNX….
 - File ▸ Export ▸ ONNX… (`ask_export`, `export_onnx`): any open model, traced on a worker with the
   contract editor's example input (the example's own batch for an example); LoRA / QLoRA are
   materialized on a copy by the exporter. A model whose parameters are not allocated is refused
@@ -16,18 +21,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QMessageBox
 
-from engine.design import OnnxExportError, export_onnx, import_onnx, shape_check, trace_model
-from engine.design.onnx_import import OnnxImportError
+from engine.design import export_onnx, shape_check, trace_model
 from engine.module import contracts, memory
 from engine.tensor.device import default_device
 
 from .contract_check import SHAPES_ONLY_FROM, default_example_input
-from .core import opening
-from .core.schema import DesignSource
+from .core import edits, opening
+from .core.schema import DesignSource, Edit, OnnxSource
 from .prompts import open_file, save_file
 from .workers import Task
 
@@ -87,8 +91,9 @@ class OnnxActions:
         w = self.window
         path = Path(path)
 
-        def done(imported):
-            self._opened(imported, path)
+        def done(result):
+            imported, digest = result
+            self._opened(imported, path, digest)
 
         def failed(f):
             exc = getattr(f, "exception", None)
@@ -96,9 +101,10 @@ class OnnxActions:
             details = report.text() if report is not None else getattr(f, "traceback", "")
             w.error("Open ONNX", f"{path.name} cannot be imported: {f}\nNothing was changed.", details)
 
-        return w.tasks.start(Task(lambda _state: import_onnx(path), title=f"Importing {path.name}"), done, failed, kind="onnx-open")
+        return w.tasks.start(Task(lambda _state: opening.import_onnx_file(path), title=f"Importing {path.name}"), done,
+                             failed, kind="onnx-open")
 
-    def _opened(self, imported, path: Path) -> bool:
+    def _opened(self, imported, path: Path, digest: str | None = None) -> bool:
         w = self.window
         if not w.maybe_discard(document=True, design=True):
             w.status(f"{path.name}: not opened (kept what is open)")
@@ -107,12 +113,80 @@ class OnnxActions:
         w.designer.open_imported(imported, path)
         w.tabs.setCurrentWidget(w.designer)
         if w.designer.analysis.ok:
-            w.designer.build(ask=False)
+            model = w.designer.build(ask=False)
+            if model is not None and digest is not None and w.document.module is model:
+                # the model is the file's design with the file's weights: a project names the file
+                w.document.source = OnnxSource(str(path.resolve()), digest)
+                w.document.source_changed.emit()
         w.message(QMessageBox.Icon.Information, "ONNX import",
                   f"{path.name}: {len(imported.design.nodes())} design nodes from "
                   f"{len(imported.report.mapping)} ONNX nodes; the details list what each became.",
                   imported.report.text())
         return True
+
+    # ---- projects ---------------------------------------------------------------------------------
+    def open_source(self, source: OnnxSource, *, edits_: list[Edit] | None = None, contracts_: dict | None = None,
+                    project_path: Path | None = None, dirty: bool = False, runs_: list | None = None) -> Task:
+        """Open a project's ONNX source: the file imported again on a worker (the same import as
+        File ▸ Open ONNX…, its SHA-256 checked against the project's), its design built with its
+        weights, then `edits_` replayed. A missing, changed or unimportable file, or an edit that
+        fails, shows the error naming the project and the file; the document is left as it was.
+        The caller asked about unsaved work."""
+        w, doc = self.window, self.document
+        replayed = list(edits_ or [])
+        where = f"{project_path}: " if project_path is not None else ""
+        imported_of = []
+
+        def work(state):
+            module, imported = opening.load_onnx(source.path, source.sha256)
+            imported_of.append(imported)
+            state.set_progress(0.5)
+            try:
+                return edits.replay(module, replayed, state.check_cancelled) if replayed else module
+            except edits.EditError as e:
+                state.check_cancelled()
+                raise _ReplayFailed(str(e)) from e
+
+        def loaded(module: Any) -> None:
+            if not w.designer.is_dirty():  # the designer shows the file's design, as Open ONNX does
+                w.designer.open_imported(imported_of[0], Path(source.path))
+            doc.set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path,
+                          runs=runs_, dirty=dirty)
+            self.last_report = imported_of[0].report
+            w.status(f"Opened {Path(source.path).name} with its weights"
+                     + (f" and {len(replayed)} edit(s)" if replayed else ""))
+
+        def failed(failure) -> None:
+            exc = failure.exception
+            if isinstance(exc, _ReplayFailed):
+                w.error("Open project", f"{where}the model opened, but replaying its edits failed: {exc}\n"
+                                        "Nothing was changed.")
+            elif isinstance(exc, opening.OpenError):
+                w.error("Open project", f"{where}source: {exc.message}\nNothing was changed.", exc.details)
+            else:
+                w.error("Open project", f"{where}source: {source.path}: {type(exc).__name__}: {exc}\n"
+                                        "Nothing was changed.", failure.traceback)
+
+        name = Path(project_path).name if project_path is not None else Path(source.path).name
+        was, step = doc.module, doc.undo_stack.index()
+        return w.tasks.start(Task(work, title=f"Opening {Path(source.path).name}"), loaded, failed, kind="open",
+                             valid_while=lambda: doc.module is was and doc.undo_stack.index() == step,
+                             dropped=f"Opening {name}: the open model was changed meanwhile, so it was kept and "
+                                     f"{name} was not opened.")
+
+    def save_refusal(self) -> str:
+        """Why the open model cannot be saved as a project ('' when it can): one built from an
+        imported ONNX file's design after that design was edited holds the file's weights where
+        they still fit, and a project (which replays the design) would rebuild it without them."""
+        w, doc = self.window, self.document
+        designer = w.designer
+        if not isinstance(doc.source, DesignSource) or designer.weights is None or doc.module is None \
+                or doc.module is not designer.last_model:
+            return ""
+        return (f"the open model was built from the design of {designer.weights_from} with that file's weights, and "
+                "a project replays a design with freshly initialized weights, so they would be lost. Export the "
+                "model with File ▸ Export ▸ ONNX… and open that file (a project saved then keeps its weights), or "
+                f"open {designer.weights_from} again and save the project before editing its design.")
 
     # ---- export ---------------------------------------------------------------------------------
     def ask_export(self, *_args) -> None:
@@ -207,6 +281,10 @@ class OnnxActions:
         self.graph_task = w.tasks.start(task, done, failed, kind="graph", valid_while=lambda: doc.module is module,
                                         dropped="The model changed while its graph was traced.")
         return self.graph_task
+
+
+class _ReplayFailed(Exception):
+    """A project's edits failed to replay after its ONNX file was imported."""
 
 
 def is_design_source(source) -> bool:

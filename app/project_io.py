@@ -16,8 +16,8 @@ from widgets.checkpoint_dialog import CheckpointDialog
 from .checkpoint_actions import show_load_failure, show_partial_load
 from .core import checkpoints, edits, opening
 from .core.project import PROJECT_SUFFIX, ProjectError, read_project, write_json_atomic
-from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, PretrainedSource, ScriptSource,
-                          Source, source_from_json)
+from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, OnnxSource, PretrainedSource,
+                          ScriptSource, Source, source_from_json)
 from .prompts import open_file, save_file
 from .workers import Task
 
@@ -159,6 +159,9 @@ class ProjectIO:
         if isinstance(source, PretrainedSource):  # a Hugging Face folder, opened on a worker (app/pretrained_actions.py)
             return w.pretrained.open_folder(source.path, edits_=edits_, contracts_=contracts_, project_path=project_path,
                                             dirty=dirty, runs_=runs_, ask=False) is not None
+        if isinstance(source, OnnxSource):  # the ONNX file imported again on a worker (app/onnx_actions.py)
+            return w.onnx.open_source(source, edits_=edits_, contracts_=contracts_, project_path=project_path,
+                                      dirty=dirty, runs_=runs_) is not None
         checkpoint = isinstance(source, CheckpointSource)
         # a project's errors name the file first, then the part of it that failed
         where = f"{project_path}: " if project_path is not None else ""
@@ -263,6 +266,10 @@ class ProjectIO:
 
     def save_to(self, path: Path) -> bool:
         if self.document.module is None:
+            return False
+        why = self.window.onnx.save_refusal()  # weights a project could not bring back: refused, nothing written
+        if why:
+            self.window.error("Save project", f"{path.name} was not written: {why}")
             return False
         try:
             written = self.document.save_project(path)

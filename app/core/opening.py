@@ -3,7 +3,7 @@ checkpoint loaded into one of those, or a Hugging Face checkpoint folder (`engin
 here: the window runs these and shows the errors.
 
 A *source* is one of the typed values of `app.core.schema` (`ExampleSource`, `ScriptSource`,
-`CheckpointSource`, `DesignSource`, `PretrainedSource`), kept in the project file.
+`CheckpointSource`, `DesignSource`, `PretrainedSource`, `OnnxSource`), kept in the project file.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .schema import CheckpointSource, DesignSource, ExampleSource, PretrainedSource, ScriptSource, Source
+from .schema import (CheckpointSource, DesignSource, ExampleSource, OnnxSource, PretrainedSource, ScriptSource,
+                     Source)
 
 DEFAULT_FACTORY = "build"
 
@@ -191,6 +192,8 @@ def build(source: Source, confirm: ConfirmScript | None = None, *, trusted: bool
         raise OpenError("a checkpoint source needs its weights loaded: use the window's open, not build()")
     if isinstance(source, PretrainedSource):
         return load_pretrained(source.path)
+    if isinstance(source, OnnxSource):
+        return load_onnx(source.path, source.sha256)[0]
     if isinstance(source, DesignSource):
         from engine.design import BuildError, DesignFileError, build_source  # noqa: PLC0415
 
@@ -198,12 +201,64 @@ def build(source: Source, confirm: ConfirmScript | None = None, *, trusted: bool
             return build_source(source.to_json())
         except (BuildError, DesignFileError) as e:
             raise OpenError(f"design: {e}") from e
-    raise OpenError(f"unknown model source {source!r}: expected example, script, checkpoint, design or pretrained")
+    raise OpenError(f"unknown model source {source!r}: expected example, script, checkpoint, design, pretrained "
+                    "or onnx")
 
 
 def source_for_script(spec: str) -> ScriptSource:
     path, factory = split_script_spec(spec)
     return ScriptSource(str(path.resolve()), factory)
+
+
+# ---- ONNX files ------------------------------------------------------------------------------------
+def import_onnx_file(path: str | Path):
+    """`engine.design.import_onnx(path)` and the SHA-256 of the bytes it read (what File ▸ Open
+    ONNX… runs on a worker; a project keeps the digest in its `OnnxSource`)."""
+    from engine.design import import_onnx  # noqa: PLC0415
+
+    path = Path(path)
+    digest = file_digest(path)
+    imported = import_onnx(path)
+    if file_digest(path) != digest:  # written to while it was read: neither digest is the weights'
+        raise OpenError(f"{path}: the file changed while it was imported; open it again")
+    return imported, digest
+
+
+def build_imported(imported) -> Any:
+    """The model of an imported ONNX file: its design built, then its record loaded whole (every
+    tensor, nothing partial), so the model holds exactly the file's weights."""
+    from engine.design import build_model  # noqa: PLC0415
+
+    return build_model(imported.design).load_record(imported.record)
+
+
+def load_onnx(path: str | Path, sha256: str | None = None) -> tuple[Any, Any]:
+    """Import the ONNX file a project names and build its model with the file's weights:
+    (module, imported). `sha256`: the digest the project saved; a file that is missing, cannot
+    be imported or changed since raises `OpenError` naming the file."""
+    from engine.design import BuildError  # noqa: PLC0415
+    from engine.design.onnx_import import OnnxImportError  # noqa: PLC0415
+
+    path = Path(path)
+    if not path.is_file():
+        raise OpenError(f"{path}: no such file (expected the ONNX file the model was imported from"
+                        + (f", SHA-256 {sha256}" if sha256 else "") + ")")
+    try:
+        imported, digest = import_onnx_file(path)
+    except OSError as e:
+        raise OpenError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except OnnxImportError as e:
+        raise OpenError(f"{path}: cannot be imported: {e}") from None
+    if sha256 is not None and digest != sha256:
+        raise OpenError(f"{path}: the file changed since the project was saved (expected SHA-256 {sha256}, "
+                        f"found {digest}): the project's weights were the earlier file's; open the new file with "
+                        "File ▸ Open ONNX… to use it")
+    try:
+        return build_imported(imported), imported
+    except BuildError as e:
+        raise OpenError(f"{path}: its design does not build: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a record that does not fit the design: say which file
+        raise OpenError(f"{path}: its weights do not load into its design: {type(e).__name__}: {e}") from None
 
 
 # ---- Hugging Face checkpoint folders ---------------------------------------------------------------

@@ -12,7 +12,7 @@ from engine.store.atomic import atomic_write_text
 
 from dataclasses import replace
 
-from .schema import CheckpointSource, LoadEdit, PretrainedSource, Project, SchemaError, ScriptSource
+from .schema import CheckpointSource, LoadEdit, OnnxSource, PretrainedSource, Project, SchemaError, ScriptSource
 
 PROJECT_SUFFIX = ".ember.json"
 
@@ -66,9 +66,9 @@ def _relative(text: str, base: Path) -> str:
 
 def with_paths(project: Project, convert) -> Project:
     """The project with `convert` applied to every file path it holds: script and checkpoint
-    sources, Hugging Face folders, load edits and run folders (designs hold none)."""
+    sources, Hugging Face folders, ONNX files, load edits and run folders (designs hold none)."""
     def source(s):
-        if isinstance(s, (ScriptSource, PretrainedSource)):
+        if isinstance(s, (ScriptSource, PretrainedSource, OnnxSource)):
             return replace(s, path=convert(s.path))
         if isinstance(s, CheckpointSource):
             return replace(s, path=convert(s.path), architecture=source(s.architecture))

@@ -10,6 +10,7 @@ project files have always held, so files written before these types existed stay
     {"kind": "checkpoint", "path": "w.bpk", "architecture": {...}, "allow_partial": false}
     {"kind": "design", "schema_version": 2, "design": {...}}           DesignSource
     {"kind": "pretrained", "path": "models/llama"}                     PretrainedSource
+    {"kind": "onnx", "path": "cnn.onnx", "sha256": "<64 hex digits>"}  OnnxSource
     {"op": "freeze", "group": {"kind": "regex", "pattern": "^encoder\\\\."}}  GroupEdit
     {"op": "lora", "rank": 8, "alpha": 16.0, "init_std": null, "group": {"kind": "all"},
      "qlora": {"block_size": 64, "double_quant": true}}                LoraEdit
@@ -375,7 +376,7 @@ def _kind_found(value: Any) -> Any:
 
 
 # ---- sources ----------------------------------------------------------------------------------
-SOURCE_KINDS = ("example", "script", "checkpoint", "design", "pretrained")
+SOURCE_KINDS = ("example", "script", "checkpoint", "design", "pretrained", "onnx")
 
 
 @dataclass(frozen=True)
@@ -440,7 +441,22 @@ class PretrainedSource:
         return {"kind": "pretrained", "path": self.path}
 
 
-Source = Union[ExampleSource, ScriptSource, CheckpointSource, DesignSource, PretrainedSource]
+@dataclass(frozen=True)
+class OnnxSource:
+    """An ONNX file imported with `engine.design.import_onnx`: its design built and its weights
+    loaded (File ▸ Open ONNX…). `path` is the file (relative to the project file in it);
+    `sha256` the digest of its bytes when it was imported, so a file changed since is refused
+    rather than opened with other weights."""
+
+    kind: ClassVar[str] = "onnx"
+    path: str
+    sha256: str
+
+    def to_json(self) -> dict:
+        return {"kind": "onnx", "path": self.path, "sha256": self.sha256}
+
+
+Source = Union[ExampleSource, ScriptSource, CheckpointSource, DesignSource, PretrainedSource, OnnxSource]
 
 
 def source_from_json(data: Any, where: str = "source") -> Source:
@@ -470,6 +486,14 @@ def source_from_json(data: Any, where: str = "source") -> Source:
         if not path.strip():
             raise SchemaError(f"{where}.path", "a Hugging Face model folder (string)", path)
         return PretrainedSource(path)
+    if kind == "onnx":
+        path = _path(data, "path", where, "an ONNX file path (string)")
+        if not path.strip():
+            raise SchemaError(f"{where}.path", "an ONNX file path (string)", path)
+        digest = _name(data, "sha256", where, "the SHA-256 of the file (64 hex digits)")
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise SchemaError(f"{where}.sha256", "the SHA-256 of the file (64 lowercase hex digits)", digest)
+        return OnnxSource(path, digest)
     raise SchemaError(f"{where}.kind", "one of " + ", ".join(SOURCE_KINDS), _kind_found(kind))
 
 
@@ -485,6 +509,8 @@ def describe_source(source: Source) -> str:
         return f"{Path(source.path).name} into {describe_source(source.architecture)}"
     if isinstance(source, PretrainedSource):
         return f"{Path(source.path).name} (Hugging Face)"
+    if isinstance(source, OnnxSource):
+        return f"{Path(source.path).name} (ONNX)"
     return source.kind
 
 
