@@ -265,7 +265,7 @@ def _number(v) -> bool:
 
 
 def pattern_key(patterns, module_name: str):
-    """The first key of `patterns` that matches `module_name` as peft's `get_pattern_key` matches
+    r"""The first key of `patterns` that matches `module_name` as peft's `get_pattern_key` matches
     (`re.match(rf"(.*\.)?({key})$", name)`), or None."""
     for key in patterns:
         try:
