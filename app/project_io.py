@@ -24,7 +24,6 @@ from .workers import Task
 if TYPE_CHECKING:  # pragma: no cover
     from .main_window import MainWindow
 
-SCRIPT_FILTER = "Python model scripts (*.py);;All files (*)"
 PROJECT_FILTER = f"Ember projects (*{PROJECT_SUFFIX});;All files (*)"
 
 
@@ -111,11 +110,6 @@ class ProjectIO:
             dialog.path.setText(str(path))
             return False
         return self.open_script(text)
-
-    def ask_open_script(self) -> None:
-        path = open_file(self.window, self.settings, "Open Model Script", SCRIPT_FILTER)
-        if path:
-            self.open_script(path)
 
     def ask_open_project(self) -> None:
         path = open_file(self.window, self.settings, "Open Project", PROJECT_FILTER)
