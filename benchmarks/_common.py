@@ -1,12 +1,18 @@
 """Shared helpers for the benchmark scripts: timing, tables, optional peers."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 STABLE_MALLOC = {
     "MALLOC_MMAP_THRESHOLD_": "268435456",
@@ -137,3 +143,43 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {malloc_note()}"
+
+
+# ---------------------------------------------------------------- a peer in another Python
+def oracle_python(modules=("torch", "transformers")):
+    """(python, versions) of the first Python that imports `modules`: this one, else the one
+    `EMBER_ORACLE_PYTHON` names (a venv holding torch, transformers, peft); None if neither."""
+    candidates = [sys.executable] + ([os.environ["EMBER_ORACLE_PYTHON"]] if os.environ.get("EMBER_ORACLE_PYTHON")
+                                     else [])
+    code = f"import {', '.join(modules)}; print({', '.join(m + '.__version__' for m in modules)})"
+    for py in candidates:
+        try:
+            proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode == 0:
+            return py, proc.stdout.strip()
+    return None
+
+
+def child_env(threads: int) -> dict:
+    """The environment of one side's fresh process: `threads` for Ember, BLAS, OpenMP and MKL,
+    the repository on the path, the Hugging Face libraries quiet and offline."""
+    env = dict(os.environ)
+    env.update({"EMBER_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+                "OPENBLAS_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"})
+    return env
+
+
+def run_side(py: str, code: str, args: list[str], threads: int, *, timeout: float = 900, stderr: bool = False):
+    """Run `code` in a fresh `py` process; its last stdout line parsed as JSON (or its stderr,
+    for a profile, with `stderr=True`)."""
+    proc = subprocess.run([py, "-c", code, *args], capture_output=True, text=True, env=child_env(threads),
+                          cwd=str(ROOT), timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{py} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    if stderr:
+        return proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import malloc_note, print_table  # noqa: E402
+from benchmarks._common import child_env, malloc_note, oracle_python, print_table, run_side  # noqa: E402
 
 SIZES = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
          "intermediate_size": 688, "vocab_size": 32000, "max_position_embeddings": 512}
@@ -97,37 +97,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def oracle_python():
-    candidates = [sys.executable] + ([os.environ["EMBER_ORACLE_PYTHON"]] if os.environ.get("EMBER_ORACLE_PYTHON")
-                                     else [])
-    for py in candidates:
-        try:
-            proc = subprocess.run([py, "-c", "import torch, transformers; print(torch.__version__, "
-                                             "transformers.__version__)"], capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if proc.returncode == 0:
-            return py, proc.stdout.strip()
-    return None
-
-
-def child_env(threads: int) -> dict:
-    env = dict(os.environ)
-    env.update({"EMBER_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-                "OPENBLAS_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-                "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1",
-                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"})
-    return env
-
-
-def run_side(py: str, code: str, args: list[str], threads: int) -> dict:
-    proc = subprocess.run([py, "-c", code, *args], capture_output=True, text=True, env=child_env(threads),
-                          cwd=str(ROOT), timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{py} failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:

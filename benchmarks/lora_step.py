@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import fmt_time, malloc_note, print_table  # noqa: E402
+from benchmarks._common import child_env, fmt_time, malloc_note, oracle_python, print_table, run_side  # noqa: E402
 
 SIZES = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
          "intermediate_size": 688, "vocab_size": 32000, "max_position_embeddings": 512}
@@ -172,40 +172,6 @@ TORCH_SIDE = textwrap.dedent("""
 """)
 
 
-def oracle_python():
-    candidates = [sys.executable] + ([os.environ["EMBER_ORACLE_PYTHON"]] if os.environ.get("EMBER_ORACLE_PYTHON")
-                                     else [])
-    for py in candidates:
-        try:
-            proc = subprocess.run([py, "-c", "import torch, transformers, peft; print(torch.__version__, "
-                                             "transformers.__version__, peft.__version__)"],
-                                  capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if proc.returncode == 0:
-            return py, proc.stdout.strip()
-    return None
-
-
-def child_env(threads: int) -> dict:
-    env = dict(os.environ)
-    env.update({"EMBER_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-                "OPENBLAS_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-                "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1",
-                "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
-    return env
-
-
-def run_side(py, code, args, threads, capture_err=False) -> dict | str:
-    proc = subprocess.run([py, "-c", code, *args], capture_output=True, text=True, env=child_env(threads),
-                          cwd=str(ROOT), timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{py} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    if capture_err:
-        return proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def median(xs):
     s = sorted(xs)
     n = len(s)
@@ -225,7 +191,7 @@ def main(argv=None) -> int:
           f"{platform.python_version()}, NumPy {np.__version__}, {malloc_note()}")
     tmp = Path(tempfile.mkdtemp(prefix="ember-lora-step-"))
     try:
-        oracle = oracle_python()
+        oracle = oracle_python(("torch", "transformers", "peft"))
         folder = tmp / "llama-small"
         if oracle is not None:
             py, versions = oracle
@@ -240,16 +206,16 @@ def main(argv=None) -> int:
         where = str(folder) if oracle is not None else "-"
         common = [where, str(ids_file), str(WARMUP), str(STEPS), str(RANK), str(ALPHA), str(LR)]
         if args.profile:
-            print(run_side(sys.executable, EMBER_SIDE, common + ["profile", json.dumps(SIZES)], 1, capture_err=True))
+            print(run_side(sys.executable, EMBER_SIDE, common + ["profile", json.dumps(SIZES)], 1, timeout=1800, stderr=True))
             return 0
         rows, results = [], {}
         for n in threads:
             e = t = None
             for _ in range(args.rounds):
-                r = run_side(sys.executable, EMBER_SIDE, common + ["run", json.dumps(SIZES)], n)
+                r = run_side(sys.executable, EMBER_SIDE, common + ["run", json.dumps(SIZES)], n, timeout=1800)
                 e = r if e is None or median(r["times"]) < median(e["times"]) else e
                 if oracle is not None:
-                    r = run_side(py, TORCH_SIDE, common + [str(n)], n)
+                    r = run_side(py, TORCH_SIDE, common + [str(n)], n, timeout=1800)
                     t = r if t is None or median(r["times"]) < median(t["times"]) else t
             results[n] = (e, t)
             et = median(e["times"])

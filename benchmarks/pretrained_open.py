@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import fmt_time, malloc_note, print_table  # noqa: E402
+from benchmarks._common import child_env, fmt_time, malloc_note, oracle_python, print_table, run_side  # noqa: E402
 
 LLAMA2_7B = {
     "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
@@ -183,21 +183,6 @@ def part1(tmp: Path) -> tuple[list, dict]:
 
 
 # ---------------------------------------------------------------------------------- part 2
-def oracle_python() -> str | None:
-    candidates = [sys.executable] + ([os.environ["EMBER_ORACLE_PYTHON"]] if os.environ.get("EMBER_ORACLE_PYTHON")
-                                     else [])
-    for py in candidates:
-        try:
-            proc = subprocess.run([py, "-c", "import torch, transformers; print(torch.__version__, "
-                                             "transformers.__version__)"], capture_output=True, text=True,
-                                  timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if proc.returncode == 0:
-            return py, proc.stdout.strip()
-    return None
-
-
 MAKE_SMALL = textwrap.dedent("""
     import json, sys, torch, transformers
     folder, sizes = sys.argv[1], json.loads(sys.argv[2])
@@ -254,23 +239,6 @@ TORCH_SIDE = textwrap.dedent("""
     print(json.dumps({"import": t1 - t0, "open": t2 - t1, "first": t3 - t2, "second": t4 - t3,
                       "threads": torch.get_num_threads()}))
 """)
-
-
-def child_env(threads: int) -> dict:
-    env = dict(os.environ)
-    env.update({"EMBER_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-                "OPENBLAS_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-                "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1",
-                "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"})
-    return env
-
-
-def run_side(py: str, code: str, args: list[str], threads: int) -> dict:
-    proc = subprocess.run([py, "-c", code, *args], capture_output=True, text=True, env=child_env(threads),
-                          cwd=str(ROOT), timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{py} failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def part2(tmp: Path):

@@ -34,8 +34,9 @@ _configured: int | None = None
 _inside = threading.local()
 
 
-def _from_environment() -> int:
-    for name in ("EMBER_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+def _from_environment(names=("EMBER_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")) -> int:
+    """The first of `names` set to a whole number >= 1, else the CPUs this process may run on."""
+    for name in names:
         raw = os.environ.get(name, "").strip()
         if raw:
             try:
@@ -198,21 +199,5 @@ def blas_threads() -> int:
     return _BLAS
 
 
-def _blas_from_environment() -> int:
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        raw = os.environ.get(name, "").strip()
-        if raw:
-            try:
-                n = int(raw)
-            except ValueError:
-                continue
-            if n >= 1:
-                return n
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 _DEFAULT = _from_environment()
-_BLAS = _blas_from_environment()
+_BLAS = _from_environment(("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"))  # as OpenBLAS reads them
