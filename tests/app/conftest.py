@@ -1,6 +1,6 @@
 """Fixtures for app tests: a main window with its own settings file; the theme put back after."""
 import pytest
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QFileDialog
 
 from app.settings import Settings
 from app.theme import apply_theme
@@ -47,3 +47,29 @@ def opened(window, mlp_script):
     """The window with the test Mlp opened from a script."""
     assert window.open_script(str(mlp_script))
     return window
+
+
+@pytest.fixture
+def folders(monkeypatch):
+    """QFileDialog.getExistingDirectory answers with the folders put in this list, in order."""
+    answers: list = []
+
+    def choose(*_args, **_kwargs):
+        assert answers, "a folder dialog was opened that the test did not expect"
+        return str(answers.pop(0))
+
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", choose)
+    return answers
+
+
+@pytest.fixture
+def files(monkeypatch):
+    """QFileDialog.getOpenFileName answers with the files put in this list, in order."""
+    answers: list = []
+
+    def choose(*_args, **_kwargs):
+        assert answers, "a file dialog was opened that the test did not expect"
+        return str(answers.pop(0)), ""
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", choose)
+    return answers

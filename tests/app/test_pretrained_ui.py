@@ -14,7 +14,7 @@ import pytest
 import safetensors.numpy
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
-from PySide6.QtWidgets import QDialogButtonBox, QFileDialog
+from PySide6.QtWidgets import QDialogButtonBox
 
 from app.core.schema import PretrainedSource, ScriptSource
 from engine import Device, Tensor, optim
@@ -30,19 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
 LAYERS_0_1 = r"^layers\.(0|1)\."
 QUERY_VALUE = r"\.(query|value)\.weight$"
-
-
-@pytest.fixture
-def folders(monkeypatch):
-    """QFileDialog.getExistingDirectory answers with the folders put in this list, in order."""
-    answers: list = []
-
-    def choose(*_args, **_kwargs):
-        assert answers, "a folder dialog was opened that the test did not expect"
-        return str(answers.pop(0))
-
-    monkeypatch.setattr(QFileDialog, "getExistingDirectory", choose)
-    return answers
 
 
 def wait_idle(qtbot, window, timeout=30_000):

@@ -13,39 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDialogButtonBox, QFileDialog, QMenu, QMessageBox
+from PySide6.QtWidgets import QDialogButtonBox, QMenu, QMessageBox
 
 from engine import Device
 from widgets.lora_dialog import LoraDialog
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
-
-
-@pytest.fixture
-def folders(monkeypatch):
-    """QFileDialog.getExistingDirectory answers with the folders put in this list, in order."""
-    answers: list = []
-
-    def choose(*_args, **_kwargs):
-        assert answers, "a folder dialog was opened that the test did not expect"
-        return str(answers.pop(0))
-
-    monkeypatch.setattr(QFileDialog, "getExistingDirectory", choose)
-    return answers
-
-
-@pytest.fixture
-def files(monkeypatch):
-    """QFileDialog.getOpenFileName answers with the files put in this list, in order."""
-    answers: list = []
-
-    def choose(*_args, **_kwargs):
-        assert answers, "a file dialog was opened that the test did not expect"
-        return str(answers.pop(0)), ""
-
-    monkeypatch.setattr(QFileDialog, "getOpenFileName", choose)
-    return answers
 
 
 def corpus(path: Path, n=120, seed=0) -> Path:
