@@ -684,6 +684,54 @@ def first_bad_target(targets, classes: int, keep=None) -> int | None:
     return int(bad.argmax()) if bool(bad.any()) else None
 
 
+# The softmax cross entropy's passes over the logits (max, shift, exp, sum; then the backward's
+# scale) run a block of rows at a time, so that each block is read from memory once and stays in
+# cache for the next pass, and the blocks are shared among the kernel threads. A block holds
+# about this many bytes (a few rows of a 32k vocabulary: within a core's L2 cache). Every row is
+# reduced by the same NumPy loop as a whole-array call would use: the bits do not change.
+_CE_BLOCK_BYTES = 1 << 19
+
+
+def _row_blocks(x2) -> list[slice]:
+    n, row_bytes = x2.shape[0], max(1, x2.shape[1] * x2.itemsize)
+    per = max(1, _CE_BLOCK_BYTES // row_bytes)
+    return [slice(i, min(n, i + per)) for i in range(0, n, per)]
+
+
+def _shifted_exp_rows(x2):
+    """`m = max(x2, rows)`, `e = exp(x2 - m)`, `s = sum(e, rows)` (NumPy, C-contiguous x2) one
+    block of rows at a time over the kernel threads."""
+    n = x2.shape[0]
+    m = np.empty((n, 1), dtype=x2.dtype)
+    s = np.empty((n, 1), dtype=x2.dtype)
+    e = np.empty_like(x2)
+
+    def block(b):
+        xb, eb = x2[b], e[b]
+        np.max(xb, axis=1, keepdims=True, out=m[b])
+        np.subtract(xb, m[b], out=eb)
+        np.exp(eb, out=eb)
+        np.sum(eb, axis=1, keepdims=True, out=s[b])
+
+    blocks = _row_blocks(x2)
+    run_blocks(block, blocks, min_blocks=max(2, PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES))
+    return m, e, s
+
+
+def _scale_rows(e, row, xp):
+    """`e * row` (row: one factor per row, [n, 1]) into a fresh array; NumPy in row blocks over
+    the kernel threads when `e` is large."""
+    if xp is not np or not e.flags.c_contiguous or e.nbytes < _CE_BLOCK_BYTES:
+        return e * row
+    out = np.empty_like(e)
+
+    def block(b):
+        np.multiply(e[b], row[b], out=out[b])
+
+    run_blocks(block, _row_blocks(e), min_blocks=max(2, PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES))
+    return out
+
+
 def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=None, log_probs: bool = True,
                           dims: tuple[int, ...] = (1,)) -> Tensor:
     """`-sum_i r_i sum_c T_ic log p_ic / denom`, p the softmax of `logits` `[..., classes]` over
@@ -717,11 +765,14 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
         if log_probs:
             # one array of the logits' size: the shifted logits, exponentiated in place (the
             # targets' entries read before), kept for the backward
-            m = x2.max(axis=1, keepdims=True)
+            if xp is np and x2.flags.c_contiguous and x2.nbytes >= _CE_BLOCK_BYTES:
+                m, e, s = _shifted_exp_rows(x2)
+            else:
+                m = x2.max(axis=1, keepdims=True)
+                e = x2 - m
+                xp.exp(e, out=e)
+                s = e.sum(axis=1, keepdims=True)
             picked = x2[rows, t] - m[:, 0]
-            e = x2 - m
-            xp.exp(e, out=e)
-            s = e.sum(axis=1, keepdims=True)
             per = xp.log(s[:, 0]) - picked
             if rw is not None:
                 per = xp.where(rw != 0, per * rw, 0)
@@ -755,7 +806,7 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
         if index and log_probs:
             # (softmax - one_hot) * r * scale in one pass over the logits: each row's factor first
             row = scale / s if rw is None else (scale * rw[:, None]) / s
-            grad = e * row.astype(e.dtype, copy=False)  # a fresh array this rule owns
+            grad = _scale_rows(e, row.astype(e.dtype, copy=False), xp)  # a fresh array this rule owns
             grad[rows, t] -= scale if rw is None else (scale * rw).astype(e.dtype, copy=False)
         elif index:
             grad = xp.zeros_like(x2)
