@@ -19,7 +19,7 @@ from pathlib import Path
 THREADS = None
 if "--threads" in sys.argv:
     THREADS = int(sys.argv[sys.argv.index("--threads") + 1])
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("EMBER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(THREADS)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -12,12 +12,21 @@ a second run with PyTorch (whose spinning threads would slow the NumPy blocks). 
 the median block are shown too.
 Run with the stable malloc settings for steady numbers:
     MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 \
-        .venv/bin/python benchmarks/mlp.py
+        .venv/bin/python benchmarks/mlp.py [--threads N]
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+# `--threads N` pins the engine's kernels, NumPy's BLAS and PyTorch to N threads (set before
+# OpenBLAS loads: it reads the variables once); `make bench` runs this script at 1 and at 2
+THREADS = None
+if "--threads" in sys.argv:
+    THREADS = int(sys.argv[sys.argv.index("--threads") + 1])
+    for var in ("EMBER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(THREADS)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import fmt_time, machine, paired, print_table, torch_or_none  # noqa: E402
@@ -140,6 +149,8 @@ def torch_step_factory(torch):
 
 def main():
     torch = torch_or_none()
+    if torch is not None and THREADS is not None:
+        torch.set_num_threads(THREADS)
     makers = {"numpy": numpy_step_factory, "engine": engine_step_factory, "engine_nn": engine_nn_step_factory}
     if torch is not None:
         makers["torch"] = lambda: torch_step_factory(torch)
@@ -168,7 +179,7 @@ def _table(peer: str, sides: list, makers: dict, settle: float = 0.0) -> None:
     rows = [[label, fmt_time(res[k].best), fmt_time(res[k].median), f"{res[k].ratio:.2f}×",
              f"{res[k].ratio_q1:.2f}–{res[k].ratio_q3:.2f}"] for label, k in sides]
     print_table(f"MLP training step vs {peer}, batch {B}, {D_IN}→{D_H}→{D_OUT}, float32, {BLOCKS} paired blocks of "
-                f"{CALLS} steps ({machine()})",
+                f"{CALLS} steps{'' if THREADS is None else f', {THREADS} thread(s)'} ({machine()})",
                 ["implementation", "best block", "median block", f"vs {peer}", "middle half of the sets"], rows)
 
 

@@ -34,6 +34,9 @@ from benchmarks._common import STABLE_MALLOC  # noqa: E402
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
            "pretrained_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
 NOT_BENCHMARKS = {"run_all", "_common"}
+# scripts that measure one thread count per process (OpenBLAS reads its thread count once, at
+# start-up): run once per thread count, their outputs one after the other
+VARIANTS = {"mlp": (["--threads", "1"], ["--threads", "2"]), "conv": (["--threads", "1"], ["--threads", "2"])}
 TIMEOUT_S = 45 * 60
 
 
@@ -93,11 +96,14 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split(" | ")]
 
 
-def find_table(tables: list[Table], title_part: str) -> Table:
+def find_table(tables: list[Table], title_part: str, threads: str | None = None) -> Table:
+    """The first table whose title contains `title_part` (and, given `threads`, ", N thread(s)")."""
+    tag = None if threads is None else f", {threads} thread(s)"
     for t in tables:
-        if title_part.lower() in t.title.lower():
+        if title_part.lower() in t.title.lower() and (tag is None or tag in t.title):
             return t
-    raise LookupError(f"no table titled like {title_part!r} (found: {[t.title[:60] for t in tables]})")
+    raise LookupError(f"no table titled like {title_part!r}{'' if tag is None else ' with ' + repr(tag)} "
+                      f"(found: {[t.title[:60] for t in tables]})")
 
 
 _UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -171,11 +177,11 @@ def _ops_worst(out, tables):
                   worst[t.column("PyTorch fwd+bwd")], f"{ratio:.2f}×", ratio <= 1.0)
 
 
-def _mlp(peer: str, limit: float):
+def _mlp(peer: str, limit: float, threads: str):
     """The engine's MLP step (tensor ops) against a peer: the median paired ratio of mlp.py's
-    table for that peer, with the median blocks of both sides."""
+    table for that peer at `threads`, with the median blocks of both sides."""
     def extract(out, tables):
-        t = find_table(tables, f"MLP training step vs {peer}")
+        t = find_table(tables, f"MLP training step vs {peer}", threads)
         ember = t.row("Ember engine: tensor ops")
         base = t.rows[0]
         median = t.column("median block")
@@ -213,9 +219,9 @@ def _onnx_import(out, tables):
     return Figure(f"{fmt_seconds(value)}, {mb:+.0f} MB (the 25.6 M weights included)")
 
 
-def _conv(case: str, column: str, limit: float):
+def _conv(case: str, column: str, limit: float, threads: str):
     def extract(out, tables):
-        t = find_table(tables, "conv2d / max_pool2d")
+        t = find_table(tables, "conv2d / max_pool2d", threads)
         col = t.column(column)
         ember = seconds(t.row(case, "Ember")[col])
         peer = t.row(case, "PyTorch")
@@ -392,32 +398,38 @@ def _lora_step(threads: str):
 TARGETS = [
     Target("ops", "c = a + b; c.sum().backward() on 2×2", "≤ 1.0× PyTorch", "issue 2", _ops_headline),
     Target("ops", "worst per-op fwd+bwd on 2×2", "≤ 1.0× PyTorch", "assumed", _ops_worst),
-    Target("mlp", "MLP train step 784→512→10, batch 256", "≤ 1.1× NumPy", "issue 2", _mlp("NumPy", 1.1)),
-    Target("mlp", "MLP train step 784→512→10, batch 256", "≤ 1.0× PyTorch", "issue 2", _mlp("PyTorch", 1.0)),
+    Target("mlp", "MLP train step 784→512→10, batch 256, 2 threads", "≤ 1.1× NumPy", "issue 2",
+           _mlp("NumPy", 1.1, "2")),
+    Target("mlp", "MLP train step 784→512→10, batch 256, 1 thread", "≤ 1.0× PyTorch", "issue 22",
+           _mlp("PyTorch", 1.0, "1")),
+    Target("mlp", "MLP train step 784→512→10, batch 256, 2 threads", "≤ 1.0× PyTorch", "issue 22",
+           _mlp("PyTorch", 1.0, "2")),
     Target("lazy_params", "6.7 B lazy params: build + count + display", "< 0.5 s", "issue 3", _lazy("time")),
     Target("lazy_params", "6.7 B lazy params: memory added", "< 50 MB, none initialized", "issue 3", _lazy("memory")),
-    Target("conv", "conv2d 1→64 3x3, 28x28, fwd+bwd", "≤ 1.5× PyTorch", "assumed (issue 4's bound)",
-           _conv("1→64", "forward + backward", 1.5)),
-    Target("conv", "conv2d 64→64 3x3, 13x13, fwd+bwd", "≤ 1.5× PyTorch", "assumed (issue 4's bound)",
-           _conv("64→64", "forward + backward", 1.5)),
-    Target("conv", "max_pool2d 2x2, 64x26x26, fwd+bwd", "≤ 1.5× PyTorch", "assumed (issue 4's bound)",
-           _conv("max_pool2d", "forward + backward", 1.5)),
-    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64, 1 thread", "≤ 1.5× PyTorch", "issue 4",
-           _layers("burn-mnist", "1", 1.5)),
-    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64, 2 threads", "≤ 1.5× PyTorch", "issue 4",
-           _layers("burn-mnist", "2", 1.5)),
-    Target("layers", "TransformerEncoder layer fwd+bwd, 1 thread", "≤ 1.5× PyTorch", "issue 4",
-           _layers("TransformerEncoder", "1", 1.5)),
-    Target("layers", "TransformerEncoder layer fwd+bwd, 2 threads", "≤ 1.5× PyTorch", "issue 4",
-           _layers("TransformerEncoder", "2", 1.5)),
+    Target("conv", "conv2d 1→64 3x3, 28x28, fwd+bwd, 2 threads", "≤ 1.5× PyTorch", "assumed (issue 4's bound)",
+           _conv("1→64", "forward + backward", 1.5, "2")),
+    Target("conv", "conv2d 64→64 3x3, 13x13, fwd+bwd, 1 thread", "≤ 1.0× PyTorch", "issue 22",
+           _conv("64→64", "forward + backward", 1.0, "1")),
+    Target("conv", "conv2d 64→64 3x3, 13x13, fwd+bwd, 2 threads", "≤ 1.0× PyTorch", "issue 22",
+           _conv("64→64", "forward + backward", 1.0, "2")),
+    Target("conv", "max_pool2d 2x2, 64x26x26, fwd+bwd, 2 threads", "≤ 1.5× PyTorch", "assumed (issue 4's bound)",
+           _conv("max_pool2d", "forward + backward", 1.5, "2")),
+    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64, 1 thread", "≤ 1.0× PyTorch", "issue 22",
+           _layers("burn-mnist", "1", 1.0)),
+    Target("layers", "burn-mnist CNN fwd+bwd+CE, batch 64, 2 threads", "≤ 1.0× PyTorch", "issue 22",
+           _layers("burn-mnist", "2", 1.0)),
+    Target("layers", "TransformerEncoder layer fwd+bwd, 1 thread", "≤ 1.0× PyTorch", "issue 22",
+           _layers("TransformerEncoder", "1", 1.0)),
+    Target("layers", "TransformerEncoder layer fwd+bwd, 2 threads", "≤ 1.0× PyTorch", "issue 22",
+           _layers("TransformerEncoder", "2", 1.0)),
     Target("store", "save 100 M params, durable", "≤ 1.2× safetensors", "issue 5",
            _store("save, durable (Ember atomic vs safetensors + fsync)", 1.2)),
     Target("store", "load 100 M params into the model", "≤ 1× safetensors", "issue 5",
            _store("load into the model vs safetensors load_file", 1.0)),
-    Target("train", "train step, MLP (spirals), 1 thread", "≤ 1.3× PyTorch", "issue 6", _train("MLP", "1", 1.3)),
-    Target("train", "train step, MLP (spirals), 2 threads", "≤ 1.3× PyTorch", "issue 6", _train("MLP", "2", 1.3)),
-    Target("train", "train step, MNIST CNN, 1 thread", "≤ 1.3× PyTorch", "issue 6", _train("MNIST", "1", 1.3)),
-    Target("train", "train step, MNIST CNN, 2 threads", "≤ 1.3× PyTorch", "issue 6", _train("MNIST", "2", 1.3)),
+    Target("train", "train step, MLP (spirals), 1 thread", "≤ 1.0× PyTorch", "issue 22", _train("MLP", "1", 1.0)),
+    Target("train", "train step, MLP (spirals), 2 threads", "≤ 1.0× PyTorch", "issue 22", _train("MLP", "2", 1.0)),
+    Target("train", "train step, MNIST CNN, 1 thread", "≤ 1.0× PyTorch", "issue 22", _train("MNIST", "1", 1.0)),
+    Target("train", "train step, MNIST CNN, 2 threads", "≤ 1.0× PyTorch", "issue 22", _train("MNIST", "2", 1.0)),
     Target("train", "Adam update alone, 2 threads", "≤ 1.3× PyTorch", "issue 6", _train("Adam update", "2", 1.3)),
     Target("gui_open", "open the 6.7 B lazy model: tree painted", "< 1 s", "issue 8", _gui_open("llama-7b", 1.0)),
     Target("gui_open", "open a 10,000-module model: tree painted", "< 2 s", "issue 8", _gui_open("generated 10k", 2.0)),
@@ -482,19 +494,27 @@ def bench_env() -> dict[str, str]:
 
 
 def run_script(name: str, timeout: float) -> Run:
-    cmd = [sys.executable, str(BENCH / f"{name}.py")]
-    print(f"--- {name}: {' '.join(cmd)}", flush=True)
+    """The script once, or once per argument list of VARIANTS[name] (outputs joined in order;
+    the first failure is the run's)."""
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=str(ROOT), env=bench_env(), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return Run(name, None, time.perf_counter() - t0, out, "", f"stopped after {timeout:.0f} s")
-    run = Run(name, proc.returncode, time.perf_counter() - t0, proc.stdout, proc.stderr)
-    print(proc.stdout, flush=True)
-    if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr, flush=True)
-    return run
+    outs, errs, code = [], [], 0
+    for args in VARIANTS.get(name, ([],)):
+        cmd = [sys.executable, str(BENCH / f"{name}.py"), *args]
+        print(f"--- {name}: {' '.join(cmd)}", flush=True)
+        try:
+            proc = subprocess.run(cmd, cwd=str(ROOT), env=bench_env(), capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            return Run(name, None, time.perf_counter() - t0, "\n".join(outs + [out]), "\n".join(errs),
+                       f"stopped after {timeout:.0f} s")
+        print(proc.stdout, flush=True)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr, flush=True)
+            code = code or proc.returncode
+        outs.append(proc.stdout)
+        errs.append(proc.stderr)
+    return Run(name, code, time.perf_counter() - t0, "\n".join(outs), "\n".join(errs))
 
 
 def torch_version() -> str | None:
@@ -612,7 +632,9 @@ def report(runs: dict[str, Run], order: list[str], torch: str | None, started: s
     for name in order:
         run = runs[name]
         status = (f"exit status {run.returncode}" if run.returncode is not None else run.note)
-        out += [f"### {name}.py", "", f"`{Path(sys.executable).name} benchmarks/{name}.py`: {status}, "
+        cmds = " then ".join(f"`{Path(sys.executable).name} benchmarks/{name}.py{''.join(' ' + a for a in args)}`"
+                             for args in VARIANTS.get(name, ([],)))
+        out += [f"### {name}.py", "", f"{cmds}: {status}, "
                 f"{run.seconds:.0f} s.", "", "```text", run.stdout.strip() or "(no output)", "```", ""]
         if run.returncode != 0 and run.stderr.strip():
             out += ["stderr (last lines):", "", "```text", "\n".join(run.stderr.strip().splitlines()[-15:]), "```", ""]
@@ -622,7 +644,8 @@ def report(runs: dict[str, Run], order: list[str], torch: str | None, started: s
 def runs_from_report(text: str) -> tuple[dict[str, Run], list[str]]:
     """The outputs a RESULTS.md recorded, as runs (to summarize them again without running)."""
     runs, order = {}, []
-    pattern = re.compile(r"^### (\w+)\.py\n\n`[^`]*`: (.*?), (\d+) s\.\n\n```text\n(.*?)\n```", re.M | re.S)
+    pattern = re.compile(r"^### (\w+)\.py\n\n(?:`[^`]*`(?: then )?)+: (.*?), (\d+) s\.\n\n```text\n(.*?)\n```",
+                         re.M | re.S)
     for m in pattern.finditer(text):
         name, status, secs, out = m.groups()
         code = re.fullmatch(r"exit status (-?\d+)", status)
