@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from ..tensor import Tensor
 from ..tensor import raw
+from ..tensor import trace as _trace
+from . import _sdpa
 from ._base import Config, Layer, assert_shape, check_dtype, initializers
 from .activation import Gelu
 from .dropout import DropoutConfig
@@ -316,6 +318,24 @@ class MultiHeadAttention(Layer):
             key = rope.apply(key, start)
         if cache is not None:
             key, value = cache.append(key, value)
+        scale = 1.0 / math.sqrt(self.d_k)
+        causal_offset = seq_length_2 - seq_length_1 if self.causal else None
+        p = self.dropout.prob if self.dropout.training and self.dropout.prob > 0.0 and (
+            query.is_autodiff() or key.is_autodiff()) else 0.0
+        if _trace.is_active():  # a trace (ONNX export, the graph view) records the op chain
+            weights, context = self._attend_ops(query, key, value, input, scale, causal_offset)
+        else:
+            weights, context = _sdpa.scaled_dot_product_attention(
+                query, key, value, scale, mask=_one_mask(input, batch_size, seq_length_1, seq_length_2),
+                causal_offset=causal_offset, min_float=self.min_float, quiet=self.quiet_softmax, dropout=p)
+        context = context.swap_dims(1, 2).reshape(batch_size, seq_length_1, self.n_heads * self.d_k)
+        return MhaOutput(weights, self.output.forward(context))
+
+    def _attend_ops(self, query, key, value, input, scale, causal_offset):
+        """The attention as a chain of tensor ops, what a trace records (ONNX export writes each
+        op): the numbers of `_sdpa.scaled_dot_product_attention`, one node per op."""
+        batch_size, _, seq_length_1, _ = query.shape
+        seq_length_2 = key.shape[2]
         groups = self.n_heads // self.n_kv_heads
         if groups == 1:
             scores = query @ key.transpose()
@@ -323,7 +343,7 @@ class MultiHeadAttention(Layer):
             q5 = query.reshape(batch_size, self.n_kv_heads, groups, seq_length_1, self.d_k)
             scores = (q5 @ key.unsqueeze(2).transpose()).reshape(batch_size, self.n_heads, seq_length_1,
                                                                  seq_length_2)
-        scores = scores * (1.0 / math.sqrt(self.d_k))
+        scores = scores * scale
         scores = self.dropout.forward(scores)
         if input.mask_pad_ is not None:
             scores = scores.mask_fill(input.mask_pad_.reshape(batch_size, 1, 1, seq_length_2), self.min_float)
@@ -331,7 +351,7 @@ class MultiHeadAttention(Layer):
             scores = scores.mask_fill(
                 input.mask_attn_.reshape(batch_size, 1, seq_length_1, seq_length_2), self.min_float
             )
-        if self.causal:
+        if causal_offset is not None:
             scores = scores.mask_fill(_causal_mask(seq_length_1, seq_length_2, scores.device), self.min_float)
         weights = scores.quiet_softmax(3) if self.quiet_softmax else scores.softmax(3)
         if groups == 1:
@@ -339,8 +359,7 @@ class MultiHeadAttention(Layer):
         else:
             w5 = weights.reshape(batch_size, self.n_kv_heads, groups, seq_length_1, seq_length_2)
             context = (w5 @ value.unsqueeze(2)).reshape(batch_size, self.n_heads, seq_length_1, self.d_k)
-        context = context.swap_dims(1, 2).reshape(batch_size, seq_length_1, self.n_heads * self.d_k)
-        return MhaOutput(weights, self.output.forward(context))
+        return weights, context
 
     def _heads(self, x, linear, n_heads):
         b, s, _ = x.shape
@@ -362,6 +381,17 @@ class MultiHeadAttention(Layer):
         if self.causal:
             content = content.add("causal", self.causal)
         return content.optional()
+
+
+def _one_mask(input: MhaInput, batch_size: int, seq_length_1: int, seq_length_2: int):
+    """The padding and attention masks as one bool array `[batch_size, 1, seq_length_1 or 1,
+    seq_length_2]` (true: masked), or None without either."""
+    pad, attn = input.mask_pad_, input.mask_attn_
+    m = None if pad is None else raw.array(pad).reshape(batch_size, 1, 1, seq_length_2)
+    if attn is not None:
+        a = raw.array(attn).reshape(batch_size, 1, seq_length_1, seq_length_2)
+        m = a if m is None else (m | a)
+    return m
 
 
 def _causal_mask(seq_length_1: int, seq_length_2: int, device) -> Tensor:

@@ -1,0 +1,305 @@
+"""The fused scaled-dot-product attention (issue 22): `engine.nn._sdpa.scaled_dot_product_attention`
+and `MultiHeadAttention` on it, against a NumPy reference written here (kv heads repeated, scores
+scaled, dropped, masked to `min_float`, softmax or quiet softmax); gradients of q, k, v (through
+the context and through the weights) against central finite differences in float64; the dropout
+draw and its gradient; a work count (one tape node, a bounded number of score-sized arrays) that
+fails if the op is unfused again."""
+from __future__ import annotations
+
+import collections
+import gc
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from engine import Device, Tensor, nn
+from engine.nn._sdpa import scaled_dot_product_attention
+from engine.tensor import TensorError
+from engine.tensor.threads import num_threads, set_num_threads
+from tests.engine.gradcheck import check_grads, numeric_grad
+
+RNG = np.random.default_rng(22)
+
+
+def _ref(q, k, v, scale, mask=None, causal_offset=None, min_float=-1.0e4, quiet=False, mult=None):
+    """Attention in NumPy: weights [b, h, s1, s2] and context [b, h, s1, dv]."""
+    g = q.shape[1] // k.shape[1]
+    kr, vr = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
+    if mult is not None:
+        s = s * mult
+    full = np.zeros(s.shape, dtype=bool)
+    if mask is not None:
+        full |= np.broadcast_to(mask, s.shape)
+    if causal_offset is not None:
+        s1, s2 = s.shape[-2:]
+        full |= (np.arange(s2)[None, :] > np.arange(s1)[:, None] + causal_offset)[None, None]
+    s = np.where(full, min_float, s)
+    if quiet:
+        m = np.maximum(s.max(-1, keepdims=True), 0)
+        e = np.exp(s - m)
+        w = e / (e.sum(-1, keepdims=True) + np.exp(-m))
+    else:
+        e = np.exp(s - s.max(-1, keepdims=True))
+        w = e / e.sum(-1, keepdims=True)
+    return w, np.einsum("bhij,bhjd->bhid", w, vr)
+
+
+def _qkv(b, h, hk, s1, s2, d, dv=None, dtype=np.float64):
+    dv = d if dv is None else dv
+    return (RNG.standard_normal((b, h, s1, d)).astype(dtype), RNG.standard_normal((b, hk, s2, d)).astype(dtype),
+            RNG.standard_normal((b, hk, s2, dv)).astype(dtype))
+
+
+def _t(a):
+    return Tensor.from_data(a, dtype=str(a.dtype))
+
+
+CASES = {
+    # name: (b, h, hk, s1, s2, d, mask builder, causal_offset, quiet)
+    "mha": (2, 3, 3, 4, 4, 5, None, None, False),
+    "gqa": (2, 6, 2, 3, 5, 4, None, None, False),
+    "mqa causal": (1, 4, 1, 5, 5, 3, None, 0, False),
+    "pad mask": (3, 2, 2, 4, 6, 3, lambda b, s1, s2: RNG.random((b, 1, 1, s2)) < 0.4, None, False),
+    "attn mask": (2, 4, 2, 3, 4, 2, lambda b, s1, s2: RNG.random((b, 1, s1, s2)) < 0.3, None, False),
+    "causal cache s1 != s2": (2, 4, 2, 2, 7, 3, lambda b, s1, s2: RNG.random((b, 1, 1, s2)) < 0.2, 5, False),
+    "quiet": (2, 2, 1, 3, 4, 4, lambda b, s1, s2: RNG.random((b, 1, s1, s2)) < 0.3, None, True),
+    "per-head mask": (2, 4, 2, 3, 3, 2, lambda b, s1, s2: RNG.random((b, 4, s1, s2)) < 0.3, None, False),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_matches_the_numpy_reference(name, dtype):
+    b, h, hk, s1, s2, d, make_mask, off, quiet = CASES[name]
+    q, k, v = _qkv(b, h, hk, s1, s2, d, dv=d + 1, dtype=dtype)
+    mask = make_mask(b, s1, s2) if make_mask else None
+    scale = 1.0 / math.sqrt(d)
+    w, c = scaled_dot_product_attention(_t(q), _t(k), _t(v), scale, mask=None if mask is None else Tensor.from_data(mask),
+                                        causal_offset=off, quiet=quiet)
+    rw, rc = _ref(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale, mask, off, quiet=quiet)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-5, atol=2e-6)
+    assert w.dtype == c.dtype == str(np.dtype(dtype))
+    assert w.shape == (b, h, s1, s2) and c.shape == (b, h, s1, d + 1)
+    np.testing.assert_allclose(w.numpy(), rw, **tol)
+    np.testing.assert_allclose(c.numpy(), rc, **tol)
+
+
+def test_a_row_with_every_key_masked_is_uniform_as_before():
+    q, k, v = _qkv(2, 2, 2, 3, 4, 3)
+    mask = np.zeros((2, 1, 3, 4), dtype=bool)
+    mask[0, 0, 1] = True  # every key of query 1 in batch 0
+    mask[1, 0, :, 2] = True
+    w, c = scaled_dot_product_attention(_t(q), _t(k), _t(v), 0.5, mask=mask)
+    np.testing.assert_array_equal(w.numpy()[0, :, 1], np.full((2, 4), 0.25))
+    rw, rc = _ref(q, k, v, 0.5, mask)
+    np.testing.assert_allclose(w.numpy(), rw, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(c.numpy(), rc, rtol=1e-12, atol=1e-14)
+
+
+def _grad_case(name):
+    b, h, hk, s1, s2, d, make_mask, off, quiet = CASES[name]
+    q, k, v = _qkv(b, h, hk, s1, s2, d)
+    mask = make_mask(b, s1, s2) if make_mask else None
+    return q, k, v, mask, off, quiet, 1.0 / math.sqrt(d)
+
+
+@pytest.mark.parametrize("name", ["mha", "gqa", "causal cache s1 != s2", "quiet", "per-head mask"])
+@pytest.mark.parametrize("output", ["context", "weights"])
+def test_gradients_of_q_k_v_match_finite_differences(name, output):
+    q, k, v, mask, off, quiet, scale = _grad_case(name)
+    pick = 1 if output == "context" else 0
+    check_grads(lambda a, b_, c: scaled_dot_product_attention(a, b_, c, scale, mask=mask, causal_offset=off,
+                                                               quiet=quiet)[pick], q, k, v)
+
+
+def test_gradients_with_an_all_masked_row_and_both_outputs_used():
+    q, k, v = _qkv(1, 4, 2, 3, 4, 2)
+    mask = np.zeros((1, 1, 3, 4), dtype=bool)
+    mask[0, 0, 2] = True  # the uniform row: no gradient flows into its masked scores
+    mask[0, 0, 0, 1] = True
+
+    def fn(a, b, c):
+        w, ctx = scaled_dot_product_attention(a, b, c, 0.7, mask=mask, min_float=-3.0)
+        return ctx.sum_dim(3) + w.sum_dim(3) * 0.5
+
+    check_grads(fn, q, k, v)
+
+
+def test_only_the_inputs_in_a_graph_get_gradients():
+    q, k, v = _qkv(2, 4, 2, 3, 3, 2)
+    tq, tk, tv = _t(q).require_grad(), _t(k), _t(v).require_grad()
+    grads = scaled_dot_product_attention(tq, tk, tv, 0.5, causal_offset=0)[1].sum().backward()
+    assert tk.grad(grads) is None
+    assert tq.grad(grads).shape == q.shape and tv.grad(grads).shape == v.shape
+
+
+def test_dropout_draws_as_tensor_dropout_and_its_gradient_matches_finite_differences():
+    dev = Device("cpu:5")
+    p = 0.3
+    q, k, v = _qkv(2, 4, 2, 3, 5, 3)
+    mask = RNG.random((2, 1, 1, 5)) < 0.3
+    scale = 1.0 / math.sqrt(3)
+    dev.seed(7)
+    tq, tk, tv = (Tensor.from_data(a, device=dev, dtype="float64").require_grad() for a in (q, k, v))
+    w, c = scaled_dot_product_attention(tq, tk, tv, scale, mask=mask, causal_offset=2, dropout=p)
+    dev.seed(7)  # the same draw as Tensor.dropout on the scores: one uniform per score
+    mult = (dev.rng.random((2, 4, 3, 5), dtype=np.float64) >= p) * (1.0 / (1.0 - p))
+    assert (mult == 0).any() and (mult != 0).any()
+    rw, rc = _ref(q, k, v, scale, mask, 2, mult=mult)
+    np.testing.assert_allclose(w.numpy(), rw, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(c.numpy(), rc, rtol=1e-12, atol=1e-14)
+
+    probe = RNG.standard_normal(rc.shape)
+    grads = (c * Tensor.from_data(probe, device=dev, dtype="float64")).sum().backward()
+
+    def scalar(a, b, cc):
+        return float((_ref(a, b, cc, scale, mask, 2, mult=mult)[1] * probe).sum())
+
+    for i, t in enumerate((tq, tk, tv)):
+        np.testing.assert_allclose(t.grad(grads).numpy(), numeric_grad(scalar, [q, k, v], i), rtol=1e-6, atol=1e-8)
+
+
+def test_the_layer_with_dropout_draws_what_the_unfused_layer_drew():
+    """In training mode the layer's dropout on the scores: the same uniforms, the same kept
+    scores scaled by 1 / (1 - p), as the op chain's `Tensor.dropout` gave."""
+    dev = Device("cpu:6")
+    dev.set_default_float_dtype("float64")
+    try:
+        m = nn.MultiHeadAttentionConfig(8, 4, dropout=0.5, n_kv_heads=2).init(dev)
+        x = RNG.standard_normal((2, 3, 8))
+        m.forward(nn.MhaInput.self_attn(Tensor.from_data(x, device=dev)))  # the lazy parameters, before the seed
+        dev.seed(11)
+        out = m.forward(nn.MhaInput.self_attn(Tensor.from_data(x, device=dev).autodiff()))
+        dev.seed(11)
+        mult = (dev.rng.random((2, 4, 3, 3), dtype=np.float64) >= 0.5) * 2.0
+    finally:
+        dev.set_default_float_dtype("float32")
+
+    def heads(lin, n):
+        y = x @ lin.weight.val().numpy() + lin.bias.val().numpy()
+        return y.reshape(2, 3, n, 2).transpose(0, 2, 1, 3)
+
+    rw, rc = _ref(heads(m.query, 4), heads(m.key, 2), heads(m.value, 2), 1.0 / math.sqrt(2), mult=mult)
+    np.testing.assert_allclose(out.weights.numpy(), rw, rtol=1e-12, atol=1e-14)
+    ctx = rc.transpose(0, 2, 1, 3).reshape(2, 3, 8)
+    expected = ctx @ m.output.weight.val().numpy() + m.output.bias.val().numpy()
+    np.testing.assert_allclose(out.context.numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_the_layer_with_masks_causal_and_a_cache_matches_the_reference(dev64):
+    m = nn.MultiHeadAttentionConfig(12, 6, dropout=0.0, n_kv_heads=3, causal=True).init(dev64)
+    x = RNG.standard_normal((2, 5, 12))
+    pad = np.zeros((2, 5), dtype=bool)
+    pad[1, 0] = True
+    attn = RNG.random((2, 2, 5)) < 0.3
+    cache = nn.KVCache()
+    m.forward(nn.MhaInput.self_attn(Tensor.from_data(x[:, :3], device=dev64)), cache=cache)
+    out = m.forward(nn.MhaInput.self_attn(Tensor.from_data(x[:, 3:], device=dev64))
+                    .mask_pad(Tensor.from_data(pad, device=dev64)).mask_attn(Tensor.from_data(attn, device=dev64)),
+                    cache=cache)
+
+    def heads(lin, n, rows):
+        y = x[:, rows] @ lin.weight.val().numpy() + lin.bias.val().numpy()
+        return y.reshape(2, -1, n, 2).transpose(0, 2, 1, 3)
+
+    mask = pad[:, None, None, :] | attn[:, None]
+    rw, rc = _ref(heads(m.query, 6, slice(3, 5)), heads(m.key, 3, slice(0, 5)), heads(m.value, 3, slice(0, 5)),
+                  1.0 / math.sqrt(2), mask, causal_offset=3)
+    np.testing.assert_allclose(out.weights.numpy(), rw, rtol=1e-10, atol=1e-12)
+    expected = rc.transpose(0, 2, 1, 3).reshape(2, 2, 12) @ m.output.weight.val().numpy() + m.output.bias.val().numpy()
+    np.testing.assert_allclose(out.context.numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers():
+    """Enough scores for several blocks and both kernel threads: the same as one thread."""
+    q, k, v = _qkv(6, 8, 2, 64, 64, 8, dtype=np.float32)
+    old = num_threads()
+    res = []
+    try:
+        for n in (1, 2):
+            set_num_threads(n)
+            tq, tk, tv = (_t(a).require_grad() for a in (q, k, v))
+            w, c = scaled_dot_product_attention(tq, tk, tv, 0.35, causal_offset=0, quiet=True)
+            grads = (c * c).sum().backward()
+            res.append([w.numpy(), c.numpy()] + [t.grad(grads).numpy() for t in (tq, tk, tv)])
+    finally:
+        set_num_threads(old)
+    rw, rc = _ref(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 0.35, None, 0, quiet=True)
+    np.testing.assert_allclose(res[0][0], rw, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(res[0][1], rc, rtol=1e-4, atol=1e-5)
+    for a, b in zip(res[0], res[1]):
+        np.testing.assert_array_equal(a, b)  # each block's arithmetic does not depend on the thread count
+
+
+def test_wrong_inputs_say_what_was_expected_and_found():
+    q, k, v = _qkv(2, 4, 2, 3, 5, 2)
+    with pytest.raises(TensorError, match=r"mask's dims \[2, 1, 3, 4\] do not broadcast .*seq_length_2 5"):
+        scaled_dot_product_attention(_t(q), _t(k), _t(v), 1.0, mask=np.zeros((2, 1, 3, 4), dtype=bool))
+    with pytest.raises(TensorError, match=r"expected a bool mask, found float64"):
+        scaled_dot_product_attention(_t(q), _t(k), _t(v), 1.0, mask=np.zeros((2, 1, 3, 5)))
+    with pytest.raises(TensorError, match=r"query's heads \(4\) must be a multiple of the key's \(3\)"):
+        scaled_dot_product_attention(_t(q), _t(np.zeros((2, 3, 5, 2))), _t(np.zeros((2, 3, 5, 2))), 1.0)
+    with pytest.raises(TensorError, match=r"expected the key as \[batch_size, heads, seq_length, head_dim\]"):
+        scaled_dot_product_attention(_t(q), _t(k[0]), _t(v), 1.0)
+
+
+# ---------------------------------------------------------------------- work count (no timing)
+def _graph_ops(t: Tensor) -> collections.Counter:
+    seen, stack, ops = set(), [t._node], collections.Counter()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        ops["leaf" if node.leaf else node.op] += 1
+        stack.extend(node.parents or ())
+    return ops
+
+
+def test_the_layer_records_one_attention_node():
+    m = nn.MultiHeadAttentionConfig(16, 4, dropout=0.1, n_kv_heads=2, causal=True).init()
+    x = Tensor.from_data(RNG.standard_normal((2, 5, 16), dtype=np.float32)).require_grad()
+    pad = Tensor.from_data(np.array([[0, 0, 0, 0, 1], [0] * 5], dtype=bool))
+    ops = _graph_ops(m.forward(nn.MhaInput.self_attn(x).mask_pad(pad)).context.sum())
+    assert ops["scaled_dot_product_attention"] == 1, ops
+    for unfused in ("softmax", "quiet_softmax", "mask_fill", "matmul", "dropout", "mul"):
+        assert ops[unfused] == 0, ops
+    # 4 linear maps, the 3 head splits (reshape, swap_dims), the merge (swap_dims, reshape), the sum
+    assert sum(n for op, n in ops.items() if op != "leaf") <= 14, ops
+
+
+def test_forward_and_backward_allocate_a_bounded_number_of_score_arrays():
+    """At one thread, scores of [2, 8, 64, 64] float32 (256 KB, one block) dominate. After the
+    forward the graph keeps the weights (one score array), the dropout's dropped entries (a byte
+    each) and the context: 1.41 score arrays; forward + backward peak at 2.99 (the block's dW and
+    the gradients). The op chain (`MultiHeadAttention._attend_ops`) held 3.18 and peaked at 5.36."""
+    b, h, hk, s, d = 2, 8, 2, 64, 8
+    q, k, v = _qkv(b, h, hk, s, s, d, dtype=np.float32)
+    unit = b * h * s * s * 4
+    tq, tk, tv = (_t(a).require_grad() for a in (q, k, v))
+    old = num_threads()
+    set_num_threads(1)
+    try:
+        def step():
+            c = scaled_dot_product_attention(tq, tk, tv, 0.3, causal_offset=0, dropout=0.1)[1]
+            return c
+
+        step().sum().backward()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            c = step()
+            held = tracemalloc.get_traced_memory()[0] - base
+            c.sum().backward()
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+    finally:
+        set_num_threads(old)
+    assert held <= 1.6 * unit, held / unit  # 1.41 today
+    assert peak <= 3.5 * unit, peak / unit  # 2.99 today
