@@ -18,6 +18,7 @@ import numpy as np
 
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, check_same_device, record, tracking, unbroadcast, untracked
+from ..tensor.scalar_ufunc import maximum_scalar
 from ..tensor.threads import PARALLEL_MIN_BYTES, run_blocks, run_chunks
 
 _SQRT_2 = math.sqrt(2.0)
@@ -116,7 +117,7 @@ def _gelu_f32(xd):
             np.negative(eb, out=eb)
             # exp(-x^2 / 2), from -60 up: subnormal results (|x| > 13) made every later pass over
             # the block ~50x slower; Phi(-|x|) < 1e-27 there, so the clamp changes nothing visible
-            np.maximum(eb, floor, out=eb)
+            maximum_scalar(eb, floor, out=eb)
             np.exp(eb, out=eb)
             np.multiply(zb, p, out=tb)
             tb += one

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..autodiff.tape import Node, is_recording
 from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
+from .scalar_ufunc import maximum_scalar
 from .threads import elementwise
 
 _wrap = Tensor._wrap
@@ -316,7 +317,7 @@ def _relu(x):
 
 
 def _relu_into(x, out=None):
-    return np.maximum(x, 0, out=out)
+    return maximum_scalar(x, 0.0, out=out)
 
 
 def _relu_grad(g, x, o):
