@@ -13,7 +13,7 @@ import numpy as np
 
 from ..autodiff.tape import Node, is_recording
 from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
-from .scalar_ufunc import maximum_scalar
+from .scalar_ufunc import maximum_scalar, minimum_scalar
 from .threads import elementwise
 
 _wrap = Tensor._wrap
@@ -338,6 +338,14 @@ def clamp(self, min=None, max=None):
         raise TensorError("clamp: expected at least one of min and max")
 
     def fwd(x):
+        scalar = (int, float, np.integer, np.floating)
+        if (isinstance(x, np.ndarray) and x.dtype.kind == "f" and (min is None or isinstance(min, scalar))
+                and (max is None or isinstance(max, scalar))):
+            # np.clip's scalar loops are the slow ones of maximum / minimum (scalar_ufunc)
+            out = x if min is None else maximum_scalar(x, min)
+            if max is not None:
+                out = minimum_scalar(out, max, out=out if out is not x and isinstance(out, np.ndarray) else None)
+            return out
         return _xp(x).clip(x, min, max)
 
     def rule(g, x, o):
