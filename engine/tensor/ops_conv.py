@@ -11,9 +11,12 @@ matrix product (per image when the inner dimension is tiny, as for a one-channel
 layer); with groups 1 the bias rides along as a row of ones. The backward pass reuses that
 buffer for the weight gradient and spreads the column gradient back over the input
 ("col2im": one strided add per kernel offset). Both go in two stages (the last axis's
-offsets first), so that every copy and add moves whole output rows or planes. A transposed
-convolution is the same two steps in the other order. Every path is tested against loop
-references (tests/engine/tensor/test_ops_conv.py forces each one).
+offsets first), so that every copy and add moves whole output rows or planes. With groups 1
+and many channels the same steps run on a channels-last copy instead (`_conv_cl`), where
+every copy and add moves whole channel vectors and the input gradient is spread one kernel
+offset's product at a time while it is in cache. A transposed convolution is the same two
+steps in the other order. Every path is tested against loop references
+(tests/engine/tensor/test_ops_conv.py forces each one).
 
 Input, weight and bias must share one float dtype: a float64 input to a float32 weight raises
 `DTypeError` instead of promoting (convert one with `.cast(...)`).
@@ -27,13 +30,20 @@ import numpy as np
 
 from .tensor import DTypeError, Tensor, TensorError, check_same_device, record, tensor_method
 from . import threads as _threads
-from .threads import copy_into, run_blocks, split
+from .threads import copy_into, run_blocks, run_chunks, split
 
 _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
 # below this inner dimension (channels_in/groups * kernel size) one matrix product per image
 # beats one large product followed by a transpose of its result
 _SMALL_K = 32
 _IMAGES_PER_PARTIAL = 16  # the per-image weight gradient sums this many images per partial
+# with groups 1, a kernel of more than one element and at least this many input and output
+# channels, convolutions run channels-last (see `_conv_cl`): every copy and add then moves runs
+# of whole channel vectors (a 1x1 kernel gains nothing from columns, and stays channel-major)
+_CL_MIN_CHANNELS = 16
+# the channels-last input gradient works this many bytes of one kernel offset's products at a
+# time (a run of whole images), so that they are spread while still in the core's L2 cache
+_CL_CHUNK_BYTES = 1 << 18
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -371,6 +381,8 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
     dev = x._device
     xp = dev.xp
     inputs, xa, wa, ba = _operands(x, weight, bias)
+    if xp is np and groups == 1 and min(c_in, c_out) >= _CL_MIN_CHANNELS and int(np.prod(kernel)) > 1:
+        return _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, out_sp)
 
     g_ = groups
     c_out_g = c_out // g_
@@ -470,6 +482,165 @@ def _channel_sum(xp, g):
         p = g.size // max(b * c, 1)
         return (g.reshape(b * c, p) @ np.ones(p, dtype=g.dtype)).reshape(b, c).sum(axis=0)
     return g.sum(axis=(0,) + tuple(range(2, g.ndim)))
+
+
+# ---------------------------------------------------------------------- channels-last convolution
+# With groups 1 and many channels (the inner layers of a CNN), the convolution works on a
+# channels-last copy of the input, `[B, *S, C]`. Its columns are `[B, *out, *kernel, C]`, built
+# by one copy of a strided window view in which every run is a whole channel vector (whole
+# `kernel_last * C` runs with stride and dilation 1), and the forward product is
+# `cols [B*P, K*C] @ w^T`, the long dimension B*P its rows (which BLAS splits well over its
+# threads). The backward reuses those columns for the weight gradient, `cols^T @ g`. The input
+# gradient is never formed as one big column buffer spread back afterwards (the channel-major
+# col2im adds runs of one output row, 11 floats on the 64 -> 64 benchmark layer, out of an
+# 18 MB buffer): per run of whole images and per kernel offset k, the product
+# `g [nb*P, O] @ w_k [O, C]` (about 256 KB) is added to its strided window of the
+# channels-last input gradient while it is still in cache, every add moving whole channel
+# vectors. The price is one transposing copy into and one out of the channels-last layout
+# per pass (input and output gradient in, output and input gradient out).
+
+
+def _pad_cl(xa, pads):
+    """[B, C, *S] as a C-contiguous channels-last [B, *S', C], zero-padded by (before, after)."""
+    batch, c = xa.shape[:2]
+    sizes = tuple(s + lo + hi for s, (lo, hi) in zip(xa.shape[2:], pads))
+    padded = any(lo or hi for lo, hi in pads)
+    out = (np.zeros if padded else np.empty)((batch,) + sizes + (c,), dtype=xa.dtype)
+    inner = out[(slice(None),) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(xa.shape[2:], pads))]
+    copy_into(inner, np.moveaxis(xa, 1, -1))
+    return out
+
+
+def _windows_cl(xpad, kernel, stride, dilation, out_sp):
+    """The read-only window view [B, *out, *kernel, C] of a channels-last padded input:
+    view[b, o, k, c] = xpad[b, o * s + k * d, c]. Its extent lies within `xpad` (the output
+    sizes were computed from the padded sizes)."""
+    st = xpad.strides
+    spatial = st[1:-1]
+    shape = (xpad.shape[0],) + tuple(out_sp) + tuple(kernel) + (xpad.shape[-1],)
+    strides = ((st[0],) + tuple(s * t for s, t in zip(stride, spatial))
+               + tuple(d * t for d, t in zip(dilation, spatial)) + (st[-1],))
+    return np.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides, writeable=False)
+
+
+def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, out_sp):
+    xa, wa = x._data, weight._data
+    ba = bias._data if bias is not None else None
+    n = len(kernel)
+    batch, c_in = xa.shape[:2]
+    c_out = wa.shape[0]
+    ksize = int(np.prod(kernel))
+    p = int(np.prod(out_sp))
+    with dev.context():
+        xpad = _pad_cl(xa, pads)  # [B, *S', C]
+        padded_shape = xpad.shape
+        cols = np.empty((batch,) + tuple(out_sp) + tuple(kernel) + (c_in,), dtype=xa.dtype)
+        copy_into(cols, _windows_cl(xpad, kernel, stride, dilation, out_sp))
+        del xpad
+        cols_m = cols.reshape(batch * p, ksize * c_in)
+        # the weight with its kernel axes before its input channels, as the columns: [O, K*C]
+        w_cl = np.ascontiguousarray(np.moveaxis(wa, 1, -1)).reshape(c_out, ksize * c_in)
+        res = np.matmul(cols_m, w_cl.T).reshape(batch, p, c_out)  # [B, P, O], channels-last
+        out = np.empty((batch, c_out, p), dtype=res.dtype)
+        src = res.swapaxes(1, 2)
+        bias_col = ba.reshape(c_out, 1) if ba is not None else None
+
+        def to_nchw(bs):  # the transposing copy, with the bias added on the way
+            if bias_col is None:
+                out[bs] = src[bs]
+            else:
+                np.add(src[bs], bias_col, out=out[bs])
+
+        run_blocks(to_nchw, split(batch, out.nbytes))
+        del res, src
+        out = out.reshape((batch, c_out) + tuple(out_sp))
+
+    need_x = x._node is not None
+    need_w = weight._node is not None
+    need_b = bias is not None and bias._node is not None
+    in_sp = xa.shape[2:]
+    if not need_w:
+        cols_m = None  # the weight gradient is the only user of the columns
+    del cols
+
+    def rule(g):
+        with dev.context():
+            gx = gw = gb = None
+            if need_x or need_w:
+                g_m = _to_cl(g)
+            if need_w:
+                # [K*C, B*P] @ [B*P, O]: the long inner dimension, the K*C rows split over BLAS's
+                # threads; the small result goes back to [O, C, *K]
+                gwt = np.matmul(cols_m.T, g_m).reshape(tuple(kernel) + (c_in, c_out))
+                gw = np.ascontiguousarray(np.moveaxis(gwt, (n + 1, n), (0, 1)))
+            if need_x:
+                gx = _input_grad_cl(g_m, wa, in_sp, pads, kernel, stride, dilation, out_sp)
+            if need_b:
+                gb = _channel_sum(np, g)
+        return (gx, gw) if bias is None else (gx, gw, gb)
+
+    return record(out, dev, inputs, rule, op)
+
+
+def _to_cl(g):
+    """[B, C, *S] as a C-contiguous channels-last [B * prod(S), C]."""
+    g_cl = np.empty((g.shape[0],) + g.shape[2:] + (g.shape[1],), dtype=g.dtype)
+    copy_into(g_cl, np.moveaxis(g, 1, -1))
+    return g_cl.reshape(-1, g.shape[1])
+
+
+def _input_grad_cl(g_m, wa, in_sp, pads, kernel, stride, dilation, out_sp):
+    """The input gradient [B, C, *S] of a groups-1 convolution from its output gradient
+    channels-last, `g_m` [B * P, O], and its weight `wa` [O, C, *kernel]."""
+    c_out, c_in = wa.shape[:2]
+    batch = g_m.shape[0] // int(np.prod(out_sp))
+    w_k = np.ascontiguousarray(np.moveaxis(wa.reshape(c_out, c_in, -1), 2, 0))  # [K, O, C]
+    padded = (batch,) + tuple(s + lo + hi for s, (lo, hi) in zip(in_sp, pads)) + (c_in,)
+    gpad = _col2im_cl(g_m, w_k, padded, kernel, stride, dilation, out_sp)
+    inner = gpad[(slice(None),) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(in_sp, pads))]
+    gx = np.empty((batch, c_in) + tuple(in_sp), dtype=gpad.dtype)
+    copy_into(gx, np.moveaxis(inner, -1, 1))
+    return gx
+
+
+def _col2im_cl(g_m, w_k, padded_shape, kernel, stride, dilation, out_sp):
+    """The channels-last input gradient, zero-padded: [B, *S', C] with
+    res[b, o * s + k * d, :] += g[b, o, :] @ w_k[k] summed over the kernel offsets k.
+
+    Per run of `nb` whole images and per offset the product [nb*P, O] @ [O, C] goes into one
+    reused buffer (about _CL_CHUNK_BYTES) and is added to its window at once. With one BLAS
+    thread the runs of images split over the kernel threads (each writes its own images)."""
+    batch = padded_shape[0]
+    c = padded_shape[-1]
+    p = int(np.prod(out_sp))
+    res = np.zeros(padded_shape, dtype=g_m.dtype)
+    windows = [sl for _, sl in _window_slices(kernel, stride, dilation, out_sp)]
+    # with several BLAS threads each product is split by BLAS, and everything runs here: kernel
+    # threads doing the adds (or products of their own) would compete with BLAS's threads,
+    # which keep spinning between products (measured on 2 cores: 1.2x and 2x slower); the
+    # runs are then longer, so that each product is worth splitting
+    several = _threads.blas_threads() > 1
+    chunk_bytes = _CL_CHUNK_BYTES * (4 if several else 1)
+    nb = max(1, min(batch, chunk_bytes // max(1, p * c * g_m.itemsize)))
+    runs = [slice(lo, min(lo + nb, batch)) for lo in range(0, batch, nb)]
+
+    def work(chunk):
+        buf = np.empty((nb * p, c), dtype=g_m.dtype)
+        for bs in chunk:
+            rows = (bs.stop - bs.start) * p
+            gc = g_m[bs.start * p: bs.stop * p]
+            target = res[bs]
+            part = buf[:rows]
+            view = part.reshape((bs.stop - bs.start,) + tuple(out_sp) + (c,))
+            for k, sl in enumerate(windows):
+                np.matmul(gc, w_k[k], out=part)
+                target[(slice(None),) + sl] += view
+
+    if several:
+        work(runs)
+    else:
+        run_chunks(work, runs)
+    return res
 
 
 @tensor_method

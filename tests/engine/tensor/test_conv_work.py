@@ -1,7 +1,7 @@
 """Performance regression check for convolutions that times nothing (issue 22, must-show 2).
 
-One conv2d forward + backward and one training step of the burn-mnist CNN on fixed small
-inputs are run with NumPy's `matmul` wrapped to count the matrix products and their
+One conv2d forward + backward on each path (channel-major, channels-last) and one training
+step of the burn-mnist CNN on fixed small inputs are run with NumPy's `matmul` wrapped to count the matrix products and their
 floating-point operations, under tracemalloc for the peak of the bytes allocated. The bounds
 are today's numbers (measured at one kernel thread, noted beside each bound) with a little
 room: a change that doubles the products, their work or the memory a step holds fails here,
@@ -36,7 +36,12 @@ def gemm_counter(monkeypatch):
         return out
 
     monkeypatch.setattr(np, "matmul", counting)
-    set_num_threads(1)  # the blocked kernels' scratch space depends on the thread count
+    # the blocked kernels' scratch space and the channels-last input gradient's runs of images
+    # depend on the kernel and BLAS thread counts
+    import engine.tensor.threads as threads_module
+
+    monkeypatch.setattr(threads_module, "blas_threads", lambda: 1)
+    set_num_threads(1)
     yield flops
     set_num_threads(None)
 
@@ -93,12 +98,38 @@ def test_mnist_cnn_train_step_work_is_bounded(gemm_counter):
 
     step()  # the first step creates Adam's moments
     calls, work, peak = _measure(step, gemm_counter)
-    # the second convolution alone (64 -> 64, 3x3, 11x11 out of 13x13 at batch 8): forward,
-    # weight gradient and input gradient, 2 * 64 * 576 * 968 flops each
+    # the second convolution alone (64 -> 64, 3x3, 11x11 out of 13x13 at batch 8, channels-last):
+    # forward, weight gradient and input gradient (9 products, one per kernel offset, over
+    # the one run of 8 images), 2 * 64 * 576 * 968 flops each
     assert work >= 3 * 2 * 64 * 576 * 968
-    assert calls <= 10, f"{calls} matrix products in one MNIST CNN train step (7 today)"
-    assert work <= 1.1 * 228_074_496, f"{work:,} flops in matrix products (228,074,496 today)"
-    assert peak <= 1.3 * 8_337_712, f"peak {peak:,} bytes allocated in one step (8,337,712 today)"
+    assert calls <= 14, f"{calls} matrix products in one MNIST CNN train step (13 today)"
+    assert work <= 1.1 * 227_950_592, f"{work:,} flops in matrix products (227,950,592 today)"
+    assert peak <= 1.3 * 7_844_169, f"peak {peak:,} bytes allocated in one step (7,844,169 today)"
+
+
+def test_channels_last_conv2d_work_is_bounded(gemm_counter):
+    """A groups-1 convolution with many channels (the channels-last path): one product forward,
+    one for the weight gradient, one per kernel offset and run of images for the input
+    gradient, with no more arithmetic than the convolution itself."""
+    rng = np.random.default_rng(0)
+    x = Tensor.from_data(rng.standard_normal((4, 32, 9, 9), dtype=np.float32)).require_grad()
+    w = Tensor.from_data(rng.standard_normal((16, 32, 3, 3), dtype=np.float32)).require_grad()
+    b = Tensor.from_data(rng.standard_normal(16, dtype=np.float32)).require_grad()
+    g = Tensor.from_data(rng.standard_normal((4, 16, 7, 7), dtype=np.float32))
+
+    def step():
+        grads = x.conv2d(w, b).backward(g)
+        assert all(t.grad(grads) is not None for t in (x, w, b))
+
+    step()
+    calls, work, peak = _measure(step, gemm_counter)
+    # forward [196, 288] @ [288, 16], weight gradient [288, 196] @ [196, 16], input gradient
+    # 9 x [196, 16] @ [16, 32]: 3 * 2 * 196 * 288 * 16 = 5,419,008 flops, the minimum
+    minimum = 3 * 2 * 196 * 288 * 16
+    assert work >= minimum  # the counter sees every product
+    assert calls <= 11, f"{calls} matrix products for one conv2d forward + backward (11 today)"
+    assert work <= 1.1 * minimum, f"{work:,} flops in matrix products ({minimum:,} today)"
+    assert peak <= 1.3 * 432_601, f"peak {peak:,} bytes allocated (432,601 today)"
 
 
 @pytest.mark.parametrize("blas", [1, 2])
@@ -133,4 +164,54 @@ def test_conv2d_product_orientations_match_a_float64_reference(threads, blas, mo
         for j in range(2):
             ref_gx[:, :, i:i + 6, j:j + 6] += np.einsum("bohw,oc->bchw", g64, w64[:, :, i, j])
     for got, want in ((y, ref), (x.grad(grads), ref_gx), (w.grad(grads), ref_gw), (b.grad(grads), g64.sum(axis=(0, 2, 3)))):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("blas", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_channels_last_conv2d_matches_a_float64_reference(threads, blas, monkeypatch):
+    """The channels-last path (groups 1, >= 16 channels), with stride, asymmetric padding and
+    dilation, its input gradient cut into runs of one image (split over the kernel threads
+    with one BLAS thread, all in the caller with several): the float64 reference's output and
+    gradients to float32 rounding."""
+    import engine.tensor.threads as threads_module
+    from engine.tensor import ops_conv
+
+    monkeypatch.setattr(threads_module, "blas_threads", lambda: blas)
+    monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
+    calls = []
+    real = ops_conv._conv_cl
+    monkeypatch.setattr(ops_conv, "_conv_cl", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(4)
+    xa = rng.standard_normal((3, 16, 9, 8)).astype(np.float32)
+    wa = rng.standard_normal((17, 16, 3, 2)).astype(np.float32)
+    ba = rng.standard_normal(17).astype(np.float32)
+    stride, dilation, pads = (2, 1), (1, 2), ((1, 0), (2, 1))
+    oh = (9 + 1 - 1 * 2 - 1) // 2 + 1
+    ow = (8 + 3 - 2 * 1 - 1) // 1 + 1
+    ga = rng.standard_normal((3, 17, oh, ow)).astype(np.float32)
+    x, w, b = (Tensor.from_data(a).require_grad() for a in (xa, wa, ba))
+    set_num_threads(threads)
+    try:
+        y = x.conv2d(w, b, stride=stride, padding=pads, dilation=dilation)
+        grads = y.backward(Tensor.from_data(ga))
+    finally:
+        set_num_threads(None)
+    assert calls, "the channels-last path was not taken"
+    x64 = np.pad(xa.astype(np.float64), ((0, 0), (0, 0)) + pads)
+    w64, g64 = wa.astype(np.float64), ga.astype(np.float64)
+    ref = np.zeros((3, 17, oh, ow)) + ba[None, :, None, None]
+    ref_gw = np.zeros_like(w64)
+    ref_gxp = np.zeros_like(x64)
+    for i in range(3):
+        for j in range(2):
+            hs = slice(i * dilation[0], i * dilation[0] + stride[0] * (oh - 1) + 1, stride[0])
+            ws = slice(j * dilation[1], j * dilation[1] + stride[1] * (ow - 1) + 1, stride[1])
+            win = x64[:, :, hs, ws]  # [B, C, OH, OW]
+            ref += np.einsum("bchw,oc->bohw", win, w64[:, :, i, j])
+            ref_gw[:, :, i, j] = np.einsum("bohw,bchw->oc", g64, win)
+            ref_gxp[:, :, hs, ws] += np.einsum("bohw,oc->bchw", g64, w64[:, :, i, j])
+    ref_gx = ref_gxp[:, :, 1:10, 2:10]
+    for got, want in ((y, ref), (x.grad(grads), ref_gx), (w.grad(grads), ref_gw), (b.grad(grads), g64.sum(axis=(0, 2, 3)))):
+        assert got.shape == want.shape
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

@@ -62,12 +62,17 @@ def t64(a):
     return Tensor.from_data(a, dtype="float64")
 
 
-@pytest.fixture(params=["per-image products", "one large product"])
+@pytest.fixture(params=["per-image products", "one large product", "channels-last", "channels-last, one image per run"])
 def product_path(request, monkeypatch):
-    """Run a test through each computation strategy of ops_conv (normally chosen by shape)."""
+    """Run a test through each computation strategy of ops_conv (normally chosen by shape);
+    the channels-last paths take every convolution with groups 1 (grouped ones keep the
+    channel-major paths), the last with one image per run of the input gradient."""
     from engine.tensor import ops_conv
 
     monkeypatch.setattr(ops_conv, "_SMALL_K", 10**9 if request.param == "per-image products" else 0)
+    monkeypatch.setattr(ops_conv, "_CL_MIN_CHANNELS", 1 if request.param.startswith("channels-last") else 10**9)
+    if request.param.endswith("per run"):
+        monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
     return request.param
 
 
