@@ -11,15 +11,18 @@ reads them), whose rules give dq, dk, dv analytically:
     dW = dC v^T;  dv = W^T dC;  dS = W * (dW - rowsum(dW * W))  (rowsum(dW * W) = rowsum(dC * C));
     dS[mask] = 0;  dS = dS * dropout_keep / (1 - p);  dq = scale * dS k;  dk = scale * dS^T q
 
-Grouped-query attention: key/value head `j` serves query heads `j * g .. j * g + g - 1`; the
-`g` query heads of a group are stacked as `g * seq_1` rows of one product with that key head, so
-k and v are never copied per head and dk, dv are summed over the group by the product itself.
+Grouped-query attention: key/value head `j` serves query heads `j * g .. j * g + g - 1` by
+broadcasting (k and v are never copied per head); in the backward the `g` query heads of a group
+are stacked as `g * seq_1` rows of one product, so that dk and dv come out summed over the group.
 
 On NumPy the work runs a block of batch entries (or of kv heads within one entry) at a time:
-both products and every softmax pass of a block happen while its scores are in cache, and the
-blocks are shared among the kernel threads (`engine.tensor.threads`; NumPy and BLAS release the
-GIL). The backward keeps only the weights, the context (an output), the dropout's dropped
-entries (one byte each) and the mask, never intermediate copies.
+with one BLAS thread both products and every softmax pass of a block happen while its scores
+are in cache; with several, the products run whole (BLAS threads them) and the passes between
+them a block at a time. The blocks are shared among the kernel threads (`engine.tensor.threads`;
+NumPy releases the GIL). The row sums are products with a vector of ones; the masks are applied
+as `scores * factor + fill` (the causal one's arrays made once per shape). The backward keeps
+only the weights, the context (an output), the dropout's dropped entries (one byte each) and the
+mask, never intermediate copies.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import numpy as np
 
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, record, tracking, untracked
-from ..tensor.threads import PARALLEL_MIN_BYTES, run_chunks
+from ..tensor.threads import PARALLEL_MIN_BYTES, blas_threads, num_threads, run_chunks
 
 __all__ = ["scaled_dot_product_attention", "causal_mask_array"]
 
@@ -39,6 +42,17 @@ _BLOCK_BYTES = 1 << 18
 def causal_mask_array(xp, seq_length_1: int, seq_length_2: int, offset: int):
     """`[seq_length_1, seq_length_2]` bool, true where key `j > i + offset` (a future key)."""
     return xp.triu(xp.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + int(offset))
+
+
+_CAUSAL: dict = {}  # (device, dtype, s1, s2, offset, scale, min_float, dropout) -> the causal mask's factors
+
+
+def _mask_factors(xp, m, dt, c_scale, c_min, dropout: bool):
+    """(mask, keep01, fill, fac): 0 / 1 where masked / kept, min_float / 0, and the forward's factor
+    (keep01, times the scale unless dropout applies the scale first)."""
+    keep01 = xp.where(m, dt.type(0.0), dt.type(1.0))
+    fill = xp.where(m, c_min, dt.type(0.0))
+    return m, keep01, fill, (keep01 if dropout else keep01 * c_scale)
 
 
 def _grouped(a, nb, hk, rows, last):
@@ -128,12 +142,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                               f"the scores' [batch_size {b}, heads {h}, seq_length_1 {s1}, seq_length_2 {s2}]") from None
         while m.ndim < 4:
             m = m[None]
-    if causal_offset is not None:
-        cm = causal_mask_array(xp, s1, s2, causal_offset)[None, None]
-        m = cm if m is None else xp.logical_or(m, cm)
+    causal_only = m is None and causal_offset is not None
+    if causal_offset is not None and not causal_only:
+        m = xp.logical_or(m, causal_mask_array(xp, s1, s2, causal_offset)[None, None])
     if m is not None and not bool(m.any()):
         m = None
-    mask_b, mask_h = (m.shape[0] > 1, m.shape[1] > 1) if m is not None else (False, False)
 
     # dropout: the same draw as Tensor.dropout on the [b, h, s1, s2] scores
     drop = None
@@ -149,107 +162,158 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                 del u
             keep_scale = dt.type(1.0 / (1.0 - p))
 
+    # the mask as factors: scores * fac + fill puts min_float on masked scores in two passes
+    # (scores * 0 + min_float), keeping the others' bits; the backward multiplies by keep01
+    fac = fill = keep01 = None
+    if causal_only:  # the same arrays every step: made once
+        key = (id(dev), dt.str, s1, s2, int(causal_offset), float(scale), float(min_float), keep_scale is not None)
+        cached = _CAUSAL.get(key)
+        if cached is None:
+            cm = causal_mask_array(xp, s1, s2, causal_offset)[None, None]
+            cached = _mask_factors(xp, cm, dt, c_scale, c_min, keep_scale is not None) if cm.any() else None
+            if len(_CAUSAL) >= 32:
+                _CAUSAL.clear()
+            _CAUSAL[key] = cached
+        if cached is not None:
+            m, keep01, fill, fac = cached
+    elif m is not None:
+        keep01, fill, fac = _mask_factors(xp, m, dt, c_scale, c_min, keep_scale is not None)[1:]
+    mask_b, mask_h = (m.shape[0] > 1, m.shape[1] > 1) if m is not None else (False, False)
+
     weights = xp.empty((b, h, s1, s2), dtype=dt)
-    ctx_mem = xp.empty((b, s1, h, dv), dtype=dt)
-    ctx = ctx_mem.transpose(0, 2, 1, 3)  # [b, h, s1, dv]
-    w5 = weights.reshape(b, hk, g, s1, s2)
-    kT = kd.swapaxes(-1, -2)
+    ctx = xp.empty((b, s1, h, dv), dtype=dt).transpose(0, 2, 1, 3)  # [b, h, s1, dv], laid out [b, s1, h, dv]
+    # 5-d views [b, kv heads, group, rows, cols]: each kv head serves its group by broadcasting
+    W5 = weights.reshape(b, hk, g, s1, s2)
+    Q5 = qd.reshape(b, hk, g, s1, d)
+    K5 = kd[:, :, None]
+    V5 = vd[:, :, None]
+    C5 = ctx.reshape(b, hk, g, s1, dv)
+    KT5 = K5.swapaxes(-1, -2)
+    ones = xp.ones((s2, 1), dtype=dt)
 
-    def mask_of(bs, hs):
-        """The mask for a block of batch entries and kv heads, as [nb or 1, ng or 1, s1, s2]."""
-        mb = m[bs] if mask_b else m
-        if mask_h:
-            mb = mb[:, hs.start * g:hs.stop * g]
-        return mb
+    def of_mask(arr, bs, hs):
+        """A mask-shaped array for a block: [nb or 1, nk or 1, g or 1, s1, s2]."""
+        a = arr[bs] if mask_b else arr
+        return a.reshape(a.shape[0], hk, g, s1, s2)[:, hs] if mask_h else a[:, :, None]
 
-    def drop_of(bs, hs):
-        return drop[bs, hs.start * g:hs.stop * g]
+    def of_drop(bs, hs):
+        return drop[bs].reshape(-1, hk, g, s1, s2)[:, hs]
 
-    def forward_chunk(blocks):
-        for bs, hs in blocks:
-            nb, nk = bs.stop - bs.start, hs.stop - hs.start
-            qg = _grouped(qd[bs, hs.start * g:hs.stop * g], nb, nk, rows, d)
-            S = w5[bs, hs].reshape(nb, nk, rows, s2)  # a view of the weights
-            xp.matmul(qg, kT[bs, hs], out=S)
-            S4 = S.reshape(nb, nk * g, s1, s2)
+    def attend(bs, hs):
+        """The weights and context of a block of batch entries and kv heads."""
+        S = W5[bs, hs]  # contiguous: a block spans whole kv heads or one batch entry
+        xp.matmul(Q5[bs, hs], KT5[bs, hs], out=S)
+        if keep_scale is not None:
             xp.multiply(S, c_scale, out=S)
-            if keep_scale is not None:
-                xp.multiply(S, keep_scale, out=S)
-                if drop is not None:
-                    xp.copyto(S4, zero, where=drop_of(bs, hs))
-            if m is not None:
-                xp.copyto(S4, c_min, where=mask_of(bs, hs))
-            mx = S.max(axis=-1, keepdims=True)
-            if quiet:
-                xp.maximum(mx, zero, out=mx)
-            xp.subtract(S, mx, out=S)
-            xp.exp(S, out=S)
-            tot = S.sum(axis=-1, keepdims=True)
-            if quiet:
-                xp.negative(mx, out=mx)
-                xp.exp(mx, out=mx)
-                tot += mx
-            xp.divide(S, tot, out=S)
-            cg = xp.matmul(S, vd[bs, hs])  # [nb, nk, g * s1, dv]
-            ctx[bs, hs.start * g:hs.stop * g] = cg.reshape(nb, nk * g, s1, dv)
+            xp.multiply(S, keep_scale, out=S)
+            if drop is not None:
+                xp.copyto(S, zero, where=of_drop(bs, hs))
+        if m is not None:
+            xp.multiply(S, of_mask(fac, bs, hs), out=S)
+            xp.add(S, of_mask(fill, bs, hs), out=S)
+        elif keep_scale is None:
+            xp.multiply(S, c_scale, out=S)
+        mx = S.max(axis=-1, keepdims=True)
+        if quiet:
+            xp.maximum(mx, zero, out=mx)
+        xp.subtract(S, mx, out=S)
+        xp.exp(S, out=S)
+        tot = xp.matmul(S.reshape(-1, s2), ones).reshape(mx.shape)  # the row sums, by BLAS
+        if quiet:
+            xp.negative(mx, out=mx)
+            xp.exp(mx, out=mx)
+            tot += mx
+        xp.divide(S, tot, out=S)
+        if not phased:
+            xp.matmul(S, V5[bs, hs], out=C5[bs, hs])
 
-    unit = rows * s2 * dt.itemsize
-    blocks = _blocks(b, hk, unit, xp)
-    run_chunks(forward_chunk, blocks, min_blocks=2 if weights.nbytes >= PARALLEL_MIN_BYTES else len(blocks) + 1)
+    blocks = _blocks(b, hk, rows * s2 * dt.itemsize, xp)
+    threaded = xp is np and num_threads() > 1 and len(blocks) > 1 and weights.nbytes >= PARALLEL_MIN_BYTES
+    # With several BLAS threads, products made from the kernel threads at once would contend for
+    # BLAS's threads: the products then run whole, threaded by BLAS, and only the passes between
+    # them go to the kernel threads, a block each ("phased"). Otherwise a block's products and
+    # passes run together while its scores are in cache.
+    phased = threaded and blas_threads() > 1
+    if phased:
+        xp.matmul(Q5, KT5, out=W5)
+    run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1)
+    if phased:
+        xp.matmul(W5, V5, out=C5)
 
     inputs = (q, k, v)
     if not tracking(*inputs):
         return untracked(weights, inputs), untracked(ctx, inputs)
     need_q, need_k, need_v = q.is_tracked(), k.is_tracked(), v.is_tracked()
+    qg = None  # the queries grouped [b, hk, g * s1, d] for dk (a copy when g > 1), made once
 
     def grads(g_ctx, g_w):
         """dq, dk, dv from the gradient of the context (`g_ctx`) or of the weights (`g_w`)."""
+        nonlocal qg
         with_v = need_v and g_ctx is not None
-        dq_mem = xp.empty((b, s1, h, d), dtype=dt) if need_q else None
-        dq = dq_mem.transpose(0, 2, 1, 3) if need_q else None
-        dk_mem = xp.empty((b, s2, hk, d), dtype=dt) if need_k else None
-        dk = dk_mem.transpose(0, 2, 1, 3) if need_k else None
-        dv_mem = xp.empty((b, s2, hk, dv), dtype=dt) if with_v else None
-        dvv = dv_mem.transpose(0, 2, 1, 3) if with_v else None
-        vT = vd.swapaxes(-1, -2)
+        dq = xp.empty((b, s1, h, d), dtype=dt).transpose(0, 2, 1, 3) if need_q else None
+        dk = xp.empty((b, s2, hk, d), dtype=dt).transpose(0, 2, 1, 3) if need_k else None
+        dvv = xp.empty((b, s2, hk, dv), dtype=dt).transpose(0, 2, 1, 3) if with_v else None
+        dq5 = dq.reshape(b, hk, g, s1, d) if need_q else None
+        if need_k and qg is None:
+            qg = _grouped(qd, b, hk, rows, d)
+        VT5 = V5.swapaxes(-1, -2)
+        G5 = g_ctx.reshape(b, hk, g, s1, dv) if g_ctx is not None else None
+        gg = _grouped(g_ctx, b, hk, rows, dv) if with_v else None
+        Wg = weights.reshape(b, hk, rows, s2)
 
-        def backward_chunk(chunk):
-            for bs, hs in chunk:
-                nb, nk = bs.stop - bs.start, hs.stop - hs.start
-                hsl = slice(hs.start * g, hs.stop * g)
-                W = w5[bs, hs].reshape(nb, nk, rows, s2)
-                if g_ctx is not None:
-                    gc4 = g_ctx[bs, hsl]
-                    gg = _grouped(gc4, nb, nk, rows, dv)
-                    dS = xp.matmul(gg, vT[bs, hs])  # dW
-                    if with_v:
-                        dvv[bs, hs] = xp.matmul(W.swapaxes(-1, -2), gg)
-                    # rowsum(dW * W) = rowsum(dC * C): the context's rows, not the scores'
-                    D = (gc4 * ctx[bs, hsl]).sum(axis=-1).reshape(nb, nk, rows, 1)
-                else:
-                    dS = _grouped(g_w[bs, hsl], nb, nk, rows, s2).copy()
-                    D = (dS * W).sum(axis=-1, keepdims=True)
-                xp.subtract(dS, D, out=dS)
-                xp.multiply(dS, W, out=dS)
-                dS4 = dS.reshape(nb, nk * g, s1, s2)
-                if m is not None:
-                    xp.copyto(dS4, zero, where=mask_of(bs, hs))
-                if keep_scale is not None:
-                    xp.multiply(dS, keep_scale, out=dS)
-                    if drop is not None:
-                        xp.copyto(dS4, zero, where=drop_of(bs, hs))
-                if need_q:
-                    r = xp.matmul(dS, kd[bs, hs])
-                    r *= c_scale
-                    dq[bs, hsl] = r.reshape(nb, nk * g, s1, d)
-                if need_k:
-                    qg = _grouped(qd[bs, hsl], nb, nk, rows, d)
-                    r = xp.matmul(dS.swapaxes(-1, -2), qg)
-                    r *= c_scale
-                    dk[bs, hs] = r
+        def first(bs, hs, out=None):
+            """dW (from the context's gradient) or the weights' gradient, as a fresh array (or
+            into `out`) that becomes dS; the row term D = rowsum(dW * W) [nb, nk, g, s1, 1]."""
+            if g_ctx is not None:
+                dS = xp.matmul(G5[bs, hs], VT5[bs, hs], out=out)
+                # rowsum(dW * W) = rowsum(dC * C): over the context's rows, not the scores'
+                return dS, (G5[bs, hs] * C5[bs, hs]).sum(axis=-1, keepdims=True)
+            if out is None:
+                out = xp.empty((bs.stop - bs.start, hs.stop - hs.start, g, s1, s2), dtype=dt)
+            out[...] = g_w[bs].reshape(-1, hk, g, s1, s2)[:, hs]
+            return out, None
 
-        run_chunks(backward_chunk, blocks,
-                   min_blocks=2 if weights.nbytes >= PARALLEL_MIN_BYTES else len(blocks) + 1)
+        def middle(dS, D, bs, hs):
+            """dS = W * (dW - D), masked and dropped entries 0, the dropout's scale."""
+            W = W5[bs, hs]
+            if D is None:
+                D = (dS * W).sum(axis=-1, keepdims=True)
+            xp.subtract(dS, D, out=dS)
+            xp.multiply(dS, W, out=dS)
+            if m is not None:
+                xp.multiply(dS, of_mask(keep01, bs, hs), out=dS)
+            if keep_scale is not None:
+                xp.multiply(dS, keep_scale, out=dS)
+                if drop is not None:
+                    xp.copyto(dS, zero, where=of_drop(bs, hs))
+
+        def last(dS, bs, hs):
+            """dq, dk, dv of a block (dk and dv summed over each group by one product)."""
+            nb, nk = bs.stop - bs.start, hs.stop - hs.start
+            if need_q:
+                out = dq5[bs, hs]
+                xp.matmul(dS, K5[bs, hs], out=out)
+                out *= c_scale
+            if need_k:
+                r = xp.matmul(dS.reshape(nb, nk, rows, s2).swapaxes(-1, -2), qg[bs, hs])
+                r *= c_scale
+                dk[bs, hs] = r
+            if with_v:
+                dvv[bs, hs] = xp.matmul(Wg[bs, hs].swapaxes(-1, -2), gg[bs, hs])
+
+        if phased:
+            dS_all, D_all = first(slice(0, b), slice(0, hk))
+            run_chunks(lambda run: [middle(dS_all[bs, hs], None if D_all is None else D_all[bs, hs], bs, hs)
+                                    for bs, hs in run], blocks)
+            last(dS_all, slice(0, b), slice(0, hk))
+        else:
+            def backward_run(run):
+                for bs, hs in run:
+                    dS, D = first(bs, hs)
+                    middle(dS, D, bs, hs)
+                    last(dS, bs, hs)
+
+            run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1)
         return dq, dk, dvv
 
     def ctx_rule(gc):
@@ -260,6 +324,6 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
         return dq, dk
 
     op = "scaled_dot_product_attention"
-    context = record(ctx, dev, inputs, ctx_rule, op)
-    weights_t = record(weights, dev, (q, k), w_rule, op + "_weights")
-    return weights_t, context
+    out_context = record(ctx, dev, inputs, ctx_rule, op)
+    out_weights = record(weights, dev, (q, k), w_rule, op + "_weights")
+    return out_weights, out_context

@@ -303,3 +303,29 @@ def test_forward_and_backward_allocate_a_bounded_number_of_score_arrays():
         set_num_threads(old)
     assert held <= 1.6 * unit, held / unit  # 1.41 today
     assert peak <= 3.5 * unit, peak / unit  # 2.99 today
+
+
+@pytest.mark.parametrize("case", ["causal", "all-masked rows", "min_float near the scores", "quiet", "weights"])
+def test_a_longer_causal_sequence_keeps_the_numbers(case):
+    """64 queries and keys, causal, with rows whose every visible key is masked too (uniform over
+    all keys, as before), a min_float the scores come near, quiet softmax, the weights' gradient:
+    values against the reference and gradients against finite differences."""
+    b, h, hk, s, d = 2, 2, 1, 64, 2
+    q, k, v = _qkv(b, h, hk, s, s, d)
+    mask = None
+    min_float, quiet, pick = -1.0e4, case == "quiet", 0 if case == "weights" else 1
+    if case == "all-masked rows":
+        mask = np.zeros((b, 1, 1, s), dtype=bool)
+        mask[1, 0, 0, :20] = True  # rows 0..19 of batch 1 see only masked keys: uniform over all 64
+    if case == "min_float near the scores":
+        min_float = -2.0
+    scale = 0.8
+    w, c = scaled_dot_product_attention(_t(q), _t(k), _t(v), scale, mask=mask, causal_offset=0, min_float=min_float,
+                                        quiet=quiet)
+    rw, rc = _ref(q, k, v, scale, mask, 0, min_float=min_float, quiet=quiet)
+    np.testing.assert_allclose(w.numpy(), rw, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(c.numpy(), rc, rtol=1e-10, atol=1e-13)
+    if case == "all-masked rows":
+        np.testing.assert_allclose(w.numpy()[1, :, :20], 1.0 / s, rtol=1e-12)
+    check_grads(lambda a, b_, c_: scaled_dot_product_attention(a, b_, c_, scale, mask=mask, causal_offset=0,
+                                                                min_float=min_float, quiet=quiet)[pick], q, k, v)
