@@ -26,6 +26,11 @@ mask, never intermediate copies.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
+import os
+import threading
+
 import numpy as np
 
 from ..tensor import Tensor, TensorError
@@ -44,6 +49,7 @@ def causal_mask_array(xp, seq_length_1: int, seq_length_2: int, offset: int):
     return xp.triu(xp.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + int(offset))
 
 
+_NO_PIN = contextlib.nullcontext()
 _CAUSAL: dict = {}  # (device, dtype, s1, s2, offset, scale, min_float, dropout) -> the causal mask's factors
 
 
@@ -53,6 +59,78 @@ def _mask_factors(xp, m, dt, c_scale, c_min, dropout: bool):
     keep01 = xp.where(m, dt.type(0.0), dt.type(1.0))
     fill = xp.where(m, c_min, dt.type(0.0))
     return m, keep01, fill, (keep01 if dropout else keep01 * c_scale)
+
+
+# ---- one BLAS thread per kernel thread
+# OpenBLAS splits even the small per-head products (128 x 32 x 128) over its threads, and calls
+# made from two kernel threads at once then wait on each other and on its spinning threads:
+# measured at 2 threads, the blocked attention ran at 1.5x its one-thread time with BLAS at 2
+# threads, at 0.6x the op chain's with BLAS held at 1 thread while the blocks run (each kernel
+# thread then does its own products, as PyTorch's SDPA does). The first kernel to enter holds
+# OpenBLAS at one thread, the last to leave restores the count it found. Without an OpenBLAS
+# whose thread count can be set (another BLAS), the products run whole instead ("phased").
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_saved = None
+_blas_api: list = []  # [(set, get)] once looked up; [None] when there is none
+
+
+def _openblas_api():
+    if not _blas_api:
+        api = None
+        base = os.path.dirname(np.__file__)
+        for path in sorted(glob.glob(os.path.join(base, "..", "numpy.libs", "*openblas*"))
+                           + glob.glob(os.path.join(base, ".dylibs", "*openblas*"))):
+            try:
+                import ctypes  # noqa: PLC0415
+
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
+                                   ("openblas", "")):
+                set_n = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                get_n = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                if set_n is not None and get_n is not None:
+                    api = (set_n, get_n)
+                    break
+            if api is not None:
+                break
+        _blas_api.append(api)
+    return _blas_api[0]
+
+
+class _OneBlasThread:
+    """While inside, OpenBLAS runs each call on the calling thread (a no-op when it cannot)."""
+
+    def __enter__(self):
+        global _blas_users, _blas_saved
+        api = _openblas_api()
+        if api is None:
+            return self
+        with _blas_lock:
+            if _blas_users == 0:
+                _blas_saved = int(api[1]())
+                if _blas_saved > 1:
+                    api[0](1)
+            _blas_users += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _blas_users
+        api = _openblas_api()
+        if api is None:
+            return False
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0 and _blas_saved is not None and _blas_saved > 1:
+                api[0](_blas_saved)
+        return False
+
+
+def one_blas_thread_possible() -> bool:
+    """Whether the kernel can hold OpenBLAS at one thread while its blocks run."""
+    return _openblas_api() is not None
 
 
 def _grouped(a, nb, hk, rows, last):
@@ -229,14 +307,17 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
 
     blocks = _blocks(b, hk, rows * s2 * dt.itemsize, xp)
     threaded = xp is np and num_threads() > 1 and len(blocks) > 1 and weights.nbytes >= PARALLEL_MIN_BYTES
-    # With several BLAS threads, products made from the kernel threads at once would contend for
-    # BLAS's threads: the products then run whole, threaded by BLAS, and only the passes between
-    # them go to the kernel threads, a block each ("phased"). Otherwise a block's products and
-    # passes run together while its scores are in cache.
-    phased = threaded and blas_threads() > 1
+    # A block's products and passes run together while its scores are in cache, BLAS held at one
+    # thread while the kernel threads run the blocks (`_OneBlasThread`). Where BLAS's threads
+    # cannot be set, products made from the kernel threads at once would contend for them: the
+    # products then run whole, threaded by BLAS, and only the passes between them go to the
+    # kernel threads, a block each ("phased").
+    pin = threaded and blas_threads() > 1 and one_blas_thread_possible()
+    phased = threaded and blas_threads() > 1 and not pin
     if phased:
         xp.matmul(Q5, KT5, out=W5)
-    run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1)
+    with _OneBlasThread() if pin else _NO_PIN:
+        run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1)
     if phased:
         xp.matmul(W5, V5, out=C5)
 
@@ -313,7 +394,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                     middle(dS, D, bs, hs)
                     last(dS, bs, hs)
 
-            run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1)
+            with _OneBlasThread() if pin else _NO_PIN:
+                run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1)
         return dq, dk, dvv
 
     def ctx_rule(gc):
