@@ -213,8 +213,18 @@ def test_the_layer_with_masks_causal_and_a_cache_matches_the_reference(dev64):
     np.testing.assert_allclose(out.context.numpy(), expected, rtol=1e-10, atol=1e-12)
 
 
-def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers():
-    """Enough scores for several blocks and both kernel threads: the same as one thread."""
+@pytest.mark.parametrize("blas", ["held at one thread", "products whole (phased)"])
+def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers(blas, monkeypatch):
+    """Enough scores for several blocks and both kernel threads: the same bits as one thread,
+    whether each thread makes its blocks' products with OpenBLAS held at one thread (its count
+    restored after) or the products run whole where BLAS's threads cannot be set."""
+    from engine.nn import _sdpa
+
+    if blas != "held at one thread":
+        monkeypatch.setattr(_sdpa, "one_blas_thread_possible", lambda: False)
+    monkeypatch.setattr(_sdpa, "blas_threads", lambda: 2)
+    api = _sdpa._openblas_api()
+    before = int(api[1]()) if api is not None else None
     q, k, v = _qkv(6, 8, 2, 64, 64, 8, dtype=np.float32)
     old = num_threads()
     res = []
@@ -227,6 +237,8 @@ def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers():
             res.append([w.numpy(), c.numpy()] + [t.grad(grads).numpy() for t in (tq, tk, tv)])
     finally:
         set_num_threads(old)
+    if api is not None:
+        assert int(api[1]()) == before
     rw, rc = _ref(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 0.35, None, 0, quiet=True)
     np.testing.assert_allclose(res[0][0], rw, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(res[0][1], rc, rtol=1e-4, atol=1e-5)
