@@ -30,10 +30,18 @@ test: $(STAMP)
 		|| echo "Xvfb not installed: the window-geometry test runs offscreen"
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
 
-# PyTorch CPU is a benchmark-only peer (never a dependency); without it the peer columns say so
+# PyTorch CPU is a benchmark-only peer (never a dependency); without it the peer columns say so.
+# The language-model rows (LoRA step, generation, first forward) run their peer, PyTorch +
+# transformers + peft, in a venv of its own (.venv-peers, never Ember's), or in the Python that
+# EMBER_ORACLE_PYTHON names.
+PEERS := .venv-peers
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q torch==2.13.0 || echo "PyTorch not installed: its peer columns stay empty"
-	$(BIN)/python benchmarks/run_all.py
+	if [ -z "$$EMBER_ORACLE_PYTHON" ]; then \
+		{ test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS); } \
+		&& $(PEERS)/bin/python -m pip install -q torch==2.13.0 transformers peft \
+		|| echo "transformers / peft not installed: the language-model rows have no peer"; fi
+	EMBER_ORACLE_PYTHON="$${EMBER_ORACLE_PYTHON:-$(CURDIR)/$(PEERS)/bin/python}" $(BIN)/python benchmarks/run_all.py
 
 package: $(STAMP)
 	$(BIN)/python -m pip install -q $(PYINSTALLER)
@@ -42,4 +50,4 @@ package: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python packaging/smoke.py dist/ember
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(PEERS) build dist *.egg-info
