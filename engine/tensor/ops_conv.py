@@ -12,10 +12,10 @@ layer); with groups 1 the bias rides along as a row of ones. The backward pass r
 buffer for the weight gradient and spreads the column gradient back over the input
 ("col2im": one strided add per kernel offset). Both go in two stages (the last axis's
 offsets first), so that every copy and add moves whole output rows or planes. With groups 1
-and many channels the same steps run on a channels-last copy instead (`_conv_cl`), where
-every copy and add moves whole channel vectors and the input gradient is spread one kernel
-offset's product at a time while it is in cache. A transposed convolution is the same two
-steps in the other order. Every path is tested against loop references
+and many channels the same steps run channels-last instead, a run of images at a time
+(`_conv_cl`): every copy and add moves whole channel vectors, and the input gradient is
+spread one kernel offset's product at a time while it is in cache. A transposed convolution
+is the same two steps in the other order. Every path is tested against loop references
 (tests/engine/tensor/test_ops_conv.py forces each one).
 
 Input, weight and bias must share one float dtype: a float64 input to a float32 weight raises
@@ -41,9 +41,9 @@ _IMAGES_PER_PARTIAL = 16  # the per-image weight gradient sums this many images 
 # channels, convolutions run channels-last (see `_conv_cl`): every copy and add then moves runs
 # of whole channel vectors (a 1x1 kernel gains nothing from columns, and stays channel-major)
 _CL_MIN_CHANNELS = 16
-# the channels-last input gradient works this many bytes of one kernel offset's products at a
-# time (a run of whole images), so that they are spread while still in the core's L2 cache
-_CL_CHUNK_BYTES = 1 << 18
+# channels-last convolutions work a run of whole images at a time, about this many bytes of
+# their columns, so that each run's copies, products and adds stay in cache
+_CL_CHUNK_BYTES = 3 << 19
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -486,18 +486,21 @@ def _channel_sum(xp, g):
 
 # ---------------------------------------------------------------------- channels-last convolution
 # With groups 1 and many channels (the inner layers of a CNN), the convolution works on a
-# channels-last copy of the input, `[B, *S, C]`. Its columns are `[B, *out, *kernel, C]`, built
-# by one copy of a strided window view in which every run is a whole channel vector (whole
-# `kernel_last * C` runs with stride and dilation 1), and the forward product is
-# `cols [B*P, K*C] @ w^T`, the long dimension B*P its rows (which BLAS splits well over its
-# threads). The backward reuses those columns for the weight gradient, `cols^T @ g`. The input
-# gradient is never formed as one big column buffer spread back afterwards (the channel-major
-# col2im adds runs of one output row, 11 floats on the 64 -> 64 benchmark layer, out of an
-# 18 MB buffer): per run of whole images and per kernel offset k, the product
-# `g [nb*P, O] @ w_k [O, C]` (about 256 KB) is added to its strided window of the
-# channels-last input gradient while it is still in cache, every add moving whole channel
-# vectors. The price is one transposing copy into and one out of the channels-last layout
-# per pass (input and output gradient in, output and input gradient out).
+# channels-last copy of the padded input, `[B, *S', C]`, a run of whole images at a time
+# (about _CL_CHUNK_BYTES of columns), so that each run's passes stay in cache:
+# - forward: the run's columns `[m, *out, *kernel, C]`, one copy of a strided window view in
+#   which every run is a whole channel vector (whole `kernel_last * C` rows with stride and
+#   dilation 1); the product `cols [m*P, K*C] @ w^T [K*C, O]`; its transposing copy (plus the
+#   bias) into the NCHW output;
+# - backward: the run's output gradient channels-last; its columns built again (cheaper than
+#   keeping all of them: they would come back from memory, 18 MB on the 64 -> 64 benchmark
+#   layer) for a partial weight gradient `cols^T @ g`, the partials summed in run order (the
+#   same bits on any number of threads); the input gradient one kernel offset at a time,
+#   `g [m*P, O] @ w_k [O, C]` added to its strided window of the run's padded input gradient,
+#   every add moving whole channel vectors, then copied out to NCHW. The channel-major path's
+#   col2im instead spreads one large column buffer in runs of one output row (11 floats).
+# With one BLAS thread the runs split over the kernel threads; with several, BLAS splits each
+# product and the runs are longer.
 
 
 def _pad_cl(xa, pads):
@@ -523,6 +526,27 @@ def _windows_cl(xpad, kernel, stride, dilation, out_sp):
     return np.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides, writeable=False)
 
 
+def _cl_runs(batch, image_bytes):
+    """Runs of whole images of about _CL_CHUNK_BYTES of columns each (`image_bytes` per image),
+    and whether BLAS has several threads (then the runs are 4x longer and all run in the
+    calling thread: kernel threads making products of their own, or adding while BLAS works,
+    compete with BLAS's threads, which spin between products; on 2 cores that was 1.2-2x
+    slower)."""
+    several = _threads.blas_threads() > 1
+    target = _CL_CHUNK_BYTES * (4 if several else 1)
+    nb = max(1, min(batch, target // max(1, image_bytes)))
+    return several, nb, [slice(lo, min(lo + nb, batch)) for lo in range(0, batch, nb)]
+
+
+def _cl_run(several, work, items):
+    """`work(items)` here with several BLAS threads, else the items split over the kernel
+    threads (each call gets a contiguous run of them)."""
+    if several:
+        work(list(items))
+    else:
+        run_chunks(work, items)
+
+
 def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, out_sp):
     xa, wa = x._data, weight._data
     ba = bias._data if bias is not None else None
@@ -530,117 +554,95 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
     batch, c_in = xa.shape[:2]
     c_out = wa.shape[0]
     ksize = int(np.prod(kernel))
+    kc = ksize * c_in
     p = int(np.prod(out_sp))
+    out_sp, kernel = tuple(out_sp), tuple(kernel)
+    dt = xa.dtype
+    several, nb, runs = _cl_runs(batch, p * kc * dt.itemsize)
     with dev.context():
         xpad = _pad_cl(xa, pads)  # [B, *S', C]
-        padded_shape = xpad.shape
-        cols = np.empty((batch,) + tuple(out_sp) + tuple(kernel) + (c_in,), dtype=xa.dtype)
-        copy_into(cols, _windows_cl(xpad, kernel, stride, dilation, out_sp))
-        del xpad
-        cols_m = cols.reshape(batch * p, ksize * c_in)
+        win = _windows_cl(xpad, kernel, stride, dilation, out_sp)  # [B, *out, *kernel, C], a view
         # the weight with its kernel axes before its input channels, as the columns: [O, K*C]
-        w_cl = np.ascontiguousarray(np.moveaxis(wa, 1, -1)).reshape(c_out, ksize * c_in)
-        res = np.matmul(cols_m, w_cl.T).reshape(batch, p, c_out)  # [B, P, O], channels-last
-        out = np.empty((batch, c_out, p), dtype=res.dtype)
-        src = res.swapaxes(1, 2)
+        w_t = np.ascontiguousarray(np.moveaxis(wa, 1, -1)).reshape(c_out, kc).T
+        out = np.empty((batch, c_out, p), dtype=dt)
         bias_col = ba.reshape(c_out, 1) if ba is not None else None
 
-        def to_nchw(bs):  # the transposing copy, with the bias added on the way
-            if bias_col is None:
-                out[bs] = src[bs]
-            else:
-                np.add(src[bs], bias_col, out=out[bs])
+        def forward(chunk):  # per run of images: its columns, product and NCHW output, in cache
+            cols = np.empty((nb * p, kc), dtype=dt)
+            res = np.empty((nb * p, c_out), dtype=dt)
+            for bs in chunk:
+                m = bs.stop - bs.start
+                c = cols[: m * p]
+                c.reshape((m,) + out_sp + kernel + (c_in,))[...] = win[bs]
+                r = np.matmul(c, w_t, out=res[: m * p])
+                src = r.reshape(m, p, c_out).swapaxes(1, 2)
+                if bias_col is None:
+                    out[bs] = src
+                else:
+                    np.add(src, bias_col, out=out[bs])
 
-        run_blocks(to_nchw, split(batch, out.nbytes))
-        del res, src
-        out = out.reshape((batch, c_out) + tuple(out_sp))
+        _cl_run(several, forward, runs)
+        out = out.reshape((batch, c_out) + out_sp)
 
     need_x = x._node is not None
     need_w = weight._node is not None
     need_b = bias is not None and bias._node is not None
     in_sp = xa.shape[2:]
+    padded_sp = xpad.shape[1:-1]
+    crop = tuple(slice(lo, lo + s) for s, (lo, _) in zip(in_sp, pads))
+    windows = [sl for _, sl in _window_slices(kernel, stride, dilation, out_sp)]
     if not need_w:
-        cols_m = None  # the weight gradient is the only user of the columns
-    del cols
+        del win  # the weight gradient is the only user of the input
+    del xpad
 
     def rule(g):
         with dev.context():
             gx = gw = gb = None
-            if need_x or need_w:
-                g_m = _to_cl(g)
-            if need_w:
-                # [K*C, B*P] @ [B*P, O]: the long inner dimension, the K*C rows split over BLAS's
-                # threads; the small result goes back to [O, C, *K]
-                gwt = np.matmul(cols_m.T, g_m).reshape(tuple(kernel) + (c_in, c_out))
-                gw = np.ascontiguousarray(np.moveaxis(gwt, (n + 1, n), (0, 1)))
+            gdt = g.dtype
             if need_x:
-                gx = _input_grad_cl(g_m, wa, in_sp, pads, kernel, stride, dilation, out_sp)
+                gx = np.empty(xa.shape, dtype=gdt)
+                w_k = np.ascontiguousarray(np.moveaxis(wa.reshape(c_out, c_in, ksize), 2, 0))  # [K, O, C]
+            partial = [None] * len(runs)
+
+            def backward(chunk):
+                # per run of images, everything in cache: the output gradient channels-last;
+                # the columns again (cheaper than keeping them: they would be read back from
+                # memory) for a partial weight gradient; the input gradient, one kernel
+                # offset's product [m*P, O] @ [O, C] added to its window at a time
+                gbuf = np.empty((nb * p, c_out), dtype=gdt)
+                cols = np.empty((nb * p, kc), dtype=gdt) if need_w else None
+                prod = np.empty((nb * p, c_in), dtype=gdt) if need_x else None
+                gpad = np.empty((nb,) + padded_sp + (c_in,), dtype=gdt) if need_x else None
+                for i, bs in chunk:
+                    m = bs.stop - bs.start
+                    gm = gbuf[: m * p]
+                    gm.reshape((m,) + out_sp + (c_out,))[...] = np.moveaxis(g[bs], 1, -1)
+                    if need_w:
+                        c = cols[: m * p]
+                        c.reshape((m,) + out_sp + kernel + (c_in,))[...] = win[bs]
+                        partial[i] = np.matmul(c.T, gm)  # [K*C, O]
+                    if need_x:
+                        gp = gpad[:m]
+                        gp[...] = 0
+                        pv = prod[: m * p]
+                        view = pv.reshape((m,) + out_sp + (c_in,))
+                        for k, sl in enumerate(windows):
+                            np.matmul(gm, w_k[k], out=pv)
+                            gp[(slice(None),) + sl] += view
+                        gx[bs] = np.moveaxis(gp[(slice(None),) + crop], -1, 1)
+
+            if need_x or need_w:
+                _cl_run(several, backward, list(enumerate(runs)))
+            if need_w:
+                total = partial[0]  # the runs' partial sums in order: the same bits on any number of threads
+                for more in partial[1:]:
+                    total += more
+                gw = np.ascontiguousarray(np.moveaxis(total.reshape(kernel + (c_in, c_out)), (n + 1, n), (0, 1)))
             if need_b:
                 gb = _channel_sum(np, g)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, dev, inputs, rule, op)
-
-
-def _to_cl(g):
-    """[B, C, *S] as a C-contiguous channels-last [B * prod(S), C]."""
-    g_cl = np.empty((g.shape[0],) + g.shape[2:] + (g.shape[1],), dtype=g.dtype)
-    copy_into(g_cl, np.moveaxis(g, 1, -1))
-    return g_cl.reshape(-1, g.shape[1])
-
-
-def _input_grad_cl(g_m, wa, in_sp, pads, kernel, stride, dilation, out_sp):
-    """The input gradient [B, C, *S] of a groups-1 convolution from its output gradient
-    channels-last, `g_m` [B * P, O], and its weight `wa` [O, C, *kernel]."""
-    c_out, c_in = wa.shape[:2]
-    batch = g_m.shape[0] // int(np.prod(out_sp))
-    w_k = np.ascontiguousarray(np.moveaxis(wa.reshape(c_out, c_in, -1), 2, 0))  # [K, O, C]
-    padded = (batch,) + tuple(s + lo + hi for s, (lo, hi) in zip(in_sp, pads)) + (c_in,)
-    gpad = _col2im_cl(g_m, w_k, padded, kernel, stride, dilation, out_sp)
-    inner = gpad[(slice(None),) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(in_sp, pads))]
-    gx = np.empty((batch, c_in) + tuple(in_sp), dtype=gpad.dtype)
-    copy_into(gx, np.moveaxis(inner, -1, 1))
-    return gx
-
-
-def _col2im_cl(g_m, w_k, padded_shape, kernel, stride, dilation, out_sp):
-    """The channels-last input gradient, zero-padded: [B, *S', C] with
-    res[b, o * s + k * d, :] += g[b, o, :] @ w_k[k] summed over the kernel offsets k.
-
-    Per run of `nb` whole images and per offset the product [nb*P, O] @ [O, C] goes into one
-    reused buffer (about _CL_CHUNK_BYTES) and is added to its window at once. With one BLAS
-    thread the runs of images split over the kernel threads (each writes its own images)."""
-    batch = padded_shape[0]
-    c = padded_shape[-1]
-    p = int(np.prod(out_sp))
-    res = np.zeros(padded_shape, dtype=g_m.dtype)
-    windows = [sl for _, sl in _window_slices(kernel, stride, dilation, out_sp)]
-    # with several BLAS threads each product is split by BLAS, and everything runs here: kernel
-    # threads doing the adds (or products of their own) would compete with BLAS's threads,
-    # which keep spinning between products (measured on 2 cores: 1.2x and 2x slower); the
-    # runs are then longer, so that each product is worth splitting
-    several = _threads.blas_threads() > 1
-    chunk_bytes = _CL_CHUNK_BYTES * (4 if several else 1)
-    nb = max(1, min(batch, chunk_bytes // max(1, p * c * g_m.itemsize)))
-    runs = [slice(lo, min(lo + nb, batch)) for lo in range(0, batch, nb)]
-
-    def work(chunk):
-        buf = np.empty((nb * p, c), dtype=g_m.dtype)
-        for bs in chunk:
-            rows = (bs.stop - bs.start) * p
-            gc = g_m[bs.start * p: bs.stop * p]
-            target = res[bs]
-            part = buf[:rows]
-            view = part.reshape((bs.stop - bs.start,) + tuple(out_sp) + (c,))
-            for k, sl in enumerate(windows):
-                np.matmul(gc, w_k[k], out=part)
-                target[(slice(None),) + sl] += view
-
-    if several:
-        work(runs)
-    else:
-        run_chunks(work, runs)
-    return res
 
 
 @tensor_method

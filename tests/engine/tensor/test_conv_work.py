@@ -98,19 +98,19 @@ def test_mnist_cnn_train_step_work_is_bounded(gemm_counter):
 
     step()  # the first step creates Adam's moments
     calls, work, peak = _measure(step, gemm_counter)
-    # the second convolution alone (64 -> 64, 3x3, 11x11 out of 13x13 at batch 8, channels-last):
-    # forward, weight gradient and input gradient (9 products, one per kernel offset, over
-    # the one run of 8 images), 2 * 64 * 576 * 968 flops each
+    # the second convolution alone (64 -> 64, 3x3, 11x11 out of 13x13 at batch 8, channels-last
+    # in two runs of 5 and 3 images): forward and weight gradient one product per run, input
+    # gradient one per run and kernel offset, 2 * 64 * 576 * 968 flops each
     assert work >= 3 * 2 * 64 * 576 * 968
-    assert calls <= 14, f"{calls} matrix products in one MNIST CNN train step (13 today)"
+    assert calls <= 26, f"{calls} matrix products in one MNIST CNN train step (24 today)"
     assert work <= 1.1 * 227_950_592, f"{work:,} flops in matrix products (227,950,592 today)"
-    assert peak <= 1.3 * 7_844_169, f"peak {peak:,} bytes allocated in one step (7,844,169 today)"
+    assert peak <= 1.3 * 7_700_377, f"peak {peak:,} bytes allocated in one step (7,700,377 today)"
 
 
 def test_channels_last_conv2d_work_is_bounded(gemm_counter):
-    """A groups-1 convolution with many channels (the channels-last path): one product forward,
-    one for the weight gradient, one per kernel offset and run of images for the input
-    gradient, with no more arithmetic than the convolution itself."""
+    """A groups-1 convolution with many channels (the channels-last path, here one run of all
+    4 images): one product forward, one for the weight gradient, one per kernel offset for the
+    input gradient, with no more arithmetic than the convolution itself."""
     rng = np.random.default_rng(0)
     x = Tensor.from_data(rng.standard_normal((4, 32, 9, 9), dtype=np.float32)).require_grad()
     w = Tensor.from_data(rng.standard_normal((16, 32, 3, 3), dtype=np.float32)).require_grad()
@@ -129,7 +129,7 @@ def test_channels_last_conv2d_work_is_bounded(gemm_counter):
     assert work >= minimum  # the counter sees every product
     assert calls <= 11, f"{calls} matrix products for one conv2d forward + backward (11 today)"
     assert work <= 1.1 * minimum, f"{work:,} flops in matrix products ({minimum:,} today)"
-    assert peak <= 1.3 * 432_601, f"peak {peak:,} bytes allocated (432,601 today)"
+    assert peak <= 1.3 * 497_313, f"peak {peak:,} bytes allocated (497,313 today)"
 
 
 @pytest.mark.parametrize("blas", [1, 2])
@@ -215,3 +215,29 @@ def test_channels_last_conv2d_matches_a_float64_reference(threads, blas, monkeyp
     for got, want in ((y, ref), (x.grad(grads), ref_gx), (w.grad(grads), ref_gw), (b.grad(grads), g64.sum(axis=(0, 2, 3)))):
         assert got.shape == want.shape
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_channels_last_gradients_have_the_same_bits_on_one_or_two_kernel_threads(monkeypatch):
+    """The channels-last weight gradient sums its runs' partials in run order, so that the
+    number of kernel threads does not change a bit of any result."""
+    import engine.tensor.threads as threads_module
+    from engine.tensor import ops_conv
+
+    monkeypatch.setattr(threads_module, "blas_threads", lambda: 1)
+    monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)  # one image per run: 5 runs
+    rng = np.random.default_rng(5)
+    arrays = (rng.standard_normal((5, 16, 7, 7)).astype(np.float32),
+              rng.standard_normal((16, 16, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32))
+    g = Tensor.from_data(rng.standard_normal((5, 16, 7, 7)).astype(np.float32))
+    results = []
+    for threads in (1, 2):
+        x, w, b = (Tensor.from_data(a).require_grad() for a in arrays)
+        set_num_threads(threads)
+        try:
+            y = x.conv2d(w, b, padding=1)
+            grads = y.backward(g)
+        finally:
+            set_num_threads(None)
+        results.append([y.numpy()] + [t.grad(grads).numpy() for t in (x, w, b)])
+    for one, two in zip(*results):
+        assert np.array_equal(one, two)
