@@ -500,7 +500,7 @@ def _channel_sum(xp, g):
 #   every add moving whole channel vectors, then copied out to NCHW. The channel-major path's
 #   col2im instead spreads one large column buffer in runs of one output row (11 floats).
 # With one BLAS thread the runs split over the kernel threads; with several, BLAS splits each
-# product and the runs are longer.
+# product and the runs are much longer (fewer, larger products).
 
 
 def _pad_cl(xa, pads):
@@ -528,12 +528,14 @@ def _windows_cl(xpad, kernel, stride, dilation, out_sp):
 
 def _cl_runs(batch, image_bytes):
     """Runs of whole images of about _CL_CHUNK_BYTES of columns each (`image_bytes` per image),
-    and whether BLAS has several threads (then the runs are 4x longer and all run in the
-    calling thread: kernel threads making products of their own, or adding while BLAS works,
-    compete with BLAS's threads, which spin between products; on 2 cores that was 1.2-2x
-    slower)."""
+    and whether BLAS has several threads. Then the runs are 16x longer (the benchmark's
+    64 -> 64 layer in one run) and all run in the calling thread: kernel threads making
+    products of their own, or adding while BLAS works, compete with BLAS's threads, which
+    spin between products, and each product BLAS splits is a hand-off that a busy machine
+    makes slow (on 2 shared cores: runs 16x longer took 0.7x the time of 4x longer, products
+    made in kernel threads 1.4x)."""
     several = _threads.blas_threads() > 1
-    target = _CL_CHUNK_BYTES * (4 if several else 1)
+    target = _CL_CHUNK_BYTES * (16 if several else 1)
     nb = max(1, min(batch, target // max(1, image_bytes)))
     return several, nb, [slice(lo, min(lo + nb, batch)) for lo in range(0, batch, nb)]
 
