@@ -636,7 +636,8 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
             if need_x or need_w:
                 _cl_run(several, backward, list(enumerate(runs)))
             if need_w:
-                total = partial[0]  # the runs' partial sums in order: the same bits on any number of threads
+                # the runs' partial sums in order: the same bits on any number of threads
+                total = partial[0] if partial else np.zeros((kc, c_out), dtype=gdt)  # (no images: zero)
                 for more in partial[1:]:
                     total += more
                 gw = np.ascontiguousarray(np.moveaxis(total.reshape(kernel + (c_in, c_out)), (n + 1, n), (0, 1)))

@@ -320,3 +320,18 @@ def test_mixed_devices_are_refused():
     w = Tensor.zeros((1, 2, 3, 3), device=Device("cpu:1"))
     with pytest.raises(DeviceError, match="conv2d"):
         x.conv2d(w)
+
+
+def test_channels_last_conv2d_of_an_empty_batch():
+    """Zero images through the channels-last path (groups 1, >= 16 channels): an empty output
+    and input gradient, zero weight and bias gradients."""
+    rng = np.random.default_rng(0)
+    x = Tensor.from_data(np.zeros((0, 16, 6, 6), np.float32)).require_grad()
+    w = Tensor.from_data(rng.standard_normal((16, 16, 3, 3)).astype(np.float32)).require_grad()
+    b = Tensor.from_data(np.zeros(16, np.float32)).require_grad()
+    y = x.conv2d(w, b, padding=1)
+    assert y.shape == (0, 16, 6, 6)
+    grads = y.backward(Tensor.from_data(np.ones(y.shape, np.float32)))
+    assert x.grad(grads).shape == (0, 16, 6, 6)
+    assert not w.grad(grads).numpy().any() and w.grad(grads).shape == (16, 16, 3, 3)
+    assert not b.grad(grads).numpy().any()
