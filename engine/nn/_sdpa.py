@@ -27,7 +27,6 @@ mask, never intermediate copies.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import threading
 
@@ -76,26 +75,21 @@ _blas_api: list = []  # [(set, get)] once looked up; [None] when there is none
 
 
 def _openblas_api():
+    """(set_num_threads, get_num_threads) of NumPy's OpenBLAS, found by threadpoolctl (which
+    knows the scipy-openblas builds and their symbol prefixes), or None."""
     if not _blas_api:
         api = None
-        base = os.path.dirname(np.__file__)
-        for path in sorted(glob.glob(os.path.join(base, "..", "numpy.libs", "*openblas*"))
-                           + glob.glob(os.path.join(base, ".dylibs", "*openblas*"))):
-            try:
-                import ctypes  # noqa: PLC0415
+        try:
+            from threadpoolctl import ThreadpoolController  # noqa: PLC0415
 
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
-                                   ("openblas", "")):
-                set_n = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                get_n = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                if set_n is not None and get_n is not None:
-                    api = (set_n, get_n)
-                    break
-            if api is not None:
-                break
+            libs = ThreadpoolController().select(user_api="blas", internal_api="openblas").lib_controllers
+            np_dir = os.path.dirname(os.path.dirname(np.__file__))
+            mine = [lib for lib in libs if str(lib.filepath).startswith(np_dir)] or libs
+            if mine:
+                lib = mine[0]
+                api = (lib.set_num_threads, lib.get_num_threads)
+        except Exception:  # noqa: BLE001 - no usable controller: the products run whole
+            api = None
         _blas_api.append(api)
     return _blas_api[0]
 
