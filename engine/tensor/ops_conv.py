@@ -575,13 +575,14 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
             for bs in chunk:
                 m = bs.stop - bs.start
                 c = cols[: m * p]
-                c.reshape((m,) + out_sp + kernel + (c_in,))[...] = win[bs]
+                copy_into(c.reshape((m,) + out_sp + kernel + (c_in,)), win[bs])
                 r = np.matmul(c, w_t, out=res[: m * p])
                 src = r.reshape(m, p, c_out).swapaxes(1, 2)
+                dst = out[bs]
                 if bias_col is None:
-                    out[bs] = src
+                    copy_into(dst, src)
                 else:
-                    np.add(src, bias_col, out=out[bs])
+                    run_blocks(lambda i: np.add(src[i], bias_col, out=dst[i]), split(m, dst.nbytes))
 
         _cl_run(several, forward, runs)
         out = out.reshape((batch, c_out) + out_sp)
@@ -618,10 +619,10 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                 for i, bs in chunk:
                     m = bs.stop - bs.start
                     gm = gbuf[: m * p]
-                    gm.reshape((m,) + out_sp + (c_out,))[...] = np.moveaxis(g[bs], 1, -1)
+                    copy_into(gm.reshape((m,) + out_sp + (c_out,)), np.moveaxis(g[bs], 1, -1))
                     if need_w:
                         c = cols[: m * p]
-                        c.reshape((m,) + out_sp + kernel + (c_in,))[...] = win[bs]
+                        copy_into(c.reshape((m,) + out_sp + kernel + (c_in,)), win[bs])
                         partial[i] = np.matmul(c.T, gm)  # [K*C, O]
                     if need_x:
                         gp = gpad[:m]
@@ -631,7 +632,7 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                         for k, sl in enumerate(windows):
                             np.matmul(gm, w_k[k], out=pv)
                             gp[(slice(None),) + sl] += view
-                        gx[bs] = np.moveaxis(gp[(slice(None),) + crop], -1, 1)
+                        copy_into(gx[bs], np.moveaxis(gp[(slice(None),) + crop], -1, 1))
 
             if need_x or need_w:
                 _cl_run(several, backward, list(enumerate(runs)))
