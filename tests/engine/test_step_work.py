@@ -91,9 +91,11 @@ def test_transformer_layer_training_step_work():
     x = Tensor.from_data(rng.standard_normal((2, 16, 32), dtype=np.float32))
     ops, held, peak = _single_thread(lambda: _measure(lambda: layer.forward(x).sum()))
     interior = sum(n for op, n in ops.items() if op != "leaf")
-    # today 26: 6 linear, 5 swap_dims, 4 reshape, 2 normalize, 2 add, 2 matmul, softmax, mul
-    # (the score scale), gelu and the sum; 16 parameters
-    assert interior <= 28, ops
+    # today 21: 6 linear, 4 swap_dims, 4 reshape, 2 normalize, 2 add, the fused attention (one
+    # node for scores, mask, softmax and both products; 26 nodes before it), gelu and the sum;
+    # 16 parameters
+    assert ops["scaled_dot_product_attention"] == 1, ops
+    assert interior <= 22, ops
     assert ops["leaf"] == 16, ops
-    assert held <= 100_000, held  # 83.6 KB today
-    assert peak <= 145_000, peak  # 120.9 KB today
+    assert held <= 86_000, held  # 76.1 KB today (83.6 KB with the unfused attention)
+    assert peak <= 130_000, peak  # 114.7 KB today (120.9 KB unfused)
