@@ -49,8 +49,8 @@ MAKE_MODEL = textwrap.dedent("""
 
 EMBER_SIDE = textwrap.dedent("""
     import json, sys, time
+    import engine  # first, as users do: it configures OpenBLAS (its threads' spin) before NumPy loads it
     import numpy as np
-    import engine
     from engine.models import from_pretrained, generate
     folder, ids_file, new, repeats, use_cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \\
         sys.argv[5] == "1"

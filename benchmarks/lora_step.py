@@ -67,8 +67,8 @@ MAKE_MODEL = textwrap.dedent("""
 # both sides print one JSON line: per-step seconds, resident memory before / peak, first loss
 EMBER_SIDE = textwrap.dedent("""
     import json, resource, sys, time
+    import engine  # first, as users do: it configures OpenBLAS (its threads' spin) before NumPy loads it
     import numpy as np
-    import engine
     from engine import Device, Tensor, optim
     from engine.models import from_pretrained
     from engine.module import Lora, ParamGroup
