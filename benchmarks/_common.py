@@ -145,6 +145,31 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {malloc_note()}"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_line() -> str:
+    """The `Machine: ...` line the scripts print first: CPU, cores, Python, NumPy, malloc."""
+    import numpy as np  # noqa: PLC0415  (callers import the engine first)
+
+    return (f"Machine: {cpu_name()}, {os.cpu_count()} logical cores, {platform.machine()}, Python "
+            f"{platform.python_version()}, NumPy {np.__version__}, {malloc_note()}")
+
+
+def rss_mib() -> float:
+    """This process's resident memory, MiB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 # ---------------------------------------------------------------- a peer in another Python
 def oracle_python(modules=("torch", "transformers")):
     """(python, versions) of the first Python that imports `modules`: this one, else the one

@@ -19,8 +19,6 @@ committed llama-gqa fixture.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import child_env, malloc_note, oracle_python, print_table, run_side  # noqa: E402
+from benchmarks._common import child_env, cpu_name, machine_line, oracle_python, print_table, run_side  # noqa: E402
 
 SIZES = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
          "intermediate_size": 688, "vocab_size": 32000, "max_position_embeddings": 512}
@@ -89,21 +87,11 @@ TORCH_SIDE = textwrap.dedent("""
 """)
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def main() -> int:
     import numpy as np
 
-    print(f"Machine: {cpu_name()}, {os.cpu_count()} logical cores, {platform.machine()}, Python "
-          f"{platform.python_version()}, NumPy {np.__version__}, {malloc_note()}")
+    print(machine_line())
     tmp = Path(tempfile.mkdtemp(prefix="ember-generate-bench-"))
     try:
         oracle = oracle_python()

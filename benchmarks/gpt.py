@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC, alternate, fmt_time, machine, print_table, torch_or_none  # noqa: E402
+from benchmarks._common import STABLE_MALLOC, alternate, cpu_name, fmt_time, machine, print_table, torch_or_none  # noqa: E402
 from engine import Module, Tensor, nn  # noqa: E402
 import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 
@@ -148,15 +147,6 @@ def measure(threads: int, rounds: int, grid) -> dict:
     return out
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU model unknown"
-
 
 def main() -> None:
     args = sys.argv[1:]
@@ -183,7 +173,7 @@ def main() -> None:
             rows.append([f"batch {b}, d {d}, seq {s}", threads, fmt_time(te), fmt_time(tt) if tt else "-",
                          f"{te / tt:.2f}x" if tt else "-"])
     peer = f"PyTorch {version} CPU" if version else "PyTorch (not installed)"
-    where = f"{_cpu_model()}, {machine()}"
+    where = f"{cpu_name()}, {machine()}"
     print_table(f"Small GPT training step ({LAYERS} pre-norm blocks, vocab {VOCAB}, heads d/32, fwd+CE+bwd), "
                 f"engine vs {peer} — best of {rounds} alternating rounds ({where})",
                 ["case", "threads", "engine", "PyTorch", "engine / PyTorch"], rows)

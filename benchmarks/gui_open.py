@@ -28,12 +28,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from app.core.schema import ExampleSource, GroupSpec, LoraEdit  # noqa: E402
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+from benchmarks._common import rss_mib  # noqa: E402
 
 
 def generated_model(n_blocks: int = 1000):

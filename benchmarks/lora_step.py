@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -37,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import child_env, fmt_time, malloc_note, oracle_python, print_table, run_side  # noqa: E402
+from benchmarks._common import child_env, fmt_time, machine_line, oracle_python, print_table, run_side  # noqa: E402
 
 SIZES = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
          "intermediate_size": 688, "vocab_size": 32000, "max_position_embeddings": 512}
@@ -45,15 +43,6 @@ BATCH, SEQ, RANK, ALPHA, LR = 8, 128, 8, 16.0, 1e-3
 WARMUP, STEPS = 3, 10
 THREADS = (1, 2)
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 MAKE_MODEL = textwrap.dedent("""
@@ -187,8 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes per side and thread count")
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
-    print(f"Machine: {cpu_name()}, {os.cpu_count()} logical cores, {platform.machine()}, Python "
-          f"{platform.python_version()}, NumPy {np.__version__}, {malloc_note()}")
+    print(machine_line())
     tmp = Path(tempfile.mkdtemp(prefix="ember-lora-step-"))
     try:
         oracle = oracle_python(("torch", "transformers", "peft"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -24,19 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import fmt_time, malloc_note, print_table  # noqa: E402
+from benchmarks._common import fmt_time, machine_line, print_table  # noqa: E402
 
 ROUNDS = 3
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def resnet50_onnx(path: Path, seed: int = 0) -> dict:
@@ -148,10 +138,7 @@ def import_rows(tmp: Path) -> tuple[list, dict]:
 
 
 def main() -> int:
-    import numpy as np
-
-    print(f"Machine: {cpu_name()}, {os.cpu_count()} logical cores, {platform.machine()}, Python "
-          f"{platform.python_version()}, NumPy {np.__version__}, {malloc_note()}")
+    print(machine_line())
     tmp = Path(tempfile.mkdtemp(prefix="ember-onnx-bench-"))
     try:
         rows, info = import_rows(tmp)

@@ -28,7 +28,6 @@ import gc
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import child_env, fmt_time, malloc_note, oracle_python, print_table, run_side  # noqa: E402
+from benchmarks._common import child_env, fmt_time, machine_line, oracle_python, print_table, run_side, rss_mib  # noqa: E402
 
 LLAMA2_7B = {
     "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
@@ -55,19 +54,6 @@ SEQ = 128
 ROUNDS = 3
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 # ---------------------------------------------------------------------------------- part 1
@@ -298,10 +284,7 @@ def part2(tmp: Path):
 
 
 def main() -> int:
-    import numpy as np
-
-    print(f"Machine: {cpu_name()}, {os.cpu_count()} logical cores, {platform.machine()}, Python "
-          f"{platform.python_version()}, NumPy {np.__version__}, {malloc_note()}")
+    print(machine_line())
     tmp = Path(tempfile.mkdtemp(prefix="ember-pretrained-bench-"))
     try:
         rows, info = part1(tmp)

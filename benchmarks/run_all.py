@@ -29,7 +29,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC  # noqa: E402
+from benchmarks._common import STABLE_MALLOC, cpu_name  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
            "pretrained_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
@@ -524,14 +524,7 @@ def torch_version() -> str | None:
 
 
 def machine_lines() -> list[str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     mem = ""
     try:
         kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")).split()[1])
