@@ -10,7 +10,6 @@ purpose, lower its bound with it.
 """
 from __future__ import annotations
 
-import collections
 import gc
 import tracemalloc
 
@@ -18,19 +17,7 @@ import numpy as np
 
 from engine import Module, Tensor, nn
 from engine.tensor.threads import num_threads, set_num_threads
-
-
-def _graph_ops(t: Tensor) -> collections.Counter:
-    """Op name -> count over the graph that leads to `t` (leaves counted as 'leaf')."""
-    seen, stack, ops = set(), [t._node], collections.Counter()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        ops["leaf" if node.leaf else node.op] += 1
-        stack.extend(node.parents or ())
-    return ops
+from tests.engine.work_count import graph_ops
 
 
 def _measure(forward):
@@ -43,7 +30,7 @@ def _measure(forward):
         tracemalloc.reset_peak()
         loss = forward()
         held = tracemalloc.get_traced_memory()[0] - base
-        ops = _graph_ops(loss)
+        ops = graph_ops(loss)
         loss.backward()
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:

@@ -6,7 +6,6 @@ draw and its gradient; a work count (one tape node, a bounded number of score-si
 fails if the op is unfused again."""
 from __future__ import annotations
 
-import collections
 import gc
 import math
 import tracemalloc
@@ -19,6 +18,7 @@ from engine.nn._sdpa import scaled_dot_product_attention
 from engine.tensor import TensorError
 from engine.tensor.threads import num_threads, set_num_threads
 from tests.engine.gradcheck import check_grads, numeric_grad
+from tests.engine.work_count import graph_ops
 
 RNG = np.random.default_rng(22)
 
@@ -259,23 +259,11 @@ def test_wrong_inputs_say_what_was_expected_and_found():
 
 
 # ---------------------------------------------------------------------- work count (no timing)
-def _graph_ops(t: Tensor) -> collections.Counter:
-    seen, stack, ops = set(), [t._node], collections.Counter()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        ops["leaf" if node.leaf else node.op] += 1
-        stack.extend(node.parents or ())
-    return ops
-
-
 def test_the_layer_records_one_attention_node():
     m = nn.MultiHeadAttentionConfig(16, 4, dropout=0.1, n_kv_heads=2, causal=True).init()
     x = Tensor.from_data(RNG.standard_normal((2, 5, 16), dtype=np.float32)).require_grad()
     pad = Tensor.from_data(np.array([[0, 0, 0, 0, 1], [0] * 5], dtype=bool))
-    ops = _graph_ops(m.forward(nn.MhaInput.self_attn(x).mask_pad(pad)).context.sum())
+    ops = graph_ops(m.forward(nn.MhaInput.self_attn(x).mask_pad(pad)).context.sum())
     assert ops["scaled_dot_product_attention"] == 1, ops
     for unfused in ("softmax", "quiet_softmax", "mask_fill", "matmul", "dropout", "mul"):
         assert ops[unfused] == 0, ops
