@@ -59,10 +59,12 @@ def _measure(fn, flops):
     return len(flops), sum(flops), peak
 
 
-def test_conv2d_forward_backward_work_is_bounded(gemm_counter):
+def _conv_step(c_in: int):
+    """A 3x3 conv2d forward + backward of [4, c_in, 9, 9] -> 16 channels, checking that every
+    gradient arrives; the step to measure."""
     rng = np.random.default_rng(0)
-    x = Tensor.from_data(rng.standard_normal((4, 8, 9, 9), dtype=np.float32)).require_grad()
-    w = Tensor.from_data(rng.standard_normal((16, 8, 3, 3), dtype=np.float32)).require_grad()
+    x = Tensor.from_data(rng.standard_normal((4, c_in, 9, 9), dtype=np.float32)).require_grad()
+    w = Tensor.from_data(rng.standard_normal((16, c_in, 3, 3), dtype=np.float32)).require_grad()
     b = Tensor.from_data(rng.standard_normal(16, dtype=np.float32)).require_grad()
     g = Tensor.from_data(rng.standard_normal((4, 16, 7, 7), dtype=np.float32))
 
@@ -70,6 +72,11 @@ def test_conv2d_forward_backward_work_is_bounded(gemm_counter):
         grads = x.conv2d(w, b).backward(g)
         assert all(t.grad(grads) is not None for t in (x, w, b))
 
+    return step
+
+
+def test_conv2d_forward_backward_work_is_bounded(gemm_counter):
+    step = _conv_step(8)
     step()  # warm caches (pools, lazily built helpers)
     calls, work, peak = _measure(step, gemm_counter)
     # the arithmetic itself: forward [16, 73] @ [73, 196] (bias folded), weight gradient
@@ -111,16 +118,7 @@ def test_channels_last_conv2d_work_is_bounded(gemm_counter):
     """A groups-1 convolution with many channels (the channels-last path, here one run of all
     4 images): one product forward, one for the weight gradient, one per kernel offset for the
     input gradient, with no more arithmetic than the convolution itself."""
-    rng = np.random.default_rng(0)
-    x = Tensor.from_data(rng.standard_normal((4, 32, 9, 9), dtype=np.float32)).require_grad()
-    w = Tensor.from_data(rng.standard_normal((16, 32, 3, 3), dtype=np.float32)).require_grad()
-    b = Tensor.from_data(rng.standard_normal(16, dtype=np.float32)).require_grad()
-    g = Tensor.from_data(rng.standard_normal((4, 16, 7, 7), dtype=np.float32))
-
-    def step():
-        grads = x.conv2d(w, b).backward(g)
-        assert all(t.grad(grads) is not None for t in (x, w, b))
-
+    step = _conv_step(32)
     step()
     calls, work, peak = _measure(step, gemm_counter)
     # forward [196, 288] @ [288, 16], weight gradient [288, 196] @ [196, 16], input gradient
