@@ -320,8 +320,7 @@ class MultiHeadAttention(Layer):
             key, value = cache.append(key, value)
         scale = 1.0 / math.sqrt(self.d_k)
         causal_offset = seq_length_2 - seq_length_1 if self.causal else None
-        p = self.dropout.prob if self.dropout.training and self.dropout.prob > 0.0 and (
-            query.is_autodiff() or key.is_autodiff()) else 0.0
+        p = max(self.dropout.rate_for(query), self.dropout.rate_for(key))  # the scores' rate
         if _trace.is_active():  # a trace (ONNX export, the graph view) records the op chain
             weights, context = self._attend_ops(query, key, value, input, scale, causal_offset)
         else:

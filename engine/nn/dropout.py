@@ -41,9 +41,16 @@ class Dropout(Layer):
         - input: `[..., any]`
         - output: `[..., any]`
         """
+        p = self.rate_for(input)
+        return input if p == 0.0 else input.dropout(p)
+
+    def rate_for(self, input) -> float:
+        """The probability `forward(input)` drops with: `prob` in training for a tensor that
+        takes part in autodiff, else 0 (Burn's rule). Fused kernels that drop inside (the
+        attention's scores) ask it instead of deciding again."""
         if not self.training or self.prob == 0.0 or not input.is_autodiff():
-            return input
-        return input.dropout(self.prob)
+            return 0.0
+        return self.prob
 
     def custom_content(self, content):
         return content.add("prob", f64(self.prob)).optional()
