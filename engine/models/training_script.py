@@ -142,6 +142,15 @@ def _trainability(model: Module) -> tuple[list[str], list[str], int]:
 
 
 # ---------------------------------------------------------------------------------- optimizer
+def _l2_penalty(cfg, config_class) -> float:
+    """The L2 penalty (torch.optim's `weight_decay`) of an optimizer config or of the optimizer
+    it made."""
+    if isinstance(cfg, config_class):
+        wd = as_weight_decay(cfg.weight_decay)
+        return wd.penalty if wd is not None else 0.0
+    return cfg.penalty or 0.0
+
+
 def _optimizer_json(optimizer, lr, training) -> dict:
     """The optimizer as torch.optim's arguments, from an Ember optimizer config (or optimizer)."""
     cfg = optimizer
@@ -165,19 +174,10 @@ def _optimizer_json(optimizer, lr, training) -> dict:
         eps = cfg.epsilon
         out = {"name": "AdamW", "betas": [cfg.beta_1, cfg.beta_2], "eps": eps, "weight_decay": cfg.weight_decay}
     elif isinstance(cfg, (optim.AdamConfig, optim.Adam)):
-        if isinstance(cfg, optim.AdamConfig):
-            wd = as_weight_decay(cfg.weight_decay)
-            penalty = wd.penalty if wd is not None else 0.0
-        else:
-            penalty = cfg.penalty or 0.0
-        out = {"name": "Adam", "betas": [cfg.beta_1, cfg.beta_2], "eps": cfg.epsilon, "weight_decay": penalty,
-               "amsgrad": bool(cfg.amsgrad)}
+        out = {"name": "Adam", "betas": [cfg.beta_1, cfg.beta_2], "eps": cfg.epsilon,
+               "weight_decay": _l2_penalty(cfg, optim.AdamConfig), "amsgrad": bool(cfg.amsgrad)}
     elif isinstance(cfg, (optim.SgdConfig, optim.Sgd)):
-        if isinstance(cfg, optim.SgdConfig):
-            wd = as_weight_decay(cfg.weight_decay)
-            penalty = wd.penalty if wd is not None else 0.0
-        else:
-            penalty = cfg.penalty or 0.0
+        penalty = _l2_penalty(cfg, optim.SgdConfig)
         m = cfg.momentum
         out = {"name": "SGD", "weight_decay": penalty, "momentum": float(m.momentum) if m else 0.0,
                "dampening": float(m.dampening) if m else 0.0, "nesterov": bool(m.nesterov) if m else False}
