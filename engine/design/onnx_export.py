@@ -33,7 +33,6 @@ from engine.tensor import Tensor, raw
 from engine.tensor.trace import Trace, Tracer, TraceError, _flat_tensors
 
 from . import shape_check, shape_rules
-from .dims import as_dim
 from .export_common import ExportError
 
 __all__ = ["export_onnx", "trace_model", "OnnxExportError"]
@@ -54,6 +53,27 @@ def _names(model, params: bool) -> dict[int, str]:
     return names
 
 
+def _scope_path(tr: Tracer, paths: dict[int, str], module) -> str | None:
+    """The path whose trace scope a call of `module` opens; None for a module outside the tree
+    or one whose scope is already the innermost (a forward calling its own class's forward)."""
+    path = paths.get(id(module))
+    if path is None or (tr._scopes and tr._scopes[-1] == path):
+        return None
+    return path
+
+
+def _scoped_call(tr: Tracer, path: str, module, args, kwargs, run):
+    """`run()` inside the trace scope of `path`, then the call recorded as one module op."""
+    tr.push_scope(path, type(module).__name__)
+    first = len(tr.trace.ops)
+    try:
+        out = run()
+    finally:
+        tr.pop_scope()
+    tr.module_call(path, type(module).__name__, list(args) + list(kwargs.values()), out, first)
+    return out
+
+
 class _ScopeRun:
     """The module-boundary hook: each module call of the tree opens the trace scope of its path."""
 
@@ -62,18 +82,10 @@ class _ScopeRun:
         self.paths = paths
 
     def call(self, module, original, args, kwargs):
-        tr = self.tracer
-        path = self.paths.get(id(module))
-        if path is None or (tr._scopes and tr._scopes[-1] == path):
+        path = _scope_path(self.tracer, self.paths, module)
+        if path is None:
             return original(module, *args, **kwargs)
-        tr.push_scope(path, type(module).__name__)
-        first = len(tr.trace.ops)
-        try:
-            out = original(module, *args, **kwargs)
-        finally:
-            tr.pop_scope()
-        tr.module_call(path, type(module).__name__, list(args) + list(kwargs.values()), out, first)
-        return out
+        return _scoped_call(self.tracer, path, module, args, kwargs, lambda: original(module, *args, **kwargs))
 
 
 def _as_inputs(example_input) -> list:
@@ -133,23 +145,20 @@ class _ShapeTraceRun(shape_check._ShapeRun):
 
     def call(self, module, original, args, kwargs):
         tr = self.tracer
-        path = self.paths.get(id(module))
-        if path is None or (tr._scopes and tr._scopes[-1] == path):
+        path = _scope_path(tr, self.paths, module)
+        if path is None:
             return original(module, *args, **kwargs)
-        tr.push_scope(path, type(module).__name__)
-        first = len(tr.trace.ops)
+        outermost = not tr._scopes
         try:
-            out = super().call(module, original, args, kwargs)
-            if path == "" and len(tr._scopes) == 1:
-                self.root_output = out
-            tr.module_call(path, type(module).__name__, list(args) + list(kwargs.values()), out, first)
-            return out
+            out = _scoped_call(tr, path, module, args, kwargs,
+                               lambda: super(_ShapeTraceRun, self).call(module, original, args, kwargs))
         except BaseException as e:
             if self.error is None:
                 self.error = e
             raise
-        finally:
-            tr.pop_scope()
+        if path == "" and outermost:
+            self.root_output = out
+        return out
 
     def forward(self, module, original, args, kwargs, node):
         name = type(module).__name__
