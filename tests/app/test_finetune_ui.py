@@ -23,9 +23,9 @@ from engine.models import from_pretrained, load_peft_adapter
 from engine.module.lora import DoraAdapter, RsLoraAdapter
 from engine.module.tree import params
 from widgets.lora_dialog import LoraDialog
+from tests.app.window_helpers import LLAMA, open_llama, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
-LLAMA = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
 PROMPT = "the cat"
 
 
@@ -35,17 +35,6 @@ def corpus(n=300, seed=0) -> list[str]:
     verbs = ["sat on", "looked at", "ran to"]
     objects = ["the mat.", "the log.", "a box."]
     return [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}" for _ in range(n)]
-
-
-def wait_idle(qtbot, window, timeout=60_000):
-    qtbot.waitUntil(lambda: not window.running_tasks, timeout=timeout)
-
-
-def open_llama(qtbot, window, folders):
-    folders.append(LLAMA)
-    window.actions.open_pretrained.trigger()
-    wait_idle(qtbot, window)
-    assert window.document.module is not None
 
 
 def logits(model) -> np.ndarray:
@@ -85,7 +74,7 @@ def test_open_train_generate_and_export_a_peft_adapter_through_the_window(window
     # the contract editor's default input for a language model: token ids within its positions
     assert window.contract_editor.input.text() == "int[2, 8]"
     window.checks.run_check(window.contract_editor.input.text())
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, 60_000)
     assert window.document.check_result.ok, window.document.check_result.error
     # File ▸ Export ▸ PEFT Adapter… needs adapters: disabled, saying why
     assert not window.actions.export_peft.isEnabled()
@@ -146,7 +135,7 @@ def test_open_train_generate_and_export_a_peft_adapter_through_the_window(window
     adapter = tmp_path / "adapter"
     folders.append(adapter)
     window.actions.export_peft.trigger()
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, 60_000)
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA"
@@ -303,7 +292,7 @@ def test_the_merged_hugging_face_export_folds_the_variants_into_a_copy(window, q
     out = tmp_path / "merged"
     folders.append(out)
     window.actions.export_pretrained.trigger()
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, 60_000)
     merged = from_pretrained(out)
     assert not any(p.reparameterization for _path, p in params(merged))
     np.testing.assert_allclose(logits(merged), logits(window.document.module), atol=1e-5)
@@ -333,7 +322,7 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_named_and_the_model_un
     tok.save(str(folder / "tokenizer.json"))
     folders.append(folder)
     window.actions.open_pretrained.trigger()
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, 60_000)
     model = window.document.module
     assert model is not None
     text = tmp_path / "words.txt"

@@ -14,19 +14,9 @@ from app.core.schema import GroupEdit, GroupSpec, Project, SchemaError
 from app.settings import Settings
 from engine import Tensor
 from engine.design import import_onnx
+from tests.app.window_helpers import open_onnx, wait_idle
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "onnx"
-
-
-def _wait(window, qtbot, timeout=30000):
-    qtbot.waitUntil(lambda: not window.running_tasks, timeout=timeout)
-
-
-def _open_onnx(window, qtbot, monkeypatch, path):
-    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
-    window.actions.open_onnx.trigger()
-    _wait(window, qtbot)
-    window.last_message.close()  # the import report
 
 
 def _save_project(window, monkeypatch, path):
@@ -37,7 +27,7 @@ def _save_project(window, monkeypatch, path):
 def _open_project(window, qtbot, monkeypatch, path):
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
     window.actions.open_project.trigger()
-    _wait(window, qtbot)
+    wait_idle(qtbot, window)
 
 
 def _fresh_window(qtbot, tmp_path, name):
@@ -77,7 +67,7 @@ def saved(window, qtbot, monkeypatch, tmp_path):
     folder.mkdir()
     onnx_path = folder / "cnn_bn.onnx"
     shutil.copyfile(FIXTURES / "cnn_bn.onnx", onnx_path)
-    _open_onnx(window, qtbot, monkeypatch, onnx_path)
+    open_onnx(qtbot, window, monkeypatch, onnx_path, close_report=True)
     freeze = GroupEdit("freeze", GroupSpec("path", path="conv1_conv"))
     assert window.apply_edit(freeze)
     out = _assert_the_files_model(window.document.module, onnx_path)
@@ -148,7 +138,7 @@ def test_a_project_whose_onnx_file_changed_is_refused(saved, qtbot, monkeypatch,
 
 
 def test_a_model_built_from_the_edited_design_is_not_saved_without_its_weights(window, qtbot, monkeypatch, tmp_path):
-    _open_onnx(window, qtbot, monkeypatch, FIXTURES / "cnn_bn.onnx")
+    open_onnx(qtbot, window, monkeypatch, FIXTURES / "cnn_bn.onnx", close_report=True)
     panel = window.designer
     panel.canvas.select(["relu"])
     assert panel.delete_selection()

@@ -9,23 +9,14 @@ import pytest
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from engine import Tensor
+from tests.app.window_helpers import open_onnx, wait_idle
 from tests.widgets.qt_helpers import type_into
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "onnx"
 
 
-def _wait(window, qtbot, timeout=30000):
-    qtbot.waitUntil(lambda: not window.running_tasks, timeout=timeout)
-
-
-def _open_onnx(window, qtbot, monkeypatch, path):
-    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
-    window.actions.open_onnx.trigger()
-    _wait(window, qtbot)
-
-
 def test_onnx_opened_edited_built_trained_and_exported_through_the_menus(window, qtbot, monkeypatch, tmp_path):
-    _open_onnx(window, qtbot, monkeypatch, FIXTURES / "cnn_bn.onnx")
+    open_onnx(qtbot, window, monkeypatch, FIXTURES / "cnn_bn.onnx")
     panel = window.designer
     assert window.tabs.currentWidget() is panel and panel.pages.currentIndex() == 0  # the editable canvas
     assert "relu" in panel.design.nodes() and panel.design.kind("conv1_conv") == "Conv2d"
@@ -75,7 +66,7 @@ def test_onnx_opened_edited_built_trained_and_exported_through_the_menus(window,
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
     window.contract_editor.set_example_input("[2, 3, 16, 16]")
     window.actions.export_onnx.trigger()
-    _wait(window, qtbot)
+    wait_idle(qtbot, window)
     assert out.is_file() and window.onnx.last_export == out
     m = onnx.load(str(out))
     assert any(n.op_type == "Erf" or n.op_type == "Gelu" for n in m.graph.node)  # the Gelu went out too
@@ -90,7 +81,7 @@ def test_a_file_that_cannot_be_imported_names_the_problem_and_changes_nothing(wi
     before = window.document.module
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"\x08\x07\x12\x03not a model")
-    _open_onnx(window, qtbot, monkeypatch, bad)
+    open_onnx(qtbot, window, monkeypatch, bad)
     assert window.document.module is before
     assert "broken.onnx" in window.last_message.text() and "Nothing was changed" in window.last_message.text()
 
@@ -104,7 +95,7 @@ def test_unsaved_design_is_asked_about_before_an_onnx_file_replaces_it(window, q
     monkeypatch.setattr(prompts, "ask_question", lambda _p, _t, text, *_a: asked.append(text)
                         or QMessageBox.StandardButton.Cancel)
     design = window.designer.design.to_dict()
-    _open_onnx(window, qtbot, monkeypatch, FIXTURES / "cnn_bn.onnx")
+    open_onnx(qtbot, window, monkeypatch, FIXTURES / "cnn_bn.onnx")
     assert asked and window.designer.design.to_dict() == design
 
 
@@ -223,12 +214,12 @@ def test_a_dropped_onnx_file_and_open_path_import_it(window, qtbot, monkeypatch)
                        Qt.KeyboardModifier.NoModifier)
     window.dropEvent(event)
     assert event.isAccepted()
-    _wait(window, qtbot)
+    wait_idle(qtbot, window)
     assert "LayerNorm" in {window.designer.design.kind(n) for n in window.designer.design.nodes()}
     assert window.document.module is not None
     # --open file.onnx (what `python -m app --open` does)
     assert open_requested(window, parse_args(["--open", str(FIXTURES / "cnn_bn.onnx")]))
-    _wait(window, qtbot)
+    wait_idle(qtbot, window)
     assert "conv1_conv" in window.designer.design.nodes()
     assert not any("design" in t for t in asked)  # an imported design not edited since is not asked about
 
@@ -257,7 +248,7 @@ def test_a_lora_model_exports_materialized_and_the_window_model_keeps_its_adapte
     out = tmp_path / "lora.onnx"
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(out), ""))
     window.actions.export_onnx.trigger()  # the example's own input batch ("example")
-    _wait(window, qtbot)
+    wait_idle(qtbot, window)
     assert out.is_file(), window.last_message.text() if window.last_message else ""
     m = onnx.load(str(out))
     assert not any("lora" in i.name for i in m.graph.initializer)  # materialized

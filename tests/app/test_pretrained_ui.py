@@ -25,15 +25,12 @@ from widgets.group_dialog import GroupDialog
 from widgets.inspector import HF_COLUMN
 from widgets.lora_dialog import LoraDialog
 from widgets.module_tree import HF_NAME
+from tests.app.window_helpers import wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
 LAYERS_0_1 = r"^layers\.(0|1)\."
 QUERY_VALUE = r"\.(query|value)\.weight$"
-
-
-def wait_idle(qtbot, window, timeout=30_000):
-    qtbot.waitUntil(lambda: not window.running_tasks, timeout=timeout)
 
 
 def open_through_menu(qtbot, window, folders, folder=LLAMA):

@@ -24,6 +24,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from app.core.schema import ExampleSource, GroupSpec, GroupEdit, LoraEdit, DetachEdit
+from tests.app.window_helpers import wait_idle
 
 N_FILES = 560
 PER_FILE_S = 3.0
@@ -32,9 +33,6 @@ CLEAR = ("expected", "no such", "cannot", "unknown", "failed", "does not", "not 
 
 
 # ---- the real projects the mutations start from -------------------------------------------------
-def _wait_tasks(qtbot, window, timeout=30_000):
-    qtbot.waitUntil(lambda: not window.running_tasks, timeout=timeout)
-
 
 def _train_one_epoch(qtbot, window):
     from tests.widgets.qt_helpers import type_into
@@ -80,7 +78,7 @@ def _saved_projects(window, qtbot, folder: Path) -> list[Path]:
     window.document.module.into_record().save(bpk)
     window.projects._open_checkpoint_choice({"path": str(bpk), "allow_partial": False,
                                              "architecture": ExampleSource("spirals").to_json()})
-    _wait_tasks(qtbot, window)
+    wait_idle(qtbot, window)
     assert window.apply_edit(GroupEdit("freeze", GroupSpec("path", path=next(
         p for p, _ in window.document.module.named_params()))))
     save("checkpoint")
@@ -235,7 +233,7 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
     assert len(bases) == 5
     for base in bases:  # the real projects open
         assert window.open_path(str(base)), window.last_message and window.last_message.text()
-        _wait_tasks(qtbot, window)
+        wait_idle(qtbot, window)
 
     escaped, slow, changed, silent, opened, refused, longest = [], [], [], [], 0, 0, 0.0
     start = time.monotonic()

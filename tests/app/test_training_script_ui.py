@@ -17,9 +17,9 @@ from PySide6.QtWidgets import QDialogButtonBox, QMenu, QMessageBox
 
 from engine import Device
 from widgets.lora_dialog import LoraDialog
+from tests.app.window_helpers import LLAMA, open_llama, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
-LLAMA = ROOT / "tests" / "fixtures" / "hf" / "llama-gqa"
 
 
 def corpus(path: Path, n=120, seed=0) -> Path:
@@ -28,17 +28,6 @@ def corpus(path: Path, n=120, seed=0) -> Path:
              f"{rng.choice(['the mat.', 'a box.', 'the log.'])}" for _ in range(n)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
-
-
-def wait_idle(qtbot, window, timeout=60_000):
-    qtbot.waitUntil(lambda: not window.running_tasks, timeout=timeout)
-
-
-def open_llama(qtbot, window, folders):
-    folders.append(LLAMA)
-    window.actions.open_pretrained.trigger()
-    wait_idle(qtbot, window)
-    assert window.document.module is not None
 
 
 def choose_text(qtbot, window, files, text: Path):
@@ -83,7 +72,7 @@ def test_export_a_training_script_through_the_menu(window, qtbot, folders, files
     out = tmp_path / "export"
     folders.append(out)
     action.trigger()
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, 60_000)
     box = window.last_message
     assert box is not None and box.icon() == QMessageBox.Icon.Information, box.text() if box else None
     for command in ("python train.py", "accelerate launch train.py", "torchrun --nproc_per_node N train.py"):
@@ -124,7 +113,7 @@ def test_a_schedule_pytorch_cannot_reproduce_is_refused_nothing_written(window, 
     out = tmp_path / "export"
     folders.append(out)
     action.trigger()
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, 60_000)
     box = window.last_message
     assert box is not None and box.icon() == QMessageBox.Icon.Critical
     assert "constant learning rate" in box.text() and "Nothing was written" in box.text()
@@ -137,7 +126,7 @@ def test_disabled_with_a_tooltip_saying_why(window, qtbot, folders, files, tmp_p
     # a model of no known family
     assert window.open_script(str(mlp_script))
     qtbot.waitUntil(lambda: window.document.module is not None, timeout=30_000)
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, 60_000)
     assert not action.isEnabled()
     assert "not from a Hugging Face family" in action.toolTip()
     # a known family, but no causal-lm data chosen on the Training tab
