@@ -41,7 +41,7 @@ def test_in_place_strided_and_nan_constant_fall_back():
     assert np.array_equal(maximum_scalar(ints, 0), np.maximum(ints, 0))
 
 
-def test_the_constant_row_is_used_and_read_only(monkeypatch):
+def test_the_constant_row_is_used_and_read_only():
     scalar_ufunc._rows.clear()
     x = np.linspace(-3, 3, 3 * ROW + 7, dtype=np.float32)
     maximum_scalar(x, 0.0)
