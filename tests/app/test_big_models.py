@@ -3,9 +3,7 @@ default and allocates nothing; a full check, QLoRA, Materialize or a Fork of ini
 weights that would not fit is refused with its estimate, and the model stays as it was; a lazy
 model's Fork or Transfer allocates nothing and is never refused. The actions run under an
 address-space limit, so a regression that allocates the 7 B model fails instead of filling memory."""
-import contextlib
 import re
-import resource
 import tracemalloc
 
 import pytest
@@ -15,6 +13,7 @@ from PySide6.QtWidgets import QDialogButtonBox
 from app.core.schema import GroupSpec, LoraEdit
 
 from engine.module import memory
+from tests.limits import address_space_growth_limit
 
 
 def _click_check(window, qtbot):
@@ -72,18 +71,6 @@ def test_a_model_with_allocated_parameters_gets_the_full_check_by_default(opened
 
 
 # ---- QLoRA, Materialize, Fork / Transfer on llama-7b: the estimate first, a refusal when it does not fit ----
-@contextlib.contextmanager
-def address_space_growth_limit(extra: int):
-    """A regression that allocates the 7 B model fails with MemoryError instead of filling memory."""
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (vm + extra, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
 
 @pytest.fixture
 def errors(window, monkeypatch):

@@ -3,27 +3,13 @@ one ParamId shows one value in the document and in the undo history, and a move 
 lot runs on a worker thread."""
 from __future__ import annotations
 
-import contextlib
-import resource
 
 import numpy as np
 import pytest
 
 from app.core import edits
 from app.core.schema import GroupSpec, LoraEdit, MoveEdit
-
-
-@contextlib.contextmanager
-def address_space_growth_limit(extra: int):
-    """A regression that allocates the 7 B model fails with MemoryError instead of filling memory."""
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (vm + extra, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+from tests.limits import address_space_growth_limit
 
 
 def test_fork_and_transfer_of_the_edited_7b_model_allocate_nothing(window, qtbot):

@@ -3,9 +3,7 @@ and what was expected, in bounded time and memory; a seeded fuzz of mutated prot
 gives clear errors or working imports, and no other exception."""
 from __future__ import annotations
 
-import contextlib
 import random
-import resource
 import time
 from pathlib import Path
 
@@ -16,22 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from engine import Tensor
 from engine.design import OnnxImportError, build_model, import_onnx
+from tests.limits import address_space_growth_limit
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "onnx"
 F = helper.make_tensor_value_info
-
-
-@contextlib.contextmanager
-def address_space_growth_limit(extra: int):
-    """An import that tries to allocate what a file claims fails with MemoryError instead of filling memory."""
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (vm + extra, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
