@@ -27,14 +27,13 @@ mask, never intermediate copies.
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
 
 import numpy as np
 
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, record, tracking, untracked
-from ..tensor.threads import PARALLEL_MIN_BYTES, blas_threads, num_threads, run_chunks
+from ..tensor.threads import (PARALLEL_MIN_BYTES, blas_threads, num_threads, one_blas_thread,
+                              one_blas_thread_possible, run_chunks)
 
 __all__ = ["scaled_dot_product_attention", "causal_mask_array"]
 
@@ -65,66 +64,8 @@ def _mask_factors(xp, m, dt, c_scale, c_min, dropout: bool):
 # made from two kernel threads at once then wait on each other and on its spinning threads:
 # measured at 2 threads, the blocked attention ran at 1.5x its one-thread time with BLAS at 2
 # threads, at 0.6x the op chain's with BLAS held at 1 thread while the blocks run (each kernel
-# thread then does its own products, as PyTorch's SDPA does). The first kernel to enter holds
-# OpenBLAS at one thread, the last to leave restores the count it found. Without an OpenBLAS
-# whose thread count can be set (another BLAS), the products run whole instead ("phased").
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_saved = None
-_blas_api: list = []  # [(set, get)] once looked up; [None] when there is none
-
-
-def _openblas_api():
-    """(set_num_threads, get_num_threads) of NumPy's OpenBLAS, found by threadpoolctl (which
-    knows the scipy-openblas builds and their symbol prefixes), or None."""
-    if not _blas_api:
-        api = None
-        try:
-            from threadpoolctl import ThreadpoolController  # noqa: PLC0415
-
-            libs = ThreadpoolController().select(user_api="blas", internal_api="openblas").lib_controllers
-            np_dir = os.path.dirname(os.path.dirname(np.__file__))
-            mine = [lib for lib in libs if str(lib.filepath).startswith(np_dir)] or libs
-            if mine:
-                lib = mine[0]
-                api = (lib.set_num_threads, lib.get_num_threads)
-        except Exception:  # noqa: BLE001 - no usable controller: the products run whole
-            api = None
-        _blas_api.append(api)
-    return _blas_api[0]
-
-
-class _OneBlasThread:
-    """While inside, OpenBLAS runs each call on the calling thread (a no-op when it cannot)."""
-
-    def __enter__(self):
-        global _blas_users, _blas_saved
-        api = _openblas_api()
-        if api is None:
-            return self
-        with _blas_lock:
-            if _blas_users == 0:
-                _blas_saved = int(api[1]())
-                if _blas_saved > 1:
-                    api[0](1)
-            _blas_users += 1
-        return self
-
-    def __exit__(self, *exc):
-        global _blas_users
-        api = _openblas_api()
-        if api is None:
-            return False
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0 and _blas_saved is not None and _blas_saved > 1:
-                api[0](_blas_saved)
-        return False
-
-
-def one_blas_thread_possible() -> bool:
-    """Whether the kernel can hold OpenBLAS at one thread while its blocks run."""
-    return _openblas_api() is not None
+# thread then does its own products, as PyTorch's SDPA does; `threads.one_blas_thread`).
+# Without an OpenBLAS whose thread count can be set, the products run whole ("phased").
 
 
 def _grouped(a, nb, hk, rows, last):
@@ -310,7 +251,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     phased = threaded and blas_threads() > 1 and not pin
     if phased:
         xp.matmul(Q5, KT5, out=W5)
-    with _OneBlasThread() if pin else _NO_PIN:
+    with one_blas_thread() if pin else _NO_PIN:
         run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1)
     if phased:
         xp.matmul(W5, V5, out=C5)
@@ -388,7 +329,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                     middle(dS, D, bs, hs)
                     last(dS, bs, hs)
 
-            with _OneBlasThread() if pin else _NO_PIN:
+            with one_blas_thread() if pin else _NO_PIN:
                 run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1)
         return dq, dk, dvv
 

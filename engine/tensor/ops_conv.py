@@ -499,8 +499,8 @@ def _channel_sum(xp, g):
 #   `g [m*P, O] @ w_k [O, C]` added to its strided window of the run's padded input gradient,
 #   every add moving whole channel vectors, then copied out to NCHW. The channel-major path's
 #   col2im instead spreads one large column buffer in runs of one output row (11 floats).
-# With one BLAS thread the runs split over the kernel threads; with several, BLAS splits each
-# product and the runs are much longer (fewer, larger products).
+# The runs split over the kernel threads, OpenBLAS held at one thread while they run (see
+# `_cl_runs` for the one exception).
 
 
 def _pad_cl(xa, pads):
@@ -528,23 +528,31 @@ def _windows_cl(xpad, kernel, stride, dilation, out_sp):
 
 def _cl_runs(batch, image_bytes):
     """Runs of whole images of about _CL_CHUNK_BYTES of columns each (`image_bytes` per image),
-    and whether BLAS has several threads. Then the runs are 16x longer (the benchmark's
-    64 -> 64 layer in one run) and all run in the calling thread: kernel threads making
-    products of their own, or adding while BLAS works, compete with BLAS's threads, which
-    spin between products, and each product BLAS splits is a hand-off that a busy machine
-    makes slow (on 2 shared cores: runs 16x longer took 0.7x the time of 4x longer, products
-    made in kernel threads 1.4x)."""
-    several = _threads.blas_threads() > 1
-    target = _CL_CHUNK_BYTES * (16 if several else 1)
+    and whether they run whole in the calling thread.
+
+    The runs split over the kernel threads, each making its own products with OpenBLAS held
+    at one thread while they run (`threads.one_blas_thread`), as with one BLAS thread. Only
+    where BLAS has several threads whose count cannot be set do the runs grow 16x (the
+    benchmark's 64 -> 64 layer in one run) and all run in the calling thread, BLAS splitting
+    each product: kernel threads making products of their own would then compete with BLAS's
+    threads, which spin between products. Measured on 2 cores (the 64 -> 64 layer's fwd+bwd):
+    20 ms with the runs over the kernel threads and OpenBLAS held at one thread, 25-27 ms with
+    16x runs and BLAS splitting them."""
+    whole = _threads.blas_threads() > 1 and not _threads.one_blas_thread_possible()
+    target = _CL_CHUNK_BYTES * (16 if whole else 1)
     nb = max(1, min(batch, target // max(1, image_bytes)))
-    return several, nb, [slice(lo, min(lo + nb, batch)) for lo in range(0, batch, nb)]
+    return whole, nb, [slice(lo, min(lo + nb, batch)) for lo in range(0, batch, nb)]
 
 
-def _cl_run(several, work, items):
-    """`work(items)` here with several BLAS threads, else the items split over the kernel
-    threads (each call gets a contiguous run of them)."""
-    if several:
+def _cl_run(whole, work, items):
+    """`work(items)` here when the runs are whole, else the items split over the kernel threads
+    (each call gets a contiguous run of them), OpenBLAS held at one thread meanwhile when it has
+    several."""
+    if whole:
         work(list(items))
+    elif _threads.blas_threads() > 1 and _threads.num_threads() > 1:
+        with _threads.one_blas_thread():
+            run_chunks(work, items)
     else:
         run_chunks(work, items)
 
@@ -560,7 +568,7 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
     p = int(np.prod(out_sp))
     out_sp, kernel = tuple(out_sp), tuple(kernel)
     dt = xa.dtype
-    several, nb, runs = _cl_runs(batch, p * kc * dt.itemsize)
+    whole, nb, runs = _cl_runs(batch, p * kc * dt.itemsize)
     with dev.context():
         xpad = _pad_cl(xa, pads)  # [B, *S', C]
         win = _windows_cl(xpad, kernel, stride, dilation, out_sp)  # [B, *out, *kernel, C], a view
@@ -584,7 +592,7 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                 else:
                     run_blocks(lambda i: np.add(src[i], bias_col, out=dst[i]), split(m, dst.nbytes))
 
-        _cl_run(several, forward, runs)
+        _cl_run(whole, forward, runs)
         out = out.reshape((batch, c_out) + out_sp)
 
     need_x = x._node is not None
@@ -635,7 +643,7 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                         copy_into(gx[bs], np.moveaxis(gp[(slice(None),) + crop], -1, 1))
 
             if need_x or need_w:
-                _cl_run(several, backward, list(enumerate(runs)))
+                _cl_run(whole, backward, list(enumerate(runs)))
             if need_w:
                 # the runs' partial sums in order: the same bits on any number of threads
                 total = partial[0] if partial else np.zeros((kc, c_out), dtype=gdt)  # (no images: zero)

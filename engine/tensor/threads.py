@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES"]
+__all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
+           "one_blas_thread", "one_blas_thread_possible"]
 
 # below this many bytes of data the threads' hand-off costs more than they save
 PARALLEL_MIN_BYTES = 1 << 20
@@ -127,10 +128,16 @@ def run_chunks(fn, blocks, min_blocks: int = 2) -> None:
     pool = _get_pool(n - 1)
     futures = [pool.submit(fn, c) for c in chunks[1:]]
     error = None
+    # while this thread runs its own run, a kernel called inside it (a copy_into, say) must not
+    # hand blocks to the pool: the workers are busy with their runs, and this thread would wait
+    # for them instead of working its own
+    _inside.worker = True
     try:
         fn(chunks[0])
     except BaseException as exc:  # noqa: BLE001 - re-raised below once the workers are done
         error = exc
+    finally:
+        _inside.worker = False
     for f in futures:
         try:
             f.result()
@@ -197,6 +204,71 @@ def blas_threads() -> int:
     reads them when it loads. Fixed for the process (unlike `num_threads`), so that a kernel
     that shapes its products by it gives the same bits on any number of kernel threads."""
     return _BLAS
+
+
+# ---------------------------------------------------------------------- one BLAS thread
+# Kernels that split their products over the kernel threads (attention, convolution) hold
+# OpenBLAS at one thread while they run: each kernel thread then makes its own products, as
+# PyTorch's kernels do, instead of handing every product to OpenBLAS's threads, which would
+# compete with the kernel threads for the same cores and spin between calls. The first kernel to
+# enter holds OpenBLAS at one thread, the last to leave restores the count it found.
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_saved: int | None = None
+_blas_api: list = []  # [(set, get)] once looked up; [None] when there is none
+
+
+def _openblas_api():
+    """(set_num_threads, get_num_threads) of NumPy's OpenBLAS, found by threadpoolctl (which
+    knows the scipy-openblas builds and their symbol prefixes), or None."""
+    if not _blas_api:
+        api = None
+        try:
+            from threadpoolctl import ThreadpoolController  # noqa: PLC0415
+
+            libs = ThreadpoolController().select(user_api="blas", internal_api="openblas").lib_controllers
+            np_dir = os.path.dirname(os.path.dirname(np.__file__))
+            mine = [lib for lib in libs if str(lib.filepath).startswith(np_dir)] or libs
+            if mine:
+                lib = mine[0]
+                api = (lib.set_num_threads, lib.get_num_threads)
+        except Exception:  # noqa: BLE001 - no usable controller: the products run whole
+            api = None
+        _blas_api.append(api)
+    return _blas_api[0]
+
+
+class one_blas_thread:  # noqa: N801 - used as a function: `with one_blas_thread():`
+    """While inside, OpenBLAS runs each call on the calling thread (a no-op when it cannot)."""
+
+    def __enter__(self):
+        global _blas_users, _blas_saved
+        api = _openblas_api()
+        if api is None:
+            return self
+        with _blas_lock:
+            if _blas_users == 0:
+                _blas_saved = int(api[1]())
+                if _blas_saved > 1:
+                    api[0](1)
+            _blas_users += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _blas_users
+        api = _openblas_api()
+        if api is None:
+            return False
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0 and _blas_saved is not None and _blas_saved > 1:
+                api[0](_blas_saved)
+        return False
+
+
+def one_blas_thread_possible() -> bool:
+    """Whether a kernel can hold OpenBLAS at one thread while its blocks run."""
+    return _openblas_api() is not None
 
 
 _DEFAULT = _from_environment()

@@ -16,6 +16,7 @@ import pytest
 from engine import Device, Tensor, nn
 from engine.nn._sdpa import scaled_dot_product_attention
 from engine.tensor import TensorError
+from engine.tensor import threads
 from engine.tensor.threads import num_threads, set_num_threads
 from tests.engine.gradcheck import check_grads, numeric_grad
 from tests.engine.work_count import graph_ops
@@ -223,7 +224,7 @@ def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers(blas,
     if blas != "held at one thread":
         monkeypatch.setattr(_sdpa, "one_blas_thread_possible", lambda: False)
     monkeypatch.setattr(_sdpa, "blas_threads", lambda: 2)
-    api = _sdpa._openblas_api()
+    api = threads._openblas_api()
     before = int(api[1]()) if api is not None else None
     q, k, v = _qkv(6, 8, 2, 64, 64, 8, dtype=np.float32)
     old = num_threads()

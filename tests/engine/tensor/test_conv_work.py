@@ -165,17 +165,23 @@ def test_conv2d_product_orientations_match_a_float64_reference(threads, blas, mo
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("blas", [1, 2])
+@pytest.mark.parametrize("blas", [1, 2, "2, count fixed"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_channels_last_conv2d_matches_a_float64_reference(threads, blas, monkeypatch):
     """The channels-last path (groups 1, >= 16 channels), with stride, asymmetric padding and
-    dilation, its input gradient cut into runs of one image (split over the kernel threads
-    with one BLAS thread, all in the caller with several): the float64 reference's output and
-    gradients to float32 rounding."""
+    dilation, its input gradient cut into runs of one image (split over the kernel threads,
+    OpenBLAS held at one thread when it has several; all in the caller where BLAS has several
+    threads whose count cannot be set): the float64 reference's output and gradients to
+    float32 rounding, and BLAS's thread count as it was."""
     import engine.tensor.threads as threads_module
     from engine.tensor import ops_conv
 
+    if blas == "2, count fixed":
+        monkeypatch.setattr(threads_module, "one_blas_thread_possible", lambda: False)
+        blas = 2
     monkeypatch.setattr(threads_module, "blas_threads", lambda: blas)
+    api = threads_module._openblas_api()
+    count_before = int(api[1]()) if api is not None else None
     monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
     calls = []
     real = ops_conv._conv_cl
@@ -196,6 +202,8 @@ def test_channels_last_conv2d_matches_a_float64_reference(threads, blas, monkeyp
     finally:
         set_num_threads(None)
     assert calls, "the channels-last path was not taken"
+    if api is not None:
+        assert int(api[1]()) == count_before
     x64 = np.pad(xa.astype(np.float64), ((0, 0), (0, 0)) + pads)
     w64, g64 = wa.astype(np.float64), ga.astype(np.float64)
     ref = np.zeros((3, 17, oh, ow)) + ba[None, :, None, None]

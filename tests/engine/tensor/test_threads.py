@@ -115,6 +115,46 @@ def test_a_kernel_called_from_a_worker_runs_inline_instead_of_waiting_on_the_poo
     assert len(inner_threads) == 8
 
 
+def test_a_kernel_called_from_the_callers_own_run_stays_on_the_caller():
+    """The calling thread works the first run itself; a kernel called inside that run (a
+    copy_into, say) must run there too: handed to the pool, it would wait for the worker to
+    finish its whole run first, and the two runs would go one after the other."""
+    where = {}
+    main = threading.current_thread().name
+
+    def inner(i):
+        where.setdefault(i, set()).add(threading.current_thread().name)
+
+    def outer(chunk):
+        first = 0 in chunk
+        threads.run_blocks(lambda i: inner((first, i)), range(4))
+
+    _run(lambda: threads.run_chunks(outer, [0, 1]), 2)
+    assert {name for (first, _), names in where.items() if first for name in names} == {main}
+    assert len(where) == 8
+    assert not getattr(threads._inside, "worker", False)  # the caller is a caller again afterwards
+    seen = []
+    _run(lambda: threads.run_blocks(lambda i: seen.append(threading.current_thread().name), range(4)), 2)
+    assert len(set(seen)) == 2  # and its next kernel uses the pool
+
+
+def test_one_blas_thread_holds_openblas_at_one_and_restores_the_count_it_found():
+    api = threads._openblas_api()
+    if api is None:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count threadpoolctl can set")
+    before = int(api[1]())
+    api[0](2)
+    try:
+        with threads.one_blas_thread():
+            assert int(api[1]()) == 1
+            with threads.one_blas_thread():  # nested (another kernel on another thread, say)
+                assert int(api[1]()) == 1
+            assert int(api[1]()) == 1
+        assert int(api[1]()) == 2
+    finally:
+        api[0](before)
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_a_forked_child_runs_blocks_on_a_fresh_pool():
     import os
