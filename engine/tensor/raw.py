@@ -16,7 +16,8 @@ other tensors share it); compute a new array and `wrap` or `record` it.
   `rule(grad)` gives one gradient (array or None) per input when an input takes part in a graph.
 - `op_of(t)`: the name of the op whose result `t` is in a graph ("leaf" for a gradient leaf),
   or None outside any graph.
-- `unbroadcast(g, shape)`: a broadcast gradient summed back to an operand's shape.
+- `unbroadcast(g, shape)`: a broadcast gradient summed back to an operand's shape;
+  `sum_leading(g, k)`: a sum over the leading k axes (a bias's gradient).
 - `check_same_device(op, a, b)`: raise `DeviceError` unless `a` and `b` share a device.
 
 Each is one attribute read or one call deep, so that the kernels pay no more than they did
@@ -26,9 +27,9 @@ from __future__ import annotations
 
 from ..autodiff.tape import is_recording
 from .device import Device
-from .tensor import Tensor, check_same_device, record, unbroadcast
+from .tensor import Tensor, check_same_device, record, sum_leading, unbroadcast
 
-__all__ = ["array", "wrap", "tracking", "untracked", "record", "op_of", "unbroadcast", "check_same_device"]
+__all__ = ["array", "wrap", "tracking", "untracked", "record", "op_of", "unbroadcast", "sum_leading", "check_same_device"]
 
 _wrap = Tensor._wrap
 

@@ -355,16 +355,35 @@ def check_same_device(op: str, a: Tensor, b: Tensor) -> None:
         )
 
 
+# below this many rows a leading-axes sum stays NumPy's own reduction
+_LEAD_SUM_MIN_ROWS = 16
+
+
+def sum_leading(g, k: int = 1):
+    """`g.sum(axis=(0, ..., k - 1))`. For a C-contiguous float32 / float64 NumPy array of many
+    rows, one BLAS matrix-vector product `ones @ g` instead: NumPy reduces over a leading axis
+    row by row, 2-4x slower (measured on a [2048, 128] bias gradient: 61 vs 23 us; PyTorch 43).
+    Both add each column's rows in one pass, so the error bound is the same."""
+    if (isinstance(g, np.ndarray) and g.dtype.type in (np.float32, np.float64) and g.flags.c_contiguous
+            and 0 < k < g.ndim):
+        rows = 1
+        for n in g.shape[:k]:
+            rows *= n
+        if rows >= _LEAD_SUM_MIN_ROWS:
+            return (np.ones(rows, dtype=g.dtype) @ g.reshape(rows, -1)).reshape(g.shape[k:])
+    return g.sum(axis=tuple(range(k)))
+
+
 def unbroadcast(g, shape):
     """Sum a broadcast gradient back to an operand's shape."""
     gs = g.shape
     if gs == shape:
         return g
     if gs[1:] == shape:  # one leading axis broadcast, as for a bias: the common case
-        return g.sum(axis=0)
+        return sum_leading(g, 1)
     extra = g.ndim - len(shape)
     if extra > 0:
-        g = g.sum(axis=tuple(range(extra)))
+        g = sum_leading(g, extra)
     axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
     if axes:
         g = g.sum(axis=axes, keepdims=True)

@@ -42,3 +42,24 @@ def test_record_and_op_of():
     out = raw.record(raw.array(leaf) * 3, leaf.device, (leaf,), lambda g: (g * 3,), "triple")
     assert raw.op_of(out) == "triple"
     assert leaf.grad(out.sum().backward()).tolist() == [3.0, 3.0]
+
+
+def test_sum_leading_equals_numpys_sum_over_the_leading_axes():
+    rng = np.random.default_rng(0)
+    cases = [((2048, 128), 1, np.float32), ((4, 300, 7), 2, np.float32), ((64, 3, 5), 1, np.float64),
+             ((3, 5), 1, np.float32),  # few rows: NumPy's own reduction
+             ((40, 6), 1, np.int64), ((40, 6), 1, np.float16)]  # no BLAS product for these dtypes
+    for shape, k, dt in cases:
+        g = (rng.standard_normal(shape) * 10).astype(dt)
+        got = raw.sum_leading(g, k)
+        want = g.astype(np.float64).sum(axis=tuple(range(k)))
+        assert got.shape == shape[k:] and got.dtype == g.dtype
+        tol = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 1e-2}.get(dt, 0)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(g).sum(axis=tuple(range(k))).max())
+    strided = rng.standard_normal((64, 20)).astype(np.float32)[:, ::2]  # not C-contiguous
+    np.testing.assert_allclose(raw.sum_leading(strided), strided.sum(axis=0), rtol=1e-5, atol=1e-4)
+    # unbroadcast uses it for a bias's gradient and for added leading axes
+    g = rng.standard_normal((8, 16, 5)).astype(np.float32)
+    np.testing.assert_allclose(raw.unbroadcast(g, (16, 5)), g.sum(axis=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(raw.unbroadcast(g, (5,)), g.sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(raw.unbroadcast(g, (1, 5)), g.sum(axis=(0, 1))[None], rtol=1e-5, atol=1e-5)
