@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..tensor import Tensor, TensorError
-from ..tensor.raw import array, check_same_device, record, tracking, unbroadcast, untracked
+from ..tensor.raw import array, check_same_device, record, sum_leading, tracking, unbroadcast, untracked
 from ..tensor.scalar_ufunc import maximum_scalar
 from ..tensor.threads import PARALLEL_MIN_BYTES, run_blocks, run_chunks
 
@@ -399,7 +399,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         gw = x2.T @ g2 if need_w else None
         if bias is None:
             return gx, gw
-        gb = g2.sum(axis=0) if need_b else None
+        gb = sum_leading(g2) if need_b else None
         return gx, gw, gb
 
     return record(out, x.device, inputs, rule, op)
@@ -527,8 +527,10 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     gx = np.empty_like(g)
     gx3 = gx.reshape(b, c, p)
 
-    def input_grad(chunk):  # one thread's run of blocks, with its own block-sized scratch
-        tmp = np.empty((chunk[0].stop - chunk[0].start, c, p), dtype=g.dtype)
+    longest = max(s.stop - s.start for s in blocks)
+
+    def input_grad(chunk):  # the blocks one thread takes, with its own block-sized scratch
+        tmp = np.empty((longest, c, p), dtype=g.dtype)
         for s in chunk:
             out = gx3[s]
             t = tmp[: out.shape[0]]
@@ -672,7 +674,7 @@ def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
     def rule(g):
         gxh = g * gd
         gx = r * (gxh - xhat * (gxh * xhat).mean(axis=-1, keepdims=True)) if need_x else None
-        gg = (g * xhat).reshape(-1, gd.shape[0]).sum(axis=0) if need_g else None
+        gg = sum_leading((g * xhat).reshape(-1, gd.shape[0])) if need_g else None
         return gx, gg
 
     return record(out, x.device, (x, gamma), rule, op)

@@ -12,6 +12,7 @@ from one of these workers runs its blocks in that worker, never waiting on the p
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,10 @@ PARALLEL_MIN_BYTES = 1 << 20
 # on the size of one array. Measured on 2 cores (relu forward and backward, threaded time over
 # one thread's): 1.5-2.3 at 2-4 MB per array, about 1.0 at 6 MB, 0.6-0.9 at 12 MB.
 ELEMENTWISE_MIN_BYTES = 1 << 23
+# `split` cuts a pass into up to this many slices per thread, each touching at least
+# PART_MIN_BYTES: the threads take them as they come free (`run_chunks`)
+PARTS_PER_THREAD = 4
+PART_MIN_BYTES = 1 << 18
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -103,42 +108,75 @@ def run_blocks(fn, blocks, min_blocks: int = 2) -> None:
     """Call `fn(block)` for every block (any order, blocks must touch disjoint outputs).
 
     With fewer than `min_blocks` blocks, one thread, or when called from a worker, the calls
-    run here in order. Otherwise the blocks are cut into contiguous runs, one per thread; this
-    thread runs the first. The first exception raised by any run is raised here after all runs
-    have finished.
+    run here in order. Otherwise this thread and the workers take the blocks one at a time, in
+    order, whichever is free next (see `run_chunks`). The first exception raised by any block is
+    raised here after every thread has stopped; once a block has failed no thread takes another.
     """
     run_chunks(lambda chunk: _run_chunk(fn, chunk), blocks, min_blocks)
 
 
+class _Claims:
+    """Blocks handed out one at a time to whichever thread asks next: each thread iterates its
+    own `iter(claims)`, and all of them draw from one counter (`next` on an itertools.count is
+    atomic under the GIL)."""
+
+    __slots__ = ("blocks", "counter", "failed")
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+        self.counter = itertools.count()
+        self.failed = False
+
+    def __iter__(self):
+        blocks, counter, n = self.blocks, self.counter, len(self.blocks)
+        while not self.failed:
+            i = next(counter)
+            if i >= n:
+                return
+            yield blocks[i]
+
+
+def _run_claims(fn, claims) -> None:
+    try:
+        fn(iter(claims))
+    except BaseException:
+        claims.failed = True
+        raise
+
+
 def run_chunks(fn, blocks, min_blocks: int = 2) -> None:
-    """Like `run_blocks`, but `fn(chunk)` gets each thread's whole run of blocks (a list), so
-    that it can set up scratch space once per thread."""
+    """Like `run_blocks`, but `fn(chunk)` is called once per thread with an iterable of the
+    blocks that thread takes, so that it can set up scratch space once per thread.
+
+    The blocks are not cut into fixed runs: a woken worker starts a fraction of a millisecond
+    late (on these VMs a wake-up takes ~0.1 ms), and with fixed runs this thread would finish
+    first and wait for it. This thread starts taking blocks at once, each worker joins as it
+    wakes, and a worker that has not started by the time the blocks are all taken is cancelled
+    instead of waited for. Which thread works a block changes from call to call, so a kernel's
+    arithmetic must not depend on it (every kernel here computes each block on its own)."""
     blocks = list(blocks)
     n = min(num_threads(), len(blocks))
     if n < 2 or len(blocks) < min_blocks or getattr(_inside, "worker", False):
         if blocks:
             fn(blocks)
         return
-    per, extra = divmod(len(blocks), n)
-    chunks, lo = [], 0
-    for i in range(n):
-        hi = lo + per + (1 if i < extra else 0)
-        chunks.append(blocks[lo:hi])
-        lo = hi
+    claims = _Claims(blocks)
     pool = _get_pool(n - 1)
-    futures = [pool.submit(fn, c) for c in chunks[1:]]
+    futures = [pool.submit(_run_claims, fn, claims) for _ in range(n - 1)]
     error = None
-    # while this thread runs its own run, a kernel called inside it (a copy_into, say) must not
-    # hand blocks to the pool: the workers are busy with their runs, and this thread would wait
-    # for them instead of working its own
+    # while this thread works its blocks, a kernel called inside one (a copy_into, say) must not
+    # hand blocks to the pool: the workers are busy with theirs, and this thread would wait for
+    # them instead of working its own
     _inside.worker = True
     try:
-        fn(chunks[0])
+        _run_claims(fn, claims)
     except BaseException as exc:  # noqa: BLE001 - re-raised below once the workers are done
         error = exc
     finally:
         _inside.worker = False
     for f in futures:
+        if f.cancel():  # still queued: every block is taken (or one failed), nothing to wait for
+            continue
         try:
             f.result()
         except BaseException as exc:  # noqa: BLE001
@@ -149,11 +187,15 @@ def run_chunks(fn, blocks, min_blocks: int = 2) -> None:
 
 
 def split(n: int, nbytes: int) -> list[slice]:
-    """[0, n) as one contiguous slice per thread; a single slice when `nbytes` (the data the
-    work touches) is under PARALLEL_MIN_BYTES or there is one thread."""
-    parts = min(num_threads(), n) if nbytes >= PARALLEL_MIN_BYTES else 1
-    if parts <= 1:
+    """[0, n) as contiguous slices for the threads to take (see `run_chunks`): up to
+    PARTS_PER_THREAD per thread, none of under PART_MIN_BYTES of the `nbytes` the work touches,
+    so that a worker that wakes late leaves the calling thread more of them instead of being
+    waited for; a single slice when `nbytes` is under PARALLEL_MIN_BYTES or there is one thread."""
+    threads = num_threads()
+    if nbytes < PARALLEL_MIN_BYTES or threads < 2 or n < 2:
         return [slice(0, n)]
+    parts = max(threads, min(n, threads * PARTS_PER_THREAD, nbytes // PART_MIN_BYTES))
+    parts = min(parts, n)
     per, extra = divmod(n, parts)
     out, lo = [], 0
     for i in range(parts):

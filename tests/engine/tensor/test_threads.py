@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -82,6 +83,8 @@ def test_run_blocks_runs_every_block_once_across_threads():
         with lock:
             seen.append(i)
             names.add(threading.current_thread().name)
+        time.sleep(0.002)  # long enough for the workers to wake and join (trivial blocks would all
+        # be taken by this thread before they do, as they should)
 
     _run(lambda: threads.run_blocks(fn, range(40)), 4)
     assert sorted(seen) == list(range(40))
@@ -89,17 +92,42 @@ def test_run_blocks_runs_every_block_once_across_threads():
 
 
 def test_run_blocks_raises_a_block_error_once_every_thread_has_stopped():
-    # three runs of four blocks; the failing block ends its own run, the others finish
+    # the threads take blocks in order: every block before the failing one runs; once it has
+    # failed no thread takes another, so at most the blocks already in the other two threads'
+    # hands finish after it; and nothing runs after run_blocks has raised
     done = []
 
     def fn(i):
         if i == 5:
             raise ValueError("block 5 failed")
+        time.sleep(0.003)
         done.append(i)
 
     with pytest.raises(ValueError, match="block 5 failed"):
         _run(lambda: threads.run_blocks(fn, range(12)), 3)
-    assert sorted(done) == [0, 1, 2, 3, 4, 8, 9, 10, 11]
+    finished = sorted(done)
+    time.sleep(0.02)
+    assert sorted(done) == finished
+    assert [i for i in finished if i < 5] == [0, 1, 2, 3, 4]
+    assert len([i for i in finished if i > 5]) <= 4  # of 6, without the stop all would run
+
+
+def test_run_chunks_hands_out_blocks_in_order_to_whichever_thread_is_free():
+    # the calling thread starts at once; a worker that wakes later takes what is left, and a
+    # block is never run twice or skipped, however the threads' speeds differ
+    taken = {}
+
+    def fn(chunk):
+        name = threading.current_thread().name
+        for b in chunk:
+            taken[b] = name
+            if name != threading.main_thread().name:
+                time.sleep(0.002)  # a slow worker
+
+    _run(lambda: threads.run_chunks(fn, range(30)), 2)
+    assert sorted(taken) == list(range(30))
+    assert taken[0] == threading.main_thread().name
+    assert list(taken.values()).count(threading.main_thread().name) > 15  # the fast thread took more
 
 
 def test_a_kernel_called_from_a_worker_runs_inline_instead_of_waiting_on_the_pool():
@@ -116,25 +144,27 @@ def test_a_kernel_called_from_a_worker_runs_inline_instead_of_waiting_on_the_poo
 
 
 def test_a_kernel_called_from_the_callers_own_run_stays_on_the_caller():
-    """The calling thread works the first run itself; a kernel called inside that run (a
-    copy_into, say) must run there too: handed to the pool, it would wait for the worker to
-    finish its whole run first, and the two runs would go one after the other."""
-    where = {}
-    main = threading.current_thread().name
-
-    def inner(i):
-        where.setdefault(i, set()).add(threading.current_thread().name)
+    """The calling thread works blocks itself; a kernel called inside one (a copy_into, say)
+    must run there too: handed to the pool, it would wait for the busy worker instead."""
+    pairs = []
 
     def outer(chunk):
-        first = 0 in chunk
-        threads.run_blocks(lambda i: inner((first, i)), range(4))
+        for b in chunk:
+            here = threading.current_thread().name
+            threads.run_blocks(lambda i: pairs.append((b, here, threading.current_thread().name)), range(4))
 
-    _run(lambda: threads.run_chunks(outer, [0, 1]), 2)
-    assert {name for (first, _), names in where.items() if first for name in names} == {main}
-    assert len(where) == 8
+    _run(lambda: threads.run_chunks(outer, range(6)), 2)
+    assert sorted({b for b, _, _ in pairs}) == list(range(6)) and len(pairs) == 24
+    assert all(outer_thread == inner_thread for _, outer_thread, inner_thread in pairs)
+    assert threading.main_thread().name in {o for _, o, _ in pairs}
     assert not getattr(threads._inside, "worker", False)  # the caller is a caller again afterwards
     seen = []
-    _run(lambda: threads.run_blocks(lambda i: seen.append(threading.current_thread().name), range(4)), 2)
+
+    def slow(i):
+        seen.append(threading.current_thread().name)
+        time.sleep(0.005)
+
+    _run(lambda: threads.run_blocks(slow, range(8)), 2)
     assert len(set(seen)) == 2  # and its next kernel uses the pool
 
 
