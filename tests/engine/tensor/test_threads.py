@@ -126,8 +126,8 @@ def test_run_chunks_hands_out_blocks_in_order_to_whichever_thread_is_free():
 
     _run(lambda: threads.run_chunks(fn, range(30)), 2)
     assert sorted(taken) == list(range(30))
-    assert taken[0] == threading.main_thread().name
-    assert list(taken.values()).count(threading.main_thread().name) > 15  # the fast thread took more
+    # the fast thread took most (a fixed split would give it 15); the slow one needs 2 ms a block
+    assert list(taken.values()).count(threading.main_thread().name) > 20
 
 
 def test_a_kernel_called_from_a_worker_runs_inline_instead_of_waiting_on_the_pool():
