@@ -16,24 +16,22 @@ broadcasting (k and v are never copied per head); in the backward the `g` query 
 are stacked as `g * seq_1` rows of one product, so that dk and dv come out summed over the group.
 
 On NumPy the work runs a block of batch entries (or of kv heads within one entry) at a time:
-with one BLAS thread both products and every softmax pass of a block happen while its scores
-are in cache; with several, the products run whole (BLAS threads them) and the passes between
-them a block at a time. The blocks are shared among the kernel threads (`engine.tensor.threads`;
-NumPy releases the GIL). The row sums are products with a vector of ones; the masks are applied
+both products and every softmax pass of a block happen while its scores are in cache. The
+blocks are shared among the kernel threads (`engine.tensor.threads`; NumPy releases the GIL),
+each making its own products with OpenBLAS held at one thread; only where BLAS's thread count
+cannot be set do the products run whole (BLAS threads them) and the passes between them a block
+at a time. The row sums are products with a vector of ones; the masks are applied
 as `scores * factor + fill` (the causal one's arrays made once per shape). The backward keeps
 only the weights, the context (an output), the dropout's dropped entries (one byte each) and the
 mask, never intermediate copies.
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, record, tracking, untracked
-from ..tensor.threads import (PARALLEL_MIN_BYTES, blas_threads, num_threads, one_blas_thread,
-                              one_blas_thread_possible, run_chunks)
+from ..tensor.threads import PARALLEL_MIN_BYTES, blas_threads, num_threads, one_blas_thread_possible, run_chunks
 
 __all__ = ["scaled_dot_product_attention", "causal_mask_array"]
 
@@ -47,7 +45,6 @@ def causal_mask_array(xp, seq_length_1: int, seq_length_2: int, offset: int):
     return xp.triu(xp.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + int(offset))
 
 
-_NO_PIN = contextlib.nullcontext()
 _CAUSAL: dict = {}  # (device, dtype, s1, s2, offset, scale, min_float, dropout) -> the causal mask's factors
 
 
@@ -57,15 +54,6 @@ def _mask_factors(xp, m, dt, c_scale, c_min, dropout: bool):
     keep01 = xp.where(m, dt.type(0.0), dt.type(1.0))
     fill = xp.where(m, c_min, dt.type(0.0))
     return m, keep01, fill, (keep01 if dropout else keep01 * c_scale)
-
-
-# ---- one BLAS thread per kernel thread
-# OpenBLAS splits even the small per-head products (128 x 32 x 128) over its threads, and calls
-# made from two kernel threads at once then wait on each other and on its spinning threads:
-# measured at 2 threads, the blocked attention ran at 1.5x its one-thread time with BLAS at 2
-# threads, at 0.6x the op chain's with BLAS held at 1 thread while the blocks run (each kernel
-# thread then does its own products, as PyTorch's SDPA does; `threads.one_blas_thread`).
-# Without an OpenBLAS whose thread count can be set, the products run whole ("phased").
 
 
 def _grouped(a, nb, hk, rows, last):
@@ -215,7 +203,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     def attend(bs, hs):
         """The weights and context of a block of batch entries and kv heads."""
         S = W5[bs, hs]  # contiguous: a block spans whole kv heads or one batch entry
-        xp.matmul(Q5[bs, hs], KT5[bs, hs], out=S)
+        if not phased:  # (phased: made whole before the blocks)
+            xp.matmul(Q5[bs, hs], KT5[bs, hs], out=S)
         if keep_scale is not None:  # (S * scale) * (kept) * 1 / (1 - p): Tensor.dropout's bits
             xp.multiply(S, c_scale, out=S)
             if keep is not None:
@@ -242,17 +231,19 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
 
     blocks = _blocks(b, hk, rows * s2 * dt.itemsize, xp)
     threaded = xp is np and num_threads() > 1 and len(blocks) > 1 and weights.nbytes >= PARALLEL_MIN_BYTES
-    # A block's products and passes run together while its scores are in cache, BLAS held at one
-    # thread while the kernel threads run the blocks (`_OneBlasThread`). Where BLAS's threads
-    # cannot be set, products made from the kernel threads at once would contend for them: the
-    # products then run whole, threaded by BLAS, and only the passes between them go to the
+    # A block's products and passes run together while its scores are in cache, each kernel
+    # thread making its own products with BLAS held at one thread (`own_products`): OpenBLAS
+    # splits even the small per-head products (128 x 32 x 128) over its threads, and calls made
+    # from two kernel threads at once then wait on each other and on its spinning threads
+    # (measured at 2 threads: the blocked attention at 1.5x its one-thread time with BLAS at 2
+    # threads, at 0.6x the op chain's with BLAS held at one). Where BLAS's threads cannot be set,
+    # the products run whole, threaded by BLAS, and only the passes between them go to the
     # kernel threads, a block each ("phased").
-    pin = threaded and blas_threads() > 1 and one_blas_thread_possible()
-    phased = threaded and blas_threads() > 1 and not pin
+    phased = threaded and blas_threads() > 1 and not one_blas_thread_possible()
     if phased:
         xp.matmul(Q5, KT5, out=W5)
-    with one_blas_thread() if pin else _NO_PIN:
-        run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1)
+    run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1,
+               own_products=True)
     if phased:
         xp.matmul(W5, V5, out=C5)
 
@@ -329,8 +320,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                     middle(dS, D, bs, hs)
                     last(dS, bs, hs)
 
-            with one_blas_thread() if pin else _NO_PIN:
-                run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1)
+            run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1, own_products=True)
         return dq, dk, dvv
 
     def ctx_rule(gc):

@@ -501,7 +501,7 @@ def _channel_sum(xp, g):
 #   `g [m*P, O] @ w_k [O, C]` added to its strided window of the run's padded input gradient,
 #   every add moving whole channel vectors, then copied out to NCHW. The channel-major path's
 #   col2im instead spreads one large column buffer in runs of one output row (11 floats).
-# The runs split over the kernel threads, OpenBLAS held at one thread while they run (see
+# The runs are shared among the kernel threads, OpenBLAS held at one thread while they run (see
 # `_cl_runs` for the one exception).
 
 
@@ -532,8 +532,8 @@ def _cl_runs(batch, image_bytes):
     """Runs of whole images of about _CL_CHUNK_BYTES of columns each (`image_bytes` per image),
     and whether they run whole in the calling thread.
 
-    The runs split over the kernel threads, each making its own products with OpenBLAS held
-    at one thread while they run (`threads.one_blas_thread`), as with one BLAS thread. Only
+    The runs are shared among the kernel threads, each making its own products with OpenBLAS
+    held at one thread while they run (`threads.run_chunks(..., own_products=True)`). Only
     where BLAS has several threads whose count cannot be set do the runs grow 16x (the
     benchmark's 64 -> 64 layer in one run) and all run in the calling thread, BLAS splitting
     each product: kernel threads making products of their own would then compete with BLAS's
@@ -547,16 +547,12 @@ def _cl_runs(batch, image_bytes):
 
 
 def _cl_run(whole, work, items):
-    """`work(items)` here when the runs are whole, else the items split over the kernel threads
-    (each call gets a contiguous run of them), OpenBLAS held at one thread meanwhile when it has
-    several."""
+    """`work(items)` here when the runs are whole, else the items shared among the kernel
+    threads, each making its own products (`run_chunks(..., own_products=True)`)."""
     if whole:
         work(list(items))
-    elif _threads.blas_threads() > 1 and _threads.num_threads() > 1:
-        with _threads.one_blas_thread():
-            run_chunks(work, items)
     else:
-        run_chunks(work, items)
+        run_chunks(work, items, own_products=True)
 
 
 def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, out_sp):

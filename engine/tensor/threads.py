@@ -144,9 +144,14 @@ def _run_claims(fn, claims) -> None:
         raise
 
 
-def run_chunks(fn, blocks, min_blocks: int = 2) -> None:
+def run_chunks(fn, blocks, min_blocks: int = 2, own_products: bool = False) -> None:
     """Like `run_blocks`, but `fn(chunk)` is called once per thread with an iterable of the
     blocks that thread takes, so that it can set up scratch space once per thread.
+
+    `own_products`: the blocks make matrix products of their own (attention, convolution).
+    While the blocks run on several threads OpenBLAS is then held at one thread
+    (`one_blas_thread`), so that each thread makes its own products instead of competing with
+    OpenBLAS's threads; run here alone, the products keep all of BLAS's threads.
 
     The blocks are not cut into fixed runs: a woken worker starts a fraction of a millisecond
     late (on these VMs a wake-up takes ~0.1 ms), and with fixed runs this thread would finish
@@ -160,6 +165,15 @@ def run_chunks(fn, blocks, min_blocks: int = 2) -> None:
         if blocks:
             fn(blocks)
         return
+    if own_products and _BLAS > 1:
+        with one_blas_thread():
+            _run_shared(fn, blocks, n)
+    else:
+        _run_shared(fn, blocks, n)
+
+
+def _run_shared(fn, blocks, n: int) -> None:
+    """`run_chunks`'s blocks over this thread and `n - 1` workers."""
     claims = _Claims(blocks)
     pool = _get_pool(n - 1)
     futures = [pool.submit(_run_claims, fn, claims) for _ in range(n - 1)]
@@ -194,8 +208,7 @@ def split(n: int, nbytes: int) -> list[slice]:
     threads = num_threads()
     if nbytes < PARALLEL_MIN_BYTES or threads < 2 or n < 2:
         return [slice(0, n)]
-    parts = max(threads, min(n, threads * PARTS_PER_THREAD, nbytes // PART_MIN_BYTES))
-    parts = min(parts, n)
+    parts = min(n, max(threads, min(threads * PARTS_PER_THREAD, nbytes // PART_MIN_BYTES)))
     per, extra = divmod(n, parts)
     out, lo = [], 0
     for i in range(parts):
@@ -249,11 +262,12 @@ def blas_threads() -> int:
 
 
 # ---------------------------------------------------------------------- one BLAS thread
-# Kernels that split their products over the kernel threads (attention, convolution) hold
-# OpenBLAS at one thread while they run: each kernel thread then makes its own products, as
-# PyTorch's kernels do, instead of handing every product to OpenBLAS's threads, which would
-# compete with the kernel threads for the same cores and spin between calls. The first kernel to
-# enter holds OpenBLAS at one thread, the last to leave restores the count it found.
+# Kernels that split their products over the kernel threads (attention, convolution:
+# `run_chunks(..., own_products=True)`) hold OpenBLAS at one thread while they run: each kernel
+# thread then makes its own products, as PyTorch's kernels do, instead of handing every product
+# to OpenBLAS's threads, which would compete with the kernel threads for the same cores and spin
+# between calls. The first kernel to enter holds OpenBLAS at one thread, the last to leave
+# restores the count it found.
 _blas_lock = threading.Lock()
 _blas_users = 0
 _blas_saved: int | None = None

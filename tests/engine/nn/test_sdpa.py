@@ -214,16 +214,61 @@ def test_the_layer_with_masks_causal_and_a_cache_matches_the_reference(dev64):
     np.testing.assert_allclose(out.context.numpy(), expected, rtol=1e-10, atol=1e-12)
 
 
+def _force_threaded(monkeypatch, phased: bool) -> list:
+    """Make the kernel share its blocks among the threads even for these small tests (and run
+    "phased" when asked: BLAS's thread count cannot be set); returns a list that records, per
+    `run_chunks` call of the kernel, whether it went to the threads."""
+    from engine.nn import _sdpa
+
+    monkeypatch.setattr(_sdpa, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(_sdpa, "blas_threads", lambda: 2)
+    if phased:
+        monkeypatch.setattr(_sdpa, "one_blas_thread_possible", lambda: False)
+    shared = []
+    real = _sdpa.run_chunks
+
+    def recording(fn, blocks, min_blocks=2, **kw):
+        blocks = list(blocks)
+        shared.append(len(blocks) >= min_blocks and len(blocks) > 1)
+        return real(fn, blocks, min_blocks, **kw)
+
+    monkeypatch.setattr(_sdpa, "run_chunks", recording)
+    return shared
+
+
+@pytest.mark.parametrize("blas", ["held at one thread", "products whole (phased)"])
+def test_the_forward_makes_the_score_product_once(blas, monkeypatch):
+    """q k^T is made once per score, whether per block or whole before the blocks (phased)."""
+    shared = _force_threaded(monkeypatch, phased=blas != "held at one thread")
+    b, h, s, d = 6, 8, 64, 8
+    q, k, v = _qkv(b, h, 2, s, s, d, dtype=np.float32)
+    score_macs = []
+    real = np.matmul
+
+    def counting(x, y, *args, **kwargs):
+        if np.shape(x)[-1] == d and np.shape(y)[-2:] == (d, s):
+            score_macs.append(int(np.prod(np.broadcast_shapes(np.shape(x)[:-1], np.shape(y)[:-2] + (1,)))) * d * s)
+        return real(x, y, *args, **kwargs)
+
+    tq, tk, tv = (_t(a) for a in (q, k, v))
+    old = num_threads()
+    set_num_threads(2)
+    monkeypatch.setattr(np, "matmul", counting)
+    try:
+        scaled_dot_product_attention(tq, tk, tv, 0.35, causal_offset=0)
+    finally:
+        monkeypatch.setattr(np, "matmul", real)
+        set_num_threads(old)
+    assert shared and all(shared), "the blocks did not go to the kernel threads"
+    assert sum(score_macs) == b * h * s * s * d, (score_macs, b * h * s * s * d)
+
+
 @pytest.mark.parametrize("blas", ["held at one thread", "products whole (phased)"])
 def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers(blas, monkeypatch):
     """Enough scores for several blocks and both kernel threads: the same bits as one thread,
     whether each thread makes its blocks' products with OpenBLAS held at one thread (its count
     restored after) or the products run whole where BLAS's threads cannot be set."""
-    from engine.nn import _sdpa
-
-    if blas != "held at one thread":
-        monkeypatch.setattr(_sdpa, "one_blas_thread_possible", lambda: False)
-    monkeypatch.setattr(_sdpa, "blas_threads", lambda: 2)
+    shared = _force_threaded(monkeypatch, phased=blas != "held at one thread")
     api = threads._openblas_api()
     before = int(api[1]()) if api is not None else None
     q, k, v = _qkv(6, 8, 2, 64, 64, 8, dtype=np.float32)
@@ -238,6 +283,7 @@ def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers(blas,
             res.append([w.numpy(), c.numpy()] + [t.grad(grads).numpy() for t in (tq, tk, tv)])
     finally:
         set_num_threads(old)
+    assert any(shared), "the blocks never went to the kernel threads"
     if api is not None:
         assert int(api[1]()) == before
     rw, rc = _ref(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 0.35, None, 0, quiet=True)

@@ -253,3 +253,33 @@ def _base_env():
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env["PYTHONPATH"] = str(__import__("pathlib").Path(__file__).resolve().parents[3])
     return env
+
+
+def test_own_products_hold_openblas_at_one_thread_only_while_blocks_are_shared(monkeypatch):
+    """Blocks that make their own products run with OpenBLAS at one thread while several threads
+    share them; run here alone (one block), their products keep all of BLAS's threads."""
+    api = threads._openblas_api()
+    if api is None:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count threadpoolctl can set")
+    monkeypatch.setattr(threads, "_BLAS", 2)
+    before = int(api[1]())
+    api[0](2)
+    try:
+        seen = []
+
+        def fn(chunk):
+            for _ in chunk:
+                seen.append(int(api[1]()))
+                time.sleep(0.002)
+
+        _run(lambda: threads.run_chunks(fn, range(4), own_products=True), 2)
+        assert seen and set(seen) == {1}
+        assert int(api[1]()) == 2  # restored
+        seen.clear()
+        _run(lambda: threads.run_chunks(fn, range(1), own_products=True), 2)
+        assert seen == [2]
+        seen.clear()
+        _run(lambda: threads.run_chunks(fn, range(4)), 2)  # products not the blocks' own: untouched
+        assert set(seen) == {2}
+    finally:
+        api[0](before)
