@@ -518,14 +518,14 @@ def _pad_cl(xa, pads):
 
 def _windows_cl(xpad, kernel, stride, dilation, out_sp):
     """The read-only window view [B, *out, *kernel, C] of a channels-last padded input:
-    view[b, o, k, c] = xpad[b, o * s + k * d, c]. Its extent lies within `xpad` (the output
-    sizes were computed from the padded sizes)."""
-    st = xpad.strides
-    spatial = st[1:-1]
-    shape = (xpad.shape[0],) + tuple(out_sp) + tuple(kernel) + (xpad.shape[-1],)
-    strides = ((st[0],) + tuple(s * t for s, t in zip(stride, spatial))
-               + tuple(d * t for d, t in zip(dilation, spatial)) + (st[-1],))
-    return np.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides, writeable=False)
+    view[b, o, k, c] = xpad[b, o * s + k * d, c] (NumPy's `sliding_window_view` over each
+    dilated kernel's extent, stepped by the stride and the dilation)."""
+    n = len(kernel)
+    extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilation))
+    view = np.lib.stride_tricks.sliding_window_view(xpad, extent, axis=tuple(range(1, n + 1)))  # [B, *full, C, *extent]
+    view = view[(slice(None),) + tuple(slice(0, o * s, s) for o, s in zip(out_sp, stride)) + (slice(None),)
+                + tuple(slice(None, None, d) for d in dilation)]
+    return np.moveaxis(view, n + 1, -1)
 
 
 def _cl_runs(batch, image_bytes):
