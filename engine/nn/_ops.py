@@ -698,6 +698,7 @@ def first_bad_target(targets, classes: int, keep=None) -> int | None:
 # about this many bytes (a few rows of a 32k vocabulary: within a core's L2 cache). Every row is
 # reduced by the same NumPy loop as a whole-array call would use: the bits do not change.
 _CE_BLOCK_BYTES = 1 << 19
+_CE_MIN_BLOCKS = max(2, PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES)  # below this the blocks run here
 
 
 def _row_blocks(x2) -> list[slice]:
@@ -722,7 +723,7 @@ def _shifted_exp_rows(x2):
         np.sum(eb, axis=1, keepdims=True, out=s[b])
 
     blocks = _row_blocks(x2)
-    run_blocks(block, blocks, min_blocks=max(2, PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES))
+    run_blocks(block, blocks, min_blocks=_CE_MIN_BLOCKS)
     return m, e, s
 
 
@@ -736,7 +737,7 @@ def _scale_rows(e, row, xp):
     def block(b):
         np.multiply(e[b], row[b], out=out[b])
 
-    run_blocks(block, _row_blocks(e), min_blocks=max(2, PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES))
+    run_blocks(block, _row_blocks(e), min_blocks=_CE_MIN_BLOCKS)
     return out
 
 

@@ -13,6 +13,7 @@ Autodiff state, as Burn has it:
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -366,9 +367,7 @@ def sum_leading(g, k: int = 1):
     Both add each column's rows in one pass, so the error bound is the same."""
     if (isinstance(g, np.ndarray) and g.dtype.type in (np.float32, np.float64) and g.flags.c_contiguous
             and 0 < k < g.ndim):
-        rows = 1
-        for n in g.shape[:k]:
-            rows *= n
+        rows = math.prod(g.shape[:k])
         if rows >= _LEAD_SUM_MIN_ROWS:
             return (np.ones(rows, dtype=g.dtype) @ g.reshape(rows, -1)).reshape(g.shape[k:])
     return g.sum(axis=tuple(range(k)))
