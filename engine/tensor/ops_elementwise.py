@@ -344,7 +344,8 @@ def clamp(self, min=None, max=None):
             # np.clip's scalar loops are the slow ones of maximum / minimum (scalar_ufunc)
             out = x if min is None else maximum_scalar(x, min)
             if max is not None:
-                out = minimum_scalar(out, max, out=None if out is x else out)
+                # in place into maximum's result, unless that is x itself or a NumPy scalar (0-d x)
+                out = minimum_scalar(out, max, out=out if out is not x and isinstance(out, np.ndarray) else None)
             return out
         return _xp(x).clip(x, min, max)
 
