@@ -21,6 +21,22 @@ STABLE_MALLOC = {
 }
 
 
+THREAD_VARS = ("EMBER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def threads_from_argv(argv=None) -> int | None:
+    """A script's `--threads N`: pins the engine's kernels, NumPy's BLAS and PyTorch to N threads
+    through the environment, and returns N (None without the option). Call it before NumPy loads:
+    OpenBLAS reads its variable once. This module imports no NumPy."""
+    argv = sys.argv if argv is None else argv
+    if "--threads" not in argv:
+        return None
+    n = int(argv[argv.index("--threads") + 1])
+    for var in THREAD_VARS:
+        os.environ[var] = str(n)
+    return n
+
+
 def malloc_note() -> str:
     ok = all(os.environ.get(k) == v for k, v in STABLE_MALLOC.items())
     return "stable malloc settings on" if ok else "default malloc (set MALLOC_*_ for stable numbers)"

@@ -16,19 +16,14 @@ Run with the stable malloc settings for steady numbers:
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-# `--threads N` pins the engine's kernels, NumPy's BLAS and PyTorch to N threads (set before
-# OpenBLAS loads: it reads the variables once); `make bench` runs this script at 1 and at 2
-THREADS = None
-if "--threads" in sys.argv:
-    THREADS = int(sys.argv[sys.argv.index("--threads") + 1])
-    for var in ("EMBER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(THREADS)
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import threads_from_argv  # noqa: E402  (no NumPy: before it loads)
+
+# `--threads N` pins the engine, NumPy's BLAS and PyTorch to N threads; `make bench` runs 1 and 2
+THREADS = threads_from_argv()
 from benchmarks._common import fmt_time, machine, paired, print_table, torch_or_none  # noqa: E402
 from engine import Module, Tensor, nn, optim  # noqa: E402
 import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)

@@ -1,4 +1,5 @@
 """The benchmark helpers' arithmetic, on a fake clock (no timing happens in the test suite)."""
+import os
 import pytest
 
 from benchmarks import _common as common
@@ -39,3 +40,14 @@ def test_paired_ratios_follow_each_set_through_drift():
 def test_paired_names_a_missing_base():
     with pytest.raises(KeyError, match="'numpy' is not one of the sides"):
         common.paired({"engine": lambda: None}, "numpy", blocks=1, calls=1)
+
+
+def test_threads_from_argv_pins_every_thread_variable(monkeypatch):
+    _common = common
+
+    for var in _common.THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert _common.threads_from_argv(["mlp.py"]) is None
+    assert all(var not in os.environ for var in _common.THREAD_VARS)
+    assert _common.threads_from_argv(["mlp.py", "--threads", "2"]) == 2
+    assert all(os.environ[var] == "2" for var in _common.THREAD_VARS)
