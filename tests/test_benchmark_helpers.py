@@ -1,5 +1,6 @@
 """The benchmark helpers' arithmetic, on a fake clock (no timing happens in the test suite)."""
 import os
+
 import pytest
 
 from benchmarks import _common as common

@@ -10,32 +10,17 @@ purpose, lower its bound with it.
 """
 from __future__ import annotations
 
-import gc
-import tracemalloc
 
 import numpy as np
 
 from engine import Module, Tensor, nn
 from engine.tensor.threads import num_threads, set_num_threads
-from tests.engine.work_count import graph_ops
+from tests.engine.work_count import graph_ops, step_memory
 
 
 def _measure(forward):
     """(ops of the graph, bytes held by the graph after the forward, peak bytes during the step)."""
-    forward().backward()  # warm-up: lazy parameters, caches, thread pools
-    gc.collect()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        loss = forward()
-        held = tracemalloc.get_traced_memory()[0] - base
-        ops = graph_ops(loss)
-        loss.backward()
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
-    return ops, held, peak
+    return step_memory(forward, lambda loss: loss.backward(), between=graph_ops)
 
 
 class _Mlp(Module):

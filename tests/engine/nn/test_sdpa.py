@@ -6,9 +6,7 @@ draw and its gradient; a work count (one tape node, a bounded number of score-si
 fails if the op is unfused again."""
 from __future__ import annotations
 
-import gc
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from engine.tensor import TensorError
 from engine.tensor import threads
 from engine.tensor.threads import num_threads, set_num_threads
 from tests.engine.gradcheck import check_grads, numeric_grad
-from tests.engine.work_count import graph_ops
+from tests.engine.work_count import graph_ops, step_memory
 
 RNG = np.random.default_rng(22)
 
@@ -334,18 +332,7 @@ def test_forward_and_backward_allocate_a_bounded_number_of_score_arrays():
             c = scaled_dot_product_attention(tq, tk, tv, 0.3, causal_offset=0, dropout=0.1)[1]
             return c
 
-        step().sum().backward()
-        gc.collect()
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            c = step()
-            held = tracemalloc.get_traced_memory()[0] - base
-            c.sum().backward()
-            peak = tracemalloc.get_traced_memory()[1] - base
-        finally:
-            tracemalloc.stop()
+        _, held, peak = step_memory(step, lambda c: c.sum().backward())
     finally:
         set_num_threads(old)
     assert held <= 1.6 * unit, held / unit  # 1.41 today
