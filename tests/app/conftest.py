@@ -49,27 +49,26 @@ def opened(window, mlp_script):
     return window
 
 
-@pytest.fixture
-def folders(monkeypatch):
-    """QFileDialog.getExistingDirectory answers with the folders put in this list, in order."""
+def _answering(monkeypatch, method: str, what: str, shape) -> list:
+    """QFileDialog.`method` answers with the paths put in the returned list, in order, each as
+    `shape(path)` (the dialog's return value); a dialog the test did not expect fails it."""
     answers: list = []
 
     def choose(*_args, **_kwargs):
-        assert answers, "a folder dialog was opened that the test did not expect"
-        return str(answers.pop(0))
+        assert answers, f"a {what} dialog was opened that the test did not expect"
+        return shape(str(answers.pop(0)))
 
-    monkeypatch.setattr(QFileDialog, "getExistingDirectory", choose)
+    monkeypatch.setattr(QFileDialog, method, choose)
     return answers
+
+
+@pytest.fixture
+def folders(monkeypatch):
+    """QFileDialog.getExistingDirectory answers with the folders put in this list, in order."""
+    return _answering(monkeypatch, "getExistingDirectory", "folder", lambda path: path)
 
 
 @pytest.fixture
 def files(monkeypatch):
     """QFileDialog.getOpenFileName answers with the files put in this list, in order."""
-    answers: list = []
-
-    def choose(*_args, **_kwargs):
-        assert answers, "a file dialog was opened that the test did not expect"
-        return str(answers.pop(0)), ""
-
-    monkeypatch.setattr(QFileDialog, "getOpenFileName", choose)
-    return answers
+    return _answering(monkeypatch, "getOpenFileName", "file", lambda path: (path, ""))
