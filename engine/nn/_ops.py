@@ -19,6 +19,7 @@ import numpy as np
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, check_same_device, record, sum_leading, tracking, unbroadcast, untracked
 from ..tensor.scalar_ufunc import maximum_scalar
+from ..tensor import jit
 from ..tensor.threads import PARALLEL_MIN_BYTES, run_blocks, run_chunks
 
 _SQRT_2 = math.sqrt(2.0)
@@ -105,6 +106,16 @@ def _gelu_f32(xd):
     a1, a2, a3, a4, a5 = (f32(a * 0.5) for a in _AS_A)  # Phi(-|x|) = erfc(|x| / sqrt 2) / 2
     inv_sqrt_2pi = f32(_INV_SQRT_2PI)
     zero, one, minus_half, floor = f32(0.0), f32(1.0), f32(-0.5), f32(-60.0)  # NumPy scalars: Python floats take a slow path
+
+    k = jit.kernels()
+    if k is not None:  # the same arithmetic compiled: one pass instead of ~25
+        def compiled(blocks):
+            for lo in blocks:
+                hi = min(lo + _GELU_BLOCK, n)
+                k.gelu(xf[lo:hi], out[lo:hi], der[lo:hi])
+
+        run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=max(2, (PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+        return out.reshape(xd.shape), der.reshape(xd.shape)
 
     def chunk(blocks):
         size = min(_GELU_BLOCK, n)
@@ -541,6 +552,81 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     return gx, sg, sgx
 
 
+_LN_BLOCK = 1 << 15  # elements of one block of rows in the compiled layer norm (~L2-resident)
+
+
+def _strip_ones(shape) -> tuple:
+    dims = tuple(shape)
+    while dims and dims[0] == 1:
+        dims = dims[1:]
+    return dims
+
+
+def _per_row_affine(t: Tensor | None, row_shape) -> np.ndarray | None:
+    """gamma / beta as one float32 value per element of a row, or None when `t` does not vary
+    over the normalized trailing axes alone (then the compiled layer norm does not apply)."""
+    if t is None:
+        return np.empty(0, np.float32)
+    a = array(t)
+    if a.dtype != np.float32 or _strip_ones(a.shape) != _strip_ones(row_shape):
+        return None
+    return np.ascontiguousarray(a).reshape(-1)
+
+
+def _layer_norm_compiled(x: Tensor, xd, plan, row_shape, eps: float, gamma: Tensor | None, beta: Tensor | None):
+    """Layer norm over the trailing axes of a float32 NumPy tensor with the compiled kernels
+    (`jit`: one pass for the statistics and output, one for the whole backward), or None when
+    they do not apply (another dtype or layout, no numba, gamma / beta over other axes)."""
+    _, r, p = plan
+    if xd.dtype != np.float32 or not xd.flags.c_contiguous or r == 0 or p == 0:
+        return None
+    k = jit.kernels()
+    if k is None:
+        return None
+    gd, bd = _per_row_affine(gamma, row_shape), _per_row_affine(beta, row_shape)
+    if gd is None or bd is None:
+        return None
+    x2 = xd.reshape(r, p)
+    out, xhat = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty(r, np.float32)
+    per = max(1, _LN_BLOCK // p)
+    blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
+    min_blocks = max(2, PARALLEL_MIN_BYTES // max(1, per * p * 4))
+    e = float(eps)
+
+    def forward(run):
+        for b in run:
+            k.layer_norm(x2[b], gd, bd, e, out[b], xhat[b], rstd[b])
+
+    run_chunks(forward, blocks, min_blocks=min_blocks)
+    inputs = tuple(t for t in (x, gamma, beta) if t is not None)
+    out = out.reshape(xd.shape)
+    if not tracking(*inputs):
+        return untracked(out, inputs)
+    need_x = _needs(x)
+
+    def rule(g):
+        g2 = np.ascontiguousarray(g, dtype=np.float32).reshape(r, p)
+        gx = np.empty_like(g2) if need_x else np.empty((0, p), np.float32)
+        sums = np.zeros((len(blocks), 2, p), np.float64)  # per block: fixed bits whoever runs it
+
+        def backward(run):
+            for i in run:
+                b = blocks[i]
+                k.layer_norm_backward(g2[b], xhat[b], rstd[b], gd, gx[b] if need_x else gx, sums[i, 0], sums[i, 1])
+
+        run_chunks(backward, range(len(blocks)), min_blocks=min_blocks)
+        total = sums.sum(axis=0)
+        res = [gx.reshape(xd.shape).astype(g.dtype, copy=False) if need_x else None]
+        if gamma is not None:
+            res.append(total[1].astype(np.float32).reshape(gamma.shape) if _needs(gamma) else None)
+        if beta is not None:
+            res.append(total[0].astype(np.float32).reshape(beta.shape) if _needs(beta) else None)
+        return tuple(res)
+
+    return record(out, x.device, inputs, rule, "normalize")
+
+
 def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None = None,
               beta: Tensor | None = None, affine_shape: tuple[int, ...] | None = None,
               stats: dict | None = None) -> Tensor:
@@ -561,6 +647,12 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     xp = x.device.xp
     nd = xd.ndim
     plan = _reduction_plan(xd.shape, axes)
+    if stats is None and plan is not None and plan[0] == "rows" and xp is np:
+        row_shape = xd.shape[nd - len({a % nd for a in axes}):]
+        affine_fits = affine_shape is None or _strip_ones(affine_shape) == _strip_ones(row_shape)
+        done = _layer_norm_compiled(x, xd, plan, row_shape, eps, gamma, beta) if affine_fits else None
+        if done is not None:
+            return done
     count = int(np.prod([xd.shape[a % nd] for a in axes]))
     inv_n = 1.0 / count
     gd = array(gamma).reshape(affine_shape) if gamma is not None else None
@@ -714,6 +806,15 @@ def _shifted_exp_rows(x2):
     m = np.empty((n, 1), dtype=x2.dtype)
     s = np.empty((n, 1), dtype=x2.dtype)
     e = np.empty_like(x2)
+    k = jit.kernels() if x2.dtype == np.float32 and x2.shape[1] else None
+    if k is not None:  # max, shifted exp and sum in two passes over a row, not four
+        m1, s1 = m.reshape(-1), s.reshape(-1)
+
+        def compiled(b):
+            k.shifted_exp_rows(x2[b], e[b], m1[b], s1[b])
+
+        run_blocks(compiled, _row_blocks(x2), min_blocks=_CE_MIN_BLOCKS)
+        return m, e, s
 
     def block(b):
         xb, eb = x2[b], e[b]
@@ -730,9 +831,18 @@ def _shifted_exp_rows(x2):
 def _scale_rows(e, row, xp):
     """`e * row` (row: one factor per row, [n, 1]) into a fresh array; NumPy in row blocks over
     the kernel threads when `e` is large."""
-    if xp is not np or not e.flags.c_contiguous or e.nbytes < _CE_BLOCK_BYTES:
+    k = jit.kernels() if xp is np and e.dtype == np.float32 and e.flags.c_contiguous else None
+    if k is None and (xp is not np or not e.flags.c_contiguous or e.nbytes < _CE_BLOCK_BYTES):
         return e * row
     out = np.empty_like(e)
+    if k is not None:
+        r1 = np.ascontiguousarray(row, dtype=np.float32).reshape(-1)
+
+        def compiled(b):
+            k.scale_rows(e[b], r1[b], out[b])
+
+        run_blocks(compiled, _row_blocks(e), min_blocks=_CE_MIN_BLOCKS)
+        return out
 
     def block(b):
         np.multiply(e[b], row[b], out=out[b])
@@ -774,7 +884,7 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
         if log_probs:
             # one array of the logits' size: the shifted logits, exponentiated in place (the
             # targets' entries read before), kept for the backward
-            if xp is np and x2.flags.c_contiguous and x2.nbytes >= _CE_BLOCK_BYTES:
+            if xp is np and x2.flags.c_contiguous and (x2.nbytes >= _CE_BLOCK_BYTES or x2.dtype == np.float32):
                 m, e, s = _shifted_exp_rows(x2)
             else:
                 m = x2.max(axis=1, keepdims=True)

@@ -1,0 +1,191 @@
+"""The numba kernels behind `engine.tensor.jit` (imported only through `jit.kernels()`).
+
+Each function has one signature, compiled when this module is imported (or loaded from
+numba's cache). All take C-contiguous float32 arrays whose shapes the caller has checked, and
+write into arrays the caller made; none allocates. Loops are written so that LLVM vectorizes
+them (no calls, no exceptions: `error_model="numpy"`); `fastmath` allows only contraction into
+fused multiply-adds, and re-association where a kernel sums (its accumulators are float64).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+f32 = np.float32
+_ELEMENTWISE = {"contract"}
+_SUMS = {"contract", "reassoc"}
+_OPTS = {"nogil": True, "cache": True, "error_model": "numpy", "boundscheck": False}
+
+F1 = types.Array(types.float32, 1, "C")
+F2 = types.Array(types.float32, 2, "C")
+D1 = types.Array(types.float64, 1, "C")
+R1 = types.Array(types.float32, 1, "C", readonly=True)  # inputs: read-only arrays match too (a
+R2 = types.Array(types.float32, 2, "C", readonly=True)  # writable one converts to these types)
+
+
+@intrinsic
+def _bits_as_float32(typingctx, v):
+    """The int32 `v`'s bits read as a float32 (what `np.int32(v).view(np.float32)` gives)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+_LOG2E = f32(1.4426950408889634)
+_LN2_HI = f32(0.693359375)  # ln 2 in two parts: n * _LN2_HI is exact for |n| < 2^9
+_LN2_LO = f32(-2.12194440e-4)
+_EXP_MIN = f32(-87.33654)  # below, exp(x) < 2^-126: flushed to 0
+
+
+@njit(inline="always", fastmath=_ELEMENTWISE, error_model="numpy")
+def exp_nonpositive(x):
+    """exp(x) of a float32 x <= 0 (NaN stays NaN, results below 2^-126 are 0): x = n ln 2 + r
+    with |r| <= ln 2 / 2, exp(r) by Cephes' degree-6 polynomial (within ~1 ulp), times 2^n built
+    from its exponent bits. No libm call, so the loops around it vectorize."""
+    xc = max(x, _EXP_MIN)
+    n = np.floor(xc * _LOG2E + f32(0.5))  # float32 (math.floor gives an int64: float64 arithmetic)
+    r = xc - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = f32(1.9875691500e-4)
+    p = p * r + f32(1.3981999507e-3)
+    p = p * r + f32(8.3334519073e-3)
+    p = p * r + f32(4.1665795894e-2)
+    p = p * r + f32(1.6666665459e-1)
+    p = p * r + f32(5.0000001201e-1)
+    y = (p * r * r + r + f32(1.0)) * _bits_as_float32((np.int32(n) + np.int32(127)) << np.int32(23))
+    if x < _EXP_MIN:
+        y = f32(0.0)
+    if x != x:
+        y = x
+    return y
+
+
+@njit(types.void(R1, F1), fastmath=_ELEMENTWISE, **_OPTS)
+def exp_nonpositive_array(x, out):
+    """`out = exp(x)` for x <= 0 (the tests check `exp_nonpositive` through this)."""
+    for i in range(x.size):
+        out[i] = exp_nonpositive(x[i])
+
+
+# ---------------------------------------------------------------------- Gelu
+# Abramowitz & Stegun 7.1.26 as `engine.nn._ops._gelu_f32` folds it: Phi(-|x|) = q(t) exp(-x^2/2)
+_G_P = f32(0.3275911 / math.sqrt(2.0))
+_G_A1, _G_A2, _G_A3, _G_A4, _G_A5 = (f32(a * 0.5) for a in (0.254829592, -0.284496736, 1.421413741,
+                                                              -1.453152027, 1.061405429))
+_G_INV_SQRT_2PI = f32(1.0 / math.sqrt(2.0 * math.pi))
+
+
+@njit(types.void(R1, F1, F1), fastmath=_ELEMENTWISE, **_OPTS)
+def gelu(x, out, der):
+    """`out = x Phi(x)`, `der = Phi(x) + x phi(x)`: the arithmetic of `_gelu_f32`, one pass."""
+    for i in range(x.size):
+        xi = x[i]
+        e = exp_nonpositive(max(f32(-0.5) * xi * xi, f32(-60.0)))  # exp(-x^2/2); -60: as _gelu_f32
+        t = f32(1.0) / (f32(1.0) + _G_P * abs(xi))
+        q = ((((_G_A5 * t + _G_A4) * t + _G_A3) * t + _G_A2) * t + _G_A1) * t * e  # Phi(-|x|)
+        ph = abs((f32(1.0) if xi >= f32(0.0) else f32(0.0)) - q)
+        out[i] = xi * ph
+        der[i] = ph + xi * e * _G_INV_SQRT_2PI
+
+
+# ---------------------------------------------------------------------- layer norm over rows
+@njit(types.void(R2, R1, R1, types.float64, F2, F2, F1), fastmath=_SUMS, **_OPTS)
+def layer_norm(x, gamma, beta, eps, out, xhat, rstd):
+    """Each row of x [R, P]: mean and biased variance (two passes, float64 sums), `xhat = (x -
+    mean) * rstd`, `out = xhat * gamma + beta`. gamma / beta: [P], or empty for none."""
+    rows, p = x.shape
+    has_g, has_b = gamma.size > 0, beta.size > 0
+    inv_p = 1.0 / p
+    for r in range(rows):
+        xr = x[r]
+        s = 0.0
+        for j in range(p):
+            s += xr[j]
+        mean = s * inv_p
+        v = 0.0
+        for j in range(p):
+            d = xr[j] - mean
+            v += d * d
+        rs = f32(1.0 / math.sqrt(v * inv_p + eps))
+        rstd[r] = rs
+        m32 = f32(mean)
+        hr, orow = xhat[r], out[r]
+        for j in range(p):
+            h = (xr[j] - m32) * rs
+            hr[j] = h
+            if has_g:
+                h = h * gamma[j]
+            if has_b:
+                h = h + beta[j]
+            orow[j] = h
+
+
+@njit(types.void(R2, R2, R1, R1, F2, D1, D1), fastmath=_SUMS, **_OPTS)
+def layer_norm_backward(g, xhat, rstd, gamma, gx, sum_g, sum_gxhat):
+    """The backward of `layer_norm` over rows: `gx = rstd (gxh - mean(gxh) - xhat mean(gxh
+    xhat))` with `gxh = g gamma` (gx: [R, P], or [0, P] when not wanted), and `sum_g += sum of
+    g over the rows`, `sum_gxhat += sum of g xhat` (float64 [P] accumulators)."""
+    rows, p = g.shape
+    has_g = gamma.size > 0
+    want_x = gx.shape[0] > 0
+    inv_p = 1.0 / p
+    for r in range(rows):
+        gr, hr = g[r], xhat[r]
+        for j in range(p):
+            sum_g[j] += gr[j]
+            sum_gxhat[j] += gr[j] * hr[j]
+        if want_x:
+            m1 = 0.0
+            m2 = 0.0
+            for j in range(p):
+                a = gr[j] * gamma[j] if has_g else gr[j]
+                m1 += a
+                m2 += a * hr[j]
+            c1, c2, rs = f32(m1 * inv_p), f32(m2 * inv_p), rstd[r]
+            out = gx[r]
+            for j in range(p):
+                a = gr[j] * gamma[j] if has_g else gr[j]
+                out[j] = (a - c1 - hr[j] * c2) * rs
+
+
+# ---------------------------------------------------------------------- softmax rows
+_SUM_RUN = 512  # elements a float32 partial sum covers (in 8-lane vectors: 64 terms a lane)
+
+
+@njit(types.void(R2, F2, F1, F1), fastmath=_SUMS, **_OPTS)
+def shifted_exp_rows(x, e, m, s):
+    """Each row of x [R, C]: `m = max`, `e = exp(x - m)`, `s = sum(e)` (float32 partial sums
+    over runs of `_SUM_RUN`, added in float64: the float64 sum throughout cost 1.7x the time)."""
+    rows, c = x.shape
+    for r in range(rows):
+        xr, er = x[r], e[r]
+        mx = xr[0]
+        for j in range(1, c):
+            mx = max(mx, xr[j])
+        tot = 0.0
+        for lo in range(0, c, _SUM_RUN):
+            part = f32(0.0)  # float32 lanes over a run (vectorized), the runs summed in float64
+            for j in range(lo, min(lo + _SUM_RUN, c)):
+                v = exp_nonpositive(xr[j] - mx)
+                er[j] = v
+                part += v
+            tot += part
+        m[r] = mx
+        s[r] = f32(tot)
+
+
+@njit(types.void(R2, R1, F2), fastmath=_ELEMENTWISE, **_OPTS)
+def scale_rows(e, row, out):
+    """`out = e * row[:, None]`."""
+    rows, c = e.shape
+    for r in range(rows):
+        f, er, orow = row[r], e[r], out[r]
+        for j in range(c):
+            orow[j] = er[j] * f

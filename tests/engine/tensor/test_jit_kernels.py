@@ -1,0 +1,236 @@
+"""The compiled kernels (engine.tensor.jit, numba) against float64 references written here and
+against the NumPy paths they replace: the exp they share, Gelu, layer norm's forward and
+backward, the softmax cross entropy; the same bits at 1, 2 and 3 kernel threads; and the NumPy
+paths when the kernels are switched off or numba is missing."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import scipy.special as sp
+
+from engine import Tensor, nn
+from engine.nn import _ops
+from engine.tensor import jit, threads
+
+needs_numba = pytest.mark.skipif(jit.kernels() is None, reason=f"compiled kernels unavailable: {jit.unavailable_reason()}")
+
+
+@contextlib.contextmanager
+def compiled(on: bool, n_threads: int | None = None):
+    old, old_threads = jit.set_enabled(on), threads.num_threads()
+    threads.set_num_threads(n_threads)
+    try:
+        yield
+    finally:
+        jit.set_enabled(old)
+        threads.set_num_threads(old_threads)
+
+
+# ---------------------------------------------------------------------- exp
+@needs_numba
+def test_exp_of_nonpositive_floats_is_within_two_ulp_of_float64():
+    k = jit.kernels()
+    x = np.concatenate([np.linspace(-87.33, 0.0, 1_000_003), -np.logspace(-30, 1.9, 10_001)]).astype(np.float32)
+    out = np.empty_like(x)
+    k.exp_nonpositive_array(x, out)
+    ref = np.exp(x.astype(np.float64))
+    ulp = np.spacing(ref.astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(out - ref) / ulp) <= 2.0
+
+
+@needs_numba
+def test_exp_edges_zero_flush_and_nan():
+    k = jit.kernels()
+    x = np.array([0.0, -0.0, -1e-38, -87.336, -87.34, -100.0, -np.inf, np.nan], np.float32)
+    out = np.empty_like(x)
+    k.exp_nonpositive_array(x, out)
+    assert out[0] == 1.0 and out[1] == 1.0 and out[2] == 1.0
+    assert out[3] == pytest.approx(np.exp(-87.336), rel=1e-6) and out[3] > 0
+    assert list(out[4:7]) == [0.0, 0.0, 0.0]  # below 2^-126: flushed, as documented
+    assert np.isnan(out[7])
+
+
+# ---------------------------------------------------------------------- Gelu
+def _gelu_reference(x):
+    x = x.astype(np.float64)
+    cdf = sp.ndtr(x)
+    return x * cdf, cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+
+
+@needs_numba
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_compiled_gelu_matches_float64_and_the_numpy_path(n_threads):
+    n = 3 * _ops._GELU_BLOCK * 7 + 123  # several blocks (threaded at 2), a ragged last one
+    x = np.concatenate([np.linspace(-14, 14, n - 3), [0.0, np.nan, -1e-30]]).astype(np.float32)
+    with compiled(True, n_threads):
+        out, der = _ops._gelu_f32(x)
+    with compiled(False, n_threads):
+        out_np, der_np = _ops._gelu_f32(x)
+    ref, dref = _gelu_reference(x)
+    ok = ~np.isnan(x)
+    assert np.abs(out - ref)[ok].max() < 5e-7 and np.abs(der - dref)[ok].max() < 1e-6
+    assert np.isnan(out[-2]) and out[-3] == 0.0 and out[-1] == pytest.approx(-5e-31, rel=1e-6)
+    # the same formula: the two paths differ by a few float32 roundings at most
+    np.testing.assert_allclose(out[ok], out_np[ok], rtol=0, atol=3e-7)
+    np.testing.assert_allclose(der[ok], der_np[ok], rtol=0, atol=5e-7)
+
+
+# ---------------------------------------------------------------------- layer norm
+def _layer_norm_reference(x, gamma, beta, g, eps, nred):
+    """Forward and the gradients of x, gamma, beta in float64 (plain formulas)."""
+    x, g = x.astype(np.float64), g.astype(np.float64)
+    axes = tuple(range(x.ndim - nred, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x - mean) * rstd
+    gm = 1.0 if gamma is None else gamma.astype(np.float64)
+    out = xhat * gm + (0.0 if beta is None else beta.astype(np.float64))
+    gxh = g * gm
+    gx = rstd * (gxh - gxh.mean(axis=axes, keepdims=True) - xhat * (gxh * xhat).mean(axis=axes, keepdims=True))
+    lead = tuple(range(x.ndim - nred))
+    return out, gx, (g * xhat).sum(axis=lead), g.sum(axis=lead)
+
+
+def _layer_norm_run(x, gamma, beta, g, eps, nred):
+    nd = x.ndim
+    xt = Tensor.from_data(x).require_grad()
+    gt = Tensor.from_data(gamma).require_grad() if gamma is not None else None
+    bt = Tensor.from_data(beta).require_grad() if beta is not None else None
+    affine = tuple(x.shape[nd - nred:])
+    y = _ops.normalize(xt, tuple(range(nd - nred, nd)), eps, gt, bt, affine if gamma is not None or beta is not None else None)
+    grads = (y * Tensor.from_data(g)).sum().backward()
+    return (y.numpy(), xt.grad(grads).numpy(), gt.grad(grads).numpy() if gt is not None else None,
+            bt.grad(grads).numpy() if bt is not None else None)
+
+
+CASES = [((64, 32), 1, True, True), ((3, 5, 7), 1, True, False), ((4, 6, 10), 2, True, True),
+         ((9, 48), 1, False, False), ((4096, 128), 1, True, True)]  # the last one: threaded blocks
+
+
+@needs_numba
+@pytest.mark.parametrize("shape,nred,with_gamma,with_beta", CASES)
+def test_compiled_layer_norm_matches_float64_and_the_numpy_path(shape, nred, with_gamma, with_beta):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 3 + 1.5).astype(np.float32)
+    row = shape[len(shape) - nred:]
+    gamma = (rng.standard_normal(row) + 1).astype(np.float32) if with_gamma else None
+    beta = rng.standard_normal(row).astype(np.float32) if with_beta else None
+    g = rng.standard_normal(shape).astype(np.float32)
+    ref = _layer_norm_reference(x, gamma, beta, g, 1e-5, nred)
+    with compiled(True, 2):
+        got = _layer_norm_run(x, gamma, beta, g, 1e-5, nred)
+    with compiled(False, 2):
+        numpy_path = _layer_norm_run(x, gamma, beta, g, 1e-5, nred)
+    n_rows = int(np.prod(shape[: len(shape) - nred]))
+    for name, a, b, c in zip(("out", "dx", "dgamma", "dbeta"), got, numpy_path, ref):
+        if c is None or (name == "dgamma" and gamma is None) or (name == "dbeta" and beta is None):
+            continue
+        scale = np.abs(c).max()
+        tol = 2e-6 if name in ("out", "dx") else 2e-7 * np.sqrt(n_rows) * 4
+        assert np.abs(a - c).max() <= tol * scale, name  # compiled vs float64
+        assert np.abs(b - c).max() <= max(tol, 4e-6) * scale, name  # the NumPy path: the same answer
+
+
+@needs_numba
+def test_compiled_layer_norm_is_used_and_gives_the_same_bits_at_any_thread_count(monkeypatch):
+    calls = []
+    real = _ops._layer_norm_compiled
+    monkeypatch.setattr(_ops, "_layer_norm_compiled", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4096, 128)).astype(np.float32)  # 2 MB: 16 blocks over the threads
+    layer = nn.LayerNormConfig(128).init()
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    results = []
+    for n in (1, 2, 3):
+        with compiled(True, n):
+            xt = Tensor.from_data(x).require_grad()
+            grads = (layer.forward(xt) * Tensor.from_data(g)).sum().backward()
+            results.append((layer.forward(xt).numpy(), xt.grad(grads).numpy(), layer.gamma.val().grad(grads).numpy()))
+    assert calls, "the layer norm did not take the compiled path"
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+
+
+def test_layer_norm_outside_the_compiled_kernels_cases_takes_the_numpy_path(monkeypatch):
+    """float64, a non-contiguous input and gamma over another axis stay on the NumPy code."""
+    seen = []
+    real = _ops._layer_norm_compiled
+    monkeypatch.setattr(_ops, "_layer_norm_compiled", lambda *a: seen.append(real(*a)) or seen[-1])
+    x64 = np.random.default_rng(0).standard_normal((8, 16))
+    y = _ops.normalize(Tensor.from_data(x64, dtype="float64"), (-1,), 1e-5)
+    np.testing.assert_allclose(y.numpy().mean(axis=-1), 0.0, atol=1e-12)
+    xt = Tensor.from_data(np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)).swap_dims(0, 1)
+    _ops.normalize(xt, (-1,), 1e-5)
+    assert all(r is None for r in seen)
+
+
+# ---------------------------------------------------------------------- cross entropy
+def _ce_reference(x, t, w, denom):
+    x = x.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(x - m).sum(axis=1)) + m[:, 0]
+    loss = ((lse - x[np.arange(len(t)), t]) * w).sum() / denom
+    p = np.exp(x - lse[:, None])
+    p[np.arange(len(t)), t] -= 1.0
+    return loss, p * (w / denom)[:, None]
+
+
+def _ce_run(x, t, w, denom):
+    xt = Tensor.from_data(x).require_grad()
+    loss = _ops.softmax_cross_entropy(xt, t, denom, row_weights=w)
+    return float(loss.item()), xt.grad(loss.backward()).numpy()
+
+
+@needs_numba
+@pytest.mark.parametrize("rows,classes,n_threads", [(33, 7, 1), (256, 1000, 1), (97, 30001, 2)])
+def test_compiled_cross_entropy_matches_float64_and_the_numpy_path(rows, classes, n_threads):
+    rng = np.random.default_rng(classes)
+    x = (rng.standard_normal((rows, classes)) * 6).astype(np.float32)
+    x[0, :] = -1e4  # a row far below: the shift keeps it finite
+    x[1, 3] = 80.0  # one class dominating its row
+    t = rng.integers(0, classes, rows)
+    w = np.ones(rows, np.float32)
+    w[::5] = 0.0  # pad rows
+    denom = float(w.sum())
+    with compiled(True, n_threads):
+        loss, grad = _ce_run(x, t, w, denom)
+    with compiled(False, n_threads):
+        loss_np, grad_np = _ce_run(x, t, w, denom)
+    ref_loss, ref_grad = _ce_reference(x, t, w, denom)
+    assert loss == pytest.approx(ref_loss, rel=3e-6)
+    np.testing.assert_allclose(grad, ref_grad, rtol=2e-5, atol=1e-9)
+    assert np.all(grad[::5] == 0.0)
+    assert loss == pytest.approx(loss_np, rel=3e-6)
+    np.testing.assert_allclose(grad, grad_np, rtol=2e-5, atol=1e-9)
+
+
+@needs_numba
+def test_compiled_cross_entropy_propagates_nan():
+    x = np.zeros((2, 5), np.float32)
+    x[1, 2] = np.nan
+    loss, grad = _ce_run(x, np.array([0, 1]), None, 2.0)
+    assert np.isnan(loss) and np.isnan(grad[1]).all() and np.isfinite(grad[0]).all()
+
+
+# ---------------------------------------------------------------------- switching off
+def test_switched_off_or_without_numba_the_numpy_paths_run(monkeypatch):
+    x = np.random.default_rng(2).standard_normal((64, 32)).astype(np.float32)
+    with compiled(True):
+        ref = nn.Gelu().forward(Tensor.from_data(x)).numpy()
+    old = jit.set_enabled(False)
+    try:
+        assert jit.kernels() is None and not jit.enabled() and "switched off" in jit.unavailable_reason()
+        np.testing.assert_allclose(nn.Gelu().forward(Tensor.from_data(x)).numpy(), ref, atol=3e-7)
+    finally:
+        jit.set_enabled(old)
+    # numba missing: the import failed once, and every op keeps working on NumPy
+    monkeypatch.setattr(jit, "_module", None)
+    monkeypatch.setattr(jit, "_failure", "numba unavailable: No module named 'numba'")
+    assert jit.kernels() is None and "numba" in jit.unavailable_reason()
+    np.testing.assert_allclose(nn.Gelu().forward(Tensor.from_data(x)).numpy(), ref, atol=3e-7)
+    y = nn.LayerNormConfig(32).init().forward(Tensor.from_data(x)).numpy()
+    np.testing.assert_allclose(y.mean(axis=-1), 0.0, atol=1e-5)
