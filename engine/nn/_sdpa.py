@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Tensor, TensorError
+from ..tensor import Tensor, TensorError, jit
 from ..tensor.raw import array, record, tracking, untracked
 from ..tensor.threads import PARALLEL_MIN_BYTES, blas_threads, num_threads, one_blas_thread_possible, run_chunks
 
@@ -180,6 +180,14 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     elif m is not None:
         keep01, fill, fac = _mask_factors(xp, m, dt, c_scale, c_min, keep_scale is not None)[1:]
     mask_b, mask_h = (m.shape[0] > 1, m.shape[1] > 1) if m is not None else (False, False)
+    # the compiled softmax (one pass over a row while it is in cache, not ~8): float32 on NumPy
+    # without dropout, with no mask or one [s1, s2] mask shared by every batch entry and head
+    ksm = mask2 = None
+    if xp is np and dt == np.float32 and keep_scale is None and not (mask_b or mask_h):
+        ksm = jit.kernels()
+        if ksm is not None:
+            mask2 = (np.zeros((0, 0), np.bool_) if m is None
+                     else np.ascontiguousarray(np.broadcast_to(m.reshape(m.shape[-2:]), (s1, s2))))
 
     weights = xp.empty((b, h, s1, s2), dtype=dt)
     ctx = xp.empty((b, s1, h, dv), dtype=dt).transpose(0, 2, 1, 3)  # [b, h, s1, dv], laid out [b, s1, h, dv]
@@ -205,6 +213,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
         S = W5[bs, hs]  # contiguous: a block spans whole kv heads or one batch entry
         if not phased:  # (phased: made whole before the blocks)
             xp.matmul(Q5[bs, hs], KT5[bs, hs], out=S)
+        if ksm is not None:
+            ksm.attention_softmax(S.reshape(-1, s1, s2), c_scale, mask2, c_min, bool(quiet))
+            if not phased:
+                xp.matmul(S, V5[bs, hs], out=C5[bs, hs])
+            return
         if keep_scale is not None:  # (S * scale) * (kept) * 1 / (1 - p): Tensor.dropout's bits
             xp.multiply(S, c_scale, out=S)
             if keep is not None:
@@ -283,6 +296,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
         def middle(dS, D, bs, hs):
             """dS = W * (dW - D), masked and dropped entries 0, the dropout's scale."""
             W = W5[bs, hs]
+            if ksm is not None and dS.flags.c_contiguous:
+                d_rows = D.reshape(-1, s1) if D is not None else np.zeros((0, 0), np.float32)
+                ksm.attention_softmax_backward(dS.reshape(-1, s1, s2), W.reshape(-1, s1, s2),
+                                               np.ascontiguousarray(d_rows), D is not None, mask2)
+                return
             if D is None:
                 D = (dS * W).sum(axis=-1, keepdims=True)
             xp.subtract(dS, D, out=dS)

@@ -189,3 +189,70 @@ def scale_rows(e, row, out):
         f, er, orow = row[r], e[r], out[r]
         for j in range(c):
             orow[j] = er[j] * f
+
+
+# ---------------------------------------------------------------------- attention's softmax
+B2 = types.Array(types.boolean, 2, "C", readonly=True)
+F3 = types.Array(types.float32, 3, "C")
+R3 = types.Array(types.float32, 3, "C", readonly=True)
+
+
+@njit(types.void(F3, types.float32, B2, types.float32, types.boolean), fastmath=_SUMS, **_OPTS)
+def attention_softmax(s, scale, masked, fill, quiet):
+    """In place over the scores s [N, S1, S2] of N (batch, head) pairs: `v = s * scale`, or
+    `fill` where `masked[i, j]` (one [S1, S2] mask for every pair, or [0, 0] for none), then
+    each row's softmax (`quiet`: with an extra zero logit, Burn's quiet softmax)."""
+    n, s1, s2 = s.shape
+    has_mask = masked.shape[0] > 0
+    for a in range(n):
+        for i in range(s1):
+            row = s[a, i]
+            mx = f32(-np.inf)
+            if has_mask:
+                mrow = masked[i]
+                for j in range(s2):
+                    v = fill if mrow[j] else row[j] * scale
+                    row[j] = v
+                    mx = max(mx, v)
+            else:
+                for j in range(s2):
+                    v = row[j] * scale
+                    row[j] = v
+                    mx = max(mx, v)
+            if quiet:
+                mx = max(mx, f32(0.0))
+            tot = f32(0.0)
+            for j in range(s2):
+                e = exp_nonpositive(row[j] - mx)
+                row[j] = e
+                tot += e
+            if quiet:
+                tot += exp_nonpositive(-mx)
+            for j in range(s2):
+                row[j] = row[j] / tot
+
+
+@njit(types.void(F3, R3, F2, types.boolean, B2), fastmath=_SUMS, **_OPTS)
+def attention_softmax_backward(ds, w, d_rows, have_d, masked):
+    """In place over ds [N, S1, S2], the gradient of the weights w: `ds = w * (ds - D)` with D
+    each row's `sum(ds * w)` (or `d_rows` [N, S1] when `have_d`), 0 where `masked` ([S1, S2],
+    or [0, 0] for none)."""
+    n, s1, s2 = ds.shape
+    has_mask = masked.shape[0] > 0
+    for a in range(n):
+        for i in range(s1):
+            row, wr = ds[a, i], w[a, i]
+            if have_d:
+                dd = d_rows[a, i]
+            else:
+                acc = f32(0.0)
+                for j in range(s2):
+                    acc += row[j] * wr[j]
+                dd = acc
+            if has_mask:
+                mrow = masked[i]
+                for j in range(s2):
+                    row[j] = f32(0.0) if mrow[j] else wr[j] * (row[j] - dd)
+            else:
+                for j in range(s2):
+                    row[j] = wr[j] * (row[j] - dd)

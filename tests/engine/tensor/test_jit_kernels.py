@@ -234,3 +234,111 @@ def test_switched_off_or_without_numba_the_numpy_paths_run(monkeypatch):
     np.testing.assert_allclose(nn.Gelu().forward(Tensor.from_data(x)).numpy(), ref, atol=3e-7)
     y = nn.LayerNormConfig(32).init().forward(Tensor.from_data(x)).numpy()
     np.testing.assert_allclose(y.mean(axis=-1), 0.0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- attention's softmax
+def _attention_run(q, k, v, g_ctx, g_w, **kw):
+    from engine.nn._sdpa import scaled_dot_product_attention  # noqa: PLC0415
+
+    qt, kt, vt = (Tensor.from_data(a).require_grad() for a in (q, k, v))
+    w, c = scaled_dot_product_attention(qt, kt, vt, 1.0 / np.sqrt(q.shape[-1]), **kw)
+    loss = (c * Tensor.from_data(g_ctx)).sum() + (w * Tensor.from_data(g_w)).sum()
+    grads = loss.backward()
+    return [w.numpy(), c.numpy()] + [t.grad(grads).numpy() for t in (qt, kt, vt)]
+
+
+def _attention_reference(q, k, v, g_ctx, g_w, masked, quiet):
+    """float64: weights, context and the gradients of q, k, v (plain formulas, GQA by repeat)."""
+    q, k, v, g_ctx, g_w = (a.astype(np.float64) for a in (q, k, v, g_ctx, g_w))
+    rep = q.shape[1] // k.shape[1]
+    kr, vr = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    s = q @ kr.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if masked is not None:
+        s = np.where(masked, -1.0e4, s)
+    mx = s.max(axis=-1, keepdims=True)
+    if quiet:
+        mx = np.maximum(mx, 0.0)
+    e = np.exp(s - mx)
+    w = e / (e.sum(axis=-1, keepdims=True) + (np.exp(-mx) if quiet else 0.0))
+    c = w @ vr
+    dw = g_ctx @ vr.swapaxes(-1, -2) + g_w
+    ds = w * (dw - (dw * w).sum(axis=-1, keepdims=True))
+    if masked is not None:
+        ds = np.where(masked, 0.0, ds)
+    ds /= np.sqrt(q.shape[-1])
+    dq = ds @ kr
+    dk = (ds.swapaxes(-1, -2) @ q).reshape(k.shape[0], k.shape[1], rep, *k.shape[2:]).sum(axis=2)
+    dv = (w.swapaxes(-1, -2) @ g_ctx).reshape(v.shape[0], v.shape[1], rep, *v.shape[2:]).sum(axis=2)
+    return [w, c, dq, dk, dv]
+
+
+@needs_numba
+@pytest.mark.parametrize("case", ["none", "causal", "shared mask", "quiet causal", "gqa causal"])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_compiled_attention_softmax_matches_float64_and_the_numpy_path(case, n_threads, monkeypatch):
+    from engine.nn import _sdpa  # noqa: PLC0415
+
+    rng = np.random.default_rng(len(case))
+    # 1.2 MB of scores in blocks of 4 rows of heads: the blocks go to the kernel threads at 2
+    b, h, hk, s, d = (8, 4, 2, 96, 16) if case.startswith("gqa") else (8, 4, 4, 96, 16)
+    q = rng.standard_normal((b, h, s, d)).astype(np.float32)
+    k = rng.standard_normal((b, hk, s, d)).astype(np.float32)
+    v = rng.standard_normal((b, hk, s, d)).astype(np.float32)
+    g_ctx = rng.standard_normal((b, h, s, d)).astype(np.float32)
+    g_w = rng.standard_normal((b, h, s, s)).astype(np.float32)
+    kw, masked = {}, None
+    if "causal" in case:
+        kw["causal_offset"] = 0
+        masked = np.triu(np.ones((s, s), bool), 1)
+    if case == "shared mask":
+        masked = rng.random((s, s)) < 0.3
+        masked[:, 0] = False
+        kw["mask"] = masked[None, None]
+    if case.startswith("quiet"):
+        kw["quiet"] = True
+    monkeypatch.setattr(_sdpa, "_BLOCK_BYTES", 4 * s * s * 4)  # several blocks: threaded at 2
+    calls = []
+    k_real = jit.kernels()
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(k_real, name)
+
+    with compiled(True, n_threads):
+        monkeypatch.setattr(jit, "kernels", lambda: Spy())
+        got = _attention_run(q, k, v, g_ctx, g_w, **kw)
+        monkeypatch.undo()
+    assert "attention_softmax" in calls and "attention_softmax_backward" in calls
+    with compiled(False, n_threads):
+        numpy_path = _attention_run(q, k, v, g_ctx, g_w, **kw)
+    ref = _attention_reference(q, k, v, g_ctx, g_w, masked, kw.get("quiet", False))
+    for name, a, b_, c in zip(("weights", "context", "dq", "dk", "dv"), got, numpy_path, ref):
+        scale = np.abs(c).max()
+        assert np.abs(a - c).max() <= 3e-6 * scale, name
+        assert np.abs(a - b_).max() <= 3e-6 * scale, name
+    if masked is not None:
+        assert np.all(got[0][:, :, masked] == 0.0) if case != "quiet causal" else np.all(got[0][:, :, masked] < 1e-30)
+
+
+@needs_numba
+def test_attention_with_a_per_batch_mask_or_dropout_keeps_the_numpy_softmax(monkeypatch):
+    from engine.nn import _sdpa  # noqa: PLC0415
+
+    calls = []
+    k_real = jit.kernels()
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(k_real, name)
+
+    monkeypatch.setattr(jit, "kernels", lambda: Spy())
+    rng = np.random.default_rng(0)
+    q = Tensor.from_data(rng.standard_normal((2, 2, 8, 4)).astype(np.float32))
+    pad = np.zeros((2, 1, 1, 8), bool)
+    pad[1, :, :, 6:] = True  # a different mask per batch entry
+    w, _ = _sdpa.scaled_dot_product_attention(q, q, q, 0.5, mask=pad)
+    assert "attention_softmax" not in calls
+    assert np.all(w.numpy()[1, :, :, 6:] == 0.0)
+    np.testing.assert_allclose(w.numpy().sum(axis=-1), 1.0, rtol=1e-6)
