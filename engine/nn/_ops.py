@@ -486,9 +486,16 @@ def _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd):
     sq = np.empty((b, c), dtype=xd.dtype)
     blocks = _bn_blocks(b, c, p, xd.itemsize)
 
-    def centre(s):
-        np.subtract(x3[s], m3, out=xc3[s])
-        sq[s] = np.vecdot(xc3[s], xc3[s])
+    k = jit.kernels() if xd.dtype == np.float32 else None
+    if k is not None:  # one pass a block: the centred input and its squares' sums
+        m1 = np.ascontiguousarray(mean, dtype=np.float32).reshape(-1)
+
+        def centre(s):
+            k.bn_centre(x3[s], m1, xc3[s], sq[s])
+    else:
+        def centre(s):
+            np.subtract(x3[s], m3, out=xc3[s])
+            sq[s] = np.vecdot(xc3[s], xc3[s])
 
     run_blocks(centre, blocks)
     var = sq.sum(axis=0).reshape(keep)
@@ -499,10 +506,18 @@ def _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd):
     out = np.empty_like(xd)
     o3 = out.reshape(b, c, p)
 
-    def scale(s):
-        np.multiply(xc3[s], scale3, out=o3[s])
-        if shift3 is not None:
-            o3[s] += shift3
+    if k is not None:
+        scale1 = np.ascontiguousarray(scale3, dtype=np.float32).reshape(-1)
+        shift1 = (np.ascontiguousarray(shift3, dtype=np.float32).reshape(-1) if shift3 is not None
+                  else np.empty(0, np.float32))
+
+        def scale(s):
+            k.bn_scale(xc3[s], scale1, shift1, o3[s])
+    else:
+        def scale(s):
+            np.multiply(xc3[s], scale3, out=o3[s])
+            if shift3 is not None:
+                o3[s] += shift3
 
     run_blocks(scale, blocks)
     return mean, var, rstd, out, xc
@@ -520,7 +535,12 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     dots = np.empty((b, c), dtype=g.dtype)
     blocks = _bn_blocks(b, c, p, g.itemsize)
 
+    k = jit.kernels() if g.dtype == np.float32 and xc.dtype == np.float32 else None
+
     def reduce(s):  # NumPy's own loops: BLAS called from two threads at once takes turns
+        if k is not None:  # g and xc read once
+            k.bn_reduce(g3[s], z3[s], sums[s], dots[s])
+            return
         sums[s] = np.vecdot(g3[s], ones)
         dots[s] = np.vecdot(g3[s], z3[s])
 
@@ -537,6 +557,16 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     gx3 = gx.reshape(b, c, p)
 
     longest = max(s.stop - s.start for s in blocks)
+
+    if k is not None:  # one pass a block instead of four
+        a1, k1, k2 = (np.ascontiguousarray(v, dtype=np.float32).reshape(-1) for v in (a3, c1, c2))
+
+        def compiled(chunk):
+            for s in chunk:
+                k.bn_input_grad(g3[s], z3[s], a1, k1, k2, gx3[s])
+
+        run_chunks(compiled, blocks)
+        return gx, sg, sgx
 
     def input_grad(chunk):  # the blocks one thread takes, with its own block-sized scratch
         tmp = np.empty((longest, c, p), dtype=g.dtype)

@@ -256,3 +256,64 @@ def attention_softmax_backward(ds, w, d_rows, have_d, masked):
             else:
                 for j in range(s2):
                     row[j] = wr[j] * (row[j] - dd)
+
+
+# ---------------------------------------------------------------------- batch norm (per channel)
+@njit(types.void(R3, R1, F3, F2), fastmath=_SUMS, **_OPTS)
+def bn_centre(x, mean, xc, sq):
+    """x [B, C, P]: `xc = x - mean[c]` and `sq[b, c] = sum over P of xc^2` (float64 sums)."""
+    nb, c, p = x.shape
+    for b in range(nb):
+        for ch in range(c):
+            xr, zr, m = x[b, ch], xc[b, ch], mean[ch]
+            acc = 0.0
+            for j in range(p):
+                z = xr[j] - m
+                zr[j] = z
+                acc += z * z
+            sq[b, ch] = f32(acc)
+
+
+@njit(types.void(R3, R1, R1, F3), fastmath=_ELEMENTWISE, **_OPTS)
+def bn_scale(xc, scale, shift, out):
+    """`out = xc * scale[c] + shift[c]` (shift: [C], or empty for none)."""
+    nb, c, p = xc.shape
+    has_shift = shift.size > 0
+    for b in range(nb):
+        for ch in range(c):
+            zr, orow, a = xc[b, ch], out[b, ch], scale[ch]
+            if has_shift:
+                t = shift[ch]
+                for j in range(p):
+                    orow[j] = zr[j] * a + t
+            else:
+                for j in range(p):
+                    orow[j] = zr[j] * a
+
+
+@njit(types.void(R3, R3, F2, F2), fastmath=_SUMS, **_OPTS)
+def bn_reduce(g, xc, sums, dots):
+    """`sums[b, c] = sum over P of g`, `dots[b, c] = sum of g * xc` (float64 sums)."""
+    nb, c, p = g.shape
+    for b in range(nb):
+        for ch in range(c):
+            gr, zr = g[b, ch], xc[b, ch]
+            s1 = 0.0
+            s2 = 0.0
+            for j in range(p):
+                s1 += gr[j]
+                s2 += gr[j] * zr[j]
+            sums[b, ch] = f32(s1)
+            dots[b, ch] = f32(s2)
+
+
+@njit(types.void(R3, R3, R1, R1, R1, F3), fastmath=_ELEMENTWISE, **_OPTS)
+def bn_input_grad(g, xc, a, c1, c2, gx):
+    """`gx = a[c] * g + c2[c] * xc + c1[c]`: batch norm's input gradient from per-channel terms."""
+    nb, c, p = g.shape
+    for b in range(nb):
+        for ch in range(c):
+            gr, zr, out = g[b, ch], xc[b, ch], gx[b, ch]
+            ac, k1, k2 = a[ch], c1[ch], c2[ch]
+            for j in range(p):
+                out[j] = gr[j] * ac + zr[j] * k2 + k1

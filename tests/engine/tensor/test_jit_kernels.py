@@ -17,6 +17,17 @@ from engine.tensor import jit, threads
 needs_numba = pytest.mark.skipif(jit.kernels() is None, reason=f"compiled kernels unavailable: {jit.unavailable_reason()}")
 
 
+class _Spy:
+    """Stands in for the kernels' module: records the name of every kernel fetched from it."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __getattr__(self, name):
+        self.calls.append(name)
+        return getattr(self.real, name)
+
+
 @contextlib.contextmanager
 def compiled(on: bool, n_threads: int | None = None):
     old, old_threads = jit.set_enabled(on), threads.num_threads()
@@ -297,18 +308,12 @@ def test_compiled_attention_softmax_matches_float64_and_the_numpy_path(case, n_t
     if case.startswith("quiet"):
         kw["quiet"] = True
     monkeypatch.setattr(_sdpa, "_BLOCK_BYTES", 4 * s * s * 4)  # several blocks: threaded at 2
-    calls = []
-    k_real = jit.kernels()
-
-    class Spy:
-        def __getattr__(self, name):
-            calls.append(name)
-            return getattr(k_real, name)
-
+    spy = _Spy(jit.kernels())
+    calls = spy.calls
     with compiled(True, n_threads):
-        monkeypatch.setattr(jit, "kernels", lambda: Spy())
+        monkeypatch.setattr(jit, "kernels", lambda: spy)
         got = _attention_run(q, k, v, g_ctx, g_w, **kw)
-        monkeypatch.undo()
+        monkeypatch.setattr(jit, "kernels", lambda: spy.real)
     assert "attention_softmax" in calls and "attention_softmax_backward" in calls
     with compiled(False, n_threads):
         numpy_path = _attention_run(q, k, v, g_ctx, g_w, **kw)
@@ -325,15 +330,9 @@ def test_compiled_attention_softmax_matches_float64_and_the_numpy_path(case, n_t
 def test_attention_with_a_per_batch_mask_or_dropout_keeps_the_numpy_softmax(monkeypatch):
     from engine.nn import _sdpa  # noqa: PLC0415
 
-    calls = []
-    k_real = jit.kernels()
-
-    class Spy:
-        def __getattr__(self, name):
-            calls.append(name)
-            return getattr(k_real, name)
-
-    monkeypatch.setattr(jit, "kernels", lambda: Spy())
+    spy = _Spy(jit.kernels())
+    calls = spy.calls
+    monkeypatch.setattr(jit, "kernels", lambda: spy)
     rng = np.random.default_rng(0)
     q = Tensor.from_data(rng.standard_normal((2, 2, 8, 4)).astype(np.float32))
     pad = np.zeros((2, 1, 1, 8), bool)
@@ -342,3 +341,49 @@ def test_attention_with_a_per_batch_mask_or_dropout_keeps_the_numpy_softmax(monk
     assert "attention_softmax" not in calls
     assert np.all(w.numpy()[1, :, :, 6:] == 0.0)
     np.testing.assert_allclose(w.numpy().sum(axis=-1), 1.0, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------- batch norm
+def _batch_norm_run(x, g, n_threads, on):
+    layer = nn.BatchNormConfig(x.shape[1]).init()
+    layer.gamma = layer.gamma.map(lambda t: Tensor.from_data(np.linspace(0.5, 1.5, x.shape[1]).astype(np.float32)).require_grad())
+    with compiled(on, n_threads):
+        xt = Tensor.from_data(x).require_grad()
+        y = layer.forward(xt)
+        grads = (y * Tensor.from_data(g)).sum().backward()
+        return y.numpy(), xt.grad(grads).numpy(), layer.gamma.val().grad(grads).numpy(), layer.beta.val().grad(grads).numpy()
+
+
+def _batch_norm_reference(x, g, gamma, eps=1e-5):
+    x, g = x.astype(np.float64), g.astype(np.float64)
+    axes = (0, 2, 3)
+    n = x.size / x.shape[1]
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    rstd = 1 / np.sqrt(var + eps)
+    xhat = (x - mean) * rstd
+    gm = gamma.reshape(1, -1, 1, 1).astype(np.float64)
+    gxh = g * gm
+    gx = rstd * (gxh - gxh.sum(axis=axes, keepdims=True) / n - xhat * (gxh * xhat).sum(axis=axes, keepdims=True) / n)
+    return xhat * gm, gx, (g * xhat).sum(axis=axes), g.sum(axis=axes)
+
+
+@needs_numba
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_compiled_batch_norm_matches_float64_and_the_numpy_path(n_threads, monkeypatch):
+    spy = _Spy(jit.kernels())
+    calls = spy.calls
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((24, 8, 17, 19)) * 2 + 3).astype(np.float32)  # 0.25 MB blocks: several
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    monkeypatch.setattr(_ops, "_BN_BLOCK_BYTES", 8 * 17 * 19 * 4 * 5)
+    monkeypatch.setattr(jit, "kernels", lambda: spy)
+    got = _batch_norm_run(x, g, n_threads, True)
+    monkeypatch.setattr(jit, "kernels", lambda: spy.real)
+    assert {"bn_centre", "bn_scale", "bn_reduce", "bn_input_grad"} <= set(calls)
+    numpy_path = _batch_norm_run(x, g, n_threads, False)
+    ref = _batch_norm_reference(x, g, np.linspace(0.5, 1.5, 8))
+    for name, a, b_, c in zip(("out", "dx", "dgamma", "dbeta"), got, numpy_path, ref):
+        scale = np.abs(c).max()
+        assert np.abs(a - c).max() <= 1e-5 * scale, name
+        assert np.abs(a - b_).max() <= 1e-5 * scale, name
