@@ -21,6 +21,7 @@ on which thread took it.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -64,10 +65,15 @@ def _load():
     with _lock:
         if _module is None and _failure is None:
             t0 = time.perf_counter()
+            if getattr(sys, "frozen", False) and not os.environ.get("NUMBA_CACHE_DIR"):
+                # a bundled app has no writable __pycache__ beside the module: a user cache folder
+                os.environ["NUMBA_CACHE_DIR"] = os.path.join(os.path.expanduser("~"), ".cache", "ember", "numba")
             try:
                 from . import _jit_kernels  # noqa: PLC0415 - numba is imported only when used
             except ImportError as exc:  # numba not installed, or one too old for this NumPy
                 _failure = f"numba unavailable: {exc}"
+            except Exception as exc:  # noqa: BLE001 - a compile or cache failure: the NumPy paths run
+                _failure = f"the compiled kernels failed to build: {type(exc).__name__}: {exc}"
             else:
                 _module = _jit_kernels
                 _compile_seconds = time.perf_counter() - t0

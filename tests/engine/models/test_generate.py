@@ -306,8 +306,11 @@ def test_after_lora_fine_tuning_generation_continues_a_training_prompt_as_the_co
     before = [generate(model, tok, s, 16, temperature=0).text for s in subjects]
     assert all(b.strip() != endings[s] for b, s in zip(before, subjects))
     loss_before = corpus_loss(model)
-    cfg = TrainingConfig(num_epochs=25, batch_size=8, seed=0, warmup_steps=5, max_grad_norm=1.0)
-    result = Learner(model, optim.AdamConfig().init(), lr=3e-2, train=data, kind="causal-lm", config=cfg).run()
+    # lr 1e-2 for 50 epochs: at 3e-2 the loss stalled at 0.74-0.92 of 5.73, and whether "the cat"
+    # went on with "sat on the mat." or "sat." hung on the last bits of the kernels' rounding
+    # (NumPy passes or compiled kernels); here both reach 0.46 and continue every subject
+    cfg = TrainingConfig(num_epochs=50, batch_size=8, seed=0, warmup_steps=5, max_grad_norm=1.0)
+    result = Learner(model, optim.AdamConfig().init(), lr=1e-2, train=data, kind="causal-lm", config=cfg).run()
     assert result.status == "finished", result.error
     trained = result.model
     assert corpus_loss(trained) < loss_before / 2

@@ -387,3 +387,24 @@ def test_compiled_batch_norm_matches_float64_and_the_numpy_path(n_threads, monke
         scale = np.abs(c).max()
         assert np.abs(a - c).max() <= 1e-5 * scale, name
         assert np.abs(a - b_).max() <= 1e-5 * scale, name
+
+
+def test_a_kernel_build_failure_leaves_the_numpy_paths(monkeypatch):
+    """Not only a missing numba: a compile or cache error while loading is reported, not raised."""
+    import builtins  # noqa: PLC0415
+
+    real_import = builtins.__import__
+
+    def failing(name, globals=None, locals=None, fromlist=(), level=0):
+        if fromlist and "_jit_kernels" in fromlist:
+            raise RuntimeError("cannot cache function: no locator available")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(jit, "_module", None)
+    monkeypatch.setattr(jit, "_failure", None)
+    monkeypatch.setattr(builtins, "__import__", failing)
+    assert jit.kernels() is None
+    assert "failed to build" in jit.unavailable_reason() and "no locator" in jit.unavailable_reason()
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    x = Tensor.from_data(np.linspace(-3, 3, 12, dtype=np.float32))
+    np.testing.assert_allclose(nn.Gelu().forward(x).numpy(), _gelu_reference(x.numpy())[0], atol=5e-7)
