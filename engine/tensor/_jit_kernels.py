@@ -317,3 +317,11 @@ def bn_input_grad(g, xc, a, c1, c2, gx):
             ac, k1, k2 = a[ch], c1[ch], c2[ch]
             for j in range(p):
                 out[j] = gr[j] * ac + zr[j] * k2 + k1
+
+
+# ---------------------------------------------------------------------- relu's backward
+@njit(types.void(R1, R1, F1), fastmath=_ELEMENTWISE, **_OPTS)
+def relu_grad(g, o, out):
+    """`out = g where o > 0, else 0` (NumPy: a bool pass over o, then a product)."""
+    for i in range(g.size):
+        out[i] = g[i] if o[i] > f32(0.0) else f32(0.0)

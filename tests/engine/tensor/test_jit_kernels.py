@@ -408,3 +408,23 @@ def test_a_kernel_build_failure_leaves_the_numpy_paths(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", real_import)
     x = Tensor.from_data(np.linspace(-3, 3, 12, dtype=np.float32))
     np.testing.assert_allclose(nn.Gelu().forward(x).numpy(), _gelu_reference(x.numpy())[0], atol=5e-7)
+
+
+@needs_numba
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_compiled_relu_gradient_masks_as_the_numpy_product(n_threads, monkeypatch):
+    from engine.tensor import threads as th  # noqa: PLC0415
+
+    monkeypatch.setattr(th, "ELEMENTWISE_MIN_BYTES", 1 << 16)  # split over the threads at 2
+    rng = np.random.default_rng(4)
+    x_np = rng.standard_normal((64, 1000)).astype(np.float32)
+    x_np[0, :4] = [0.0, -0.0, 1e-30, -1e-30]
+    g_np = rng.standard_normal(x_np.shape).astype(np.float32)
+    results = []
+    for on in (True, False):
+        with compiled(on, n_threads):
+            x = Tensor.from_data(x_np).require_grad()
+            grads = (x.relu() * Tensor.from_data(g_np)).sum().backward()
+            results.append(x.grad(grads).numpy())
+    assert np.array_equal(results[0], results[1])
+    assert np.array_equal(results[0], np.where(x_np > 0, g_np, 0.0))
