@@ -325,3 +325,31 @@ def relu_grad(g, o, out):
     """`out = g where o > 0, else 0` (NumPy: a bool pass over o, then a product)."""
     for i in range(g.size):
         out[i] = g[i] if o[i] > f32(0.0) else f32(0.0)
+
+
+# ---------------------------------------------------------------------- channels-last col2im
+F4 = types.Array(types.float32, 4, "C")
+I2 = types.UniTuple(types.int64, 2)
+
+
+@njit(types.void(R2, F4, I2, I2, I2, I2), fastmath=_ELEMENTWISE, **_OPTS)
+def col2im_add_2d(cols, gpad, kernel, stride, dilation, out):
+    """The 2-d convolution's input gradient from its column gradient: cols [m * OH * OW, KH * KW
+    * C] (rows by image and output position, columns by kernel offset then channel) added into
+    the channels-last padded gradient gpad [m, H', W', C] at `o * stride + k * dilation`."""
+    m, c = gpad.shape[0], gpad.shape[3]
+    kh, kw = kernel
+    sy, sx = stride
+    dy, dx = dilation
+    oh, ow = out
+    for b in range(m):
+        for oy in range(oh):
+            for ox in range(ow):
+                row = cols[(b * oh + oy) * ow + ox]
+                for ky in range(kh):
+                    iy = oy * sy + ky * dy
+                    for kx in range(kw):
+                        dst = gpad[b, iy, ox * sx + kx * dx]
+                        base = (ky * kw + kx) * c
+                        for ch in range(c):
+                            dst[ch] += row[base + ch]

@@ -29,6 +29,7 @@ import numbers
 import numpy as np
 
 from .tensor import DTypeError, Tensor, TensorError, check_same_device, record, tensor_method
+from . import jit as _jit
 from . import threads as _threads
 from .threads import copy_into, run_blocks, run_chunks, split
 
@@ -608,9 +609,14 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
         with dev.context():
             gx = gw = gb = None
             gdt = g.dtype
+            # 2-d, float32, numba: one product g @ [O, K*C] for the run's column gradient, added
+            # into the padded gradient by a compiled col2im in one pass (not K products and K
+            # strided NumPy adds)
+            kcol = _jit.kernels() if need_x and n == 2 and gdt == np.float32 else None
             if need_x:
                 gx = np.empty(xa.shape, dtype=gdt)
                 w_k = np.ascontiguousarray(np.moveaxis(wa.reshape(c_out, c_in, ksize), 2, 0))  # [K, O, C]
+                w_all = np.ascontiguousarray(w_k.transpose(1, 0, 2).reshape(c_out, kc)) if kcol is not None else None
             partial = [None] * len(runs)
 
             def backward(chunk):
@@ -620,7 +626,10 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                 # offset's product [m*P, O] @ [O, C] added to its window at a time
                 gbuf = np.empty((nb * p, c_out), dtype=gdt)
                 cols = np.empty((nb * p, kc), dtype=gdt) if need_w else None
-                prod = np.empty((nb * p, c_in), dtype=gdt) if need_x else None
+                # the column gradient reuses the columns' buffer once the weight gradient's product
+                # has read it
+                prod = (None if not need_x else cols if kcol is not None and need_w
+                        else np.empty((nb * p, kc if kcol is not None else c_in), dtype=gdt))
                 gpad = np.empty((nb,) + padded_sp + (c_in,), dtype=gdt) if need_x else None
                 for i, bs in chunk:
                     m = bs.stop - bs.start
@@ -634,10 +643,14 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                         gp = gpad[:m]
                         gp[...] = 0
                         pv = prod[: m * p]
-                        view = pv.reshape((m,) + out_sp + (c_in,))
-                        for k, sl in enumerate(windows):
-                            np.matmul(gm, w_k[k], out=pv)
-                            gp[(slice(None),) + sl] += view
+                        if kcol is not None:
+                            np.matmul(gm, w_all, out=pv)
+                            kcol.col2im_add_2d(pv, gp, kernel, stride, dilation, out_sp)
+                        else:
+                            view = pv.reshape((m,) + out_sp + (c_in,))
+                            for k, sl in enumerate(windows):
+                                np.matmul(gm, w_k[k], out=pv)
+                                gp[(slice(None),) + sl] += view
                         copy_into(gx[bs], np.moveaxis(gp[(slice(None),) + crop], -1, 1))
 
             if need_x or need_w:

@@ -428,3 +428,60 @@ def test_compiled_relu_gradient_masks_as_the_numpy_product(n_threads, monkeypatc
             results.append(x.grad(grads).numpy())
     assert np.array_equal(results[0], results[1])
     assert np.array_equal(results[0], np.where(x_np > 0, g_np, 0.0))
+
+
+# ---------------------------------------------------------------------- convolution's col2im
+def _conv_min_channels():
+    from engine.tensor import ops_conv  # noqa: PLC0415
+
+    return ops_conv._CL_MIN_CHANNELS
+
+
+def _conv_grads(x_np, w_np, g_np, **kw):
+    x = Tensor.from_data(x_np).require_grad()
+    w = Tensor.from_data(w_np).require_grad()
+    grads = (x.conv2d(w, **kw) * Tensor.from_data(g_np)).sum().backward()
+    return x.grad(grads).numpy(), w.grad(grads).numpy()
+
+
+@needs_numba
+@pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(dilation=(2, 1), padding=(2, 0)),
+                                dict(stride=(1, 3), padding=(1, 2))])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_compiled_col2im_gives_the_input_gradient_of_float64(kw, n_threads):
+    rng = np.random.default_rng(11)
+    # channels >= _CL_MIN_CHANNELS: the channels-last path, whose input gradient this is
+    c = max(16, _conv_min_channels())
+    x_np = rng.standard_normal((6, c, 11, 13)).astype(np.float32)
+    w_np = rng.standard_normal((c + 3, c, 3, 2)).astype(np.float32)
+    with compiled(False):
+        shape = Tensor.from_data(x_np).conv2d(Tensor.from_data(w_np), **kw).shape
+    g_np = rng.standard_normal(tuple(shape)).astype(np.float32)
+    spy = _Spy(jit.kernels())
+    old = jit.kernels
+    try:
+        with compiled(True, n_threads):
+            jit.kernels = lambda: spy
+            got = _conv_grads(x_np, w_np, g_np, **kw)
+    finally:
+        jit.kernels = old
+    assert "col2im_add_2d" in spy.calls
+    with compiled(False, n_threads):
+        numpy_path = _conv_grads(x_np, w_np, g_np, **kw)
+    dev = "cpu:3"
+    from engine import Device  # noqa: PLC0415
+
+    d64 = Device(dev)
+    old_dt = d64.default_float_dtype
+    d64.set_default_float_dtype("float64")
+    try:
+        x64 = Tensor.from_data(x_np.astype(np.float64), device=d64).require_grad()
+        w64 = Tensor.from_data(w_np.astype(np.float64), device=d64).require_grad()
+        grads = (x64.conv2d(w64, **kw) * Tensor.from_data(g_np.astype(np.float64), device=d64)).sum().backward()
+        ref = (x64.grad(grads).numpy(), w64.grad(grads).numpy())
+    finally:
+        d64.set_default_float_dtype(old_dt)
+    for a, b_, c in zip(got, numpy_path, ref):
+        scale = np.abs(c).max()
+        assert np.abs(a - c).max() <= 2e-6 * scale
+        assert np.abs(a - b_).max() <= 2e-6 * scale
