@@ -109,10 +109,12 @@ def _gelu_f32(xd):
 
     k = jit.kernels()
     if k is not None:  # the same arithmetic compiled: one pass instead of ~25
+        coef = np.array([p, a1, a2, a3, a4, a5, floor, inv_sqrt_2pi], np.float32)
+
         def compiled(blocks):
             for lo in blocks:
                 hi = min(lo + _GELU_BLOCK, n)
-                k.gelu(xf[lo:hi], out[lo:hi], der[lo:hi])
+                k.gelu(xf[lo:hi], out[lo:hi], der[lo:hi], coef)
 
         run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=max(2, (PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
         return out.reshape(xd.shape), der.reshape(xd.shape)
@@ -556,8 +558,6 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
     gx = np.empty_like(g)
     gx3 = gx.reshape(b, c, p)
 
-    longest = max(s.stop - s.start for s in blocks)
-
     if k is not None:  # one pass a block instead of four
         a1, k1, k2 = (np.ascontiguousarray(v, dtype=np.float32).reshape(-1) for v in (a3, c1, c2))
 
@@ -567,6 +567,8 @@ def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
 
         run_chunks(compiled, blocks)
         return gx, sg, sgx
+
+    longest = max(s.stop - s.start for s in blocks)
 
     def input_grad(chunk):  # the blocks one thread takes, with its own block-sized scratch
         tmp = np.empty((longest, c, p), dtype=g.dtype)
@@ -914,7 +916,8 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
         if log_probs:
             # one array of the logits' size: the shifted logits, exponentiated in place (the
             # targets' entries read before), kept for the backward
-            if xp is np and x2.flags.c_contiguous and (x2.nbytes >= _CE_BLOCK_BYTES or x2.dtype == np.float32):
+            if xp is np and x2.flags.c_contiguous and (x2.nbytes >= _CE_BLOCK_BYTES or (
+                    x2.dtype == np.float32 and jit.kernels() is not None)):
                 m, e, s = _shifted_exp_rows(x2)
             else:
                 m = x2.max(axis=1, keepdims=True)

@@ -208,16 +208,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     def of_keep(bs, hs):
         return keep[bs].reshape(-1, hk, g, s1, s2)[:, hs]
 
-    def attend(bs, hs):
-        """The weights and context of a block of batch entries and kv heads."""
-        S = W5[bs, hs]  # contiguous: a block spans whole kv heads or one batch entry
-        if not phased:  # (phased: made whole before the blocks)
-            xp.matmul(Q5[bs, hs], KT5[bs, hs], out=S)
-        if ksm is not None:
-            ksm.attention_softmax(S.reshape(-1, s1, s2), c_scale, mask2, c_min, bool(quiet))
-            if not phased:
-                xp.matmul(S, V5[bs, hs], out=C5[bs, hs])
-            return
+    def softmax_passes(S, bs, hs):
+        """The scores S of a block made weights in place, one NumPy pass per operation."""
         if keep_scale is not None:  # (S * scale) * (kept) * 1 / (1 - p): Tensor.dropout's bits
             xp.multiply(S, c_scale, out=S)
             if keep is not None:
@@ -239,6 +231,16 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
             xp.exp(mx, out=mx)
             tot += mx
         xp.divide(S, tot, out=S)
+
+    def attend(bs, hs):
+        """The weights and context of a block of batch entries and kv heads."""
+        S = W5[bs, hs]  # contiguous: a block spans whole kv heads or one batch entry
+        if not phased:  # (phased: made whole before the blocks)
+            xp.matmul(Q5[bs, hs], KT5[bs, hs], out=S)
+        if ksm is not None:
+            ksm.attention_softmax(S.reshape(-1, s1, s2), c_scale, mask2, c_min, bool(quiet))
+        else:
+            softmax_passes(S, bs, hs)
         if not phased:
             xp.matmul(S, V5[bs, hs], out=C5[bs, hs])
 

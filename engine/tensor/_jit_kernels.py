@@ -75,24 +75,21 @@ def exp_nonpositive_array(x, out):
 
 
 # ---------------------------------------------------------------------- Gelu
-# Abramowitz & Stegun 7.1.26 as `engine.nn._ops._gelu_f32` folds it: Phi(-|x|) = q(t) exp(-x^2/2)
-_G_P = f32(0.3275911 / math.sqrt(2.0))
-_G_A1, _G_A2, _G_A3, _G_A4, _G_A5 = (f32(a * 0.5) for a in (0.254829592, -0.284496736, 1.421413741,
-                                                              -1.453152027, 1.061405429))
-_G_INV_SQRT_2PI = f32(1.0 / math.sqrt(2.0 * math.pi))
-
-
-@njit(types.void(R1, F1, F1), fastmath=_ELEMENTWISE, **_OPTS)
-def gelu(x, out, der):
-    """`out = x Phi(x)`, `der = Phi(x) + x phi(x)`: the arithmetic of `_gelu_f32`, one pass."""
+@njit(types.void(R1, F1, F1, R1), fastmath=_ELEMENTWISE, **_OPTS)
+def gelu(x, out, der, coef):
+    """`out = x Phi(x)`, `der = Phi(x) + x phi(x)`: the arithmetic of `engine.nn._ops._gelu_f32`
+    in one pass, with its constants `coef` = (p, a1, ..., a5, the exponent's floor, 1/sqrt(2 pi))
+    (Abramowitz & Stegun 7.1.26 folded: Phi(-|x|) = q(t) exp(-x^2 / 2), t = 1 / (1 + p |x|))."""
+    p, a1, a2, a3, a4, a5, floor, inv_sqrt_2pi = (coef[0], coef[1], coef[2], coef[3], coef[4], coef[5],
+                                                   coef[6], coef[7])
     for i in range(x.size):
         xi = x[i]
-        e = exp_nonpositive(max(f32(-0.5) * xi * xi, f32(-60.0)))  # exp(-x^2/2); -60: as _gelu_f32
-        t = f32(1.0) / (f32(1.0) + _G_P * abs(xi))
-        q = ((((_G_A5 * t + _G_A4) * t + _G_A3) * t + _G_A2) * t + _G_A1) * t * e  # Phi(-|x|)
+        e = exp_nonpositive(max(f32(-0.5) * xi * xi, floor))  # exp(-x^2 / 2)
+        t = f32(1.0) / (f32(1.0) + p * abs(xi))
+        q = ((((a5 * t + a4) * t + a3) * t + a2) * t + a1) * t * e  # Phi(-|x|)
         ph = abs((f32(1.0) if xi >= f32(0.0) else f32(0.0)) - q)
         out[i] = xi * ph
-        der[i] = ph + xi * e * _G_INV_SQRT_2PI
+        der[i] = ph + xi * e * inv_sqrt_2pi
 
 
 # ---------------------------------------------------------------------- layer norm over rows

@@ -10,7 +10,7 @@ the tests compare against and as the path taken without numba or with `EMBER_JIT
 Compilation: the first `kernels()` call imports `_jit_kernels`, whose functions are compiled
 for their one signature each, or loaded from numba's on-disk cache (`__pycache__` beside the
 module, or numba's user cache directory when that is read-only). Measured on 2 AMD EPYC
-cores: ~9 s the first time on a machine, ~0.5 s from the cache (`benchmarks/jit_compile.py`).
+cores: ~7 s the first time on a machine, ~1 s from the cache (`benchmarks/jit_compile.py`).
 The call blocks the thread that makes it, so the app warms the kernels up on a background
 thread at start (`warm_up`), and all model work already runs on worker threads.
 
@@ -23,16 +23,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 
-__all__ = ["kernels", "enabled", "set_enabled", "warm_up", "compile_seconds", "ENV"]
+__all__ = ["kernels", "enabled", "set_enabled", "unavailable_reason", "warm_up", "ENV"]
 
 ENV = "EMBER_JIT"  # "0": never use the compiled kernels (the NumPy paths run instead)
 
 _lock = threading.Lock()
 _module = None
 _failure: str | None = None
-_compile_seconds: float | None = None
 _enabled = os.environ.get(ENV, "1").strip() != "0"
 
 
@@ -61,10 +59,9 @@ def kernels():
 
 
 def _load():
-    global _module, _failure, _compile_seconds
+    global _module, _failure
     with _lock:
         if _module is None and _failure is None:
-            t0 = time.perf_counter()
             if getattr(sys, "frozen", False) and not os.environ.get("NUMBA_CACHE_DIR"):
                 # a bundled app has no writable __pycache__ beside the module: a user cache folder
                 os.environ["NUMBA_CACHE_DIR"] = os.path.join(os.path.expanduser("~"), ".cache", "ember", "numba")
@@ -76,14 +73,7 @@ def _load():
                 _failure = f"the compiled kernels failed to build: {type(exc).__name__}: {exc}"
             else:
                 _module = _jit_kernels
-                _compile_seconds = time.perf_counter() - t0
     return _module
-
-
-def compile_seconds() -> float | None:
-    """Seconds the first `kernels()` call took in this process (compiling or loading from the
-    cache); None before it, or without numba."""
-    return _compile_seconds
 
 
 def unavailable_reason() -> str | None:

@@ -626,10 +626,12 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                 # offset's product [m*P, O] @ [O, C] added to its window at a time
                 gbuf = np.empty((nb * p, c_out), dtype=gdt)
                 cols = np.empty((nb * p, kc), dtype=gdt) if need_w else None
-                # the column gradient reuses the columns' buffer once the weight gradient's product
-                # has read it
-                prod = (None if not need_x else cols if kcol is not None and need_w
-                        else np.empty((nb * p, kc if kcol is not None else c_in), dtype=gdt))
+                if not need_x:
+                    prod = None
+                elif kcol is None:  # one kernel offset's product at a time
+                    prod = np.empty((nb * p, c_in), dtype=gdt)
+                else:  # the column gradient: in the columns' buffer once the weight gradient has read it
+                    prod = cols if need_w else np.empty((nb * p, kc), dtype=gdt)
                 gpad = np.empty((nb,) + padded_sp + (c_in,), dtype=gdt) if need_x else None
                 for i, bs in chunk:
                     m = bs.stop - bs.start
