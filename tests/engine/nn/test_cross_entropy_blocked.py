@@ -6,7 +6,7 @@ import pytest
 
 from engine import Tensor
 from engine.nn import _ops
-from engine.tensor import threads
+from engine.tensor import jit, threads
 
 
 def reference(x, t, w, denom):
@@ -38,6 +38,9 @@ def test_blocked_cross_entropy_matches_reference_and_whole_array_path(monkeypatc
     denom = float(w.sum())
     assert x.nbytes > 2 * _ops._CE_BLOCK_BYTES
     threads.set_num_threads(n_threads)
+    # NumPy's passes (the compiled rows have their own test, tests/engine/tensor/test_jit_kernels.py):
+    # with them on, both runs below would take the compiled path
+    old_jit = jit.set_enabled(False)
     try:
         blocks = []
         real = _ops._shifted_exp_rows
@@ -48,6 +51,7 @@ def test_blocked_cross_entropy_matches_reference_and_whole_array_path(monkeypatc
         loss_whole, grad_whole = run(x, t, w, denom)
     finally:
         threads.set_num_threads(None)
+        jit.set_enabled(old_jit)
     ref_loss, ref_grad = reference(x, t, w, denom)
     assert loss == pytest.approx(ref_loss, rel=2e-6)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-4, atol=1e-8)

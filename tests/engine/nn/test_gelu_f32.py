@@ -6,7 +6,7 @@ import scipy.special as sp
 
 from engine import Tensor, nn
 from engine.nn import _ops
-from engine.tensor import threads
+from engine.tensor import jit, threads
 
 
 def _reference(x):
@@ -15,10 +15,12 @@ def _reference(x):
     return x * cdf, cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])  # engine.tensor.jit, or NumPy's passes
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_float32_gelu_and_gradient_match_float64_erf(n_threads):
+def test_float32_gelu_and_gradient_match_float64_erf(n_threads, compiled):
     old = threads.num_threads()
     threads.set_num_threads(n_threads)
+    old_jit = jit.set_enabled(compiled)
     try:
         # a size that is not a multiple of the block, over several blocks (threaded when 2)
         n = 3 * _ops._GELU_BLOCK * 7 + 123
@@ -35,6 +37,7 @@ def test_float32_gelu_and_gradient_match_float64_erf(n_threads):
         np.testing.assert_allclose(y.numpy()[-4:, 0], [0.0, 0.0, 5e-31, -5e-31], rtol=1e-5, atol=0)  # Phi(0) = 1/2
     finally:
         threads.set_num_threads(old)
+        jit.set_enabled(old_jit)
 
 
 def test_float32_gelu_nan_propagates():

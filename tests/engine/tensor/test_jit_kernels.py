@@ -8,11 +8,13 @@ import contextlib
 
 import numpy as np
 import pytest
-import scipy.special as sp
 
 from engine import Tensor, nn
 from engine.nn import _ops
 from engine.tensor import jit, threads
+from tests.engine.nn.test_cross_entropy_blocked import reference as _ce_reference
+from tests.engine.nn.test_cross_entropy_blocked import run as _ce_run
+from tests.engine.nn.test_gelu_f32 import _reference as _gelu_reference
 
 needs_numba = pytest.mark.skipif(jit.kernels() is None, reason=f"compiled kernels unavailable: {jit.unavailable_reason()}")
 
@@ -64,12 +66,6 @@ def test_exp_edges_zero_flush_and_nan():
 
 
 # ---------------------------------------------------------------------- Gelu
-def _gelu_reference(x):
-    x = x.astype(np.float64)
-    cdf = sp.ndtr(x)
-    return x * cdf, cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
-
-
 @needs_numba
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_compiled_gelu_matches_float64_and_the_numpy_path(n_threads):
@@ -180,22 +176,6 @@ def test_layer_norm_outside_the_compiled_kernels_cases_takes_the_numpy_path(monk
 
 
 # ---------------------------------------------------------------------- cross entropy
-def _ce_reference(x, t, w, denom):
-    x = x.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(x - m).sum(axis=1)) + m[:, 0]
-    loss = ((lse - x[np.arange(len(t)), t]) * w).sum() / denom
-    p = np.exp(x - lse[:, None])
-    p[np.arange(len(t)), t] -= 1.0
-    return loss, p * (w / denom)[:, None]
-
-
-def _ce_run(x, t, w, denom):
-    xt = Tensor.from_data(x).require_grad()
-    loss = _ops.softmax_cross_entropy(xt, t, denom, row_weights=w)
-    return float(loss.item()), xt.grad(loss.backward()).numpy()
-
-
 @needs_numba
 @pytest.mark.parametrize("rows,classes,n_threads", [(33, 7, 1), (256, 1000, 1), (97, 30001, 2)])
 def test_compiled_cross_entropy_matches_float64_and_the_numpy_path(rows, classes, n_threads):
@@ -444,11 +424,28 @@ def _conv_grads(x_np, w_np, g_np, **kw):
     return x.grad(grads).numpy(), w.grad(grads).numpy()
 
 
+def _conv_grads_reference(x, w, g, stride=1, padding=0, dilation=1):
+    """The input and weight gradients of conv2d in float64, one kernel offset at a time (einsum
+    over the strided window of a zero-padded array), written here."""
+    (sy, sx), (py, px), (dy, dx) = (np.broadcast_to(v, 2) for v in (stride, padding, dilation))
+    x, w, g = (a.astype(np.float64) for a in (x, w, g))
+    xpad = np.pad(x, ((0, 0), (0, 0), (py, py), (px, px)))
+    gx, gw = np.zeros_like(xpad), np.zeros_like(w)
+    oh, ow = g.shape[2:]
+    for ky in range(w.shape[2]):
+        for kx in range(w.shape[3]):
+            win = (slice(None), slice(None), slice(ky * dy, ky * dy + sy * (oh - 1) + 1, sy),
+                   slice(kx * dx, kx * dx + sx * (ow - 1) + 1, sx))
+            gx[win] += np.einsum("boyx,oc->bcyx", g, w[:, :, ky, kx])
+            gw[:, :, ky, kx] = np.einsum("boyx,bcyx->oc", g, xpad[win])
+    return gx[:, :, py:py + x.shape[2], px:px + x.shape[3]], gw
+
+
 @needs_numba
 @pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(dilation=(2, 1), padding=(2, 0)),
                                 dict(stride=(1, 3), padding=(1, 2))])
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_compiled_col2im_gives_the_input_gradient_of_float64(kw, n_threads):
+def test_compiled_col2im_gives_the_input_gradient_of_float64(kw, n_threads, monkeypatch):
     rng = np.random.default_rng(11)
     # channels >= _CL_MIN_CHANNELS: the channels-last path, whose input gradient this is
     c = max(16, _conv_min_channels())
@@ -458,29 +455,14 @@ def test_compiled_col2im_gives_the_input_gradient_of_float64(kw, n_threads):
         shape = Tensor.from_data(x_np).conv2d(Tensor.from_data(w_np), **kw).shape
     g_np = rng.standard_normal(tuple(shape)).astype(np.float32)
     spy = _Spy(jit.kernels())
-    old = jit.kernels
-    try:
-        with compiled(True, n_threads):
-            jit.kernels = lambda: spy
-            got = _conv_grads(x_np, w_np, g_np, **kw)
-    finally:
-        jit.kernels = old
+    with compiled(True, n_threads):
+        monkeypatch.setattr(jit, "kernels", lambda: spy)
+        got = _conv_grads(x_np, w_np, g_np, **kw)
+        monkeypatch.setattr(jit, "kernels", lambda: spy.real)
     assert "col2im_add_2d" in spy.calls
     with compiled(False, n_threads):
         numpy_path = _conv_grads(x_np, w_np, g_np, **kw)
-    dev = "cpu:3"
-    from engine import Device  # noqa: PLC0415
-
-    d64 = Device(dev)
-    old_dt = d64.default_float_dtype
-    d64.set_default_float_dtype("float64")
-    try:
-        x64 = Tensor.from_data(x_np.astype(np.float64), device=d64).require_grad()
-        w64 = Tensor.from_data(w_np.astype(np.float64), device=d64).require_grad()
-        grads = (x64.conv2d(w64, **kw) * Tensor.from_data(g_np.astype(np.float64), device=d64)).sum().backward()
-        ref = (x64.grad(grads).numpy(), w64.grad(grads).numpy())
-    finally:
-        d64.set_default_float_dtype(old_dt)
+    ref = _conv_grads_reference(x_np, w_np, g_np, **kw)
     for a, b_, c in zip(got, numpy_path, ref):
         scale = np.abs(c).max()
         assert np.abs(a - c).max() <= 2e-6 * scale
