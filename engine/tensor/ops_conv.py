@@ -385,6 +385,10 @@ def _conv(op, n, x, weight, bias, stride, padding, dilation, groups):
     xp = dev.xp
     inputs, xa, wa, ba = _operands(x, weight, bias)
     if xp is np and groups == 1 and min(c_in, c_out) >= _CL_MIN_CHANNELS and int(np.prod(kernel)) > 1:
+        if _winograd_fits(n, kernel, stride, dilation, xa.dtype):
+            kw = _jit.kernels()
+            if kw is not None:
+                return _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw)
         return _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, out_sp)
 
     g_ = groups
@@ -554,6 +558,132 @@ def _cl_run(whole, work, items):
         work(list(items))
     else:
         run_chunks(work, items, own_products=True)
+
+
+# ---------------------------------------------------------------------- Winograd 3x3
+# A 3x3 convolution with stride and dilation 1 that would run channels-last (groups 1, at least
+# _CL_MIN_CHANNELS channels in and out), in float32, runs as Winograd's F(2x2, 3x3) when the
+# compiled kernels are there: 16 products [tiles, C] @ [C, O] (a tile: 2x2 outputs) instead of
+# one [positions, 9 C] @ [9 C, O], 2.25x fewer multiplications, and no 9x column copy (the
+# transforms are the compiled kernels `winograd_*` in `_jit_kernels`, which spell out the
+# transform matrices). The runs of images, their threads and the order of the weight gradient's
+# partial sums are those of the channels-last path. Paired rounds against that path (fwd+bwd,
+# 1 thread, AMD EPYC): 0.84x at 16 -> 16 channels on 28x28, 0.71x at 32 -> 32, 0.63x at 128 ->
+# 128 on 10x10, 0.70x at 256 -> 256 on 16x16. Results differ from the direct sum in the last
+# bits only: the transforms' coefficients are 0, +-1 and +-1/2, each output a sum of 16 products
+# instead of 9 (within 1e-6 of float64 relative to the largest output in the tests).
+_WINOGRAD_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+_WINOGRAD_GG = np.kron(_WINOGRAD_G, _WINOGRAD_G)  # [16, 9]: U[4i+j] = sum G[i,a] G[j,b] w[3a+b]
+
+
+def _winograd_fits(n, kernel, stride, dilation, dtype) -> bool:
+    return (n == 2 and tuple(kernel) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
+            and dtype == np.float32)
+
+
+def _winograd_weight(wa):
+    """U = G w G^T for each output and input channel: [O, C, 3, 3] -> [16, O, C] (float64
+    sums, then float32), the transform index 4 i + j first."""
+    c_out, c_in = wa.shape[:2]
+    u = _WINOGRAD_GG @ wa.reshape(c_out * c_in, 9).T.astype(np.float64)  # [16, O*C]
+    return u.astype(np.float32).reshape(16, c_out, c_in)
+
+
+def _winograd_weight_grad(du):
+    """The weight transform's adjoint: dw = G^T dU G, [16, O, C] -> [O, C, 3, 3]."""
+    c_out, c_in = du.shape[1:]
+    dw = _WINOGRAD_GG.T @ du.reshape(16, c_out * c_in).astype(np.float64)  # [9, O*C]
+    return np.ascontiguousarray(dw.T, dtype=np.float32).reshape(c_out, c_in, 3, 3)
+
+
+def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
+    xa, wa = x._data, weight._data
+    ba = bias._data if bias is not None else None
+    batch, c_in = xa.shape[:2]
+    c_out = wa.shape[0]
+    oh, ow = out_sp
+    th, tw = (oh + 1) // 2, (ow + 1) // 2  # 2x2 output tiles; the last row/column may be half
+    tiles = th * tw
+    dt = xa.dtype
+    # zero rows and columns below and right of the padding, so that every tile reads 4x4
+    (top, bottom), (left, right) = pads
+    tile_pads = ((top, bottom + 2 * th - oh), (left, right + 2 * tw - ow))
+    whole, nb, runs = _cl_runs(batch, 16 * tiles * (c_in + c_out) * dt.itemsize)
+    with dev.context():
+        xpad = _pad_cl(xa, tile_pads)  # [B, 2 th + 2, 2 tw + 2, C]
+        padded_sp = xpad.shape[1:3]
+        u = _winograd_weight(wa)  # [16, O, C]
+        u_t = np.ascontiguousarray(u.transpose(0, 2, 1))  # [16, C, O]
+        out = np.empty((batch, c_out, oh, ow), dtype=dt)
+        bias_vec = ba if ba is not None else np.empty(0, dtype=dt)
+
+        def forward(chunk):  # per run of images: its tiles' transforms, products, outputs, in cache
+            v_buf = np.empty(16 * nb * tiles * c_in, dtype=dt)
+            m_buf = np.empty(16 * nb * tiles * c_out, dtype=dt)
+            rows = np.empty((4, padded_sp[1] * c_in), dtype=dt)  # the kernels' scratch
+            small = np.empty((12, c_out), dtype=dt)
+            for bs in chunk:
+                t = (bs.stop - bs.start) * tiles
+                v = v_buf[: 16 * t * c_in].reshape(16, t, c_in)
+                mm = m_buf[: 16 * t * c_out].reshape(16, t, c_out)
+                kw.winograd_input(xpad[bs], th, tw, v, rows)
+                np.matmul(v, u_t, out=mm)
+                kw.winograd_output(mm, bias_vec, out[bs], th, tw, small)
+
+        _cl_run(whole, forward, runs)
+
+    need_x = x._node is not None
+    need_w = weight._node is not None
+    need_b = bias is not None and bias._node is not None
+    in_h, in_w = xa.shape[2:]
+    if not need_w:
+        xpad = None  # the weight gradient is the only user of the input
+
+    def rule(g):
+        with dev.context():
+            g = np.ascontiguousarray(g, dtype=dt)
+            gx = np.empty(xa.shape, dtype=dt) if need_x else None
+            partial = [None] * len(runs)
+
+            def backward(chunk):
+                # per run of images: dM from the output gradient; the input's tiles again (cheaper
+                # than keeping them) for a partial dU = dM^T V; dV = dM U into V's buffer, and
+                # its transform added into the run's padded input gradient
+                v_buf = np.empty(16 * nb * tiles * c_in, dtype=dt)
+                m_buf = np.empty(16 * nb * tiles * c_out, dtype=dt)
+                gpad = np.empty((nb,) + padded_sp + (c_in,), dtype=dt) if need_x else None
+                rows = np.empty((4, padded_sp[1] * c_in), dtype=dt)  # the kernels' scratch
+                small = np.empty((12, c_out), dtype=dt)
+                for i, bs in chunk:
+                    m = bs.stop - bs.start
+                    t = m * tiles
+                    dm = m_buf[: 16 * t * c_out].reshape(16, t, c_out)
+                    v = v_buf[: 16 * t * c_in].reshape(16, t, c_in)
+                    kw.winograd_output_grad(g[bs], th, tw, dm, small)
+                    if need_w:
+                        kw.winograd_input(xpad[bs], th, tw, v, rows)
+                        partial[i] = np.matmul(dm.transpose(0, 2, 1), v)  # [16, O, C]
+                    if need_x:
+                        np.matmul(dm, u, out=v)  # dV
+                        gp = gpad[:m]
+                        gp[...] = 0
+                        kw.winograd_input_grad(v, gp, th, tw, rows)
+                        copy_into(gx[bs], np.moveaxis(gp[:, top:top + in_h, left:left + in_w], -1, 1))
+
+            gw = gb = None
+            if need_x or need_w:
+                _cl_run(whole, backward, list(enumerate(runs)))
+            if need_w:
+                # the runs' partial sums in order: the same bits on any number of threads
+                total = partial[0] if partial else np.zeros((16, c_out, c_in), dtype=dt)
+                for more in partial[1:]:
+                    total += more
+                gw = _winograd_weight_grad(total)
+            if need_b:
+                gb = _channel_sum(np, g)
+        return (gx, gw) if bias is None else (gx, gw, gb)
+
+    return record(out, dev, inputs, rule, op)
 
 
 def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, out_sp):

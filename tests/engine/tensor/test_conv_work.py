@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from engine import Device, Tensor, optim
+from engine.tensor import jit, ops_conv
 from engine.tensor.threads import set_num_threads
 from engine.train import cross_entropy
 from resources.examples import build_example
@@ -105,19 +106,25 @@ def test_mnist_cnn_train_step_work_is_bounded(gemm_counter):
 
     step()  # the first step creates Adam's moments
     calls, work, peak = _measure(step, gemm_counter)
-    # the second convolution alone (64 -> 64, 3x3, 11x11 out of 13x13 at batch 8, channels-last
-    # in two runs of 5 and 3 images): forward and weight gradient one product per run, input
-    # gradient one per run and kernel offset, 2 * 64 * 576 * 968 flops each
-    assert work >= 3 * 2 * 64 * 576 * 968
-    assert calls <= 26, f"{calls} matrix products in one MNIST CNN train step (24 today)"
-    assert work <= 1.1 * 227_950_592, f"{work:,} flops in matrix products (227,950,592 today)"
-    assert peak <= 1.3 * 7_700_377, f"peak {peak:,} bytes allocated in one step (7,700,377 today)"
+    # the second convolution alone (64 -> 64, 3x3, 11x11 out of 13x13 at batch 8): with the
+    # compiled kernels Winograd's F(2x2, 3x3) in one run of the 8 images, 6 x 6 tiles each, its
+    # forward, weight and input gradients 16 products [288, 64] @ [64, 64] each; without them
+    # channels-last, one product [968, 576] @ [576, 64] (or its transpose) for each
+    winograd = jit.kernels() is not None
+    conv2 = 3 * 2 * 16 * 288 * 64 * 64 if winograd else 3 * 2 * 64 * 576 * 968
+    today = 127_090_688 if winograd else 227_950_592
+    assert work >= conv2
+    assert calls <= 26, f"{calls} matrix products in one MNIST CNN train step (5 today)"
+    assert work <= 1.1 * today, f"{work:,} flops in matrix products ({today:,} today)"
+    assert peak <= 1.3 * 8_632_098, f"peak {peak:,} bytes allocated in one step (8,632,098 today)"
 
 
-def test_channels_last_conv2d_work_is_bounded(gemm_counter):
+def test_channels_last_conv2d_work_is_bounded(gemm_counter, monkeypatch):
     """A groups-1 convolution with many channels (the channels-last path, here one run of all
-    4 images): one product forward, one for the weight gradient, one per kernel offset for the
-    input gradient, with no more arithmetic than the convolution itself."""
+    4 images; the 3x3 kernel's Winograd path switched off): one product forward, one for the
+    weight gradient, one per kernel offset for the input gradient (or one in all with the
+    compiled col2im), with no more arithmetic than the convolution itself."""
+    monkeypatch.setattr(ops_conv, "_winograd_fits", lambda *args: False)
     step = _conv_step(32)
     step()
     calls, work, peak = _measure(step, gemm_counter)
@@ -128,6 +135,23 @@ def test_channels_last_conv2d_work_is_bounded(gemm_counter):
     assert calls <= 11, f"{calls} matrix products for one conv2d forward + backward (11 today)"
     assert work <= 1.1 * minimum, f"{work:,} flops in matrix products ({minimum:,} today)"
     assert peak <= 1.3 * 497_313, f"peak {peak:,} bytes allocated (497,313 today)"
+
+
+@pytest.mark.skipif(jit.kernels() is None, reason=f"compiled kernels unavailable: {jit.unavailable_reason()}")
+def test_winograd_conv2d_work_is_bounded(gemm_counter):
+    """The same convolution by Winograd's F(2x2, 3x3) (the compiled kernels' transforms): the
+    forward, the weight gradient and the input gradient one stacked product each, 16 products
+    [64 tiles, 32] @ [32, 16] or their transposes, 2.25x fewer multiplications per output than
+    the direct products (here 1.72x fewer flops: the 7x7 output is padded to 4x4 whole tiles)."""
+    step = _conv_step(32)
+    step()
+    calls, work, peak = _measure(step, gemm_counter)
+    exact = 3 * 2 * 16 * 64 * 32 * 16  # 3,145,728
+    assert work >= exact  # the counter sees every product
+    assert calls <= 3, f"{calls} matrix products for one conv2d forward + backward (3 today)"
+    assert work <= 1.1 * exact, f"{work:,} flops in matrix products ({exact:,} today)"
+    assert work < 3 * 2 * 196 * 288 * 16 / 1.7  # against the direct products' 5,419,008
+    assert peak <= 1.3 * 435_650, f"peak {peak:,} bytes allocated (435,650 today)"
 
 
 @pytest.mark.parametrize("blas", [1, 2])

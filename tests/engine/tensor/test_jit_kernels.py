@@ -467,3 +467,141 @@ def test_compiled_col2im_gives_the_input_gradient_of_float64(kw, n_threads, monk
         scale = np.abs(c).max()
         assert np.abs(a - c).max() <= 2e-6 * scale
         assert np.abs(a - b_).max() <= 2e-6 * scale
+
+
+# ---------------------------------------------------------------------- Winograd F(2x2, 3x3)
+_WINOGRAD_KERNELS = {"winograd_input", "winograd_output", "winograd_output_grad", "winograd_input_grad"}
+
+
+def _conv_forward_reference(x, w, b, padding):
+    """conv2d's output in float64 (einsum over NumPy's sliding windows), written here."""
+    pads = ((padding, padding),) * 2 if isinstance(padding, int) else padding
+    xpad = np.pad(x.astype(np.float64), ((0, 0), (0, 0)) + tuple(pads))
+    win = np.lib.stride_tricks.sliding_window_view(xpad, (3, 3), axis=(2, 3))  # [B, C, OH, OW, 3, 3]
+    out = np.einsum("bchwij,ocij->bohw", win, w.astype(np.float64))
+    return out if b is None else out + b.astype(np.float64)[None, :, None, None]
+
+
+def _conv_run(x_np, w_np, b_np, g_np, padding, need=("x", "w", "b")):
+    x = Tensor.from_data(x_np).require_grad() if "x" in need else Tensor.from_data(x_np)
+    w = Tensor.from_data(w_np).require_grad() if "w" in need else Tensor.from_data(w_np)
+    b = None if b_np is None else Tensor.from_data(b_np).require_grad()
+    y = x.conv2d(w, b, padding=padding)
+    grads = (y * Tensor.from_data(g_np)).sum().backward()
+    got = {"y": y.numpy()}
+    for name, t in (("x", x), ("w", w), ("b", b)):
+        if t is not None and name in need:
+            got[name] = t.grad(grads).numpy()
+    return got
+
+
+def _winograd_case(case, seed=12):
+    batch, c_in, c_out, h, w, padding, bias = case
+    rng = np.random.default_rng(seed)
+    x_np = rng.standard_normal((batch, c_in, h, w)).astype(np.float32)
+    w_np = (rng.standard_normal((c_out, c_in, 3, 3)) * 0.3).astype(np.float32)
+    b_np = rng.standard_normal(c_out).astype(np.float32) if bias else None
+    pads = ((1, 1), (1, 1)) if padding == "same" else padding
+    ref_y = _conv_forward_reference(x_np, w_np, b_np, pads)
+    g_np = rng.standard_normal(ref_y.shape).astype(np.float32)
+    return x_np, w_np, b_np, g_np, ref_y
+
+
+_WINOGRAD_CASES = [
+    # batch, channels in, out, height, width, padding, bias
+    (3, 16, 24, 13, 13, 0, True),  # 11x11 out: the last tile row and column half outside
+    (2, 32, 16, 8, 10, 1, False),  # whole tiles, padded
+    (5, 16, 17, 7, 6, ((0, 1), (2, 0)), True),  # asymmetric padding, odd channel count
+    (1, 16, 16, 3, 3, 0, True),  # one output, one tile
+    (4, 20, 16, 5, 9, "same", True),
+]
+
+
+@needs_numba
+@pytest.mark.parametrize("case", _WINOGRAD_CASES)
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("one_image_runs", [False, True])
+def test_winograd_conv2d_matches_float64_and_the_direct_path(case, n_threads, one_image_runs, monkeypatch):
+    from engine.tensor import ops_conv  # noqa: PLC0415
+
+    x_np, w_np, b_np, g_np, ref_y = _winograd_case(case)
+    padding = case[5]
+    if one_image_runs:  # every image its own run: several runs, shared among the threads
+        monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
+    spy = _Spy(jit.kernels())
+    with compiled(True, n_threads):
+        monkeypatch.setattr(jit, "kernels", lambda: spy)
+        got = _conv_run(x_np, w_np, b_np, g_np, padding)
+        monkeypatch.setattr(jit, "kernels", lambda: spy.real)
+    assert _WINOGRAD_KERNELS <= set(spy.calls)
+    with compiled(False, n_threads):  # the direct (channels-last NumPy) path
+        direct = _conv_run(x_np, w_np, b_np, g_np, padding)
+    pads = ((1, 1), (1, 1)) if padding == "same" else padding
+    ref_gx, ref_gw = _conv_grads_reference(x_np, w_np, g_np, padding=pads if isinstance(pads, int) else 0) \
+        if isinstance(pads, int) else _asymmetric_grads_reference(x_np, w_np, g_np, pads)
+    ref = {"y": ref_y, "x": ref_gx, "w": ref_gw}
+    if b_np is not None:
+        ref["b"] = g_np.astype(np.float64).sum(axis=(0, 2, 3))
+    assert set(got) == set(ref)
+    for name, want in ref.items():
+        scale = np.abs(want).max()
+        assert got[name].shape == want.shape, name
+        assert np.abs(got[name] - want).max() <= 2e-6 * scale, name
+        assert np.abs(got[name] - direct[name]).max() <= 2e-6 * scale, name
+
+
+def _asymmetric_grads_reference(x, w, g, pads):
+    """`_conv_grads_reference` for (before, after) padding pairs: the input padded first."""
+    (t, bt), (l, r) = pads
+    xpad = np.pad(x, ((0, 0), (0, 0), (t, bt), (l, r)))
+    gx, gw = _conv_grads_reference(xpad, w, g)
+    return gx[:, :, t:t + x.shape[2], l:l + x.shape[3]], gw
+
+
+@needs_numba
+def test_winograd_conv2d_gives_the_same_bits_at_any_thread_count(monkeypatch):
+    from engine.tensor import ops_conv  # noqa: PLC0415
+
+    monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)  # 7 runs of one image
+    x_np, w_np, b_np, g_np, _ = _winograd_case((7, 16, 16, 9, 9, 1, True), seed=13)
+    results = []
+    for n in (1, 2, 3):
+        with compiled(True, n):
+            results.append(_conv_run(x_np, w_np, b_np, g_np, 1))
+    for other in results[1:]:
+        for name in results[0]:
+            assert np.array_equal(results[0][name], other[name]), name
+
+
+@needs_numba
+@pytest.mark.parametrize("need", [("x",), ("w",)])
+def test_winograd_conv2d_computes_only_the_gradients_asked_for(need):
+    x_np, w_np, _, g_np, ref_y = _winograd_case((3, 16, 16, 8, 7, 0, False), seed=14)
+    with compiled(True):
+        got = _conv_run(x_np, w_np, None, g_np, 0, need=need)
+    ref_gx, ref_gw = _conv_grads_reference(x_np, w_np, g_np)
+    assert set(got) == {"y"} | set(need)
+    want = ref_gx if need == ("x",) else ref_gw
+    assert np.abs(got[need[0]] - want).max() <= 2e-6 * np.abs(want).max()
+    assert np.abs(got["y"] - ref_y).max() <= 2e-6 * np.abs(ref_y).max()
+
+
+@needs_numba
+@pytest.mark.parametrize("kw, dtype, c_in, groups, channels_last", [
+    (dict(stride=2), np.float32, 16, 1, True),
+    (dict(dilation=2), np.float32, 16, 1, True),
+    (dict(), np.float64, 16, 1, False),
+    (dict(), np.float32, 8, 1, False),  # few channels: the channel-major path
+    (dict(), np.float32, 32, 2, False),
+])
+def test_other_convolutions_do_not_take_the_winograd_path(kw, dtype, c_in, groups, channels_last, monkeypatch):
+    rng = np.random.default_rng(15)
+    x = Tensor.from_data(rng.standard_normal((2, c_in, 9, 9)), dtype=dtype).require_grad()
+    w = Tensor.from_data(rng.standard_normal((16, c_in // groups, 3, 3)), dtype=dtype).require_grad()
+    assert x.dtype == w.dtype == np.dtype(dtype)
+    spy = _Spy(jit.kernels())
+    with compiled(True):
+        monkeypatch.setattr(jit, "kernels", lambda: spy)
+        x.conv2d(w, groups=groups, **kw).sum().backward()
+    assert ("col2im_add_2d" in spy.calls) == channels_last  # (the spy sees the kernels fetched)
+    assert not _WINOGRAD_KERNELS & set(spy.calls)
