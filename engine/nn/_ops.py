@@ -20,7 +20,8 @@ from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, check_same_device, record, sum_leading, tracking, unbroadcast, untracked
 from ..tensor.scalar_ufunc import maximum_scalar
 from ..tensor import jit
-from ..tensor.threads import PARALLEL_MIN_BYTES, run_blocks, run_chunks
+from ..tensor import threads as _threads
+from ..tensor.threads import run_blocks, run_chunks
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -116,7 +117,7 @@ def _gelu_f32(xd):
                 hi = min(lo + _GELU_BLOCK, n)
                 k.gelu(xf[lo:hi], out[lo:hi], der[lo:hi], coef)
 
-        run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=max(2, (PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+        run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=max(2, (_threads.PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
         return out.reshape(xd.shape), der.reshape(xd.shape)
 
     def chunk(blocks):
@@ -153,7 +154,7 @@ def _gelu_f32(xd):
             eb *= inv_sqrt_2pi  # x phi(x)
             np.add(eb, qb, out=der[lo:hi])
 
-    run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=max(2, (PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+    run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=max(2, (_threads.PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
     return out.reshape(xd.shape), der.reshape(xd.shape)
 
 
@@ -623,7 +624,7 @@ def _layer_norm_compiled(x: Tensor, xd, plan, row_shape, eps: float, gamma: Tens
     rstd = np.empty(r, np.float32)
     per = max(1, _LN_BLOCK // p)
     blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
-    min_blocks = max(2, PARALLEL_MIN_BYTES // max(1, per * p * 4))
+    min_blocks = max(2, _threads.PARALLEL_MIN_BYTES // max(1, per * p * 4))
     e = float(eps)
 
     def forward(run):
@@ -822,7 +823,12 @@ def first_bad_target(targets, classes: int, keep=None) -> int | None:
 # about this many bytes (a few rows of a 32k vocabulary: within a core's L2 cache). Every row is
 # reduced by the same NumPy loop as a whole-array call would use: the bits do not change.
 _CE_BLOCK_BYTES = 1 << 19
-_CE_MIN_BLOCKS = max(2, PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES)  # below this the blocks run here
+
+
+def _ce_min_blocks() -> int:
+    """Below this many row blocks the cross entropy's blocks run in the calling thread."""
+    return max(2, _threads.PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES)
+
 
 
 def _row_blocks(x2) -> list[slice]:
@@ -845,7 +851,7 @@ def _shifted_exp_rows(x2):
         def compiled(b):
             k.shifted_exp_rows(x2[b], e[b], m1[b], s1[b])
 
-        run_blocks(compiled, _row_blocks(x2), min_blocks=_CE_MIN_BLOCKS)
+        run_blocks(compiled, _row_blocks(x2), min_blocks=_ce_min_blocks())
         return m, e, s
 
     def block(b):
@@ -856,7 +862,7 @@ def _shifted_exp_rows(x2):
         np.sum(eb, axis=1, keepdims=True, out=s[b])
 
     blocks = _row_blocks(x2)
-    run_blocks(block, blocks, min_blocks=_CE_MIN_BLOCKS)
+    run_blocks(block, blocks, min_blocks=_ce_min_blocks())
     return m, e, s
 
 
@@ -873,13 +879,13 @@ def _scale_rows(e, row, xp):
         def compiled(b):
             k.scale_rows(e[b], r1[b], out[b])
 
-        run_blocks(compiled, _row_blocks(e), min_blocks=_CE_MIN_BLOCKS)
+        run_blocks(compiled, _row_blocks(e), min_blocks=_ce_min_blocks())
         return out
 
     def block(b):
         np.multiply(e[b], row[b], out=out[b])
 
-    run_blocks(block, _row_blocks(e), min_blocks=_CE_MIN_BLOCKS)
+    run_blocks(block, _row_blocks(e), min_blocks=_ce_min_blocks())
     return out
 
 

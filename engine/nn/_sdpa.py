@@ -31,7 +31,8 @@ import numpy as np
 
 from ..tensor import Tensor, TensorError, jit
 from ..tensor.raw import array, record, tracking, untracked
-from ..tensor.threads import PARALLEL_MIN_BYTES, blas_threads, num_threads, one_blas_thread_possible, run_chunks
+from ..tensor import threads as _threads
+from ..tensor.threads import blas_threads, num_threads, one_blas_thread_possible, run_chunks
 
 __all__ = ["scaled_dot_product_attention", "causal_mask_array"]
 
@@ -245,7 +246,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
             xp.matmul(S, V5[bs, hs], out=C5[bs, hs])
 
     blocks = _blocks(b, hk, rows * s2 * dt.itemsize, xp)
-    threaded = xp is np and num_threads() > 1 and len(blocks) > 1 and weights.nbytes >= PARALLEL_MIN_BYTES
+    threaded = xp is np and num_threads() > 1 and len(blocks) > 1 and weights.nbytes >= _threads.PARALLEL_MIN_BYTES
     # A block's products and passes run together while its scores are in cache, each kernel
     # thread making its own products with BLAS held at one thread (`own_products`): OpenBLAS
     # splits even the small per-head products (128 x 32 x 128) over its threads, and calls made

@@ -37,6 +37,7 @@ def test_blocked_cross_entropy_matches_reference_and_whole_array_path(monkeypatc
     w[::7] = 0.0  # pad rows count for nothing
     denom = float(w.sum())
     assert x.nbytes > 2 * _ops._CE_BLOCK_BYTES
+    monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 1 << 16)  # this size goes to the threads too
     threads.set_num_threads(n_threads)
     # NumPy's passes (the compiled rows have their own test, tests/engine/tensor/test_jit_kernels.py):
     # with them on, both runs below would take the compiled path

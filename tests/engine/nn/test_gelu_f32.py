@@ -17,7 +17,8 @@ def _reference(x):
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])  # engine.tensor.jit, or NumPy's passes
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_float32_gelu_and_gradient_match_float64_erf(n_threads, compiled):
+def test_float32_gelu_and_gradient_match_float64_erf(n_threads, compiled, monkeypatch):
+    monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 1 << 16)  # this size goes to the threads too
     old = threads.num_threads()
     threads.set_num_threads(n_threads)
     old_jit = jit.set_enabled(compiled)

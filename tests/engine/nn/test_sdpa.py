@@ -218,7 +218,7 @@ def _force_threaded(monkeypatch, phased: bool) -> list:
     `run_chunks` call of the kernel, whether it went to the threads."""
     from engine.nn import _sdpa
 
-    monkeypatch.setattr(_sdpa, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(_sdpa, "blas_threads", lambda: 2)
     if phased:
         monkeypatch.setattr(_sdpa, "one_blas_thread_possible", lambda: False)

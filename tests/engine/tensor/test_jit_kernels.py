@@ -32,13 +32,18 @@ class _Spy:
 
 @contextlib.contextmanager
 def compiled(on: bool, n_threads: int | None = None):
-    old, old_threads = jit.set_enabled(on), threads.num_threads()
+    """The kernels on or off, at `n_threads` kernel threads; with more than one, these tests'
+    small arrays go to the threads too (PARALLEL_MIN_BYTES lowered)."""
+    old, old_threads, old_min = jit.set_enabled(on), threads.num_threads(), threads.PARALLEL_MIN_BYTES
     threads.set_num_threads(n_threads)
+    if n_threads is not None and n_threads > 1:
+        threads.PARALLEL_MIN_BYTES = 1 << 16
     try:
         yield
     finally:
         jit.set_enabled(old)
         threads.set_num_threads(old_threads)
+        threads.PARALLEL_MIN_BYTES = old_min
 
 
 # ---------------------------------------------------------------------- exp
