@@ -1,7 +1,8 @@
 """The compiled kernels (engine.tensor.jit, numba) against float64 references written here and
 against the NumPy paths they replace: the exp they share, Gelu, layer norm's forward and
-backward, the softmax cross entropy; the same bits at 1, 2 and 3 kernel threads; and the NumPy
-paths when the kernels are switched off or numba is missing."""
+backward, the softmax cross entropy, attention's softmax, batch norm, relu's backward, the
+convolution's col2im and the Winograd 3x3 convolution; the same bits at 1, 2 and 3 kernel
+threads; and the NumPy paths when the kernels are switched off or numba is missing."""
 from __future__ import annotations
 
 import contextlib
@@ -519,6 +520,7 @@ _WINOGRAD_CASES = [
     (5, 16, 17, 7, 6, ((0, 1), (2, 0)), True),  # asymmetric padding, odd channel count
     (1, 16, 16, 3, 3, 0, True),  # one output, one tile
     (4, 20, 16, 5, 9, "same", True),
+    (2, 16, 16, 1, 1, 1, True),  # a 1x1 image padded: one tile, three quarters outside
 ]
 
 
@@ -610,3 +612,13 @@ def test_other_convolutions_do_not_take_the_winograd_path(kw, dtype, c_in, group
         x.conv2d(w, groups=groups, **kw).sum().backward()
     assert ("col2im_add_2d" in spy.calls) == channels_last  # (the spy sees the kernels fetched)
     assert not _WINOGRAD_KERNELS & set(spy.calls)
+
+
+@needs_numba
+def test_winograd_conv2d_of_no_images_gives_zero_weight_and_bias_gradients():
+    x_np, w_np, b_np, g_np, _ = _winograd_case((0, 16, 16, 5, 5, 0, True))
+    with compiled(True):
+        got = _conv_run(x_np, w_np, b_np, g_np, 0)
+    assert got["y"].shape == (0, 16, 3, 3) and got["x"].shape == (0, 16, 5, 5)
+    assert np.array_equal(got["w"], np.zeros((16, 16, 3, 3), np.float32))
+    assert np.array_equal(got["b"], np.zeros(16, np.float32))
