@@ -372,12 +372,25 @@ R4 = types.Array(types.float32, 4, "C", readonly=True)
 _u = np.uint64
 
 
+@njit(inline="always")
+def _dims4(a):
+    """A 4-d array's sizes as unsigned ints."""
+    return _u(a.shape[0]), _u(a.shape[1]), _u(a.shape[2]), _u(a.shape[3])
+
+
+@njit(inline="always")
+def _tile_columns(r, rs, tj, c):
+    """Where tile column tj's four columns of scratch row r start (rows of rs values, C a column)."""
+    s0 = r * rs + _u(2) * tj * c
+    return s0, s0 + c, s0 + _u(2) * c, s0 + _u(3) * c
+
+
 @njit(types.void(R4, types.int64, types.int64, F3, F2), fastmath=_ELEMENTWISE, **_OPTS)
 def winograd_input(x, th, tw, v, scratch):
     """V = B^T d B for the tiles of a channels-last input x [m, H', W', C] (H' >= 2 th + 2,
     W' >= 2 tw + 2; tile (i, j) reads rows 2i..2i+3, columns 2j..2j+3) into v [16, m*th*tw, C].
     scratch: [4, W' * C]."""
-    m, hp, wp, c = _u(x.shape[0]), _u(x.shape[1]), _u(x.shape[2]), _u(x.shape[3])
+    m, hp, wp, c = _dims4(x)
     nth, ntw = _u(th), _u(tw)
     xf = x.reshape(x.size)
     vf = v.reshape(v.size)
@@ -404,10 +417,7 @@ def winograd_input(x, th, tw, v, scratch):
             for tj in range(ntw):
                 t = ((b * nth + ti) * ntw + tj) * c
                 for r in range(_u(4)):
-                    s0 = r * rs + two * tj * c
-                    s1 = s0 + c
-                    s2 = s1 + c
-                    s3 = s2 + c
+                    s0, s1, s2, s3 = _tile_columns(r, rs, tj, c)
                     d = r * _u(4) * sx + t
                     for ch in range(c):
                         vf[d + ch] = tf[s0 + ch] - tf[s2 + ch]
@@ -427,7 +437,7 @@ def winograd_output(mm, bias, out, th, tw, scratch):
     """Each tile's A^T M A (plus bias[o] when bias has the O entries; an empty bias adds none)
     from mm [16, m*th*tw, O] into out [m, O, OH, OW] (NCHW), the positions past OH / OW dropped.
     scratch: [12, O]."""
-    m, o_n, oh, ow = _u(out.shape[0]), _u(out.shape[1]), _u(out.shape[2]), _u(out.shape[3])
+    m, o_n, oh, ow = _dims4(out)
     nth, ntw = _u(th), _u(tw)
     have_bias = bias.shape[0] == out.shape[1]
     mf = mm.reshape(mm.size)
@@ -484,7 +494,7 @@ def winograd_output(mm, bias, out, th, tw, scratch):
 def winograd_output_grad(g, th, tw, dm, scratch):
     """dM = A dY A^T for each tile's 2x2 output gradient dY (zero past OH / OW) from g [m, O, OH,
     OW] (NCHW) into dm [16, m*th*tw, O]: the output transform's adjoint. scratch: [12, O]."""
-    m, o_n, oh, ow = _u(g.shape[0]), _u(g.shape[1]), _u(g.shape[2]), _u(g.shape[3])
+    m, o_n, oh, ow = _dims4(g)
     nth, ntw = _u(th), _u(tw)
     gf = g.reshape(g.size)
     df = dm.reshape(dm.size)
@@ -549,7 +559,7 @@ def winograd_input_grad(dv, gx, th, tw, scratch):
     gradient gx [m, H', W', C] at the tile's 4x4 window: the input transform's adjoint, its two
     stages in reverse (each tile row's column stage summed into scratch [4, W' * C], then the
     rows added into gx; neighbouring windows overlap, so tiles are added in order)."""
-    m, hp, wp, c = _u(gx.shape[0]), _u(gx.shape[1]), _u(gx.shape[2]), _u(gx.shape[3])
+    m, hp, wp, c = _dims4(gx)
     nth, ntw = _u(th), _u(tw)
     vf = dv.reshape(dv.size)
     gf = gx.reshape(gx.size)
@@ -565,10 +575,7 @@ def winograd_input_grad(dv, gx, th, tw, scratch):
             for tj in range(ntw):
                 t = ((b * nth + ti) * ntw + tj) * c
                 for r in range(_u(4)):
-                    s0 = r * rs + two * tj * c
-                    s1 = s0 + c
-                    s2 = s1 + c
-                    s3 = s2 + c
+                    s0, s1, s2, s3 = _tile_columns(r, rs, tj, c)
                     e0 = r * _u(4) * sx + t
                     e1 = e0 + sx
                     e2 = e1 + sx
