@@ -379,6 +379,15 @@ def _dims4(a):
 
 
 @njit(inline="always")
+def _image_tiling(img, tiled, th, tw):
+    """The geometry the input transform and its adjoint share, for a channels-last image array
+    [m, H', W', C] and its tiles' array [16, tiles, C]: (m, H', C, th, tw, one image row's
+    length W' C, one xi's matrix length tiles C), unsigned."""
+    m, hp, wp, c = _dims4(img)
+    return m, hp, c, _u(th), _u(tw), wp * c, _u(tiled.shape[1]) * c
+
+
+@njit(inline="always")
 def _tile_columns(r, rs, tj, c):
     """Where tile column tj's four columns of scratch row r start (rows of rs values, C a column)."""
     s0 = r * rs + _u(2) * tj * c
@@ -390,13 +399,10 @@ def winograd_input(x, th, tw, v, scratch):
     """V = B^T d B for the tiles of a channels-last input x [m, H', W', C] (H' >= 2 th + 2,
     W' >= 2 tw + 2; tile (i, j) reads rows 2i..2i+3, columns 2j..2j+3) into v [16, m*th*tw, C].
     scratch: [4, W' * C]."""
-    m, hp, wp, c = _dims4(x)
-    nth, ntw = _u(th), _u(tw)
+    m, hp, c, nth, ntw, rs, sx = _image_tiling(x, v, th, tw)
     xf = x.reshape(x.size)
     vf = v.reshape(v.size)
     tf = scratch.reshape(scratch.size)
-    rs = wp * c
-    sx = _u(v.shape[1]) * c  # one xi's matrix
     two, three = _u(2), _u(3)
     for b in range(m):
         for ti in range(nth):
@@ -559,13 +565,10 @@ def winograd_input_grad(dv, gx, th, tw, scratch):
     gradient gx [m, H', W', C] at the tile's 4x4 window: the input transform's adjoint, its two
     stages in reverse (each tile row's column stage summed into scratch [4, W' * C], then the
     rows added into gx; neighbouring windows overlap, so tiles are added in order)."""
-    m, hp, wp, c = _dims4(gx)
-    nth, ntw = _u(th), _u(tw)
+    m, hp, c, nth, ntw, rs, sx = _image_tiling(gx, dv, th, tw)
     vf = dv.reshape(dv.size)
     gf = gx.reshape(gx.size)
     tf = scratch.reshape(scratch.size)
-    rs = wp * c
-    sx = _u(dv.shape[1]) * c
     two, three = _u(2), _u(3)
     for b in range(m):
         for ti in range(nth):

@@ -533,6 +533,17 @@ def _windows_cl(xpad, kernel, stride, dilation, out_sp):
     return np.moveaxis(view, n + 1, -1)
 
 
+def _sum_in_order(partials, shape, dtype):
+    """The runs' partial weight gradients added in run order (the same bits on any number of
+    threads); zeros of `shape` when there were no runs (no images)."""
+    if not partials:
+        return np.zeros(shape, dtype=dtype)
+    total = partials[0]
+    for more in partials[1:]:
+        total += more
+    return total
+
+
 def _cl_runs(batch, image_bytes):
     """Runs of whole images of about _CL_CHUNK_BYTES of columns each (`image_bytes` per image),
     and whether they run whole in the calling thread.
@@ -617,15 +628,23 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
         out = np.empty((batch, c_out, oh, ow), dtype=dt)
         bias_vec = ba if ba is not None else np.empty(0, dtype=dt)
 
-        def forward(chunk):  # per run of images: its tiles' transforms, products, outputs, in cache
+        def buffers():
+            """One thread's buffers: `tiled(m)` gives a run of m images' transformed input
+            [16, m*tiles, C] and product [16, m*tiles, O] (views of buffers made once for the
+            longest run), then the kernels' two scratch arrays."""
             v_buf = np.empty(16 * nb * tiles * c_in, dtype=dt)
             m_buf = np.empty(16 * nb * tiles * c_out, dtype=dt)
-            rows = np.empty((4, padded_sp[1] * c_in), dtype=dt)  # the kernels' scratch
-            small = np.empty((12, c_out), dtype=dt)
+
+            def tiled(m):
+                t = m * tiles
+                return v_buf[: 16 * t * c_in].reshape(16, t, c_in), m_buf[: 16 * t * c_out].reshape(16, t, c_out)
+
+            return tiled, np.empty((4, padded_sp[1] * c_in), dtype=dt), np.empty((12, c_out), dtype=dt)
+
+        def forward(chunk):  # per run of images: its tiles' transforms, products, outputs, in cache
+            tiled, rows, small = buffers()
             for bs in chunk:
-                t = (bs.stop - bs.start) * tiles
-                v = v_buf[: 16 * t * c_in].reshape(16, t, c_in)
-                mm = m_buf[: 16 * t * c_out].reshape(16, t, c_out)
+                v, mm = tiled(bs.stop - bs.start)
                 kw.winograd_input(xpad[bs], th, tw, v, rows)
                 np.matmul(v, u_t, out=mm)
                 kw.winograd_output(mm, bias_vec, out[bs], th, tw, small)
@@ -649,16 +668,11 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
                 # per run of images: dM from the output gradient; the input's tiles again (cheaper
                 # than keeping them) for a partial dU = dM^T V; dV = dM U into V's buffer, and
                 # its transform added into the run's padded input gradient
-                v_buf = np.empty(16 * nb * tiles * c_in, dtype=dt)
-                m_buf = np.empty(16 * nb * tiles * c_out, dtype=dt)
+                tiled, rows, small = buffers()
                 gpad = np.empty((nb,) + padded_sp + (c_in,), dtype=dt) if need_x else None
-                rows = np.empty((4, padded_sp[1] * c_in), dtype=dt)  # the kernels' scratch
-                small = np.empty((12, c_out), dtype=dt)
                 for i, bs in chunk:
                     m = bs.stop - bs.start
-                    t = m * tiles
-                    dm = m_buf[: 16 * t * c_out].reshape(16, t, c_out)
-                    v = v_buf[: 16 * t * c_in].reshape(16, t, c_in)
+                    v, dm = tiled(m)
                     kw.winograd_output_grad(g[bs], th, tw, dm, small)
                     if need_w:
                         kw.winograd_input(xpad[bs], th, tw, v, rows)
@@ -674,11 +688,7 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
             if need_x or need_w:
                 _cl_run(whole, backward, list(enumerate(runs)))
             if need_w:
-                # the runs' partial sums in order: the same bits on any number of threads
-                total = partial[0] if partial else np.zeros((16, c_out, c_in), dtype=dt)
-                for more in partial[1:]:
-                    total += more
-                gw = _winograd_weight_grad(total)
+                gw = _winograd_weight_grad(_sum_in_order(partial, (16, c_out, c_in), dt))
             if need_b:
                 gb = _channel_sum(np, g)
         return (gx, gw) if bias is None else (gx, gw, gb)
@@ -788,10 +798,7 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
             if need_x or need_w:
                 _cl_run(whole, backward, list(enumerate(runs)))
             if need_w:
-                # the runs' partial sums in order: the same bits on any number of threads
-                total = partial[0] if partial else np.zeros((kc, c_out), dtype=gdt)  # (no images: zero)
-                for more in partial[1:]:
-                    total += more
+                total = _sum_in_order(partial, (kc, c_out), gdt)
                 gw = np.ascontiguousarray(np.moveaxis(total.reshape(kernel + (c_in, c_out)), (n + 1, n), (0, 1)))
             if need_b:
                 gb = _channel_sum(np, g)

@@ -23,7 +23,7 @@ __all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_
            "one_blas_thread", "one_blas_thread_possible"]
 
 # below this many bytes of data the threads' hand-off costs more than they save. A hand-off
-# wakes a sleeping worker, which on these VMs takes 130-200 us (a threading.Event round trip);
+# wakes a sleeping worker, which on these VMs takes 57-200 us (a threading.Event round trip);
 # a compiled pass over 4 MB takes about as long, so smaller work stays in the calling thread.
 # Paired rounds at 2 threads (AMD EPYC), 4 MB against 1 MB: the small GPT's step 0.76-0.81x
 # (batch 16, d 32, seq 128), 0.88-0.99x (batch 64), 0.90x (d 256); the MNIST CNN's train step,
