@@ -35,6 +35,7 @@ import numpy as np
 from .. import nn
 from ..autodiff.tape import no_recording
 from ..tensor import Tensor
+from ..tensor import threads as _threads
 
 __all__ = ["generate", "stream", "GenerationResult", "GenerationStream", "GeneratedToken", "warp_logits",
            "GenerationError"]
@@ -185,7 +186,7 @@ class _Head:
         h = self.model.hidden_states(ids, mask, cache)
         last = h.narrow(1, h.shape[1] - 1, 1).numpy()[:, 0, :]
         w = self.weight if self.weight.dtype == last.dtype else self.weight.astype(last.dtype)
-        out = last @ w
+        out = _threads.matmul(last, w)
         return out if self.bias is None else out + self.bias
 
 

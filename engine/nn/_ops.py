@@ -394,7 +394,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         check_same_device(op, x, weight)
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, wd.shape[0]) if xd.ndim != 2 else xd
-    out2 = x2 @ wd
+    out2 = _threads.matmul(x2, wd)
     if bias is not None:
         out2 += array(bias)
     out = out2.reshape(lead + (wd.shape[1],)) if xd.ndim != 2 else out2
@@ -407,8 +407,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     def rule(g):
         g2 = g.reshape(-1, wd.shape[1]) if g.ndim != 2 else g
-        gx = (g2 @ wd.T).reshape(xshape) if need_x else None
-        gw = x2.T @ g2 if need_w else None
+        gx = _threads.matmul(g2, wd.T).reshape(xshape) if need_x else None
+        gw = _threads.matmul(x2.T, g2) if need_w else None
         if bias is None:
             return gx, gw
         gb = sum_leading(g2) if need_b else None

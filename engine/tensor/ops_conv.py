@@ -33,6 +33,12 @@ from . import jit as _jit
 from . import threads as _threads
 from .threads import copy_into, run_blocks, run_chunks, split
 
+
+def _mm(xp):
+    """The product for `xp`'s arrays: on NumPy `threads.matmul`, which gives OpenBLAS's threads
+    to the large products only (outside the kernel threads' shared runs)."""
+    return _threads.matmul if xp is np else xp.matmul
+
 _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
 # below this inner dimension (channels_in/groups * kernel size) one matrix product per image
 # beats one large product followed by a transpose of its result
@@ -267,7 +273,7 @@ def _col2im_matmul(xp, w_r, rhs, padded_cm_shape, kernel, stride, dilation, out)
     parts = split(c, res.nbytes) if xp is np else [slice(0, c)]
     for k in range(kernel[-1]):
         wk = w_r[..., k].reshape(g_, r, cc * nlead).swapaxes(-1, -2)  # [G, Cc * K_lead, R]
-        blk = xp.matmul(wk, rhs, out=blk)
+        blk = _mm(xp)(wk, rhs, out=blk)
         cols_k = blk.reshape((c,) + klead + (b,) + tuple(out))
         target = res[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
 
@@ -324,10 +330,10 @@ def _matmul_cm(xp, w_m, cols_m, batch, small_k):
     if small_k:
         rhs = xp.moveaxis(cols_m.reshape(g_, k, batch, p), 2, 0)  # [B, G, K, P]
         if xp is not np:
-            return xp.matmul(w_m[None], rhs).reshape(batch, g_ * m, p)
+            return _mm(xp)(w_m[None], rhs).reshape(batch, g_ * m, p)
         res = np.empty((batch, g_, m, p), dtype=np.result_type(w_m, cols_m))
         # one small product per image: the images split over the kernel threads
-        run_blocks(lambda bs: np.matmul(w_m[None], rhs[bs], out=res[bs]), split(batch, res.nbytes))
+        run_blocks(lambda bs: _threads.matmul(w_m[None], rhs[bs], out=res[bs]), split(batch, res.nbytes))
         return res.reshape(batch, g_ * m, p)
     if xp is np and _threads.blas_threads() > 1:
         # with several BLAS threads formed transposed, cols^T @ w^T -> [G, B*P, M]: the long
@@ -335,9 +341,9 @@ def _matmul_cm(xp, w_m, cols_m, batch, small_k):
         # (the direct form, M = 64 rows by B*P = 7744 columns, took 1.4x as long at 2 threads
         # on the benchmark's 64->64 layer); one copy puts it in the [B, G*M, P] layout. On one
         # thread the direct form and its copy of whole rows stay faster.
-        res = xp.matmul(cols_m.swapaxes(-1, -2), w_m.swapaxes(-1, -2))  # [G, B*P, M]
+        res = _mm(xp)(cols_m.swapaxes(-1, -2), w_m.swapaxes(-1, -2))  # [G, B*P, M]
         return _contiguous(xp, res.reshape(g_, batch, p, m).transpose(1, 0, 3, 2)).reshape(batch, g_ * m, p)
-    res = xp.matmul(w_m, cols_m)  # [G, M, B*P]
+    res = _mm(xp)(w_m, cols_m)  # [G, M, B*P]
     return _contiguous(xp, xp.moveaxis(res.reshape(g_ * m, batch, p), 1, 0))
 
 
@@ -458,7 +464,7 @@ def _weight_grad(xp, g2, cols_m):
     OpenBLAS splits well over its threads (the direct form, M = 64 rows by N = 7744, ran 2-3x
     slower at 2 threads on the benchmark's 64->64 layer). The small result (K * M elements)
     is copied back to C order; the sums are the same, in BLAS's order."""
-    return xp.ascontiguousarray(xp.matmul(cols_m, g2.swapaxes(-1, -2)).swapaxes(-1, -2))
+    return xp.ascontiguousarray(_mm(xp)(cols_m, g2.swapaxes(-1, -2)).swapaxes(-1, -2))
 
 
 def _per_image_weight_grad(xp, g4, src):
@@ -466,13 +472,13 @@ def _per_image_weight_grad(xp, g4, src):
     NumPy in runs of _IMAGES_PER_PARTIAL images, spread over the kernel threads, whose partial
     sums are then added in order (the same bits on any number of threads)."""
     if xp is not np:
-        return xp.matmul(g4, src).sum(axis=0)
+        return _mm(xp)(g4, src).sum(axis=0)
     batch = g4.shape[0]
     parts = [slice(lo, lo + _IMAGES_PER_PARTIAL) for lo in range(0, batch, _IMAGES_PER_PARTIAL)]
     partial = [None] * len(parts)
 
     def run(i):
-        partial[i] = np.matmul(g4[parts[i]], src[parts[i]]).sum(axis=0)
+        partial[i] = _threads.matmul(g4[parts[i]], src[parts[i]]).sum(axis=0)
 
     run_blocks(run, range(len(parts)))
     total = partial[0]
@@ -646,7 +652,7 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
             for bs in chunk:
                 v, mm = tiled(bs.stop - bs.start)
                 kw.winograd_input(xpad[bs], th, tw, v, rows)
-                np.matmul(v, u_t, out=mm)
+                _threads.matmul(v, u_t, out=mm)
                 kw.winograd_output(mm, bias_vec, out[bs], th, tw, small)
 
         _cl_run(whole, forward, runs)
@@ -676,9 +682,9 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
                     kw.winograd_output_grad(g[bs], th, tw, dm, small)
                     if need_w:
                         kw.winograd_input(xpad[bs], th, tw, v, rows)
-                        partial[i] = np.matmul(dm.transpose(0, 2, 1), v)  # [16, O, C]
+                        partial[i] = _threads.matmul(dm.transpose(0, 2, 1), v)  # [16, O, C]
                     if need_x:
-                        np.matmul(dm, u, out=v)  # dV
+                        _threads.matmul(dm, u, out=v)  # dV
                         gp = gpad[:m]
                         gp[...] = 0
                         kw.winograd_input_grad(v, gp, th, tw, rows)
@@ -723,7 +729,7 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                 m = bs.stop - bs.start
                 c = cols[: m * p]
                 copy_into(c.reshape((m,) + out_sp + kernel + (c_in,)), win[bs])
-                r = np.matmul(c, w_t, out=res[: m * p])
+                r = _threads.matmul(c, w_t, out=res[: m * p])
                 src = r.reshape(m, p, c_out).swapaxes(1, 2)
                 dst = out[bs]
                 if bias_col is None:
@@ -780,18 +786,18 @@ def _conv_cl(op, dev, x, weight, bias, inputs, kernel, stride, dilation, pads, o
                     if need_w:
                         c = cols[: m * p]
                         copy_into(c.reshape((m,) + out_sp + kernel + (c_in,)), win[bs])
-                        partial[i] = np.matmul(c.T, gm)  # [K*C, O]
+                        partial[i] = _threads.matmul(c.T, gm)  # [K*C, O]
                     if need_x:
                         gp = gpad[:m]
                         gp[...] = 0
                         pv = prod[: m * p]
                         if kcol is not None:
-                            np.matmul(gm, w_all, out=pv)
+                            _threads.matmul(gm, w_all, out=pv)
                             kcol.col2im_add_2d(pv, gp, kernel, stride, dilation, out_sp)
                         else:
                             view = pv.reshape((m,) + out_sp + (c_in,))
                             for k, sl in enumerate(windows):
-                                np.matmul(gm, w_k[k], out=pv)
+                                _threads.matmul(gm, w_k[k], out=pv)
                                 gp[(slice(None),) + sl] += view
                         copy_into(gx[bs], np.moveaxis(gp[(slice(None),) + crop], -1, 1))
 

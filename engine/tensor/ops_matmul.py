@@ -7,6 +7,7 @@ silently computes in float64. Convert one operand with `.cast(...)`.
 from __future__ import annotations
 
 from ..autodiff.tape import Node, is_recording
+from .threads import matmul as _product
 from .tensor import DTypeError, Tensor, TensorError, check_same_device, tensor_method, unbroadcast
 
 
@@ -31,7 +32,7 @@ def matmul(self, other):
             f"(axis -1 of the left, {a.shape[-1]}, must equal axis -2 of the right, {b.shape[-2]})"
         )
     try:
-        out = a @ b
+        out = _product(a, b)
     except ValueError as exc:
         raise TensorError(f"matmul: batch axes cannot be broadcast: dims {list(a.shape)} @ {list(b.shape)} ({exc})") from None
     if (self._node is None and other._node is None) or not is_recording():
@@ -40,8 +41,8 @@ def matmul(self, other):
     need_b = other._node is not None
 
     def rule(g):
-        ga = unbroadcast(g @ b.swapaxes(-1, -2), a.shape) if need_a else None
-        gb = unbroadcast(a.swapaxes(-1, -2) @ g, b.shape) if need_b else None
+        ga = unbroadcast(_product(g, b.swapaxes(-1, -2)), a.shape) if need_a else None
+        gb = unbroadcast(_product(a.swapaxes(-1, -2), g), b.shape) if need_b else None
         return ga, gb
 
     return Tensor._wrap(out, self._device, True, Node((self._node, other._node), rule, "matmul"))

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 __all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
-           "one_blas_thread", "one_blas_thread_possible"]
+           "one_blas_thread", "one_blas_thread_possible", "matmul", "BLAS_THREADED_MIN_WORK", "blas_threads_by_size"]
 
 # below this many bytes of data the threads' hand-off costs more than they save. A hand-off
 # wakes a sleeping worker, which on these VMs takes 57-200 us (a threading.Event round trip);
@@ -272,7 +272,8 @@ def blas_threads() -> int:
 # thread then makes its own products, as PyTorch's kernels do, instead of handing every product
 # to OpenBLAS's threads, which would compete with the kernel threads for the same cores and spin
 # between calls. The first kernel to enter holds OpenBLAS at one thread, the last to leave
-# restores the count it found.
+# restores the count it found (with BLAS's threads by size, below: one thread, or OpenBLAS's
+# count while a large product runs on another thread).
 _blas_lock = threading.Lock()
 _blas_users = 0
 _blas_saved: int | None = None
@@ -313,7 +314,14 @@ class one_blas_thread:  # noqa: N801 - used as a function: `with one_blas_thread
         api = _openblas_api()
         if api is None:
             return self
+        if not _by_size_checked:
+            blas_threads_by_size()
         with _blas_lock:
+            if _by_size:  # OpenBLAS is at one thread unless a large product raised it
+                _blas_users += 1
+                if _blas_users == 1:
+                    api[0](1)
+                return self
             if _blas_users == 0:
                 _blas_saved = int(api[1]())
                 if _blas_saved > 1:
@@ -328,6 +336,10 @@ class one_blas_thread:  # noqa: N801 - used as a function: `with one_blas_thread
             return False
         with _blas_lock:
             _blas_users -= 1
+            if _by_size:
+                if _blas_users == 0:
+                    api[0](_BLAS if _blas_raised else 1)
+                return False
             if _blas_users == 0 and _blas_saved is not None and _blas_saved > 1:
                 api[0](_blas_saved)
         return False
@@ -336,6 +348,75 @@ class one_blas_thread:  # noqa: N801 - used as a function: `with one_blas_thread
 def one_blas_thread_possible() -> bool:
     """Whether a kernel can hold OpenBLAS at one thread while its blocks run."""
     return _openblas_api() is not None
+
+
+# ---------------------------------------------------------------------- BLAS's threads by size
+# After every call that it splits over its threads, OpenBLAS's workers spin before they sleep
+# (2**20 clock ticks with the setting `engine` makes, 2**28 - a tenth of a second - without).
+# A small product split that way (a classifier head, batch norm's sums, a bias gradient) leaves
+# a worker spinning on the core the engine's kernel threads need next, and the two share it
+# for the rest of the step: on 2 cores a process then ran the MNIST CNN's step in 90-270 ms
+# instead of ~45 ms, at random from process to process. So once the engine makes its first
+# product, it sets OpenBLAS to one thread, and only a product of at least
+# BLAS_THREADED_MIN_WORK multiply-adds raises it to OpenBLAS's count for that call (`matmul`):
+# there the split saves far more than the spin costs. Kernels that make their own products on
+# the kernel threads hold one thread as before (`one_blas_thread`).
+# Fresh processes, 2 cores (AMD EPYC), medians of 4 alternated, OpenBLAS threads for every call
+# -> for the large ones only: MNIST CNN train step 110 -> 50 ms, burn-mnist CNN 57 -> 47, the
+# small GPT's step 97 -> 72 (b64 d32 s128), 94 -> 88 (b64 d256 s12), 270 -> 248 (b16 d256 s128).
+BLAS_THREADED_MIN_WORK = 1 << 24
+_by_size = False    # OpenBLAS held at one thread but for large products (`blas_threads_by_size`)
+_by_size_checked = False
+_blas_raised = 0    # large products running now with OpenBLAS's threads
+
+
+def blas_threads_by_size() -> bool:
+    """Whether the engine runs OpenBLAS at one thread but for its large products (see
+    `matmul`). Decided at the engine's first product: yes when OpenBLAS was started with
+    several threads, its count can be set, and `EMBER_BLAS_THREADS` is not `all` (`all`:
+    every call keeps OpenBLAS's own setting, for a process whose own NumPy code needs it)."""
+    global _by_size, _by_size_checked
+    if not _by_size_checked:
+        with _blas_lock:
+            if not _by_size_checked:
+                keep = os.environ.get("EMBER_BLAS_THREADS", "").strip().lower() == "all"
+                api = _openblas_api() if _BLAS > 1 and not keep else None
+                if api is not None and _blas_users == 0:
+                    api[0](1)
+                    _by_size = True
+                _by_size_checked = True
+    return _by_size
+
+
+def matmul(a, b, out=None):
+    """`np.matmul(a, b, out=out)` for NumPy arrays (`a @ b` for others: CuPy's products are its
+    own). With OpenBLAS at one thread (`blas_threads_by_size`), a product of at least
+    BLAS_THREADED_MIN_WORK multiply-adds gets OpenBLAS's threads for the call, unless a kernel
+    holds one thread or this is a kernel thread (their products are their own)."""
+    global _blas_raised
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        return a @ b if out is None else np.matmul(a, b, out=out)
+    if not _by_size_checked:
+        blas_threads_by_size()
+    if _by_size and a.ndim >= 2 and b.ndim >= 2 and not getattr(_inside, "worker", False):
+        work = max(a.size * b.shape[-1], b.size * a.shape[-2])
+        if work >= BLAS_THREADED_MIN_WORK:
+            api = _blas_api[0]
+            with _blas_lock:
+                raise_now = _blas_users == 0
+                if raise_now:
+                    if _blas_raised == 0:
+                        api[0](_BLAS)
+                    _blas_raised += 1
+            if raise_now:
+                try:
+                    return np.matmul(a, b, out=out)
+                finally:
+                    with _blas_lock:
+                        _blas_raised -= 1
+                        if _blas_raised == 0 and _blas_users == 0:
+                            api[0](1)
+    return np.matmul(a, b, out=out)
 
 
 _DEFAULT = _from_environment()

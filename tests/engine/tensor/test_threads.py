@@ -168,21 +168,136 @@ def test_a_kernel_called_from_the_callers_own_run_stays_on_the_caller():
     assert len(set(seen)) == 2  # and its next kernel uses the pool
 
 
-def test_one_blas_thread_holds_openblas_at_one_and_restores_the_count_it_found():
+@pytest.fixture
+def openblas(monkeypatch):
+    """NumPy's OpenBLAS (set, get), its count restored after the test, or a skip."""
     api = threads._openblas_api()
     if api is None:
         pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count threadpoolctl can set")
+    threads.blas_threads_by_size()  # decided now, so the test's own setting is not overridden
     before = int(api[1]())
-    api[0](2)
-    try:
-        with threads.one_blas_thread():
-            assert int(api[1]()) == 1
-            with threads.one_blas_thread():  # nested (another kernel on another thread, say)
-                assert int(api[1]()) == 1
-            assert int(api[1]()) == 1
-        assert int(api[1]()) == 2
-    finally:
-        api[0](before)
+    yield api
+    api[0](before)
+
+
+def test_one_blas_thread_holds_openblas_at_one_and_restores_the_count_it_found(openblas, monkeypatch):
+    """Without BLAS's threads by size (EMBER_BLAS_THREADS=all), the hold restores the count it found."""
+    monkeypatch.setattr(threads, "_by_size", False)
+    openblas[0](2)
+    with threads.one_blas_thread():
+        assert int(openblas[1]()) == 1
+        with threads.one_blas_thread():  # nested (another kernel on another thread, say)
+            assert int(openblas[1]()) == 1
+        assert int(openblas[1]()) == 1
+    assert int(openblas[1]()) == 2
+
+
+def test_with_blas_threads_by_size_a_hold_leaves_one_thread_or_the_count_a_large_product_raised(openblas, monkeypatch):
+    monkeypatch.setattr(threads, "_by_size", True)
+    monkeypatch.setattr(threads, "_BLAS", 2)
+    openblas[0](2)  # set behind the engine's back: a hold still gives one thread
+    with threads.one_blas_thread():
+        assert int(openblas[1]()) == 1
+    assert int(openblas[1]()) == 1
+    monkeypatch.setattr(threads, "_blas_raised", 1)  # a large product running on another thread
+    with threads.one_blas_thread():
+        assert int(openblas[1]()) == 1
+    assert int(openblas[1]()) == 2  # handed back to that product
+
+
+class _FakeBlas:
+    """Records the thread counts the engine sets on OpenBLAS."""
+
+    def __init__(self):
+        self.count, self.sets = 1, []
+
+    def set(self, n):
+        self.count = n
+        self.sets.append(n)
+
+    def get(self):
+        return self.count
+
+
+@pytest.fixture
+def fake_blas(monkeypatch):
+    fake = _FakeBlas()
+    monkeypatch.setattr(threads, "_blas_api", [(fake.set, fake.get)])
+    monkeypatch.setattr(threads, "_by_size", True)
+    monkeypatch.setattr(threads, "_by_size_checked", True)
+    monkeypatch.setattr(threads, "_BLAS", 2)
+    return fake
+
+
+def test_only_large_products_get_openblas_threads(fake_blas):
+    rng = np.random.default_rng(0)
+    side = round(threads.BLAS_THREADED_MIN_WORK ** (1 / 3))  # 256: 256^3 multiply-adds, the threshold
+    a = rng.standard_normal((side, side)).astype(np.float32)
+    b = rng.standard_normal((side, side)).astype(np.float32)
+    np.testing.assert_array_equal(threads.matmul(a[:-1], b), a[:-1] @ b)  # just under: one thread
+    assert fake_blas.sets == []
+    out = np.empty((side, side), np.float32)
+    r = threads.matmul(a, b, out=out)
+    assert r is out
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    assert fake_blas.sets == [2, 1]  # raised for the call, one thread after
+    # stacked: the work counts every matrix of the stack
+    stack = rng.standard_normal((4, side // 4, side)).astype(np.float32)
+    fake_blas.sets.clear()
+    np.testing.assert_allclose(threads.matmul(stack, b), stack.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    assert fake_blas.sets == [2, 1]
+
+
+def test_large_products_inside_kernel_threads_or_a_hold_keep_one_thread(fake_blas):
+    side = round(threads.BLAS_THREADED_MIN_WORK ** (1 / 3))
+    a = np.ones((side, side), np.float32)
+    with threads.one_blas_thread():
+        threads.matmul(a, a)
+    assert fake_blas.sets == [1, 1]  # the hold's own, no raise inside it
+    fake_blas.sets.clear()
+    seen = []
+
+    def product(_):
+        threads.matmul(a, a)
+        seen.append(threading.get_ident())
+        time.sleep(0.002)
+
+    _run(lambda: threads.run_blocks(product, range(6)), 2)
+    assert fake_blas.sets == [] and len(seen) == 6
+    # run here alone (one block), a kernel's large product is the only work: it gets the threads
+    _run(lambda: threads.run_chunks(lambda run: [threads.matmul(a, a) for _ in run], range(1), own_products=True), 2)
+    assert fake_blas.sets == [2, 1]
+
+
+def test_products_of_other_arrays_are_theirs(fake_blas):
+    class Other:
+        def __matmul__(self, other):
+            return "theirs"
+
+    assert threads.matmul(Other(), np.ones((2, 2))) == "theirs"
+    assert fake_blas.sets == []
+
+
+def test_the_first_product_sets_openblas_to_one_thread_unless_all_threads_are_asked_for():
+    code = ("import engine, numpy as np\n"
+            "from engine.tensor import threads\n"
+            "api = threads._openblas_api()\n"
+            "if api is None: print('none'); raise SystemExit\n"
+            "before = int(api[1]())\n"
+            "x = engine.Tensor.from_data(np.ones((8, 4), np.float32))\n"
+            "y = x @ engine.Tensor.from_data(np.ones((4, 3), np.float32))\n"
+            "print(before, int(api[1]()), threads.blas_threads_by_size())")
+    env = {**_base_env(), "OPENBLAS_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    if out.stdout.strip() == "none":
+        pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count threadpoolctl can set")
+    assert out.stdout.split() == ["2", "1", "True"]
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "EMBER_BLAS_THREADS": "all"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2", "2", "False"]
+    out = subprocess.run([sys.executable, "-c", code], env={**_base_env(), "OPENBLAS_NUM_THREADS": "1"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "False"]  # one thread anyway: nothing to decide
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
@@ -255,31 +370,28 @@ def _base_env():
     return env
 
 
-def test_own_products_hold_openblas_at_one_thread_only_while_blocks_are_shared(monkeypatch):
+@pytest.mark.parametrize("by_size", [False, True], ids=["BLAS threads for every call", "BLAS threads by size"])
+def test_own_products_hold_openblas_at_one_thread_only_while_blocks_are_shared(by_size, openblas, monkeypatch):
     """Blocks that make their own products run with OpenBLAS at one thread while several threads
-    share them; run here alone (one block), their products keep all of BLAS's threads."""
-    api = threads._openblas_api()
-    if api is None:
-        pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count threadpoolctl can set")
+    share them. Run here alone (one block), their products keep OpenBLAS's count where every call
+    has BLAS's threads, and have one thread (a large one raises it: `threads.matmul`) by size."""
     monkeypatch.setattr(threads, "_BLAS", 2)
-    before = int(api[1]())
-    api[0](2)
-    try:
-        seen = []
+    monkeypatch.setattr(threads, "_by_size", by_size)
+    base = 1 if by_size else 2
+    openblas[0](base)
+    seen = []
 
-        def fn(chunk):
-            for _ in chunk:
-                seen.append(int(api[1]()))
-                time.sleep(0.002)
+    def fn(chunk):
+        for _ in chunk:
+            seen.append(int(openblas[1]()))
+            time.sleep(0.002)
 
-        _run(lambda: threads.run_chunks(fn, range(4), own_products=True), 2)
-        assert seen and set(seen) == {1}
-        assert int(api[1]()) == 2  # restored
-        seen.clear()
-        _run(lambda: threads.run_chunks(fn, range(1), own_products=True), 2)
-        assert seen == [2]
-        seen.clear()
-        _run(lambda: threads.run_chunks(fn, range(4)), 2)  # products not the blocks' own: untouched
-        assert set(seen) == {2}
-    finally:
-        api[0](before)
+    _run(lambda: threads.run_chunks(fn, range(4), own_products=True), 2)
+    assert seen and set(seen) == {1}
+    assert int(openblas[1]()) == base  # restored
+    seen.clear()
+    _run(lambda: threads.run_chunks(fn, range(1), own_products=True), 2)
+    assert seen == [base]
+    seen.clear()
+    _run(lambda: threads.run_chunks(fn, range(4)), 2)  # products not the blocks' own: untouched
+    assert set(seen) == {base}
