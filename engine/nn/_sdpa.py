@@ -34,12 +34,6 @@ from ..tensor.raw import array, record, tracking, untracked
 from ..tensor import threads as _threads
 from ..tensor.threads import blas_threads, num_threads, one_blas_thread_possible, run_chunks
 
-
-def _mm(xp):
-    """The product for `xp`'s arrays: on NumPy `threads.matmul` (OpenBLAS's threads for a large
-    product made outside the kernel threads' shared blocks, one thread for the rest)."""
-    return _threads.matmul if xp is np else xp.matmul
-
 __all__ = ["scaled_dot_product_attention", "causal_mask_array"]
 
 # scores bytes per block: a block's scores, the backward's dW and the products' operands stay
@@ -127,6 +121,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     rows = g * s1
     dev = q.device
     xp = dev.xp
+    mm = _threads.matmul_of(xp)  # on NumPy: OpenBLAS's threads by the product's size
     qd, kd, vd = array(q), array(k), array(v)
     dt = np.result_type(qd.dtype, kd.dtype, vd.dtype)
     if dt != qd.dtype or dt != kd.dtype or dt != vd.dtype:
@@ -232,7 +227,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
             xp.maximum(mx, zero, out=mx)
         xp.subtract(S, mx, out=S)
         xp.exp(S, out=S)
-        tot = _mm(xp)(S.reshape(-1, s2), ones).reshape(mx.shape)  # the row sums, by BLAS
+        tot = mm(S.reshape(-1, s2), ones).reshape(mx.shape)  # the row sums, by BLAS
         if quiet:
             xp.negative(mx, out=mx)
             xp.exp(mx, out=mx)
@@ -243,13 +238,13 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
         """The weights and context of a block of batch entries and kv heads."""
         S = W5[bs, hs]  # contiguous: a block spans whole kv heads or one batch entry
         if not phased:  # (phased: made whole before the blocks)
-            _mm(xp)(Q5[bs, hs], KT5[bs, hs], out=S)
+            mm(Q5[bs, hs], KT5[bs, hs], out=S)
         if ksm is not None:
             ksm.attention_softmax(S.reshape(-1, s1, s2), c_scale, mask2, c_min, bool(quiet))
         else:
             softmax_passes(S, bs, hs)
         if not phased:
-            _mm(xp)(S, V5[bs, hs], out=C5[bs, hs])
+            mm(S, V5[bs, hs], out=C5[bs, hs])
 
     blocks = _blocks(b, hk, rows * s2 * dt.itemsize, xp)
     threaded = xp is np and num_threads() > 1 and len(blocks) > 1 and weights.nbytes >= _threads.PARALLEL_MIN_BYTES
@@ -263,11 +258,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     # kernel threads, a block each ("phased").
     phased = threaded and blas_threads() > 1 and not one_blas_thread_possible()
     if phased:
-        _mm(xp)(Q5, KT5, out=W5)
+        mm(Q5, KT5, out=W5)
     run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1,
                own_products=True)
     if phased:
-        _mm(xp)(W5, V5, out=C5)
+        mm(W5, V5, out=C5)
 
     inputs = (q, k, v)
     if not tracking(*inputs):
@@ -294,7 +289,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
             """dW (from the context's gradient) or the weights' gradient, as a fresh array (or
             into `out`) that becomes dS; the row term D = rowsum(dW * W) [nb, nk, g, s1, 1]."""
             if g_ctx is not None:
-                dS = _mm(xp)(G5[bs, hs], VT5[bs, hs], out=out)
+                dS = mm(G5[bs, hs], VT5[bs, hs], out=out)
                 # rowsum(dW * W) = rowsum(dC * C): over the context's rows, not the scores'
                 return dS, (G5[bs, hs] * C5[bs, hs]).sum(axis=-1, keepdims=True)
             if out is None:
@@ -326,14 +321,14 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
             nb, nk = bs.stop - bs.start, hs.stop - hs.start
             if need_q:
                 out = dq5[bs, hs]
-                _mm(xp)(dS, K5[bs, hs], out=out)
+                mm(dS, K5[bs, hs], out=out)
                 out *= c_scale
             if need_k:
-                r = _mm(xp)(dS.reshape(nb, nk, rows, s2).swapaxes(-1, -2), qg[bs, hs])
+                r = mm(dS.reshape(nb, nk, rows, s2).swapaxes(-1, -2), qg[bs, hs])
                 r *= c_scale
                 dk[bs, hs] = r
             if with_v:
-                dvv[bs, hs] = _mm(xp)(Wg[bs, hs].swapaxes(-1, -2), gg[bs, hs])
+                dvv[bs, hs] = mm(Wg[bs, hs].swapaxes(-1, -2), gg[bs, hs])
 
         if phased:
             dS_all, D_all = first(slice(0, b), slice(0, hk))

@@ -388,6 +388,13 @@ def _image_tiling(img, tiled, th, tw):
 
 
 @njit(inline="always")
+def _tile_rows(b, hp, ti, rs):
+    """Where the four channels-last image rows of image b's tile row ti start (rows of rs values)."""
+    i0 = (b * hp + _u(2) * ti) * rs
+    return i0, i0 + rs, i0 + _u(2) * rs, i0 + _u(3) * rs
+
+
+@njit(inline="always")
 def _tile_columns(r, rs, tj, c):
     """Where tile column tj's four columns of scratch row r start (rows of rs values, C a column)."""
     s0 = r * rs + _u(2) * tj * c
@@ -407,10 +414,7 @@ def winograd_input(x, th, tw, v, scratch):
     for b in range(m):
         for ti in range(nth):
             # B^T d over the tile row's four input rows, whole rows at a time
-            i0 = (b * hp + two * ti) * rs
-            i1 = i0 + rs
-            i2 = i1 + rs
-            i3 = i2 + rs
+            i0, i1, i2, i3 = _tile_rows(b, hp, ti, rs)
             for k in range(rs):
                 tf[k] = xf[i0 + k] - xf[i2 + k]
             for k in range(rs):
@@ -592,10 +596,7 @@ def winograd_input_grad(dv, gx, th, tw, scratch):
                     for ch in range(c):
                         tf[s3 + ch] -= vf[e3 + ch]
             # the row stage's adjoint, the same combinations, into the four input rows
-            i0 = (b * hp + two * ti) * rs
-            i1 = i0 + rs
-            i2 = i1 + rs
-            i3 = i2 + rs
+            i0, i1, i2, i3 = _tile_rows(b, hp, ti, rs)
             for k in range(rs):
                 gf[i0 + k] += tf[k]
             for k in range(rs):

@@ -33,12 +33,6 @@ from . import jit as _jit
 from . import threads as _threads
 from .threads import copy_into, run_blocks, run_chunks, split
 
-
-def _mm(xp):
-    """The product for `xp`'s arrays: on NumPy `threads.matmul`, which gives OpenBLAS's threads
-    to the large products only (outside the kernel threads' shared runs)."""
-    return _threads.matmul if xp is np else xp.matmul
-
 _SPATIAL_NAMES = {1: "length", 2: "height, width", 3: "depth, height, width"}
 # below this inner dimension (channels_in/groups * kernel size) one matrix product per image
 # beats one large product followed by a transpose of its result
@@ -273,7 +267,7 @@ def _col2im_matmul(xp, w_r, rhs, padded_cm_shape, kernel, stride, dilation, out)
     parts = split(c, res.nbytes) if xp is np else [slice(0, c)]
     for k in range(kernel[-1]):
         wk = w_r[..., k].reshape(g_, r, cc * nlead).swapaxes(-1, -2)  # [G, Cc * K_lead, R]
-        blk = _mm(xp)(wk, rhs, out=blk)
+        blk = _threads.matmul_of(xp)(wk, rhs, out=blk)
         cols_k = blk.reshape((c,) + klead + (b,) + tuple(out))
         target = res[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
 
@@ -330,7 +324,7 @@ def _matmul_cm(xp, w_m, cols_m, batch, small_k):
     if small_k:
         rhs = xp.moveaxis(cols_m.reshape(g_, k, batch, p), 2, 0)  # [B, G, K, P]
         if xp is not np:
-            return _mm(xp)(w_m[None], rhs).reshape(batch, g_ * m, p)
+            return xp.matmul(w_m[None], rhs).reshape(batch, g_ * m, p)
         res = np.empty((batch, g_, m, p), dtype=np.result_type(w_m, cols_m))
         # one small product per image: the images split over the kernel threads
         run_blocks(lambda bs: _threads.matmul(w_m[None], rhs[bs], out=res[bs]), split(batch, res.nbytes))
@@ -341,9 +335,9 @@ def _matmul_cm(xp, w_m, cols_m, batch, small_k):
         # (the direct form, M = 64 rows by B*P = 7744 columns, took 1.4x as long at 2 threads
         # on the benchmark's 64->64 layer); one copy puts it in the [B, G*M, P] layout. On one
         # thread the direct form and its copy of whole rows stay faster.
-        res = _mm(xp)(cols_m.swapaxes(-1, -2), w_m.swapaxes(-1, -2))  # [G, B*P, M]
+        res = _threads.matmul_of(xp)(cols_m.swapaxes(-1, -2), w_m.swapaxes(-1, -2))  # [G, B*P, M]
         return _contiguous(xp, res.reshape(g_, batch, p, m).transpose(1, 0, 3, 2)).reshape(batch, g_ * m, p)
-    res = _mm(xp)(w_m, cols_m)  # [G, M, B*P]
+    res = _threads.matmul_of(xp)(w_m, cols_m)  # [G, M, B*P]
     return _contiguous(xp, xp.moveaxis(res.reshape(g_ * m, batch, p), 1, 0))
 
 
@@ -464,7 +458,7 @@ def _weight_grad(xp, g2, cols_m):
     OpenBLAS splits well over its threads (the direct form, M = 64 rows by N = 7744, ran 2-3x
     slower at 2 threads on the benchmark's 64->64 layer). The small result (K * M elements)
     is copied back to C order; the sums are the same, in BLAS's order."""
-    return xp.ascontiguousarray(_mm(xp)(cols_m, g2.swapaxes(-1, -2)).swapaxes(-1, -2))
+    return xp.ascontiguousarray(_threads.matmul_of(xp)(cols_m, g2.swapaxes(-1, -2)).swapaxes(-1, -2))
 
 
 def _per_image_weight_grad(xp, g4, src):
@@ -472,7 +466,7 @@ def _per_image_weight_grad(xp, g4, src):
     NumPy in runs of _IMAGES_PER_PARTIAL images, spread over the kernel threads, whose partial
     sums are then added in order (the same bits on any number of threads)."""
     if xp is not np:
-        return _mm(xp)(g4, src).sum(axis=0)
+        return xp.matmul(g4, src).sum(axis=0)
     batch = g4.shape[0]
     parts = [slice(lo, lo + _IMAGES_PER_PARTIAL) for lo in range(0, batch, _IMAGES_PER_PARTIAL)]
     partial = [None] * len(parts)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 __all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
-           "one_blas_thread", "one_blas_thread_possible", "matmul", "BLAS_THREADED_MIN_WORK", "blas_threads_by_size"]
+           "one_blas_thread", "one_blas_thread_possible", "matmul", "matmul_of", "BLAS_THREADED_MIN_WORK", "blas_threads_by_size"]
 
 # below this many bytes of data the threads' hand-off costs more than they save. A hand-off
 # wakes a sleeping worker, which on these VMs takes 57-200 us (a threading.Event round trip);
@@ -317,10 +317,9 @@ class one_blas_thread:  # noqa: N801 - used as a function: `with one_blas_thread
         if not _by_size_checked:
             blas_threads_by_size()
         with _blas_lock:
-            if _by_size:  # OpenBLAS is at one thread unless a large product raised it
+            if _by_size:
                 _blas_users += 1
-                if _blas_users == 1:
-                    api[0](1)
+                _set_blas_count_locked(api)
                 return self
             if _blas_users == 0:
                 _blas_saved = int(api[1]())
@@ -337,8 +336,7 @@ class one_blas_thread:  # noqa: N801 - used as a function: `with one_blas_thread
         with _blas_lock:
             _blas_users -= 1
             if _by_size:
-                if _blas_users == 0:
-                    api[0](_BLAS if _blas_raised else 1)
+                _set_blas_count_locked(api)
                 return False
             if _blas_users == 0 and _blas_saved is not None and _blas_saved > 1:
                 api[0](_blas_saved)
@@ -370,6 +368,14 @@ _by_size_checked = False
 _blas_raised = 0    # large products running now with OpenBLAS's threads
 
 
+def _set_blas_count_locked(api) -> None:
+    """With BLAS's threads by size, set OpenBLAS to the count its users call for (under
+    _blas_lock): its own while a large product runs (`matmul`) and no kernel holds one thread
+    (`one_blas_thread`), else one. Set every time, so a count changed behind the engine's back
+    does not last past the next hold or large product."""
+    api[0](_BLAS if _blas_raised and not _blas_users else 1)
+
+
 def blas_threads_by_size() -> bool:
     """Whether the engine runs OpenBLAS at one thread but for its large products (see
     `matmul`). Decided at the engine's first product: yes when OpenBLAS was started with
@@ -398,25 +404,24 @@ def matmul(a, b, out=None):
         return a @ b if out is None else np.matmul(a, b, out=out)
     if not _by_size_checked:
         blas_threads_by_size()
-    if _by_size and a.ndim >= 2 and b.ndim >= 2 and not getattr(_inside, "worker", False):
-        work = max(a.size * b.shape[-1], b.size * a.shape[-2])
-        if work >= BLAS_THREADED_MIN_WORK:
-            api = _blas_api[0]
-            with _blas_lock:
-                raise_now = _blas_users == 0
-                if raise_now:
-                    if _blas_raised == 0:
-                        api[0](_BLAS)
-                    _blas_raised += 1
-            if raise_now:
-                try:
-                    return np.matmul(a, b, out=out)
-                finally:
-                    with _blas_lock:
-                        _blas_raised -= 1
-                        if _blas_raised == 0 and _blas_users == 0:
-                            api[0](1)
-    return np.matmul(a, b, out=out)
+    if (not _by_size or a.ndim < 2 or b.ndim < 2 or getattr(_inside, "worker", False)
+            or max(a.size * b.shape[-1], b.size * a.shape[-2]) < BLAS_THREADED_MIN_WORK):
+        return np.matmul(a, b, out=out)
+    api = _blas_api[0]
+    with _blas_lock:
+        _blas_raised += 1
+        _set_blas_count_locked(api)
+    try:
+        return np.matmul(a, b, out=out)
+    finally:
+        with _blas_lock:
+            _blas_raised -= 1
+            _set_blas_count_locked(api)
+
+
+def matmul_of(xp):
+    """The matrix product for `xp`'s arrays: `matmul` on NumPy, `xp.matmul` otherwise."""
+    return matmul if xp is np else xp.matmul
 
 
 _DEFAULT = _from_environment()

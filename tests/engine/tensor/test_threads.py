@@ -253,7 +253,7 @@ def test_large_products_inside_kernel_threads_or_a_hold_keep_one_thread(fake_bla
     a = np.ones((side, side), np.float32)
     with threads.one_blas_thread():
         threads.matmul(a, a)
-    assert fake_blas.sets == [1, 1]  # the hold's own, no raise inside it
+    assert fake_blas.sets and set(fake_blas.sets) == {1}  # never raised inside the hold
     fake_blas.sets.clear()
     seen = []
 
