@@ -224,3 +224,69 @@ def run_side(py: str, code: str, args: list[str], threads: int, *, timeout: floa
     if stderr:
         return proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- does the host give two cores?
+# On these VMs the two vCPUs do not always get two cores' worth from the host: a plain
+# two-thread OpenBLAS product that ran at 181 GFLOPS (1.9x one thread) in one process ran at
+# 93 GFLOPS (1.0x) in another a few minutes later, on an idle guest. The 2-thread rows of a
+# stretch like that say more about the host than about either side, so the report says when.
+TWO_CORE_SHAPE = (4096, 256, 1024)  # m, k, n: ~2.1 GFLOP a product, ~12 ms on 2 Zen 3 cores
+TWO_CORE_MIN_SPEEDUP = 1.6  # below this the second core was not really there
+_TWO_CORE_CODE = """
+import sys, time
+import numpy as np
+m, k, n, reps = (int(v) for v in sys.argv[1:5])
+rng = np.random.default_rng(0)
+a = rng.standard_normal((m, k), dtype=np.float32)
+b = rng.standard_normal((k, n), dtype=np.float32)
+out = np.empty((m, n), dtype=np.float32)
+for _ in range(3):
+    np.matmul(a, b, out=out)
+times = []
+for _ in range(reps):
+    t = time.perf_counter()
+    np.matmul(a, b, out=out)
+    times.append(time.perf_counter() - t)
+times.sort()
+print(2.0 * m * k * n / times[len(times) // 2] / 1e9)
+"""
+
+
+def two_core_check(shape=TWO_CORE_SHAPE, reps: int = 15, run=None) -> tuple[float, float]:
+    """(GFLOPS at 1 thread, GFLOPS at 2 threads) of one float32 product, each in a fresh
+    process (OpenBLAS reads its thread count at start-up), the median of `reps` calls.
+    `run(threads, argv) -> stdout` replaces the subprocess (tests)."""
+    def subprocess_run(threads: int, argv: list[str]) -> str:
+        env = dict(os.environ, **STABLE_MALLOC)
+        env.update({name: str(threads) for name in THREAD_VARS})
+        proc = subprocess.run([sys.executable, "-c", _TWO_CORE_CODE, *argv], capture_output=True, text=True,
+                              env=env, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"two-core check failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+        return proc.stdout
+
+    run = run or subprocess_run
+    argv = [str(v) for v in (*shape, reps)]
+    one, two = (float(run(t, argv).strip().splitlines()[-1]) for t in (1, 2))
+    return one, two
+
+
+def two_core_verdict(one: float, two: float) -> str:
+    """The check as a line of the report, flagged when 2 threads got less than
+    TWO_CORE_MIN_SPEEDUP times one thread's throughput."""
+    speedup = two / one if one > 0 else 0.0
+    line = f"one float32 product {TWO_CORE_SHAPE[0]}×{TWO_CORE_SHAPE[1]} @ {TWO_CORE_SHAPE[1]}×{TWO_CORE_SHAPE[2]}: " \
+           f"1 thread {one:.0f} GFLOPS, 2 threads {two:.0f} GFLOPS ({speedup:.2f}× one thread)"
+    if speedup < TWO_CORE_MIN_SPEEDUP:
+        line += (f" — **under {TWO_CORE_MIN_SPEEDUP}×: the host gave less than two cores' worth, so 2-thread "
+                 "figures measured around now are not representative**")
+    return line
+
+
+def two_core_line(**kw) -> str:
+    """`two_core_verdict(*two_core_check())`, or why the check could not run."""
+    try:
+        return two_core_verdict(*two_core_check(**kw))
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+        return f"not measured ({e})"

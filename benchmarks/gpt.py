@@ -26,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC, alternate, cpu_name, fmt_time, machine, print_table, torch_or_none  # noqa: E402
+from benchmarks._common import (STABLE_MALLOC, alternate, cpu_name, fmt_time, machine, print_table,  # noqa: E402
+                               torch_or_none, two_core_line)
 from engine import Module, Tensor, nn  # noqa: E402
 import numpy as np  # noqa: E402  (after the engine, which configures OpenBLAS before it loads)
 
@@ -161,9 +162,11 @@ def main() -> None:
         print(json.dumps(measure(int(args[1]), rounds, grid)))
         return
     counts = [int(t) for t in args[args.index("--threads") + 1].split(",")] if "--threads" in args else [1, 2]
-    rows, version = [], None
+    rows, version, checks = [], None, []
     own_malloc = any(k in os.environ for k in STABLE_MALLOC)
     for threads in counts:
+        if threads > 1:
+            checks.append(f"- two-core check just before the {threads}-thread process: {two_core_line()}")
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                    MKL_NUM_THREADS=str(threads))
         if not own_malloc:
@@ -183,6 +186,9 @@ def main() -> None:
                 f"engine vs {peer} — best of {rounds} alternating rounds, {max(rounds, SMALL_ROUNDS)} for the cells of "
                 f"batch·seq·d² < {SMALL_WORK:.0e} ({where})",
                 ["case", "threads", "engine", "PyTorch", "engine / PyTorch"], rows)
+    if checks:
+        print()
+        print("\n".join(checks))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import child_env, fmt_time, machine_line, oracle_python, print_table, run_side  # noqa: E402
+from benchmarks._common import (child_env, fmt_time, machine_line, oracle_python, print_table, run_side,  # noqa: E402
+                               two_core_line)
 
 SIZES = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
          "intermediate_size": 688, "vocab_size": 32000, "max_position_embeddings": 512}
@@ -199,8 +200,10 @@ def main(argv=None) -> int:
         if args.profile:
             print(run_side(sys.executable, EMBER_SIDE, common + ["profile", json.dumps(SIZES)], 1, timeout=1800, stderr=True))
             return 0
-        rows, results = [], {}
+        rows, results, checks = [], {}, {}
         for n in threads:
+            if n > 1:
+                checks[n] = two_core_line()
             e = t = None
             for _ in range(args.rounds):
                 r = run_side(sys.executable, EMBER_SIDE, common + ["run", json.dumps(SIZES)], n, timeout=1800)
@@ -231,6 +234,8 @@ def main(argv=None) -> int:
             if t is not None:
                 note += (f", torch {t['threads']}; first-step losses: Ember {e['first_loss']:.6f}, PyTorch "
                          f"{t['first_loss']:.6f} (difference {abs(e['first_loss'] - t['first_loss']):.1e})")
+            if n in checks:
+                note += f"; two-core check just before: {checks[n]}"
             print(note)
         if oracle is None:
             print("- PyTorch + peft: not measured (no Python with torch, transformers and peft: set "

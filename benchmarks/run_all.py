@@ -29,7 +29,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC, cpu_name  # noqa: E402
+from benchmarks._common import STABLE_MALLOC, cpu_name, two_core_line  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
            "pretrained_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
@@ -471,6 +471,7 @@ class Run:
     stdout: str
     stderr: str
     note: str = ""
+    two_cores: str = ""  # the two-core check made just before the script ran
 
 
 def discover(only: list[str] | None) -> list[str]:
@@ -496,6 +497,7 @@ def bench_env() -> dict[str, str]:
 def run_script(name: str, timeout: float) -> Run:
     """The script once, or once per argument list of VARIANTS[name] (outputs joined in order;
     the first failure is the run's)."""
+    two_cores = two_core_line()
     t0 = time.perf_counter()
     outs, errs, code = [], [], 0
     for args in VARIANTS.get(name, ([],)):
@@ -507,14 +509,14 @@ def run_script(name: str, timeout: float) -> Run:
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             return Run(name, None, time.perf_counter() - t0, "\n".join(outs + [out]), "\n".join(errs),
-                       f"stopped after {timeout:.0f} s")
+                       f"stopped after {timeout:.0f} s", two_cores)
         print(proc.stdout, flush=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr, flush=True)
             code = code or proc.returncode
         outs.append(proc.stdout)
         errs.append(proc.stderr)
-    return Run(name, code, time.perf_counter() - t0, "\n".join(outs), "\n".join(errs))
+    return Run(name, code, time.perf_counter() - t0, "\n".join(outs), "\n".join(errs), "", two_cores)
 
 
 def torch_version() -> str | None:
@@ -600,7 +602,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def report(runs: dict[str, Run], order: list[str], torch: str | None, started: str, load_before: str,
-           load_after: str, total_s: float) -> str:
+           load_after: str, total_s: float, two_cores: tuple[str, str] = ("not measured", "not measured")) -> str:
     summary = summarize(runs, torch)
     met = sum(1 for r in summary if r[-1] == "met")
     not_met = sum(1 for r in summary if "not met" in r[-1])
@@ -616,6 +618,8 @@ def report(runs: dict[str, Run], order: list[str], torch: str | None, started: s
             "- malloc: " + " ".join(f"{k}={v}" for k, v in STABLE_MALLOC.items()),
             f"- load average (1 / 5 / 15 min) before: {load_before}; after: {load_after}"
             + (" — **the machine was busy: figures are noisy**" if _busy(load_before, load_after) else ""),
+            f"- two-core check (does the host give this VM two cores' worth?) before: {two_cores[0]}; "
+            f"after: {two_cores[1]}. Each script's section gives the check made just before it.",
             "", "## Summary", "",
             f"{met} targets met, {not_met} not met, {unmeasured} not measured. Ratio = Ember / peer "
             "(lower is better) unless the target says otherwise. Targets marked * are assumed for this "
@@ -629,6 +633,8 @@ def report(runs: dict[str, Run], order: list[str], torch: str | None, started: s
                              for args in VARIANTS.get(name, ([],)))
         out += [f"### {name}.py", "", f"{cmds}: {status}, "
                 f"{run.seconds:.0f} s.", "", "```text", run.stdout.strip() or "(no output)", "```", ""]
+        if run.two_cores:
+            out += [f"Two-core check just before: {run.two_cores}.", ""]
         if run.returncode != 0 and run.stderr.strip():
             out += ["stderr (last lines):", "", "```text", "\n".join(run.stderr.strip().splitlines()[-15:]), "```", ""]
     return "\n".join(out).rstrip() + "\n"
@@ -694,10 +700,12 @@ def main(argv=None) -> int:
               "(.venv/bin/pip install torch==2.13.0 installs the benchmark-only peer)", flush=True)
     started = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load_before = load_average()
+    two_cores_before = two_core_line()
     t0 = time.perf_counter()
     runs = {name: run_script(name, args.timeout) for name in order}
     total = time.perf_counter() - t0
-    text = report(runs, order, torch, started, load_before, load_average(), total)
+    text = report(runs, order, torch, started, load_before, load_average(), total,
+                  (two_cores_before, two_core_line()))
     Path(args.out).write_text(text, encoding="utf-8")
     summary = summarize(runs, torch)
     print(md_table(["benchmark", "figure", "Ember", "peer", "peer value", "ratio", "target", "result"], summary))

@@ -52,3 +52,52 @@ def test_threads_from_argv_pins_every_thread_variable(monkeypatch):
     assert all(var not in os.environ for var in _common.THREAD_VARS)
     assert _common.threads_from_argv(["mlp.py", "--threads", "2"]) == 2
     assert all(os.environ[var] == "2" for var in _common.THREAD_VARS)
+
+
+def test_two_core_check_times_each_thread_count_in_its_own_process():
+    calls = []
+
+    def fake_run(threads, argv):
+        calls.append((threads, argv))
+        return {1: "noise from a library\n90.5\n", 2: "171.0\n"}[threads]
+
+    assert common.two_core_check(shape=(64, 32, 16), reps=4, run=fake_run) == (90.5, 171.0)
+    assert calls == [(1, ["64", "32", "16", "4"]), (2, ["64", "32", "16", "4"])]
+
+
+def test_two_core_verdict_flags_a_host_that_gave_one_core():
+    fine = common.two_core_verdict(94.0, 181.0)
+    assert "1 thread 94 GFLOPS, 2 threads 181 GFLOPS (1.93× one thread)" in fine
+    assert "not representative" not in fine
+    for one, two in [(94.0, 93.0), (94.0, 150.0), (0.0, 0.0)]:  # 0.99x, 1.60x - 0.01, nothing measured
+        assert "less than two cores' worth" in common.two_core_verdict(one, two), (one, two)
+    assert "not representative" not in common.two_core_verdict(100.0, 160.0)
+
+
+def test_two_core_line_says_why_when_the_check_fails():
+    def broken(threads, argv):
+        raise RuntimeError("two-core check failed (1): ImportError")
+
+    assert common.two_core_line(run=broken) == "not measured (two-core check failed (1): ImportError)"
+    garbled = common.two_core_line(run=lambda threads, argv: "Segmentation fault\n")
+    assert garbled.startswith("not measured (could not convert string to float"), garbled
+
+
+def test_report_carries_the_two_core_checks_and_still_reads_back():
+    from benchmarks import run_all
+
+    run = run_all.Run("ops", 0, 12.0, "Per-op overhead\n\n| op | x |\n|---|---|\n| add | 1 |", "", "",
+                      "1 thread 90 GFLOPS, 2 threads 100 GFLOPS (1.11× one thread) — **under 1.6×**")
+    text = run_all.report({"ops": run}, ["ops"], "2.13.0+cpu", "today", "0.1 / 0.1 / 0.1", "0.2 / 0.2 / 0.2", 60.0,
+                          ("before-check", "after-check"))
+    assert "- two-core check (does the host give this VM two cores' worth?) before: before-check; after: after-check" \
+        in text
+    assert "Two-core check just before: 1 thread 90 GFLOPS, 2 threads 100 GFLOPS (1.11× one thread)" in text
+    runs, order = run_all.runs_from_report(text)
+    assert order == ["ops"] and runs["ops"].stdout == run.stdout and runs["ops"].returncode == 0
+
+
+def test_two_core_check_child_code_runs():
+    # the real child processes on a tiny product: only that each prints a throughput (no figure is judged)
+    one, two = common.two_core_check(shape=(8, 4, 2), reps=1)
+    assert one > 0 and two > 0
