@@ -265,9 +265,10 @@ def _col2im_matmul(xp, w_r, rhs, padded_cm_shape, kernel, stride, dilation, out)
     acc = xp.empty(padded_cm_shape[:-1] + (out[-1],), dtype=rhs.dtype) if n > 1 else None
     blk = None
     parts = split(c, res.nbytes) if xp is np else [slice(0, c)]
+    mm = _threads.matmul_of(xp)
     for k in range(kernel[-1]):
         wk = w_r[..., k].reshape(g_, r, cc * nlead).swapaxes(-1, -2)  # [G, Cc * K_lead, R]
-        blk = _threads.matmul_of(xp)(wk, rhs, out=blk)
+        blk = mm(wk, rhs, out=blk)
         cols_k = blk.reshape((c,) + klead + (b,) + tuple(out))
         target = res[..., _last_axis_slice(k, dilation[-1], stride[-1], out[-1])]
 
@@ -335,7 +336,7 @@ def _matmul_cm(xp, w_m, cols_m, batch, small_k):
         # (the direct form, M = 64 rows by B*P = 7744 columns, took 1.4x as long at 2 threads
         # on the benchmark's 64->64 layer); one copy puts it in the [B, G*M, P] layout. On one
         # thread the direct form and its copy of whole rows stay faster.
-        res = _threads.matmul_of(xp)(cols_m.swapaxes(-1, -2), w_m.swapaxes(-1, -2))  # [G, B*P, M]
+        res = _threads.matmul(cols_m.swapaxes(-1, -2), w_m.swapaxes(-1, -2))  # [G, B*P, M]
         return _contiguous(xp, res.reshape(g_, batch, p, m).transpose(1, 0, 3, 2)).reshape(batch, g_ * m, p)
     res = _threads.matmul_of(xp)(w_m, cols_m)  # [G, M, B*P]
     return _contiguous(xp, xp.moveaxis(res.reshape(g_ * m, batch, p), 1, 0))

@@ -169,7 +169,7 @@ def test_a_kernel_called_from_the_callers_own_run_stays_on_the_caller():
 
 
 @pytest.fixture
-def openblas(monkeypatch):
+def openblas():
     """NumPy's OpenBLAS (set, get), its count restored after the test, or a skip."""
     api = threads._openblas_api()
     if api is None:
