@@ -255,38 +255,29 @@ print(2.0 * m * k * n / times[len(times) // 2] / 1e9)
 
 def two_core_check(shape=TWO_CORE_SHAPE, reps: int = 15, run=None) -> tuple[float, float]:
     """(GFLOPS at 1 thread, GFLOPS at 2 threads) of one float32 product, each in a fresh
-    process (OpenBLAS reads its thread count at start-up), the median of `reps` calls.
-    `run(threads, argv) -> stdout` replaces the subprocess (tests)."""
-    def subprocess_run(threads: int, argv: list[str]) -> str:
-        env = dict(os.environ, **STABLE_MALLOC)
-        env.update({name: str(threads) for name in THREAD_VARS})
-        proc = subprocess.run([sys.executable, "-c", _TWO_CORE_CODE, *argv], capture_output=True, text=True,
-                              env=env, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"two-core check failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-        return proc.stdout
-
-    run = run or subprocess_run
+    process (`run_side`: OpenBLAS reads its thread count at start-up), the median of `reps`
+    calls. `run(threads, argv) -> GFLOPS` replaces the processes (tests)."""
+    run = run or (lambda threads, argv: run_side(sys.executable, _TWO_CORE_CODE, argv, threads, timeout=120))
     argv = [str(v) for v in (*shape, reps)]
-    one, two = (float(run(t, argv).strip().splitlines()[-1]) for t in (1, 2))
-    return one, two
+    return float(run(1, argv)), float(run(2, argv))
 
 
-def two_core_verdict(one: float, two: float) -> str:
+def two_core_verdict(one: float, two: float, shape=TWO_CORE_SHAPE) -> str:
     """The check as a line of the report, flagged when 2 threads got less than
     TWO_CORE_MIN_SPEEDUP times one thread's throughput."""
     speedup = two / one if one > 0 else 0.0
-    line = f"one float32 product {TWO_CORE_SHAPE[0]}×{TWO_CORE_SHAPE[1]} @ {TWO_CORE_SHAPE[1]}×{TWO_CORE_SHAPE[2]}: " \
-           f"1 thread {one:.0f} GFLOPS, 2 threads {two:.0f} GFLOPS ({speedup:.2f}× one thread)"
+    m, k, n = shape
+    line = (f"one float32 product {m}×{k} @ {k}×{n}: 1 thread {one:.0f} GFLOPS, 2 threads {two:.0f} GFLOPS "
+            f"({speedup:.2f}× one thread)")
     if speedup < TWO_CORE_MIN_SPEEDUP:
         line += (f" — **under {TWO_CORE_MIN_SPEEDUP}×: the host gave less than two cores' worth, so 2-thread "
                  "figures measured around now are not representative**")
     return line
 
 
-def two_core_line(**kw) -> str:
+def two_core_line(shape=TWO_CORE_SHAPE, **kw) -> str:
     """`two_core_verdict(*two_core_check())`, or why the check could not run."""
     try:
-        return two_core_verdict(*two_core_check(**kw))
+        return two_core_verdict(*two_core_check(shape, **kw), shape=shape)
     except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
         return f"not measured ({e})"

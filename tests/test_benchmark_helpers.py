@@ -1,4 +1,5 @@
 """The benchmark helpers' arithmetic, on a fake clock (no timing happens in the test suite)."""
+import json
 import os
 
 import pytest
@@ -59,7 +60,7 @@ def test_two_core_check_times_each_thread_count_in_its_own_process():
 
     def fake_run(threads, argv):
         calls.append((threads, argv))
-        return {1: "noise from a library\n90.5\n", 2: "171.0\n"}[threads]
+        return {1: 90.5, 2: 171.0}[threads]
 
     assert common.two_core_check(shape=(64, 32, 16), reps=4, run=fake_run) == (90.5, 171.0)
     assert calls == [(1, ["64", "32", "16", "4"]), (2, ["64", "32", "16", "4"])]
@@ -67,7 +68,9 @@ def test_two_core_check_times_each_thread_count_in_its_own_process():
 
 def test_two_core_verdict_flags_a_host_that_gave_one_core():
     fine = common.two_core_verdict(94.0, 181.0)
-    assert "1 thread 94 GFLOPS, 2 threads 181 GFLOPS (1.93× one thread)" in fine
+    assert fine.startswith("one float32 product 4096×256 @ 256×1024: 1 thread 94 GFLOPS, 2 threads 181 GFLOPS "
+                           "(1.93× one thread)")
+    assert common.two_core_verdict(1.0, 2.0, shape=(8, 4, 2)).startswith("one float32 product 8×4 @ 4×2:")
     assert "not representative" not in fine
     for one, two in [(94.0, 93.0), (94.0, 150.0), (0.0, 0.0)]:  # 0.99x, 1.60x - 0.01, nothing measured
         assert "less than two cores' worth" in common.two_core_verdict(one, two), (one, two)
@@ -76,11 +79,15 @@ def test_two_core_verdict_flags_a_host_that_gave_one_core():
 
 def test_two_core_line_says_why_when_the_check_fails():
     def broken(threads, argv):
-        raise RuntimeError("two-core check failed (1): ImportError")
+        raise RuntimeError("python failed (1): ImportError")
 
-    assert common.two_core_line(run=broken) == "not measured (two-core check failed (1): ImportError)"
-    garbled = common.two_core_line(run=lambda threads, argv: "Segmentation fault\n")
-    assert garbled.startswith("not measured (could not convert string to float"), garbled
+    assert common.two_core_line(run=broken) == "not measured (python failed (1): ImportError)"
+
+    def garbled(threads, argv):  # what run_side raises for a last line that is not JSON
+        return json.loads("Segmentation fault")
+
+    line = common.two_core_line(run=garbled)
+    assert line.startswith("not measured (Expecting value"), line
 
 
 def test_report_carries_the_two_core_checks_and_still_reads_back():
