@@ -12,6 +12,7 @@ from one of these workers runs its blocks in that worker, never waiting on the p
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import threading
@@ -280,6 +281,39 @@ _blas_saved: int | None = None
 _blas_api: list = []  # [(set, get)] once looked up; [None] when there is none
 
 
+def _numpys_openblas(libs):
+    """The one of `libs` (threadpoolctl's OpenBLAS controllers) whose functions NumPy's own
+    products call, or None when that cannot be told.
+
+    A process often holds several OpenBLAS copies: NumPy's (numpy.libs), SciPy's (scipy.libs),
+    others'. threadpoolctl lists them in an order that changes from process to process, and
+    setting the thread count of the wrong one leaves NumPy's at all its threads without a sign.
+    That was the engine's "slow processes" at 2 threads: SciPy's copy was taken in 2 of 6
+    processes, whose small-GPT steps (b64 d32 s128) took 124-217 ms with NumPy's OpenBLAS worker
+    busy 1.8-2.6 s over 25 steps (0.6 s in the others). So the library is the one that NumPy's
+    core extension module resolves the symbol to: a lookup through a loaded module's handle
+    searches that module and the libraries it links, nothing else."""
+    try:
+        try:
+            from numpy._core import _multiarray_umath as core  # noqa: PLC0415 - NumPy 2
+        except ImportError:
+            from numpy.core import _multiarray_umath as core  # noqa: PLC0415 - NumPy 1
+        handle = ctypes.CDLL(core.__file__)  # already loaded: the same object, nothing runs
+    except (ImportError, OSError, AttributeError):
+        return libs[0] if len(libs) == 1 else None
+    for lib in libs:
+        try:
+            own = lib._get_symbol("openblas_get_num_threads")
+            name = f"{lib._symbol_prefix}openblas_get_num_threads{lib._symbol_suffix}"
+        except AttributeError:  # a threadpoolctl without these internals
+            return libs[0] if len(libs) == 1 else None
+        via = getattr(handle, name, None)
+        if own is not None and via is not None and (
+                ctypes.cast(own, ctypes.c_void_p).value == ctypes.cast(via, ctypes.c_void_p).value):
+            return lib
+    return None
+
+
 def _openblas_api():
     """(set_num_threads, get_num_threads) of NumPy's OpenBLAS, found by threadpoolctl (which
     knows the scipy-openblas builds and their symbol prefixes), or None."""
@@ -289,10 +323,8 @@ def _openblas_api():
             from threadpoolctl import ThreadpoolController  # noqa: PLC0415
 
             libs = ThreadpoolController().select(user_api="blas", internal_api="openblas").lib_controllers
-            np_dir = os.path.dirname(os.path.dirname(np.__file__))
-            mine = [lib for lib in libs if str(lib.filepath).startswith(np_dir)] or libs
-            if mine:
-                lib = mine[0]
+            lib = _numpys_openblas(libs)
+            if lib is not None:
                 api = (lib.set_num_threads, lib.get_num_threads)
                 # the C functions themselves when threadpoolctl finds them: a hold then costs
                 # ~3.7 us instead of ~7.6 through its Python wrappers (kernels hold it per call)

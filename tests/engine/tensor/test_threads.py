@@ -1,6 +1,7 @@
 """The engine's kernel threads: the blocked kernels give the same bits on any thread count."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -298,6 +299,67 @@ def test_the_first_product_sets_openblas_to_one_thread_unless_all_threads_are_as
     out = subprocess.run([sys.executable, "-c", code], env={**_base_env(), "OPENBLAS_NUM_THREADS": "1"},
                          capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "1", "False"]  # one thread anyway: nothing to decide
+
+
+_WHICH_OPENBLAS = r"""
+import ctypes, json, threading
+import numpy as np
+import scipy.linalg  # noqa: F401 - SciPy's own OpenBLAS copy is loaded too
+from threadpoolctl import ThreadpoolController
+from engine.tensor import threads
+
+libs = ThreadpoolController().select(user_api="blas", internal_api="openblas").lib_controllers
+DOJOB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
+                            ctypes.c_void_p, ctypes.c_int)
+seen, keep = [], []
+for i, lib in enumerate(libs):
+    setter = lib._get_symbol("openblas_set_threads_callback_function")
+    if setter is None:
+        continue
+    def jobs(sync, dojob, n, size, data, extra, i=i):
+        seen.append(i)
+        run = DOJOB(dojob)
+        others = [threading.Thread(target=run, args=(j, data + j * size, extra)) for j in range(1, n)]
+        for t in others:
+            t.start()
+        run(0, data, extra)
+        for t in others:
+            t.join()
+    keep.append((setter, CALLBACK(jobs)))
+    setter(keep[-1][1])
+    lib.set_num_threads(2)
+a = np.ones((256, 256), np.float32)
+a @ a  # split over threads: only the OpenBLAS NumPy calls runs its callback
+for setter, _ in keep:
+    setter(None)
+chosen = threads._numpys_openblas(libs)
+chosen_reversed = threads._numpys_openblas(list(reversed(libs)))
+print(json.dumps({"paths": [str(lib.filepath) for lib in libs], "callbacks": len(keep),
+                  "used": sorted(set(seen)),
+                  "chosen": None if chosen is None else libs.index(chosen),
+                  "chosen_reversed": None if chosen_reversed is None else libs.index(chosen_reversed)}))
+"""
+
+
+def test_the_engine_sets_the_threads_of_the_openblas_numpy_calls_not_another_copy():
+    """SciPy brings its own OpenBLAS; the order threadpoolctl lists the copies in changes from
+    process to process, and setting the wrong copy's threads left NumPy's at all of them. Which
+    copy NumPy calls is told here independently: each copy's job callback counts its split calls,
+    and one product is made through NumPy."""
+    pytest.importorskip("scipy.linalg")
+    env = {**_base_env(), "OPENBLAS_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", _WHICH_OPENBLAS], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if not got["paths"]:
+        pytest.skip("NumPy's BLAS is not an OpenBLAS that threadpoolctl finds")
+    if len(got["used"]) != 1:
+        pytest.skip(f"no OpenBLAS copy here can report its split calls ({got['callbacks']} callbacks)")
+    numpys = got["used"][0]
+    assert got["chosen"] == numpys, got
+    assert got["chosen_reversed"] == numpys, got
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
