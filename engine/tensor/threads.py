@@ -286,7 +286,8 @@ def _numpys_openblas(libs):
     products call, or None when that cannot be told.
 
     A process often holds several OpenBLAS copies: NumPy's (numpy.libs), SciPy's (scipy.libs),
-    others'. threadpoolctl lists them in an order that changes from process to process, and
+    others'. threadpoolctl lists them in an order that changes from process to process (it reads
+    their paths from /proc/self/maps into a set, ordered by the process's hash seed), and
     setting the thread count of the wrong one leaves NumPy's at all its threads without a sign.
     That was the engine's "slow processes" at 2 threads: SciPy's copy was taken in 2 of 6
     processes, whose small-GPT steps (b64 d32 s128) took 124-217 ms with NumPy's OpenBLAS worker

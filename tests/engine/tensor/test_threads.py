@@ -362,6 +362,27 @@ def test_the_engine_sets_the_threads_of_the_openblas_numpy_calls_not_another_cop
     assert got["chosen_reversed"] == numpys, got
 
 
+class _OtherOpenBLAS:
+    """A controller of an OpenBLAS copy NumPy does not call: its symbols have another name."""
+    _symbol_prefix, _symbol_suffix = "not_numpys_", ""
+
+    def _get_symbol(self, name):
+        return None
+
+
+class _OldController:
+    """A threadpoolctl controller without the internals the lookup reads."""
+
+
+def test_an_openblas_numpy_does_not_call_is_never_the_one_set():
+    assert threads._numpys_openblas([_OtherOpenBLAS()]) is None
+    assert threads._numpys_openblas([_OtherOpenBLAS(), _OtherOpenBLAS()]) is None
+    # without threadpoolctl's internals: a single copy is NumPy's, of several none can be told
+    only = _OldController()
+    assert threads._numpys_openblas([only]) is only
+    assert threads._numpys_openblas([_OldController(), _OldController()]) is None
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_a_forked_child_runs_blocks_on_a_fresh_pool():
     import os
