@@ -294,25 +294,25 @@ def _numpys_openblas(libs):
     busy 1.8-2.6 s over 25 steps (0.6 s in the others). So the library is the one that NumPy's
     core extension module resolves the symbol to: a lookup through a loaded module's handle
     searches that module and the libraries it links, nothing else."""
+    alone = libs[0] if len(libs) == 1 else None  # the answer when the lookup cannot be made
     try:
         try:
             from numpy._core import _multiarray_umath as core  # noqa: PLC0415 - NumPy 2
         except ImportError:
             from numpy.core import _multiarray_umath as core  # noqa: PLC0415 - NumPy 1
         handle = ctypes.CDLL(core.__file__)  # already loaded: the same object, nothing runs
-    except (ImportError, OSError, AttributeError):
-        return libs[0] if len(libs) == 1 else None
-    for lib in libs:
-        try:
+        for lib in libs:
             own = lib._get_symbol("openblas_get_num_threads")
-            name = f"{lib._symbol_prefix}openblas_get_num_threads{lib._symbol_suffix}"
-        except AttributeError:  # a threadpoolctl without these internals
-            return libs[0] if len(libs) == 1 else None
-        via = getattr(handle, name, None)
-        if own is not None and via is not None and (
-                ctypes.cast(own, ctypes.c_void_p).value == ctypes.cast(via, ctypes.c_void_p).value):
-            return lib
+            via = getattr(handle, f"{lib._symbol_prefix}openblas_get_num_threads{lib._symbol_suffix}", None)
+            if own is not None and via is not None and _address(own) == _address(via):
+                return lib
+    except (ImportError, OSError, AttributeError):  # AttributeError: a threadpoolctl without these internals
+        return alone
     return None
+
+
+def _address(fn) -> int | None:
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def _openblas_api():

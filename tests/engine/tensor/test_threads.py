@@ -374,8 +374,30 @@ class _OldController:
     """A threadpoolctl controller without the internals the lookup reads."""
 
 
+class _SameNamesOtherCode:
+    """A copy whose symbols carry the names NumPy's copy uses but are other code (libc's)."""
+
+    def __init__(self, prefix, suffix):
+        import ctypes.util
+
+        self._symbol_prefix, self._symbol_suffix = prefix, suffix
+        self._libc = ctypes.CDLL(ctypes.util.find_library("c"))
+
+    def _get_symbol(self, name):
+        return self._libc.getpid
+
+
 def test_an_openblas_numpy_does_not_call_is_never_the_one_set():
     assert threads._numpys_openblas([_OtherOpenBLAS()]) is None
+    # the names NumPy's core module resolves are not enough: the functions must be the same ones
+    from threadpoolctl import ThreadpoolController
+
+    real = threads._numpys_openblas(
+        ThreadpoolController().select(user_api="blas", internal_api="openblas").lib_controllers)
+    if real is not None:
+        decoy = _SameNamesOtherCode(real._symbol_prefix, real._symbol_suffix)
+        assert threads._numpys_openblas([decoy]) is None
+        assert threads._numpys_openblas([decoy, real]) is real
     assert threads._numpys_openblas([_OtherOpenBLAS(), _OtherOpenBLAS()]) is None
     # without threadpoolctl's internals: a single copy is NumPy's, of several none can be told
     only = _OldController()
