@@ -509,14 +509,14 @@ def run_script(name: str, timeout: float) -> Run:
         except subprocess.TimeoutExpired as e:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             return Run(name, None, time.perf_counter() - t0, "\n".join(outs + [out]), "\n".join(errs),
-                       f"stopped after {timeout:.0f} s", two_cores)
+                       f"stopped after {timeout:.0f} s", two_cores=two_cores)
         print(proc.stdout, flush=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr, flush=True)
             code = code or proc.returncode
         outs.append(proc.stdout)
         errs.append(proc.stderr)
-    return Run(name, code, time.perf_counter() - t0, "\n".join(outs), "\n".join(errs), "", two_cores)
+    return Run(name, code, time.perf_counter() - t0, "\n".join(outs), "\n".join(errs), two_cores=two_cores)
 
 
 def torch_version() -> str | None:
