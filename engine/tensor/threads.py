@@ -392,10 +392,18 @@ def one_blas_thread_possible() -> bool:
 # BLAS_THREADED_MIN_WORK multiply-adds raises it to OpenBLAS's count for that call (`matmul`):
 # there the split saves far more than the spin costs. Kernels that make their own products on
 # the kernel threads hold one thread as before (`one_blas_thread`).
-# Fresh processes, 2 cores (AMD EPYC), medians of 4 alternated, OpenBLAS threads for every call
-# -> for the large ones only: MNIST CNN train step 110 -> 50 ms, burn-mnist CNN 57 -> 47, the
-# small GPT's step 97 -> 72 (b64 d32 s128), 94 -> 88 (b64 d256 s12), 270 -> 248 (b16 d256 s128).
-BLAS_THREADED_MIN_WORK = 1 << 24
+# The threshold was 2^24 while the engine could set the wrong OpenBLAS copy (SciPy's, in about a
+# third of processes; fixed since), which made every measurement of it a mix of two behaviours.
+# Measured again with the fix, fresh processes at 2 threads alternated (AMD EPYC, 2 cores,
+# medians of 8 against 2^24): 2^20 takes the small GPT's step 11.3 -> 9.3 ms (batch 16, d 32,
+# seq 128: its many 2^21-2^23 products, [2048, 32] @ [32, 128] and the like, 180 -> ~110 us),
+# 16.5 -> 13.3 ms (batch 16, d 256, seq 12), 33.5 -> 32.4 ms (batch 64, d 32, seq 128), the MNIST
+# train step 24.7 -> 22.3 ms and burn-mnist 23.1 -> 20.7 ms; the TransformerEncoder layer and the
+# larger cells within 4 %. 2^18 and 2^19 measured the same as 2^20 (OpenBLAS itself runs a
+# product under 2^18 multiply-adds on one thread); every call raised (EMBER_BLAS_THREADS=all) was
+# no better than 2^21 in 4 alternated runs, and small products split by OpenBLAS are what
+# left its worker spinning in the first place.
+BLAS_THREADED_MIN_WORK = 1 << 20
 _by_size = False    # OpenBLAS held at one thread but for large products (`blas_threads_by_size`)
 _by_size_checked = False
 _blas_raised = 0    # large products running now with OpenBLAS's threads

@@ -232,41 +232,44 @@ def fake_blas(monkeypatch):
 
 def test_only_large_products_get_openblas_threads(fake_blas):
     rng = np.random.default_rng(0)
-    side = round(threads.BLAS_THREADED_MIN_WORK ** (1 / 3))  # 256: 256^3 multiply-adds, the threshold
-    a = rng.standard_normal((side, side)).astype(np.float32)
+    side = 128
+    rows = threads.BLAS_THREADED_MIN_WORK // (side * side)  # rows x 128 x 128 multiply-adds: the threshold
+    assert rows * side * side == threads.BLAS_THREADED_MIN_WORK and rows % 4 == 0
+    a = rng.standard_normal((rows, side)).astype(np.float32)
     b = rng.standard_normal((side, side)).astype(np.float32)
     np.testing.assert_array_equal(threads.matmul(a[:-1], b), a[:-1] @ b)  # just under: one thread
     assert fake_blas.sets == []
-    out = np.empty((side, side), np.float32)
+    out = np.empty((rows, side), np.float32)
     r = threads.matmul(a, b, out=out)
     assert r is out
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     assert fake_blas.sets == [2, 1]  # raised for the call, one thread after
     # stacked: the work counts every matrix of the stack
-    stack = rng.standard_normal((4, side // 4, side)).astype(np.float32)
+    stack = rng.standard_normal((4, rows // 4, side)).astype(np.float32)
     fake_blas.sets.clear()
     np.testing.assert_allclose(threads.matmul(stack, b), stack.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     assert fake_blas.sets == [2, 1]
 
 
 def test_large_products_inside_kernel_threads_or_a_hold_keep_one_thread(fake_blas):
-    side = round(threads.BLAS_THREADED_MIN_WORK ** (1 / 3))
-    a = np.ones((side, side), np.float32)
+    side = 128
+    a = np.ones((threads.BLAS_THREADED_MIN_WORK // (side * side), side), np.float32)
+    w = np.ones((side, side), np.float32)
     with threads.one_blas_thread():
-        threads.matmul(a, a)
+        threads.matmul(a, w)
     assert fake_blas.sets and set(fake_blas.sets) == {1}  # never raised inside the hold
     fake_blas.sets.clear()
     seen = []
 
     def product(_):
-        threads.matmul(a, a)
+        threads.matmul(a, w)
         seen.append(threading.get_ident())
         time.sleep(0.002)
 
     _run(lambda: threads.run_blocks(product, range(6)), 2)
     assert fake_blas.sets == [] and len(seen) == 6
     # run here alone (one block), a kernel's large product is the only work: it gets the threads
-    _run(lambda: threads.run_chunks(lambda run: [threads.matmul(a, a) for _ in run], range(1), own_products=True), 2)
+    _run(lambda: threads.run_chunks(lambda run: [threads.matmul(a, w) for _ in run], range(1), own_products=True), 2)
     assert fake_blas.sets == [2, 1]
 
 
