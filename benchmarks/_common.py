@@ -161,23 +161,60 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {malloc_note()}"
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU as the reports name it: its model name, family, model and vector width from
+    /proc/cpuinfo (`AMD EPYC (family 26 model 2, AVX-512)`: the model name alone does not tell a
+    Zen 3 from a Zen 5, whose BLAS kernels differ 2x), else what `platform` knows. `cpuinfo`:
+    that file's text (for the tests)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.split("\n\n")[0].splitlines():  # the first processor's block
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    detail = [f"family {fields['cpu family']} model {fields['model']}"] if "cpu family" in fields and "model" in fields else []
+    detail += [isa] if isa else []
+    return f"{name} ({', '.join(detail)})" if detail else name
+
+
+OPENBLAS_FORCING = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def openblas_kernels(environ=None) -> str:
+    """Which kernels NumPy's OpenBLAS runs (threadpoolctl's `architecture` of the copy NumPy
+    calls, found as the engine finds it), and the OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE that
+    force them when the environment sets them: an image that pins older kernels halves float32
+    products on an AVX-512 CPU, and a report must say which it measured. Imports the engine."""
+    environ = os.environ if environ is None else environ
+    forced = ", ".join(f"{k}={environ[k]}" for k in OPENBLAS_FORCING if k in environ)
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        import threadpoolctl  # noqa: PLC0415
+
+        from engine.tensor import threads  # noqa: PLC0415
+
+        libs = threadpoolctl.ThreadpoolController().select(internal_api="openblas").lib_controllers
+        lib = threads._numpys_openblas(libs)
+        arch = getattr(lib, "architecture", None) if lib is not None else None
+    except Exception:  # noqa: BLE001 - a report line, never a failure
+        arch = None
+    line = f"OpenBLAS kernels (NumPy's copy): {arch or 'unknown'}"
+    return line + (f", forced by {forced} in the environment" if forced else ", as OpenBLAS chose them for this CPU")
 
 
 def machine_line() -> str:
-    """The `Machine: ...` line the scripts print first: CPU, cores, Python, NumPy, malloc."""
+    """The `Machine: ...` line the scripts print first: CPU, cores, Python, NumPy, its OpenBLAS
+    kernels, malloc."""
     import numpy as np  # noqa: PLC0415  (callers import the engine first)
 
     return (f"Machine: {cpu_name()}, {os.cpu_count()} logical cores, {platform.machine()}, Python "
-            f"{platform.python_version()}, NumPy {np.__version__}, {malloc_note()}")
+            f"{platform.python_version()}, NumPy {np.__version__}, {openblas_kernels()}, {malloc_note()}")
 
 
 def rss_mib() -> float:

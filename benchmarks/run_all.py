@@ -29,7 +29,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC, cpu_name, two_core_line  # noqa: E402
+from benchmarks._common import STABLE_MALLOC, cpu_name, openblas_kernels, two_core_line  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
            "pretrained_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
@@ -543,42 +543,11 @@ def machine_lines() -> list[str]:
     except Exception:
         pass
     return [
-        f"- CPU: {cpu}, {os.cpu_count()} logical cores{mem}{cpu_detail()}",
+        f"- CPU: {cpu}, {os.cpu_count()} logical cores{mem}",
         f"- OS: {platform.system()} {platform.release()}",
         f"- Python {platform.python_version()}, NumPy {np.__version__}{blas}",
         f"- {openblas_kernels()}",
     ]
-
-
-def cpu_detail() -> str:
-    """`, family F model M, AVX-512` (or `AVX2`) from /proc/cpuinfo: the model name alone
-    ("AMD EPYC") does not tell a Zen 3 from a Zen 5, whose BLAS kernels differ by 2x."""
-    try:
-        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    except OSError:
-        return ""
-    fields = dict(ln.split(":", 1) for ln in info.splitlines() if ":" in ln)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    fam, model = fields.get("cpu family"), fields.get("model")
-    return f", family {fam} model {model}, {isa}" if fam and model else f", {isa}"
-
-
-def openblas_kernels() -> str:
-    """Which kernels NumPy's OpenBLAS runs (threadpoolctl's `architecture`), and the
-    OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE that force them when the environment sets them."""
-    forced = ", ".join(f"{k}={os.environ[k]}" for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ)
-    try:
-        from engine.tensor import threads  # noqa: PLC0415
-        import threadpoolctl  # noqa: PLC0415
-
-        lib = threads._numpys_openblas(threadpoolctl.ThreadpoolController().select(internal_api="openblas").lib_controllers)
-        arch = getattr(lib, "architecture", None) if lib is not None else None
-    except Exception:  # noqa: BLE001 - a report line, never a failure
-        arch = None
-    line = f"OpenBLAS kernels (NumPy's copy): {arch or 'unknown'}"
-    return line + (f", forced by {forced} in the environment" if forced else ", as OpenBLAS chose them for this CPU")
 
 
 def load_average() -> str:

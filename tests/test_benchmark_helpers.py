@@ -108,3 +108,31 @@ def test_two_core_check_child_code_runs():
     # the real child processes on a tiny product: only that each prints a throughput (no figure is judged)
     one, two = common.two_core_check(shape=(8, 4, 2), reps=1)
     assert one > 0 and two > 0
+
+
+ZEN5 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu sse2 avx avx2 avx512f avx512bw\n\nprocessor\t: 1\nmodel name\t: other\n")
+
+
+def test_cpu_name_tells_family_model_and_vector_width():
+    assert common.cpu_name(ZEN5) == "AMD EPYC (family 26 model 2, AVX-512)"  # the first processor's block
+    zen3 = ZEN5.replace("26", "25").replace("model\t\t: 2", "model\t\t: 1").replace(" avx512f avx512bw", "")
+    assert common.cpu_name(zen3) == "AMD EPYC (family 25 model 1, AVX2)"
+    assert common.cpu_name("model name\t: Some CPU\n") == "Some CPU"
+
+
+def test_openblas_kernels_says_when_the_environment_forces_them():
+    import engine  # noqa: F401  (as the scripts do: the engine before NumPy's OpenBLAS is asked)
+    import threadpoolctl
+
+    import numpy as np
+
+    np.ones((2, 2)) @ np.ones((2, 2))
+    numpys = [i for i in threadpoolctl.threadpool_info()
+              if i.get("internal_api") == "openblas" and "numpy" in i.get("filepath", "")]
+    free = common.openblas_kernels({})
+    if len(numpys) == 1:  # NumPy's own wheel: its bundled copy (else a system BLAS: not asserted)
+        assert free == f"OpenBLAS kernels (NumPy's copy): {numpys[0]['architecture']}, as OpenBLAS chose them for this CPU"
+    assert free.endswith(", as OpenBLAS chose them for this CPU")
+    forced = common.openblas_kernels({"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512", "OTHER": "x"})
+    assert forced.endswith(", forced by OPENBLAS_CORETYPE=Haswell, OPENBLAS_L2_SIZE=512 in the environment")
