@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 __all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
-           "one_blas_thread", "one_blas_thread_possible", "matmul", "matmul_of", "BLAS_THREADED_MIN_WORK", "blas_threads_by_size"]
+           "one_blas_thread", "one_blas_thread_possible", "matmul", "matmul_of", "BLAS_THREADED_MIN_WORK", "BLAS_THREADED_MIN_OUT", "blas_threads_by_size"]
 
 # below this many bytes of data the threads' hand-off costs more than they save. A hand-off
 # wakes a sleeping worker, which on these VMs takes 57-200 us (a threading.Event round trip);
@@ -404,6 +404,16 @@ def one_blas_thread_possible() -> bool:
 # no better than 2^21 in 4 alternated runs, and small products split by OpenBLAS are what
 # left its worker spinning in the first place.
 BLAS_THREADED_MIN_WORK = 1 << 20
+# ... counted per product that OpenBLAS makes: np.matmul makes one call per item of a batched
+# product, and a product whose output is small (a weight gradient of a d-32 layer: [32, 2048] @
+# [2048, 32]) is split by OpenBLAS over the output, so a second thread only adds its wake-up. On
+# an Intel Xeon (family 6 model 167, 2 cores), one product at 2 threads over 1: [32, 2048] @
+# [2048, 32] 1.80x, [32, 8192] @ [8192, 32] 1.25x, [64, 2048] @ [2048, 64] 1.01x, [32, 2048] @
+# [2048, 128] 0.83x, [2048, 32] @ [32, 32] 0.54x; inside the small GPT's step (batch 16, d 32,
+# seq 128) the attention's [4, 128, 32] @ [4, 32, 128] (2^19 multiply-adds per item) took 94 us
+# raised against 54 us not. So a product is raised when each item makes at least
+# BLAS_THREADED_MIN_WORK multiply-adds into at least BLAS_THREADED_MIN_OUT outputs.
+BLAS_THREADED_MIN_OUT = 1 << 12
 _by_size = False    # OpenBLAS held at one thread but for large products (`blas_threads_by_size`)
 _by_size_checked = False
 _blas_raised = 0    # large products running now with OpenBLAS's threads
@@ -438,7 +448,8 @@ def blas_threads_by_size() -> bool:
 def matmul(a, b, out=None):
     """`np.matmul(a, b, out=out)` for NumPy arrays (`a @ b` for others: CuPy's products are its
     own). With OpenBLAS at one thread (`blas_threads_by_size`), a product of at least
-    BLAS_THREADED_MIN_WORK multiply-adds gets OpenBLAS's threads for the call, unless a kernel
+    BLAS_THREADED_MIN_WORK multiply-adds per item into at least BLAS_THREADED_MIN_OUT outputs
+    per item gets OpenBLAS's threads for the call, unless a kernel
     holds one thread or this is a kernel thread (their products are their own)."""
     global _blas_raised
     if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
@@ -446,7 +457,8 @@ def matmul(a, b, out=None):
     if not _by_size_checked:
         blas_threads_by_size()
     if (not _by_size or a.ndim < 2 or b.ndim < 2 or getattr(_inside, "worker", False)
-            or max(a.size * b.shape[-1], b.size * a.shape[-2]) < BLAS_THREADED_MIN_WORK):
+            or a.shape[-2] * b.shape[-1] < BLAS_THREADED_MIN_OUT
+            or a.shape[-2] * a.shape[-1] * b.shape[-1] < BLAS_THREADED_MIN_WORK):
         return np.matmul(a, b, out=out)
     api = _blas_api[0]
     with _blas_lock:

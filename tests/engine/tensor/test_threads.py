@@ -244,10 +244,28 @@ def test_only_large_products_get_openblas_threads(fake_blas):
     assert r is out
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     assert fake_blas.sets == [2, 1]  # raised for the call, one thread after
-    # stacked: the work counts every matrix of the stack
-    stack = rng.standard_normal((4, rows // 4, side)).astype(np.float32)
+    # stacked: OpenBLAS makes one product per matrix of the stack, so the work is counted per
+    # matrix: four of a quarter of the threshold each stay on one thread, four of it each do not
     fake_blas.sets.clear()
+    stack = rng.standard_normal((4, rows // 4, side)).astype(np.float32)
     np.testing.assert_allclose(threads.matmul(stack, b), stack.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    assert fake_blas.sets == []
+    stack = rng.standard_normal((4, rows, side)).astype(np.float32)
+    np.testing.assert_allclose(threads.matmul(stack, b), stack.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    assert fake_blas.sets == [2, 1]
+
+
+def test_products_with_few_outputs_keep_one_thread(fake_blas):
+    # a weight gradient of a small layer: much work, few outputs, which OpenBLAS splits over
+    small = int(np.sqrt(threads.BLAS_THREADED_MIN_OUT))
+    assert small * small == threads.BLAS_THREADED_MIN_OUT
+    k = 2 * threads.BLAS_THREADED_MIN_WORK // threads.BLAS_THREADED_MIN_OUT
+    a = np.ones((k, small - 1), np.float32).T  # (small - 1) x k, the transposed view a gradient uses
+    b = np.ones((k, small), np.float32)
+    np.testing.assert_array_equal(threads.matmul(a, b), np.full((small - 1, small), k, np.float32))
+    assert fake_blas.sets == []
+    a = np.ones((k, small), np.float32).T
+    np.testing.assert_array_equal(threads.matmul(a, b), np.full((small, small), k, np.float32))
     assert fake_blas.sets == [2, 1]
 
 
