@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..tensor import jit
 from .base import ModuleOptimizer, SimpleOptimizer
 from .decay import WeightDecayConfig, as_weight_decay, decayed_grad
 
@@ -83,6 +86,9 @@ class Adam(SimpleOptimizer):
     def step(self, lr, param, grad, state, xp):
         if self.penalty:
             grad = decayed_grad(self.penalty, param, grad, xp)
+        fused = self._fused(lr, param, grad, state, xp)
+        if fused is not None:
+            return fused
         state, s = adaptive_moments(state, grad, self.beta_1, self.beta_2, xp, self.amsgrad)
         t = state["momentum.time"]
         bc2_sqrt = math.sqrt(1.0 - self.beta_2**t)
@@ -94,6 +100,32 @@ class Adam(SimpleOptimizer):
         new = xp.multiply(s, -float(lr) * factor)
         new += param
         return new, state
+
+    def _fused(self, lr, param, grad, state, xp):
+        """The step as one compiled pass (`_jit_kernels.adam_update`, the same bits as the NumPy
+        passes below, which make nine passes over memory) for float32 NumPy arrays after the
+        first step, without AMSGrad; None where that does not apply or numba is missing."""
+        if (self.amsgrad or state is None or xp is not np or not isinstance(param, np.ndarray)
+                or not isinstance(grad, np.ndarray)):
+            return None
+        m, v = state.get("momentum.moment_1"), state.get("momentum.moment_2")
+        arrays = (param, grad, m, v)
+        if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
+                   and a.shape == param.shape for a in arrays) or not (m.flags.writeable and v.flags.writeable):
+            return None
+        k = jit.kernels()
+        if k is None:
+            return None
+        t = int(state["momentum.time"]) + 1
+        bc2_sqrt = math.sqrt(1.0 - self.beta_2**t)
+        factor = bc2_sqrt / (1.0 - self.beta_1**t)
+        # each constant rounded to float32 as NumPy rounds a Python float met with float32 arrays
+        c = np.array([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2,
+                      self.epsilon * bc2_sqrt, -float(lr) * factor], np.float32)
+        out = np.empty_like(param)
+        k.adam_update(param.reshape(-1), grad.reshape(-1), m.reshape(-1), v.reshape(-1), out.reshape(-1), c)
+        state["momentum.time"] = t
+        return out, state
 
     def __repr__(self) -> str:
         return (f"Adam(beta_1={self.beta_1}, beta_2={self.beta_2}, epsilon={self.epsilon}, "

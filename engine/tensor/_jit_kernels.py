@@ -605,3 +605,21 @@ def winograd_input_grad(dv, gx, th, tw, scratch):
                 gf[i2 + k] += tf[rs + k] + tf[two * rs + k] - tf[k]
             for k in range(rs):
                 gf[i3 + k] -= tf[three * rs + k]
+
+
+# ---------------------------------------------------------------------- Adam's update
+@njit(types.void(R1, R1, F1, F1, F1, R1), **_OPTS)
+def adam_update(param, grad, m, v, out, c):
+    """One Adam step in one pass: `m`, `v` advanced in place, the new parameter into `out`, with
+    `c` = (beta_1, 1 - beta_1, beta_2, 1 - beta_2, epsilon sqrt(1 - beta_2^t), -lr sqrt(1 -
+    beta_2^t) / (1 - beta_1^t)) as float32. The same float32 operations in the same order as
+    `engine.optim.adam`'s NumPy passes, with no contraction into fused multiply-adds, so the bits
+    are those of the NumPy path."""
+    b1, omb1, b2, omb2, eps, step = c[0], c[1], c[2], c[3], c[4], c[5]
+    for i in range(param.size):
+        g = grad[i]
+        mi = m[i] * b1 + g * omb1
+        vi = v[i] * b2 + (g * g) * omb2
+        m[i] = mi
+        v[i] = vi
+        out[i] = (mi / (math.sqrt(vi) + eps)) * step + param[i]

@@ -632,3 +632,34 @@ def test_winograd_conv2d_of_no_images_gives_zero_weight_and_bias_gradients():
     assert got["y"].shape == (0, 16, 3, 3) and got["x"].shape == (0, 16, 5, 5)
     assert np.array_equal(got["w"], np.zeros((16, 16, 3, 3), np.float32))
     assert np.array_equal(got["b"], np.zeros(16, np.float32))
+
+
+@needs_numba
+@pytest.mark.parametrize("weight_decay", [None, 0.01])
+def test_adam_update_kernel_gives_the_numpy_paths_bits(monkeypatch, weight_decay):
+    """Adam's fused update (one pass) against its nine NumPy passes: the same bits for the
+    parameters and both moments over several steps, and the kernel is what the fused path ran."""
+    from engine.optim import AdamConfig
+
+    rng = np.random.default_rng(3)
+    p0 = rng.standard_normal((37, 19)).astype(np.float32)
+    grads = [rng.standard_normal(p0.shape).astype(np.float32) * s for s in (1.0, 1e-3, 30.0, 0.2, 1e-6)]
+
+    def run(on):
+        opt = AdamConfig(weight_decay=weight_decay).init().default
+        spy = _Spy(jit.kernels())
+        monkeypatch.setattr(jit, "kernels", (lambda: spy) if on else (lambda: None))
+        p, state = p0.copy(), None
+        for i, g in enumerate(grads):
+            p, state = opt.step(1e-2 * (i + 1), p, g, state, np)
+        monkeypatch.undo()
+        return p, state, spy.calls
+
+    p_k, s_k, calls = run(True)
+    p_n, s_n, _ = run(False)
+    assert calls.count("adam_update") == len(grads) - 1  # every step after the first
+    np.testing.assert_array_equal(p_k, p_n)
+    np.testing.assert_array_equal(s_k["momentum.moment_1"], s_n["momentum.moment_1"])
+    np.testing.assert_array_equal(s_k["momentum.moment_2"], s_n["momentum.moment_2"])
+    assert s_k["momentum.time"] == s_n["momentum.time"] == len(grads)
+    assert not np.array_equal(p_k, p0)
