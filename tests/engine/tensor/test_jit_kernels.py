@@ -1,7 +1,7 @@
 """The compiled kernels (engine.tensor.jit, numba) against float64 references written here and
 against the NumPy paths they replace: the exp they share, Gelu, layer norm's forward and
 backward, the softmax cross entropy, attention's softmax, batch norm, relu's backward, the
-convolution's col2im and the Winograd 3x3 convolution; the same bits at 1, 2 and 3 kernel
+convolution's col2im, the Winograd 3x3 convolution and Adam's update; the same bits at 1, 2 and 3 kernel
 threads; and the NumPy paths when the kernels are switched off or numba is missing."""
 from __future__ import annotations
 
