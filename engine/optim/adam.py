@@ -75,6 +75,20 @@ def adaptive_moments(state, grad, beta_1, beta_2, xp, amsgrad=False):
     return state, scratch
 
 
+def _fused_kernel(xp, param, grad, state):
+    """`_jit_kernels.adam_update` when the step can be that one pass: float32 NumPy arrays of one
+    shape, C-contiguous, the moments writable, numba there; else None (the NumPy passes, nine
+    over memory, make the step)."""
+    m, v = state.get("momentum.moment_1"), state.get("momentum.moment_2")
+    if xp is not np or not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
+                               and a.shape == param.shape for a in (param, grad, m, v)):
+        return None
+    if not (m.flags.writeable and v.flags.writeable):
+        return None
+    k = jit.kernels()
+    return None if k is None else k.adam_update
+
+
 class Adam(SimpleOptimizer):
     def __init__(self, beta_1=0.9, beta_2=0.999, epsilon=1e-5, amsgrad=False, penalty=None):
         self.beta_1 = float(beta_1)
@@ -86,13 +100,21 @@ class Adam(SimpleOptimizer):
     def step(self, lr, param, grad, state, xp):
         if self.penalty:
             grad = decayed_grad(self.penalty, param, grad, xp)
-        fused = self._fused(lr, param, grad, state, xp)
-        if fused is not None:
-            return fused
+        kernel = None if self.amsgrad or state is None else _fused_kernel(xp, param, grad, state)
+        if kernel is not None:  # after the first step: one compiled pass, the same bits
+            t = int(state["momentum.time"]) + 1
+            bc2_sqrt, factor = self._corrections(t)
+            # each constant rounded to float32 as NumPy rounds a Python float met with float32 arrays
+            c = np.array([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2,
+                          self.epsilon * bc2_sqrt, -float(lr) * factor], np.float32)
+            new = np.empty_like(param)
+            kernel(param.reshape(-1), grad.reshape(-1), state["momentum.moment_1"].reshape(-1),
+                   state["momentum.moment_2"].reshape(-1), new.reshape(-1), c)
+            state["momentum.time"] = t
+            state.pop("_scratch", None)  # the NumPy passes' buffer, which this path never needs
+            return new, state
         state, s = adaptive_moments(state, grad, self.beta_1, self.beta_2, xp, self.amsgrad)
-        t = state["momentum.time"]
-        bc2_sqrt = math.sqrt(1.0 - self.beta_2**t)
-        factor = bc2_sqrt / (1.0 - self.beta_1**t)
+        bc2_sqrt, factor = self._corrections(state["momentum.time"])
         v = state["momentum.max_moment_2"] if self.amsgrad else state["momentum.moment_2"]
         xp.sqrt(v, out=s)
         s += self.epsilon * bc2_sqrt
@@ -101,31 +123,10 @@ class Adam(SimpleOptimizer):
         new += param
         return new, state
 
-    def _fused(self, lr, param, grad, state, xp):
-        """The step as one compiled pass (`_jit_kernels.adam_update`, the same bits as the NumPy
-        passes below, which make nine passes over memory) for float32 NumPy arrays after the
-        first step, without AMSGrad; None where that does not apply or numba is missing."""
-        if (self.amsgrad or state is None or xp is not np or not isinstance(param, np.ndarray)
-                or not isinstance(grad, np.ndarray)):
-            return None
-        m, v = state.get("momentum.moment_1"), state.get("momentum.moment_2")
-        arrays = (param, grad, m, v)
-        if not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
-                   and a.shape == param.shape for a in arrays) or not (m.flags.writeable and v.flags.writeable):
-            return None
-        k = jit.kernels()
-        if k is None:
-            return None
-        t = int(state["momentum.time"]) + 1
+    def _corrections(self, t: int) -> tuple[float, float]:
+        """Burn's bias corrections at step `t`: sqrt(1 - beta_2^t) and that over 1 - beta_1^t."""
         bc2_sqrt = math.sqrt(1.0 - self.beta_2**t)
-        factor = bc2_sqrt / (1.0 - self.beta_1**t)
-        # each constant rounded to float32 as NumPy rounds a Python float met with float32 arrays
-        c = np.array([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2,
-                      self.epsilon * bc2_sqrt, -float(lr) * factor], np.float32)
-        out = np.empty_like(param)
-        k.adam_update(param.reshape(-1), grad.reshape(-1), m.reshape(-1), v.reshape(-1), out.reshape(-1), c)
-        state["momentum.time"] = t
-        return out, state
+        return bc2_sqrt, bc2_sqrt / (1.0 - self.beta_1**t)
 
     def __repr__(self) -> str:
         return (f"Adam(beta_1={self.beta_1}, beta_2={self.beta_2}, epsilon={self.epsilon}, "

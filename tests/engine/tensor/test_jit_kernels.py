@@ -663,3 +663,50 @@ def test_adam_update_kernel_gives_the_numpy_paths_bits(monkeypatch, weight_decay
     np.testing.assert_array_equal(s_k["momentum.moment_2"], s_n["momentum.moment_2"])
     assert s_k["momentum.time"] == s_n["momentum.time"] == len(grads)
     assert not np.array_equal(p_k, p0)
+    assert "_scratch" not in s_k and "_scratch" in s_n  # the fused steps need no scratch buffer
+
+
+def _adam_reference(p, grads, lrs, beta_1=0.9, beta_2=0.999, eps=1e-5):
+    """Adam as Kingma & Ba write it, in float64: p -= lr m_hat / (sqrt(v_hat) + eps)."""
+    p, m, v = p.astype(np.float64), 0.0, 0.0
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        g = g.astype(np.float64)
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g * g
+        p = p - lr * (m / (1 - beta_1**t)) / (np.sqrt(v / (1 - beta_2**t)) + eps)
+    return p
+
+
+@needs_numba
+def test_adam_update_kernel_against_the_published_rule_and_torch():
+    """The fused path over many steps of a real parameter against an independent float64 Adam
+    (the textbook form; Burn's scaled epsilon is the same number), and against torch.optim.Adam
+    where PyTorch is installed."""
+    from engine.optim import AdamConfig
+
+    rng = np.random.default_rng(5)
+    p0 = rng.standard_normal((64, 33)).astype(np.float32)
+    grads = [(rng.standard_normal(p0.shape) * 10.0 ** rng.uniform(-4, 1)).astype(np.float32) for _ in range(30)]
+    lrs = [1e-2 * (0.95 ** i) for i in range(len(grads))]
+    opt = AdamConfig().init().default
+    spy = _Spy(jit.kernels())
+    p, state = p0, None
+    old = jit.kernels
+    jit.kernels = lambda: spy
+    try:
+        for g, lr in zip(grads, lrs):
+            p, state = opt.step(lr, p, g, state, np)
+    finally:
+        jit.kernels = old
+    assert spy.calls.count("adam_update") == len(grads) - 1
+    ref = _adam_reference(p0, grads, lrs)
+    np.testing.assert_allclose(p, ref, rtol=0, atol=2e-6 * np.abs(ref).max())
+    assert np.abs(p - p0).max() > 0.05  # it moved far enough (0.089) for the comparison to mean something
+    torch = pytest.importorskip("torch", reason="PyTorch not installed: torch.optim.Adam comparison skipped")
+    w = torch.nn.Parameter(torch.from_numpy(p0.copy()))
+    topt = torch.optim.Adam([w], lr=lrs[0], betas=(0.9, 0.999), eps=1e-5)
+    for g, lr in zip(grads, lrs):
+        topt.param_groups[0]["lr"] = lr
+        w.grad = torch.from_numpy(g)
+        topt.step()
+    np.testing.assert_allclose(p, w.detach().numpy(), rtol=0, atol=2e-6 * np.abs(ref).max())
