@@ -447,10 +447,10 @@ def blas_threads_by_size() -> bool:
 
 def matmul(a, b, out=None):
     """`np.matmul(a, b, out=out)` for NumPy arrays (`a @ b` for others: CuPy's products are its
-    own). With OpenBLAS at one thread (`blas_threads_by_size`), a product of at least
-    BLAS_THREADED_MIN_WORK multiply-adds per item into at least BLAS_THREADED_MIN_OUT outputs
-    per item gets OpenBLAS's threads for the call, unless a kernel
-    holds one thread or this is a kernel thread (their products are their own)."""
+    own). With OpenBLAS at one thread (`blas_threads_by_size`), a product whose every matrix
+    makes at least BLAS_THREADED_MIN_WORK multiply-adds into at least BLAS_THREADED_MIN_OUT
+    outputs gets OpenBLAS's threads for the call, unless a kernel holds one thread or this is a
+    kernel thread (their products are their own)."""
     global _blas_raised
     if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         return a @ b if out is None else np.matmul(a, b, out=out)

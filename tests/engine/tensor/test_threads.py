@@ -256,7 +256,8 @@ def test_only_large_products_get_openblas_threads(fake_blas):
 
 
 def test_products_with_few_outputs_keep_one_thread(fake_blas):
-    # a weight gradient of a small layer: much work, few outputs, which OpenBLAS splits over
+    # a small layer's weight gradient: much work into few outputs, and OpenBLAS splits a product
+    # over its outputs, so a second thread has little to take: one thread below 4096 outputs
     small = int(np.sqrt(threads.BLAS_THREADED_MIN_OUT))
     assert small * small == threads.BLAS_THREADED_MIN_OUT
     k = 2 * threads.BLAS_THREADED_MIN_WORK // threads.BLAS_THREADED_MIN_OUT
