@@ -31,12 +31,16 @@ test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider
 
 # PyTorch CPU is a benchmark-only peer (never a dependency); without it the peer columns say so.
+# On an Intel CPU the engine's side runs with the `mkl` extra (MKL for its one-thread products,
+# as PyTorch's products are MKL's); the report's machine section says which BLAS it measured.
 # The language-model rows (LoRA step, generation, first forward) run their peer, PyTorch +
 # transformers + peft, in a venv of its own (.venv-peers, never Ember's), or in the Python that
 # EMBER_ORACLE_PYTHON names.
 PEERS := .venv-peers
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q torch==2.13.0 || echo "PyTorch not installed: its peer columns stay empty"
+	if grep -q GenuineIntel /proc/cpuinfo 2>/dev/null; then $(BIN)/python -m pip install -q -e '.[test,mkl]' \
+		|| echo "mkl not installed: every product is OpenBLAS's"; fi
 	if [ -z "$$EMBER_ORACLE_PYTHON" ]; then \
 		{ test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS); } \
 		&& $(PEERS)/bin/python -m pip install -q torch==2.13.0 transformers peft \

@@ -208,13 +208,23 @@ def openblas_kernels(environ=None) -> str:
     return line + (f", forced by {forced} in the environment" if forced else ", as OpenBLAS chose them for this CPU")
 
 
+def blas_line() -> str:
+    """Which BLAS makes the engine's products (engine.tensor.mkl.describe). Imports the engine."""
+    try:
+        from engine.tensor import mkl  # noqa: PLC0415
+
+        return "Products: " + mkl.describe()
+    except Exception as exc:  # noqa: BLE001 - a report line, never a failure
+        return f"Products: unknown ({exc})"
+
+
 def machine_line() -> str:
     """The `Machine: ...` line the scripts print first: CPU, cores, Python, NumPy, its OpenBLAS
     kernels, malloc."""
     import numpy as np  # noqa: PLC0415  (callers import the engine first)
 
     return (f"Machine: {cpu_name()}, {os.cpu_count()} logical cores, {platform.machine()}, Python "
-            f"{platform.python_version()}, NumPy {np.__version__}, {openblas_kernels()}, {malloc_note()}")
+            f"{platform.python_version()}, NumPy {np.__version__}, {openblas_kernels()}, {blas_line()}, {malloc_note()}")
 
 
 def rss_mib() -> float:

@@ -29,7 +29,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(ROOT))
-from benchmarks._common import STABLE_MALLOC, cpu_name, openblas_kernels, two_core_line  # noqa: E402
+from benchmarks._common import STABLE_MALLOC, blas_line, cpu_name, openblas_kernels, two_core_line  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
            "pretrained_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
@@ -547,6 +547,7 @@ def machine_lines() -> list[str]:
         f"- OS: {platform.system()} {platform.release()}",
         f"- Python {platform.python_version()}, NumPy {np.__version__}{blas}",
         f"- {openblas_kernels()}",
+        f"- {blas_line()}",
     ]
 
 

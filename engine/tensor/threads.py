@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import mkl as _mkl
+
 __all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
            "one_blas_thread", "one_blas_thread_possible", "matmul", "matmul_of", "BLAS_THREADED_MIN_WORK", "BLAS_THREADED_MIN_OUT", "blas_threads_by_size"]
 
@@ -450,16 +452,21 @@ def matmul(a, b, out=None):
     own). With OpenBLAS at one thread (`blas_threads_by_size`), a product whose every matrix
     makes at least BLAS_THREADED_MIN_WORK multiply-adds into at least BLAS_THREADED_MIN_OUT
     outputs gets OpenBLAS's threads for the call, unless a kernel holds one thread or this is a
-    kernel thread (their products are their own)."""
+    kernel thread (their products are their own). The products that run on one thread are
+    MKL's where `engine.tensor.mkl` is active (the `mkl` extra on an Intel CPU)."""
     global _blas_raised
     if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         return a @ b if out is None else np.matmul(a, b, out=out)
     if not _by_size_checked:
         blas_threads_by_size()
-    if (not _by_size or a.ndim < 2 or b.ndim < 2 or getattr(_inside, "worker", False)
+    if not _by_size:
+        # OpenBLAS keeps its own count: one thread in a one-thread process (MKL may take the
+        # product), OpenBLAS's threads otherwise (EMBER_BLAS_THREADS=all, or no way to set them)
+        return _mkl.matmul(a, b, out) if _BLAS == 1 else np.matmul(a, b, out=out)
+    if (a.ndim < 2 or b.ndim < 2 or getattr(_inside, "worker", False) or _blas_users
             or a.shape[-2] * b.shape[-1] < BLAS_THREADED_MIN_OUT
             or a.shape[-2] * a.shape[-1] * b.shape[-1] < BLAS_THREADED_MIN_WORK):
-        return np.matmul(a, b, out=out)
+        return _mkl.matmul(a, b, out)  # a product on one thread
     api = _blas_api[0]
     with _blas_lock:
         _blas_raised += 1
