@@ -113,29 +113,31 @@ def _load(path: str):
 
 
 def _decide() -> None:
+    """Fill `_state` once, in one update: a thread that reads it without the lock sees it empty
+    (and waits here) or whole."""
     with _lock:
         if _state:
             return
         choice = _choice()
         path = None if choice == "openblas" else library_path()
+        found: dict = {"reason": None}
         if choice == "openblas":
-            _state["reason"] = "EMBER_BLAS=openblas"
+            found["reason"] = "EMBER_BLAS=openblas"
         elif path is None:
-            _state["reason"] = "the mkl wheel is not installed (pip install ember-studio[mkl])"
+            found["reason"] = "the mkl wheel is not installed (pip install ember-studio[mkl])"
             if choice == "mkl":
-                warnings.warn("EMBER_BLAS=mkl: " + _state["reason"] + "; the products stay OpenBLAS's",
+                warnings.warn("EMBER_BLAS=mkl: " + found["reason"] + "; the products stay OpenBLAS's",
                               RuntimeWarning, stacklevel=4)
         elif choice == "auto" and not _intel_cpu():
-            _state["reason"] = "not an Intel CPU (EMBER_BLAS=mkl uses MKL anyway)"
+            found["reason"] = "not an Intel CPU (EMBER_BLAS=mkl uses MKL anyway)"
         else:
             try:
-                _state["lib"], _state["routines"] = _load(path)
-                _state["path"] = path
+                lib, routines = _load(path)
+                found.update(lib=lib, routines=routines, path=path)
             except (OSError, AttributeError) as exc:
-                _state.clear()
-                _state["reason"] = f"MKL at {path} could not be used: {exc}"
-                warnings.warn(_state["reason"] + "; the products stay OpenBLAS's", RuntimeWarning, stacklevel=4)
-        _state.setdefault("reason", None)
+                found["reason"] = f"MKL at {path} could not be used: {exc}"
+                warnings.warn(found["reason"] + "; the products stay OpenBLAS's", RuntimeWarning, stacklevel=4)
+        _state.update(found)
 
 
 def active() -> bool:
@@ -208,20 +210,25 @@ def plan(a, b, out=None):
     the layout (pointers as ints). `out` is the given output or a new C-contiguous array."""
     if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.ndim < 2 or b.ndim < 2:
         return None
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if m * k * n < MKL_MIN_ITEM_WORK:  # first, cheaply: most of a step's products are small
+        return None
     dt = a.dtype
     if dt != b.dtype or dt not in (np.float32, np.float64) or not (a.flags.aligned and b.flags.aligned):
         return None
-    m, k = a.shape[-2:]
-    k2, n = b.shape[-2:]
     if k != k2 or m == 0 or n == 0 or k == 0:
         return None
-    try:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        return None
-    count = 1
-    for d in batch:
-        count *= d
+    if a.ndim == 2 and b.ndim == 2:
+        batch, count = (), 1
+    else:
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            return None
+        count = 1
+        for d in batch:
+            count *= d
     if count == 0 or count * m * n * k < MKL_MIN_WORK or (count > 1 and m * n * k < MKL_MIN_ITEM_WORK):
         return None
     ma, mb = _matrix(a, m, k), _matrix(b, k, n)

@@ -104,6 +104,7 @@ def _operands():
         ("stack @ matrix (one tall product)", r(4, 5, 7), r(7, 3)),
         ("stack of transposes @ matrix", r(4, 7, 5).transpose(0, 2, 1), r(7, 3)),
         ("matrix @ stack (a broadcast)", r(5, 7), r(4, 7, 3)),
+        ("a broadcast_to stack (stride 0) @ matrix", np.broadcast_to(r(5, 7), (4, 5, 7)), r(7, 3)),
         ("broadcast batch axes", r(2, 1, 5, 7), r(1, 3, 7, 3)),
         ("one stack broadcast over the outer batch axis", r(1, 4, 5, 7), r(3, 4, 7, 3)),
         ("size-1 batch axes", r(1, 4, 1, 5, 7), r(1, 4, 1, 7, 3)),
