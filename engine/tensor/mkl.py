@@ -49,7 +49,7 @@ _SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 _INT_MAX = (1 << 31) - 1
 
 _lock = threading.Lock()
-_state: dict = {}  # "lib", "gemm", "batch": once decided; "reason": why not, when not
+_state: dict = {}  # once decided: "reason" (None when MKL is used), and "lib", "routines", "path" when it is
 
 
 def _choice() -> str:
@@ -67,8 +67,9 @@ def _intel_cpu() -> bool:
             for line in f:
                 if line.startswith("vendor_id"):
                     return "GenuineIntel" in line
-    except OSError:
-        pass
+    except OSError:  # not Linux: Windows names the vendor in platform.processor()
+        import platform  # noqa: PLC0415
+        return "GenuineIntel" in platform.processor()
     return False
 
 
@@ -79,9 +80,12 @@ def library_path() -> str | None:
         files = metadata.files("mkl") or ()
     except Exception:  # noqa: BLE001 - PackageNotFoundError, or a broken installation
         return None
-    names = ("libmkl_rt.so",) if sys.platform.startswith("linux") else ("mkl_rt",)
-    found = sorted(os.path.normpath(str(f.locate())) for f in files if f.name.startswith(names)
-                   and (f.name.endswith(".dll") or ".so" in f.name or f.name.endswith(".dylib")))
+    linux = sys.platform.startswith("linux")  # the wheels are built for Linux and Windows only
+
+    def is_mkl_rt(name: str) -> bool:
+        return name.startswith("libmkl_rt.so") if linux else name.startswith("mkl_rt") and name.endswith(".dll")
+
+    found = sorted(os.path.normpath(str(f.locate())) for f in files if is_mkl_rt(f.name))
     for path in found:
         if os.path.exists(path):
             return path
@@ -155,8 +159,8 @@ def describe() -> str:
             version = " " + metadata.version("mkl")
         except Exception:  # noqa: BLE001 - a report line
             version = ""
-        return (f"MKL{version} (sequential) for the products on one thread (from 2^21 multiply-adds), "
-                f"OpenBLAS for the rest")
+        return (f"MKL{version} (sequential) for the products on one thread (from 2^{MKL_MIN_WORK.bit_length() - 1} "
+                f"multiply-adds), OpenBLAS for the rest")
     return f"OpenBLAS (NumPy's) for every product: {_state['reason']}"
 
 
@@ -172,9 +176,9 @@ def _matrix(x, rows: int, cols: int):
     item = x.itemsize
     sr, sc = x.strides[-2], x.strides[-1]
     if (cols == 1 or sc == item) and (rows == 1 or (sr > 0 and sr % item == 0 and sr >= cols * item)):
-        return _NO_TRANS, max(cols, sr // item if rows > 1 else cols, 1)
+        return _NO_TRANS, sr // item if rows > 1 else cols  # a single row: any ld >= cols will do
     if (rows == 1 or sr == item) and (cols == 1 or (sc > 0 and sc % item == 0 and sc >= rows * item)):
-        return _TRANS, max(rows, sc // item if cols > 1 else rows, 1)
+        return _TRANS, sc // item if cols > 1 else rows
     return None
 
 
@@ -212,8 +216,8 @@ def plan(a, b, out=None):
         return None
     m, k = a.shape[-2:]
     k2, n = b.shape[-2:]
-    if m * k * n < MKL_MIN_ITEM_WORK:  # first, cheaply: most of a step's products are small
-        return None
+    if m * k * n < MKL_MIN_ITEM_WORK:  # first, cheaply: most of a step's products are small (and
+        return None                      # a stack's items must each make this many)
     dt = a.dtype
     if dt != b.dtype or dt not in (np.float32, np.float64) or not (a.flags.aligned and b.flags.aligned):
         return None
@@ -229,7 +233,7 @@ def plan(a, b, out=None):
         count = 1
         for d in batch:
             count *= d
-    if count == 0 or count * m * n * k < MKL_MIN_WORK or (count > 1 and m * n * k < MKL_MIN_ITEM_WORK):
+    if count * m * n * k < MKL_MIN_WORK:  # also a batch of 0
         return None
     ma, mb = _matrix(a, m, k), _matrix(b, k, n)
     if ma is None or mb is None:
