@@ -38,6 +38,22 @@ def _bits_as_float32(typingctx, v):
     return sig, codegen
 
 
+@intrinsic
+def _max_f32(typingctx, a, b):
+    """max(a, b) of two float32s as LLVM's `maximum` (NaN when either is NaN, as np.max), with
+    no preference between -0 and +0. A row's running max written with it is vectorized (8
+    lanes); with Python's `max` (a compare and select) LLVM keeps a scalar chain, one compare's
+    latency per element: a [1024, 32000] row max took 43 ms instead of 8.7 (Intel Xeon, 1 thread)."""
+    sig = types.float32(types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.FloatType()])
+        fn = builder.module.declare_intrinsic("llvm.maximum", [ir.FloatType()], fnty)
+        return builder.call(fn, args, fastmath=("nsz",))
+
+    return sig, codegen
+
+
 _LOG2E = f32(1.4426950408889634)
 _LN2_HI = f32(0.693359375)  # ln 2 in two parts: n * _LN2_HI is exact for |n| < 2^9
 _LN2_LO = f32(-2.12194440e-4)
@@ -165,7 +181,7 @@ def shifted_exp_rows(x, e, m, s):
         xr, er = x[r], e[r]
         mx = xr[0]
         for j in range(1, c):
-            mx = max(mx, xr[j])
+            mx = _max_f32(mx, xr[j])
         tot = 0.0
         for lo in range(0, c, _SUM_RUN):
             part = f32(0.0)  # float32 lanes over a run (vectorized), the runs summed in float64
@@ -210,12 +226,12 @@ def attention_softmax(s, scale, masked, fill, quiet):
                 for j in range(s2):
                     v = fill if mrow[j] else row[j] * scale
                     row[j] = v
-                    mx = max(mx, v)
+                    mx = _max_f32(mx, v)
             else:
                 for j in range(s2):
                     v = row[j] * scale
                     row[j] = v
-                    mx = max(mx, v)
+                    mx = _max_f32(mx, v)
             if quiet:
                 mx = max(mx, f32(0.0))
             tot = f32(0.0)

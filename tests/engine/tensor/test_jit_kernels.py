@@ -213,6 +213,50 @@ def test_compiled_cross_entropy_propagates_nan():
     assert np.isnan(loss) and np.isnan(grad[1]).all() and np.isfinite(grad[0]).all()
 
 
+@needs_numba
+def test_row_max_of_the_softmax_kernels_is_numpys_max_with_nan_inf_and_signed_zeros():
+    # the kernels' running max is LLVM's `maximum` (vectorized): the same value as np.max in
+    # every row, NaN wherever the row holds one, at any position in the row and its vector tail
+    k = jit.kernels()
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((12, 1003)) * 5).astype(np.float32)
+    x[1, 0] = np.nan
+    x[2, 517] = np.nan
+    x[3, -1] = np.nan
+    x[4, :] = -np.inf
+    x[5, 9] = np.inf
+    x[6, :] = -0.0
+    x[6, 400] = 0.0
+    x[7, :] = -1e30
+    x[7, 1002] = 3.0  # the maximum in the last element, past the vectorized part
+    x[8, 0] = 40.0    # ... and in the first
+    e = np.empty_like(x)
+    m = np.empty(12, np.float32)
+    tot = np.empty(12, np.float32)
+    k.shifted_exp_rows(x, e, m, tot)
+    want = np.max(x, axis=1)
+    assert np.array_equal(m, want, equal_nan=True)
+    assert np.array_equal(np.isnan(tot), np.isnan(want) | np.isinf(want))
+    finite = np.isfinite(want)
+    with np.errstate(invalid="ignore"):
+        ref = np.exp((x[finite] - want[finite, None]).astype(np.float64))  # the float32 shift, as the kernel
+    np.testing.assert_allclose(e[finite], ref, rtol=3e-7, atol=1e-38)
+    np.testing.assert_allclose(tot[finite], ref.sum(axis=1), rtol=1e-6)
+    # attention's softmax: a NaN score makes its row NaN and leaves the others as NumPy's
+    sc = (rng.standard_normal((2, 3, 37)) * 4).astype(np.float32)
+    sc[1, 2, 30] = np.nan
+    got = sc.copy()
+    k.attention_softmax(got, np.float32(0.5), np.zeros((0, 0), bool), np.float32(0.0), False)
+    v = sc.astype(np.float64) * 0.5
+    with np.errstate(invalid="ignore"):
+        ref = np.exp(v - v.max(axis=-1, keepdims=True))
+        ref /= ref.sum(axis=-1, keepdims=True)
+    assert np.isnan(got[1, 2]).all()
+    ok = np.ones((2, 3), bool)
+    ok[1, 2] = False
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-6, atol=1e-9)
+
+
 # ---------------------------------------------------------------------- switching off
 def test_switched_off_or_without_numba_the_numpy_paths_run(monkeypatch):
     x = np.random.default_rng(2).standard_normal((64, 32)).astype(np.float32)
