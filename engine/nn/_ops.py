@@ -249,16 +249,48 @@ def hard_sigmoid(x: Tensor, alpha: float, beta: float) -> Tensor:
     return unary(x, "hard_sigmoid", lambda a: _xp(a).clip(a * al + be, 0, 1), grad)
 
 
+def _silu_f32(xd):
+    """SiLU of a float32 NumPy array and its derivative `s (1 + x (1 - s))`, one compiled pass
+    a block of `_GELU_BLOCK` elements (threaded over blocks), or None without the kernels."""
+    k = jit.kernels()
+    if k is None:
+        return None
+    xf = np.ascontiguousarray(xd).reshape(-1)
+    n = xf.size
+    out = np.empty(n, np.float32)
+    der = np.empty(n, np.float32)
+
+    def compiled(blocks):
+        for lo in blocks:
+            hi = min(lo + _GELU_BLOCK, n)
+            k.silu(xf[lo:hi], out[lo:hi], der[lo:hi])
+
+    run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=max(2, (_threads.PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+    return out.reshape(xd.shape), der.reshape(xd.shape)
+
+
 def silu(x: Tensor) -> Tensor:
-    """`x * sigmoid(x)`. The sigmoid is computed once, `1 / (1 + exp(-x))` in three in-place
+    """`x * sigmoid(x)`. float32 on NumPy with the compiled kernels: the output and the
+    derivative `s (1 + x (1 - s))` in one pass (`_silu_f32`), the backward one product (a Llama
+    MLP's SiLU forward and backward took 3.6 ms on [8, 128, 688] in NumPy's passes, Intel Xeon,
+    1 thread). Otherwise the sigmoid is computed once, `1 / (1 + exp(-x))` in three in-place
     passes (an exp that overflows gives exactly 0; within an ulp or so of scipy's `expit`, which
     took twice as long on float32), and kept for the backward, `g * s * (1 + x * (1 - s))`, worked
-    in place: a Llama MLP's SiLU forward and backward took ~2.4x as long with the sigmoid computed
-    twice in several passes."""
+    in place."""
     op = "silu"
     _float_input(op, x)
     xd = array(x)
     xp = x.device.xp
+    fused = _silu_f32(xd) if xp is np and xd.dtype == np.float32 and xd.size else None
+    if fused is not None:
+        out, der = fused
+        if not tracking(x):
+            return untracked(out, (x,))
+
+        def rule32(g):
+            return ((g * der).astype(g.dtype, copy=False),)
+
+        return record(out, x.device, (x,), rule32, op)
     s = xp.negative(xd)
     with np.errstate(over="ignore"):
         xp.exp(s, out=s)

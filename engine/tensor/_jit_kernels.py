@@ -90,6 +90,20 @@ def exp_nonpositive_array(x, out):
         out[i] = exp_nonpositive(x[i])
 
 
+# ---------------------------------------------------------------------- SiLU
+@njit(types.void(R1, F1, F1), fastmath=_ELEMENTWISE, **_OPTS)
+def silu(x, out, der):
+    """`out = x s(x)`, `der = s(x) (1 + x (1 - s(x)))` with s the sigmoid, in one pass: s from one
+    `exp(-|x|)` (1 / (1 + e) where x >= 0, e / (1 + e) below: no overflow either side)."""
+    for i in range(x.size):
+        xi = x[i]
+        e = exp_nonpositive(-abs(xi))
+        d = f32(1.0) / (f32(1.0) + e)
+        s = d if xi >= f32(0.0) else e * d
+        out[i] = xi * s
+        der[i] = s * (f32(1.0) + xi * (f32(1.0) - s))
+
+
 # ---------------------------------------------------------------------- Gelu
 @njit(types.void(R1, F1, F1, R1), fastmath=_ELEMENTWISE, **_OPTS)
 def gelu(x, out, der, coef):

@@ -90,6 +90,49 @@ def test_compiled_gelu_matches_float64_and_the_numpy_path(n_threads):
     np.testing.assert_allclose(der[ok], der_np[ok], rtol=0, atol=5e-7)
 
 
+# ---------------------------------------------------------------------- SiLU
+@needs_numba
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_compiled_silu_matches_float64_the_numpy_path_and_finite_differences(n_threads):
+    n = 3 * _ops._GELU_BLOCK * 7 + 123  # several blocks (threaded at 2), a ragged last one
+    x = np.concatenate([np.linspace(-30, 30, n - 7), [0.0, -0.0, np.nan, np.inf, -np.inf, 100.0, -100.0]])
+    x = x.astype(np.float32)
+    with compiled(True, n_threads):
+        xt = Tensor.from_data(x).require_grad()
+        y = _ops.silu(xt)
+        g = np.linspace(-1, 1, n).astype(np.float32)
+        gx = xt.grad((y * Tensor.from_data(g)).sum().backward()).numpy()
+        out, der = _ops._silu_f32(x)
+    assert np.array_equal(y.numpy(), out, equal_nan=True)
+    with compiled(False, n_threads), np.errstate(over="ignore", invalid="ignore"):
+        out_np = _ops.silu(Tensor.from_data(x)).numpy()
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s64 = 1.0 / (1.0 + np.exp(-x64))
+        ref = x64 * s64
+        dref = s64 * (1.0 + x64 * (1.0 - s64))
+    ok = np.isfinite(x)
+    np.testing.assert_allclose(out[ok], ref[ok], rtol=4e-7, atol=1e-30)
+    np.testing.assert_allclose(der[ok], dref[ok], rtol=2e-6, atol=3e-7)
+    np.testing.assert_allclose(out[ok], out_np[ok], rtol=4e-7, atol=1e-30)
+    np.testing.assert_allclose(gx, (g * der), rtol=0, atol=0)  # the backward is one product
+    # the edges (0, -0, NaN, +-inf, +-100) give what the NumPy path gives, output and gradient
+    edges = Tensor.from_data(x[-7:]).require_grad()
+    with compiled(False, n_threads), np.errstate(over="ignore", invalid="ignore"):
+        ye = _ops.silu(edges)
+        ge = edges.grad(ye.sum().backward()).numpy()
+    assert np.array_equal(out[-7:], ye.numpy(), equal_nan=True) and np.array_equal(der[-7:], ge, equal_nan=True)
+    assert out[-4] == np.inf and out[-2] == 100.0 and der[-2] == 1.0
+    assert out[-1] == pytest.approx(-100 * np.exp(-100.0), rel=1e-5)
+    # the derivative is the gradient: central differences in float64 of the float32 function
+    pick = np.linspace(0, n - 8, 41).astype(int)
+    h = 1e-2
+    up, _ = _ops._silu_f32((x[pick] + np.float32(h)).astype(np.float32))
+    dn, _ = _ops._silu_f32((x[pick] - np.float32(h)).astype(np.float32))
+    fd = (up.astype(np.float64) - dn) / (2 * h)
+    np.testing.assert_allclose(der[pick], fd, rtol=2e-3, atol=2e-4)
+
+
 # ---------------------------------------------------------------------- layer norm
 def _layer_norm_reference(x, gamma, beta, g, eps, nred):
     """Forward and the gradients of x, gamma, beta in float64 (plain formulas)."""
