@@ -189,23 +189,33 @@ _SUM_RUN = 512  # elements a float32 partial sum covers (in 8-lane vectors: 64 t
 @njit(types.void(R2, F2, F1, F1), fastmath=_SUMS, **_OPTS)
 def shifted_exp_rows(x, e, m, s):
     """Each row of x [R, C]: `m = max`, `e = exp(x - m)`, `s = sum(e)` (float32 partial sums
-    over runs of `_SUM_RUN`, added in float64: the float64 sum throughout cost 1.7x the time)."""
+    over runs of `_SUM_RUN`, added in float64: the float64 sum throughout cost 1.7x the time).
+    The whole runs are loops of a fixed trip count, the row's remainder one loop after them:
+    with the run's end computed per run (`min(lo + _SUM_RUN, c)`) LLVM vectorized the loop
+    worse, and a [1024, 32000] call took 44 ms instead of 27 (Intel Xeon, 1 thread)."""
     rows, c = x.shape
+    whole = c // _SUM_RUN
     for r in range(rows):
         xr, er = x[r], e[r]
         mx = xr[0]
         for j in range(1, c):
             mx = _max_f32(mx, xr[j])
         tot = 0.0
-        for lo in range(0, c, _SUM_RUN):
+        for b in range(whole):
+            lo = b * _SUM_RUN
             part = f32(0.0)  # float32 lanes over a run (vectorized), the runs summed in float64
-            for j in range(lo, min(lo + _SUM_RUN, c)):
-                v = exp_nonpositive(xr[j] - mx)
-                er[j] = v
+            for j in range(_SUM_RUN):
+                v = exp_nonpositive(xr[lo + j] - mx)
+                er[lo + j] = v
                 part += v
             tot += part
+        part = f32(0.0)
+        for j in range(whole * _SUM_RUN, c):
+            v = exp_nonpositive(xr[j] - mx)
+            er[j] = v
+            part += v
         m[r] = mx
-        s[r] = f32(tot)
+        s[r] = f32(tot + part)
 
 
 @njit(types.void(R2, R1, F2), fastmath=_ELEMENTWISE, **_OPTS)
