@@ -692,6 +692,56 @@ def _layer_norm_compiled(x: Tensor, xd, plan, row_shape, eps: float, gamma: Tens
     return record(out, x.device, inputs, rule, "normalize")
 
 
+def _rms_norm_compiled(x: Tensor, xd, gamma: Tensor, eps: float):
+    """RMS norm over the last axis of a float32 NumPy tensor with the compiled kernels (one pass
+    for the statistics and output, one for the whole backward, as `_layer_norm_compiled`), or
+    None when they do not apply (another dtype or layout, no numba, a gamma not of the last
+    axis's size)."""
+    if xd.dtype != np.float32 or not xd.flags.c_contiguous or xd.ndim == 0 or xd.size == 0:
+        return None
+    k = jit.kernels()
+    if k is None:
+        return None
+    p = xd.shape[-1]
+    gd = _per_row_affine(gamma, (p,))
+    if gd is None or gd.size != p:
+        return None
+    r = xd.size // p
+    x2 = xd.reshape(r, p)
+    out, xhat = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty(r, np.float32)
+    per = max(1, _LN_BLOCK // p)
+    blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
+    min_blocks = max(2, _threads.PARALLEL_MIN_BYTES // max(1, per * p * 4))
+    e = float(eps)
+
+    def forward(run):
+        for b in run:
+            k.rms_norm(x2[b], gd, e, out[b], xhat[b], rstd[b])
+
+    run_chunks(forward, blocks, min_blocks=min_blocks)
+    out = out.reshape(xd.shape)
+    if not tracking(x, gamma):
+        return untracked(out, (x, gamma))
+    need_x, need_g = _needs(x), _needs(gamma)
+
+    def rule(g):
+        g2 = np.ascontiguousarray(g, dtype=np.float32).reshape(r, p)
+        gx = np.empty_like(g2) if need_x else np.empty((0, p), np.float32)
+        sums = np.zeros((len(blocks), p), np.float64)  # per block: fixed bits whoever runs it
+
+        def backward(run):
+            for i in run:
+                b = blocks[i]
+                k.rms_norm_backward(g2[b], xhat[b], rstd[b], gd, gx[b] if need_x else gx, sums[i])
+
+        run_chunks(backward, range(len(blocks)), min_blocks=min_blocks)
+        gg = sums.sum(axis=0).astype(np.float32).reshape(gamma.shape) if need_g else None
+        return (gx.reshape(xd.shape).astype(g.dtype, copy=False) if need_x else None), gg
+
+    return record(out, x.device, (x, gamma), rule, "rms_norm")
+
+
 def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None = None,
               beta: Tensor | None = None, affine_shape: tuple[int, ...] | None = None,
               stats: dict | None = None) -> Tensor:
@@ -813,11 +863,15 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
 
 
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
-    """`x / sqrt(mean(x^2, last dim) + eps) * gamma`."""
+    """`x / sqrt(mean(x^2, last dim) + eps) * gamma`: float32 on NumPy with the compiled kernels
+    through `_rms_norm_compiled`, else in NumPy's / CuPy's passes."""
     op = "rms_norm"
     _float_input(op, x)
     xd = array(x)
     xp = x.device.xp
+    done = _rms_norm_compiled(x, xd, gamma, eps) if xp is np else None
+    if done is not None:
+        return done
     r = 1.0 / xp.sqrt((xd * xd).mean(axis=-1, keepdims=True) + eps)
     xhat = xd * r
     gd = array(gamma)

@@ -182,6 +182,48 @@ def layer_norm_backward(g, xhat, rstd, gamma, gx, sum_g, sum_gxhat):
                 out[j] = (a - c1 - hr[j] * c2) * rs
 
 
+@njit(types.void(R2, R1, types.float64, F2, F2, F1), fastmath=_SUMS, **_OPTS)
+def rms_norm(x, gamma, eps, out, xhat, rstd):
+    """Each row of x [R, P]: `rstd = 1 / sqrt(mean(x^2) + eps)` (a float64 sum), `xhat = x rstd`,
+    `out = xhat * gamma` (gamma [P])."""
+    rows, p = x.shape
+    inv_p = 1.0 / p
+    for r in range(rows):
+        xr = x[r]
+        v = 0.0
+        for j in range(p):
+            v += xr[j] * xr[j]
+        rs = f32(1.0 / math.sqrt(v * inv_p + eps))
+        rstd[r] = rs
+        hr, orow = xhat[r], out[r]
+        for j in range(p):
+            h = xr[j] * rs
+            hr[j] = h
+            orow[j] = h * gamma[j]
+
+
+@njit(types.void(R2, R2, R1, R1, F2, D1), fastmath=_SUMS, **_OPTS)
+def rms_norm_backward(g, xhat, rstd, gamma, gx, sum_gxhat):
+    """The backward of `rms_norm` over rows: `gx = rstd (gxh - xhat mean(gxh xhat))` with
+    `gxh = g gamma` (gx: [R, P], or [0, P] when not wanted), and `sum_gxhat += sum of g xhat
+    over the rows` (a float64 [P] accumulator: gamma's gradient)."""
+    rows, p = g.shape
+    want_x = gx.shape[0] > 0
+    inv_p = 1.0 / p
+    for r in range(rows):
+        gr, hr = g[r], xhat[r]
+        for j in range(p):
+            sum_gxhat[j] += gr[j] * hr[j]
+        if want_x:
+            m2 = 0.0
+            for j in range(p):
+                m2 += gr[j] * gamma[j] * hr[j]
+            c2, rs = f32(m2 * inv_p), rstd[r]
+            out = gx[r]
+            for j in range(p):
+                out[j] = (gr[j] * gamma[j] - hr[j] * c2) * rs
+
+
 # ---------------------------------------------------------------------- softmax rows
 _SUM_RUN = 512  # elements a float32 partial sum covers (in 8-lane vectors: 64 terms a lane)
 

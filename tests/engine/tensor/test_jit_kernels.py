@@ -224,6 +224,67 @@ def test_layer_norm_outside_the_compiled_kernels_cases_takes_the_numpy_path(monk
     assert all(r is None for r in seen)
 
 
+# ---------------------------------------------------------------------- RMS norm
+def _rms_run(x, gamma, g, need_x=True, need_g=True):
+    xt = Tensor.from_data(x)
+    gt = Tensor.from_data(gamma)
+    xt = xt.require_grad() if need_x else xt
+    gt = gt.require_grad() if need_g else gt
+    y = _ops.rms_norm(xt, gt, 1e-5)
+    grads = (y * Tensor.from_data(g)).sum().backward()
+    return (y.numpy(), xt.grad(grads).numpy() if need_x else None, gt.grad(grads).numpy() if need_g else None)
+
+
+@needs_numba
+@pytest.mark.parametrize("shape,n_threads", [((64, 32), 1), ((3, 5, 7), 1), ((8, 128, 256), 2), ((4096, 128), 2)])
+def test_compiled_rms_norm_matches_float64_and_the_numpy_path(shape, n_threads):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 3 + 0.5).astype(np.float32)
+    gamma = (rng.standard_normal(shape[-1]) + 1).astype(np.float32)
+    g = rng.standard_normal(shape).astype(np.float32)
+    x64, g64, gm = x.astype(np.float64), g.astype(np.float64), gamma.astype(np.float64)
+    rstd = 1.0 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + 1e-5)
+    xhat = x64 * rstd
+    gxh = g64 * gm
+    ref = (xhat * gm, rstd * (gxh - xhat * (gxh * xhat).mean(axis=-1, keepdims=True)),
+           (g64 * xhat).reshape(-1, shape[-1]).sum(axis=0))
+    calls = []
+    real = jit.kernels
+    with compiled(True, n_threads):
+        jit_spy = _Spy(real())
+        try:
+            jit.kernels = lambda: jit_spy
+            got = _rms_run(x, gamma, g)
+        finally:
+            jit.kernels = real
+        calls = jit_spy.calls
+        only_gamma = _rms_run(x, gamma, g, need_x=False)
+        only_x = _rms_run(x, gamma, g, need_g=False)
+    assert "rms_norm" in calls and "rms_norm_backward" in calls
+    with compiled(False, n_threads):
+        want = _rms_run(x, gamma, g)
+    for a, r, w, tol in zip(got, ref, want, (2e-6, 2e-5, 2e-5)):
+        scale = np.abs(r).max()
+        assert np.abs(a - r).max() <= tol * scale
+        assert np.abs(a - w).max() <= tol * scale
+    assert only_gamma[1] is None and np.array_equal(only_gamma[2], got[2]) and np.array_equal(only_gamma[0], got[0])
+    assert only_x[2] is None and np.array_equal(only_x[1], got[1])
+    with compiled(True, 1):  # the same bits on one thread as on two: fixed blocks, fixed sums
+        assert all(np.array_equal(a, b) for a, b in zip(_rms_run(x, gamma, g), got))
+
+
+@needs_numba
+def test_rms_norm_outside_the_compiled_kernels_cases_takes_the_numpy_path(monkeypatch):
+    seen = []
+    monkeypatch.setattr(_ops, "_rms_norm_compiled", lambda *a: seen.append(a) or None)
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    out = _ops.rms_norm(Tensor.from_data(x), Tensor.from_data(np.ones(6, np.float32)), 1e-5).numpy()
+    assert seen and np.allclose(out, x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5), atol=1e-6)
+    monkeypatch.undo()
+    for xv, gv in ((x.astype(np.float64), np.ones(6)), (x, np.ones((4, 1), np.float32)), (x[:, ::2], np.ones(3, np.float32))):
+        assert _ops._rms_norm_compiled(Tensor.from_data(xv), xv, Tensor.from_data(gv), 1e-5) is None
+
+
 # ---------------------------------------------------------------------- cross entropy
 @needs_numba
 @pytest.mark.parametrize("rows,classes,n_threads", [(33, 7, 1), (256, 1000, 1), (97, 30001, 2)])
