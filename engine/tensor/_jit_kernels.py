@@ -225,6 +225,12 @@ def rms_norm_backward(g, xhat, rstd, gamma, gx, sum_gxhat):
 
 
 # ---------------------------------------------------------------------- softmax rows
+# _STORE_THEN_SUM: a loop that both stores into one array and sums into a scalar is vectorized
+# by LLVM behind a run-time check that the arrays do not overlap, and where the output lies just
+# past the end of the input (a few hundred bytes, as malloc often places them) the check fails
+# and the scalar loop runs: the same numbers summed in another order, other last bits from one
+# call to the next (a training step's gradients differed between two runs of one process). The
+# kernels here store in one loop and sum in a second, read-only one, whose order is fixed.
 _SUM_RUN = 512  # elements a float32 partial sum covers (in 8-lane vectors: 64 terms a lane)
 
 
@@ -234,7 +240,8 @@ def shifted_exp_rows(x, e, m, s):
     over runs of `_SUM_RUN`, added in float64: the float64 sum throughout cost 1.7x the time).
     The whole runs are loops of a fixed trip count, the row's remainder one loop after them:
     with the run's end computed per run (`min(lo + _SUM_RUN, c)`) LLVM vectorized the loop
-    worse, and a [1024, 32000] call took 44 ms instead of 27 (Intel Xeon, 1 thread)."""
+    worse, and a [1024, 32000] call took 44 ms instead of 27 (Intel Xeon, 1 thread). The exps
+    are stored by one loop and summed by another (see `_STORE_THEN_SUM`)."""
     rows, c = x.shape
     whole = c // _SUM_RUN
     for r in range(rows):
@@ -245,17 +252,17 @@ def shifted_exp_rows(x, e, m, s):
         tot = 0.0
         for b in range(whole):
             lo = b * _SUM_RUN
+            for j in range(_SUM_RUN):
+                er[lo + j] = exp_nonpositive(xr[lo + j] - mx)
             part = f32(0.0)  # float32 lanes over a run (vectorized), the runs summed in float64
             for j in range(_SUM_RUN):
-                v = exp_nonpositive(xr[lo + j] - mx)
-                er[lo + j] = v
-                part += v
+                part += er[lo + j]
             tot += part
+        for j in range(whole * _SUM_RUN, c):
+            er[j] = exp_nonpositive(xr[j] - mx)
         part = f32(0.0)
         for j in range(whole * _SUM_RUN, c):
-            v = exp_nonpositive(xr[j] - mx)
-            er[j] = v
-            part += v
+            part += er[j]
         m[r] = mx
         s[r] = f32(tot + part)
 
@@ -340,16 +347,17 @@ def attention_softmax_backward(ds, w, d_rows, have_d, masked):
 # ---------------------------------------------------------------------- batch norm (per channel)
 @njit(types.void(R3, R1, F3, F2), fastmath=_SUMS, **_OPTS)
 def bn_centre(x, mean, xc, sq):
-    """x [B, C, P]: `xc = x - mean[c]` and `sq[b, c] = sum over P of xc^2` (float64 sums)."""
+    """x [B, C, P]: `xc = x - mean[c]` and `sq[b, c] = sum over P of xc^2` (float64 sums; the
+    store and the sum are two loops: `_STORE_THEN_SUM`)."""
     nb, c, p = x.shape
     for b in range(nb):
         for ch in range(c):
             xr, zr, m = x[b, ch], xc[b, ch], mean[ch]
+            for j in range(p):
+                zr[j] = xr[j] - m
             acc = 0.0
             for j in range(p):
-                z = xr[j] - m
-                zr[j] = z
-                acc += z * z
+                acc += zr[j] * zr[j]
             sq[b, ch] = f32(acc)
 
 

@@ -361,6 +361,83 @@ def test_row_max_of_the_softmax_kernels_is_numpys_max_with_nan_inf_and_signed_ze
     np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-6, atol=1e-9)
 
 
+# ---------------------------------------------------------------------- where the arrays lie
+def _layout_cases(rng):
+    """Every kernel of one pass over rows or elements, with its arguments: arrays (the inputs
+    filled, the outputs zeros) and scalars. Rows of 200 and 1100 elements: the vectorized body
+    and its tail, and the cross entropy's whole 512-element runs."""
+    f = np.float32
+
+    def a(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(f)
+
+    def z(*shape, dtype=f):
+        return np.zeros(shape, dtype)
+
+    r, p = 6, 1100
+    coef = np.array([0.3275911 / np.sqrt(2), 0.127, -0.142, 0.711, -0.726, 0.531, -60.0, 0.3989423], f)
+    mask = rng.random((5, 200)) < 0.2
+    return {
+        "silu": [a(r * p, scale=4), z(r * p), z(r * p)],
+        "gelu": [a(r * p, scale=4), z(r * p), z(r * p), coef],
+        "relu_grad": [a(r * p), a(r * p), z(r * p)],
+        "layer_norm": [a(r, p), a(p), a(p), 1e-5, z(r, p), z(r, p), z(r)],
+        "layer_norm_backward": [a(r, p), a(r, p), a(r), a(p), z(r, p), z(p, dtype=np.float64), z(p, dtype=np.float64)],
+        "rms_norm": [a(r, p), a(p), 1e-6, z(r, p), z(r, p), z(r)],
+        "rms_norm_backward": [a(r, p), a(r, p), a(r), a(p), z(r, p), z(p, dtype=np.float64)],
+        "shifted_exp_rows": [a(r, p, scale=3), z(r, p), z(r), z(r)],
+        "shifted_exp_rows (short rows)": [a(r, 200, scale=3), z(r, 200), z(r), z(r)],
+        "scale_rows": [a(r, p), a(r), z(r, p)],
+        "attention_softmax": [a(3, 5, 200, scale=3), f(0.125), mask, f(-1e30), False],
+        "attention_softmax_backward": [a(3, 5, 200), a(3, 5, 200), z(3, 5), False, mask],
+        "bn_centre": [a(2, 3, p), a(3), z(2, 3, p), z(2, 3)],
+        "bn_scale": [a(2, 3, p), a(3), a(3), z(2, 3, p)],
+        "bn_reduce": [a(2, 3, p), a(2, 3, p), z(2, 3), z(2, 3)],
+        "bn_input_grad": [a(2, 3, p), a(2, 3, p), a(3), a(3), a(3), z(2, 3, p)],
+        "adam_update": [a(r * p), a(r * p), a(r * p), np.abs(a(r * p)), z(r * p),
+                        np.array([0.9, 0.1, 0.999, 0.001, 1e-8, -1e-3], f)],
+    }
+
+
+def _laid_out(arrays, gap: int, reverse: bool):
+    """Copies of `arrays` one after another in one buffer, `gap` bytes apart (in reverse order
+    when `reverse`): where malloc often puts a kernel's output, just past the end of its input."""
+    sizes = [-(-x.nbytes // 16) * 16 for x in arrays]
+    buf = np.zeros(sum(sizes) + gap * len(arrays) + 64, np.uint8)
+    pos = (-buf.ctypes.data) % 64
+    out = [None] * len(arrays)
+    for i in (reversed(range(len(arrays))) if reverse else range(len(arrays))):
+        view = buf[pos:pos + arrays[i].nbytes].view(arrays[i].dtype).reshape(arrays[i].shape)
+        view[...] = arrays[i]
+        out[i] = view
+        pos += sizes[i] + gap
+    return out
+
+
+@needs_numba
+def test_kernel_bits_do_not_depend_on_where_the_arrays_lie():
+    # A loop that stores into one array and sums into a scalar is vectorized behind a run-time
+    # overlap check; with the output a few hundred bytes past the input's end the check failed,
+    # the scalar loop summed in another order, and one process's training steps differed in the
+    # last bits (the cross entropy's row sums, batch norm's centred squares). Every kernel here
+    # must give the same bits wherever its arrays lie.
+    k = jit.kernels()
+    for name, args in _layout_cases(np.random.default_rng(3)).items():
+        fn = getattr(k, name.split(" ")[0])
+        arrays = [i for i, v in enumerate(args) if isinstance(v, np.ndarray)]
+        results = []
+        for gap, reverse in [(4096, False)] + [(g, rev) for g in (0, 16, 48, 64, 128, 256, 400) for rev in (False, True)]:
+            placed = _laid_out([args[i] for i in arrays], gap, reverse)
+            call = list(args)
+            for i, v in zip(arrays, placed):
+                call[i] = v
+            fn(*call)
+            results.append([v.tobytes() for v in placed])
+        for got in results[1:]:
+            for j, (x, y) in enumerate(zip(got, results[0])):
+                assert x == y, f"{name}: argument {arrays[j]} has other bits when the arrays lie elsewhere"
+
+
 # ---------------------------------------------------------------------- switching off
 def test_switched_off_or_without_numba_the_numpy_paths_run(monkeypatch):
     x = np.random.default_rng(2).standard_normal((64, 32)).astype(np.float32)
