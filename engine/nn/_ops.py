@@ -638,6 +638,15 @@ def _per_row_affine(t: Tensor | None, row_shape) -> np.ndarray | None:
     return np.ascontiguousarray(a).reshape(-1)
 
 
+def _row_norm_buffers(r: int, p: int):
+    """The compiled layer / RMS norms' outputs for r rows of p: `out`, `xhat` [r, p], `rstd` [r],
+    the row blocks (about `_LN_BLOCK` elements each) and how many of them go to the threads."""
+    out, xhat = np.empty((r, p), np.float32), np.empty((r, p), np.float32)
+    per = max(1, _LN_BLOCK // p)
+    blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
+    return out, xhat, np.empty(r, np.float32), blocks, max(2, _threads.PARALLEL_MIN_BYTES // max(1, per * p * 4))
+
+
 def _layer_norm_compiled(x: Tensor, xd, plan, row_shape, eps: float, gamma: Tensor | None, beta: Tensor | None):
     """Layer norm over the trailing axes of a float32 NumPy tensor with the compiled kernels
     (`jit`: one pass for the statistics and output, one for the whole backward), or None when
@@ -652,11 +661,7 @@ def _layer_norm_compiled(x: Tensor, xd, plan, row_shape, eps: float, gamma: Tens
     if gd is None or bd is None:
         return None
     x2 = xd.reshape(r, p)
-    out, xhat = np.empty_like(x2), np.empty_like(x2)
-    rstd = np.empty(r, np.float32)
-    per = max(1, _LN_BLOCK // p)
-    blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
-    min_blocks = max(2, _threads.PARALLEL_MIN_BYTES // max(1, per * p * 4))
+    out, xhat, rstd, blocks, min_blocks = _row_norm_buffers(r, p)
     e = float(eps)
 
     def forward(run):
@@ -708,11 +713,7 @@ def _rms_norm_compiled(x: Tensor, xd, gamma: Tensor, eps: float):
         return None
     r = xd.size // p
     x2 = xd.reshape(r, p)
-    out, xhat = np.empty_like(x2), np.empty_like(x2)
-    rstd = np.empty(r, np.float32)
-    per = max(1, _LN_BLOCK // p)
-    blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
-    min_blocks = max(2, _threads.PARALLEL_MIN_BYTES // max(1, per * p * 4))
+    out, xhat, rstd, blocks, min_blocks = _row_norm_buffers(r, p)
     e = float(eps)
 
     def forward(run):
