@@ -248,7 +248,6 @@ def test_compiled_rms_norm_matches_float64_and_the_numpy_path(shape, n_threads):
     gxh = g64 * gm
     ref = (xhat * gm, rstd * (gxh - xhat * (gxh * xhat).mean(axis=-1, keepdims=True)),
            (g64 * xhat).reshape(-1, shape[-1]).sum(axis=0))
-    calls = []
     real = jit.kernels
     with compiled(True, n_threads):
         jit_spy = _Spy(real())
@@ -375,6 +374,7 @@ def _layout_cases(rng):
         return np.zeros(shape, dtype)
 
     r, p = 6, 1100
+    # Gelu's coefficients in `_ops.gelu`'s order; only the bits' repeatability is asserted here
     coef = np.array([0.3275911 / np.sqrt(2), 0.127, -0.142, 0.711, -0.726, 0.531, -60.0, 0.3989423], f)
     mask = rng.random((5, 200)) < 0.2
     return {
