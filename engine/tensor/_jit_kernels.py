@@ -491,6 +491,42 @@ def _tile_columns(r, rs, tj, c):
     return s0, s0 + c, s0 + _u(2) * c, s0 + _u(3) * c
 
 
+@njit(types.void(R4, types.int64, types.int64, F4), **_OPTS)
+def pad_channels_last(x, top, left, dst):
+    """dst [m, H', W', C] = x [m, C, H, W] (NCHW) moved channels-last, image rows from row `top`
+    and columns from column `left` of dst, zeros around them (H' >= top + H, W' >= left + W):
+    the Winograd input's padded channels-last copy, one run of images at a time. The source is
+    read in order, one channel's plane after another (with one image row of every channel at a
+    time instead, the reads hop between C planes: 3x slower when x is not in cache); the writes
+    stay within the image's [H', W', C], which is in cache."""
+    m, c, h, w = _dims4(x)
+    hp, wp = _u(dst.shape[1]), _u(dst.shape[2])
+    t0, l0 = _u(top), _u(left)
+    xf = x.reshape(x.size)
+    df = dst.reshape(dst.size)
+    plane = h * w
+    rs = wp * c
+    for b in range(m):
+        base = b * hp * rs
+        for y in range(hp):
+            d = base + y * rs
+            if y < t0 or y >= t0 + h:
+                for k in range(rs):
+                    df[d + k] = f32(0.0)
+                continue
+            for k in range(l0 * c):
+                df[d + k] = f32(0.0)
+            for k in range((l0 + w) * c, rs):
+                df[d + k] = f32(0.0)
+        for ch in range(c):
+            s = (b * c + ch) * plane
+            for y in range(h):
+                e = base + (y + t0) * rs + l0 * c + ch
+                r = s + y * w
+                for xx in range(w):
+                    df[e + xx * c] = xf[r + xx]
+
+
 @njit(types.void(R4, types.int64, types.int64, F3, F2), fastmath=_ELEMENTWISE, **_OPTS)
 def winograd_input(x, th, tw, v, scratch):
     """V = B^T d B for the tiles of a channels-last input x [m, H', W', C] (H' >= 2 th + 2,

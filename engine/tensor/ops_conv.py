@@ -617,13 +617,15 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
     th, tw = (oh + 1) // 2, (ow + 1) // 2  # 2x2 output tiles; the last row/column may be half
     tiles = th * tw
     dt = xa.dtype
-    # zero rows and columns below and right of the padding, so that every tile reads 4x4
-    (top, bottom), (left, right) = pads
-    tile_pads = ((top, bottom + 2 * th - oh), (left, right + 2 * tw - ow))
+    # the input padded channels-last, [B, 2 th + 2, 2 tw + 2, C], each run's images copied in the
+    # run (`pad_channels_last`), with zero rows and columns below and right of the padding so that
+    # every tile reads 4x4 (2 th + 2 >= OH + 2 = top + H + bottom)
+    top, left = pads[0][0], pads[1][0]
     whole, nb, runs = _cl_runs(batch, 16 * tiles * (c_in + c_out) * dt.itemsize)
     with dev.context():
-        xpad = _pad_cl(xa, tile_pads)  # [B, 2 th + 2, 2 tw + 2, C]
-        padded_sp = xpad.shape[1:3]
+        xa = np.ascontiguousarray(xa)
+        padded_sp = (2 * th + 2, 2 * tw + 2)
+        xpad = np.empty((batch,) + padded_sp + (c_in,), dtype=dt)  # filled run by run
         u = _winograd_weight(wa)  # [16, O, C]
         u_t = np.ascontiguousarray(u.transpose(0, 2, 1))  # [16, C, O]
         out = np.empty((batch, c_out, oh, ow), dtype=dt)
@@ -646,6 +648,7 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
             tiled, rows, small = buffers()
             for bs in chunk:
                 v, mm = tiled(bs.stop - bs.start)
+                kw.pad_channels_last(xa[bs], top, left, xpad[bs])  # in the run: then in cache
                 kw.winograd_input(xpad[bs], th, tw, v, rows)
                 _threads.matmul(v, u_t, out=mm)
                 kw.winograd_output(mm, bias_vec, out[bs], th, tw, small)
@@ -664,17 +667,21 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
             g = np.ascontiguousarray(g, dtype=dt)
             gx = np.empty(xa.shape, dtype=dt) if need_x else None
             partial = [None] * len(runs)
+            partial_b = [None] * len(runs)
 
             def backward(chunk):
-                # per run of images: dM from the output gradient; the input's tiles again (cheaper
-                # than keeping them) for a partial dU = dM^T V; dV = dM U into V's buffer, and
-                # its transform added into the run's padded input gradient
+                # per run of images: dM from the output gradient (and the bias's partial sum while
+                # the run's gradient is in cache); the input's tiles again (cheaper than keeping
+                # them) for a partial dU = dM^T V; dV = dM U into V's buffer, and its transform
+                # added into the run's padded input gradient
                 tiled, rows, small = buffers()
                 gpad = np.empty((nb,) + padded_sp + (c_in,), dtype=dt) if need_x else None
                 for i, bs in chunk:
                     m = bs.stop - bs.start
                     v, dm = tiled(m)
                     kw.winograd_output_grad(g[bs], th, tw, dm, small)
+                    if need_b:
+                        partial_b[i] = _channel_sum(np, g[bs])
                     if need_w:
                         kw.winograd_input(xpad[bs], th, tw, v, rows)
                         partial[i] = _threads.matmul(dm.transpose(0, 2, 1), v)  # [16, O, C]
@@ -691,7 +698,7 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
             if need_w:
                 gw = _winograd_weight_grad(_sum_in_order(partial, (16, c_out, c_in), dt))
             if need_b:
-                gb = _channel_sum(np, g)
+                gb = _sum_in_order(partial_b, (c_out,), dt) if need_x or need_w else _channel_sum(np, g)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, dev, inputs, rule, op)

@@ -819,8 +819,10 @@ def test_winograd_conv2d_computes_only_the_gradients_asked_for(need, monkeypatch
         got = _conv_run(x_np, w_np, None, g_np, 0, need=need)
         monkeypatch.setattr(jit, "kernels", lambda: spy.real)
     # one run of the 3 images: the input's tiles once in the forward, again in the backward only
-    # for the weight gradient; the input gradient's transform only when it is asked for
+    # for the weight gradient; the input gradient's transform only when it is asked for; the
+    # input's channels-last copy once, in the forward (the backward reads it again)
     assert spy.calls.count("winograd_input") == (2 if need == ("w",) else 1)
+    assert spy.calls.count("pad_channels_last") == 1
     assert ("winograd_input_grad" in spy.calls) == (need == ("x",))
     ref_gx, ref_gw = _conv_grads_reference(x_np, w_np, g_np)
     want = ref_gx if need == ("x",) else ref_gw
@@ -847,6 +849,39 @@ def test_other_convolutions_do_not_take_the_winograd_path(kw, dtype, c_in, group
         x.conv2d(w, groups=groups, **kw).sum().backward()
     assert ("col2im_add_2d" in spy.calls) == channels_last  # (the spy sees the kernels fetched)
     assert not _WINOGRAD_KERNELS & set(spy.calls)
+
+
+@needs_numba
+@pytest.mark.parametrize("top, left", [(0, 0), (1, 1), (2, 0), (0, 3)])
+def test_pad_channels_last_kernel_is_numpys_pad_and_moveaxis(top, left):
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((3, 5, 4, 7)).astype(np.float32)
+    hp, wp = 4 + top + 2, 7 + left + 1  # more rows and columns after the image than the padding
+    dst = np.full((3, hp, wp, 5), np.nan, np.float32)  # every element must be written
+    jit.kernels().pad_channels_last(x, top, left, dst)
+    want = np.pad(x, ((0, 0), (0, 0), (top, hp - 4 - top), (left, wp - 7 - left))).transpose(0, 2, 3, 1)
+    assert np.array_equal(dst, want)
+
+
+@needs_numba
+@pytest.mark.parametrize("one_image_runs", [False, True])
+def test_winograd_conv2d_bias_gradient_alone_and_beside_the_others(one_image_runs, monkeypatch):
+    """The bias gradient is summed run by run inside the backward when the backward runs (the
+    input's or the weight's gradient asked for), over the whole output gradient when only it is."""
+    from engine.tensor import ops_conv  # noqa: PLC0415
+
+    if one_image_runs:
+        monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
+    x_np, w_np, b_np, g_np, _ = _winograd_case((5, 16, 16, 7, 7, 1, True), seed=17)
+    want = g_np.astype(np.float64).sum(axis=(0, 2, 3))
+    for need in (("b",), ("x", "b"), ("w", "b")):
+        spy = _Spy(jit.kernels())
+        with compiled(True, 2):
+            monkeypatch.setattr(jit, "kernels", lambda: spy)
+            got = _conv_run(x_np, w_np, b_np, g_np, 1, need=need)
+            monkeypatch.setattr(jit, "kernels", lambda: spy.real)
+        assert ("winograd_output_grad" in spy.calls) == (need != ("b",)), need
+        assert np.abs(got["b"] - want).max() <= 2e-6 * np.abs(want).max(), need
 
 
 @needs_numba
