@@ -60,3 +60,43 @@ def test_blocked_cross_entropy_matches_reference_and_whole_array_path(monkeypatc
     # the same per-row reductions in either path: the same numbers
     assert loss == pytest.approx(loss_whole, rel=1e-7)
     np.testing.assert_allclose(grad, grad_whole, rtol=1e-6, atol=1e-12)
+
+
+def test_the_shifted_exp_is_shared_from_fewer_bytes_than_a_streaming_pass(monkeypatch):
+    """The forward's exp costs ~25x a copy per byte: [2048, 256] float32 logits (2 MB, 4 row
+    blocks, under PARALLEL_MIN_BYTES) share their shifted-exp blocks at 2 threads, with the same
+    loss and gradient bits as at one; the backward's scale (a streaming pass) stays here, and so
+    do logits of a single block."""
+    assert threads.PARALLEL_MIN_BYTES > 2048 * 256 * 4
+    rng = np.random.default_rng(5)
+    shared = []
+    real = _ops.run_blocks
+
+    def recording(fn, blocks, min_blocks=2):
+        blocks = list(blocks)  # whether run_blocks hands them to the threads (it has 2 or more)
+        shared.append(len(blocks) >= min_blocks and len(blocks) > 1)
+        return real(fn, blocks, min_blocks)
+
+    monkeypatch.setattr(_ops, "run_blocks", recording)
+    res = {}
+    try:
+        for rows in (2048, 256):
+            x = rng.standard_normal((rows, 256)).astype(np.float32)
+            t = rng.integers(0, 256, rows)
+            for n in (1, 2):
+                threads.set_num_threads(n)
+                shared.clear()
+                xt = Tensor.from_data(x).require_grad()
+                loss = _ops.softmax_cross_entropy(xt, t, float(rows))
+                grad = xt.grad(loss.backward()).numpy()
+                res[rows, n] = (float(loss.item()), grad, list(shared))
+            ref_loss, ref_grad = reference(x, t, np.ones(rows), float(rows))
+            assert res[rows, 2][0] == pytest.approx(ref_loss, rel=2e-6)
+            np.testing.assert_allclose(res[rows, 2][1], ref_grad, rtol=1e-4, atol=1e-8)
+            assert res[rows, 1][0] == res[rows, 2][0]
+            np.testing.assert_array_equal(res[rows, 1][1], res[rows, 2][1])
+    finally:
+        threads.set_num_threads(None)
+    assert not any(res[256, 2][2])  # one block of logits
+    assert res[2048, 2][2][0] is True  # the forward's shifted exp: shared
+    assert not any(res[2048, 2][2][1:])  # the backward's scale: here

@@ -291,6 +291,45 @@ def test_large_inputs_split_into_blocks_over_threads_give_the_same_numbers(blas,
         np.testing.assert_array_equal(a, b)  # each block's arithmetic does not depend on the thread count
 
 
+def test_blocks_go_to_the_threads_by_the_products_work_not_only_the_scores_bytes(monkeypatch):
+    """The small GPT's attention (batch 16, one head of 32, seq 128): 1 MB of scores, under
+    PARALLEL_MIN_BYTES, but 2^23 multiply-adds of products: its blocks are shared at 2 threads,
+    forward and backward, with the same bits as at one thread. A tiny attention (2^13
+    multiply-adds) stays in the calling thread."""
+    from engine.nn import _sdpa
+
+    assert threads.PARALLEL_MIN_BYTES > 16 * 128 * 128 * 4  # the rule under test, not the bytes one
+    calls = []
+    real = _sdpa.run_chunks
+
+    def recording(fn, blocks, min_blocks=2, **kw):
+        blocks = list(blocks)
+        calls.append(len(blocks) >= min_blocks and len(blocks) > 1)
+        return real(fn, blocks, min_blocks, **kw)
+
+    monkeypatch.setattr(_sdpa, "run_chunks", recording)
+    old = num_threads()
+    res = []
+    data = {shape: _qkv(shape[0], shape[1], shape[1], shape[2], shape[2], shape[3], dtype=np.float32)
+            for shape in ((16, 1, 128, 32), (2, 1, 8, 8))}
+    try:
+        for shape, n in (((16, 1, 128, 32), 1), ((16, 1, 128, 32), 2), ((2, 1, 8, 8), 2)):
+            set_num_threads(n)
+            calls.clear()
+            q, k, v = data[shape]
+            tq, tk, tv = (_t(a).require_grad() for a in (q, k, v))
+            w, c = scaled_dot_product_attention(tq, tk, tv, shape[3] ** -0.5, causal_offset=0)
+            grads = (c * c).sum().backward()
+            res.append(([w.numpy(), c.numpy()] + [t.grad(grads).numpy() for t in (tq, tk, tv)], list(calls)))
+    finally:
+        set_num_threads(old)
+    assert res[0][1] == [False, False]  # one thread: forward and backward run here
+    assert res[1][1] == [True, True], res[1][1]  # two: both shared by the products' work
+    assert res[2][1] == [False, False], res[2][1]  # tiny: the wake-up would cost more
+    for a, b in zip(res[0][0], res[1][0]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_wrong_inputs_say_what_was_expected_and_found():
     q, k, v = _qkv(2, 4, 2, 3, 5, 2)
     with pytest.raises(TensorError, match=r"mask's dims \[2, 1, 3, 4\] do not broadcast .*seq_length_2 5"):
