@@ -47,6 +47,12 @@ _CL_MIN_CHANNELS = 16
 # ran the 64 -> 64 benchmark layer 3-5 % faster than 1.5 MB at 1 and 2 threads, 4.5 MB no better:
 # paired rounds in one process, AMD EPYC)
 _CL_CHUNK_BYTES = 3 << 20
+# Winograd's runs (their transformed input and product, 16 tiles' worth per 2x2 outputs) hold a
+# half of that: the 64 -> 64 benchmark layer (13x13, batch 64: runs of 5 images instead of 10)
+# fwd+bwd at 1 thread 16.6 -> 14.3 ms and at 2 threads 9.1 -> 8.1 ms (medians of 4 alternated
+# processes, AMD EPYC family 25 model 17); a quarter was slower again (16.0 / 8.8 ms); 32 -> 32
+# on 28x28, 128 -> 128 on 10x10 and 256 -> 256 on 16x16 within 3 % either way
+_WINOGRAD_RUN_DIVISOR = 2
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -545,9 +551,9 @@ def _sum_in_order(partials, shape, dtype):
     return total
 
 
-def _cl_runs(batch, image_bytes):
-    """Runs of whole images of about _CL_CHUNK_BYTES of columns each (`image_bytes` per image),
-    and whether they run whole in the calling thread.
+def _cl_runs(batch, image_bytes, divisor=1):
+    """Runs of whole images of about _CL_CHUNK_BYTES / `divisor` of columns each (`image_bytes`
+    per image), and whether they run whole in the calling thread.
 
     The runs are shared among the kernel threads, each making its own products with OpenBLAS
     held at one thread while they run (`threads.run_chunks(..., own_products=True)`). Only
@@ -558,7 +564,7 @@ def _cl_runs(batch, image_bytes):
     20 ms with the runs over the kernel threads and OpenBLAS held at one thread, 25-27 ms with
     16x runs and BLAS splitting them."""
     whole = _threads.blas_threads() > 1 and not _threads.one_blas_thread_possible()
-    target = _CL_CHUNK_BYTES * (16 if whole else 1)
+    target = _CL_CHUNK_BYTES * (16 if whole else 1) // divisor
     nb = max(1, min(batch, target // max(1, image_bytes)))
     return whole, nb, [slice(lo, min(lo + nb, batch)) for lo in range(0, batch, nb)]
 
@@ -621,7 +627,7 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
     # run (`pad_channels_last`), with zero rows and columns below and right of the padding so that
     # every tile reads 4x4 (2 th + 2 >= OH + 2 = top + H + bottom)
     top, left = pads[0][0], pads[1][0]
-    whole, nb, runs = _cl_runs(batch, 16 * tiles * (c_in + c_out) * dt.itemsize)
+    whole, nb, runs = _cl_runs(batch, 16 * tiles * (c_in + c_out) * dt.itemsize, _WINOGRAD_RUN_DIVISOR)
     with dev.context():
         xa = np.ascontiguousarray(xa)
         padded_sp = (2 * th + 2, 2 * tw + 2)
