@@ -30,6 +30,7 @@ import numpy as np
 
 from .tensor import DTypeError, Tensor, TensorError, check_same_device, record, tensor_method
 from . import jit as _jit
+from . import mkl as _mkl
 from . import threads as _threads
 from .threads import copy_into, run_blocks, run_chunks, split
 
@@ -51,8 +52,15 @@ _CL_CHUNK_BYTES = 3 << 20
 # half of that: the 64 -> 64 benchmark layer (13x13, batch 64: runs of 5 images instead of 10)
 # fwd+bwd at 1 thread 16.6 -> 14.3 ms and at 2 threads 9.1 -> 8.1 ms (medians of 4 alternated
 # processes, AMD EPYC family 25 model 17); a quarter was slower again (16.0 / 8.8 ms); 32 -> 32
-# on 28x28, 128 -> 128 on 10x10 and 256 -> 256 on 16x16 within 3 % either way
+# on 28x28, 128 -> 128 on 10x10 and 256 -> 256 on 16x16 within 3 % either way. Not where MKL takes
+# the products (`engine.tensor.mkl`, the mkl extra on an Intel CPU): there the halved runs'
+# products ([16, 180, 64] @ [16, 64, 64], under MKL_MIN_ITEM_WORK per item) would go back to
+# OpenBLAS, which MKL beat at these sizes, and the halving is unmeasured on Intel
 _WINOGRAD_RUN_DIVISOR = 2
+
+
+def _winograd_run_divisor() -> int:
+    return 1 if _mkl.active() else _WINOGRAD_RUN_DIVISOR
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -627,7 +635,7 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
     # run (`pad_channels_last`), with zero rows and columns below and right of the padding so that
     # every tile reads 4x4 (2 th + 2 >= OH + 2 = top + H + bottom)
     top, left = pads[0][0], pads[1][0]
-    whole, nb, runs = _cl_runs(batch, 16 * tiles * (c_in + c_out) * dt.itemsize, _WINOGRAD_RUN_DIVISOR)
+    whole, nb, runs = _cl_runs(batch, 16 * tiles * (c_in + c_out) * dt.itemsize, _winograd_run_divisor())
     with dev.context():
         xa = np.ascontiguousarray(xa)
         padded_sp = (2 * th + 2, 2 * tw + 2)
