@@ -222,6 +222,14 @@ def _force_threaded(monkeypatch, phased: bool) -> list:
     monkeypatch.setattr(_sdpa, "blas_threads", lambda: 2)
     if phased:
         monkeypatch.setattr(_sdpa, "one_blas_thread_possible", lambda: False)
+    return _record_sharing(monkeypatch)
+
+
+def _record_sharing(monkeypatch) -> list:
+    """A list that records, per `run_chunks` call of the kernel, whether its blocks are handed
+    to the threads (at least `min_blocks` of them, and two or more)."""
+    from engine.nn import _sdpa
+
     shared = []
     real = _sdpa.run_chunks
 
@@ -296,18 +304,8 @@ def test_blocks_go_to_the_threads_by_the_products_work_not_only_the_scores_bytes
     PARALLEL_MIN_BYTES, but 2^23 multiply-adds of products: its blocks are shared at 2 threads,
     forward and backward, with the same bits as at one thread. A tiny attention (2^13
     multiply-adds) stays in the calling thread."""
-    from engine.nn import _sdpa
-
     assert threads.PARALLEL_MIN_BYTES > 16 * 128 * 128 * 4  # the rule under test, not the bytes one
-    calls = []
-    real = _sdpa.run_chunks
-
-    def recording(fn, blocks, min_blocks=2, **kw):
-        blocks = list(blocks)
-        calls.append(len(blocks) >= min_blocks and len(blocks) > 1)
-        return real(fn, blocks, min_blocks, **kw)
-
-    monkeypatch.setattr(_sdpa, "run_chunks", recording)
+    calls = _record_sharing(monkeypatch)
     old = num_threads()
     res = []
     data = {shape: _qkv(shape[0], shape[1], shape[1], shape[2], shape[2], shape[3], dtype=np.float32)
