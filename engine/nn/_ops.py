@@ -117,7 +117,7 @@ def _gelu_f32(xd):
                 hi = min(lo + _GELU_BLOCK, n)
                 k.gelu(xf[lo:hi], out[lo:hi], der[lo:hi], coef)
 
-        run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=max(2, (_threads.PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+        run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=_threads.min_blocks(4 * _GELU_BLOCK))
         return out.reshape(xd.shape), der.reshape(xd.shape)
 
     def chunk(blocks):
@@ -154,7 +154,7 @@ def _gelu_f32(xd):
             eb *= inv_sqrt_2pi  # x phi(x)
             np.add(eb, qb, out=der[lo:hi])
 
-    run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=max(2, (_threads.PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+    run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=_threads.min_blocks(4 * _GELU_BLOCK))
     return out.reshape(xd.shape), der.reshape(xd.shape)
 
 
@@ -265,7 +265,7 @@ def _silu_f32(xd):
             hi = min(lo + _GELU_BLOCK, n)
             k.silu(xf[lo:hi], out[lo:hi], der[lo:hi])
 
-    run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=max(2, (_threads.PARALLEL_MIN_BYTES // 4) // _GELU_BLOCK))
+    run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=_threads.min_blocks(4 * _GELU_BLOCK))
     return out.reshape(xd.shape), der.reshape(xd.shape)
 
 
@@ -644,7 +644,7 @@ def _row_norm_buffers(r: int, p: int):
     out, xhat = np.empty((r, p), np.float32), np.empty((r, p), np.float32)
     per = max(1, _LN_BLOCK // p)
     blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
-    return out, xhat, np.empty(r, np.float32), blocks, max(2, _threads.PARALLEL_MIN_BYTES // max(1, per * p * 4))
+    return out, xhat, np.empty(r, np.float32), blocks, _threads.min_blocks(per * p * 4)
 
 
 def _layer_norm_compiled(x: Tensor, xd, plan, row_shape, eps: float, gamma: Tensor | None, beta: Tensor | None):
@@ -915,7 +915,7 @@ _CE_BLOCK_BYTES = 1 << 19
 def _ce_min_blocks() -> int:
     """Below this many row blocks the cross entropy's streaming passes (the backward's scale)
     run in the calling thread."""
-    return max(2, _threads.PARALLEL_MIN_BYTES // _CE_BLOCK_BYTES)
+    return _threads.min_blocks(_CE_BLOCK_BYTES)
 
 
 # The forward's max / shifted exp / sum costs far more per byte than a streaming pass: an exp
@@ -930,7 +930,7 @@ _CE_EXP_COST = 16
 
 def _ce_exp_min_blocks() -> int:
     """Below this many row blocks the forward's shifted exp runs in the calling thread."""
-    return max(2, _threads.PARALLEL_MIN_BYTES // (_CE_EXP_COST * _CE_BLOCK_BYTES))
+    return _threads.min_blocks(_CE_BLOCK_BYTES, _CE_EXP_COST)
 
 
 

@@ -707,12 +707,13 @@ def _conv_winograd(op, dev, x, weight, bias, inputs, pads, out_sp, kw):
                         copy_into(gx[bs], np.moveaxis(gp[:, top:top + in_h, left:left + in_w], -1, 1))
 
             gw = gb = None
-            if need_x or need_w:
+            ran = need_x or need_w  # the backward's runs run (and sum the bias's partials)
+            if ran:
                 _cl_run(whole, backward, list(enumerate(runs)))
             if need_w:
                 gw = _winograd_weight_grad(_sum_in_order(partial, (16, c_out, c_in), dt))
             if need_b:
-                gb = _sum_in_order(partial_b, (c_out,), dt) if need_x or need_w else _channel_sum(np, g)
+                gb = _sum_in_order(partial_b, (c_out,), dt) if ran else _channel_sum(np, g)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     return record(out, dev, inputs, rule, op)

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import mkl as _mkl
 
-__all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
+__all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "min_blocks", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
            "one_blas_thread", "one_blas_thread_possible", "matmul", "matmul_of", "BLAS_THREADED_MIN_WORK", "BLAS_THREADED_MIN_OUT", "blas_threads_by_size"]
 
 # below this many bytes of data the threads' hand-off costs more than they save. A hand-off
@@ -206,6 +206,14 @@ def _run_shared(fn, blocks, n: int) -> None:
                 error = exc
     if error is not None:
         raise error
+
+
+def min_blocks(block_bytes: int, cost: int = 1) -> int:
+    """How many blocks of `block_bytes` a pass needs before `run_blocks` / `run_chunks` hand
+    them to the threads (their `min_blocks`): PARALLEL_MIN_BYTES of data for a streaming pass,
+    `cost` times fewer for one that does `cost` times a copy's work per byte (an exp per
+    element, say); never fewer than 2. Read at call time, as PARALLEL_MIN_BYTES is."""
+    return max(2, PARALLEL_MIN_BYTES // max(1, cost * block_bytes))
 
 
 def split(n: int, nbytes: int) -> list[slice]:

@@ -326,6 +326,10 @@ def test_blocks_go_to_the_threads_by_the_products_work_not_only_the_scores_bytes
     assert res[2][1] == [False, False], res[2][1]  # tiny: the wake-up would cost more
     for a, b in zip(res[0][0], res[1][0]):
         np.testing.assert_array_equal(a, b)
+    q, k, v = (a.astype(np.float64) for a in data[16, 1, 128, 32])
+    rw, rc = _ref(q, k, v, 32 ** -0.5, None, 0)  # the threaded blocks against NumPy in float64
+    np.testing.assert_allclose(res[1][0][0], rw, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(res[1][0][1], rc, rtol=1e-4, atol=1e-5)
 
 
 def test_wrong_inputs_say_what_was_expected_and_found():

@@ -522,3 +522,13 @@ def test_own_products_hold_openblas_at_one_thread_only_while_blocks_are_shared(b
     seen.clear()
     _run(lambda: threads.run_chunks(fn, range(4)), 2)  # products not the blocks' own: untouched
     assert set(seen) == {base}
+
+
+def test_min_blocks_asks_for_the_bar_in_data_fewer_times_the_cost(monkeypatch):
+    monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 4 << 20)
+    assert threads.min_blocks(1 << 19) == 8  # a streaming pass: 4 MB of 512 KB blocks
+    assert threads.min_blocks(1 << 19, cost=4) == 2  # 4x the work per byte: 1 MB
+    assert threads.min_blocks(1 << 19, cost=16) == 2  # never fewer than two blocks
+    assert threads.min_blocks(0) == 4 << 20  # empty blocks: the bar itself, no division by zero
+    monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 0)  # read at call time
+    assert threads.min_blocks(1 << 19) == 2
