@@ -543,7 +543,7 @@ def save_folder(folder, write: Callable[[Path], None], owned: Callable[[str], bo
             os.rename(folder, aside)
             try:
                 os.rename(staging, folder)
-            except OSError:
+            except BaseException:
                 os.rename(aside, folder)
                 raise
             old = aside
