@@ -45,7 +45,8 @@ it takes effect file by file (not at one moment): on a system without an exchang
 old folder is renamed aside and the new one into place (a kill between the two leaves no
 folder; the next save puts the complete one back); when `folder` is a mount point or its
 parent cannot be written, the new files are written into a hidden folder inside `folder` and
-then renamed over the old ones one by one.
+then renamed over the old ones one by one (also when `folder` cannot be moved: another user's
+folder in a sticky folder such as /tmp).
 """
 from __future__ import annotations
 
@@ -414,9 +415,11 @@ def remove_stale_folder_saves(folder, now: float | None = None) -> list[Path]:
             continue
         pid_text, dot, rest = n[len(prefix):-len(STATE_SUFFIX)].partition(".")
         try:
-            if not (dot and rest and _stale(entry, pid_text, now)):
-                continue
+            if not (dot and rest and "." not in rest and _stale(entry, pid_text, now)):
+                continue  # (a dot in the rest: the save of another folder, `<name>.<more>`)
             state = _read_state(entry.path)
+            if state is not None and state.get("folder") != folder.name:
+                continue
             staging, aside = Path(entry.path + ".d"), Path(entry.path + ".old")
             finished = True
             if _identity(staging) is not None:
@@ -474,6 +477,21 @@ def _can_swap(folder: Path, parent: Path) -> bool:
     return os.access(parent, os.W_OK | os.X_OK)
 
 
+def _replace_each(staging: Path, folder: Path, written, owned) -> None:
+    """The files of the save renamed over the old ones one by one (where the folder cannot be
+    swapped), then the old save's other files removed."""
+    for name in written:
+        dst = folder / name
+        if os.path.isdir(dst) and not os.path.islink(dst):
+            raise IsADirectoryError(errno.EISDIR, "a folder has the name of a file this save writes", str(dst))
+    for name in written:
+        os.replace(staging / name, folder / name)  # replaces a link itself, never its target
+    for entry in os.scandir(folder):
+        if entry.name not in written and owned(entry.name) and not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.path)
+    _fsync_dir(folder)
+
+
 def _save_in_place(folder: Path, write, owned) -> Path:
     folder.mkdir(exist_ok=True)
     _remove_stale_in_place(folder, time.time())
@@ -482,21 +500,28 @@ def _save_in_place(folder: Path, write, owned) -> Path:
     try:
         _lock(dfd)
         write(staging)
-        written = sorted(os.listdir(staging))
-        for name in written:
-            dst = folder / name
-            if os.path.isdir(dst) and not os.path.islink(dst):
-                raise IsADirectoryError(errno.EISDIR, "a folder has the name of a file this save writes", str(dst))
-        for name in written:
-            os.replace(staging / name, folder / name)  # replaces a link itself, never its target
-        for entry in os.scandir(folder):
-            if entry.name not in written and owned(entry.name) and not entry.is_dir(follow_symlinks=False):
-                os.unlink(entry.path)
-        _fsync_dir(folder)
+        _replace_each(staging, folder, sorted(os.listdir(staging)), owned)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         os.close(dfd)
     return folder
+
+
+def _commit(staging: Path, folder: Path, aside: Path, existed: bool) -> Path | None:
+    """Make the staged folder take effect; returns where the old folder now is (None: there
+    was none)."""
+    if not existed:
+        os.rename(staging, folder)
+        return None
+    if exchange(staging, folder):
+        return staging
+    os.rename(folder, aside)
+    try:
+        os.rename(staging, folder)
+    except BaseException:
+        os.rename(aside, folder)
+        raise
+    return aside
 
 
 def save_folder(folder, write: Callable[[Path], None], owned: Callable[[str], bool] = lambda name: False) -> Path:
@@ -533,20 +558,12 @@ def save_folder(folder, write: Callable[[Path], None], owned: Callable[[str], bo
         _fsync_dir(staging)
         state.update(ready=True, replaced=sorted(replaced), linked=linked)
         _write_state(fd, state)
-        # the commit
-        if not existed:
-            os.rename(staging, folder)
+        try:
+            old = _commit(staging, folder, aside, existed)
+        except PermissionError:  # a folder this user may write into but not move (another's, in a sticky folder)
+            _replace_each(staging, folder, sorted(written), owned)
+            shutil.rmtree(staging)
             old = None
-        elif exchange(staging, folder):
-            old = staging
-        else:
-            os.rename(folder, aside)
-            try:
-                os.rename(staging, folder)
-            except BaseException:
-                os.rename(aside, folder)
-                raise
-            old = aside
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         os.close(fd)

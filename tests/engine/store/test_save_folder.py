@@ -141,3 +141,28 @@ def test_a_new_folder_gets_the_usual_mode(tmp_path):
         os.umask(umask)
     assert (tmp_path / "a" / "new").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "a" / "new" / "part-1").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_folder_that_cannot_be_moved_gets_its_files_replaced_in_place(folder, monkeypatch):
+    def refuse(a, b):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(b))
+    monkeypatch.setattr(atomic, "exchange", refuse)
+    atomic.save_folder(folder, _writer(NEW), _owned)
+    assert _listing(folder) == WANT and _beside(folder) == []
+
+
+def test_the_cleanup_of_a_folder_leaves_the_saves_of_a_folder_with_a_longer_name(folder, monkeypatch):
+    other = folder.parent / f"{folder.name}.7"
+    atomic.save_folder(other, _writer(OLD), _owned)
+    _user_entries(other)
+    real = atomic._finish
+    monkeypatch.setattr(atomic, "_finish", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        atomic.save_folder(other, _writer(NEW), _owned)
+    monkeypatch.setattr(atomic, "_finish", real)
+    later = time.time() + atomic.STALE_TEMP_S + 1
+    before = _listing(folder)
+    assert atomic.remove_stale_folder_saves(folder, now=later) == []
+    assert _listing(folder) == before and "runs" not in _listing(other)
+    assert len(atomic.remove_stale_folder_saves(other, now=later)) == 1
+    assert _listing(other) == WANT
