@@ -29,6 +29,11 @@ Loading checks the config and every tensor's name, dtype and shape from the head
 anything, and never runs code from the folder (no pickle). An adapter for another base, a
 tensor no module fits, a target without its tensors, an unsupported `peft_type` or option: a
 `PretrainedError` naming the file and the tensor; the model is never changed (a new one is returned).
+
+Saving writes both files into a staging folder and swaps it in at once
+(`engine.store.atomic.save_folder`): a save killed at any moment leaves the old adapter or the
+new one, never the config of one and the tensors of the other; a full disk is a
+PretrainedError and leaves the old adapter.
 """
 from __future__ import annotations
 

@@ -555,7 +555,10 @@ def _write_new(path: Path, write, where: Path) -> None:
 
 
 def _inside(path: str, roots: list[str]) -> bool:
-    return any(os.path.commonpath([path, root]) == root for root in roots)
+    try:
+        return any(os.path.commonpath([path, root]) == root for root in roots)
+    except ValueError:  # another drive (Windows)
+        return False
 
 
 def _extra_roots(source: Path) -> list[str]:

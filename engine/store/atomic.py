@@ -225,9 +225,9 @@ def os_error_reason(exc: OSError) -> str:
 # ------------------------------------------------------------------ saving a folder at once
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-STATE_SUFFIX = ".save"            # `.<folder>.<pid>.<random>.save`: a folder save's state file
-STAGING_SUFFIX = ".save.d"        # ... its staging folder (after the swap: the old folder)
-ASIDE_SUFFIX = ".save.old"        # ... the old folder, renamed aside where nothing can swap
+STATE_SUFFIX = ".save"  # `.<folder>.<pid>.<random>.save`: a folder save's state file; beside it
+# `<state>.d`, the staging folder (after the swap: the old folder), and `<state>.old`, the old
+# folder renamed aside where nothing can swap
 IN_PLACE_PREFIX = ".ember-save."  # a staging folder inside the target (mount points)
 MAX_STATE_BYTES = 64 * 1024 * 1024
 
@@ -260,7 +260,7 @@ _swap_call = None
 
 
 def _swap_function():
-    """(name, function) of this system's atomic exchange of two paths, or None."""
+    """This system's atomic exchange of two paths, `f(a: bytes, b: bytes) -> 0 | -1`, or None."""
     global _swap_call
     if _swap_call is None:
         found = False
