@@ -32,7 +32,8 @@ index; the tokenizer and generation files when the save copies them) are replace
 so shards of an older save never remain. The copied files are regular files inside the
 source folder (a Hugging Face cache snapshot's links into its `blobs` folder count as inside),
 each at most MAX_EXTRA_FILE_BYTES; anything else is a PretrainedError, as is a failed write
-(a full disk), which leaves the folder as it was.
+(a full disk), which leaves the folder as it was. As both saves are on disk until the swap, a
+save whose files do not fit in the free space is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..module import Module, ModuleMapper, Param
+from ..module.memory import size_text
 from ..store.atomic import os_error_reason, save_folder, write_new_file
 from ..store.burnpack import float32_to_bf16, storage_dtype
 from ..store.errors import RecordError
@@ -664,6 +667,7 @@ def save_pretrained(model, folder, *, max_shard_size: int = DEFAULT_SHARD_SIZE, 
         given = [info.folder if info is not None else None, extra_files_from]
         sources = [Path(os.fspath(f)) for f in given if f is not None and os.path.realpath(f) != here]
     extras = _extra_files(sources)  # checked before anything is written
+    _check_room(folder, sum(o.nbytes for o in outs) + sum(os.stat(p).st_size for p in extras.values()))
 
     def write(staging: Path) -> None:
         if len(shards) == 1:
@@ -688,6 +692,19 @@ def save_pretrained(model, folder, *, max_shard_size: int = DEFAULT_SHARD_SIZE, 
     except OSError as exc:
         raise PretrainedError(f"cannot save: {os_error_reason(exc)}", where=exc.filename or str(folder)) from None
     return folder
+
+
+def _check_room(folder: Path, needed: int) -> None:
+    """Refuse at once a save the disk cannot hold: every new file is written before the old
+    save goes, so its bytes must fit beside the old ones."""
+    probe = next((p for p in (folder, *folder.absolute().parents) if p.is_dir()), None)
+    try:
+        free = shutil.disk_usage(probe).free if probe is not None else None
+    except OSError:
+        return
+    if free is not None and needed > free:
+        raise PretrainedError(f"the save needs {size_text(needed)} of free disk space (every file is written before "
+                              f"the old save goes), the disk has {size_text(free)}", where=str(folder))
 
 
 def _write_text(staging: Path, folder: Path, name: str, text: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 from engine.models import PretrainedError, from_pretrained, load_peft_adapter, save_peft_adapter, save_pretrained
 from engine.models.peft import peft_lora
 from engine.models.pretrained import MAX_EXTRA_FILE_BYTES
+from engine.module.memory import size_text
 
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 SECRET = b"-----BEGIN OPENSSH PRIVATE KEY----- not for export\n"
@@ -179,3 +180,19 @@ def test_a_full_disk_during_an_adapter_export_keeps_the_old_adapter(tmp_path, mo
         assert "the disk is full" in str(err.value)
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
     load_peft_adapter(base, out)
+
+
+def test_a_save_the_disk_cannot_hold_beside_the_old_one_is_refused_before_writing(source, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    save_pretrained(from_pretrained(HF / "llama-sharded"), out)
+    before = _files(out)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=100_000))
+    model = from_pretrained(source)
+    tensors = sum(p.numel() * 4 for _, p in model.named_params())  # float32, as the source stores them
+    extras = sum((source / n).stat().st_size for n in ("tokenizer.json", "tokenizer_config.json",
+                                                       "generation_config.json"))
+    with pytest.raises(PretrainedError, match=rf"the save needs {size_text(tensors + extras)} of free disk space "
+                                              rf".* the disk has 100\.0 kB") as err:
+        save_pretrained(model, out)
+    assert err.value.where == str(out) and _files(out) == before and _beside(out) == []
