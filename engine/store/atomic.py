@@ -494,7 +494,6 @@ def _replace_each(staging: Path, folder: Path, written, owned) -> None:
 
 def _save_in_place(folder: Path, write, owned) -> Path:
     folder.mkdir(exist_ok=True)
-    _remove_stale_in_place(folder, time.time())
     staging = Path(tempfile.mkdtemp(prefix=f"{IN_PLACE_PREFIX}{os.getpid()}.", dir=folder))
     dfd = os.open(staging, os.O_RDONLY)
     try:
@@ -536,6 +535,8 @@ def save_folder(folder, write: Callable[[Path], None], owned: Callable[[str], bo
     if os.path.lexists(folder) and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "expected a folder to save into, found a file", str(folder))
     remove_stale_folder_saves(folder)
+    if folder.is_dir():
+        _remove_stale_in_place(folder, time.time())
     if not _can_swap(folder, parent):
         return _save_in_place(folder, write, owned)
     fd, state_path = tempfile.mkstemp(prefix=f".{folder.name}.{os.getpid()}.", suffix=STATE_SUFFIX, dir=parent)

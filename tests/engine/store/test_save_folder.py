@@ -166,3 +166,16 @@ def test_the_cleanup_of_a_folder_leaves_the_saves_of_a_folder_with_a_longer_name
     assert _listing(folder) == before and "runs" not in _listing(other)
     assert len(atomic.remove_stale_folder_saves(other, now=later)) == 1
     assert _listing(other) == WANT
+
+
+def test_what_a_killed_in_place_save_left_inside_the_folder_goes_with_the_next_save(folder):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stray = folder / f"{atomic.IN_PLACE_PREFIX}{dead}.k1llx"
+    stray.mkdir()
+    (stray / "part-1").write_bytes(b"half")
+    atomic.save_folder(folder, _writer(NEW), _owned)
+    assert _listing(folder) == WANT and _beside(folder) == []
