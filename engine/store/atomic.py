@@ -35,7 +35,9 @@ while it saves, as above) records the staging folder's identity and what step 4 
 killed save is finished by the next save of the same folder (`remove_stale_folder_saves`,
 with the lock, pid and age rules above): a staging folder that was never swapped in is
 deleted (it holds only new files and links); an old folder that was is emptied as in step 4.
-Nothing in these names is ever read by a load. What a kill can leave, until the next save:
+Nothing in these names is ever read by a load. The folder is a new one after the save (same
+path, mode and entries; another inode): a process whose working directory was the folder
+itself must change into it again (this one does so). What a kill can leave, until the next save:
 the hidden staging folder; sub-folders of `folder` that are not part of the save, when the
 kill falls in the few renames of step 4 that move them back (they are then in the hidden
 folder beside it).
@@ -574,6 +576,11 @@ def save_folder(folder, write: Callable[[Path], None], owned: Callable[[str], bo
             pass
         raise
     _fsync_dir(parent)
+    if old is not None and _identity(".") == _identity(old):
+        try:  # this process worked inside the folder: it goes on in the new one, not the old one
+            os.chdir(folder)
+        except OSError:
+            pass
     try:
         finished = old is None or _finish(old, folder, state)
         if finished:

@@ -179,3 +179,10 @@ def test_what_a_killed_in_place_save_left_inside_the_folder_goes_with_the_next_s
     (stray / "part-1").write_bytes(b"half")
     atomic.save_folder(folder, _writer(NEW), _owned)
     assert _listing(folder) == WANT and _beside(folder) == []
+
+
+def test_a_process_working_in_the_folder_goes_on_in_the_new_one(folder, monkeypatch):
+    monkeypatch.chdir(folder)
+    atomic.save_folder(".", _writer(NEW), _owned)
+    assert Path.cwd() == folder and Path("part-1").read_bytes() == b"new 1"
+    assert _listing(folder) == WANT and _beside(folder) == []
