@@ -545,19 +545,19 @@ def save_folder(folder, write: Callable[[Path], None], owned: Callable[[str], bo
     staging, aside = Path(state_path + ".d"), Path(state_path + ".old")
     try:
         _lock(fd)
-        os.mkdir(staging, 0o700)
+        try:
+            mode = os.stat(folder).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = None
+        os.mkdir(staging, 0o777 if mode is None else 0o700)  # a new folder: the umask's mode
+        if mode is not None:
+            os.chmod(staging, mode)  # the folder's own mode, before anything is in it
         state = {"folder": folder.name, "dir": _identity(staging), "ready": False}
         _write_state(fd, state)
         write(staging)
         written = set(os.listdir(staging))
         existed = folder.is_dir()
         replaced, linked = _carry_over(folder, staging, written, owned) if existed else ([], {})
-        if existed:
-            os.chmod(staging, os.stat(folder).st_mode & 0o7777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(staging, 0o777 & ~umask)
         _fsync_dir(staging)
         state.update(ready=True, replaced=sorted(replaced), linked=linked)
         _write_state(fd, state)

@@ -186,3 +186,9 @@ def test_a_process_working_in_the_folder_goes_on_in_the_new_one(folder, monkeypa
     atomic.save_folder(".", _writer(NEW), _owned)
     assert Path.cwd() == folder and Path("part-1").read_bytes() == b"new 1"
     assert _listing(folder) == WANT and _beside(folder) == []
+
+
+def test_the_folder_keeps_its_mode(folder):
+    os.chmod(folder, 0o710)
+    atomic.save_folder(folder, _writer(NEW), _owned)
+    assert folder.stat().st_mode & 0o777 == 0o710 and _listing(folder) == WANT
