@@ -304,21 +304,38 @@ def _identity(path) -> list[int] | None:
     return [st.st_dev, st.st_ino] if stat.S_ISDIR(st.st_mode) else None
 
 
-def _write_state(fd: int, state: dict) -> None:
-    data = json.dumps(state).encode("utf-8")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+def _write_state(fd: int, offset: int, part: dict) -> int:
+    """Append one line of state at `offset` (fsync'ed); returns the offset after it. The first
+    line (the folder and the staging folder's identity) is written before anything is staged,
+    the second (what the swap replaces) before the swap, so a kill while the second is written
+    still leaves the first whole."""
+    data = (json.dumps(part) + "\n").encode("utf-8")
+    if offset + len(data) > MAX_STATE_BYTES:
+        raise OSError(errno.EFBIG, f"the folder holds too many entries to save into at once (their list takes "
+                                   f"more than {MAX_STATE_BYTES} bytes)")
+    os.pwrite(fd, data, offset)
     os.fsync(fd)
+    return offset + len(data)
 
 
 def _read_state(path) -> dict | None:
+    """The state a save wrote: its first line, updated by the second when that is whole; None
+    when not even the first is."""
     try:
         with open(path, "rb") as fp:
             data = fp.read(MAX_STATE_BYTES + 1)
-        state = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
+    except OSError:
         return None
-    return state if isinstance(state, dict) else None
+    state = None
+    for line in data.split(b"\n")[:-1]:  # whole lines only
+        try:
+            part = json.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):
+            break
+        if not isinstance(part, dict):
+            break
+        state = part if state is None else {**state, **part}
+    return state
 
 
 def _carry_over(folder: Path, staging: Path, written: set, owned) -> tuple[list, dict]:
@@ -553,14 +570,15 @@ def save_folder(folder, write: Callable[[Path], None], owned: Callable[[str], bo
         if mode is not None:
             os.chmod(staging, mode)  # the folder's own mode, before anything is in it
         state = {"folder": folder.name, "dir": _identity(staging), "ready": False}
-        _write_state(fd, state)
+        offset = _write_state(fd, 0, state)
         write(staging)
         written = set(os.listdir(staging))
         existed = folder.is_dir()
         replaced, linked = _carry_over(folder, staging, written, owned) if existed else ([], {})
         _fsync_dir(staging)
-        state.update(ready=True, replaced=sorted(replaced), linked=linked)
-        _write_state(fd, state)
+        ready = {"ready": True, "replaced": sorted(replaced), "linked": linked}
+        _write_state(fd, offset, ready)
+        state.update(ready)
         try:
             old = _commit(staging, folder, aside, existed)
         except PermissionError:  # a folder this user may write into but not move (another's, in a sticky folder)
