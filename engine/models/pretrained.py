@@ -3,8 +3,13 @@
 Opening (`from_pretrained(folder)`):
 
 1. `checkpoint.open_checkpoint` reads `config.json` and the weight files' headers only;
-2. the family is chosen from `config.json` (`architectures` first, then `model_type`);
-3. the family builds its model from `engine.nn` layers, every parameter lazy;
+2. the family is chosen from `config.json` (`architectures` first, then `model_type`); a size
+   above `checkpoint.MAX_SIZE` (2**31 - 1) is refused as the config is read, and the layer
+   count (`Family.layers`: `num_hidden_layers`, GPT-2's `n_layer`) must be the layers the
+   headers hold tensors of, so a config claiming 10**12 layers is refused before the build
+   (linear in the count) starts;
+3. the family builds its model from `engine.nn` layers, every parameter lazy (`check()`, a
+   worker's cancellation, runs before each layer: `layer_range`);
 4. every parameter is matched to its stored tensor by the family's `WeightMap` and the shape
    after the rule's transforms is checked against the parameter's, all before any tensor is
    read; a tensor the map does not expect (and does not ignore) is an error too;
