@@ -20,14 +20,14 @@ both products and every softmax pass of a block happen while its scores are in c
 blocks are shared among the kernel threads (`engine.tensor.threads`; NumPy releases the GIL),
 each making its own products with OpenBLAS held at one thread; only where BLAS's thread count
 cannot be set do the products run whole (BLAS threads them) and the passes between them a block
-at a time. The row sums are products with a vector of ones; the masks replace the masked
-scores (`min_float`) and their gradients (0) bit for bit: and-ing a score's bits with all ones
-keeps it, with zeros clears it even where it is NaN or infinite, and or-ing in `min_float`'s bits
-sets it (a NaN or inf at a masked key stays out of every row, as in the compiled kernel and the
-traced op chain; `scores * 0 + min_float` was NaN there). The causal mask's arrays are made once
-per shape. The backward keeps
-only the weights, the context (an output), the dropout's dropped entries (one byte each) and the
-mask, never intermediate copies.
+at a time. The row sums are products with a vector of ones. The masks replace the masked
+scores by `min_float` and their gradients by 0, whatever they held: and-ing a value's bits with
+all ones keeps it, with zeros clears it even where it is NaN or infinite, and or-ing in
+`min_float`'s bits sets it. So a NaN or inf at a masked key stays out of every row, as in the
+compiled softmax and the traced op chain (`scores * 0 + min_float` was NaN there, and so was
+every row of its batch entry and head). The causal mask's arrays are made once per shape. The
+backward keeps only the weights, the context (an output), the dropout's dropped entries (one
+byte each) and the mask, never intermediate copies.
 """
 from __future__ import annotations
 
@@ -126,8 +126,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
       on the scores. 0 draws nothing.
     - `mask`: a bool tensor or array broadcastable to `[b, h, s1, s2]`, true where the score is
       masked; `causal_offset` (an int, or None): also mask key `j` for query `i` when
-      `j > i + causal_offset`. Masked scores are set to `min_float` (so a row with every key
-      masked gets a uniform softmax) and receive no gradient.
+      `j > i + causal_offset`. Masked scores are set to `min_float` whatever they held (a NaN or
+      inf at a masked key reaches no row; a row with every key masked gets a uniform softmax)
+      and receive no gradient (0, never NaN).
     - `quiet`: Burn's quiet softmax (an extra implicit zero logit).
 
     `weights` is `[b, h, s1, s2]`, `context` `[b, h, s1, dv]` (its memory laid out as
