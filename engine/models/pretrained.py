@@ -3,8 +3,13 @@
 Opening (`from_pretrained(folder)`):
 
 1. `checkpoint.open_checkpoint` reads `config.json` and the weight files' headers only;
-2. the family is chosen from `config.json` (`architectures` first, then `model_type`);
-3. the family builds its model from `engine.nn` layers, every parameter lazy;
+2. the family is chosen from `config.json` (`architectures` first, then `model_type`); a size
+   above `checkpoint.MAX_SIZE` (2**31 - 1) is refused as the config is read, and the layer
+   count (`Family.layers`: `num_hidden_layers`, GPT-2's `n_layer`) must be the layers the
+   headers hold tensors of, so a config claiming 10**12 layers is refused before the build
+   (linear in the count) starts;
+3. the family builds its model from `engine.nn` layers, every parameter lazy (`check()`, a
+   worker's cancellation, runs before each layer: `layer_range`);
 4. every parameter is matched to its stored tensor by the family's `WeightMap` and the shape
    after the rule's transforms is checked against the parameter's, all before any tensor is
    read; a tensor the map does not expect (and does not ignore) is an error too;
@@ -37,6 +42,7 @@ save whose files do not fit in the free space is refused before anything is writ
 """
 from __future__ import annotations
 
+import contextvars
 import importlib
 import json
 import math
@@ -52,6 +58,7 @@ import numpy as np
 
 from ..module import Module, ModuleMapper, Param
 from ..module.memory import size_text
+from ..module.tree import params as tree_params
 from ..store.atomic import os_error_reason, save_folder, write_new_file
 from ..store.burnpack import float32_to_bf16, storage_dtype
 from ..store.errors import RecordError
@@ -62,7 +69,7 @@ from .checkpoint import Checkpoint, PretrainedError, open_checkpoint
 from .mapping import Rule, WeightMap
 
 __all__ = [
-    "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "pretrained_info", "pretrained_names",
+    "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "pretrained_info", "pretrained_names",
     "save_pretrained", "supported_architectures",
 ]
 
@@ -87,6 +94,9 @@ class Family:
     config_to_json: Callable[[Any], dict]
     build: Callable[[Any, Any], Module]
     weight_map: Callable[[Any], WeightMap]
+    # (config.json key, count) of the layer stack: checked against the layers the folder holds
+    # tensors of before anything is built (the build is linear in the count)
+    layers: Callable[[Any], tuple[str, int]] | None = None
 
 
 _FAMILY_MODULES = ("llama", "gpt2", "bert", "vit")
@@ -220,12 +230,14 @@ def _stored_kind(dtype: str) -> str:
 class _Attach(ModuleMapper):
     """Replaces every parameter with a lazy one reading its stored tensor (checked beforehand)."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, check=None):
         self.plan = plan  # path -> new Param
+        self.check = check or _no_check  # runs as each module is entered (a cancellation check)
         self.path: list[str] = []
         self.by_id: dict = {}
 
     def enter_module(self, name, container_type):
+        self.check()
         self.path.append(name)
 
     def exit_module(self, name, container_type):
@@ -283,22 +295,102 @@ def _resolve(source, *, revision=None, token=None, cache_dir=None, local_files_o
 
 
 def from_pretrained(source, device=None, dtype="float32", *, revision=None, token=None, cache_dir=None,
-                    local_files_only=False) -> Module:
+                    local_files_only=False, check: Callable[[], None] | None = None) -> Module:
     """Open a Hugging Face checkpoint folder (or Hub model id) as an Ember model, lazily.
 
     `dtype`: the float dtype of the parameters ("float32" by default; "float64" or "float16").
-    Raises `PretrainedError` (a `RecordError`) naming the file, the tensor and what was expected.
+    `check()` (optional; a worker's cancellation check) runs before each layer is built and
+    each parameter is matched to its tensor; what it raises stops the open and propagates.
+    Raises `PretrainedError` (a `RecordError`) naming the file, the tensor and what was expected;
+    the config's layer count is checked against the layers the folder holds tensors of before
+    anything is built, so a config that claims 10**12 layers is refused in the time its header
+    takes to read.
     """
     folder = _resolve(source, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
     ckpt = open_checkpoint(folder, check_config=lambda c: _choose_family(c, str(Path(folder) / "config.json")))
+    token_ = _CHECK.set(check)
     try:
-        return _open(ckpt, device, dtype)
+        return _open(ckpt, device, dtype, check or _no_check)
     except BaseException:
         ckpt.close()
         raise
+    finally:
+        _CHECK.reset(token_)
 
 
-def _open(ckpt: Checkpoint, device, dtype) -> Module:
+# the `check` of the from_pretrained running in this thread, for the families' layer loops
+_CHECK: contextvars.ContextVar = contextvars.ContextVar("ember_from_pretrained_check", default=None)
+
+
+def _no_check() -> None:
+    pass
+
+
+def layer_range(n: int):
+    """`range(n)` for a family's loop that builds its layers: inside `from_pretrained(check=...)`
+    `check()` runs before each layer, so a long open can be cancelled between layers."""
+    check = _CHECK.get()
+    if check is None:
+        return range(n)
+    return _checked_range(n, check)
+
+
+def _checked_range(n: int, check):
+    for i in range(n):
+        check()
+        yield i
+
+
+_LAYER_INDEX = re.compile(r"[0-9]{1,9}")  # a longer index is no layer (a 5000-digit int is not parsed)
+
+
+def _layers_held(wmap: WeightMap, names) -> set[int]:
+    """The layer indices `{i}` of the stored tensors the weight map's per-layer rules name:
+    one dict look-up per name (the name with its index replaced by `{i}` is a rule's template)."""
+    templates = {r.hf for r in wmap.rules if r.hf.count("{") == 1 and "{i}" in r.hf}
+    prefixes = sorted({t.split("{i}")[0] for t in templates}, key=len, reverse=True)
+    if not prefixes:
+        return set()
+    at = re.compile("|".join(re.escape(p) for p in prefixes))
+    held = set()
+    for name in names:
+        m = at.match(name)
+        if m is None:
+            continue
+        digits = _LAYER_INDEX.match(name, m.end())
+        if digits is not None and name[:digits.start()] + "{i}" + name[digits.end():] in templates:
+            held.add(int(digits.group()))
+    return held
+
+
+def _spans(indices: list[int], limit: int = 4) -> str:
+    """'0-1, 5' for [0, 1, 5] (the first `limit` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return text + (f" and {len(runs) - limit} more run(s)" if len(runs) > limit else "")
+
+
+def _check_layers(fam: Family, cfg, wmap: WeightMap, tensors: dict, where: str) -> None:
+    """Refuse a config whose layer count is not the layers the folder holds tensors of, before
+    the model (linear in the count) is built."""
+    if fam.layers is None:
+        return
+    key, count = fam.layers(cfg)
+    held = sorted(_layers_held(wmap, (n for n in tensors if not wmap.ignored(n))))
+    if held == list(range(count)):
+        return
+    holds = f"the tensors of {len(held)} layer(s) (layers {_spans(held)})" if held else "no per-layer tensors"
+    expected = "layer 0" if count == 1 else f"layers 0-{count - 1}"
+    raise PretrainedError(f"'{key}' is {count}, but the checkpoint holds {holds}: expected those of {expected}",
+                          where=where)
+
+
+def _open(ckpt: Checkpoint, device, dtype, check: Callable[[], None]) -> Module:
     config_where = str(Path(ckpt.folder) / "config.json")
     fam = _choose_family(ckpt.config, config_where)
     try:
@@ -307,21 +399,22 @@ def _open(ckpt: Checkpoint, device, dtype) -> Module:
         if exc.where in (None, "config.json"):
             raise PretrainedError(exc.reason, where=config_where) from None
         raise
-    model = fam.build(cfg, device)
     wmap = fam.weight_map(cfg)
-
     try:
         canonical = wmap.canonical(list(ckpt.tensors))
     except RecordError as exc:
         raise PretrainedError(str(exc), where=str(ckpt.folder)) from None
     tensors = {name: ckpt.tensors[stored] for name, stored in canonical.items()}
+    _check_layers(fam, cfg, wmap, tensors, config_where)
+    model = fam.build(cfg, device)
     plan: dict[str, Param] = {}
     names: dict[str, str] = {}
     used: set[str] = set()
     sources = {}
     by_id: dict = {}
     problems: list[str] = []
-    for path, param in model.named_params():
+    for path, param in tree_params(model):  # a new model: no reparameterization
+        check()
         if param.id in by_id:  # one parameter used twice (a tied weight): one value, one entry
             plan[path] = by_id[param.id]
             continue
@@ -369,7 +462,7 @@ def _open(ckpt: Checkpoint, device, dtype) -> Module:
         shown = ", ".join(f"'{tensors[n].name}'" for n in extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
         raise PretrainedError(f"{len(extra)} tensor(s) fit no parameter of a {fam.name} model with this config: "
                               f"{shown}", where=where)
-    out = model.map(_Attach(plan))
+    out = model.map(_Attach(plan, check))
     out._pretrained = PretrainedInfo(
         family=fam, config=cfg, raw_config=dict(ckpt.config), folder=Path(ckpt.folder), names=names,
         stored_dtypes={n: tensors[n].dtype for n in used}, order=[n for n in tensors if n in used],
