@@ -38,7 +38,7 @@ from ..module import memory
 from ..module.tree import params as tree_params
 from ..tensor import Tensor
 from ..tensor import raw as _raw
-from ..tensor import threads as _threads
+from ..tensor import cpu
 
 __all__ = ["generate", "stream", "GenerationResult", "GenerationStream", "GeneratedToken", "warp_logits",
            "GenerationError", "estimate_generation"]
@@ -245,7 +245,7 @@ class _Head:
         h = self.model.hidden_states(ids, mask, cache)
         last = h.narrow(1, h.shape[1] - 1, 1).numpy()[:, 0, :]
         w = self.weight if self.weight.dtype == last.dtype else self.weight.astype(last.dtype)
-        out = _threads.matmul(last, w)
+        out = cpu.matmul(last, w)
         return out if self.bias is None else out + self.bias
 
 

@@ -13,6 +13,7 @@ from one of these workers runs its blocks in that worker, never waiting on the p
 from __future__ import annotations
 
 import ctypes
+import importlib
 import itertools
 import os
 import threading
@@ -23,7 +24,7 @@ import numpy as np
 from . import mkl as _mkl
 
 __all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "min_blocks", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
-           "one_blas_thread", "one_blas_thread_possible", "matmul", "matmul_of", "BLAS_THREADED_MIN_WORK", "BLAS_THREADED_MIN_OUT", "blas_threads_by_size"]
+           "one_blas_thread", "one_blas_thread_possible", "matmul", "BLAS_THREADED_MIN_WORK", "BLAS_THREADED_MIN_OUT", "blas_threads_by_size"]
 
 # below this many bytes of data the threads' hand-off costs more than they save. A hand-off
 # wakes a sleeping worker, which on these VMs takes 57-200 us (a threading.Event round trip);
@@ -456,15 +457,15 @@ def blas_threads_by_size() -> bool:
 
 
 def matmul(a, b, out=None):
-    """`np.matmul(a, b, out=out)` for NumPy arrays (`a @ b` for others: CuPy's products are its
-    own). With OpenBLAS at one thread (`blas_threads_by_size`), a product whose every matrix
+    """`np.matmul(a, b, out=out)` for NumPy arrays (their own module's matmul for others: CuPy's
+    products are its own). With OpenBLAS at one thread (`blas_threads_by_size`), a product whose every matrix
     makes at least BLAS_THREADED_MIN_WORK multiply-adds into at least BLAS_THREADED_MIN_OUT
     outputs gets OpenBLAS's threads for the call, unless a kernel holds one thread or this is a
     kernel thread (their products are their own). The products that run on one thread are
-    MKL's where `engine.tensor.mkl` is active (the `mkl` extra on an Intel CPU)."""
+    MKL's where `engine.tensor.cpu.mkl` is active (the `mkl` extra on an Intel CPU)."""
     global _blas_raised
     if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
-        return a @ b if out is None else np.matmul(a, b, out=out)
+        return a @ b if out is None else _module_of(a, b).matmul(a, b, out=out)
     if not _by_size_checked:
         blas_threads_by_size()
     if not _by_size:
@@ -487,9 +488,12 @@ def matmul(a, b, out=None):
             _set_blas_count_locked(api)
 
 
-def matmul_of(xp):
-    """The matrix product for `xp`'s arrays: `matmul` on NumPy, `xp.matmul` otherwise."""
-    return matmul if xp is np else xp.matmul
+def _module_of(a, b):
+    """The array module of a product's operands that are not both NumPy's (CuPy's)."""
+    other = b if isinstance(a, (np.ndarray, np.generic)) else a
+    if isinstance(other, (np.ndarray, np.generic)):
+        return np
+    return importlib.import_module(type(other).__module__.partition(".")[0])
 
 
 _DEFAULT = _from_environment()
