@@ -175,9 +175,8 @@ def hard_sigmoid(x: Tensor, alpha: float, beta: float) -> Tensor:
 
 def silu(x: Tensor) -> Tensor:
     """`x * sigmoid(x)`. float32 on NumPy with the compiled kernels: the output and the
-    derivative `s (1 + x (1 - s))` in one pass (`cpu.activation.silu`), the backward one product (a Llama
-    MLP's SiLU forward and backward took 3.6 ms on [8, 128, 688] in NumPy's passes, Intel Xeon,
-    1 thread). Otherwise the sigmoid is computed once, `1 / (1 + exp(-x))` in three in-place
+    derivative `s (1 + x (1 - s))` in one pass (`cpu.activation.silu`), the backward one product
+    (NumPy's passes are many: benchmarks/TUNING.md, "silu"). Otherwise the sigmoid is computed once, `1 / (1 + exp(-x))` in three in-place
     passes (an exp that overflows gives exactly 0; within an ulp or so of scipy's `expit`, which
     took twice as long on float32), and kept for the backward, `g * s * (1 + x * (1 - s))`, worked
     in place."""

@@ -43,7 +43,7 @@ def _max_f32(typingctx, a, b):
     """max(a, b) of two float32s as LLVM's `maximum` (NaN when either is NaN, as np.max), with
     no preference between -0 and +0. A row's running max written with it is vectorized (8
     lanes); with Python's `max` (a compare and select) LLVM keeps a scalar chain, one compare's
-    latency per element: a [1024, 32000] row max took 43 ms instead of 8.7 (Intel Xeon, 1 thread)."""
+    latency per element, several times slower (benchmarks/TUNING.md, `_max_f32`)."""
     sig = types.float32(types.float32, types.float32)
 
     def codegen(context, builder, signature, args):
@@ -244,7 +244,7 @@ def shifted_exp_rows(x, e, m, s):
     over runs of `_SUM_RUN`, added in float64: the float64 sum throughout cost 1.7x the time).
     The whole runs are loops of a fixed trip count, the row's remainder one loop after them:
     with the run's end computed per run (`min(lo + _SUM_RUN, c)`) LLVM vectorized the loop
-    worse, and a [1024, 32000] call took 44 ms instead of 27 (Intel Xeon, 1 thread). The exps
+    worse (benchmarks/TUNING.md, `shifted_exp_rows`). The exps
     are stored by one loop and summed by another (see `_STORE_THEN_SUM`)."""
     rows, c = x.shape
     whole = c // _SUM_RUN

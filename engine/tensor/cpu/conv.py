@@ -24,18 +24,12 @@ __all__ = ["convolve", "transposed_product", "channel_sum", "window_slices", "CL
 # of whole channel vectors (a 1x1 kernel gains nothing from columns, and stays channel-major)
 CL_MIN_CHANNELS = 16
 # channels-last convolutions work a run of whole images at a time, about this many bytes of
-# their columns, so that each run's copies, products and adds stay in cache (the shared L3; 3 MB
-# ran the 64 -> 64 benchmark layer 3-5 % faster than 1.5 MB at 1 and 2 threads, 4.5 MB no better:
-# paired rounds in one process, AMD EPYC)
+# their columns, so that each run's copies, products and adds stay in cache (the shared L3)
 CL_CHUNK_BYTES = 3 << 20
-# Winograd's runs (their transformed input and product, 16 tiles' worth per 2x2 outputs) hold a
-# half of that: the 64 -> 64 benchmark layer (13x13, batch 64: runs of 5 images instead of 10)
-# fwd+bwd at 1 thread 16.6 -> 14.3 ms and at 2 threads 9.1 -> 8.1 ms (medians of 4 alternated
-# processes, AMD EPYC family 25 model 17); a quarter was slower again (16.0 / 8.8 ms); 32 -> 32
-# on 28x28, 128 -> 128 on 10x10 and 256 -> 256 on 16x16 within 3 % either way. Not where MKL takes
-# the products (`engine.tensor.cpu.mkl`, the mkl extra on an Intel CPU): there the halved runs'
-# products ([16, 180, 64] @ [16, 64, 64], under MKL_MIN_ITEM_WORK per item) would go back to
-# OpenBLAS, which MKL beat at these sizes, and the halving is unmeasured on Intel
+# Winograd's runs (their transformed input and product, 16 tiles' worth per 2x2 outputs) hold
+# this fraction of that. Not where MKL takes the products (`engine.tensor.cpu.mkl`, the mkl
+# extra on an Intel CPU): there the smaller runs' stacked products would fall under
+# MKL_MIN_ITEM_WORK per item and go back to OpenBLAS, which MKL beats at these sizes
 WINOGRAD_RUN_DIVISOR = 2
 
 
@@ -125,9 +119,7 @@ def _cl_runs(batch, image_bytes, divisor=1):
     where BLAS has several threads whose count cannot be set do the runs grow 16x (the
     benchmark's 64 -> 64 layer in one run) and all run in the calling thread, BLAS splitting
     each product: kernel threads making products of their own would then compete with BLAS's
-    threads, which spin between products. Measured on 2 cores (the 64 -> 64 layer's fwd+bwd):
-    20 ms with the runs over the kernel threads and OpenBLAS held at one thread, 25-27 ms with
-    16x runs and BLAS splitting them."""
+    threads, which spin between products."""
     whole = _threads.blas_threads() > 1 and not _threads.one_blas_thread_possible()
     target = CL_CHUNK_BYTES * (16 if whole else 1) // divisor
     nb = max(1, min(batch, target // max(1, image_bytes)))
@@ -150,9 +142,8 @@ def _cl_run(whole, work, items):
 # one [positions, 9 C] @ [9 C, O], 2.25x fewer multiplications, and no 9x column copy (the
 # transforms are the compiled kernels `winograd_*` in `_kernels_conv`, which spell out the
 # transform matrices). The runs of images, their threads and the order of the weight gradient's
-# partial sums are those of the channels-last path. Paired rounds against that path (fwd+bwd,
-# 1 thread, AMD EPYC): 0.84x at 16 -> 16 channels on 28x28, 0.71x at 32 -> 32, 0.63x at 128 ->
-# 128 on 10x10, 0.70x at 256 -> 256 on 16x16. Results differ from the direct sum in the last
+# partial sums are those of the channels-last path (faster than that path from 16 channels:
+# benchmarks/TUNING.md, "Winograd"). Results differ from the direct sum in the last
 # bits only: the transforms' coefficients are 0, +-1 and +-1/2, each output a sum of 16 products
 # instead of 9 (within 1e-6 of float64 relative to the largest output in the tests).
 _WINOGRAD_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])

@@ -9,8 +9,8 @@ the tests compare against and as the path taken without numba or with `EMBER_JIT
 
 Compilation: the first `kernels()` call imports `_kernels` (and `_kernels_conv`), whose functions are compiled
 for their one signature each, or loaded from numba's on-disk cache (`__pycache__` beside the
-module, or numba's user cache directory when that is read-only). Measured on 2 AMD EPYC
-cores: ~7 s the first time on a machine, ~1 s from the cache (`benchmarks/jit_compile.py`).
+module, or numba's user cache directory when that is read-only): seconds the first time on a
+machine, about a second from the cache (`benchmarks/jit_compile.py`; benchmarks/TUNING.md).
 The call blocks the thread that makes it, so the app warms the kernels up on a background
 thread at start (`warm_up`), and all model work already runs on worker threads.
 

@@ -28,13 +28,10 @@ def _ce_min_blocks() -> int:
     return min_blocks(BLOCK_BYTES)
 
 
-# The forward's max / shifted exp / sum costs far more per byte than a streaming pass: an exp
-# per element. [2048, 256] float32 (2 MB, the small GPT's logits) took 1.1 ms with the compiled
-# kernel on one thread (AMD EPYC, family 25 model 17), ~25x a copy of the same bytes, so the
-# wake-up that PARALLEL_MIN_BYTES pays for with 4 MB of streaming pays for itself here with a
-# few hundred KB. Measured at 2 threads, cross entropy fwd+bwd on those logits: 1.15 -> 0.72 ms
-# with its 4 row blocks shared instead of run here. Counted as 16x a streaming pass (under the
-# measured 25x, for CPUs with a faster exp): from 2 blocks (1 MB) with the default bar.
+# The forward's max / shifted exp / sum costs far more per byte than a streaming pass (an exp
+# per element), so the wake-up that PARALLEL_MIN_BYTES pays for with 4 MB of streaming pays for
+# itself here with a few hundred KB. Counted as this many times a streaming pass (under the
+# measured ratio, for CPUs with a faster exp): from 2 blocks (1 MB) with the default bar.
 EXP_COST = 16
 
 
