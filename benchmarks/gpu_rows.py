@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import Device, Tensor, nn, optim  # noqa: E402  (the engine first, as users import it)
+from engine import Device  # noqa: E402  (the engine first, as users import it)
 from engine.tensor.device import cuda_device_count, cupy_module  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def _sync(device: Device) -> None:
         cupy_module().cuda.Device(device.index).synchronize()
 
 
-def _time(step, device: Device, runs: int, warm: int = 3) -> float:
+def _time(step, device: Device, runs: int, warm: int = 5) -> float:
     for _ in range(warm):
         step()
     _sync(device)
@@ -48,47 +48,19 @@ def _time(step, device: Device, runs: int, warm: int = 3) -> float:
 def mlp_step(device: Device):
     from benchmarks import mlp  # noqa: PLC0415
 
-    x, y, w1, b1, w2, b2 = mlp.data()
-    xt, yt = Tensor.from_data(x, device=device), Tensor.from_data(y, device=device)
-    state = {"model": mlp.Mlp(w1, b1, w2, b2).fork(device).train()}
-    loss_fn = nn.CrossEntropyLossConfig().init()
-    optimizer = optim.SgdConfig().init()
-
-    def step():
-        model = state["model"]
-        loss = loss_fn.forward(model.forward(xt), yt)
-        grads = optim.GradientsParams.from_grads(loss.backward(), model)
-        state["model"] = optimizer.step(mlp.LR, model, grads)
-
-    return step
+    return mlp.engine_nn_step_factory(device)
 
 
 def conv_step(device: Device):
     from benchmarks import conv  # noqa: PLC0415
 
-    x, w, b, g = conv.make(64, 64, 15)
-    xt, wt, bt = (Tensor.from_data(a, device=device).require_grad() for a in (x, w, b))
-    gt = Tensor.from_data(g, device=device)
-
-    def step():
-        xt.conv2d(wt, bt).backward(gt)
-
-    return step
+    return conv.engine_runners(*conv.make(64, 64, 15), device=device)[1]  # forward + backward
 
 
 def gpt_step(device: Device, batch: int, d: int, seq: int):
     from benchmarks import gpt  # noqa: PLC0415
 
-    model = gpt.GPT(d, seq).fork(device)
-    ids_np, tgt_np = gpt.data(batch, seq)
-    ids, tgt = Tensor.from_data(ids_np, device=device), Tensor.from_data(tgt_np, device=device)
-    loss_fn = nn.CrossEntropyLossConfig().init()
-
-    def step():
-        logits = model.forward(ids)
-        loss_fn.forward(logits.reshape(batch * seq, gpt.VOCAB), tgt).backward()
-
-    return step
+    return gpt.engine_step(batch, d, seq, device)
 
 
 ROWS = [
