@@ -34,17 +34,20 @@ Padding is on the right, so under causal attention no real token attends to a pa
 logits at the real positions are those of the unpadded document, with or without the mask.
 
 Bounded memory: the tokenizer is given at most `MAX_PIECE_CHARS` (65,536) characters of one
-text and about `CHUNK_CHARS` (262,144) a call, and its ids go straight into uint32 arrays. A
+text and about `CHUNK_CHARS` (65,536) a call, and its ids go straight into uint32 arrays. A
 longer document (a long line, a whole `.txt` file) is cut into pieces just before a space
 that follows a word (else before other white space, else at the cap): each piece is encoded
 on its own, the first with the special tokens, so byte-level BPE, Metaspace and white-space
 tokenizers give the tokens of the uncut text (a cut at a line break or inside a word may give
 other tokens there). Loading costs ~30 bytes of peak memory per input byte (the int64 rows are
 24 bytes a position). What the rows will need (`ROW_BYTES_PER_POSITION`, 48 bytes a position:
-three int64 arrays, copied once more by a train/validation split) is checked against
-`memory.available_memory()` while the text is tokenized (projected from the tokens so far)
-and again once the rows' count and width are known: a file that does not fit is refused with
-`TextDataTooLarge` (a `TextDataError` and a `NotEnoughMemory`) before the rows are made.
+three int64 arrays, copied once more by a train/validation split), with the ids still to read
+and `TOKENIZER_WORKING_BYTES` (64 MiB) kept free for the tokenizer, is checked against
+`memory.available_memory()` before each call to the tokenizer (projected from the tokens so
+far) and again once the rows' count and width are known: a file that does not fit is refused
+with `TextDataTooLarge` (a `TextDataError` and a `NotEnoughMemory`) before the rows are made,
+and before the tokenizer runs out of memory (a failed allocation in the Rust library aborts
+the process; the check is what keeps it from getting there).
 
 Every problem is a `TextDataError` (a `DataFileError`) naming the file, the line where one
 applies, what was expected and what was found: an empty file, bytes that are not UTF-8, a
@@ -86,12 +89,15 @@ TEXT_SUFFIXES = (".txt", ".jsonl")
 # aborts the process when an allocation fails, so what it gets must be bounded.
 MAX_PIECE_CHARS = 1 << 16
 # Characters per call to the tokenizer (pieces of many documents encoded together)
-CHUNK_CHARS = 1 << 18
+CHUNK_CHARS = 1 << 16
 # What a token costs once tokenized: its int32 id and learn flag while the file is read (5
 # bytes), then the rows: inputs, targets and attention mask, int64 each (24 bytes a position),
 # twice, since a train/validation split copies them.
 STREAM_BYTES_PER_TOKEN = 5
 ROW_BYTES_PER_POSITION = 2 * 3 * 8
+# Kept free for the tokenizer while it encodes a chunk (its encodings, its threads' malloc
+# arenas): a Rust allocation that fails aborts the process, so the check stops short of it
+TOKENIZER_WORKING_BYTES = 64 * 2 ** 20
 
 
 class TextDataError(DataFileError):
@@ -437,22 +443,39 @@ def _doc_chars(doc: Document) -> int:
     return len(doc.text) if doc.text is not None else len(doc.prompt) + len(doc.completion)
 
 
-def _too_large(source, tokens: int, rows_bytes: int, available: int, how: str) -> TextDataTooLarge:
-    estimate = memory.MemoryEstimate(f"loading {Path(str(source)).name}", {
-        "token ids while reading": tokens * STREAM_BYTES_PER_TOKEN,
-        "rows of inputs, targets and masks (int64; twice, for the train/validation split)": rows_bytes})
+def _too_large(source, parts: dict[str, int], available: int, how: str) -> TextDataTooLarge:
+    estimate = memory.MemoryEstimate(f"loading {Path(str(source)).name}", parts)
     return TextDataTooLarge(source, f"{estimate.refusal(available)}: {how}. Use a smaller file, or a machine "
                                     f"with more memory")
 
 
+def _check_stream(source, count: int, chars: int, total_chars: int) -> None:
+    """Refuse the file when what is left to allocate (the ids not read yet, the rows, the
+    tokenizer's working memory) is more than the machine has now (`memory.available_memory()`):
+    the tokens so far, `count` from the first `chars` characters, are projected over all."""
+    available = memory.available_memory()
+    if available is None:
+        return
+    projected = max(count, int(count / chars * total_chars)) if chars else 0
+    held = count * STREAM_BYTES_PER_TOKEN
+    parts = {"token ids while reading": projected * STREAM_BYTES_PER_TOKEN,
+             "rows of inputs, targets and masks (int64; twice, for the train/validation split)":
+                 projected * ROW_BYTES_PER_POSITION,
+             "the tokenizer's working memory": TOKENIZER_WORKING_BYTES}
+    if sum(parts.values()) - held > available:
+        how = (f"about {projected} tokens, projected from the {count} tokens of the first {chars} of its "
+               f"{total_chars} characters" if chars else "nothing can be tokenized")
+        raise _too_large(source, parts, available + held, how)
+
+
 def tokenize_documents(docs, tokenizer: TextTokenizer, vocab_size: int | None = None,
-                       available: int | None = None, source=None) -> Tokens:
+                       check_memory: bool = False, source=None) -> Tokens:
     """Every document's ids, encoded in chunks of about `CHUNK_CHARS` characters, a document in
     pieces of at most `MAX_PIECE_CHARS` (`_pieces`). A text is encoded with the tokenizer's special
     tokens (its first piece), a prompt likewise, its completion without; each document then ends
-    with eos. Ids are checked against `vocab_size`; with `available` (bytes), the file is refused
-    with `TextDataTooLarge` as soon as the tokens so far, projected over the characters left, need
-    more (`STREAM_BYTES_PER_TOKEN` + `ROW_BYTES_PER_POSITION` a token)."""
+    with eos. Ids are checked against `vocab_size`; with `check_memory`, the file is refused with
+    `TextDataTooLarge` before the first call and after each one where the tokens so far,
+    projected over the characters left, need more than the machine has (`_check_stream`)."""
     docs = list(docs)
     source = source if source is not None else (docs[0].file if docs else "the text")
     eos = tokenizer.eos_id
@@ -510,13 +533,11 @@ def tokenize_documents(docs, tokenizer: TextTokenizer, vocab_size: int | None = 
         state["count"] += len(chunk)
         state["chars"] += sum(len(b[0]) for b in batch if b[0] is not None)
         batch.clear()
-        if available is not None:
-            projected = int(state["count"] / max(state["chars"], 1) * total_chars)
-            if projected * (STREAM_BYTES_PER_TOKEN + ROW_BYTES_PER_POSITION) > available:
-                raise _too_large(source, projected, projected * ROW_BYTES_PER_POSITION, available,
-                                 f"about {projected} tokens, projected from the {state['count']} tokens of the first "
-                                 f"{state['chars']} of its {total_chars} characters")
+        if check_memory:
+            _check_stream(source, state["count"], state["chars"], total_chars)
 
+    if check_memory:
+        _check_stream(source, 0, 0, total_chars)
     size = 0
     for i, doc in enumerate(docs):
         parts = [(doc.text, True, True)] if doc.text is not None else \
@@ -541,8 +562,9 @@ def _check_rows(source, tokens: Tokens, rows: int, block_size: int) -> None:
     need = rows * block_size * ROW_BYTES_PER_POSITION
     available = memory.available_memory()
     if available is not None and need > available:
-        raise _too_large(source, 0, need, available, f"{rows} rows of {block_size} positions from "
-                                                     f"{len(tokens.ids)} tokens")
+        raise _too_large(source, {"rows of inputs, targets and masks (int64; twice, for the train/validation "
+                                  "split)": need}, available,
+                         f"{rows} rows of {block_size} positions from {len(tokens.ids)} tokens")
 
 
 def _packed_rows(tokens: Tokens, block_size: int, pad_id: int):
@@ -648,7 +670,7 @@ def load_text_data(path, tokenizer: TextTokenizer, block_size: int | None = None
     pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
     try:
         docs = read_documents(p, per_line=per_line, fields=fields)
-        tokens = tokenize_documents(docs, tokenizer, vocab_size, available=memory.available_memory(), source=p)
+        tokens = tokenize_documents(docs, tokenizer, vocab_size, check_memory=True, source=p)
         if vocab_size is not None and pad_id >= vocab_size:
             raise TextDataError(tokenizer.path, f"the pad token id {pad_id} is out of range for the model's "
                                                 f"{vocab_size} token embeddings: the tokenizer does not match the "
