@@ -211,10 +211,11 @@ def _json_value(text: str):
 
 
 def _token_text(value):
-    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict."""
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict (not
+    a lone surrogate escape such as "\\ud800", which is no text)."""
     if isinstance(value, dict):
         value = value.get("content")
-    return value if isinstance(value, str) and value else None
+    return value if isinstance(value, str) and value and not _SURROGATE.search(value) else None
 
 
 def load_tokenizer(folder) -> TextTokenizer:
@@ -383,6 +384,11 @@ def _jsonl_documents(f: Path, text: str, fields: str) -> list[Document]:
             if not isinstance(record[name], str):
                 raise TextDataError(f, f"field {name!r}: expected a string, found "
                                        f"{type(record[name]).__name__} {_json_excerpt(record[name])}", line=n)
+            bad = _SURROGATE.search(record[name])
+            if bad is not None:
+                raise TextDataError(f, f"field {name!r}: expected text, found the escape \\u{ord(bad.group()):04x} "
+                                       f"at character {bad.start()}, half of a surrogate pair and no character by "
+                                       f"itself", line=n)
         if chosen == "text":
             docs.append(Document(str(f), n, text=record["text"]))
         else:
@@ -390,6 +396,9 @@ def _jsonl_documents(f: Path, text: str, fields: str) -> list[Document]:
                 raise TextDataError(f, "field 'completion': expected text to learn, found an empty string", line=n)
             docs.append(Document(str(f), n, prompt=record["prompt"], completion=record["completion"]))
     return docs
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads makes a lone "\\ud800" a str no encoder takes
 
 
 def _json_excerpt(value) -> str:
