@@ -440,9 +440,6 @@ class Tokens:
     learn: np.ndarray
     ends: np.ndarray  # int64 [documents]
 
-    def __len__(self) -> int:
-        return len(self.ends)
-
     def document(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         start = int(self.ends[i - 1]) if i else 0
         return self.ids[start:int(self.ends[i])], self.learn[start:int(self.ends[i])]
@@ -519,10 +516,7 @@ def tokenize_documents(docs, tokenizer: TextTokenizer, vocab_size: int | None = 
             flat.extend(next(encoded[special]))
             if not learn:
                 not_learnt.append((start, len(flat)))
-        try:
-            chunk = np.array(flat, dtype=np.uint32)
-        except OverflowError:  # noqa: PERF203 - an id past 2**32 - 1: no vocabulary has it
-            chunk = np.array(flat, dtype=np.uint64)
+        chunk = np.array(flat, dtype=np.uint32)  # the library's ids are u32
         del flat
         if vocab_size is not None and chunk.size and int(chunk.max()) >= vocab_size:
             at = int(np.argmax(chunk >= vocab_size))

@@ -306,3 +306,16 @@ def test_tokenizer_config_values_python_will_not_convert_are_named(tmp_path, val
     (folder / "tokenizer_config.json").write_text('{"eos_token": "</s>", "x": ' + value + "}")
     with pytest.raises(TokenizerError, match=r"tokenizer_config.json: expected JSON, found (an integer|JSON nested)"):
         load_tokenizer(folder)
+
+
+def test_a_lone_surrogate_escape_is_named_as_such(tmp_path, words):
+    """json.loads makes "\\ud800" a str that no encoder takes: the tokenizer said 'TextEncodeInput
+    must be Union[...]' (a TokenizerError about the data), a special token a raw UnicodeEncodeError."""
+    p = write(tmp_path / "s.jsonl", '{"text": "a b"}\n{"text": "a \\ud800 b"}\n')
+    with pytest.raises(TextDataError, match=r"s.jsonl, line 2: field 'text': expected text, found the escape "
+                                            r"\\ud800 at character 2, half of a surrogate pair"):
+        load_text_data(p, words, block_size=4)
+    folder = word_tokenizer(tmp_path / "tok", config=False)
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "\\udfff"}')
+    with pytest.raises(TokenizerError, match=r"tokenizer_config.json: eos_token: expected a token string, found "):
+        load_tokenizer(folder)
