@@ -59,6 +59,9 @@ or a failure of the library while it encodes, is a `TokenizerError`: a Rust pani
 (`pyo3_runtime.PanicException`, a BaseException). A catastrophic pre-tokenizer regex is bounded
 by Oniguruma's retry limit (a search gives up after 10 million backtracking steps, ~0.4 s),
 which the library reports as a panic: a `TokenizerError` naming tokenizer.json and the lines.
+A tokenizer.json is read only when the memory its structures take (~`TOKENIZER_BYTES_PER_FILE_BYTE`
+bytes a byte of the file) is available (`TokenizerTooLarge`, a `TokenizerError` and a
+`NotEnoughMemory`), as the library would abort the process where it is not.
 """
 from __future__ import annotations
 
@@ -77,7 +80,8 @@ from .losses import IGNORE_INDEX
 
 __all__ = [
     "IGNORE_INDEX", "Document", "TextDataError", "TextDataTooLarge", "TextDataset", "TextTokenizer", "TokenizerError",
-    "check_fits", "load_text_data", "load_tokenizer", "model_limits", "read_documents", "text_data_for_model",
+    "TokenizerTooLarge", "check_fits", "load_text_data", "load_tokenizer", "model_limits", "read_documents",
+    "text_data_for_model",
 ]
 
 MAX_TOKENIZER_BYTES = 512 * 2 ** 20  # a tokenizer.json larger than this is refused before reading
@@ -98,6 +102,9 @@ ROW_BYTES_PER_POSITION = 2 * 3 * 8
 # Kept free for the tokenizer while it encodes a chunk (its encodings, its threads' malloc
 # arenas): a Rust allocation that fails aborts the process, so the check stops short of it
 TOKENIZER_WORKING_BYTES = 64 * 2 ** 20
+# The library's structures per byte of a tokenizer.json it reads (measured: 9.3-11.5 for
+# vocabularies of 1-3 M tokens)
+TOKENIZER_BYTES_PER_FILE_BYTE = 14
 
 
 class TextDataError(DataFileError):
@@ -110,6 +117,10 @@ class TokenizerError(DataFileError):
 
 class TextDataTooLarge(TextDataError, memory.NotEnoughMemory):
     """The token rows of a text file would need more memory than the machine has: says how much."""
+
+
+class TokenizerTooLarge(TokenizerError, memory.NotEnoughMemory):
+    """Reading a tokenizer.json would need more memory than the machine has: says how much."""
 
 
 def _is_panic(e: BaseException) -> bool:
@@ -232,6 +243,12 @@ def load_tokenizer(folder) -> TextTokenizer:
     size = path.stat().st_size
     if size > MAX_TOKENIZER_BYTES:
         raise TokenizerError(path, f"expected a tokenizer of at most {MAX_TOKENIZER_BYTES} bytes, found {size} bytes")
+    estimate = memory.MemoryEstimate(f"reading {path.name}", {
+        "its text": 2 * size, "the library's vocabulary and merges": TOKENIZER_BYTES_PER_FILE_BYTE * size,
+        "the tokenizer's working memory": TOKENIZER_WORKING_BYTES})
+    refusal = estimate.refusal(memory.available_memory())
+    if refusal:  # the library aborts the process when an allocation fails
+        raise TokenizerTooLarge(path, f"{refusal}: use a machine with more memory")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:

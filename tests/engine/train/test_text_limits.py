@@ -319,3 +319,44 @@ def test_a_lone_surrogate_escape_is_named_as_such(tmp_path, words):
     (folder / "tokenizer_config.json").write_text('{"eos_token": "\\udfff"}')
     with pytest.raises(TokenizerError, match=r"tokenizer_config.json: eos_token: expected a token string, found "):
         load_tokenizer(folder)
+
+
+BIG_TOKENIZER = """
+import json, sys
+from pathlib import Path
+from tests.limits import address_space_growth_limit
+from engine.train.text import TokenizerError, load_tokenizer
+folder = Path({folder!r})
+folder.mkdir()
+vocab = {{f"t{{i}}": i for i in range(300_000)}}
+(folder / "tokenizer.json").write_text(json.dumps({{"version": "1.0", "added_tokens": [], "normalizer": None,
+    "pre_tokenizer": {{"type": "Whitespace"}}, "post_processor": None, "decoder": None,
+    "model": {{"type": "WordLevel", "unk_token": "t0", "vocab": vocab}}}}))
+del vocab
+with address_space_growth_limit(40 * 2**20):
+    try:
+        print("loaded", load_tokenizer(folder).vocab_size)
+    except TokenizerError as e:
+        print("refused", type(e).__name__, e)
+"""
+
+
+def test_a_tokenizer_larger_than_memory_is_refused_before_the_library_reads_it(tmp_path):
+    """A 5.7 MB tokenizer.json (300,000 words) with 40 MB of address space to grow: the library
+    needs ~60 MB for it and, before, aborted the process ('memory allocation of ... bytes failed')."""
+    done = run_python(BIG_TOKENIZER.format(folder=str(tmp_path / "big")))
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith(f"refused TokenizerTooLarge {tmp_path / 'big' / 'tokenizer.json'}: reading "
+                                  f"tokenizer.json needs about "), done.stdout
+    assert "the library's vocabulary and merges" in done.stdout and "available; refused" in done.stdout
+
+
+def test_a_tokenizer_is_read_when_its_memory_is_there(tmp_path, monkeypatch):
+    size = (FIXTURE / "tokenizer.json").stat().st_size
+    need = (2 + text.TOKENIZER_BYTES_PER_FILE_BYTE) * size + text.TOKENIZER_WORKING_BYTES
+    monkeypatch.setattr(memory, "available_memory", lambda: need)
+    assert load_tokenizer(FIXTURE).vocab_size == 128
+    monkeypatch.setattr(memory, "available_memory", lambda: need - 1)
+    with pytest.raises(text.TokenizerTooLarge) as e:
+        load_tokenizer(FIXTURE)
+    assert isinstance(e.value, TokenizerError) and isinstance(e.value, memory.NotEnoughMemory)
