@@ -94,7 +94,7 @@ TEXT_SUFFIXES = (".txt", ".jsonl")
 MAX_PIECE_CHARS = 1 << 16
 # Characters per call to the tokenizer (pieces of many documents encoded together)
 CHUNK_CHARS = 1 << 16
-# What a token costs once tokenized: its int32 id and learn flag while the file is read (5
+# What a token costs once tokenized: its uint32 id and learn flag while the file is read (5
 # bytes), then the rows: inputs, targets and attention mask, int64 each (24 bytes a position),
 # twice, since a train/validation split copies them.
 STREAM_BYTES_PER_TOKEN = 5
