@@ -19,7 +19,7 @@ from widgets.checkpoint_dialog import CheckpointDialog
 
 from .checkpoint_actions import show_load_failure, show_partial_load
 from .core import checkpoints, edits, opening
-from .core.project import PROJECT_SUFFIX, ProjectError, read_project, write_json_atomic
+from .core.project import PROJECT_SUFFIX, ProjectError, read_json_file, read_project, write_json_atomic
 from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, OnnxSource, PretrainedSource,
                           ScriptSource, Source, source_from_json)
 from .prompts import open_file, save_file
@@ -49,6 +49,7 @@ class ProjectIO:
         self.session = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._own: set[Path] = set()  # autosaves this session wrote or took over: the only ones it deletes
         self._recovering: list[tuple[Path, Source]] = []  # a Recover answered, its open not arrived yet
+        self._offered: set[Path] = set()  # autosaves offered this session (each once)
         self.document.source_changed.connect(self._took_over)
 
     # ---- menus ------------------------------------------------------------------------------------
@@ -300,8 +301,10 @@ class ProjectIO:
         if doc.module is None or not doc.is_dirty():
             return False
         path = self.autosave_path()
+        # who wrote it: a project's autosave of a session still running is not offered to another
+        data = {**doc.project_data(), "autosave": {"pid": os.getpid(), "session": self.session}}
         try:
-            write_json_atomic(path, doc.project_data())
+            write_json_atomic(path, data)
         except OSError:
             return False
         self._own.add(path)
@@ -322,6 +325,34 @@ class ProjectIO:
                 continue
         return [path for *_, path in sorted(found, reverse=True)]
 
+    def offer_recoveries(self) -> QMessageBox | None:
+        """On every start, whatever was opened: offer, one question after another, the newest
+        untitled autosave a crash left and the autosave of each recent project that is newer than
+        the project (none that this session offered already, as `--open` does). Returns the first
+        question (None: nothing to recover)."""
+        pending: list[Path | None] = [None] + [Path(e) for e in self.settings.recent_files() if e.endswith(PROJECT_SUFFIX)]
+
+        def next_offer(_button=None) -> QMessageBox | None:
+            while pending:
+                project = pending.pop(0)
+                if project is not None and project.with_name(project.name + ".autosave").resolve() in self._offered:
+                    continue
+                box = self.offer_recovery(project)
+                if box is not None:
+                    box.buttonClicked.connect(next_offer)  # after its answer (connected after `answered`)
+                    return box
+            return None
+        return next_offer()
+
+    def _written_by_running_session(self, auto: Path) -> bool:
+        """Whether another Ember still running wrote this autosave (and keeps it up to date)."""
+        try:
+            data = read_json_file(auto, "autosave")
+            pid = data["autosave"]["pid"] if isinstance(data, dict) and isinstance(data.get("autosave"), dict) else None
+        except (ProjectError, OSError):
+            return False
+        return type(pid) is int and 0 < pid < 2 ** 31 and other_process_running(pid)
+
     def offer_recovery(self, project_path: Path | None = None) -> QMessageBox | None:
         """After a crash: offer the autosave of `project_path` when it is newer than the project, or
         (None) the newest autosave of an untitled document that a session no longer running left.
@@ -335,6 +366,8 @@ class ProjectIO:
                 return None
             if project_path.is_file() and auto.stat().st_mtime <= project_path.stat().st_mtime:
                 return None
+            if self._written_by_running_session(auto):
+                return None  # that session's work, not a crash's
         else:
             crashed = self.crashed_autosaves()
             if not crashed:
@@ -345,6 +378,7 @@ class ProjectIO:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(auto.stat().st_mtime))
         except (ProjectError, OSError):
             return None
+        self._offered.add(auto.resolve())
         box = QMessageBox(QMessageBox.Icon.Question, "Recover unsaved changes?",
                           f"Ember kept unsaved changes to {project_path.name if project_path else 'an untitled model'} "
                           f"from {when} ({len(project.edits)} edit(s)). Recover them?",
@@ -354,7 +388,11 @@ class ProjectIO:
 
         def answered(button):
             if box.buttonRole(button) != QMessageBox.ButtonRole.YesRole:
-                auto.unlink(missing_ok=True)
+                try:
+                    auto.unlink(missing_ok=True)
+                except OSError as e:
+                    self.window.error("Recover unsaved changes", f"cannot delete {auto}: {e.strerror or e}")
+                    return
                 self._own.discard(auto)
                 return
             if not self.may_replace():
@@ -380,7 +418,10 @@ class ProjectIO:
                 continue  # the open failed or was dropped: the copy stays for the next start
             self._own.add(auto)
             if self.autosave() and self.autosave_path() != auto:
-                auto.unlink(missing_ok=True)
+                try:
+                    auto.unlink(missing_ok=True)
+                except OSError:
+                    continue  # still this session's: removed with its own at the save or a clean quit
                 self._own.discard(auto)
 
     def untitled_autosave(self) -> Path:

@@ -1,6 +1,7 @@
 """Issue 43, item 3: an untitled model's autosave left by a crash is offered on every start, the
 way the README starts the app (`--example burn-book`) included, and an autosave that was not
 offered (another session's, crashed or still running) is never deleted or overwritten."""
+import json
 import os
 import signal
 import subprocess
@@ -152,3 +153,57 @@ def test_the_autosave_of_a_running_session_is_neither_offered_nor_touched(start,
     window.document.undo_stack.undo()
     assert window.close()
     assert autosaves(tmp_path) == [running] and window.projects.offer_recovery(None) is None
+
+
+def crashed_project_session(qtbot, settings, tmp_path) -> tuple[Path, Path]:
+    """A window that saved a project, edited it, autosaved and crashed: (project, its autosave)."""
+    w = MainWindow(settings=settings)
+    qtbot.addWidget(w)
+    assert w.open_example("spirals")
+    project = tmp_path / "p.ember.json"
+    assert w.projects.save_to(project)  # in the recent files now
+    assert w.group_op("freeze", "") and w.projects.autosave()
+    auto = project.with_name(project.name + ".autosave")
+    os.utime(auto, (project.stat().st_mtime + 10,) * 2)  # written after the save
+    w.autosave_timer.stop()
+    w.hide()
+    return project, auto
+
+
+def test_a_recent_projects_autosave_is_offered_at_any_start(start, settings, tmp_path, qtbot):
+    project, auto = crashed_project_session(qtbot, settings, tmp_path)
+    window = start("--example", "burn-book")
+    box = window.last_message
+    assert box.objectName() == "recovery" and "p.ember.json" in box.text() and "1 edit(s)" in box.text()
+    box.button(QMessageBox.StandardButton.Yes).click()
+    qtbot.waitUntil(lambda: not window.running_tasks, timeout=60_000)
+    doc = window.document
+    assert doc.project_path == project and doc.is_dirty() and auto.exists()  # its autosave from now on
+    assert not any(p.is_active() for _, p in doc.module.named_params() if p.kind == "float")
+
+
+def test_the_untitled_and_a_projects_autosave_are_offered_one_after_the_other(start, settings, tmp_path, qtbot):
+    untitled = crashed_session(qtbot, settings)
+    _project, auto = crashed_project_session(qtbot, settings, tmp_path)
+    window = start("--example", "burn-book")
+    first = window.last_message
+    assert "an untitled model" in first.text()
+    first.button(QMessageBox.StandardButton.Discard).click()
+    second = window.last_message
+    assert second is not first and "p.ember.json" in second.text()
+    second.button(QMessageBox.StandardButton.Discard).click()
+    assert not untitled.exists() and not auto.exists()
+    assert window.last_message is second  # nothing more to offer
+
+
+def test_a_projects_autosave_that_a_running_session_writes_is_left_alone(start, settings, tmp_path, qtbot):
+    project, auto = crashed_project_session(qtbot, settings, tmp_path)
+    data = json.loads(auto.read_text())
+    assert data["autosave"]["pid"] == os.getpid()  # the writer says who it is
+    data["autosave"]["pid"] = os.getppid()  # a process that is running
+    write_json_atomic(auto, data)
+    os.utime(auto, (project.stat().st_mtime + 10,) * 2)
+    window = start("--example", "burn-book")
+    assert window.last_message is None  # nothing offered
+    assert window.projects.open_project(project) and window.last_message is None  # not when it opens either
+    assert window.close() and auto.exists()
