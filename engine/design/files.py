@@ -234,8 +234,9 @@ def discard_autosave(path) -> None:
 
 def other_process_running(pid: int) -> bool:
     """Whether another process with this id is running (an editing session that has not ended; this
-    process's own id counts as ended, so its earlier sessions' copies are found)."""
-    if pid == os.getpid():
+    process's own id counts as ended, so its earlier sessions' copies are found). On Windows, where
+    `os.kill(pid, 0)` would send Ctrl+C, every other session counts as ended."""
+    if pid == os.getpid() or not 0 < pid < 2 ** 31 or os.name == "nt":
         return False  # our own earlier session's copy is never "another running editor"
     try:
         os.kill(pid, 0)

@@ -143,16 +143,20 @@ def test_the_autosave_of_a_running_session_is_neither_offered_nor_touched(start,
     write_json_atomic(running, FROZEN)
     legacy = tmp_path / "untitled.ember.json.autosave"  # as versions before sessions named it: offered
     write_json_atomic(legacy, FROZEN)
+    odd = tmp_path / "untitled-9999999999-0123abcd.ember.json.autosave"  # no process has this id
+    write_json_atomic(odd, FROZEN)
+    os.utime(odd, (1, 1))  # older than the other
     window = start("--example", "burn-book")
     box = window.last_message
-    assert box.objectName() == "recovery" and window.projects.crashed_autosaves() == [legacy]
+    assert box.objectName() == "recovery" and window.projects.crashed_autosaves() == [legacy, odd]
     box.button(QMessageBox.StandardButton.Discard).click()
     assert window.group_op("freeze", "") and window.projects.autosave()
     mine = window.projects.untitled_autosave()
-    assert sorted(autosaves(tmp_path)) == sorted([running, mine])
+    assert set(autosaves(tmp_path)) == {running, odd, mine}
     window.document.undo_stack.undo()
     assert window.close()
-    assert autosaves(tmp_path) == [running] and window.projects.offer_recovery(None) is None
+    assert set(autosaves(tmp_path)) == {running, odd}  # the next start offers `odd`, never `running`
+    assert window.projects.crashed_autosaves() == [odd]
 
 
 def crashed_project_session(qtbot, settings, tmp_path) -> tuple[Path, Path]:
