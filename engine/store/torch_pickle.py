@@ -24,12 +24,15 @@ that records what the tensor is instead of building it:
 Every other global (`os.system`, `builtins.eval`, `subprocess.Popen`, `torch.load`, ...) is
 refused with a `RecordError` that names it and the file; nothing is called. Stand-ins refuse
 BUILD (`__setstate__`), so a pickle cannot rewrite a description after it was checked. Before
-the unpickler sees the pickle, its opcodes are walked with `pickletools` (which runs nothing):
-a memo index past the opcodes read so far (the C unpickler would grow its memo to it: 8 bytes
-can ask for gigabytes) and the copyreg extension opcodes are refused. What a file can make a
-reader allocate is bounded by its size: the pickle at most 32 MB, one tensor at most the file's
-size plus 16 MB (only expanded views exceed their storage), all tensors together at most 8
-times the file (views sharing storages).
+the unpickler sees the pickle, its opcodes are walked (by their argument sizes, as `pickletools`
+describes them; nothing runs): a memo index past the opcodes read so far (the C unpickler would
+grow its memo to it: 8 bytes can ask for gigabytes) and the copyreg extension opcodes are
+refused, and the state dict's entries are counted as they are set, so that more than
+MAX_TENSORS stop the walk there. What a file can make a reader allocate is bounded by its size:
+the pickle at most 32 MB, one tensor at most the file's size plus 16 MB (only expanded views
+exceed their storage), all tensors together at most 8 times the file (views sharing storages).
+The zip's entry count (a storage each, at most 2 * MAX_TENSORS + 16) is read from its end
+record before zipfile builds the directory.
 
 Nothing is read eagerly but the pickle: each storage's data offset is found from its zip local
 header (entries must be ZIP_STORED, as torch writes them; a compressed storage is an error

@@ -332,7 +332,7 @@ def test_stand_ins_refuse_build_and_fake_storages(tmp_path):
 ])
 def test_pickles_that_would_exhaust_memory_or_use_odd_opcodes(tmp_path, pkl, match):
     """The C unpickler grows its memo to whatever index a PUT names: 8 bytes would allocate and
-    clear 2 GB (8.8 s here). The opcodes are checked first, by pickletools, which runs nothing."""
+    clear 2 GB (8.8 s here). The opcodes are checked first, by a walk that runs nothing."""
     path = _zip_with_pickle(tmp_path / "m.bin", pkl)
     t0 = time.perf_counter()
     with capped_memory(), pytest.raises(RecordError, match=match):
