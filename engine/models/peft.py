@@ -64,6 +64,7 @@ __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PeftTarget", "load_peft_adapter
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MAX_RANK = 1 << 20     # r and rank_pattern: far above any adapter's rank, the tensors' shapes decide the rest
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_ALPHA = 1 << 20    # |lora_alpha| and alpha_pattern: finite, far above any adapter's (8 to a few hundred)
 PREFIX = "base_model.model."
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_magnitude_vector", ".lora_embedding_A", ".lora_embedding_B",
@@ -529,6 +530,12 @@ def _load(model: Module, config: dict, config_where: str, tensors: dict, where: 
 
     for module, members, ta, tb, mag, base, scale in reads:
         A, B = _array(src, ta), _array(src, tb)
+        # each entry of scale * B @ A is at most r * max|A| * max|B| * |scale|: past float32's range
+        # the adapted weight would be infinite (and every logit NaN), though each value is finite
+        bound = A.shape[0] * float(np.abs(A).max(initial=0)) * float(np.abs(B).max(initial=0)) * abs(scale)
+        if not bound <= _FLOAT32_MAX:
+            raise PretrainedError(f"tensors '{ta.name}' and '{tb.name}': the update {scale:g} * B @ A can reach "
+                                  f"{bound:.3g}, beyond float32's range ({_FLOAT32_MAX:.3g})", where=where)
         M = None if mag is None else _array(src, mag)
         for m in members:
             b = m.rule.load(_factor_layout(m, B))

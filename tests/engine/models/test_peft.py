@@ -470,3 +470,19 @@ def test_a_weights_file_followed_by_a_sparse_hole_is_refused_reading_only_its_he
     with capped_memory(), pytest.raises(PretrainedError, match=rf"{3 * 2 ** 30} bytes after the last tensor's data"):
         load_peft_adapter(model, folder)
     assert sum(read) < 2 * (size - 4 * sum(np.prod(d["shape"]) for d in _header(path).values()))  # the header
+
+
+def test_factors_whose_update_leaves_float32_are_refused(tmp_path):
+    """Finite values can still make the adapted weight infinite: 3e38 in one A entry made every
+    logit NaN. The update's bound r * max|A| * max|B| * scale must stay within float32."""
+    model = from_pretrained(HF / "llama-gqa")
+    folder = _copy("llama-lora-qv", tmp_path)
+    path = folder / "adapter_model.safetensors"
+    head, blob = _header(path), bytearray(path.read_bytes())
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    (n,) = struct.unpack_from("<Q", blob)
+    struct.pack_into("<f", blob, 8 + n + head[name]["data_offsets"][0], 3e38)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PretrainedError, match=rf"tensors '{name}' and '.*q_proj.lora_B.weight': the update 2 \* B @ A "
+                                              r"can reach .*, beyond float32's range"):
+        load_peft_adapter(model, folder)
