@@ -335,12 +335,16 @@ def open_checkpoint(folder, check_config=None) -> Checkpoint:
     `check_config(config)`, when given, runs on the parsed config before any weight file is
     looked at (from_pretrained names an unsupported architecture before a missing file)."""
     folder = Path(os.fspath(folder)).expanduser()
-    if not folder.exists():
+    try:
+        exists, is_dir, has_config = folder.exists(), folder.is_dir(), (folder / CONFIG).exists()
+    except OSError as exc:  # a name too long
+        _fail(folder, f"cannot read: {exc.strerror or exc}")
+    if not exists:
         _fail(folder, "no such folder; a Hugging Face checkpoint folder (config.json plus weights) expected")
-    if not folder.is_dir():
+    if not is_dir:
         _fail(folder, "a Hugging Face checkpoint folder (config.json plus weights) expected, found a file")
     config_path = folder / CONFIG
-    if not config_path.exists():
+    if not has_config:
         _fail(folder, f"no {CONFIG} in the folder; a Hugging Face checkpoint folder has one (it holds: "
                       f"{_listing(folder)})")
     if not _regular(config_path):

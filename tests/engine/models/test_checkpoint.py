@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import safetensors.numpy as stn
 
-from engine.models import checkpoint
+from engine.models import checkpoint, from_pretrained
 from engine.models.checkpoint import PretrainedError, StoredTensor, open_checkpoint
 from engine.store import RecordError, filesource
 from engine.store.burnpack import MAX_TENSORS
@@ -164,6 +164,14 @@ def test_missing_folder_and_a_file(tmp_path):
     _raises(tmp_path / "nope", "no such folder")
     (tmp_path / "f.txt").write_text("x")
     _raises(tmp_path / "f.txt", "found a file")
+
+
+def test_a_folder_name_too_long_is_a_pretrained_error(tmp_path):
+    """A 5,000-character path gave OSError: File name too long."""
+    long = tmp_path / ("a" * 5000)
+    for open_folder in (open_checkpoint, from_pretrained):
+        with pytest.raises(PretrainedError, match="cannot read: File name too long"):
+            open_folder(long)
 
 
 def test_a_folder_without_config_json_says_what_it_holds(tmp_path):
