@@ -26,6 +26,15 @@ tensor and what was expected: a folder without `config.json` (listing what it ho
 `config.json` that is not a JSON object, no weights file (naming the ones looked for), an index
 naming a missing shard or a shard path that leaves the folder, a tensor the index and its shard
 disagree on, a tensor in two files, truncated files and sizes that do not fit.
+
+Limits, each checked before the work it bounds: config.json at most 16 MiB and an index at most
+64 MiB of UTF-8 JSON, nested at most 64 levels (MAX_JSON_DEPTH), without NaN / Infinity or
+integers of thousands of digits; an index of at most MAX_TENSORS (100,000) names (more than
+twice that many ':' refuse it before it is parsed) in at most 10,000 shards, each a plain file
+name in the folder of at most 255 bytes; a safetensors header at most 100 MB and 100,000 tensors
+(counted before parsing), the file ending with the last tensor's data; a `.bin` of at most
+100,000 tensors (its zip entries counted from the end record, its state dict's entries as the
+pickle is walked, before it is loaded).
 """
 from __future__ import annotations
 

@@ -29,6 +29,12 @@ Loading checks the config and every tensor's name, dtype and shape from the head
 anything, and never runs code from the folder (no pickle). An adapter for another base, a
 tensor no module fits, a target without its tensors, an unsupported `peft_type` or option: a
 `PretrainedError` naming the file and the tensor; the model is never changed (a new one is returned).
+An adapter that would load broken is refused too: adapter_config.json is read as config.json is
+(bounded, nested at most 64 levels, no NaN / Infinity), `lora_alpha` and `alpha_pattern` must be
+finite of magnitude at most 2^20, `r` and `rank_pattern` positive integers up to 2^20,
+`use_rslora` / `use_dora` true or false; the weights file must end with its last tensor's data
+(nothing after it is read) and each tensor is read once, when needed; a NaN or infinite value is
+refused naming its tensor, as is an update `scale * B @ A` that can leave float32's range.
 """
 from __future__ import annotations
 
