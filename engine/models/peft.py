@@ -70,8 +70,8 @@ __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PeftTarget", "load_peft_adapter
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MAX_RANK = 1 << 20     # r and rank_pattern: far above any adapter's rank, the tensors' shapes decide the rest
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_ALPHA = 1 << 20    # |lora_alpha| and alpha_pattern: finite, far above any adapter's (8 to a few hundred)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 PREFIX = "base_model.model."
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_magnitude_vector", ".lora_embedding_A", ".lora_embedding_B",
              ".base_layer.weight")
@@ -328,16 +328,19 @@ def _read_tensors(folder: Path) -> tuple[dict, str, FileSource, list]:
         other = [n for n in ("adapter_model.bin",) if (folder / n).is_file()]
         hint = f" (found {other[0]}: save the adapter with safe_serialization=True)" if other else ""
         raise PretrainedError(f"no {ADAPTER_WEIGHTS}{hint}", where=str(folder))
-    src = None
     try:
         src = FileSource(path, where)
+    except RecordError as exc:
+        raise PretrainedError(exc.reason, where=exc.where) from None
+    try:
         first = src.read_bytes(0, 16)
         head = src.read_bytes(0, safetensors_io.head_length(first, src.size, where))
         plan = safetensors_io.plan(head, src.size, where)
-    except RecordError as exc:
-        if src is not None:
-            src.close()
-        raise PretrainedError(exc.reason, where=exc.where) from None
+    except BaseException as exc:
+        src.close()
+        if isinstance(exc, RecordError):
+            raise PretrainedError(exc.reason, where=exc.where) from None
+        raise
     return {t.name: t for t in plan.tensors}, where, src, plan.tensors
 
 
