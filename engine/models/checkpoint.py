@@ -70,6 +70,11 @@ class PretrainedError(RecordError):
     """A Hugging Face folder could not be read or does not fit the model; `where` names the file."""
 
 
+# the largest size (layers, width, heads, vocabulary, positions, ...) a family's config.json may
+# give: more is no real model, and is refused before anything is computed from it
+MAX_SIZE = 2 ** 31 - 1
+
+
 def _fail(where, message):
     raise PretrainedError(message, where=str(where) if where is not None else None)
 

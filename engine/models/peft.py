@@ -35,6 +35,11 @@ finite of magnitude at most 2^20, `r` and `rank_pattern` positive integers up to
 `use_rslora` / `use_dora` true or false; the weights file must end with its last tensor's data
 (nothing after it is read) and each tensor is read once, when needed; a NaN or infinite value is
 refused naming its tensor, as is an update `scale * B @ A` that can leave float32's range.
+
+Saving writes both files into a staging folder and swaps it in at once
+(`engine.store.atomic.save_folder`): a save killed at any moment leaves the old adapter or the
+new one, never the config of one and the tensors of the other; a full disk is a
+PretrainedError and leaves the old adapter.
 """
 from __future__ import annotations
 
@@ -56,7 +61,7 @@ from ..module.lora import DoraAdapter, Lora, LoraAdapter, RsLoraAdapter, pattern
 from ..module.reparam import Reparameterizer, apply_reparameterization, iter_param_slots
 from ..module.tree import FieldKind, walk
 from ..store import safetensors_io
-from ..store.atomic import atomic_write, atomic_write_text
+from ..store.atomic import os_error_reason, save_folder, write_new_file
 from ..store.burnpack import bf16_to_float32, storage_dtype
 from ..store.errors import RecordError
 from ..store.filesource import FileSource
@@ -670,19 +675,24 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
     folder = Path(os.fspath(folder))
     if folder.exists() and not folder.is_dir():
         raise PretrainedError("expected a folder to save the adapter into, found a file", where=str(folder))
-    folder.mkdir(parents=True, exist_ok=True)
     arrays = [(n, np.ascontiguousarray(a, dtype=np.float32)) for n, a in tensors]
     head = safetensors_io.header([(n, "F32", a.shape, a.nbytes) for n, a in arrays], {"format": "pt"})
+    text = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
-    def write(fp):
+    def write_weights(fp):
         fp.write(head)
         for _, a in arrays:
             if a.nbytes:
                 fp.write(memoryview(a.reshape(-1)).cast("B"))
+
+    def write(staging: Path) -> None:  # both files take effect together (atomic.save_folder)
+        for name, fill in ((ADAPTER_WEIGHTS, write_weights), (ADAPTER_CONFIG, lambda fp: fp.write(text))):
+            try:
+                write_new_file(staging / name, fill)
+            except OSError as exc:
+                raise PretrainedError(f"cannot write: {os_error_reason(exc)}", where=str(folder / name)) from None
     try:
-        atomic_write(folder / ADAPTER_WEIGHTS, write)
-        atomic_write_text(folder / ADAPTER_CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n",
-                          error=PretrainedError)
+        save_folder(folder, write, lambda name: name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
     except OSError as exc:
-        raise PretrainedError(f"cannot save: {exc.strerror or exc}", where=str(folder)) from None
+        raise PretrainedError(f"cannot save: {os_error_reason(exc)}", where=exc.filename or str(folder)) from None
     return folder
