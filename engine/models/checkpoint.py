@@ -189,7 +189,7 @@ def parse_json(raw: bytes, where, what: str):
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except RecursionError:  # the C parser counts its nesting against the interpreter's stack
-        _fail(where, f"{what}: not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+        _fail(where, f"{what}: nested deeper than {MAX_JSON_DEPTH} levels; a configuration nests a few")
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of thousands of digits
         _fail(where, f"{what}: not valid JSON: {exc}")
     # whatever the parser accepted deeper than this would reach recursive code later (json.dumps

@@ -288,7 +288,7 @@ def test_json_nested_too_deep_is_refused_whatever_the_parser_would_take(tmp_path
     folder = _copy(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config)[:-1] + ', "x": ' + _nested(depth) + "}")
-    _raises(folder, "config.json: (not valid JSON: )?nested deeper than 64 levels", where=folder / "config.json")
+    _raises(folder, "config.json: nested deeper than 64 levels", where=folder / "config.json")
     (folder / "config.json").write_text(json.dumps(config)[:-1] + ', "x": ' + _nested(63) + "}")
     with open_checkpoint(folder) as ckpt:
         assert len(ckpt.tensors) > 0
@@ -296,7 +296,7 @@ def test_json_nested_too_deep_is_refused_whatever_the_parser_would_take(tmp_path
     text = json.dumps(doc)
     _write_index(folder, doc)
     (folder / "model.safetensors.index.json").write_text(text[:-1] + ', "x": ' + _nested(depth) + "}")
-    _raises(folder, "the index: (not valid JSON: )?nested deeper than 64 levels",
+    _raises(folder, "the index: nested deeper than 64 levels",
             where=folder / "model.safetensors.index.json")
 
 

@@ -427,7 +427,7 @@ def test_a_deeply_nested_adapter_config_is_refused(tmp_path, depth):
     folder = _copy("llama-lora-qv", tmp_path)
     path = folder / "adapter_config.json"
     path.write_text(path.read_text().rstrip()[:-1] + ', "x": ' + "[" * depth + "]" * depth + "}")
-    with pytest.raises(PretrainedError, match=r"adapter_config.json: not a readable JSON file: (not valid JSON: )?"
+    with pytest.raises(PretrainedError, match=r"adapter_config.json: not a readable JSON file: "
                                               r"nested deeper than 64 levels"):
         load_peft_adapter(model, folder)
 
