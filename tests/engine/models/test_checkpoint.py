@@ -307,7 +307,7 @@ def _index_of(n: int) -> dict:
                                            for i in range(n)}}
 
 
-@pytest.mark.parametrize("n", [2 * MAX_TENSORS + 1000, pytest.param(1_000_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [2 * MAX_TENSORS + 1000, pytest.param(1_000_000, marks=pytest.mark.long)])
 def test_an_index_of_more_names_than_the_limit_is_refused_before_parsing(tmp_path, monkeypatch, n):
     """An index of 1,000,000 names took 8.3 s and 473 MB (parsed, then each name's shard path
     checked); it is refused from a byte count, without parsing, in bounded memory."""

@@ -8,7 +8,7 @@ Seeded mutations of the committed fixtures: bit flips, truncations, structural e
 logits are finite) or a `PretrainedError` (never another exception: no RecursionError, OverflowError, OSError,
 MemoryError, ...) with the process's address space capped a few hundred MiB above its size at
 the start (`capped_memory`), so that a reader that trusted a size from the file fails the test.
-A few hundred cases run by default; `-m slow` runs five times as many."""
+A few hundred cases run by default; EMBER_LONG_TESTS=1 runs five times as many."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,7 @@ from ..store.test_fuzz import capped_memory
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 HF, PEFT = FIX / "hf", FIX / "peft"
-SLOW = 5  # the slow variants run this many times the cases
+SLOW = 5  # the long variants (EMBER_LONG_TESTS=1) run this many times the cases
 
 ODD = [None, True, False, -1, 0, 1, 2, 3, 4, 7, 2 ** 31, 2 ** 63, -2 ** 63, 1.5, -0.0, 1e-300, 1e308, "", "x",
        "../x", "/etc/passwd", "a" * 5000, "C:\\x", "x/y", "\x00", [], {}, [1, 2], ["q_proj"], {"a": 1},
@@ -133,7 +133,7 @@ def test_fuzzed_config_json(tmp_path):
     print(f"\nconfig.json fuzz: {counts}")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_fuzzed_config_json_more(tmp_path):
     counts = _fuzz_config(tmp_path, 150 * SLOW, seed=4343)
     assert counts["rejected"] > counts["cases"] // 3, counts
@@ -163,7 +163,7 @@ def test_fuzzed_safetensors_index(tmp_path):
     print(f"\nindex fuzz: {counts}")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_fuzzed_safetensors_index_more(tmp_path):
     counts = _fuzz_index(tmp_path, 150 * SLOW, seed=43431)
     assert counts["rejected"] > counts["cases"] // 2, counts
@@ -229,7 +229,7 @@ def test_fuzzed_peft_adapters(tmp_path):
     print(f"\nPEFT adapter fuzz: {counts}")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_fuzzed_peft_adapters_more(tmp_path):
     counts = _fuzz_adapter(tmp_path, 200 * SLOW, seed=430043)
     assert counts["rejected"] > counts["cases"] // 3, counts

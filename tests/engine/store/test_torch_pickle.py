@@ -596,7 +596,7 @@ def test_a_state_dict_of_more_entries_than_the_limit_is_refused_while_its_pickle
         TorchZip(_zip_with_pickle(tmp_path / "list.bin", pkl, [("0", bytes(4))]))
 
 
-@pytest.mark.parametrize("entries", [300, pytest.param(70_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("entries", [300, pytest.param(70_000, marks=pytest.mark.long)])
 def test_an_archive_of_more_entries_than_the_limit_is_refused_from_its_end_record(tmp_path, monkeypatch, entries):
     """A storage a zip entry: 300,003 entries took seconds in zipfile's directory before the count
     was checked. The end record's count (the zip64 record's past 65,535) refuses them first."""
