@@ -107,7 +107,7 @@ def silu(x, out, der):
 # ---------------------------------------------------------------------- Gelu
 @njit(types.void(R1, F1, F1, R1), fastmath=_ELEMENTWISE, **_OPTS)
 def gelu(x, out, der, coef):
-    """`out = x Phi(x)`, `der = Phi(x) + x phi(x)`: the arithmetic of `engine.nn._ops._gelu_f32`
+    """`out = x Phi(x)`, `der = Phi(x) + x phi(x)`: the arithmetic of `engine.tensor.cpu.activation._gelu_f32`
     in one pass, with its constants `coef` = (p, a1, ..., a5, the exponent's floor, 1/sqrt(2 pi))
     (Abramowitz & Stegun 7.1.26 folded: Phi(-|x|) = q(t) exp(-x^2 / 2), t = 1 / (1 + p |x|)).
     Where the exponent is under the floor (|x| > ~11) x phi(x) < 1e-25 counts as 0: x times the
