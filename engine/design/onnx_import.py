@@ -567,12 +567,15 @@ class _Importer:
 
     def _check_declared(self, analysis):
         shapes = analysis.output_shapes()
+        reading: dict = {}  # (design node, port) -> the first Output node reading it
+        for n in self.design.outputs():
+            reading.setdefault(self.design.source_of(n, "input"), n)
         for o in self.g.output:
             got = self.info.get(o.name)
-            out = [n for n in self.design.outputs() if self.design.source_of(n, "input") == self.src.get(o.name)]
-            if not got or not got[1] or not out or out[0] not in shapes:
+            out = reading.get(self.src.get(o.name))
+            if not got or not got[1] or out is None or out not in shapes:
                 continue
-            t = shapes[out[0]]
+            t = shapes[out]
             declared = got[1]
             if len(declared) != t.rank or any(isinstance(d, int) and d > 0 and s.is_const() and s.value() != d
                                               for d, s in zip(declared, t.sym)):
