@@ -1055,14 +1055,19 @@ class _Importer:
         if op == "ConstantOfShape" and "value" in at:
             attrs["value"] = _tensor_array(at["value"], self.where, self.folder, "value")
         operands = [a for a, v in zip(arrays, node.input) if v not in self._attr_inputs(node)]
-        nbytes = self._fold_size(name, op, attrs, operands)
-        try:
-            out = fold(op, attrs, operands)
-        except (OpError, ValueError, TypeError, IndexError) as e:
-            self.fail(f"node {name!r} ({op}): its constant operands do not fit: {e}")
-        out = _normalize(np.asarray(out))
-        self.consts[node.output[0]] = out
-        self.folded_bytes += max(out.size * out.itemsize, nbytes)
+        outputs = [(node.output[0], attrs)]
+        if op == "TopK":  # values and indices, each where it is read
+            outputs = [(o, {**attrs, "mode": attrs["mode"] + what}) for o, what in zip(node.output, ("values", "indices"))
+                       if o and (o in self._consumers or o in self.outputs)]
+        for value, settings in outputs:
+            nbytes = self._fold_size(name, op, settings, operands)
+            try:
+                out = fold(op, settings, operands)
+            except (OpError, ValueError, TypeError, IndexError) as e:
+                self.fail(f"node {name!r} ({op}): its constant operands do not fit: {e}")
+            out = _normalize(np.asarray(out))
+            self.consts[value] = out
+            self.folded_bytes += max(out.size * out.itemsize, nbytes)
         self.report.mapping[name] = "folded into a constant"
 
     def _fold_size(self, name: str, op: str, attrs: dict, operands: list) -> int:
@@ -1108,6 +1113,11 @@ class _Importer:
         if n > MAX_FOLD_ELEMENTS:
             raise _Unsupported(f"folding it would make dims {_dims_text(dims)}: {n:,} elements ({_bytes_text(nbytes)}"
                                f"); at most {MAX_FOLD_ELEMENTS:,} elements in a folded constant")
+        axis = max([int(d) for a in operands if a is not None for d in a.shape] + list(dims) + [0])
+        if axis > MAX_FOLD_ELEMENTS:  # empty arrays too: NumPy makes index arrays along an axis (TopK's gather)
+            raise _Unsupported(f"folding it would take an axis of {axis:,} (operands of dims "
+                               f"{', '.join(_dims_text(a.shape) for a in operands if a is not None)[:200]}, result "
+                               f"{_dims_text(dims)}); at most {MAX_FOLD_ELEMENTS:,} in a folded constant")
         if scratch > MAX_FOLD_ELEMENTS:
             raise _Unsupported(f"folding it would need a scratch array of {scratch:,} elements (at most "
                                f"{MAX_FOLD_ELEMENTS:,})")
@@ -1238,6 +1248,11 @@ class _Importer:
             attrs["shape"] = self._ints(node, 1, "repeats")
             if attrs["shape"] is None:
                 raise _Unsupported("a Tile without repeats")
+        if op == "TopK":  # folded here (else one Op node an output, _op_TopK): k, the axis, which end
+            k = self._ints(node, 1, "k")
+            if k is None or len(k) != 1 or k[0] < 0:
+                raise _Unsupported("a k that is not one constant >= 0")
+            attrs.update(shape=k, axis=int(at.get("axis", -1)), mode="" if at.get("largest", 1) else "smallest_")
         if op == "Trilu":
             k = self._ints(node, 1, "k")
             attrs["axis"] = 0 if not k else k[0]

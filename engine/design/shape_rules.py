@@ -877,6 +877,8 @@ def _primitive_op(m, ins, ctx):
         return Shape(x.dims, _OP_KIND[a["to"]])
     if op in ("MatMul", "Gemm"):
         p, q = ops[0], ops[1]
+        if p.rank == 0 or q.rank == 0:
+            raise RuleError(f"{op}: expected operands of rank >= 1, got dims {dims_text(p.dims)} and {dims_text(q.dims)}")
         if op == "Gemm":
             if p.rank != 2 or q.rank != 2:
                 raise RuleError(f"Gemm: expected two rank-2 operands, got dims {dims_text(p.dims)} and "

@@ -147,6 +147,11 @@ def _hostile_folds():
     e3, s3 = _expanded("row", [1, 8192])
     cases["cumsum_triangle"] = (_folding([e3, helper.make_node("CumSum", ["row", "axis"], ["y"], name="running")],
                                          [one, s3, _const("axis", np.array(1))]), "running")
+    empty = _const("empty", np.zeros((1 << 40, 0), np.float32))  # no data, an axis of 2**40
+    cases["reduce_empty_axis"] = (_folding([helper.make_node("ReduceSum", ["empty", "ax1"], ["y"], name="sum_empty")],
+                                           [empty, _const("ax1", np.array([1]))]), "sum_empty")
+    cases["top_k_of_empty"] = (_folding([helper.make_node("TopK", ["empty", "k0"], ["y", "i"], name="top_empty")],
+                                        [empty, _const("k0", np.array([0]))]), "top_empty")
     return cases
 
 
@@ -161,7 +166,7 @@ def test_a_fold_is_sized_before_it_is_computed(case, tmp_path):
     msg = str(e.value)
     op = next(n.op_type for n in model.graph.node if n.name == refused)
     assert msg.startswith(str(path)) and f"{op} ({refused}: " in msg, msg
-    assert "at most" in msg and ("elements" in msg or "multiply-adds" in msg), msg
+    assert "at most" in msg and ("elements" in msg or "multiply-adds" in msg or "an axis of" in msg), msg
     assert e.value.report.unsupported[op] and e.value.report.mapping[refused].startswith("unsupported")
 
 
@@ -174,6 +179,26 @@ def test_folds_within_the_limits_still_fold(tmp_path):
     assert imported.report.mapping["total"] == "folded into a constant"
     out = build_model(imported.design).load_record(imported.record).forward(Tensor.from_data(np.zeros(1, np.float32)))
     assert out.numpy().tolist() == [4096.0 * 4096.0]
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_a_constant_top_k_folds_with_its_k_axis_and_both_outputs(largest, tmp_path):
+    # the fold read neither k nor the axis: it made k = 0 values along axis 0, and no indices
+    nodes = [helper.make_node("TopK", ["c", "k"], ["v", "i"], name="top", largest=largest),
+             helper.make_node("Cast", ["i"], ["fi"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "v"], ["y"], name="add_values"),
+             helper.make_node("Add", ["x", "fi"], ["z"], name="add_indices")]
+    c = np.array([[3, 1, 2, 5], [0, 4, 4, 1]], np.float32)
+    model = _model(nodes, [F("x", TensorProto.FLOAT, [2, 2])],
+                   [F("y", TensorProto.FLOAT, [2, 2]), F("z", TensorProto.FLOAT, [2, 2])],
+                   [_const("c", c), _const("k", np.array([2]))])
+    imported = import_onnx(_save(tmp_path, model))
+    assert imported.report.mapping["top"] == "folded into a constant"
+    y, z = build_model(imported.design).load_record(imported.record).forward(Tensor.from_data(np.zeros((2, 2),
+                                                                                                     np.float32)))
+    want_i = [[3, 0], [1, 2]] if largest else [[1, 2], [0, 3]]
+    assert z.numpy().tolist() == want_i
+    assert y.numpy().tolist() == np.take_along_axis(c, np.array(want_i), axis=1).tolist()
 
 
 def _many_outer_sums(n: int, side: int):
