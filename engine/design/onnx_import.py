@@ -853,8 +853,8 @@ class _Importer:
                 gamma = self.consts[g]
                 members.append(w)
                 out = nodes[w].output[0]
-        if gamma is None:
-            if not dims or not isinstance(dims[-1], int):
+        if gamma is None:  # made from the declared dims: a size a file claims, so bounded as a folded constant
+            if not dims or not isinstance(dims[-1], int) or not 0 < dims[-1] <= MAX_FOLD_ELEMENTS:
                 return None
             gamma = np.ones((dims[-1],), np.float32)
         if dims and isinstance(dims[-1], int) and dims[-1] != gamma.shape[0]:

@@ -201,6 +201,24 @@ def test_a_constant_top_k_folds_with_its_k_axis_and_both_outputs(largest, tmp_pa
     assert y.numpy().tolist() == np.take_along_axis(c, np.array(want_i), axis=1).tolist()
 
 
+def test_a_declared_size_makes_no_array_at_import(tmp_path):
+    # an RMSNorm without a weight Mul got ones(last axis) as its gamma: an input declared [1, 2**40] asked 4 TiB
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"], name="pow"),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], name="mean", axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
+             helper.make_node("Sqrt", ["mse"], ["rms"], name="sqrt"),
+             helper.make_node("Reciprocal", ["rms"], ["inv"], name="recip"),
+             helper.make_node("Mul", ["x", "inv"], ["y"], name="scale")]
+    model = _model(nodes, [F("x", TensorProto.FLOAT, [1, 1 << 40])], [F("y", TensorProto.FLOAT, [1, 1 << 40])],
+                   [_const("two", np.float32(2.0)), _const("eps", np.float32(1e-6))], opset=17)
+    with address_space_growth_limit(256 << 20):
+        imported = import_onnx(_save(tmp_path, model))
+    assert "RmsNorm" not in imported.report.counts() and imported.report.counts()["Op"] == 6
+    small = _model(nodes, [F("x", TensorProto.FLOAT, [1, 8])], [F("y", TensorProto.FLOAT, [1, 8])],
+                   [_const("two", np.float32(2.0)), _const("eps", np.float32(1e-6))], opset=17)
+    assert import_onnx(_save(tmp_path, small, "small.onnx")).report.counts() == {"RmsNorm": 1}
+
+
 def _many_outer_sums(n: int, side: int):
     """n Adds of a [side, 1] and a [1, side] constant, each a [side, side] value, summed with the input."""
     nodes = [helper.make_node("Add", ["a", "b"], [f"s{i}"], name=f"outer{i}") for i in range(n)]
