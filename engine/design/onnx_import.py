@@ -39,6 +39,7 @@ that is more). A run-time shape holds at most `MAX_SHAPE_ENTRIES` entries.
 """
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import re
@@ -370,6 +371,7 @@ def _infer_shapes(light):
         try:
             os.close(r)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # an assertion's message is the parent's to give
+            faulthandler.disable()  # nor a traceback of the crash (pytest's goes to a copy of stderr)
             out = memoryview(onnx.shape_inference.infer_shapes(onnx.ModelProto.FromString(data),
                                                                strict_mode=False).SerializeToString())
             while out:
