@@ -131,9 +131,8 @@ def main(argv=None) -> int:
         if not ok:
             problems.append(f"--train-steps {args.train_steps}: " + (window.training_panel.last_error or (
                 shown_error(window) or "the run did not finish")))
-    if not (args.screenshot or args.open_path or args.example):
-        window.projects.offer_recovery(None)  # an untitled model's changes, kept when the app last crashed
-    if not args.screenshot:
+    if not args.screenshot:  # on every start, whatever was opened: an autosave that is not offered stays
+        window.projects.offer_recoveries()  # an untitled model's or a recent project's changes, kept by a crash
         window.designer.offer_recovery()  # a design's edits, kept when the app last crashed
     if args.screenshot:
         return screenshot(app, window, args, problems)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from engine.models.generate import stream
+from engine.models.generate import GenerationError, estimate_generation, stream
+from engine.module import memory
 from engine.module.tree import params as tree_params
 from engine.train.text import load_tokenizer
 from widgets.generate_view import GenerateView
@@ -141,6 +142,11 @@ class GeneratePanel(QWidget):
         if isinstance(columns, str):
             v.error.show_error(columns)
             return None
+        refusal = self._refusal(columns, settings)
+        if refusal:
+            v.error.show_error(f"Not enough memory: {refusal}. Nothing was generated; the model was left as it was.")
+            v.set_status("Refused: not enough memory.")
+            return None
         folder = self.folder()
         tokenizer = self._tokenizer if self._tokenizer_folder == folder else None
         v.set_columns([title for title, _ in columns])
@@ -159,6 +165,23 @@ class GeneratePanel(QWidget):
                                 valid_while=lambda: self.document.module is module,
                                 dropped="The model changed while it generated; the text is what it gave.")
         return task
+
+    def _refusal(self, columns, settings: dict) -> str:
+        """Why the columns' models cannot generate in the memory available ('' when they fit):
+        `estimate_generation` from shapes (a row of at least one prompt token; the worker's
+        stream checks again with the prompt's tokens). A column made on the worker is a copy of
+        the document's model without its adapters, estimated as that model."""
+        available = memory.available_memory()
+        for _title, model in columns:
+            model = self.document.module if isinstance(model, _Later) else model
+            try:
+                estimate = estimate_generation(model, 1, 1, int(settings["max_new_tokens"]))
+            except (GenerationError, TypeError, ValueError):  # not a causal LM: the worker says so
+                continue
+            refusal = estimate.refusal(available)
+            if refusal:
+                return refusal
+        return ""
 
     def stop(self) -> None:
         if self.task is not None:
@@ -181,7 +204,8 @@ class GeneratePanel(QWidget):
 
     def _failed(self, task: Task, failure) -> None:
         exc = failure.exception
-        message = str(exc) if isinstance(exc, (ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
+        message = str(exc) if isinstance(exc, (ValueError, OSError, memory.NotEnoughMemory)) else \
+            f"{type(exc).__name__}: {exc}"
         self.view.error.show_error(f"Generation failed: {message}")
         self._ended(task, "Failed.")
 

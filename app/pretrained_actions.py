@@ -75,7 +75,7 @@ class PretrainedActions:
         from_project = project_path is not None or edits_ is not None
 
         def work(state):
-            module = opening.load_pretrained(source.path)
+            module = opening.load_pretrained(source.path, check=state.check_cancelled)  # Cancel stops it
             state.set_progress(0.5)
             try:
                 return edits.replay(module, replayed, state.check_cancelled) if replayed else module

@@ -5,17 +5,21 @@ the offer to recover it after a crash. The Qt-free parts live in `app.core` (`op
 the errors."""
 from __future__ import annotations
 
+import os
+import re
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
+from engine.design.files import other_process_running
 from widgets.checkpoint_dialog import CheckpointDialog
 
 from .checkpoint_actions import show_load_failure, show_partial_load
 from .core import checkpoints, edits, opening
-from .core.project import PROJECT_SUFFIX, ProjectError, read_project, write_json_atomic
+from .core.project import PROJECT_SUFFIX, ProjectError, read_json_file, read_project, write_json_atomic
 from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, OnnxSource, PretrainedSource,
                           ScriptSource, Source, source_from_json)
 from .prompts import open_file, save_file
@@ -25,6 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .main_window import MainWindow
 
 PROJECT_FILTER = f"Ember projects (*{PROJECT_SUFFIX});;All files (*)"
+AUTOSAVE_SUFFIX = PROJECT_SUFFIX + ".autosave"
+# an untitled document's autosave in the settings folder: `untitled-<pid>-<session>` (or plain
+# `untitled`, as versions before sessions named it)
+UNTITLED_AUTOSAVE = re.compile(r"untitled(?:-(\d{1,10})-[0-9a-f]{8})?" + re.escape(AUTOSAVE_SUFFIX))
 
 
 class _ReplayFailed(Exception):
@@ -36,6 +44,13 @@ class ProjectIO:
         self.window = window
         self.document = window.document
         self.settings = window.settings
+        # the untitled document's autosave is this session's own file: two running instances never
+        # write one file, and a new session never overwrites the copy a crashed one left
+        self.session = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._own: set[Path] = set()  # autosaves this session wrote or took over: the only ones it deletes
+        self._recovering: list[tuple[Path, Source]] = []  # a Recover answered, its open not arrived yet
+        self._offered: set[Path] = set()  # autosaves offered this session (each once)
+        self.document.source_changed.connect(self._took_over)
 
     # ---- menus ------------------------------------------------------------------------------------
     def fill_examples_menu(self) -> None:
@@ -285,28 +300,85 @@ class ProjectIO:
         doc = self.document
         if doc.module is None or not doc.is_dirty():
             return False
+        path = self.autosave_path()
+        # who wrote it: a project's autosave of a session still running is not offered to another
+        data = {**doc.project_data(), "autosave": {"pid": os.getpid(), "session": self.session}}
         try:
-            write_json_atomic(self.autosave_path(), doc.project_data())
+            write_json_atomic(path, data)
         except OSError:
             return False
+        self._own.add(path)
         return True
 
+    def crashed_autosaves(self) -> list[Path]:
+        """Untitled documents' autosaves left by sessions that are no longer running (a crash),
+        newest first. This session's own and those of another running Ember are not among them."""
+        own = self.untitled_autosave()
+        found = []
+        for path in own.parent.glob(f"untitled*{AUTOSAVE_SUFFIX}"):
+            m = UNTITLED_AUTOSAVE.fullmatch(path.name)
+            if m is None or path == own or (m.group(1) and other_process_running(int(m.group(1)))):
+                continue
+            try:
+                found.append((path.stat().st_mtime, path.name, path))
+            except OSError:
+                continue
+        return [path for *_, path in sorted(found, reverse=True)]
+
+    def offer_recoveries(self) -> QMessageBox | None:
+        """On every start, whatever was opened: offer, one question after another, the newest
+        untitled autosave a crash left and the autosave of each recent project that is newer than
+        the project (none that this session offered already, as `--open` does). Returns the first
+        question (None: nothing to recover)."""
+        pending: list[Path | None] = [None] + [Path(e) for e in self.settings.recent_files() if e.endswith(PROJECT_SUFFIX)]
+
+        def next_offer(_button=None) -> QMessageBox | None:
+            while pending:
+                project = pending.pop(0)
+                if project is not None and project.with_name(project.name + ".autosave").resolve() in self._offered:
+                    continue
+                box = self.offer_recovery(project)
+                if box is not None:
+                    box.buttonClicked.connect(next_offer)  # after its answer (connected after `answered`)
+                    return box
+            return None
+        return next_offer()
+
+    def _written_by_running_session(self, auto: Path) -> bool:
+        """Whether another Ember still running wrote this autosave (and keeps it up to date)."""
+        try:
+            data = read_json_file(auto, "autosave")
+            pid = data["autosave"]["pid"] if isinstance(data, dict) and isinstance(data.get("autosave"), dict) else None
+        except (ProjectError, OSError):
+            return False
+        return type(pid) is int and 0 < pid < 2 ** 31 and other_process_running(pid)
+
     def offer_recovery(self, project_path: Path | None = None) -> QMessageBox | None:
-        """After a crash: offer the autosave of `project_path` (or of the untitled document) when it
-        is newer than the project. Recover opens it unsaved; Discard deletes it."""
+        """After a crash: offer the autosave of `project_path` when it is newer than the project, or
+        (None) the newest autosave of an untitled document that a session no longer running left.
+        Recover opens it unsaved (asking first about unsaved changes to the open model; Cancel
+        keeps the copy for the next start); Discard deletes it. Called on every start, whatever
+        was opened. An autosave that was not offered is never deleted (`remove_autosave`)."""
         project_path = Path(project_path) if project_path else None
-        auto = project_path.with_name(project_path.name + ".autosave") if project_path else \
-            self.untitled_autosave()
-        if not auto.is_file():
-            return None
-        if project_path is not None and project_path.is_file() and \
-                auto.stat().st_mtime <= project_path.stat().st_mtime:
-            return None
+        if project_path is not None:
+            auto = project_path.with_name(project_path.name + ".autosave")
+            if not auto.is_file():
+                return None
+            if project_path.is_file() and auto.stat().st_mtime <= project_path.stat().st_mtime:
+                return None
+            if self._written_by_running_session(auto):
+                return None  # that session's work, not a crash's
+        else:
+            crashed = self.crashed_autosaves()
+            if not crashed:
+                return None
+            auto = crashed[0]  # any others are offered at the next start
         try:
             project = read_project(auto)
-        except ProjectError:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(auto.stat().st_mtime))
+        except (ProjectError, OSError):
             return None
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(auto.stat().st_mtime))
+        self._offered.add(auto.resolve())
         box = QMessageBox(QMessageBox.Icon.Question, "Recover unsaved changes?",
                           f"Ember kept unsaved changes to {project_path.name if project_path else 'an untitled model'} "
                           f"from {when} ({len(project.edits)} edit(s)). Recover them?",
@@ -315,22 +387,55 @@ class ProjectIO:
         box.button(QMessageBox.StandardButton.Yes).setText("Recover")
 
         def answered(button):
-            if box.buttonRole(button) == QMessageBox.ButtonRole.YesRole:
-                self.open_source(project.source, edits_=project.edits, contracts_=project.contracts,
-                                 project_path=project_path, dirty=True, from_file=True, runs_=project.runs)
-            else:
-                auto.unlink(missing_ok=True)
+            if box.buttonRole(button) != QMessageBox.ButtonRole.YesRole:
+                try:
+                    auto.unlink(missing_ok=True)
+                except OSError as e:
+                    self.window.error("Recover unsaved changes", f"cannot delete {auto}: {e.strerror or e}")
+                    return
+                self._own.discard(auto)
+                return
+            if not self.may_replace():
+                return
+            self._recovering.append((auto, project.source))
+            if not self.open_source(project.source, edits_=project.edits, contracts_=project.contracts,
+                                    project_path=project_path, dirty=True, from_file=True, runs_=project.runs):
+                self._recovering = [r for r in self._recovering if r[0] != auto]
 
         box.buttonClicked.connect(answered)
         box.open()
         self.window.last_message = box
         return box
 
+    def _took_over(self) -> None:
+        """The document changed: a recovered autosave that it now holds is this session's to keep
+        (in its own autosave from now on, the crashed session's copy removed once that is written)."""
+        pending, self._recovering = self._recovering, []
+        doc = self.document
+        for auto, source in pending:
+            # only a recovery opens a document dirty (a folder's source is made again, so its kind is compared)
+            if not (doc.is_dirty() and type(doc.source) is type(source)):
+                continue  # the open failed or was dropped: the copy stays for the next start
+            self._own.add(auto)
+            if self.autosave() and self.autosave_path() != auto:
+                try:
+                    auto.unlink(missing_ok=True)
+                except OSError:
+                    continue  # still this session's: removed with its own at the save or a clean quit
+                self._own.discard(auto)
+
     def untitled_autosave(self) -> Path:
-        return Path(self.settings.q.fileName()).parent / "untitled.ember.json.autosave"
+        """This session's autosave of an untitled document (in the settings folder)."""
+        return Path(self.settings.q.fileName()).parent / f"untitled-{self.session}{AUTOSAVE_SUFFIX}"
 
     def remove_autosave(self) -> None:
-        try:
-            self.autosave_path().unlink()
-        except (FileNotFoundError, OSError):
-            pass
+        """Delete the autosaves this session wrote or took over from a crashed one (the document
+        was saved, or the window closes with nothing unsaved or after the user was asked; those of
+        documents it replaced were asked about then). An autosave this session was not offered,
+        another session's, crashed or running, is never touched."""
+        for path in sorted(self._own):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                continue
+            self._own.discard(path)

@@ -55,7 +55,8 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QHBoxLayout, QLabel, QPu
 # use: an import on the worker thread holds the GIL while PySide's import hook reads the module's
 # source, and the window stalls.
 from engine.train import events as ev
-from engine.train.preflight import TrainingSetupError
+from engine.module import memory
+from engine.train.preflight import TrainingSetupError, estimate_run
 from engine.train.checkpoint import describe_os_error
 from engine.train.run_folder import latest_checkpoint, new_run_folder, read_run, resumable_on_disk
 from engine.train.run_history import RunHistory
@@ -408,6 +409,8 @@ class TrainingPanel(QWidget):
         except FormError as e:
             self._show_error(f"The settings are not valid: {e}")
             return None
+        if not self._fits(self.document.module, spec):
+            return None
         try:
             folder = self._new_folder(spec)
         except OSError as e:
@@ -423,6 +426,16 @@ class TrainingPanel(QWidget):
                           self.gui_gate if self.wait_for_paint else None)
         self.curves.add_run(history)
         return self._launch(run, None, max_steps)
+
+    def _fits(self, module, spec: RunSpec) -> bool:
+        """Whether a training step of `module` with `spec` fits in memory (`estimate_run`, shapes
+        only); a refusal is shown and nothing starts, as an edit or an export that would not fit.
+        The worker checks again before it reads the data."""
+        refusal = estimate_run(module, spec).refusal(memory.available_memory())
+        if refusal:
+            self._show_error(f"Not enough memory: {refusal}. No run was started; the model was left as it was.")
+            return False
+        return True
 
     def resume_from_checkpoint(self, max_steps: int | None = None) -> TrainingRun | None:
         """Continue the run `resumable()` names from its newest checkpoint."""
@@ -656,8 +669,8 @@ class TrainingPanel(QWidget):
         """The worker raised before or outside the loop (data, model, checkpoint)."""
         exc = failure.exception
         self._end(run)
-        message = str(exc) if isinstance(exc, (TrainingSetupError, ValueError, OSError)) else \
-            f"{type(exc).__name__}: {exc}"
+        message = str(exc) if isinstance(exc, (TrainingSetupError, ValueError, OSError, memory.NotEnoughMemory)) \
+            else f"{type(exc).__name__}: {exc}"
         run.history.end("failed", message)
         self._show_error(f"{run.name} could not run: {message}. The model was left as it was.")
         self.controls.set_state(run.status, f"Failed: {message}")

@@ -282,10 +282,11 @@ def pretrained_folder_of(path: str | Path) -> Path | None:
     return None
 
 
-def load_pretrained(path: str | Path, device=None) -> Any:
+def load_pretrained(path: str | Path, device=None, check: Callable[[], None] | None = None) -> Any:
     """Open a Hugging Face folder with `engine.models.from_pretrained` (lazy: only headers are read).
     A folder that holds no supported model raises `OpenError` with the engine's message (which
-    names the file, the architecture found and the supported ones)."""
+    names the file, the architecture found and the supported ones). `check()` (a worker's
+    cancellation check) runs between the layers built; what it raises propagates."""
     from engine.models import from_pretrained  # noqa: PLC0415
     from engine.store.errors import RecordError  # noqa: PLC0415
 
@@ -294,7 +295,7 @@ def load_pretrained(path: str | Path, device=None) -> Any:
         raise OpenError(f"{path}: no such folder (expected a Hugging Face model folder with config.json and "
                         "its weights)")
     try:
-        return from_pretrained(path, device)
+        return from_pretrained(path, device, check=check)
     except RecordError as e:  # PretrainedError: what was expected, what was found, where
         raise OpenError(str(e)) from None
     except OSError as e:

@@ -40,7 +40,7 @@ from .graph import Design, DesignError
 __all__ = [
     "SCHEMA_VERSION", "DESIGN_SUFFIX", "DesignFileError", "design_source", "design_from_source", "design_to_json",
     "read_design", "save_design", "migrate", "is_design_data", "Recovery", "write_autosave", "list_autosaves",
-    "discard_autosave", "autosave_path",
+    "discard_autosave", "autosave_path", "other_process_running",
 ]
 
 SCHEMA_VERSION = 2
@@ -232,8 +232,11 @@ def discard_autosave(path) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
+def other_process_running(pid: int) -> bool:
+    """Whether another process with this id is running (an editing session that has not ended; this
+    process's own id counts as ended, so its earlier sessions' copies are found). On Windows, where
+    `os.kill(pid, 0)` would send Ctrl+C, every other session counts as ended."""
+    if pid == os.getpid() or not 0 < pid < 2 ** 31 or os.name == "nt":
         return False  # our own earlier session's copy is never "another running editor"
     try:
         os.kill(pid, 0)
@@ -259,7 +262,7 @@ def list_autosaves(directory, include_running: bool = False) -> list[Recovery]:
             if not isinstance(rec, dict) or rec.get("ember") != "design-autosave":
                 continue
             pid = int(rec.get("pid", 0))
-            if not include_running and _alive(pid):
+            if not include_running and other_process_running(pid):
                 continue
             out.append(Recovery(p, rec.get("original"), float(rec.get("saved_at", 0.0)), pid, rec["source"]))
         except (OSError, ValueError, KeyError, TypeError, OverflowError):  # DesignFileError is a ValueError

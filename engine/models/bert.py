@@ -31,7 +31,7 @@ from ..module import init as initializers
 from ..tensor import Tensor
 from .gpt2 import MASKED, ConfigReader, activation, attention_masks, check_ids
 from .mapping import Rule, Transpose, WeightMap
-from .pretrained import Family
+from .pretrained import Family, layer_range
 
 __all__ = [
     "FAMILY", "BertAttention", "BertConfig", "BertEmbeddings", "BertEncoder", "BertIntermediate", "BertLayer",
@@ -211,7 +211,7 @@ class BertEncoder(Module):
     """The encoder layers, in order (`layer.0`, `layer.1`, ...)."""
 
     def __init__(self, c: BertConfig, device=None):
-        self.layer = [BertLayer(c, device) for _ in range(c.num_hidden_layers)]
+        self.layer = [BertLayer(c, device) for _ in layer_range(c.num_hidden_layers)]
 
     def forward(self, x, mask_pad):
         for layer in self.layer:
@@ -316,4 +316,5 @@ FAMILY = Family(
     config_to_json=BertConfig.to_json,
     build=build,
     weight_map=weight_map,
+    layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
 )

@@ -34,12 +34,14 @@ import numpy as np
 
 from .. import nn
 from ..autodiff.tape import no_recording
+from ..module import memory
+from ..module.tree import params as tree_params
 from ..tensor import Tensor
 from ..tensor import raw as _raw
 from ..tensor import threads as _threads
 
 __all__ = ["generate", "stream", "GenerationResult", "GenerationStream", "GeneratedToken", "warp_logits",
-           "GenerationError"]
+           "GenerationError", "estimate_generation"]
 
 
 class GenerationError(ValueError):
@@ -137,6 +139,55 @@ def _model_facts(model):
         return len(model.h), int(cfg.n_positions), cfg.eos_token_id, int(cfg.vocab_size)
     raise GenerationError(f"generate: expected a causal language model of engine.models (the Llama family or GPT-2), "
                           f"found {type(model).__name__}")
+
+
+def _attention_sizes(model) -> tuple[int, int, int, int, int]:
+    """(hidden, heads, kv heads, head dim, MLP width) of a supported causal LM, from its config."""
+    cfg = model.config
+    if hasattr(model, "rotary_emb"):  # the Llama family
+        return (int(cfg.hidden_size), int(cfg.num_attention_heads), int(cfg.num_key_value_heads), int(cfg.head_dim),
+                int(cfg.intermediate_size))
+    return int(cfg.n_embd), int(cfg.n_head), int(cfg.n_head), int(cfg.n_embd) // int(cfg.n_head), int(cfg.d_inner)
+
+
+# a lazy weight's initializer holds about two more copies of it at its peak (a float64 random draw
+# before its cast; a BF16 file's bytes and a permuted copy beside the result), measured
+INIT_WORKING_COPIES = 2
+
+
+def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_tokens: int = 1,
+                        use_cache: bool = True) -> memory.MemoryEstimate:
+    """What generating with `model` allocates, from shapes only (nothing is read or allocated):
+    every lazy parameter initialized (each is used, and the largest one's initializer works on
+    `INIT_WORKING_COPIES` more copies of it), one plain weight per LoRA / DoRA adapted
+    parameter (folded once per call), the key/value cache of `batch` rows of `prompt_length +
+    max_new_tokens` positions in every layer, and the largest step's working arrays (the prompt
+    pass: the layer's activations, the attention scores, the last position's logits).
+    `GenerationStream` checks it against `memory.available_memory()` before it starts."""
+    from ..module.lora import QLoraAdapter  # noqa: PLC0415
+
+    n_layers, _positions, _eos, vocab = _model_facts(model)
+    hidden, heads, kv_heads, head_dim, inner = _attention_sizes(model)
+    lazy = folded = largest = 0
+    itemsize = 4
+    for _path, p in tree_params(model):
+        size = memory.param_bytes(p)
+        if not p.is_initialized():
+            lazy += size
+            largest = max(largest, size)
+        if p.reparameterization is not None and not isinstance(p.reparameterization, QLoraAdapter):
+            folded += size
+        if p.kind == "float" and p.numel():
+            itemsize = size // p.numel()  # the activations' dtype is the weights'
+    b, total = int(batch), int(prompt_length) + int(max_new_tokens)
+    width = int(prompt_length) if use_cache else total  # the longest pass
+    cache = 2 * n_layers * b * kv_heads * head_dim * total * itemsize if use_cache else 0
+    layer = b * width * (4 * hidden + 2 * kv_heads * head_dim + 3 * inner) + 2 * b * heads * width * width
+    logits = b * vocab * (itemsize + 16)  # the last position's logits, and their float64 warp and draw
+    return memory.MemoryEstimate("Generation", {
+        "parameters to initialize": lazy, "initializer working arrays": INIT_WORKING_COPIES * largest,
+        "adapters folded into their weights": folded, "key/value cache": cache,
+        "working arrays": layer * itemsize + logits})
 
 
 def _inference_model(model):
@@ -318,6 +369,8 @@ class GenerationStream:
             raise GenerationError(f"generate: max_new_tokens {max_new_tokens} would pass the model's {n_positions} "
                                   f"positions after the prompt's {width} tokens: at most {n_positions - width} new tokens")
         self._stop_ids, self._stop_texts = _stops(tokenizer, stop, eos)
+        # a model that cannot fit is refused before a weight is read (NotEnoughMemory)
+        estimate_generation(model, len(rows), width, max_new_tokens, use_cache).check()
         if cancel is not None and hasattr(cancel, "is_set"):
             cancel = cancel.is_set
         self._cancel = cancel
@@ -438,7 +491,9 @@ def generate(model, tokenizer, prompt, max_new_tokens: int, temperature: float =
       it numbers a padded GPT-2 row's positions from the first column, as `forward` does).
 
     Raises `GenerationError` for an empty prompt, a prompt longer than the model's positions,
-    `max_new_tokens` that would pass them (the message gives the limit) and bad settings.
+    `max_new_tokens` that would pass them (the message gives the limit) and bad settings, and
+    `engine.module.memory.NotEnoughMemory` (before anything is read) when `estimate_generation`
+    says the weights, the cache and the working arrays would not fit in the memory available.
     """
     s = GenerationStream(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, cancel,
                          use_cache, decode_stream=on_token is not None)

@@ -29,9 +29,9 @@ from .. import nn
 from ..module import Module
 from ..module import init as initializers
 from ..tensor import Tensor
-from .checkpoint import PretrainedError
+from .checkpoint import MAX_SIZE, PretrainedError
 from .mapping import Rule, Split, Transpose, WeightMap
-from .pretrained import Family
+from .pretrained import Family, layer_range
 
 __all__ = ["FAMILY", "GPT2Block", "GPT2Config", "GPT2LMHeadModel", "GPT2MLP"]
 
@@ -73,6 +73,8 @@ class ConfigReader:
             return v
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             self.fail(key, f"expected an int >= {minimum}, found {v!r}")
+        if v > MAX_SIZE:
+            self.fail(key, f"{v} is beyond any model (a size is at most {MAX_SIZE})")
         return int(v)
 
     def float(self, key: str, default=_REQUIRED, minimum: float = 0.0, maximum: float = math.inf) -> float:
@@ -265,7 +267,7 @@ class GPT2LMHeadModel(Module):
         self.wte = nn.EmbeddingConfig(c.vocab_size, d, initializer=initializers.Normal(0.0, 0.02)).init(device)
         self.wpe = nn.EmbeddingConfig(c.n_positions, d, initializer=initializers.Normal(0.0, 0.01)).init(device)
         self.drop = nn.DropoutConfig(c.embd_pdrop).init()
-        self.h = [_block(c, device) for _ in range(c.n_layer)]
+        self.h = [_block(c, device) for _ in layer_range(c.n_layer)]
         self.ln_f = nn.LayerNormConfig(d, epsilon=c.layer_norm_epsilon).init(device)
         self.lm_head = None if c.tie_word_embeddings else nn.LinearConfig(d, c.vocab_size, bias=False).init(device)
         self._config = c
@@ -379,4 +381,5 @@ FAMILY = Family(
     config_to_json=GPT2Config.to_json,
     build=build,
     weight_map=weight_map,
+    layers=lambda cfg: ("n_layer", cfg.n_layer),
 )

@@ -27,9 +27,9 @@ from .. import nn
 from ..module import Module
 from ..nn._base import assert_shape
 from ..tensor import Tensor
-from .checkpoint import PretrainedError
+from .checkpoint import MAX_SIZE, PretrainedError
 from .mapping import RopePermute, Rule, Transpose, WeightMap
-from .pretrained import Family
+from .pretrained import Family, layer_range
 
 __all__ = [
     "LlamaConfig", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "LlamaDecoderLayer", "LlamaMlp",
@@ -199,6 +199,8 @@ def _positive_int(data, key, default=None):
         value = default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PretrainedError(f"{key!r} must be a positive int, found {value!r}", where=_WHERE)
+    if value > MAX_SIZE:
+        raise PretrainedError(f"{key!r} is {value}, beyond any model (a size is at most {MAX_SIZE})", where=_WHERE)
     return value
 
 
@@ -316,7 +318,7 @@ class LlamaForCausalLM(Module):
         self._config = config  # not a field (the display shows the layers); read as `config`
         self.embed_tokens = nn.EmbeddingConfig(config.vocab_size, config.hidden_size).init(device)
         self.rotary_emb = config.rope().init(device)
-        self.layers = [LlamaDecoderLayer(config, device) for _ in range(config.num_hidden_layers)]
+        self.layers = [LlamaDecoderLayer(config, device) for _ in layer_range(config.num_hidden_layers)]
         self.norm = nn.RmsNormConfig(config.hidden_size, epsilon=config.rms_norm_eps).init(device)
         self.lm_head = (None if config.tie_word_embeddings
                         else nn.LinearConfig(config.hidden_size, config.vocab_size, bias=False).init(device))
@@ -453,6 +455,7 @@ def _family(name: str) -> Family:
         config_to_json=lambda cfg: cfg.to_json(),
         build=build,
         weight_map=weight_map,
+        layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
     )
 
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -352,14 +351,12 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
     else:  # the base weights changed in Ember (or came from no folder): the script needs them as they are
         base = detach_reparameterization(model) if adapters else model
         target = folder / BASE_FOLDER
-        save_pretrained(base, target)
         tok_src = tokenizer_folder or data_desc.get("tokenizer")
         if tok_src:
             tok_src = Path(tok_src)
             tok_src = tok_src.parent if tok_src.is_file() else tok_src
-            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-                if (tok_src / name).is_file() and tok_src.resolve() != target.resolve():
-                    shutil.copyfile(tok_src / name, target / name)
+        # the tokenizer's files are checked and copied as part of the one save of the folder
+        save_pretrained(base, target, extra_files_from=tok_src or None)
         base_ref = BASE_FOLDER
         written.append(target)
     lora_json = None

@@ -25,9 +25,10 @@ from .. import nn
 from ..module import Module
 from ..module import init as initializers
 from ..tensor import Tensor
+from .checkpoint import MAX_SIZE
 from .gpt2 import MASKED, ConfigReader, activation
 from .mapping import Rule, Transpose, WeightMap
-from .pretrained import Family
+from .pretrained import Family, layer_range
 
 __all__ = [
     "FAMILY", "ViTConfig", "ViTEmbeddings", "ViTEncoder", "ViTForImageClassification", "ViTIntermediate",
@@ -45,8 +46,8 @@ def _pair(r: ConfigReader, key: str, default: int) -> tuple[int, int]:
         items = list(v)
     else:
         items = [v, v]
-    if any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in items):
-        r.fail(key, f"expected an int >= 1 (or two of them), found {v!r}")
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= MAX_SIZE for i in items):
+        r.fail(key, f"expected an int in [1, {MAX_SIZE}] (or two of them), found {v!r}")
     return int(items[0]), int(items[1])
 
 
@@ -221,7 +222,7 @@ class ViTEncoder(Module):
     """The encoder layers, in order (`layer.0`, `layer.1`, ...)."""
 
     def __init__(self, c: ViTConfig, device=None):
-        self.layer = [ViTLayer(c, device) for _ in range(c.num_hidden_layers)]
+        self.layer = [ViTLayer(c, device) for _ in layer_range(c.num_hidden_layers)]
 
     def forward(self, x):
         for layer in self.layer:
@@ -299,4 +300,5 @@ FAMILY = Family(
     config_to_json=ViTConfig.to_json,
     build=build,
     weight_map=weight_map,
+    layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
 )

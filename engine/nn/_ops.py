@@ -132,6 +132,9 @@ def _gelu_f32(xd):
             eb *= minus_half
             # exp(-x^2 / 2), from -60 up: subnormal results (|x| > 13) made every later pass over
             # the block ~50x slower; Phi(-|x|) < 1e-27 there, so the clamp changes nothing visible
+            # in Phi. x phi(x) < 1e-25 there counts as 0 (x times the floor's exp grew with x:
+            # 3494 at 1e30, inf at inf): one reduction finds the blocks that need it (or hold a NaN)
+            under = None if eb.min() >= floor else eb < floor
             maximum_scalar(eb, floor, out=eb)
             np.exp(eb, out=eb)
             np.abs(x, out=tb)
@@ -153,6 +156,8 @@ def _gelu_f32(xd):
             eb *= x
             eb *= inv_sqrt_2pi  # x phi(x)
             np.add(eb, qb, out=der[lo:hi])
+            if under is not None:
+                np.copyto(der[lo:hi], qb, where=under)
 
     run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=_threads.min_blocks(4 * _GELU_BLOCK))
     return out.reshape(xd.shape), der.reshape(xd.shape)
@@ -188,6 +193,7 @@ def gelu(x: Tensor) -> Tensor:
         pdf = xp.exp(xd * xd * -0.5)
         pdf *= xd
         pdf *= _INV_SQRT_2PI
+        pdf[xp.isinf(xd)] = 0.0  # x phi(x) -> 0 at +-inf (inf * exp(-inf) is NaN)
         pdf += cdf
         pdf *= g
         return (pdf.astype(g.dtype, copy=False),)

@@ -20,10 +20,14 @@ both products and every softmax pass of a block happen while its scores are in c
 blocks are shared among the kernel threads (`engine.tensor.threads`; NumPy releases the GIL),
 each making its own products with OpenBLAS held at one thread; only where BLAS's thread count
 cannot be set do the products run whole (BLAS threads them) and the passes between them a block
-at a time. The row sums are products with a vector of ones; the masks are applied
-as `scores * factor + fill` (the causal one's arrays made once per shape). The backward keeps
-only the weights, the context (an output), the dropout's dropped entries (one byte each) and the
-mask, never intermediate copies.
+at a time. The row sums are products with a vector of ones. The masks replace the masked
+scores by `min_float` and their gradients by 0, whatever they held: and-ing a value's bits with
+all ones keeps it, with zeros clears it even where it is NaN or infinite, and or-ing in
+`min_float`'s bits sets it. So a NaN or inf at a masked key stays out of every row, as in the
+compiled softmax and the traced op chain (`scores * 0 + min_float` was NaN there, and so was
+every row of its batch entry and head). The causal mask's arrays are made once per shape. The
+backward keeps only the weights, the context (an output), the dropout's dropped entries (one
+byte each) and the mask, never intermediate copies.
 """
 from __future__ import annotations
 
@@ -52,15 +56,23 @@ def causal_mask_array(xp, seq_length_1: int, seq_length_2: int, offset: int):
     return xp.triu(xp.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + int(offset))
 
 
-_CAUSAL: dict = {}  # (device, dtype, s1, s2, offset, scale, min_float, dropout) -> the causal mask's factors
+_CAUSAL: dict = {}  # (device, dtype, s1, s2, offset, min_float) -> the causal mask's bit masks
 
 
-def _mask_factors(xp, m, dt, c_scale, c_min, dropout: bool):
-    """(mask, keep01, fill, fac): 0 / 1 where masked / kept, min_float / 0, and the forward's factor
-    (keep01, times the scale unless dropout applies the scale first)."""
-    keep01 = xp.where(m, dt.type(0.0), dt.type(1.0))
-    fill = xp.where(m, c_min, dt.type(0.0))
-    return m, keep01, fill, (keep01 if dropout else keep01 * c_scale)
+def _mask_bits(xp, m, dt, c_min):
+    """(mask, keep, fill): unsigned integers of the dtype's width, all ones / zero where kept /
+    masked, and zero / `min_float`'s bits, to apply to the scores' (and their gradients') bits
+    with `bitwise_and` / `bitwise_or`: a replacement as fast as a multiply, exact for any value.
+    (`scores * 0` is NaN where a score is NaN or infinite, and then so was every row's softmax.)"""
+    ut = np.dtype(f"u{dt.itemsize}")
+    keep = xp.where(m, ut.type(0), ~ut.type(0))
+    fill = xp.where(m, c_min, dt.type(0.0)).view(ut)
+    return m, keep, fill
+
+
+def _bits(a):
+    """A float array's bits as unsigned integers (a view)."""
+    return a.view(f"u{a.dtype.itemsize}")
 
 
 def _grouped(a, nb, hk, rows, last):
@@ -114,8 +126,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
       on the scores. 0 draws nothing.
     - `mask`: a bool tensor or array broadcastable to `[b, h, s1, s2]`, true where the score is
       masked; `causal_offset` (an int, or None): also mask key `j` for query `i` when
-      `j > i + causal_offset`. Masked scores are set to `min_float` (so a row with every key
-      masked gets a uniform softmax) and receive no gradient.
+      `j > i + causal_offset`. Masked scores are set to `min_float` whatever they held (a NaN or
+      inf at a masked key reaches no row; a row with every key masked gets a uniform softmax)
+      and receive no gradient (0, never NaN).
     - `quiet`: Burn's quiet softmax (an extra implicit zero logit).
 
     `weights` is `[b, h, s1, s2]`, `context` `[b, h, s1, dv]` (its memory laid out as
@@ -171,22 +184,22 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                 del u
             keep_scale = dt.type(1.0 / (1.0 - p))
 
-    # the mask as factors: scores * fac + fill puts min_float on masked scores in two passes
-    # (scores * 0 + min_float), keeping the others' bits; the backward multiplies by keep01
-    fac = fill = keep01 = None
+    # the mask as bits: (scores & keep) | fill puts min_float on masked scores, whatever they
+    # held, keeping the others' bits; the backward's gradients are and-ed with keep
+    fill = keepbits = None
     if causal_only:  # the same arrays every step: made once
-        key = (id(dev), dt.str, s1, s2, int(causal_offset), float(scale), float(min_float), keep_scale is not None)
+        key = (id(dev), dt.str, s1, s2, int(causal_offset), float(min_float))
         cached = _CAUSAL.get(key)
         if cached is None:
             cm = causal_mask_array(xp, s1, s2, causal_offset)[None, None]
-            cached = _mask_factors(xp, cm, dt, c_scale, c_min, keep_scale is not None) if cm.any() else None
+            cached = _mask_bits(xp, cm, dt, c_min) if cm.any() else None
             if len(_CAUSAL) >= 32:
                 _CAUSAL.clear()
             _CAUSAL[key] = cached
         if cached is not None:
-            m, keep01, fill, fac = cached
+            m, keepbits, fill = cached
     elif m is not None:
-        keep01, fill, fac = _mask_factors(xp, m, dt, c_scale, c_min, keep_scale is not None)[1:]
+        keepbits, fill = _mask_bits(xp, m, dt, c_min)[1:]
     mask_b, mask_h = (m.shape[0] > 1, m.shape[1] > 1) if m is not None else (False, False)
     # the compiled softmax (one pass over a row while it is in cache, not ~8): float32 on NumPy
     # without dropout, with no mask or one [s1, s2] mask shared by every batch entry and head
@@ -218,16 +231,15 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
 
     def softmax_passes(S, bs, hs):
         """The scores S of a block made weights in place, one NumPy pass per operation."""
+        xp.multiply(S, c_scale, out=S)
         if keep_scale is not None:  # (S * scale) * (kept) * 1 / (1 - p): Tensor.dropout's bits
-            xp.multiply(S, c_scale, out=S)
             if keep is not None:
                 xp.multiply(S, of_keep(bs, hs), out=S)
             xp.multiply(S, keep_scale, out=S)
-        if m is not None:
-            xp.multiply(S, of_mask(fac, bs, hs), out=S)
-            xp.add(S, of_mask(fill, bs, hs), out=S)
-        elif keep_scale is None:
-            xp.multiply(S, c_scale, out=S)
+        if m is not None:  # (S & keep) | fill: min_float where masked, whatever S held there
+            Sb = _bits(S)
+            xp.bitwise_and(Sb, of_mask(keepbits, bs, hs), out=Sb)
+            xp.bitwise_or(Sb, of_mask(fill, bs, hs), out=Sb)
         mx = S.max(axis=-1, keepdims=True)
         if quiet:
             xp.maximum(mx, zero, out=mx)
@@ -316,8 +328,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                 D = (dS * W).sum(axis=-1, keepdims=True)
             xp.subtract(dS, D, out=dS)
             xp.multiply(dS, W, out=dS)
-            if m is not None:
-                xp.multiply(dS, of_mask(keep01, bs, hs), out=dS)
+            if m is not None:  # 0, not W * (dW - D) * 0: NaN where that is not finite
+                dSb = _bits(dS)
+                xp.bitwise_and(dSb, of_mask(keepbits, bs, hs), out=dSb)
             if keep_scale is not None:
                 if keep is not None:
                     xp.multiply(dS, of_keep(bs, hs), out=dS)

@@ -98,7 +98,8 @@ def _owner(cls) -> str:
 # ---------------------------------------------------------------------- cross entropy
 def _class_weights(smoothing, weights, device):
     """Check a cross entropy config's smoothing and weights (as Burn does); the weights as a
-    float32 tensor, or None."""
+    float64 tensor (the values given: the losses cast them to the input's dtype, so that float64
+    inputs are not float32-accurate and float32 ones get the same bits as before), or None."""
     if smoothing is not None and not 0.0 <= smoothing <= 1.0:
         raise ValueError(
             f"Alpha of Cross-entropy loss with smoothed labels should be in interval [0, 1]. Got {f64(smoothing)}"
@@ -107,7 +108,7 @@ def _class_weights(smoothing, weights, device):
         raise ValueError("Weights of cross-entropy have to be positive.")
     if weights is None:
         return None
-    return Tensor.from_data(np.asarray(weights, dtype=np.float32), device=device)
+    return Tensor.from_data(np.asarray(weights, dtype=np.float64), dtype="float64", device=device)
 
 
 @dataclass
@@ -207,7 +208,7 @@ class CrossEntropyLoss(Layer):
         if self.smoothing is None:
             return _ops.softmax_cross_entropy(logits, t, denom, row_w, log_probs=self.logits)
         dist = (t[:, None] == xp.arange(num_targets)[None, :]).astype(dtype)
-        a = float(np.float32(self.smoothing))
+        a = float(np.dtype(dtype).type(self.smoothing))  # in the input's precision, as PyTorch's
         dist = dist * (1.0 - a) + a / num_targets
         if w is not None:
             dist = dist * w[None, :]
@@ -267,7 +268,7 @@ class BinaryCrossEntropyLoss(Layer):
             assert_shape(self.weights, [logits.dims()[-1]])
         t = targets.to_device(logits.device).cast(logits.dtype)
         if self.smoothing is not None:
-            a = float(np.float32(self.smoothing))
+            a = float(np.dtype(array(t).dtype).type(self.smoothing))  # in the input's precision
             classes = logits.shape[-1] if logits.rank > 1 else 2
             t = t * (1.0 - a) + a / classes
         if self.logits:

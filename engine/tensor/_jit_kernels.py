@@ -109,17 +109,21 @@ def silu(x, out, der):
 def gelu(x, out, der, coef):
     """`out = x Phi(x)`, `der = Phi(x) + x phi(x)`: the arithmetic of `engine.nn._ops._gelu_f32`
     in one pass, with its constants `coef` = (p, a1, ..., a5, the exponent's floor, 1/sqrt(2 pi))
-    (Abramowitz & Stegun 7.1.26 folded: Phi(-|x|) = q(t) exp(-x^2 / 2), t = 1 / (1 + p |x|))."""
+    (Abramowitz & Stegun 7.1.26 folded: Phi(-|x|) = q(t) exp(-x^2 / 2), t = 1 / (1 + p |x|)).
+    Where the exponent is under the floor (|x| > ~11) x phi(x) < 1e-25 counts as 0: x times the
+    floor's exp grew with x (3494 at 1e30, inf at inf), and the derivative is Phi(x) alone."""
     p, a1, a2, a3, a4, a5, floor, inv_sqrt_2pi = (coef[0], coef[1], coef[2], coef[3], coef[4], coef[5],
                                                    coef[6], coef[7])
     for i in range(x.size):
         xi = x[i]
-        e = exp_nonpositive(max(f32(-0.5) * xi * xi, floor))  # exp(-x^2 / 2)
+        z = f32(-0.5) * xi * xi
+        e = exp_nonpositive(max(z, floor))  # exp(-x^2 / 2)
         t = f32(1.0) / (f32(1.0) + p * abs(xi))
         q = ((((a5 * t + a4) * t + a3) * t + a2) * t + a1) * t * e  # Phi(-|x|)
         ph = abs((f32(1.0) if xi >= f32(0.0) else f32(0.0)) - q)
         out[i] = xi * ph
-        der[i] = ph + xi * e * inv_sqrt_2pi
+        xt = f32(0.0) if z < floor else xi  # x phi(x) as 0 * e where the floor holds (the
+        der[i] = ph + xt * e * inv_sqrt_2pi  # same contraction, and bits, as before elsewhere)
 
 
 # ---------------------------------------------------------------------- layer norm over rows

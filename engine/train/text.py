@@ -14,7 +14,8 @@ data.inputs, data.targets, data.attention_mask      # int64 [rows, 64] each
   per non-blank line with `per_line=True`; a folder of `.txt` / `.jsonl` files gives each
   file's documents in name order; a `.jsonl` file has one JSON object a line, with a `text`
   field or `prompt` and `completion` fields (the first record decides which; every line
-  must then have them).
+  must then have them). Lines end at "\n" only (JSON Lines; a "\r" before it is dropped), so a
+  JSON string may hold U+2028 or U+0085 and line numbers are an editor's.
 - Tokens: each document is encoded with the tokenizer's own special tokens (Llama's `<s>`
   in front) and ends with the eos token. A prompt is encoded with them, its completion
   without (appended to the prompt's ids), then eos.
@@ -32,32 +33,78 @@ data.inputs, data.targets, data.attention_mask      # int64 [rows, 64] each
 Padding is on the right, so under causal attention no real token attends to a pad: the
 logits at the real positions are those of the unpadded document, with or without the mask.
 
+Bounded memory: the tokenizer is given at most `MAX_PIECE_CHARS` (65,536) characters of one
+text and about `CHUNK_CHARS` (65,536) a call, and its ids go straight into uint32 arrays. A
+longer document (a long line, a whole `.txt` file) is cut into pieces just before a space
+that follows a word (else before other white space, else at the cap): each piece is encoded
+on its own, the first with the special tokens, so byte-level BPE, Metaspace and white-space
+tokenizers give the tokens of the uncut text (a cut at a line break or inside a word may give
+other tokens there). Loading costs ~30 bytes of peak memory per input byte (the int64 rows are
+24 bytes a position). What the rows will need (`ROW_BYTES_PER_POSITION`, 48 bytes a position:
+three int64 arrays, copied once more by a train/validation split), with the ids still to read
+and `TOKENIZER_WORKING_BYTES` (64 MiB) kept free for the tokenizer, is checked against
+`memory.available_memory()` before each call to the tokenizer (projected from the tokens so
+far) and again once the rows' count and width are known: a file that does not fit is refused
+with `TextDataTooLarge` (a `TextDataError` and a `NotEnoughMemory`) before the rows are made,
+and before the tokenizer runs out of memory (a failed allocation in the Rust library aborts
+the process; the check is what keeps it from getting there).
+
 Every problem is a `TextDataError` (a `DataFileError`) naming the file, the line where one
 applies, what was expected and what was found: an empty file, bytes that are not UTF-8, a
 jsonl line that is not JSON or lacks the field, a token id the model has no embedding for
 (`vocab_size`: the tokenizer does not match the model), a row longer than the model's
-positions (`max_positions`); a tokenizer the library cannot read is a `TokenizerError`.
+positions (`max_positions`), a JSON value Python will not convert (an integer of more than
+4,300 digits, nesting deeper than the recursion limit); a tokenizer the library cannot read,
+or a failure of the library while it encodes, is a `TokenizerError`: a Rust panic included
+(`pyo3_runtime.PanicException`, a BaseException). A catastrophic pre-tokenizer regex is bounded
+by Oniguruma's retry limit (a search gives up after 10 million backtracking steps, ~0.4 s),
+which the library reports as a panic: a `TokenizerError` naming tokenizer.json and the lines.
+A tokenizer.json is read only when the memory its structures take (~`TOKENIZER_BYTES_PER_FILE_BYTE`
+bytes a byte of the file) is available (`TokenizerTooLarge`, a `TokenizerError` and a
+`NotEnoughMemory`), as the library would abort the process where it is not.
 """
 from __future__ import annotations
 
 import json
+import re
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..module import memory
 from .data import InMemoryDataset
 from .files import DataFileError
 from .losses import IGNORE_INDEX
 
 __all__ = [
-    "IGNORE_INDEX", "Document", "TextDataError", "TextDataset", "TextTokenizer", "TokenizerError",
-    "check_fits", "load_text_data", "load_tokenizer", "model_limits", "read_documents", "text_data_for_model",
+    "IGNORE_INDEX", "Document", "TextDataError", "TextDataTooLarge", "TextDataset", "TextTokenizer", "TokenizerError",
+    "TokenizerTooLarge", "check_fits", "load_text_data", "load_tokenizer", "model_limits", "read_documents",
+    "text_data_for_model",
 ]
 
 MAX_TOKENIZER_BYTES = 512 * 2 ** 20  # a tokenizer.json larger than this is refused before reading
 MAX_CONFIG_BYTES = 16 * 2 ** 20  # tokenizer_config.json / special_tokens_map.json / config.json
 TEXT_SUFFIXES = (".txt", ".jsonl")
+# The tokenizer is given at most this many characters at once: a longer document (a line, a
+# jsonl field, a whole .txt file) is cut into pieces of at most this length before the tokenizer
+# sees it (see `_pieces`). The library's working memory is ~200 bytes per character and it
+# aborts the process when an allocation fails, so what it gets must be bounded.
+MAX_PIECE_CHARS = 1 << 16
+# Characters per call to the tokenizer (pieces of many documents encoded together)
+CHUNK_CHARS = 1 << 16
+# What a token costs once tokenized: its uint32 id and learn flag while the file is read (5
+# bytes), then the rows: inputs, targets and attention mask, int64 each (24 bytes a position),
+# twice, since a train/validation split copies them.
+STREAM_BYTES_PER_TOKEN = 5
+ROW_BYTES_PER_POSITION = 2 * 3 * 8
+# Kept free for the tokenizer while it encodes a chunk (its encodings, its threads' malloc
+# arenas): a Rust allocation that fails aborts the process, so the check stops short of it
+TOKENIZER_WORKING_BYTES = 64 * 2 ** 20
+# The library's structures per byte of a tokenizer.json it reads (measured: 9.3-11.5 for
+# vocabularies of 1-3 M tokens)
+TOKENIZER_BYTES_PER_FILE_BYTE = 14
 
 
 class TextDataError(DataFileError):
@@ -66,6 +113,24 @@ class TextDataError(DataFileError):
 
 class TokenizerError(DataFileError):
     """A tokenizer folder cannot be used; the message names the file and what is wrong."""
+
+
+class TextDataTooLarge(TextDataError, memory.NotEnoughMemory):
+    """The token rows of a text file would need more memory than the machine has: says how much."""
+
+
+class TokenizerTooLarge(TokenizerError, memory.NotEnoughMemory):
+    """Reading a tokenizer.json would need more memory than the machine has: says how much."""
+
+
+def _is_panic(e: BaseException) -> bool:
+    """The tokenizers library's `pyo3_runtime.PanicException` (a Rust panic: a BaseException)."""
+    return type(e).__name__ == "PanicException"
+
+
+def _library_message(e: BaseException) -> str:
+    first = str(e).splitlines()[0] if str(e) else ""
+    return first or type(e).__name__
 
 
 # ---------------------------------------------------------------------------------- tokenizer
@@ -86,17 +151,37 @@ class TextTokenizer:
         """Ids the tokenizer can produce: 0 .. vocab_size - 1 (added tokens included)."""
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
+    def _call(self, what: str, method, *args, **kwargs):
+        """A call into the library; its failures, a Rust panic included (a catastrophic regex of a
+        pre-tokenizer ends in Oniguruma's retry limit and a `PanicException`), are TokenizerErrors."""
+        try:
+            return method(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the library's own message says what failed
+            raise TokenizerError(self.path, f"the tokenizers library failed {what}: {_library_message(e)}") from None
+        except BaseException as e:
+            if not _is_panic(e):
+                raise
+            raise TokenizerError(self.path, f"the tokenizers library failed {what} (a panic in the library: "
+                                            f"{_library_message(e)})") from None
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        return list(self._call("encoding text", self.tokenizer.encode, text, add_special_tokens=add_special_tokens).ids)
 
     def encode_batch(self, texts, add_special_tokens: bool = True) -> list[list[int]]:
-        return [list(e.ids) for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+        return [list(ids) for ids in self.encode_ids(list(texts), add_special_tokens, "encoding text")]
+
+    def encode_ids(self, texts: list[str], add_special_tokens: bool, what: str) -> list[list[int]]:
+        """Each text's ids, without the offsets and tokens of a full encoding (less memory)."""
+        method = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch
+        return [e.ids for e in self._call(what, method, texts, add_special_tokens=add_special_tokens)]
 
     def tokens(self, text: str, add_special_tokens: bool = True) -> list[str]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens)
+        return list(self._call("encoding text", self.tokenizer.encode, text,
+                               add_special_tokens=add_special_tokens).tokens)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        return self._call("decoding ids", self.tokenizer.decode, [int(i) for i in ids],
+                          skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, i: int) -> str | None:
         return self.tokenizer.id_to_token(int(i))
@@ -111,18 +196,37 @@ def _read_json_file(path: Path, limit: int, error=TokenizerError):
     if size > limit:
         raise error(path, f"expected a JSON file of at most {limit} bytes, found {size} bytes")
     try:
-        return json.loads(path.read_bytes().decode("utf-8-sig"))
+        return _json_value(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise error(path, f"expected UTF-8 JSON, found undecodable bytes at offset {e.start}") from None
     except json.JSONDecodeError as e:
         raise error(path, f"expected JSON, found invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:
+        raise error(path, f"expected JSON, found {e}") from None
+
+
+def _json_value(text: str):
+    """`json.loads`, where what Python refuses besides bad syntax is a ValueError that says what
+    was found: nesting deeper than the recursion limit (a RecursionError), an integer of more
+    digits than `sys.get_int_max_str_digits()` allows (a plain ValueError)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise ValueError("JSON nested deeper than Python's recursion limit allows") from None
+    except ValueError as e:
+        if "digits" in str(e):
+            raise ValueError(f"an integer of more digits than Python converts ({_library_message(e)})") from None
+        raise
 
 
 def _token_text(value):
-    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict."""
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict (not
+    a lone surrogate escape such as "\\ud800", which is no text)."""
     if isinstance(value, dict):
         value = value.get("content")
-    return value if isinstance(value, str) and value else None
+    return value if isinstance(value, str) and value and not _SURROGATE.search(value) else None
 
 
 def load_tokenizer(folder) -> TextTokenizer:
@@ -139,6 +243,12 @@ def load_tokenizer(folder) -> TextTokenizer:
     size = path.stat().st_size
     if size > MAX_TOKENIZER_BYTES:
         raise TokenizerError(path, f"expected a tokenizer of at most {MAX_TOKENIZER_BYTES} bytes, found {size} bytes")
+    estimate = memory.MemoryEstimate(f"reading {path.name}", {
+        "its text": 2 * size, "the library's vocabulary and merges": TOKENIZER_BYTES_PER_FILE_BYTE * size,
+        "the tokenizer's working memory": TOKENIZER_WORKING_BYTES})
+    refusal = estimate.refusal(memory.available_memory())
+    if refusal:  # the library aborts the process when an allocation fails
+        raise TokenizerTooLarge(path, f"{refusal}: use a machine with more memory")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
@@ -146,8 +256,12 @@ def load_tokenizer(folder) -> TextTokenizer:
     try:
         tok = Tokenizer.from_str(text)
     except Exception as e:  # noqa: BLE001 - the library's own message says what it could not read
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise TokenizerError(path, f"the tokenizers library cannot read it: {first}") from None
+        raise TokenizerError(path, f"the tokenizers library cannot read it: {_library_message(e)}") from None
+    except BaseException as e:
+        if not _is_panic(e):
+            raise
+        raise TokenizerError(path, f"the tokenizers library cannot read it (a panic in the library: "
+                                   f"{_library_message(e)})") from None
 
     special: dict[str, object] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the config wins
@@ -243,8 +357,8 @@ def read_documents(path, per_line: bool = False, fields: str = "auto") -> list[D
         if f.suffix.lower() == ".jsonl":
             docs.extend(_jsonl_documents(f, text, fields))
         elif per_line:
-            docs.extend(Document(str(f), n, text=line) for n, line in enumerate(text.splitlines(), start=1)
-                        if line.strip())
+            docs.extend(Document(str(f), n, text=line.removesuffix("\r"))
+                        for n, line in enumerate(text.split("\n"), start=1) if line.strip())
         else:
             docs.append(Document(str(f), None, text=text))
     return docs
@@ -254,14 +368,18 @@ def _jsonl_documents(f: Path, text: str, fields: str) -> list[Document]:
     docs = []
     chosen = None if fields == "auto" else fields
     first_line = None
-    for n, line in enumerate(text.splitlines(), start=1):
+    # JSON Lines: records end at "\n" only (a "\r" before it is JSON white space); a string may
+    # hold U+2028 or U+0085 raw, which str.splitlines() would take for line ends
+    for n, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = _json_value(line)
         except json.JSONDecodeError as e:
             raise TextDataError(f, f"expected a JSON object, found invalid JSON ({e.msg} at column {e.colno})",
                                 line=n) from None
+        except ValueError as e:
+            raise TextDataError(f, f"expected a JSON object, found {e}", line=n) from None
         if not isinstance(record, dict):
             raise TextDataError(f, f"expected a JSON object, found a JSON {type(record).__name__}", line=n)
         if chosen is None:
@@ -282,7 +400,12 @@ def _jsonl_documents(f: Path, text: str, fields: str) -> list[Document]:
                                     line=n)
             if not isinstance(record[name], str):
                 raise TextDataError(f, f"field {name!r}: expected a string, found "
-                                       f"{type(record[name]).__name__} {json.dumps(record[name])[:40]}", line=n)
+                                       f"{type(record[name]).__name__} {_json_excerpt(record[name])}", line=n)
+            bad = _SURROGATE.search(record[name])
+            if bad is not None:
+                raise TextDataError(f, f"field {name!r}: expected text, found the escape \\u{ord(bad.group()):04x} "
+                                       f"at character {bad.start()}, half of a surrogate pair and no character by "
+                                       f"itself", line=n)
         if chosen == "text":
             docs.append(Document(str(f), n, text=record["text"]))
         else:
@@ -292,43 +415,196 @@ def _jsonl_documents(f: Path, text: str, fields: str) -> list[Document]:
     return docs
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads makes a lone "\\ud800" a str no encoder takes
+
+
+def _json_excerpt(value) -> str:
+    try:
+        return json.dumps(value)[:40]
+    except (RecursionError, ValueError):  # nesting json.loads just took, an int too long to write
+        return "(too deep or too long to show)"
+
+
 # ---------------------------------------------------------------------------------- tokens and blocks
-def _where(doc: Document) -> dict:
-    return {"path": doc.file, "line": doc.line}
+# A long document is cut just before a space that follows a word, so each later piece begins
+# with the space the tokenizer saw before that word in the whole text: byte-level BPE (GPT-2's
+# "Ġword"), Metaspace ("▁word", prepended or not) and white-space splitting then give the tokens
+# of the uncut text. Without such a space it is cut before other white space (a line break: a
+# Metaspace tokenizer then adds a "▁" at the cut), and without any at the length cap.
+_LAST_SPACE = re.compile(r"(?s).*\S(?= )")
+_LAST_WHITE_SPACE = re.compile(r"(?s).*\S(?=\s)")
 
 
-def tokenize_documents(docs, tokenizer: TextTokenizer, vocab_size: int | None = None):
-    """Per document: (ids int64, learn bool): learn is False on prompt tokens. Each document
-    ends with eos (when the tokenizer has one); ids are checked against `vocab_size`."""
-    eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
-    texts = [d.text if d.text is not None else d.prompt for d in docs]
-    heads = tokenizer.encode_batch(texts, add_special_tokens=True)
-    tails_of = [i for i, d in enumerate(docs) if d.text is None]
-    tails = dict(zip(tails_of, tokenizer.encode_batch([docs[i].completion for i in tails_of],
-                                                       add_special_tokens=False)))
-    out = []
-    for i, (doc, head) in enumerate(zip(docs, heads)):
-        if doc.text is not None:
-            ids = np.asarray(head + eos, dtype=np.int64)
-            learn = np.ones(len(ids), dtype=bool)
-        else:
-            tail = tails[i] + eos
-            ids = np.asarray(head + tail, dtype=np.int64)
-            learn = np.concatenate([np.zeros(len(head), dtype=bool), np.ones(len(tail), dtype=bool)])
-        if vocab_size is not None and ids.size and int(ids.max()) >= vocab_size:
-            bad = int(ids[int(np.argmax(ids >= vocab_size))])
+def _pieces(text: str, cap: int | None = None):
+    """`text` in pieces of at most `cap` (default `MAX_PIECE_CHARS`) characters, cut as said above."""
+    cap = MAX_PIECE_CHARS if cap is None else cap
+    start, n = 0, len(text)
+    while n - start > cap:
+        stop = start + cap  # endpos stop + 1: text[stop] may be the space the cut goes before
+        m = _LAST_SPACE.match(text, start, stop + 1) or _LAST_WHITE_SPACE.match(text, start, stop + 1)
+        end = m.end() if m is not None else stop
+        yield text[start:end]
+        start = end
+    yield text[start:]
+
+
+@dataclass
+class Tokens:
+    """The documents' token ids back to back (`ids` uint32; each document ends with eos when the
+    tokenizer has one), `learn` (False on prompt tokens) and where each document ends in `ids`."""
+
+    ids: np.ndarray
+    learn: np.ndarray
+    ends: np.ndarray  # int64 [documents]
+
+    def document(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        start = int(self.ends[i - 1]) if i else 0
+        return self.ids[start:int(self.ends[i])], self.learn[start:int(self.ends[i])]
+
+
+def _doc_chars(doc: Document) -> int:
+    return len(doc.text) if doc.text is not None else len(doc.prompt) + len(doc.completion)
+
+
+def _too_large(source, parts: dict[str, int], available: int, how: str) -> TextDataTooLarge:
+    estimate = memory.MemoryEstimate(f"loading {Path(str(source)).name}", parts)
+    return TextDataTooLarge(source, f"{estimate.refusal(available)}: {how}. Use a smaller file, or a machine "
+                                    f"with more memory")
+
+
+def _check_stream(source, count: int, chars: int, total_chars: int) -> None:
+    """Refuse the file when what is left to allocate (the ids not read yet, the rows, the
+    tokenizer's working memory) is more than the machine has now (`memory.available_memory()`):
+    the tokens so far, `count` from the first `chars` characters, are projected over all."""
+    available = memory.available_memory()
+    if available is None:
+        return
+    projected = max(count, int(count / chars * total_chars)) if chars else 0
+    held = count * STREAM_BYTES_PER_TOKEN
+    parts = {"token ids while reading": projected * STREAM_BYTES_PER_TOKEN,
+             "rows of inputs, targets and masks (int64; twice, for the train/validation split)":
+                 projected * ROW_BYTES_PER_POSITION,
+             "the tokenizer's working memory": TOKENIZER_WORKING_BYTES}
+    if sum(parts.values()) - held > available:
+        how = (f"about {projected} tokens, projected from the {count} tokens of the first {chars} of its "
+               f"{total_chars} characters" if chars else "nothing can be tokenized")
+        raise _too_large(source, parts, available + held, how)
+
+
+def tokenize_documents(docs, tokenizer: TextTokenizer, vocab_size: int | None = None,
+                       check_memory: bool = False, source=None) -> Tokens:
+    """Every document's ids, encoded in chunks of about `CHUNK_CHARS` characters, a document in
+    pieces of at most `MAX_PIECE_CHARS` (`_pieces`). A text is encoded with the tokenizer's special
+    tokens (its first piece), a prompt likewise, its completion without; each document then ends
+    with eos. Ids are checked against `vocab_size`; with `check_memory`, the file is refused with
+    `TextDataTooLarge` before the first call and after each one where the tokens so far,
+    projected over the characters left, need more than the machine has (`_check_stream`)."""
+    docs = list(docs)
+    source = source if source is not None else (docs[0].file if docs else "the text")
+    eos = tokenizer.eos_id
+    total_chars = sum(_doc_chars(d) for d in docs) or 1
+    ends = np.zeros(len(docs), dtype=np.int64)
+    id_chunks: list[np.ndarray] = []
+    learn_chunks: list[np.ndarray] = []
+    state = {"count": 0, "chars": 0}
+    batch: list[tuple] = []  # (piece or None at a document's end, with special tokens, learnt, document)
+
+    def flush():
+        if not batch:
+            return
+        first, last = docs[batch[0][3]], docs[batch[-1][3]]
+        where = f"on {first.file}" + (f", lines {first.line}-{last.line}" if first.line is not None else "")
+        encoded = {}
+        for special in (True, False):
+            texts = [b[0] for b in batch if b[0] is not None and b[1] is special]
+            if texts:
+                encoded[special] = iter(tokenizer.encode_ids(texts, special, where))
+        flat: list[int] = []
+        owners = array("q")  # per piece: (its first position in the chunk, its document)
+        not_learnt = []
+        for piece, special, learn, i in batch:
+            start = len(flat)
+            owners.extend((start, i))
+            if piece is None:
+                if eos is not None:
+                    flat.append(eos)
+                ends[i] = state["count"] + len(flat)
+                continue
+            flat.extend(next(encoded[special]))
+            if not learn:
+                not_learnt.append((start, len(flat)))
+        chunk = np.array(flat, dtype=np.uint32)  # the library's ids are u32
+        del flat
+        if vocab_size is not None and chunk.size and int(chunk.max()) >= vocab_size:
+            at = int(np.argmax(chunk >= vocab_size))
+            bad = int(chunk[at])
+            starts = np.asarray(owners, dtype=np.int64).reshape(-1, 2)
+            doc = docs[int(starts[np.searchsorted(starts[:, 0], at, side="right") - 1, 1])]
             raise TextDataError(
                 doc.file, f"the tokenizer {tokenizer.path} gives the token id {bad} "
                           f"({tokenizer.id_to_token(bad)!r}), but the model has {vocab_size} token embeddings "
                           f"(expected ids 0..{vocab_size - 1}): the tokenizer does not match the model",
                 line=doc.line)
-        out.append((ids, learn))
-    return out
+        learnt = np.ones(len(chunk), dtype=bool)
+        for a, b in not_learnt:
+            learnt[a:b] = False
+        id_chunks.append(chunk)
+        learn_chunks.append(learnt)
+        state["count"] += len(chunk)
+        state["chars"] += sum(len(b[0]) for b in batch if b[0] is not None)
+        batch.clear()
+        if check_memory:
+            _check_stream(source, state["count"], state["chars"], total_chars)
+
+    if check_memory:
+        _check_stream(source, 0, 0, total_chars)
+    size = 0
+    for i, doc in enumerate(docs):
+        parts = [(doc.text, True, True)] if doc.text is not None else \
+            [(doc.prompt, True, False), (doc.completion, False, True)]
+        for text, special, learn in parts:
+            for k, piece in enumerate(_pieces(text)):
+                batch.append((piece, special and k == 0, learn, i))
+                size += len(piece)
+                if size >= CHUNK_CHARS:
+                    flush()
+                    size = 0
+        batch.append((None, False, True, i))
+    flush()
+    ids = np.concatenate(id_chunks) if id_chunks else np.zeros(0, dtype=np.uint32)
+    id_chunks.clear()
+    learn = np.concatenate(learn_chunks) if learn_chunks else np.zeros(0, dtype=bool)
+    return Tokens(ids, learn, ends)
 
 
-def _rows_from(windows, block_size: int, pad_id: int):
-    """Shift each (ids, learn) window into a row: inputs ids[:-1], targets ids[1:] (IGNORE_INDEX
-    where not learnt); rows right-padded to `block_size`."""
+def _check_rows(source, tokens: Tokens, rows: int, block_size: int) -> None:
+    """Refuse rows that do not fit in what the machine has now (the ids are already read)."""
+    need = rows * block_size * ROW_BYTES_PER_POSITION
+    available = memory.available_memory()
+    if available is not None and need > available:
+        raise _too_large(source, {"rows of inputs, targets and masks (int64; twice, for the train/validation "
+                                  "split)": need}, available,
+                         f"{rows} rows of {block_size} positions from {len(tokens.ids)} tokens")
+
+
+def _packed_rows(tokens: Tokens, block_size: int, pad_id: int):
+    """The stream cut into rows of `block_size + 1` ids that overlap by one, shifted: inputs
+    ids[:-1], targets ids[1:] (IGNORE_INDEX where not learnt); the last row right-padded."""
+    n = len(tokens.ids) - 1  # positions with a target
+    rows = -(-max(n, 0) // block_size)
+    inputs = np.full(rows * block_size, pad_id, dtype=np.int64)
+    targets = np.full(rows * block_size, IGNORE_INDEX, dtype=np.int64)
+    mask = np.zeros(rows * block_size, dtype=np.int64)
+    if n > 0:
+        inputs[:n] = tokens.ids[:-1]
+        targets[:n] = tokens.ids[1:]
+        targets[:n][~tokens.learn[1:]] = IGNORE_INDEX
+        mask[:n] = 1
+    return inputs.reshape(rows, block_size), targets.reshape(rows, block_size), mask.reshape(rows, block_size)
+
+
+def _padded_rows(windows, block_size: int, pad_id: int):
+    """One row per (ids, learn) window, shifted as `_packed_rows`, right-padded to `block_size`."""
     n = len(windows)
     inputs = np.full((n, block_size), pad_id, dtype=np.int64)
     targets = np.full((n, block_size), IGNORE_INDEX, dtype=np.int64)
@@ -336,7 +612,8 @@ def _rows_from(windows, block_size: int, pad_id: int):
     for r, (ids, learn) in enumerate(windows):
         k = len(ids) - 1
         inputs[r, :k] = ids[:-1]
-        targets[r, :k] = np.where(learn[1:], ids[1:], IGNORE_INDEX)
+        targets[r, :k] = ids[1:]
+        targets[r, :k][~learn[1:]] = IGNORE_INDEX
         mask[r, :k] = 1
     return inputs, targets, mask
 
@@ -410,45 +687,64 @@ def load_text_data(path, tokenizer: TextTokenizer, block_size: int | None = None
                                f"{max_positions}")
     if packing and block_size is None:
         raise ValueError("load_text_data: packing needs a block size (positions per row)")
-    docs = read_documents(p, per_line=per_line, fields=fields)
-    seqs = tokenize_documents(docs, tokenizer, vocab_size)
     pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
-    if vocab_size is not None and pad_id >= vocab_size:
-        raise TextDataError(tokenizer.path, f"the pad token id {pad_id} is out of range for the model's "
-                                            f"{vocab_size} token embeddings: the tokenizer does not match the model")
-    if packing:
-        ids = np.concatenate([s[0] for s in seqs])
-        learn = np.concatenate([s[1] for s in seqs])
-        T = int(block_size)
-        windows = [(ids[s:s + T + 1], learn[s:s + T + 1]) for s in range(0, max(len(ids) - 1, 0), T)]
-    else:
-        windows = []
-        longest = max(range(len(seqs)), key=lambda i: len(seqs[i][0]))
-        if block_size is None:
-            T = len(seqs[longest][0]) - 1
-            if max_positions is not None and T > max_positions:
-                doc = docs[longest]
-                raise TextDataError(
-                    doc.file, f"the document has {T + 1} tokens, {T} positions after the shift, more than {limit}: "
-                              f"set a block size of at most {max_positions} (with truncation), or pack the text "
-                              f"into blocks", line=doc.line)
-        else:
+    try:
+        docs = read_documents(p, per_line=per_line, fields=fields)
+        tokens = tokenize_documents(docs, tokenizer, vocab_size, check_memory=True, source=p)
+        if vocab_size is not None and pad_id >= vocab_size:
+            raise TextDataError(tokenizer.path, f"the pad token id {pad_id} is out of range for the model's "
+                                                f"{vocab_size} token embeddings: the tokenizer does not match the "
+                                                f"model")
+        if packing:
             T = int(block_size)
-        for doc, (ids, learn) in zip(docs, seqs):
-            if len(ids) - 1 > T:
-                if not truncate:
-                    room = f" (the model allows up to {max_positions})" if max_positions is not None else ""
-                    raise TextDataError(
-                        doc.file, f"the document has {len(ids)} tokens, {len(ids) - 1} positions after the shift, "
-                                  f"more than the block size {T}: raise the block size{room}, truncate longer "
-                                  f"documents, or pack the text into blocks", line=doc.line)
-                ids, learn = ids[:T + 1], learn[:T + 1]
-            windows.append((ids, learn))
-    windows = [w for w in windows if len(w[0]) >= 2 and w[1][1:].any()]  # a row with nothing to learn is dropped
-    if not windows:
+            _check_rows(p, tokens, -(-max(len(tokens.ids) - 1, 0) // T), T)
+            inputs, targets, mask = _packed_rows(tokens, T, pad_id)
+            keep = (targets != IGNORE_INDEX).any(axis=1)  # a row with nothing to learn is dropped
+            if not keep.all():
+                inputs, targets, mask = inputs[keep], targets[keep], mask[keep]
+        else:
+            inputs, targets, mask, T = _document_rows(p, docs, tokens, block_size, truncate, max_positions, limit,
+                                                      pad_id)
+    except MemoryError as e:
+        if isinstance(e, TextDataTooLarge):
+            raise
+        raise TextDataTooLarge(p, f"the token rows of {p.name} did not fit in memory ({_library_message(e)}): use a "
+                                  f"smaller file, or a machine with more memory") from None
+    if not len(inputs):
         raise TextDataError(p, "expected text with at least one token to learn, found none after tokenizing")
-    inputs, targets, mask = _rows_from(windows, T, pad_id)
     return TextDataset(inputs, targets, mask, T, packing, p.name, len(docs), tokenizer)
+
+
+def _document_rows(p, docs, tokens: Tokens, block_size, truncate: bool, max_positions, limit: str, pad_id: int):
+    """One row per document (padding): (inputs, targets, mask, block size)."""
+    lengths = np.diff(tokens.ends, prepend=0)
+    if block_size is None:
+        longest = int(np.argmax(lengths))
+        T = int(lengths[longest]) - 1
+        if max_positions is not None and T > max_positions:
+            doc = docs[longest]
+            raise TextDataError(
+                doc.file, f"the document has {T + 1} tokens, {T} positions after the shift, more than {limit}: "
+                          f"set a block size of at most {max_positions} (with truncation), or pack the text "
+                          f"into blocks", line=doc.line)
+    else:
+        T = int(block_size)
+    windows = []
+    for i, doc in enumerate(docs):
+        ids, learn = tokens.document(i)
+        if len(ids) - 1 > T:
+            if not truncate:
+                room = f" (the model allows up to {max_positions})" if max_positions is not None else ""
+                raise TextDataError(
+                    doc.file, f"the document has {len(ids)} tokens, {len(ids) - 1} positions after the shift, "
+                              f"more than the block size {T}: raise the block size{room}, truncate longer "
+                              f"documents, or pack the text into blocks", line=doc.line)
+            ids, learn = ids[:T + 1], learn[:T + 1]
+        if len(ids) >= 2 and learn[1:].any():  # a row with nothing to learn is dropped
+            windows.append((ids, learn))
+    _check_rows(p, tokens, len(windows), max(T, 1))
+    inputs, targets, mask = _padded_rows(windows, max(T, 1), pad_id)
+    return inputs, targets, mask, T
 
 
 def text_data_for_model(model, path, tokenizer: TextTokenizer, **options) -> TextDataset:

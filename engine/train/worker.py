@@ -1,5 +1,6 @@
-"""A run on a worker thread, as the app's Training tab runs it: `run_training` makes the data
-set, forks the model to the chosen device, checks that one batch fits the model and the loss,
+"""A run on a worker thread, as the app's Training tab runs it: `run_training` checks that a
+training step fits in memory (`preflight.estimate_run`, `NotEnoughMemory` when it does not),
+makes the data set, forks the model to the chosen device, checks that one batch fits the model and the loss,
 then runs a `Learner` and saves the trained weights in the run folder (`trained.bpk`).
 
 - The loop's events are batched and sent through `state.set_partial_result(batch)` at most
@@ -31,7 +32,7 @@ from .events import GradNorms, Prefill
 from .grad_norms import GradTap
 from .checkpoint import describe_os_error, disk_errno
 from .learner import Learner
-from .preflight import TrainingSetupError, preflight
+from .preflight import TrainingSetupError, estimate_run, preflight
 from .run_spec import CAUSAL_LM_TASK, FILE_TASK, RunSpec, fit_file_data, make_data, make_step
 
 FLUSH_S = 1 / 4  # the worker sends batched events at most this often (control events at once)
@@ -213,6 +214,8 @@ def run_training(state, control: RunControl, model, spec: RunSpec, run_dir: str,
 def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, yield_between_steps) -> RunOutcome:
     started = time.perf_counter()
     cfg = spec.training
+    # a step that cannot fit is refused before the data is read or a weight allocated
+    estimate_run(model, spec).check()
     # causal-lm text is checked against the model's vocabulary and positions as it is read
     train, valid, kind, data_name = make_data(spec.data, cfg.seed, model=model if spec.data.task == CAUSAL_LM_TASK
                                               else None)

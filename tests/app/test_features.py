@@ -474,9 +474,11 @@ def test_an_autosave_newer_than_its_project_is_offered_for_recovery(opened, qtbo
 
 
 def test_discarding_recovery_deletes_the_autosave(window, qtbot, settings):
+    import os
+
     from app.core.project import write_json_atomic
 
-    auto = window.projects.untitled_autosave()
+    auto = settings.data_dir() / f"untitled-{os.getpid()}-deadbeef.ember.json.autosave"  # a crashed session's
     write_json_atomic(auto, {"format": 1, "source": {"kind": "example", "name": "spirals"},
                              "edits": [{"op": "freeze", "group": {"kind": "all"}}], "contracts": {}, "runs": []})
     box = window.projects.offer_recovery(None)

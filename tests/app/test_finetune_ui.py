@@ -340,3 +340,41 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_named_and_the_model_un
     message = panel.last_error
     assert "words.txt" in message and "line 2" in message and "250" in message and "128" in message, message
     assert window.document.module is model
+
+
+def test_text_data_larger_than_memory_is_refused_and_the_window_keeps_the_work(window, qtbot, folders, files,
+                                                                             tmp_path, monkeypatch):
+    """Issue 43, item 7: the tokenizer aborted the process on a long line when memory ran out,
+    taking the window with it. A corpus of one 470,000-character line on a machine with 5 MB to
+    spare besides the tokenizer's reserve: the run fails naming the file and the sizes before its
+    rows are made, the window and the model stay; with the memory back, the same line (tokenized
+    in pieces) trains."""
+    from engine.module import memory
+    from engine.train import text
+
+    open_llama(qtbot, window, folders)
+    model = window.document.module
+    path = tmp_path / "one-line.txt"
+    path.write_text(" ".join(corpus(20_000)) + "\n", encoding="utf-8")
+    assert path.stat().st_size > 7 * text.MAX_PIECE_CHARS
+    panel = window.training_panel
+    window.actions.train_show.trigger()
+    files.append(path)
+    qtbot.mouseClick(panel.browse_button, Qt.MouseButton.LeftButton)
+    panel.data_form.set_field("block_size", 32)
+    panel.training_form.set_field("checkpoint_every", 0)
+    monkeypatch.setattr(memory, "available_memory", lambda: text.TOKENIZER_WORKING_BYTES + 5 * 10**6)
+    run = panel.start()
+    assert run is not None, panel.last_error
+    assert panel.wait(120)
+    assert run.status == "failed"
+    message = panel.last_error
+    assert f"{path}: loading one-line.txt needs about" in message and "available; refused" in message, message
+    assert "Use a smaller file, or a machine with more memory" in message and "The model was left as it was" in message
+    assert window.isVisible() and window.document.module is model and not panel.is_active()
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 8 * 10**9)
+    run = panel.start(max_steps=1)
+    assert run is not None, panel.last_error
+    assert panel.wait(300)
+    assert run.history.global_step >= 1 and run.status != "failed", panel.last_error

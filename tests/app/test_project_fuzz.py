@@ -7,8 +7,9 @@ integers of 4,400 digits, nesting 100,000 deep, very long names and paths, unico
 surrogates, NUL, right-to-left marks), traversing and absolute example names, truncation, binary
 garbage and duplicate keys. Each file is opened through the function File ▸ Open Project and
 Recent Files use (`ProjectIO.open_path` / `open_project`), in one window. For every file: no
-exception escapes (neither from the call nor from the Qt event loop), it is done in under 3 s,
-and when it is refused the document (and the design) is exactly what it was and an error dialog
+exception escapes (neither from the call nor from the Qt event loop), the window's own work for
+it stays within a budget of calls (counted on the GUI thread; loads and replays on workers are
+bounded by time only as a guard against a hang, far above the normal 0.2 s), and when it is refused the document (and the design) is exactly what it was and an error dialog
 names the file and what was expected.
 """
 from __future__ import annotations
@@ -25,9 +26,15 @@ from PySide6.QtWidgets import QApplication
 
 from app.core.schema import ExampleSource, GroupSpec, GroupEdit, LoraEdit, DetachEdit
 from tests.app.window_helpers import wait_idle
+from tests.work import counted_calls
 
 N_FILES = 560
-PER_FILE_S = 3.0
+# a hang guard only (a busy machine must not fail the test): the longest file took 0.21 s on a
+# 2-core machine under a load of 5, so 20 s is about 100x that
+PER_FILE_S = 20.0
+# the calls the GUI thread may make for one file (59,772 at most measured for a project, 25,623 for a
+# design): a reader or replay that loops over what a file claims goes far past it
+FILE_CALLS = 600_000
 # what a refusal's message says besides naming the file: what was expected, or what failed and why
 CLEAR = ("expected", "no such", "cannot", "unknown", "failed", "does not", "not a ")
 
@@ -235,7 +242,7 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
         assert window.open_path(str(base)), window.last_message and window.last_message.text()
         wait_idle(qtbot, window)
 
-    escaped, slow, changed, silent, opened, refused, longest = [], [], [], [], 0, 0, 0.0
+    escaped, slow, changed, silent, opened, refused, longest, most = [], [], [], [], 0, 0, 0.0, 0
     start = time.monotonic()
     for i, (path, what) in enumerate(_mutants(bases, bases[0].parent, N_FILES)):
         before = _state(window)
@@ -244,7 +251,8 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
         with qtbot.captureExceptions() as exceptions:
             t0 = time.monotonic()
             try:
-                (window.open_path if i % 2 else window.projects.open_project)(str(path))
+                with counted_calls() as calls:
+                    (window.open_path if i % 2 else window.projects.open_project)(str(path))
                 qtbot.waitUntil(lambda: not window.running_tasks, timeout=int(PER_FILE_S * 1000))
             except BaseException as e:  # noqa: BLE001 - counted, reported below
                 escaped.append(f"{path.name} ({what}): {type(e).__name__}: {str(e)[:200]}")
@@ -252,9 +260,9 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
             elapsed = time.monotonic() - t0
         escaped += [f"{path.name} ({what}): from the event loop: {e[0].__name__}: {str(e[1])[:200]}"
                     for e in exceptions]
-        longest = max(longest, elapsed)
-        if elapsed > PER_FILE_S:
-            slow.append(f"{path.name} ({what}): {elapsed:.1f} s")
+        longest, most = max(longest, elapsed), max(most, calls.n)
+        if elapsed > PER_FILE_S or calls.n > FILE_CALLS:
+            slow.append(f"{path.name} ({what}): {elapsed:.1f} s, {calls.n} calls")
         after = _state(window)
         now_open = window.document.project_path is not None and window.document.module is not before["module"]
         design_opened = after["design_path"] != before["design_path"] or after["design"] != before["design"]
@@ -275,14 +283,14 @@ def test_fuzzed_projects_open_or_are_refused_cleanly(window, qtbot, tmp_path, mo
         if window.last_message is not None and window.last_message is not shown:
             window.last_message.done(0)
     total = time.monotonic() - start
-    print(f"\n{N_FILES + 5} fuzzed project files in {total:.1f} s (the longest {longest:.2f} s): {opened} opened, "
-          f"{refused} refused")
-    faults = [f"{len(escaped)} escaped:", *escaped[:30], f"{len(slow)} took over {PER_FILE_S} s:", *slow[:30],
+    print(f"\n{N_FILES + 5} fuzzed project files in {total:.1f} s (the longest {longest:.2f} s, the most calls "
+          f"{most}): {opened} opened, {refused} refused")
+    faults = [f"{len(escaped)} escaped:", *escaped[:30],
+              f"{len(slow)} took over {PER_FILE_S} s or {FILE_CALLS} calls:", *slow[:30],
               f"{len(changed)} refusals changed the document:", *changed[:30],
               f"{len(silent)} refusals without a clear message:", *silent[:30]]
     assert not (escaped or slow or changed or silent), "\n".join(f[:300] for f in faults)
     assert refused >= N_FILES // 2 and opened >= 20
-    assert total < 60
 
 
 # ---- designs, opened in the designer panel ---------------------------------------------------------
@@ -316,7 +324,7 @@ def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbo
     for base in bases:
         assert panel.open_design(base), panel.status.text()
 
-    escaped, slow, changed, silent, opened, longest = [], [], [], [], 0, 0.0
+    escaped, slow, changed, silent, opened, longest, most = [], [], [], [], 0, 0.0, 0
     start = time.monotonic()
     for i, (path, what) in enumerate(_mutants(bases, folder, N_DESIGNS, seed=4)):
         before = _designer_state(panel)
@@ -324,7 +332,8 @@ def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbo
         with qtbot.captureExceptions() as exceptions:
             t0 = time.monotonic()
             try:
-                ok = panel.open_design(path)
+                with counted_calls() as calls:
+                    ok = panel.open_design(path)
             except BaseException as e:  # noqa: BLE001 - counted, reported below
                 escaped.append(f"{path.name} ({what}): {type(e).__name__}: {str(e)[:200]}")
                 ok = None
@@ -332,9 +341,9 @@ def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbo
             elapsed = time.monotonic() - t0
         escaped += [f"{path.name} ({what}): from the event loop: {e[0].__name__}: {str(e[1])[:200]}"
                     for e in exceptions]
-        longest = max(longest, elapsed)
-        if elapsed > PER_FILE_S:
-            slow.append(f"{path.name} ({what}): {elapsed:.1f} s")
+        longest, most = max(longest, elapsed), max(most, calls.n)
+        if elapsed > PER_FILE_S or calls.n > FILE_CALLS:
+            slow.append(f"{path.name} ({what}): {elapsed:.1f} s, {calls.n} calls")
         if ok:
             opened += 1
             assert panel.path == path
@@ -346,9 +355,11 @@ def test_fuzzed_designs_open_in_the_designer_or_are_refused_cleanly(window, qtbo
                 path.name[-30:] not in text:
             silent.append(f"{path.name} ({what}): {text[:200]!r}")
     total = time.monotonic() - start
-    print(f"\n{N_DESIGNS + 5} fuzzed design files in {total:.1f} s (the longest {longest:.2f} s): {opened} opened")
-    faults = [f"{len(escaped)} escaped:", *escaped[:30], f"{len(slow)} took over {PER_FILE_S} s:", *slow[:30],
+    print(f"\n{N_DESIGNS + 5} fuzzed design files in {total:.1f} s (the longest {longest:.2f} s, the most calls "
+          f"{most}): {opened} opened")
+    faults = [f"{len(escaped)} escaped:", *escaped[:30],
+              f"{len(slow)} took over {PER_FILE_S} s or {FILE_CALLS} calls:", *slow[:30],
               f"{len(changed)} refusals changed the design:", *changed[:30],
               f"{len(silent)} refusals without a clear message:", *silent[:30]]
     assert not (escaped or slow or changed or silent), "\n".join(f[:300] for f in faults)
-    assert opened >= 5 and total < 60
+    assert opened >= 5

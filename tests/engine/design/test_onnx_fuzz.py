@@ -15,9 +15,14 @@ from onnx import TensorProto, helper, numpy_helper
 from engine import Tensor
 from engine.design import OnnxImportError, build_model, import_onnx
 from tests.limits import address_space_growth_limit
+from tests.work import counted_calls
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "onnx"
 F = helper.make_tensor_value_info
+# bounded work, counted rather than timed (a busy machine misses any time bound): the calls refusing
+# one file (1,348 at most measured) or importing one fuzzed case (64,533) may make
+ERROR_CALLS = 20_000
+CASE_CALLS = 1_000_000
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
@@ -41,10 +46,9 @@ def _save(tmp_path, model, name="m.onnx") -> Path:
 
 
 def _error(path) -> str:
-    t = time.perf_counter()
-    with address_space_growth_limit(1 << 30), pytest.raises(OnnxImportError) as e:
+    with counted_calls() as calls, address_space_growth_limit(1 << 30), pytest.raises(OnnxImportError) as e:
         import_onnx(path)
-    assert time.perf_counter() - t < 1.0
+    assert calls.n < ERROR_CALLS, calls.n
     msg = str(e.value)
     assert str(path)[:50] in msg
     return msg
@@ -233,7 +237,7 @@ def test_fuzz_mutated_protobufs_and_graphs(tmp_path):
     models = {k: onnx.load_model_from_string(v) for k, v in seeds.items()}
     counts = {"cases": 0, "clear errors": 0, "successes": 0}
     others = []
-    slowest = 0.0
+    most = 0
     path = tmp_path / "case.onnx"
     with address_space_growth_limit(2 << 30):
         for case in range(360):
@@ -244,18 +248,18 @@ def test_fuzz_mutated_protobufs_and_graphs(tmp_path):
                 data = _mutate_graph(models[name], rng).SerializeToString()
             path.write_bytes(data)
             counts["cases"] += 1
-            t = time.perf_counter()
             try:
-                imported = import_onnx(path)
-                build_model(imported.design).load_record(imported.record)
+                with counted_calls() as calls:
+                    imported = import_onnx(path)
+                    build_model(imported.design).load_record(imported.record)
                 counts["successes"] += 1
             except OnnxImportError as e:
                 assert str(e).startswith(str(path)), str(e)
                 counts["clear errors"] += 1
             except Exception as e:  # noqa: BLE001 - counted: the test fails on any
                 others.append((case, name, f"{type(e).__name__}: {e}"[:300]))
-            slowest = max(slowest, time.perf_counter() - t)
-    print(f"ONNX import fuzz: {counts}, other exceptions {len(others)}, slowest {slowest:.3f} s")
+            most = max(most, calls.n)
+    print(f"ONNX import fuzz: {counts}, other exceptions {len(others)}, the most calls in a case {most}")
     assert others == [], others[:5]
     assert counts["cases"] >= 300 and counts["clear errors"] > 100 and counts["successes"] > 10
-    assert slowest < 1.0
+    assert most < CASE_CALLS

@@ -404,3 +404,148 @@ def test_a_longer_causal_sequence_keeps_the_numbers(case):
         np.testing.assert_allclose(w.numpy()[1, :, :20], 1.0 / s, rtol=1e-12)
     check_grads(lambda a, b_, c_: scaled_dot_product_attention(a, b_, c_, scale, mask=mask, causal_offset=0,
                                                                 min_float=min_float, quiet=quiet)[pick], q, k, v)
+
+
+# ---------------------------------------------------------------------- non-finite scores under the mask
+def _masked_key_case(kind, b=2, h=4, hk=2, s=5, d=3):
+    """q, k, v (float64), the mask (or None), the causal offset, and the (batch, kv head, key)
+    positions masked for every query of their batch entry and head, where a bad key may go."""
+    q, k, v = _qkv(b, h, hk, s, s, d)
+    off = None
+    if kind == "pad, per batch entry":
+        mask = np.zeros((b, 1, 1, s), dtype=bool)
+        mask[1, 0, 0, s - 1] = True
+        bad = [(1, j, s - 1) for j in range(hk)]
+    elif kind == "per head":  # query heads 2, 3 share kv head 1: its key 2 masked for both
+        mask = RNG.random((b, h, s, s)) < 0.2
+        mask[:, 2:4, :, 2] = True
+        bad = [(i, 1, 2) for i in range(b)]
+    elif kind == "shared by every entry":  # the compiled softmax takes float32 without dropout
+        mask = np.zeros((1, 1, s, s), dtype=bool)
+        mask[..., 1] = True
+        bad = [(1, j, 1) for j in range(hk)]
+    elif kind == "causal and pad":
+        mask = np.zeros((b, 1, 1, s), dtype=bool)
+        mask[0, 0, 0, 0] = True
+        off = 0
+        bad = [(0, j, 0) for j in range(hk)]
+    else:  # "causal only": offset -1 hides the last key from every query (the cached mask)
+        mask, off = None, -1
+        bad = [(1, 0, s - 1)]
+    return q, k, v, mask, off, bad
+
+
+# q k^T and dS k meet the NaN / inf keys (in the kernel threads too, where np.errstate does not reach)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("threaded", [None, "own products", "phased"], ids=["1 thread", "2 threads", "2 threads phased"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["kernels on", "EMBER_JIT=0"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "huge"])
+@pytest.mark.parametrize("kind", ["pad, per batch entry", "per head", "shared by every entry", "causal and pad",
+                                  "causal only"])
+def test_a_nan_or_inf_at_a_masked_key_stays_out_of_every_row(kind, bad, dtype, compiled, threaded, monkeypatch):
+    """A masked score is replaced by min_float whatever it held (PyTorch's masked_fill): the
+    weights, context and gradients are those of the same inputs with that key made finite, and
+    the float64 NumPy reference's. The NumPy path computed `score * 0 + min_float`: NaN at a
+    NaN or infinite score, and every row of its batch entry and head NaN (issue 43, item 13).
+    "huge": finite keys whose scores overflow (dq = dS k then stays finite too)."""
+    from engine.tensor import jit
+
+    q, k, v, mask, off, bad_at = _masked_key_case(kind)
+    clean = k.copy()
+    big = {np.float64: 1e308, np.float32: 3e38}[dtype]
+    for i, j, key in bad_at:
+        k[i, j, key] = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "huge": big}[bad]
+        clean[i, j, key] = 0.0
+    q, k, v, clean = (a.astype(dtype) for a in (q, k, v, clean))
+    shared = []
+    if threaded:  # a block per batch entry and kv head, shared by the two threads
+        from engine.nn import _sdpa
+
+        shared = _force_threaded(monkeypatch, phased=threaded == "phased")
+        monkeypatch.setattr(_sdpa, "_BLOCK_BYTES", 1)
+    old_jit, old_n = jit.set_enabled(compiled), num_threads()
+    set_num_threads(2 if threaded else 1)
+    res = []
+    try:
+        for keys in (k, clean):
+            tq, tk, tv = (_t(a).require_grad() for a in (q, keys, v))
+            w, c = scaled_dot_product_attention(tq, tk, tv, 0.6, mask=mask, causal_offset=off)
+            grads = ((c * c).sum() + (w * w).sum()).backward()  # dq = dS k: 0 * NaN, as in PyTorch
+            res.append([w.numpy(), c.numpy()] + [t.grad(grads).numpy() for t in (tq, tk, tv)])
+    finally:
+        jit.set_enabled(old_jit)
+        set_num_threads(old_n)
+    assert all(shared) and len(shared) == (6 if threaded else 0), shared  # forward, both backward rules; twice
+    (w, c, dq, dk, dv), (cw, cc, cdq, cdk, cdv) = res
+    assert np.isfinite(w).all() and np.isfinite(c).all(), f"{np.isnan(c).sum()} of {c.size} context values NaN"
+    rw, rc = _ref(*(a.astype(np.float64) for a in (q, clean, v)), 0.6, mask, off)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(w, rw, **tol)
+    np.testing.assert_allclose(c, rc, **tol)
+    np.testing.assert_array_equal(w, cw)  # the masked scores were min_float both times: the same bits
+    np.testing.assert_array_equal(c, cc)
+    np.testing.assert_array_equal(dv, cdv)
+    np.testing.assert_array_equal(dk, cdk)  # no gradient reaches the masked scores: 0 at the bad keys
+    for i, j, key in bad_at:
+        assert not dk[i, j, key].any()
+    if bad == "huge":
+        np.testing.assert_allclose(dq, cdq, rtol=1e-6, atol=1e-12)
+    else:  # the rows that never read a non-finite key
+        ok = np.ones(q.shape[:2], dtype=bool)
+        g = q.shape[1] // k.shape[1]
+        for i, j, _ in bad_at:
+            ok[i, j * g:(j + 1) * g] = False
+        assert ok.any()
+        np.testing.assert_array_equal(dq[ok], cdq[ok])
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["kernels on", "EMBER_JIT=0"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("traced", [False, True], ids=["fused", "traced op chain"])
+def test_the_layer_with_a_padding_mask_ignores_a_nan_padded_key(dtype, compiled, traced):
+    """The issue's case through `MultiHeadAttention`: batch 2, a padding mask, NaN in entry 1's
+    padded key. Was 80 of 80 of that entry's context values NaN (float64, and float32 as the mask
+    differs per entry); now the context of the same inputs with that key finite, and the NumPy
+    reference's."""
+    from engine.tensor import jit
+    from engine.tensor.trace import Tracer
+
+    dev = Device("cpu:7")
+    dev.set_default_float_dtype(dtype)
+    old_jit = jit.set_enabled(compiled)
+    try:
+        m = nn.MultiHeadAttentionConfig(16, 2, dropout=0.0).init(dev)
+        x = RNG.standard_normal((2, 5, 16))
+        key = x.copy()
+        key[1, 4] = np.nan
+        pad = np.zeros((2, 5), dtype=bool)
+        pad[1, 4] = True
+        outs = []
+        for kk in (key, x):
+            inp = nn.MhaInput(*(Tensor.from_data(a, device=dev) for a in (x, kk, x)))
+            inp = inp.mask_pad(Tensor.from_data(pad, device=dev))
+            with np.errstate(invalid="ignore"):  # the NaN key's scores
+                if traced:
+                    with Tracer() as tr:
+                        out = m.forward(inp)
+                    assert "mask_fill" in tr.trace.op_names()
+                else:
+                    out = m.forward(inp)
+            outs.append(out.context.numpy())
+    finally:
+        jit.set_enabled(old_jit)
+        dev.set_default_float_dtype("float32")
+    assert np.isfinite(outs[0]).all(), f"{np.isnan(outs[0]).sum()} of {outs[0].size} values NaN"
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+    def heads(lin):
+        w, bias = (a.numpy().astype(np.float64) for a in (lin.weight.val(), lin.bias.val()))
+        return (x.astype(dtype).astype(np.float64) @ w + bias).reshape(2, 5, 2, 8).transpose(0, 2, 1, 3)
+
+    _, rc = _ref(heads(m.query), heads(m.key), heads(m.value), 1.0 / math.sqrt(8), pad[:, None, None, :])
+    ow, ob = (a.numpy().astype(np.float64) for a in (m.output.weight.val(), m.output.bias.val()))
+    expected = rc.transpose(0, 2, 1, 3).reshape(2, 5, 16) @ ow + ob
+    np.testing.assert_allclose(outs[0], expected, **(dict(rtol=1e-10, atol=1e-12) if dtype == "float64"
+                                                      else dict(rtol=1e-4, atol=1e-5)))

@@ -62,10 +62,10 @@ def test_cuda_error_does_not_deadlock_in_a_fresh_process():
         "try:\n    Device('cuda:0')\nexcept DeviceError as e:\n    print('raised', e)\n"
     )
     root = Path(__file__).resolve().parents[3]
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=10)
+    try:  # a hang guard only: the process takes 0.8 s on a busy 2-core machine
+        proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        pytest.fail("Device('cuda:0') hung for 10 s in a fresh process (deadlock)")
+        pytest.fail("Device('cuda:0') hung for 60 s in a fresh process (deadlock)")
     assert "raised device 'cuda:0' is not available" in proc.stdout, proc.stderr
 
 
