@@ -4,9 +4,7 @@ linearly with the node count (counted in function calls, not timed); a fuzz of h
 address-space limit ends only in OnnxImportError or a working import."""
 from __future__ import annotations
 
-import cProfile
 import math
-import pstats
 import random
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from engine import Tensor
 from engine.design import Design, DesignError, OnnxImportError, build_model, import_onnx
 from engine.design.onnx_import import MAX_FOLD_BYTES
 from tests.limits import address_space_growth_limit
+from tests.work import counted_calls
 
 F = helper.make_tensor_value_info
 
@@ -35,14 +34,10 @@ def _save(tmp_path, model, name="m.onnx") -> Path:
 
 
 def _calls(fn) -> int:
-    """The function calls (Python and built-in) `fn()` makes: work counted, not timed."""
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
+    """The function calls `fn()` makes: work counted, not timed."""
+    with counted_calls() as calls:
         fn()
-    finally:
-        prof.disable()
-    return pstats.Stats(prof).total_calls
+    return calls.n
 
 
 # ---------------------------------------------------------------------------------- linear import
@@ -382,7 +377,7 @@ def test_fuzz_generated_and_mutated_graphs_under_a_memory_limit(tmp_path):
     assert counts["successes"] > 10 and counts["clear errors"] > 100 and counts["refused folds"] > 10
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fuzz_generated_and_mutated_graphs_under_a_memory_limit_longer(tmp_path, seed):
     _fuzz(tmp_path, 1000, seed=seed)
