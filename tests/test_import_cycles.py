@@ -20,8 +20,8 @@ PACKAGES = ("engine", "widgets", "app")
 KNOWN_CYCLES: list[frozenset[str]] = []
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -41,7 +41,7 @@ def module_level_imports(tree: ast.Module):
 
 
 def import_graph(packages=PACKAGES, root: Path = ROOT) -> nx.DiGraph:
-    files = {module_name(p): p for package in packages for p in sorted((root / package).rglob("*.py"))}
+    files = {module_name(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
     graph = nx.DiGraph()
     graph.add_nodes_from(files)
     for name, path in files.items():
