@@ -62,7 +62,7 @@ from engine.train.run_folder import latest_checkpoint, new_run_folder, read_run,
 from engine.train.run_history import RunHistory
 from engine.train.run_spec import CAUSAL_LM_TASK, FILE_TASK, RunSpec
 from engine.train.tasks import TASKS
-from engine.train.worker import GuiGate, RunOutcome, run_training
+from engine.train.worker import RunOutcome, run_training
 from widgets.common import ErrorLabel
 from widgets.training.config_form import FormError
 from widgets.training.curves import TrainingCurves
@@ -71,7 +71,7 @@ from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
 from .core.schema import CheckpointSource, ExampleSource, LoadEdit, PretrainedSource, Source
-from .training_run import TrainingRun
+from .training_run import GuiGate, TrainingRun
 from .workers import Task, TaskFailure
 
 # A paint of the curves calls back into Python (pyqtgraph's items) many times, and each call would

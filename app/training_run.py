@@ -11,6 +11,7 @@ run of a reopened project again from its folder (settings, curves, status).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,48 @@ from engine.train.events import Prefill
 from engine.train.run_folder import latest_checkpoint, read_curves, read_run, write_curves, write_run
 from engine.train.run_history import RunHistory
 from engine.train.run_spec import RunSpec
-from engine.train.worker import GuiGate, RunControl, RunOutcome
+from engine.train.worker import RunControl, RunOutcome
 
 from .core.schema import RunRecord
 from .workers import Task
+
+GUI_WAIT_S = 0.05  # the longest a training step waits for the GUI to end a paint
+
+
+class GuiGate:
+    """Held by the GUI thread while it draws the curves (`hold()` ... `release()`, nested
+    holds count); the worker waits on it between two steps (`between_steps`, the engine's
+    `RunControl` hook: at most `GUI_WAIT_S` a step), so the drawing's many Python callbacks do
+    not each queue for the GIL behind the training thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._holds = 0
+        self._free = threading.Event()
+        self._free.set()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._holds += 1
+            self._free.clear()
+
+    def release(self) -> None:
+        with self._lock:
+            self._holds = max(0, self._holds - 1)
+            if self._holds == 0:
+                self._free.set()
+
+    def is_held(self) -> bool:
+        return not self._free.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until no hold is left, at most `timeout` seconds; False on timeout."""
+        return self._free.wait(timeout)
+
+    def between_steps(self) -> None:
+        """On the worker, between two steps: the GUI is drawing, let it have the GIL."""
+        if self.is_held():
+            self.wait(GUI_WAIT_S)
 
 
 class TrainingRun:
@@ -34,7 +73,7 @@ class TrainingRun:
         self.history = history
         self.source_module = source_module
         self.source = None  # the document's source when the run started (the same model family)
-        self.control = RunControl(gui_gate)
+        self.control = RunControl(gui_gate.between_steps if gui_gate is not None else None)
         self.task: Task | None = None
         self.outcome: RunOutcome | None = None
         self.started_at = time.time()
