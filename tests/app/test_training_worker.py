@@ -107,3 +107,26 @@ def test_the_worker_waits_between_two_steps_while_the_gui_holds_the_gate(tmp_pat
     assert not gate.is_held() and gate.wait(0)
     gate.between_steps()  # a free gate: no wait
     assert waits == [GUI_WAIT_S] * 4 + [0]
+
+
+def test_a_training_run_owns_its_worker_and_record_without_the_panel(qtbot, tmp_path):
+    """A run has one owner (app/training_run.py): started, paused or stopped through it, it applies
+    its worker's events to its history and writes its own run.json; the Training tab only listens."""
+    import json
+
+    from app.training_run import TrainingRun
+    from engine.train.run_history import RunHistory
+    from resources.examples import build_example
+    from tests.engine.train.test_worker import spec
+
+    run = TrainingRun("1: spirals", tmp_path, spec(num_epochs=1), RunHistory("1: spirals", str(tmp_path)),
+                      build_example("spirals"))
+    batches = []
+    run.events.connect(batches.append)
+    with qtbot.waitSignal(run.finished, timeout=60_000) as finished:
+        run.start("the source", 3, None, 3)
+    out = finished.args[0]
+    assert run.outcome is out and out.steps == 3 and out.status == "finished"  # max_steps ends the run there
+    assert (run.source, run.generation) == ("the source", 3)
+    assert batches and run.history.global_step == 3  # applied before the run told its listeners
+    assert json.loads((tmp_path / "run.json").read_text())["name"] == "1: spirals"
