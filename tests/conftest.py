@@ -12,6 +12,18 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 
 
+def pytest_collection_modifyitems(config, items):
+    """`long` tests (the thousands-of-cases runs of the kill and fuzz tests; their bounded versions
+    run every time) are skipped, visibly, unless EMBER_LONG_TESTS=1: the suite stays within its
+    10 minutes on 2 cores."""
+    if os.environ.get("EMBER_LONG_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="a long kill/fuzz run: set EMBER_LONG_TESTS=1 to run it")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():

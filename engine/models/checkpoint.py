@@ -26,6 +26,15 @@ tensor and what was expected: a folder without `config.json` (listing what it ho
 `config.json` that is not a JSON object, no weights file (naming the ones looked for), an index
 naming a missing shard or a shard path that leaves the folder, a tensor the index and its shard
 disagree on, a tensor in two files, truncated files and sizes that do not fit.
+
+Limits, each checked before the work it bounds: config.json at most 16 MiB and an index at most
+64 MiB of UTF-8 JSON, nested at most 64 levels (MAX_JSON_DEPTH), without NaN / Infinity or
+integers of thousands of digits; an index of at most MAX_TENSORS (100,000) names (more than
+twice that many ':' refuse it before it is parsed) in at most 10,000 shards, each a plain file
+name in the folder of at most 255 bytes; a safetensors header at most 100 MB and 100,000 tensors
+(counted before parsing), the file ending with the last tensor's data; a `.bin` of at most
+100,000 tensors (its zip entries counted from the end record, its state dict's entries as the
+pickle is walked, before it is loaded).
 """
 from __future__ import annotations
 
@@ -37,7 +46,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import numpy as np
 
 from ..store import safetensors_io, torch_pickle
-from ..store.burnpack import bf16_to_float32, storage_dtype
+from ..store.burnpack import MAX_TENSORS, bf16_to_float32, storage_dtype
 from ..store.errors import RecordError
 from ..store.filesource import FileSource
 
@@ -53,6 +62,8 @@ WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX)
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_SHARDS = 10_000
+MAX_SHARD_NAME = 255       # bytes: the longest file name Linux and macOS accept
+MAX_JSON_DEPTH = 64       # nesting of config.json, an index, adapter_config.json
 
 
 class PretrainedError(RecordError):
@@ -87,8 +98,8 @@ class StoredTensor:
     def __init__(self, name: str, dtype: str, shape, file: Path, nbytes: int, reader):
         self.name = name
         self.dtype = dtype
-        self.shape = tuple(int(d) for d in shape)
-        self.file = Path(file)
+        self.shape = shape if type(shape) is tuple else tuple(int(d) for d in shape)
+        self.file = file if isinstance(file, Path) else Path(file)  # shared: 100,000 Paths took seconds
         self.nbytes = int(nbytes)
         self._reader = reader
 
@@ -147,21 +158,52 @@ class Checkpoint:
 
 
 # ------------------------------------------------------------------------------ files
-def _read_json(path: Path, limit: int, what: str):
+def read_json(path: Path, limit: int, what: str):
+    """The JSON document of a model folder's file (config.json, an index, adapter_config.json):
+    at most `limit` bytes, UTF-8, no NaN / Infinity, numbers of ordinary size, nested at most
+    MAX_JSON_DEPTH levels. Every problem is a PretrainedError naming the file."""
+    return parse_json(_read_limited(path, limit, what), path, what)
+
+
+def _read_limited(path: Path, limit: int, what: str) -> bytes:
     try:
         size = path.stat().st_size
     except OSError as exc:
         _fail(path, f"cannot read {what}: {exc.strerror or exc}")
     if size > limit:
         _fail(path, f"{what} of {size} bytes exceeds the limit of {limit} bytes")
-    with FileSource(path, str(path)) as src:
-        raw = src.read_bytes(0, limit + 1)
+    try:
+        with FileSource(path, str(path)) as src:
+            raw = src.read_bytes(0, limit + 1)
+    except PretrainedError:
+        raise
+    except RecordError as exc:
+        raise _as_pretrained(exc) from None
     if len(raw) > limit:
         _fail(path, f"{what} exceeds the limit of {limit} bytes")
+    return raw
+
+
+def parse_json(raw: bytes, where, what: str):
+    """`raw` parsed as `read_json` does (see there)."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        _fail(path, f"{what}: not valid JSON: {exc}")
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:  # the C parser counts its nesting against the interpreter's stack
+        _fail(where, f"{what}: nested deeper than {MAX_JSON_DEPTH} levels; a configuration nests a few")
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of thousands of digits
+        _fail(where, f"{what}: not valid JSON: {exc}")
+    # whatever the parser accepted deeper than this would reach recursive code later (json.dumps
+    # on save, copies): refused here, by a walk that does not recurse
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if items is None:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            _fail(where, f"{what}: nested deeper than {MAX_JSON_DEPTH} levels; a configuration nests a few")
+        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
+    return doc
 
 
 def _reject_constant(name):
@@ -187,17 +229,27 @@ def _regular(path: Path) -> bool:
 
 
 def _shard_path(folder: Path, name, index: Path, tensor: str) -> Path:
-    """The shard file `name` of an index, which must stay inside the folder (lexically: a
-    plain relative path without '..'; a symlink inside the folder, as the Hub cache makes, is
+    """The shard file `name` of an index: a plain file name in the folder (no folders, no '..',
+    no drive, at most MAX_SHARD_NAME bytes; a symlink in the folder, as the Hub cache makes, is
     fine)."""
     if not isinstance(name, str) or not name:
-        _fail(index, f"weight_map[{tensor!r}]: a shard file name expected, found {name!r}")
+        _fail(index, f"weight_map[{tensor!r}]: a shard file name expected, found {_clip(repr(name))}")
     posix, windows = PurePosixPath(name), PureWindowsPath(name)
-    if (posix.is_absolute() or windows.is_absolute() or windows.drive or "\x00" in name
+    if (posix.is_absolute() or windows.is_absolute() or windows.drive
             or ".." in posix.parts or ".." in windows.parts):
-        _fail(index, f"weight_map[{tensor!r}]: shard {name!r} is outside the folder; a file name inside "
-                     f"{folder} expected")
-    return folder / posix
+        _fail(index, f"weight_map[{tensor!r}]: shard {_clip(repr(name))} is outside the folder; a file name "
+                     f"inside {folder} expected")
+    if "/" in name or "\\" in name or "\x00" in name or name in (".", ".."):
+        _fail(index, f"weight_map[{tensor!r}]: a shard file name expected (a file directly in {folder}), found "
+                     f"{_clip(repr(name))}")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_SHARD_NAME:
+        _fail(index, f"weight_map[{tensor!r}]: a shard file name of at most {MAX_SHARD_NAME} bytes expected, found "
+                     f"one of {len(name.encode('utf-8', 'surrogatepass'))} bytes ({_clip(repr(name))})")
+    return folder / name
+
+
+def _clip(text: str, n: int = 120) -> str:
+    return text if len(text) <= n else text[:n] + "..."
 
 
 # ------------------------------------------------------------------------------ readers
@@ -234,7 +286,15 @@ def _open_torch(path: Path, sources: list) -> dict[str, StoredTensor]:
 
 
 def _open_index(folder: Path, index: Path, opener, sources: list) -> tuple[dict, list]:
-    doc = _read_json(index, MAX_INDEX_BYTES, "the index")
+    raw = _read_limited(index, MAX_INDEX_BYTES, "the index")
+    # every weight_map entry has its ':'; counted before parsing so that an index of millions of
+    # names is refused in the time of a byte count, not of building them
+    colons = raw.count(b":")
+    if colons > 2 * MAX_TENSORS + 1000:
+        _fail(index, f"the index: at most {MAX_TENSORS} tensors expected, found {colons} ':' separators "
+                     f"(refused before parsing)")
+    doc = parse_json(raw, index, "the index")
+    del raw
     if not isinstance(doc, dict):
         _fail(index, f"the index: a JSON object expected, found {type(doc).__name__}")
     wmap = doc.get("weight_map")
@@ -243,17 +303,25 @@ def _open_index(folder: Path, index: Path, opener, sources: list) -> tuple[dict,
                      f"{type(wmap).__name__ if wmap is not None else 'none'}")
     if not wmap:
         _fail(index, "the index: 'weight_map' names no tensors")
-    shards: dict[str, list[str]] = {}
+    if len(wmap) > MAX_TENSORS:
+        _fail(index, f"the index: 'weight_map' names {len(wmap)} tensors, more than the limit of {MAX_TENSORS}")
+    shards: dict = {}
     for tensor, shard in wmap.items():
-        _shard_path(folder, shard, index, tensor)
+        if not isinstance(shard, str):
+            _shard_path(folder, shard, index, tensor)
         shards.setdefault(shard, []).append(tensor)
-    if len(shards) > MAX_SHARDS:
-        _fail(index, f"the index names {len(shards)} shards, more than the limit of {MAX_SHARDS}")
+        if len(shards) > MAX_SHARDS:
+            _fail(index, f"the index names more than {MAX_SHARDS} shards, the limit")
+    paths = {shard: _shard_path(folder, shard, index, names[0]) for shard, names in shards.items()}
     tensors: dict[str, StoredTensor] = {}
     files = []
     for shard, names in sorted(shards.items()):
-        path = _shard_path(folder, shard, index, names[0])
-        if not path.exists():
+        path = paths[shard]
+        try:
+            exists = path.exists()
+        except OSError as exc:
+            _fail(index, f"shard {shard!r}: cannot look it up in {folder}: {exc.strerror or exc}")
+        if not exists:
             _fail(index, f"shard {shard!r} (holding {names[0]!r}{' and others' if len(names) > 1 else ''}) "
                          f"does not exist in {folder}")
         if not _regular(path):
@@ -281,18 +349,22 @@ def open_checkpoint(folder, check_config=None) -> Checkpoint:
     `check_config(config)`, when given, runs on the parsed config before any weight file is
     looked at (from_pretrained names an unsupported architecture before a missing file)."""
     folder = Path(os.fspath(folder)).expanduser()
-    if not folder.exists():
+    try:
+        exists, is_dir, has_config = folder.exists(), folder.is_dir(), (folder / CONFIG).exists()
+    except OSError as exc:  # a name too long
+        _fail(folder, f"cannot read: {exc.strerror or exc}")
+    if not exists:
         _fail(folder, "no such folder; a Hugging Face checkpoint folder (config.json plus weights) expected")
-    if not folder.is_dir():
+    if not is_dir:
         _fail(folder, "a Hugging Face checkpoint folder (config.json plus weights) expected, found a file")
     config_path = folder / CONFIG
-    if not config_path.exists():
+    if not has_config:
         _fail(folder, f"no {CONFIG} in the folder; a Hugging Face checkpoint folder has one (it holds: "
                       f"{_listing(folder)})")
     if not _regular(config_path):
         _fail(config_path, "a regular file expected")
     try:
-        config = _read_json(config_path, MAX_CONFIG_BYTES, CONFIG)
+        config = read_json(config_path, MAX_CONFIG_BYTES, CONFIG)
     except PretrainedError:
         raise
     except RecordError as exc:

@@ -29,6 +29,12 @@ Loading checks the config and every tensor's name, dtype and shape from the head
 anything, and never runs code from the folder (no pickle). An adapter for another base, a
 tensor no module fits, a target without its tensors, an unsupported `peft_type` or option: a
 `PretrainedError` naming the file and the tensor; the model is never changed (a new one is returned).
+An adapter that would load broken is refused too: adapter_config.json is read as config.json is
+(bounded, nested at most 64 levels, no NaN / Infinity), `lora_alpha` and `alpha_pattern` must be
+finite of magnitude at most 2^20, `r` and `rank_pattern` positive integers up to 2^20,
+`use_rslora` / `use_dora` true or false; the weights file must end with its last tensor's data
+(nothing after it is read) and each tensor is read once, when needed; a NaN or infinite value is
+refused naming its tensor, as is an update `scale * B @ A` that can leave float32's range.
 
 Saving writes both files into a staging folder and swaps it in at once
 (`engine.store.atomic.save_folder`): a save killed at any moment leaves the old adapter or the
@@ -58,8 +64,9 @@ from ..store import safetensors_io
 from ..store.atomic import os_error_reason, save_folder, write_new_file
 from ..store.burnpack import bf16_to_float32, storage_dtype
 from ..store.errors import RecordError
+from ..store.filesource import FileSource
 from ..tensor import Tensor
-from .checkpoint import PretrainedError
+from .checkpoint import MAX_CONFIG_BYTES, PretrainedError, read_json
 from .mapping import Rule, Split, Transpose
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PeftTarget", "load_peft_adapter", "peft_lora", "peft_targets",
@@ -67,6 +74,9 @@ __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PeftTarget", "load_peft_adapter
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MAX_RANK = 1 << 20     # r and rank_pattern: far above any adapter's rank, the tensors' shapes decide the rest
+MAX_ALPHA = 1 << 20    # |lora_alpha| and alpha_pattern: finite, far above any adapter's (8 to a few hundred)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 PREFIX = "base_model.model."
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_magnitude_vector", ".lora_embedding_A", ".lora_embedding_B",
              ".base_layer.weight")
@@ -202,9 +212,11 @@ def _select(targets: list[PeftTarget], target_modules, exclude_modules=None, whe
         if isinstance(exclude_modules, str):
             rx = _compiled(exclude_modules, "exclude_modules", fail)
             chosen = [t for t in chosen if not _full(rx, t.module, fail)]
-        else:
+        elif isinstance(exclude_modules, (list, tuple, set)) and all(isinstance(n, str) for n in exclude_modules):
             ex = set(exclude_modules)
             chosen = [t for t in chosen if not suffix_match(ex, t.module)]
+        else:
+            fail(f"exclude_modules must be a list of module names or a regex, found {exclude_modules!r}")
     if not chosen:
         known = sorted({t.module.rpartition(".")[2] for t in targets})
         fail(f"target_modules {target_modules!r} match no Linear or Embedding module of this model; its module "
@@ -230,68 +242,129 @@ def peft_lora(model: Module, r: int = 8, lora_alpha: float = 8, target_modules="
 
 
 # ---------------------------------------------------------------------------------- loading
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _rank_problem(x) -> str | None:
+    """Why `x` is not a LoRA rank (a positive integer up to MAX_RANK; 8.0 counts as 8), or None."""
+    if not _is_number(x) or (isinstance(x, float) and not (math.isfinite(x) and x.is_integer())):
+        return "a positive integer expected"
+    if not 0 < x <= MAX_RANK:
+        return f"a positive integer of at most {MAX_RANK} expected"
+    return None
+
+
+def _alpha_problem(x) -> str | None:
+    """Why `x` is not a LoRA alpha (a finite number of magnitude at most MAX_ALPHA), or None: NaN,
+    Infinity or 1e308 would make every logit NaN."""
+    if not _is_number(x):
+        return "a number expected"
+    if not (math.isfinite(x) and abs(x) <= MAX_ALPHA):
+        return f"a finite number of magnitude at most {MAX_ALPHA} expected"
+    return None
+
+
 def _read_config(folder: Path) -> tuple[dict, str]:
     path = folder / ADAPTER_CONFIG
     where = str(path)
-    if not folder.is_dir():
+    try:
+        is_folder, is_file = folder.is_dir(), path.is_file()
+    except OSError as exc:  # a name too long
+        raise PretrainedError(f"cannot read: {exc.strerror or exc}", where=str(folder)) from None
+    if not is_folder:
         raise PretrainedError("expected a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)",
                               where=str(folder))
-    if not path.is_file():
+    if not is_file:
         held = ", ".join(sorted(p.name for p in folder.iterdir())[:10]) or "nothing"
         raise PretrainedError(f"no {ADAPTER_CONFIG}: expected a PEFT adapter folder; it holds {held}",
                               where=str(folder))
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PretrainedError(f"not a readable JSON file: {exc}", where=where) from None
+    # bounded size and nesting, NaN / Infinity refused (json.loads takes them), every problem a PretrainedError
+    config = read_json(path, MAX_CONFIG_BYTES, "not a readable JSON file")
     if not isinstance(config, dict):
         raise PretrainedError(f"expected a JSON object, found {type(config).__name__}", where=where)
     peft_type = config.get("peft_type")
     if peft_type != "LORA":
-        raise PretrainedError(f"unsupported peft_type {peft_type!r}: expected 'LORA' (LoRA, rsLoRA, DoRA)",
+        raise PretrainedError(f"unsupported peft_type {_short(peft_type)}: expected 'LORA' (LoRA, rsLoRA, DoRA)",
                               where=where)
     for key, fine, what in _UNSUPPORTED:
         if key in config and config[key] not in fine:
-            raise PretrainedError(f"{what} is not supported: found {key} = {config[key]!r}, expected "
+            raise PretrainedError(f"{what} is not supported: found {key} = {_short(config[key])}, expected "
                                   f"{fine[0]!r}", where=where)
     r, alpha = config.get("r"), config.get("lora_alpha")
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise PretrainedError(f"'r' must be a positive integer, found {r!r}", where=where)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise PretrainedError(f"'lora_alpha' must be a number, found {alpha!r}", where=where)
-    for key in ("rank_pattern", "alpha_pattern"):
+    if isinstance(r, bool) or not isinstance(r, int) or _rank_problem(r):
+        raise PretrainedError(f"'r' must be a positive integer of at most {MAX_RANK}, found {_short(r)}", where=where)
+    problem = _alpha_problem(alpha)
+    if problem:
+        raise PretrainedError(f"'lora_alpha': {problem}, found {_short(alpha)}", where=where)
+    for key, check in (("rank_pattern", _rank_problem), ("alpha_pattern", _alpha_problem)):
         v = config.get(key) or {}
-        if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, (int, float))
-                                              and not isinstance(x, bool) for k, x in v.items()):
-            raise PretrainedError(f"'{key}' must map module patterns to numbers, found {v!r}", where=where)
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise PretrainedError(f"'{key}' must map module patterns to numbers, found {_short(v)}", where=where)
+        for k, x in v.items():
+            problem = check(x)
+            if problem:
+                raise PretrainedError(f"'{key}' [{_short(k)}]: {problem}, found {_short(x)}", where=where)
+    for key in ("use_rslora", "use_dora"):
+        if config.get(key) not in (None, True, False):  # bool("false") is True: a silently other scale
+            raise PretrainedError(f"'{key}' must be true or false, found {_short(config[key])}", where=where)
     if config.get("target_modules") is None:
         raise PretrainedError("'target_modules' is missing: expected a list of module names, a regex or "
                               "'all-linear'", where=where)
     return config, where
 
 
-def _read_tensors(folder: Path) -> tuple[dict, str, bytes, list]:
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:120] + "..."
+
+
+def _read_tensors(folder: Path) -> tuple[dict, str, FileSource, list]:
+    """The weights file's tensors from its header; the file stays open (the caller closes the
+    source) and each tensor is read when it is needed. A file longer than its tensors (a sparse
+    hole of gigabytes after them) is refused from its size."""
     path = folder / ADAPTER_WEIGHTS
     where = str(path)
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError as exc:
+        raise PretrainedError(f"cannot read: {exc.strerror or exc}", where=where) from None
+    if not is_file:
         other = [n for n in ("adapter_model.bin",) if (folder / n).is_file()]
         hint = f" (found {other[0]}: save the adapter with safe_serialization=True)" if other else ""
         raise PretrainedError(f"no {ADAPTER_WEIGHTS}{hint}", where=str(folder))
     try:
-        buf = path.read_bytes()
-    except OSError as exc:
-        raise PretrainedError(f"cannot read: {exc.strerror or exc}", where=where) from None
-    try:
-        plan = safetensors_io.plan(buf, len(buf), where)
+        src = FileSource(path, where)
     except RecordError as exc:
         raise PretrainedError(exc.reason, where=exc.where) from None
-    return {t.name: t for t in plan.tensors}, where, buf, plan.tensors
+    try:
+        first = src.read_bytes(0, 16)
+        head = src.read_bytes(0, safetensors_io.head_length(first, src.size, where))
+        plan = safetensors_io.plan(head, src.size, where)
+    except BaseException as exc:
+        src.close()
+        if isinstance(exc, RecordError):
+            raise PretrainedError(exc.reason, where=exc.where) from None
+        raise
+    return {t.name: t for t in plan.tensors}, where, src, plan.tensors
 
 
-def _array(buf: bytes, t) -> np.ndarray:
-    raw = np.frombuffer(buf, dtype=storage_dtype(t.dtype), count=math.prod(t.shape), offset=t.offset)
+def _array(src: FileSource, t) -> np.ndarray:
+    """Tensor `t` read from the file as float32 (float64 for F64); NaN or infinity refused, naming
+    the tensor: one would make every logit NaN."""
+    try:
+        raw = src.read_array(t.offset, storage_dtype(t.dtype), t.count).reshape(t.shape)
+    except RecordError as exc:
+        raise PretrainedError(exc.reason, where=exc.where) from None
     raw = bf16_to_float32(raw) if t.dtype == "BF16" else raw
-    return np.array(raw.reshape(t.shape), dtype=np.float32 if t.dtype != "F64" else np.float64)
+    arr = np.array(raw, dtype=np.float32 if t.dtype != "F64" else np.float64)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = int(arr.size - np.count_nonzero(finite))
+        first = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise PretrainedError(f"tensor '{t.name}' holds {bad} NaN or infinite value(s) (the first at index "
+                              f"{list(first)}: {arr[first]}); an adapter's values must be finite", where=src.where)
+    return arr
 
 
 def _scale(rank: int, alpha: float, rslora: bool) -> float:
@@ -352,7 +425,14 @@ def load_peft_adapter(model: Module, folder) -> Module:
         raise TypeError(f"load_peft_adapter expects a Module, got {type(model).__name__}")
     folder = Path(os.fspath(folder))
     config, config_where = _read_config(folder)
-    tensors, where, buf, order = _read_tensors(folder)
+    tensors, where, src, order = _read_tensors(folder)
+    try:
+        return _load(model, config, config_where, tensors, where, src)
+    finally:
+        src.close()
+
+
+def _load(model: Module, config: dict, config_where: str, tensors: dict, where: str, src: FileSource) -> Module:
     targets = peft_targets(model)
     by_module: dict[str, list[PeftTarget]] = {}
     for t in targets:
@@ -427,7 +507,7 @@ def load_peft_adapter(model: Module, folder) -> Module:
             rank = int(rank_pattern[key]) if key is not None else r0
             key = pattern_key(alpha_pattern, module)
             alpha = float(alpha_pattern[key]) if key is not None else alpha0
-        except (ValueError, _regex.error) as exc:
+        except (ValueError, _regex.error, RecursionError, OverflowError) as exc:
             raise PretrainedError(f"rank_pattern / alpha_pattern: {exc}", where=config_where) from None
         # every shape, before any data
         d_in = members[0].param.lazy_shape()[0]
@@ -463,15 +543,21 @@ def load_peft_adapter(model: Module, folder) -> Module:
         reads.append((module, members, ta, tb, mag, base, _scale(rank, alpha, rslora)))
 
     for module, members, ta, tb, mag, base, scale in reads:
-        A, B = _array(buf, ta), _array(buf, tb)
-        M = None if mag is None else _array(buf, mag)
+        A, B = _array(src, ta), _array(src, tb)
+        # each entry of scale * B @ A is at most r * max|A| * max|B| * |scale|: past float32's range
+        # the adapted weight would be infinite (and every logit NaN), though each value is finite
+        bound = A.shape[0] * float(np.abs(A).max(initial=0)) * float(np.abs(B).max(initial=0)) * abs(scale)
+        if not bound <= _FLOAT32_MAX:
+            raise PretrainedError(f"tensors '{ta.name}' and '{tb.name}': the update {scale:g} * B @ A can reach "
+                                  f"{bound:.3g}, beyond float32's range ({_FLOAT32_MAX:.3g})", where=where)
+        M = None if mag is None else _array(src, mag)
         for m in members:
             b = m.rule.load(_factor_layout(m, B))
             mm = None
             if M is not None:
                 col = M[:, None] if m.torch_layout else M[None, :]
                 mm = np.ascontiguousarray(m.rule.load(col)).reshape(-1)
-            base_arr = None if base is None else m.rule.load(_array(buf, base))
+            base_arr = None if base is None else m.rule.load(_array(src, base))
             plan[m.path] = _Planned(np.ascontiguousarray(A.T), np.ascontiguousarray(b), scale, mm, base_arr, rslora)
     return apply_reparameterization(model, _AttachPlanned(plan))
 

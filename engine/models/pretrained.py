@@ -278,9 +278,13 @@ def _resolve(source, *, revision=None, token=None, cache_dir=None, local_files_o
     downloaded (or found in the cache) through `huggingface_hub`."""
     text = os.fspath(source)
     p = Path(text).expanduser()
-    if p.is_dir():
+    try:
+        is_dir, exists = p.is_dir(), p.exists()
+    except OSError as exc:  # a name too long
+        raise PretrainedError(f"cannot read: {exc.strerror or exc}", where=text) from None
+    if is_dir:
         return p
-    if p.exists():
+    if exists:
         raise PretrainedError("expected a model folder (config.json plus weights), found a file", where=text)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", text) or ".." in text:
         raise PretrainedError("no such folder (and not a Hugging Face Hub model id like 'org/name')", where=text)

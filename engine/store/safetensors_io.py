@@ -68,6 +68,11 @@ def plan(buf, size: int | None = None, where: str = "bytes") -> Plan:
         _fail(where, "safetensors header: a JSON object expected")
     if raw.count(b",") + raw.count(b":") > 2 * MAX_JSON_ITEMS:
         _fail(where, f"safetensors header holds more than {MAX_JSON_ITEMS} items")
+    # each tensor's descriptor has a "data_offsets" key: a header of more tensors than the limit is
+    # refused in the time of a byte count, before the JSON is parsed
+    described = raw.count(b'"data_offsets"')
+    if described > MAX_TENSORS:
+        _fail(where, f"{described} tensors exceed the limit of {MAX_TENSORS} (refused before parsing the header)")
     try:
         header = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -84,6 +89,7 @@ def plan(buf, size: int | None = None, where: str = "bytes") -> Plan:
 
     available = n - data_start
     planned = []
+    data_end = 0
     for name, desc in header.items():
         if not isinstance(desc, dict):
             _fail(where, f"tensor {name!r}: a descriptor object expected, found {type(desc).__name__}")
@@ -111,8 +117,15 @@ def plan(buf, size: int | None = None, where: str = "bytes") -> Plan:
         if expected != end - start:
             _fail(where, f"tensor {name!r}: shape {shape} of {st_dtype} needs {expected} bytes, "
                          f"data_offsets [{start}, {end}] hold {end - start}")
-        check_shape(shape, dtype, name, where)  # what fits the bytes may still not fit NumPy
+        if not expected:  # a shape of non-empty bytes fits NumPy (at most MAX_TENSOR_BYTES, MAX_DIMS axes) ...
+            check_shape(shape, dtype, name, where)  # ... one with a 0 may still not
         planned.append(Planned(name, dtype, tuple(shape), data_start + start, end - start))
+        data_end = max(data_end, end)
+    if data_end != available:
+        # as the safetensors library: the tensors' data ends the file. Bytes past it (a sparse hole
+        # of gigabytes after a small adapter) are refused, never read
+        _fail(where, f"{available - data_end} bytes after the last tensor's data (which ends at data byte "
+                     f"{data_end}, the file has {available}); a safetensors file ends with its tensors")
     check_ranges(planned, data_start, where)
     return Plan(planned, dict(meta), {})
 

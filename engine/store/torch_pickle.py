@@ -24,12 +24,15 @@ that records what the tensor is instead of building it:
 Every other global (`os.system`, `builtins.eval`, `subprocess.Popen`, `torch.load`, ...) is
 refused with a `RecordError` that names it and the file; nothing is called. Stand-ins refuse
 BUILD (`__setstate__`), so a pickle cannot rewrite a description after it was checked. Before
-the unpickler sees the pickle, its opcodes are walked with `pickletools` (which runs nothing):
-a memo index past the opcodes read so far (the C unpickler would grow its memo to it: 8 bytes
-can ask for gigabytes) and the copyreg extension opcodes are refused. What a file can make a
-reader allocate is bounded by its size: the pickle at most 32 MB, one tensor at most the file's
-size plus 16 MB (only expanded views exceed their storage), all tensors together at most 8
-times the file (views sharing storages).
+the unpickler sees the pickle, its opcodes are walked (by their argument sizes, as `pickletools`
+describes them; nothing runs): a memo index past the opcodes read so far (the C unpickler would
+grow its memo to it: 8 bytes can ask for gigabytes) and the copyreg extension opcodes are
+refused, and the state dict's entries are counted as they are set, so that more than
+MAX_TENSORS stop the walk there. What a file can make a reader allocate is bounded by its size:
+the pickle at most 32 MB, one tensor at most the file's size plus 16 MB (only expanded views
+exceed their storage), all tensors together at most 8 times the file (views sharing storages).
+The zip's entry count (a storage each, at most 2 * MAX_TENSORS + 16) is read from its end
+record before zipfile builds the directory.
 
 Nothing is read eagerly but the pickle: each storage's data offset is found from its zip local
 header (entries must be ZIP_STORED, as torch writes them; a compressed storage is an error
@@ -143,7 +146,12 @@ def _int_tuple(value, what, where):
 
 
 def _rebuild_tensor_for(where):
+    calls = [0]
+
     def _rebuild_tensor_v2(storage=None, storage_offset=None, size=None, stride=None, *rest, **kwargs):
+        calls[0] += 1
+        if calls[0] > MAX_TENSORS:  # a tensor shared by two names is rebuilt once
+            _fail(where, f"the pickle rebuilds more than {MAX_TENSORS} tensors, the limit")
         if not isinstance(storage, _Storage):
             _fail(where, f"_rebuild_tensor_v2: a storage expected as the first argument, found "
                          f"{type(storage).__name__}")
@@ -394,6 +402,11 @@ class TorchZip:
     def _read_zip(self) -> dict[str, TorchTensor]:
         where = self.where
         src = self.source
+        announced = _zip_entry_count(src)
+        if announced is not None and announced > MAX_ZIP_ENTRIES:
+            # zipfile would build all of them first (300,000 entries: seconds)
+            _fail(where, f"{announced} zip entries exceed the limit of {MAX_ZIP_ENTRIES} (a storage each: at most "
+                         f"{MAX_TENSORS} tensors); refused from the archive's end record")
         with zipfile.ZipFile(_SourceFile(src)) as zf:
             infos = zf.infolist()
             if len(infos) > MAX_ZIP_ENTRIES:
@@ -483,29 +496,131 @@ class TorchZip:
         return out
 
 
-_MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _REFUSED_OPS = frozenset({"EXT1", "EXT2", "EXT4", "PERSID"})  # copyreg's registry; text ids (torch writes BINPERSID)
+_PAIR_OPS = frozenset({"GLOBAL", "INST"})  # two newline-terminated arguments
+
+
+def _opcode_table():
+    """code -> (name, argument size or kind, stack items below a mark it takes or None, stack items
+    it leaves or its stack change), from pickletools' descriptions of the opcodes."""
+    import pickletools  # noqa: PLC0415 (only needed here)
+
+    table = [None] * 256
+    for op in pickletools.opcodes:
+        before = [s.name for s in op.stack_before]
+        after = len(op.stack_after)
+        if "mark" in before:
+            stack = (before.index("mark"), after)
+        else:
+            stack = (None, 0 if op.name == "MARK" else after - len(before))  # marks are kept apart
+        table[ord(op.code)] = (op.name, op.arg.n if op.arg is not None else 0) + stack
+    return table
+
+
+_OPCODES = None
 
 
 def _prescan(data: bytes, where: str, entry: str) -> None:
-    """Walk the pickle's opcodes (pickletools, which executes nothing) before loading it: the C
-    unpickler grows its memo to any index a PUT names, so an 8-byte pickle `]r\xff\xff\xff\x07.`
-    would allocate and clear 2 GB. A pickler numbers its memo entries 0, 1, 2, ...: an index
-    beyond the number of opcodes read so far is refused, as are the copyreg extension opcodes."""
-    import pickletools  # noqa: PLC0415 (only needed here)
+    """Walk the pickle's opcodes (reading their arguments' sizes, running nothing) before loading
+    it, refusing:
 
-    try:
-        for count, (op, arg, pos) in enumerate(pickletools.genops(data)):
-            if op.name in _MEMO_PUTS and (type(arg) is not int or arg > count):
-                _fail(where, f"{entry}: memo index {_short(arg)} at byte {pos} is beyond the {count} opcodes "
-                             f"before it; a pickler numbers them in order (refused, nothing was run)")
-            if op.name in _REFUSED_OPS:
-                _fail(where, f"{entry}: opcode {op.name} at byte {pos} is not used by state dicts (refused, "
-                             f"nothing was run)")
-    except RecordError:
-        raise
-    except Exception as exc:  # noqa: BLE001 (a damaged pickle: pickletools raises ValueError and others)
-        _fail(where, f"{entry}: the pickle cannot be read: {type(exc).__name__}: {_clip(str(exc))}")
+    - a memo index beyond the number of opcodes read so far: the C unpickler grows its memo to any
+      index a PUT names, so an 8-byte pickle `]r\xff\xff\xff\x07.` would allocate and clear 2 GB, and
+      a pickler numbers its memo entries 0, 1, 2, ...;
+    - the copyreg extension opcodes and text persistent ids, which state dicts do not use;
+    - more than MAX_TENSORS entries set into the state dict (the dict at the bottom of the stack),
+      counted as they come: a state dict of 300,000 tensors is refused a third of the way through
+      its pickle, before a single tensor is described."""
+    global _OPCODES
+    if _OPCODES is None:
+        _OPCODES = _opcode_table()
+    table = _OPCODES
+    n = len(data)
+    pos = count = depth = entries = 0
+    marks: list[int] = []
+    find, from_bytes = data.find, int.from_bytes
+    while True:
+        if pos >= n:
+            _fail(where, f"{entry}: the pickle cannot be read: it ends at byte {n} without a STOP opcode")
+        at = pos
+        info = table[data[pos]]
+        if info is None:
+            _fail(where, f"{entry}: the pickle cannot be read: unknown opcode {data[pos]:#04x} at byte {pos}")
+        name, arg, below, after = info
+        pos += 1
+        value = None
+        if arg > 0:
+            if name in ("BINPUT", "LONG_BINPUT"):
+                value = from_bytes(data[pos:pos + arg], "little")
+            pos += arg
+        elif arg == -1:  # up to a newline (GLOBAL and INST: two of them)
+            end = find(b"\n", pos)
+            if name in _PAIR_OPS and end >= 0:
+                end = find(b"\n", end + 1)
+            if end < 0:
+                _fail(where, f"{entry}: the pickle cannot be read: {name} at byte {at} has no newline")
+            if name == "PUT":
+                text = data[pos:end]
+                if not 0 < len(text) <= 20 or not text.isdigit():
+                    _fail(where, f"{entry}: the pickle cannot be read: PUT at byte {at} has no memo index")
+                value = int(text)
+            pos = end + 1
+        elif arg < 0:  # a length of 1, 4 (signed, unsigned) or 8 bytes, then that many bytes
+            size = (0, 0, 1, 4, 4, 8)[-arg]
+            length = from_bytes(data[pos:pos + size], "little", signed=arg == -3)
+            pos += size + length
+            if length < 0:
+                _fail(where, f"{entry}: the pickle cannot be read: {name} at byte {at} has a negative length")
+        if pos > n:
+            _fail(where, f"{entry}: the pickle cannot be read: {name} at byte {at} runs past its end ({n} bytes)")
+        if value is not None and not 0 <= value <= count:
+            _fail(where, f"{entry}: memo index {_short(value)} at byte {at} is beyond the {count} opcodes "
+                         f"before it; a pickler numbers them in order (refused, nothing was run)")
+        if name in _REFUSED_OPS:
+            _fail(where, f"{entry}: opcode {name} at byte {at} is not used by state dicts (refused, nothing "
+                         f"was run)")
+        if below is None:
+            if name == "MARK":
+                marks.append(depth)
+            elif name == "SETITEM" and depth == 3:
+                entries += 1
+            elif name == "STOP":
+                return
+            depth += after
+        else:  # takes the items above the last mark, the mark, and `below` items under it
+            if not marks:
+                _fail(where, f"{entry}: the pickle cannot be read: {name} at byte {at} without a MARK")
+            mark = marks.pop()
+            if name == "SETITEMS" and mark == 1:
+                entries += (depth - mark) // 2
+            depth = mark - below + after
+        if depth < 0:
+            _fail(where, f"{entry}: the pickle cannot be read: {name} at byte {at} takes more than the stack holds")
+        if entries > MAX_TENSORS:
+            _fail(where, f"{entry}: the state dict sets more than {MAX_TENSORS} entries (at byte {at}), the limit "
+                         f"of tensors; refused before it was loaded")
+        count += 1
+
+
+def _zip_entry_count(src: FileSource) -> int | None:
+    """The number of entries a zip archive's end record announces (its zip64 record's when the
+    count does not fit 16 bits), read from the file's last 64 KiB; None where the records are
+    not found (zipfile then says what is wrong)."""
+    tail_start = max(0, src.size - (22 + 0xFFFF + 20))
+    tail = src.read_bytes(tail_start, src.size - tail_start)
+    end = tail.rfind(b"PK\x05\x06")
+    if end < 0 or end + 22 > len(tail):
+        return None
+    count = struct.unpack_from("<H", tail, end + 10)[0]
+    if count != 0xFFFF or end < 20 or tail[end - 20:end - 16] != b"PK\x06\x07":
+        return count
+    (offset,) = struct.unpack_from("<Q", tail, end - 20 + 8)
+    if offset + 56 > src.size:
+        return None
+    record = src.read_bytes(offset, 56)
+    if record[:4] != b"PK\x06\x06":
+        return None
+    return struct.unpack_from("<Q", record, 32)[0]
 
 
 def _clip(text: str, n: int = 200) -> str:

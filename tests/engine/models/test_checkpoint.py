@@ -9,14 +9,17 @@ import random
 import shutil
 import struct
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import safetensors.numpy as stn
 
+from engine.models import checkpoint, from_pretrained
 from engine.models.checkpoint import PretrainedError, StoredTensor, open_checkpoint
 from engine.store import RecordError, filesource
+from engine.store.burnpack import MAX_TENSORS
 
 from tests.work import counted_calls
 
@@ -165,6 +168,14 @@ def test_missing_folder_and_a_file(tmp_path):
     _raises(tmp_path / "f.txt", "found a file")
 
 
+def test_a_folder_name_too_long_is_a_pretrained_error(tmp_path):
+    """A 5,000-character path gave OSError: File name too long."""
+    long = tmp_path / ("a" * 5000)
+    for open_folder in (open_checkpoint, from_pretrained):
+        with pytest.raises(PretrainedError, match="cannot read: File name too long"):
+            open_folder(long)
+
+
 def test_a_folder_without_config_json_says_what_it_holds(tmp_path):
     folder = _copy(tmp_path)
     (folder / "config.json").unlink()
@@ -250,6 +261,81 @@ def test_shard_paths_that_leave_the_folder(tmp_path, shard):
     _write_index(folder, doc)
     err = _raises(folder, rf"weight_map\['{name}'\]: ", where=folder / "model.safetensors.index.json")
     assert "outside the folder" in str(err) or "a shard file name expected" in str(err)
+
+
+@pytest.mark.parametrize("shard, match", [
+    ("a" * 5000 + ".safetensors", r"a shard file name of at most 255 bytes expected, found one of 5012 bytes"),
+    ("sub/model.safetensors", r"a shard file name expected \(a file directly in "),
+    ("model\x00.safetensors", r"a shard file name expected"),
+    (".", r"a shard file name expected"),
+])
+def test_shard_names_that_are_not_file_names_in_the_folder(tmp_path, shard, match):
+    """A 5,000-character name gave OSError: File name too long."""
+    folder, doc = _sharded(tmp_path)
+    (folder / "sub").mkdir()
+    name = next(iter(doc["weight_map"]))
+    doc["weight_map"][name] = shard
+    _write_index(folder, doc)
+    _raises(folder, rf"weight_map\['{name}'\]: {match}", where=folder / "model.safetensors.index.json")
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [65, 900, 100_000])
+def test_json_nested_too_deep_is_refused_whatever_the_parser_would_take(tmp_path, depth):
+    """config.json and the index nest a few levels; 100,000 levels ended in RecursionError inside
+    the parser, 900 parsed and waited for the next recursive walk (json.dumps on save)."""
+    folder = _copy(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config)[:-1] + ', "x": ' + _nested(depth) + "}")
+    _raises(folder, "config.json: nested deeper than 64 levels", where=folder / "config.json")
+    (folder / "config.json").write_text(json.dumps(config)[:-1] + ', "x": ' + _nested(63) + "}")
+    with open_checkpoint(folder) as ckpt:
+        assert len(ckpt.tensors) > 0
+    folder, doc = _sharded(tmp_path / "s")
+    text = json.dumps(doc)
+    _write_index(folder, doc)
+    (folder / "model.safetensors.index.json").write_text(text[:-1] + ', "x": ' + _nested(depth) + "}")
+    _raises(folder, "the index: nested deeper than 64 levels",
+            where=folder / "model.safetensors.index.json")
+
+
+def _index_of(n: int) -> dict:
+    return {"metadata": {}, "weight_map": {f"model.layers.{i}.w": "model-00001-of-00001.safetensors"
+                                           for i in range(n)}}
+
+
+@pytest.mark.parametrize("n", [2 * MAX_TENSORS + 1000, pytest.param(1_000_000, marks=pytest.mark.long)])
+def test_an_index_of_more_names_than_the_limit_is_refused_before_parsing(tmp_path, monkeypatch, n):
+    """An index of 1,000,000 names took 8.3 s and 473 MB (parsed, then each name's shard path
+    checked); it is refused from a byte count, without parsing, in bounded memory."""
+    folder, _ = _sharded(tmp_path)
+    _write_index(folder, _index_of(n))
+    parsed = []
+    monkeypatch.setattr(checkpoint, "json", types.SimpleNamespace(
+        loads=lambda text, **kw: parsed.append(len(text)) or json.loads(text, **kw)))
+    with capped_memory():
+        _raises(folder, rf"at most {MAX_TENSORS} tensors expected, found {n + 2} ':' separators "
+                        r"\(refused before parsing\)", where=folder / "model.safetensors.index.json")
+    assert parsed == [(folder / "config.json").stat().st_size]  # config.json only
+
+
+def test_the_tensor_count_of_an_index_is_checked_before_its_names(tmp_path, monkeypatch):
+    """Past the byte count, the parsed weight_map's size is checked before any name: each
+    shard's name is checked once, not once a tensor."""
+    folder, doc = _sharded(tmp_path)
+    monkeypatch.setattr(checkpoint, "MAX_TENSORS", 1000)
+    _write_index(folder, _index_of(1001))
+    _raises(folder, r"'weight_map' names 1001 tensors, more than the limit of 1000")
+    checked = []
+    real = checkpoint._shard_path
+    monkeypatch.setattr(checkpoint, "_shard_path", lambda *a: checked.append(a[1]) or real(*a))
+    _write_index(folder, doc)
+    with open_checkpoint(folder) as ckpt:
+        assert len(ckpt.tensors) == len(doc["weight_map"]) > 4
+    assert sorted(checked) == sorted(set(doc["weight_map"].values())) and len(checked) == 4
 
 
 @pytest.mark.parametrize("doc, match", [

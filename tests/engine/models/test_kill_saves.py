@@ -11,7 +11,7 @@ survive every kill. The next save after the kills finishes or undoes what they l
 Three savers: a Llama folder written as several shards (float32 over float32, and a dtype
 change: bfloat16 shards over float32 ones), a PEFT adapter of another rank, a Hugging Face
 export with tokenizer and generation files (one file over shards). The default run makes 20
-kills of each in a few seconds; `-m slow` runs 200.
+kills of each in a few seconds; EMBER_LONG_TESTS=1 runs 200.
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def test_a_killed_export_with_extra_files_leaves_the_old_or_the_new_folder(save_
     run_kills(save_dir, _extras_sources(save_dir), 20, _hf_load)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["shards", "dtype-change", "peft", "extras"])
 def test_many_kills(save_dir, tmp_path, kind):
     if kind == "peft":

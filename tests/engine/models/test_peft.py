@@ -29,6 +29,9 @@ from engine.models.peft import peft_lora, target_group
 from engine.module import Module, ParamGroup
 from engine.module.lora import DoraAdapter, Lora, LoraAdapter, RsLoraAdapter
 from engine.module.reparam import iter_param_slots
+from engine.store import filesource
+
+from ..store.test_fuzz import capped_memory
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 HF, PEFT = FIX / "hf", FIX / "peft"
@@ -372,3 +375,114 @@ def test_ember_trained_adapter_loads_in_peft_with_the_same_logits(variant, tmp_p
     print(f"{variant}: max |Ember - peft| = {err:.2e}, |tuned - base| = {np.abs(ours - exp['logits']).max():.3f}")
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL)
     assert np.abs(ours - exp["logits"]).max() > 0.05  # the trained adapter changed the model
+
+
+# ---------------------------------------------------------------------------------- hostile adapters
+@pytest.mark.parametrize("text, match", [
+    ("NaN", r"not a readable JSON file: not valid JSON: NaN is not valid JSON"),
+    ("Infinity", r"not valid JSON: Infinity is not valid JSON"),
+    ("-Infinity", r"not valid JSON: -Infinity is not valid JSON"),
+    ("1e400", r"'lora_alpha': a finite number of magnitude at most 1048576 expected, found inf"),
+    ("1e308", r"'lora_alpha': a finite number of magnitude at most 1048576 expected, found 1e\+308"),
+    ('"16"', r"'lora_alpha': a number expected, found '16'"),
+])
+def test_a_lora_alpha_that_would_make_every_logit_nan_is_refused(tmp_path, text, match):
+    """lora_alpha NaN, +-Infinity or 1e308 loaded, and every logit became NaN."""
+    model = from_pretrained(HF / "llama-gqa")
+    folder = _copy("llama-lora-qv", tmp_path)
+    path = folder / "adapter_config.json"
+    path.write_text(path.read_text().replace('"lora_alpha": 8', f'"lora_alpha": {text}'))
+    assert f'"lora_alpha": {text}' in path.read_text()
+    with pytest.raises(PretrainedError, match=match) as err:
+        load_peft_adapter(model, folder)
+    assert err.value.where == str(path)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"rank_pattern": {"q_proj": "1e400"}}, r"'rank_pattern' \['q_proj'\]: a positive integer expected, found inf"),
+    ({"rank_pattern": {"q_proj": 2.5}}, r"'rank_pattern' \['q_proj'\]: a positive integer expected, found 2.5"),
+    ({"rank_pattern": {"q_proj": 2 ** 40}}, r"'rank_pattern' \['q_proj'\]: a positive integer of at most 1048576"),
+    ({"alpha_pattern": {"q_proj": "-1e400"}}, r"'alpha_pattern' \['q_proj'\]: a finite number.*found -inf"),
+    ({"r": 10 ** 400}, r"'r' must be a positive integer of at most 1048576, found 1000"),
+    ({"use_rslora": "false"}, r"'use_rslora' must be true or false, found 'false'"),
+    ({"exclude_modules": 5}, r"exclude_modules must be a list of module names or a regex, found 5"),
+    ({"rank_pattern": {"q_proj{99999999999}": 2}}, r"rank_pattern / alpha_pattern: "),
+])
+def test_ranks_and_patterns_that_do_not_fit_are_refused(tmp_path, changes, match):
+    """rank_pattern Infinity gave OverflowError (int(inf)); 'false' turned rsLoRA's scale on."""
+    model = from_pretrained(HF / "llama-gqa")
+    folder = _copy("llama-lora-qv", tmp_path)
+    _edit_config(folder, **changes)
+    path = folder / "adapter_config.json"
+    path.write_text(path.read_text().replace('"1e400"', "1e400").replace('"-1e400"', "-1e400"))  # JSON reads +-infinity
+    with pytest.raises(PretrainedError, match=match):
+        load_peft_adapter(model, folder)
+    assert not _adapters(model)
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_a_deeply_nested_adapter_config_is_refused(tmp_path, depth):
+    """100,000 levels gave RecursionError; 100 parsed."""
+    model = from_pretrained(HF / "llama-gqa")
+    folder = _copy("llama-lora-qv", tmp_path)
+    path = folder / "adapter_config.json"
+    path.write_text(path.read_text().rstrip()[:-1] + ', "x": ' + "[" * depth + "]" * depth + "}")
+    with pytest.raises(PretrainedError, match=r"adapter_config.json: not a readable JSON file: "
+                                              r"nested deeper than 64 levels"):
+        load_peft_adapter(model, folder)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_inf_in_an_adapter_tensor_is_refused_naming_it(tmp_path, value):
+    model = from_pretrained(HF / "llama-gqa")
+    folder = _copy("llama-lora-qv", tmp_path)
+    path = folder / "adapter_model.safetensors"
+    head, blob = _header(path), bytearray(path.read_bytes())
+    name = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+    (n,) = struct.unpack_from("<Q", blob)
+    start = 8 + n + head[name]["data_offsets"][0]
+    struct.pack_into("<f", blob, start + 4 * 7, value)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PretrainedError, match=rf"tensor '{name}' holds 1 NaN or infinite value\(s\) \(the first at "
+                                              rf"index \[1, 3\]: -?(nan|inf)\)") as err:
+        load_peft_adapter(model, folder)
+    assert err.value.where == str(path)
+    assert not _adapters(model)
+
+
+def test_a_weights_file_followed_by_a_sparse_hole_is_refused_reading_only_its_header(tmp_path, monkeypatch):
+    """A 3 GiB hole after the tensors loaded after 8.9 s and 3.1 GB (the whole file was read);
+    the header and the file's size refuse it now, in bounded memory."""
+    model = from_pretrained(HF / "llama-gqa")
+    folder = _copy("llama-lora-qv", tmp_path)
+    path = folder / "adapter_model.safetensors"
+    size = path.stat().st_size
+    read = []
+    real = filesource.FileSource._fill
+    monkeypatch.setattr(filesource.FileSource, "_fill", lambda self, view, offset: (
+        self.where == str(path) and read.append(len(view))) or real(self, view, offset))
+    loaded = load_peft_adapter(model, folder)
+    assert len(_adapters(loaded)) == 4
+    assert sum(read) <= size + 16  # each tensor once, the header (and its first 16 bytes)
+    read.clear()
+    with open(path, "r+b") as f:
+        f.truncate(size + 3 * 2 ** 30)
+    with capped_memory(), pytest.raises(PretrainedError, match=rf"{3 * 2 ** 30} bytes after the last tensor's data"):
+        load_peft_adapter(model, folder)
+    assert sum(read) < 2 * (size - 4 * sum(np.prod(d["shape"]) for d in _header(path).values()))  # the header
+
+
+def test_factors_whose_update_leaves_float32_are_refused(tmp_path):
+    """Finite values can still make the adapted weight infinite: 3e38 in one A entry made every
+    logit NaN. The update's bound r * max|A| * max|B| * scale must stay within float32."""
+    model = from_pretrained(HF / "llama-gqa")
+    folder = _copy("llama-lora-qv", tmp_path)
+    path = folder / "adapter_model.safetensors"
+    head, blob = _header(path), bytearray(path.read_bytes())
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    (n,) = struct.unpack_from("<Q", blob)
+    struct.pack_into("<f", blob, 8 + n + head[name]["data_offsets"][0], 3e38)
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PretrainedError, match=rf"tensors '{name}' and '.*q_proj.lora_B.weight': the update 2 \* B @ A "
+                                              r"can reach .*, beyond float32's range"):
+        load_peft_adapter(model, folder)

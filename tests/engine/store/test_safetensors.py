@@ -2,13 +2,14 @@
 same hardening as burnpack."""
 import json
 import struct
+import types
 
 import numpy as np
 import pytest
 import safetensors.numpy as stn
 
-from engine.store import RecordError, safetensors_io as st
-from engine.store.burnpack import TensorEntry
+from engine.store import ModuleRecord, RecordError, filesource, safetensors_io as st
+from engine.store.burnpack import MAX_TENSORS, TensorEntry
 
 
 def _file(header: dict, data: bytes = b"", pad: bool = False) -> bytes:
@@ -99,3 +100,49 @@ def test_deep_json_nesting_ends_in_record_error():
 def test_writer_refuses_what_safetensors_cannot_hold():
     with pytest.raises(RecordError, match="cannot be stored in safetensors"):
         st.encode([TensorEntry("q", "QFloat", (4,), np.zeros(4, np.uint8))])
+
+
+def test_bytes_after_the_last_tensor_are_refused_and_never_read(tmp_path):
+    """As the safetensors library: the tensors' data ends the file. A small file followed by a
+    sparse hole of a gigabyte is refused from its header and size, reading none of the hole."""
+    blob = _file(GOOD, bytes(8))
+    assert st.decode(blob).entries[0].shape == (2,)
+    with pytest.raises(RecordError, match=r"1 bytes after the last tensor's data \(which ends at data byte 8"):
+        st.decode(blob + b"\0")
+    with pytest.raises(RecordError, match=r"bytes after the last tensor's data \(which ends at data byte 0"):
+        st.decode(_file({}, bytes(16)))
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(blob)
+    with open(path, "r+b") as f:
+        f.truncate(len(blob) + 2 ** 30)
+    read = []
+    real = filesource.FileSource._fill
+
+    def counting(self, view, offset):
+        read.append(len(view))
+        return real(self, view, offset)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(filesource.FileSource, "_fill", counting)
+        with pytest.raises(RecordError, match=rf"{2 ** 30} bytes after the last tensor's data"):
+            ModuleRecord.load(path)
+    assert sum(read) < 2 * len(blob)  # the header only
+
+
+def test_a_header_of_more_tensors_than_the_limit_is_refused_before_parsing(monkeypatch):
+    """300,000 descriptors took 2.5 s to parse before the count was checked; the count of
+    "data_offsets" keys refuses them in the time of a byte count."""
+    n = MAX_TENSORS + 1
+    body = ("{" + ",".join(f'"t{i}":{{"dtype":"F32","shape":[1],"data_offsets":[{4 * i},{4 * i + 4}]}}'
+                           for i in range(n)) + "}").encode()
+    blob = struct.pack("<Q", len(body)) + body + bytes(4 * n)
+    parsed = []
+    monkeypatch.setattr(st, "json", types.SimpleNamespace(
+        loads=lambda text, **kw: parsed.append(len(text)) or json.loads(text, **kw)))
+    with pytest.raises(RecordError, match=rf"{n} tensors exceed the limit of {MAX_TENSORS} \(refused before parsing"):
+        st.decode(blob)
+    assert parsed == []
+    # at the limit, the header is parsed and accepted
+    head = body[: body.index(f'"t{n - 1}"'.encode()) - 1] + b"}"
+    st.decode(struct.pack("<Q", len(head)) + head + bytes(4 * (n - 1)))
+    assert parsed == [len(head)]

@@ -5,13 +5,18 @@ The committed fixtures under tests/fixtures/torch_pickle/ were written by torch 
 make_torch_pickle_fixtures.py); their .npz files hold what torch itself reads back, as stored
 bits, so these tests check Ember's reader against torch without torch installed. Hostile
 pickles are built here with the standard library's pickler and by hand with pickle opcodes."""
+import collections
+import io
 import json
 import os
 import pickle
 import random
+import re
 import struct
 import subprocess
+import sys
 import time
+import types
 import zipfile
 from pathlib import Path
 
@@ -21,7 +26,7 @@ import pytest
 from engine import Tensor, nn
 from engine.module import Module
 from engine.store import ModuleRecord, PyTorchAdapter, RecordError
-from engine.store import filesource
+from engine.store import filesource, torch_pickle
 from engine.store.torch_pickle import TorchZip
 
 from tests.work import counted_calls
@@ -334,7 +339,7 @@ PICKLE_CHECK_CALLS = 30_000
 ])
 def test_pickles_that_would_exhaust_memory_or_use_odd_opcodes(tmp_path, pkl, match):
     """The C unpickler grows its memo to whatever index a PUT names: 8 bytes would allocate and
-    clear 2 GB (8.8 s here). The opcodes are checked first, by pickletools, which runs nothing."""
+    clear 2 GB (8.8 s here). The opcodes are checked first, by a walk that runs nothing."""
     path = _zip_with_pickle(tmp_path / "m.bin", pkl)
     with counted_calls() as calls, capped_memory(), pytest.raises(RecordError, match=match):
         TorchZip(path)
@@ -524,3 +529,91 @@ def test_random_state_dicts_against_torch(tmp_path):
                 ref = t.contiguous()
                 ref = ref.view(torch.int16).numpy().view(np.uint16) if ref.dtype == torch.bfloat16 else ref.numpy()
                 assert z.tensors[name].read_stored().tobytes() == ref.tobytes(), name
+
+
+# ----------------------------------------------------------------------------- many entries
+def _torch_like_pickle(monkeypatch, state) -> bytes:
+    """`state` pickled as torch.save pickles a state dict ({name: tensor} -> _rebuild_tensor_v2 of a
+    persistent storage id), with stand-in torch modules: torch is not installed here."""
+    torch, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
+
+    def _rebuild_tensor_v2(*args):
+        raise AssertionError("never called")
+
+    class FloatStorage:
+        pass
+
+    _rebuild_tensor_v2.__module__, _rebuild_tensor_v2.__qualname__ = "torch._utils", "_rebuild_tensor_v2"
+    FloatStorage.__module__, FloatStorage.__qualname__ = "torch", "FloatStorage"
+    utils._rebuild_tensor_v2, torch.FloatStorage, torch._utils = _rebuild_tensor_v2, FloatStorage, utils
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch._utils", utils)
+
+    class Storage:
+        pass
+
+    class Tensor:
+        def __reduce__(self):
+            return _rebuild_tensor_v2, (Storage(), 0, (1,), (1,), False, collections.OrderedDict())
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", FloatStorage, "0", "cpu", 1) if isinstance(obj, Storage) else None
+
+    def tensors(value):
+        if isinstance(value, dict):
+            return collections.OrderedDict((k, tensors(v)) for k, v in value.items())
+        return [tensors(v) for v in value] if isinstance(value, list) else Tensor()
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump(tensors(state))
+    return buf.getvalue()
+
+
+def test_a_state_dict_of_more_entries_than_the_limit_is_refused_while_its_pickle_is_walked(tmp_path, monkeypatch):
+    """A .bin of 300,000 entries took 4.7 s: every opcode walked, the pickle loaded and each tensor
+    described before the count was checked. The walk counts the state dict's entries as they are
+    set and stops past the limit, before the pickle is loaded."""
+    monkeypatch.setattr(torch_pickle, "MAX_TENSORS", 2500)
+    pkl = _torch_like_pickle(monkeypatch, {f"model.layers.{i}.weight": None for i in range(10_000)})
+    path = _zip_with_pickle(tmp_path / "pytorch_model.bin", pkl, [("0", bytes(4))])
+    loads = []
+    monkeypatch.setattr(torch_pickle._RestrictedUnpickler, "load", lambda self: loads.append(1))
+    with pytest.raises(RecordError, match=r"the state dict sets more than 2500 entries \(at byte (\d+)\)") as err:
+        TorchZip(path)
+    at = int(re.search(r"at byte (\d+)", str(err.value)).group(1))
+    assert at < 0.3 * len(pkl) and loads == []
+    monkeypatch.undo()
+    # at the limit the same pickle loads, whatever protocol wrote it
+    monkeypatch.setattr(torch_pickle, "MAX_TENSORS", 2500)
+    for protocol_pickle in (_torch_like_pickle(monkeypatch, {f"w{i}": None for i in range(2500)}),):
+        path = _zip_with_pickle(tmp_path / "ok.bin", protocol_pickle, [("0", bytes(4))])
+        with TorchZip(path) as z:
+            assert len(z.tensors) == 2500 and z.tensors["w7"].read_stored().shape == (1,)
+    # tensors kept elsewhere than in the state dict's entries are counted as they are rebuilt
+    pkl = _torch_like_pickle(monkeypatch, {"w": None, "extra": [None] * 2501})
+    with pytest.raises(RecordError, match=r"the pickle rebuilds more than 2500 tensors"):
+        TorchZip(_zip_with_pickle(tmp_path / "list.bin", pkl, [("0", bytes(4))]))
+
+
+@pytest.mark.parametrize("entries", [300, pytest.param(70_000, marks=pytest.mark.long)])
+def test_an_archive_of_more_entries_than_the_limit_is_refused_from_its_end_record(tmp_path, monkeypatch, entries):
+    """A storage a zip entry: 300,003 entries took seconds in zipfile's directory before the count
+    was checked. The end record's count (the zip64 record's past 65,535) refuses them first."""
+    path = tmp_path / "pytorch_model.bin"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}.")
+        for i in range(entries):
+            z.writestr(f"archive/data/{i}", b"")
+    monkeypatch.setattr(torch_pickle, "MAX_ZIP_ENTRIES", entries)
+    made = []
+    real = zipfile.ZipInfo.__init__
+    monkeypatch.setattr(zipfile.ZipInfo, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    with pytest.raises(RecordError, match=rf"{entries + 1} zip entries exceed the limit of {entries} .*refused from "
+                                          r"the archive's end record"):
+        TorchZip(path)
+    assert made == []
+    if entries < 1000:  # one more allowed: the directory is read and the (empty) state dict loads
+        monkeypatch.setattr(torch_pickle, "MAX_ZIP_ENTRIES", entries + 1)
+        with TorchZip(path) as z:
+            assert z.tensors == {} and made

@@ -185,7 +185,7 @@ def test_mutated_text_files_and_tokenizers_end_in_data_or_the_projects_errors(tm
     check(fuzz(tmp_path, seed=43, cases=200), 200)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_mutated_text_files_and_tokenizers_longer_run(tmp_path, seed):
     check(fuzz(tmp_path, seed=seed, cases=1000), 1000)
