@@ -175,7 +175,7 @@ def screenshot(app, window, args, problems: list[str]) -> int:
     requested model, project or checkpoint did not open, training failed, the selection names no
     module, or the picture could not be written."""
     settle(app, window)
-    window._default_dock_sizes()  # the first-start layout, whatever the model's widgets asked for
+    window.default_dock_sizes()  # the first-start layout, whatever the model's widgets asked for
     if args.expand is not None:
         window.tree.expand_to_depth(args.expand)
     if args.select is not None and not window.tree.select_path(args.select):

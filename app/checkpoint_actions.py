@@ -5,32 +5,30 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from widgets.checkpoint_dialog import CheckpointDialog
 
 from .core import checkpoints, edits
 from .core.schema import LoadEdit
+from .document import Document
+from .host import Host
 from .prompts import save_file
 from .workers import Task
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
 
 EXPORT_FILTER = "Burnpack (*.bpk);;Safetensors, PyTorch layout (*.safetensors)"
 
 
-def show_partial_load(window: "MainWindow", report: checkpoints.LoadReport) -> None:
+def show_partial_load(host: Host, report: checkpoints.LoadReport) -> None:
     """A warning listing what a partial load left out (nothing when it was complete)."""
     if not report.complete:
-        window.message(QMessageBox.Icon.Warning, "Checkpoint loaded partially", report.summary(),
+        host.message(QMessageBox.Icon.Warning, "Checkpoint loaded partially", report.summary(),
                        "\n".join(report.lines()))
 
 
-def show_load_failure(window: "MainWindow", failure) -> None:
-    """A checkpoint that did not load: the rows that did not fit, or the traceback."""
+def show_load_failure(host: Host, failure, where: str = "") -> None:
+    """A checkpoint that did not load: the rows that did not fit, or the traceback. `where`
+    names the project that names the checkpoint (`<project>: `), '' for none."""
     exc = failure.exception
     lines = []
     for attr in ("missing", "unused", "mismatched"):
@@ -42,7 +40,9 @@ def show_load_failure(window: "MainWindow", failure) -> None:
         text = f"{type(exc).__name__}: the checkpoint does not fit the model; nothing was changed."
     else:
         text = f"{exc}"
-    window.error("Checkpoint not loaded", text, "\n".join(lines) or failure.traceback)
+    if where:
+        text = f"{where}source.path: {text}"
+    host.error("Checkpoint not loaded", text, "\n".join(lines) or failure.traceback)
 
 
 def adapters_only(path) -> bool:
@@ -58,19 +58,19 @@ def adapters_only(path) -> bool:
 
 
 class CheckpointActions:
-    def __init__(self, window: "MainWindow"):
-        self.window = window
-        self.document = window.document
+    def __init__(self, document: Document, host: Host):
+        self.host = host
+        self.document = document
 
     def ask_import(self) -> CheckpointDialog | None:
         if self.document.module is None:
             return None
-        dialog = CheckpointDialog(self.window, examples=None, title="Import Checkpoint")
+        dialog = CheckpointDialog(self.host.dialog_parent(), examples=None, title="Import Checkpoint")
         dialog.chosen.connect(lambda c: self.import_checkpoint(c["path"], c["allow_partial"]))
-        return self.window.open_dialog(dialog)
+        return self.host.open_dialog(dialog)
 
     def import_checkpoint(self, path: str, allow_partial: bool) -> Task | None:
-        w, module = self.window, self.document.module
+        w, module = self.host, self.document.module
         if module is None:
             return None
 
@@ -101,11 +101,11 @@ class CheckpointActions:
     def ask_export(self, kind: str) -> Task | None:
         if self.document.module is None:
             return None
-        path = save_file(self.window, self.window.settings, f"Export {kind}", EXPORT_FILTER)
+        path = save_file(self.host.dialog_parent(), self.host.settings, f"Export {kind}", EXPORT_FILTER)
         return self.export_checkpoint(path, kind) if path else None
 
     def export_checkpoint(self, path: str, kind: str) -> Task | None:
-        w, module = self.window, self.document.module
+        w, module = self.host, self.document.module
         if module is None:
             return None
         started = time.perf_counter()

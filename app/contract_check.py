@@ -3,7 +3,7 @@ the document as undo steps, and Check runs an example input through the model on
 a check at every module boundary (`engine.module.contracts`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.design import shape_check
 from engine.module import contracts, memory
@@ -12,14 +12,14 @@ from engine.module.tree import FieldKind, find
 from engine.module.tree import children as tree_children
 from engine.train.text import model_limits
 from engine.tensor.device import default_device
-from widgets.module_tree import CONTRACT
+from widgets.contract_editor import ContractEditor
+from widgets.module_tree import CONTRACT, ModuleTree
 
 from .core import opening
 from .core.schema import ExampleSource
+from .document import Document
+from .host import Host
 from .workers import Task
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
 
 
 SHAPES_ONLY_FROM = 64 * 2**20  # lazy parameters above this size make "Shapes only" the check's default
@@ -51,10 +51,14 @@ def default_example_input(contract_text: str | None, module: Any) -> str:
 
 
 class ContractCheck:
-    def __init__(self, window: "MainWindow"):
-        self.window = window
-        self.document = window.document
-        self.editor = window.contract_editor
+    def __init__(self, document: Document, host: Host, *, editor: ContractEditor, tree: ModuleTree, dock):
+        """`editor`: the contract editor this drives; `tree`: the module tree (its selection, its
+        contract column); `dock`: the dock that holds the editor (shown where a check failed)."""
+        self.host = host
+        self.document = document
+        self.editor = editor
+        self.tree = tree
+        self.dock = dock
         self.editor.set_validators(self.validate_contract, self.validate_example_input)
         self._mode_for: int | None = None  # id of the model the check mode's default was set for
 
@@ -78,14 +82,14 @@ class ContractCheck:
         self.editor.set_example_input(default)
 
     def on_contracts_changed(self) -> None:
-        tree = self.window.tree
+        tree = self.tree
         tree.model.refresh_column(CONTRACT)
         path = tree.selected_path() or ""
         if self.document.module is not None:
             self.show_contract(path, find(self.document.module, path))
 
     def on_check_changed(self) -> None:
-        self.window.tree.model.refresh_column(CONTRACT)
+        self.tree.model.refresh_column(CONTRACT)
         self.show_check_result()
 
     def show_check_result(self) -> None:
@@ -115,10 +119,9 @@ class ContractCheck:
         return text, node.status, node.message
 
     def edit_contract(self, path: str) -> None:
-        w = self.window
-        w.tree.select_path(path)
-        w.contract_dock.show()
-        w.contract_dock.raise_()
+        self.tree.select_path(path)
+        self.dock.show()
+        self.dock.raise_()
         self.editor.edit.setFocus()
         self.editor.edit.selectAll()
 
@@ -142,20 +145,20 @@ class ContractCheck:
 
     def _check_failed(self, f) -> None:
         self.editor.show_result(False, f"✗ {f}", "")
-        self.window.error("Check failed", str(f), f.traceback)
+        self.host.error("Check failed", str(f), f.traceback)
 
     def run_check(self, input_text: str) -> Task | None:
         """Run the example input through the model with checks at every module boundary, on a
         worker. A new check replaces a running one; a result for a model that changed meanwhile is
         dropped."""
-        w, doc = self.window, self.document
+        w, doc = self.host, self.document
         module = doc.module
         if module is None:
             return None
         err = self.validate_example_input(input_text)
         if err:
             self.editor.input_error.show_error(err)
-            w.contract_dock.show()
+            self.dock.show()
             return None
         spec = contracts.parse_example_input(input_text)
         devices = module.devices()
@@ -194,8 +197,8 @@ class ContractCheck:
         def done(result):
             doc.set_check_result(result)
             if result.failure is not None:
-                w.tree.select_path(result.failure.path)
-                w.contract_dock.show()
+                self.tree.select_path(result.failure.path)
+                self.dock.show()
             w.status(("Check: not everything could be checked" if result.not_checked else
                       "Check: every contract held") if result.ok else f"Check failed at "
                      f"{result.failure.path if result.failure else 'the model'}")

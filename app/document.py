@@ -84,7 +84,9 @@ class Document(QObject):
         self.undo_stack.push(command)
         return command
 
-    def _replace_module(self, module: Any) -> None:
+    def replace_module(self, module: Any) -> None:
+        """Make `module` the document's model without an undo step: what `ModuleCommand` calls
+        on redo and undo (everything else pushes a step: `push_module`)."""
         self.module = module
         self.stats = ModelStats(module)
         if self.check_result is not None:
@@ -110,7 +112,9 @@ class Document(QObject):
             return
         self.undo_stack.push(ContractCommand(self, path, before, text))
 
-    def _set_contract(self, path: str, text: str | None) -> None:
+    def apply_contract(self, path: str, text: str | None) -> None:
+        """Set (None: reset) one module's contract without an undo step: what `ContractCommand`
+        calls (everything else pushes a step: `set_contract`)."""
         if text is None:
             self.contracts.pop(path, None)
         else:

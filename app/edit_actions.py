@@ -11,7 +11,7 @@ that would not fit is refused with the figures and the model stays as it was. A 
 Fork or Transfer allocates nothing and is never refused."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from engine.module import memory
 from widgets.group_dialog import GroupDialog
@@ -20,16 +20,17 @@ from widgets.lora_dialog import LoraDialog
 from .core import edits
 from .core.schema import (DetachEdit, Edit, GroupEdit, GroupSpec, LoraEdit, MaterializeEdit, MoveEdit,
                           edit_from_json)
+from .document import Document
+from .host import Host
 from .workers import Task
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
 
 
 class EditActions:
-    def __init__(self, window: "MainWindow"):
-        self.window = window
-        self.document = window.document
+    def __init__(self, document: Document, host: Host, *, current_path: Callable[[], str]):
+        """`current_path()`: the module path selected in the tree ('' for the whole model)."""
+        self.host = host
+        self.document = document
+        self.current_path = current_path
 
     def apply_edit(self, edit: Edit) -> bool:
         """Perform an edit on the document's module as one undoable step; errors go to a dialog and
@@ -42,8 +43,8 @@ class EditActions:
             refusal = estimate.refusal(memory.available_memory())
             if refusal:
                 text = edits.describe(edit)
-                self.window.error("Not enough memory", f"{text}: {refusal}. The model was left as it was.")
-                self.window.status(f"{text}: refused, it needs about {memory.size_text(estimate.total)}")
+                self.host.error("Not enough memory", f"{text}: {refusal}. The model was left as it was.")
+                self.host.status(f"{text}: refused, it needs about {memory.size_text(estimate.total)}")
                 return False
         if edits.edit_cost_bytes(module, edit) > edits.HEAVY_EDIT_BYTES:
             self._apply_in_background(module, edit, estimate)
@@ -51,10 +52,10 @@ class EditActions:
         try:
             after = edits.apply_edit(module, edit)
         except Exception as e:  # noqa: BLE001 - the engine's message, shown; the model is unchanged
-            self.window.error("Edit failed", f"{edits.describe(edit)} failed: {type(e).__name__}: {e}")
+            self.host.error("Edit failed", f"{edits.describe(edit)} failed: {type(e).__name__}: {e}")
             return False
         self.document.push_module(edits.describe(edit), after, edit)
-        self.window.status(edits.describe(edit))
+        self.host.status(edits.describe(edit))
         return True
 
     @staticmethod
@@ -76,7 +77,7 @@ class EditActions:
         """A long edit (a move that copies gigabytes, QLoRA packing) on a worker thread: the
         window stays responsive, and the result becomes one undoable step when it arrives, unless
         the model was changed meanwhile (then it is dropped and the status bar says so)."""
-        w, text = self.window, edits.describe(edit)
+        w, text = self.host, edits.describe(edit)
 
         def done(after):
             self.document.push_module(text, after, edit)
@@ -100,24 +101,24 @@ class EditActions:
     def detach_lora(self) -> bool:
         """Detach LoRA from the selected module's parameters (the whole model when nothing is
         selected): one undoable edit that removes those adapters and keeps every other change."""
-        return self.apply_edit(DetachEdit(GroupSpec.subtree(self.window.current_path())))
+        return self.apply_edit(DetachEdit(GroupSpec.subtree(self.current_path())))
 
     # ---- dialogs ---------------------------------------------------------------------------------
     def open_group_dialog(self) -> GroupDialog | None:
-        w = self.window
+        w = self.host
         if self.document.module is None:
             return None
-        path = w.current_path()
-        dialog = GroupDialog(self.document.module, w, mode="regex" if path else "all",
+        path = self.current_path()
+        dialog = GroupDialog(self.document.module, w.dialog_parent(), mode="regex" if path else "all",
                              text=GroupSpec.subtree(path).pattern)
         dialog.group_chosen.connect(lambda op, spec: self.group_op(op, path, GroupSpec.from_json(spec)))
         return w.open_dialog(dialog)
 
     def open_lora_dialog(self, path: str = "") -> LoraDialog | None:
-        w = self.window
+        w = self.host
         if self.document.module is None:
             return None
         spec = GroupSpec.subtree(path)
-        dialog = LoraDialog(self.document.module, w, group_mode=spec.kind, group_text=spec.pattern)
+        dialog = LoraDialog(self.document.module, w.dialog_parent(), group_mode=spec.kind, group_text=spec.pattern)
         dialog.lora_chosen.connect(lambda data: self.apply_edit(edit_from_json(data)))
         return w.open_dialog(dialog)

@@ -16,7 +16,7 @@ from a worker thread, and compare two models on the same prompt and seed, side b
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
@@ -26,11 +26,10 @@ from engine.module.tree import params as tree_params
 from engine.train.text import load_tokenizer
 from widgets.generate_view import GenerateView
 
-from .training_panel import tokenizer_folder
+from .document import Document
+from .host import Host
+from .training_panel import TrainingPanel, tokenizer_folder
 from .workers import Task
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
 
 
 def has_adapters(module: Any) -> bool:
@@ -64,11 +63,13 @@ def _generate_columns(state, columns, tokenizer, folder: str, settings: dict):
 
 
 class GeneratePanel(QWidget):
-    def __init__(self, window: "MainWindow", parent=None):
+    def __init__(self, document: Document, host: Host, training: TrainingPanel, parent=None):
+        """`training`: the Training tab, whose runs 'before / after the last training run' compares."""
         super().__init__(parent)
         self.setObjectName("generate-panel")
-        self.window = window
-        self.document = window.document
+        self.host = host
+        self.document = document
+        self.training = training
         self.view = GenerateView()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -104,7 +105,7 @@ class GeneratePanel(QWidget):
 
     def last_run(self):
         """The newest run of the open document that trained (finished or stopped with steps)."""
-        panel = self.window.training_panel
+        panel = self.training
         for run in reversed(panel.runs):
             if run.generation == panel.generation and run.outcome is not None and run.outcome.steps > 0 \
                     and run.status in ("finished", "stopped"):
@@ -160,7 +161,7 @@ class GeneratePanel(QWidget):
                                                         "what it gave."))
         self.task = task
         module = self.document.module
-        self.window.tasks.start(task, lambda out, t=task, f=folder: self._finished(t, f, out),
+        self.host.tasks.start(task, lambda out, t=task, f=folder: self._finished(t, f, out),
                                 lambda failure, t=task: self._failed(t, failure), kind="generate",
                                 valid_while=lambda: self.document.module is module,
                                 dropped="The model changed while it generated; the text is what it gave.")

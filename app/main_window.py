@@ -10,6 +10,10 @@ controllers, each with one job:
 - `checks`, a `ContractCheck` (app/contract_check.py): the contract editor and the checked run;
 - `tasks`, a `TaskRunner` (app/task_runner.py): long work on worker threads, in the status bar.
 
+Each controller takes the document and the window as its host (`app.host.Host`: status,
+messages, dialogs, settings, the task runner), plus the few widgets or functions it needs,
+handed to it here; no controller imports this file.
+
 The designer and training panels are built here, in their tabs. The few commands scripts and
 tests drive (`open_example`, `apply_edit`, `group_op`, `run_check`, …) are named on the window.
 Every view is refreshed when the document says `model_changed`.
@@ -91,13 +95,7 @@ class MainWindow(QMainWindow):
         self._build_toolbar()
         self._build_status()
         self._build_menus()
-        self.projects = ProjectIO(self)
-        self.edit_actions = EditActions(self)
-        self.checkpoints = CheckpointActions(self)
-        self.pretrained = PretrainedActions(self)
-        self.script_export = ScriptExportActions(self)  # File > Export > Training script (issue 20)
-        self.checks = ContractCheck(self)
-        self.onnx = OnnxActions(self)  # File > Open ONNX, Export > ONNX, the Graph page (app/onnx_actions.py)
+        self._build_controllers()
         self.tree.model.set_contract_provider(self.checks.contract_info)
         self._connect()
         self._layout_restored = self.settings.restore_window(self)
@@ -109,6 +107,25 @@ class MainWindow(QMainWindow):
         self.autosave_timer.timeout.connect(self.projects.autosave)
         self.autosave_timer.start()
         self._on_model_changed()
+
+    # ---- the controllers: each takes the document and this window as its `Host` (app/host.py) ------
+    def _build_controllers(self) -> None:
+        doc, a = self.document, self.actions
+        self.edit_actions = EditActions(doc, self, current_path=self.current_path)
+        self.checkpoints = CheckpointActions(doc, self)
+        # File > Open ONNX, Export > ONNX, the Graph page (app/onnx_actions.py)
+        self.onnx = OnnxActions(doc, self, designer=self.designer, contract_editor=self.contract_editor,
+                                contract_dock=self.contract_dock, selected_path=self.tree.selected_path,
+                                show_designer=lambda: self.tabs.setCurrentWidget(self.designer))
+        self.pretrained = PretrainedActions(doc, self, export_action=a.export_pretrained, peft_action=a.export_peft,
+                                            hf_names=lambda: self.hf_names, open_path=self.open_path)
+        self.projects = ProjectIO(doc, self, examples_menu=self.examples_menu, recent_menu=self.recent_menu,
+                                  pretrained=self.pretrained, onnx=self.onnx, open_design=self.open_design)
+        # File > Export > Training script (issue 20)
+        self.script_export = ScriptExportActions(doc, self, action=a.export_training_script,
+                                                 hf_names=lambda: self.hf_names,
+                                                 current_spec=self.training_panel.current_spec)
+        self.checks = ContractCheck(doc, self, editor=self.contract_editor, tree=self.tree, dock=self.contract_dock)
 
     # ---- layout --------------------------------------------------------------------------------
     def _build_central(self) -> None:
@@ -126,7 +143,7 @@ class MainWindow(QMainWindow):
         # the dashboard's own minimum width must not widen the window: it shrinks with the tab
         self.training_panel.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.tabs.addTab(self.training_panel, "Training")
-        self.generate_panel = GeneratePanel(self)  # a language model continues a prompt (app/generate_panel.py)
+        self.generate_panel = GeneratePanel(self.document, self, self.training_panel)  # a language model continues a prompt (app/generate_panel.py)
         self.generate_panel.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.tabs.addTab(self.generate_panel, "Generate")
         self.setCentralWidget(self.tabs)
@@ -446,6 +463,10 @@ class MainWindow(QMainWindow):
         self.message_label.setText(text)
         self.message_timer.start(ms)
 
+    def dialog_parent(self) -> QMainWindow:
+        """The parent of the controllers' file pickers, questions and dialogs (app/host.py)."""
+        return self
+
     def open_dialog(self, dialog):
         """Open a dialog window-modal, kept as `dialog` while it is open."""
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -537,9 +558,9 @@ class MainWindow(QMainWindow):
         super().showEvent(event)
         if not self._layout_restored:  # first start: give the tree room for its columns
             self._layout_restored = True
-            QTimer.singleShot(0, self._default_dock_sizes)
+            QTimer.singleShot(0, self.default_dock_sizes)
 
-    def _default_dock_sizes(self) -> None:
+    def default_dock_sizes(self) -> None:
         """The first-start layout: wide docks around the display, narrow ones around the canvas."""
         w = self.width()
         current = self.tabs.currentWidget()

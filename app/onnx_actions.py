@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from PySide6.QtWidgets import QMessageBox
 
@@ -32,11 +32,11 @@ from engine.tensor.device import default_device
 from .contract_check import SHAPES_ONLY_FROM, default_example_input
 from .core import edits, opening
 from .core.schema import DesignSource, Edit, OnnxSource
+from .designer_panel import DesignerPanel
+from .document import Document
+from .host import Host
 from .prompts import open_file, save_file
 from .workers import Task
-
-if TYPE_CHECKING:
-    from .main_window import MainWindow
 
 __all__ = ["OnnxActions", "ONNX_FILTER", "model_inputs"]
 
@@ -62,9 +62,18 @@ def model_inputs(module, source, text: str) -> list:
 
 
 class OnnxActions:
-    def __init__(self, window: "MainWindow"):
-        self.window = window
-        self.document = window.document
+    def __init__(self, document: Document, host: Host, *, designer: DesignerPanel, contract_editor, contract_dock,
+                 selected_path: Callable[[], str | None], show_designer: Callable[[], None]):
+        """`designer`: the Graph / Designer tab (an import opens there, the Graph page draws the
+        trace); `contract_editor` and its `contract_dock`: the example input, shown when it is
+        wrong; `selected_path()`: the tree's selection; `show_designer()` brings its tab forward."""
+        self.host = host
+        self.document = document
+        self.designer = designer
+        self.contract_editor = contract_editor
+        self.contract_dock = contract_dock
+        self.selected_path = selected_path
+        self.show_designer = show_designer
         self.last_report = None  # the ImportReport of the last ONNX file opened
         self.last_export: Path | None = None
         self._graph_for = None  # id of the model the graph shows (or is being traced for)
@@ -72,8 +81,8 @@ class OnnxActions:
 
     # ---- example input --------------------------------------------------------------------------
     def input_text(self) -> str:
-        w, doc = self.window, self.document
-        text = w.contract_editor.input.text().strip()
+        doc = self.document
+        text = self.contract_editor.input.text().strip()
         if not text:
             if isinstance(doc.source, opening.ExampleSource):
                 text = "example"
@@ -83,12 +92,12 @@ class OnnxActions:
 
     # ---- open -----------------------------------------------------------------------------------
     def ask_open(self, *_args) -> None:
-        path = open_file(self.window, self.window.settings, "Open ONNX", ONNX_FILTER)
+        path = open_file(self.host.dialog_parent(), self.host.settings, "Open ONNX", ONNX_FILTER)
         if path:
             self.open_onnx(path)
 
     def open_onnx(self, path) -> Task:
-        w = self.window
+        w = self.host
         path = Path(path)
 
         def done(result):
@@ -105,19 +114,19 @@ class OnnxActions:
                              failed, kind="onnx-open")
 
     def _opened(self, imported, path: Path, digest: str | None = None) -> bool:
-        w = self.window
+        w, designer, doc = self.host, self.designer, self.document
         if not w.maybe_discard(document=True, design=True):
             w.status(f"{path.name}: not opened (kept what is open)")
             return False
         self.last_report = imported.report
-        w.designer.open_imported(imported, path)
-        w.tabs.setCurrentWidget(w.designer)
-        if w.designer.analysis.ok:
-            model = w.designer.build(ask=False)
-            if model is not None and digest is not None and w.document.module is model:
+        designer.open_imported(imported, path)
+        self.show_designer()
+        if designer.analysis.ok:
+            model = designer.build(ask=False)
+            if model is not None and digest is not None and doc.module is model:
                 # the model is the file's design with the file's weights: a project names the file
-                w.document.source = OnnxSource(str(path.resolve()), digest)
-                w.document.source_changed.emit()
+                doc.source = OnnxSource(str(path.resolve()), digest)
+                doc.source_changed.emit()
         w.message(QMessageBox.Icon.Information, "ONNX import",
                   f"{path.name}: {len(imported.design.nodes())} design nodes from "
                   f"{len(imported.report.mapping)} ONNX nodes; the details list what each became.",
@@ -132,7 +141,7 @@ class OnnxActions:
         weights, then `edits_` replayed. A missing, changed or unimportable file, or an edit that
         fails, shows the error naming the project and the file; the document is left as it was.
         The caller asked about unsaved work."""
-        w, doc = self.window, self.document
+        w, doc = self.host, self.document
         replayed = list(edits_ or [])
         where = f"{project_path}: " if project_path is not None else ""
         imported_of = []
@@ -148,8 +157,8 @@ class OnnxActions:
                 raise _ReplayFailed(str(e)) from e
 
         def loaded(module: Any) -> None:
-            if not w.designer.is_dirty():  # the designer shows the file's design, as Open ONNX does
-                w.designer.open_imported(imported_of[0], Path(source.path))
+            if not self.designer.is_dirty():  # the designer shows the file's design, as Open ONNX does
+                self.designer.open_imported(imported_of[0], Path(source.path))
             doc.set_model(module, source, edits=edits_, contracts=contracts_, project_path=project_path,
                           runs=runs_, dirty=dirty)
             self.last_report = imported_of[0].report
@@ -178,8 +187,7 @@ class OnnxActions:
         """Why the open model cannot be saved as a project ('' when it can): one built from an
         imported ONNX file's design after that design was edited holds the file's weights where
         they still fit, and a project (which replays the design) would rebuild it without them."""
-        w, doc = self.window, self.document
-        designer = w.designer
+        doc, designer = self.document, self.designer
         if not isinstance(doc.source, DesignSource) or designer.weights is None or doc.module is None \
                 or doc.module is not designer.last_model:
             return ""
@@ -190,16 +198,16 @@ class OnnxActions:
 
     # ---- export ---------------------------------------------------------------------------------
     def ask_export(self, *_args) -> None:
-        w, doc = self.window, self.document
+        w, doc = self.host, self.document
         if doc.module is None:
             return
         name = (doc.title.rstrip(" *").split(" — ")[0] or "model").replace(" ", "_").replace("/", "_").lower()
-        path = save_file(w, w.settings, "Export ONNX", ONNX_FILTER, f"{name}.onnx")
+        path = save_file(w.dialog_parent(), w.settings, "Export ONNX", ONNX_FILTER, f"{name}.onnx")
         if path:
             self.export_onnx(path)
 
     def export_onnx(self, path, input_text: str | None = None) -> Task | None:
-        w, doc = self.window, self.document
+        w, doc = self.host, self.document
         module = doc.module
         if module is None:
             return None
@@ -210,7 +218,7 @@ class OnnxActions:
         try:
             inputs = model_inputs(module, doc.source, text)
         except (ValueError, opening.OpenError) as e:
-            w.contract_dock.show()
+            self.contract_dock.show()
             w.error("Export ONNX", f"{e}")
             return None
         lazy = shape_check.unallocated_bytes(module)
@@ -237,13 +245,13 @@ class OnnxActions:
     # ---- the graph of the open model ------------------------------------------------------------
     def model_changed(self) -> None:
         self._graph_for = None
-        if self.window.designer.graph_shown():
+        if self.designer.graph_shown():
             self.refresh_graph()
 
     def refresh_graph(self) -> Task | None:
         """Trace the open model (on a worker) for the Graph page, unless it shows it already."""
-        w, doc = self.window, self.document
-        view = w.designer.graph
+        w, doc = self.host, self.document
+        view = self.designer.graph
         module = doc.module
         if module is None:
             self._graph_for = None
@@ -271,7 +279,7 @@ class OnnxActions:
         def done(result):
             trace, shapes = result
             view.set_trace(trace, "shapes only" if shapes else "")
-            view.select_path(w.tree.selected_path())
+            view.select_path(self.selected_path())
 
         def failed(f):
             self._graph_for = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from PySide6.QtWidgets import QFileDialog
 
@@ -23,11 +23,10 @@ from engine.module.tree import params as tree_params
 from .core import edits, opening
 from .core.project import PROJECT_SUFFIX
 from .core.schema import Edit, PretrainedSource
+from .document import Document
+from .host import Host
 from .prompts import Button, ask_question
 from .workers import Task
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
 
 EXPORT_TIP = "Write the model as a Hugging Face folder (config.json + model.safetensors) that transformers loads; " \
              "LoRA adapters are merged into a copy first"
@@ -43,10 +42,19 @@ class _ReplayFailed(Exception):
 
 
 class PretrainedActions:
-    def __init__(self, window: "MainWindow"):
-        self.window = window
-        self.document = window.document
-        self.settings = window.settings
+    def __init__(self, document: Document, host: Host, *, export_action, peft_action,
+                 hf_names: Callable[[], dict], open_path: Callable[[str], bool]):
+        """`export_action` / `peft_action`: File ▸ Export ▸ Hugging Face Folder / PEFT Adapter (enabled
+        here, with a tip that says why not); `hf_names()`: the open model's Hugging Face names ({}
+        unless a known family's); `open_path(entry)`: File ▸ Open of a dropped project, script or
+        checkpoint."""
+        self.host = host
+        self.document = document
+        self.settings = host.settings
+        self.export_action = export_action
+        self.peft_action = peft_action
+        self.hf_names = hf_names
+        self.open_path = open_path
 
     # ---- opening ----------------------------------------------------------------------------------
     def _start_folder(self) -> str:
@@ -54,7 +62,7 @@ class PretrainedActions:
 
     def ask_open(self) -> Task | None:
         """File ▸ Open Pretrained…: choose a folder, then open it (asking about unsaved work)."""
-        folder = QFileDialog.getExistingDirectory(self.window, "Open Pretrained (a Hugging Face model folder)",
+        folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Open Pretrained (a Hugging Face model folder)",
                                                   self._start_folder())
         if not folder:
             return None
@@ -66,7 +74,7 @@ class PretrainedActions:
                     ask: bool = True) -> Task | None:
         """Open a Hugging Face folder on a worker, replay `edits_` (a project's) and make it the
         document's model. `ask`: ask about unsaved work first (a project's open already did)."""
-        w = self.window
+        w = self.host
         if ask and not w.maybe_discard(document=True):
             return None
         path = Path(folder).expanduser()
@@ -133,23 +141,23 @@ class PretrainedActions:
         if name.endswith(PROJECT_SUFFIX) or path.suffix.lower() in (".py", ".bpk", ".safetensors"):
             # as File ▸ Open does: a project or script opens (asking about unsaved work), a
             # checkpoint opens the dialog that asks for its architecture
-            opened = self.window.open_path(str(path))
+            opened = self.open_path(str(path))
             return bool(opened) or path.suffix.lower() in (".bpk", ".safetensors")
-        self.window.error("Open", f"{path}: cannot open a dropped {path.suffix or 'file'}: expected {DROPPABLE}")
+        self.host.error("Open", f"{path}: cannot open a dropped {path.suffix or 'file'}: expected {DROPPABLE}")
         return False
 
     # ---- export -----------------------------------------------------------------------------------
     def update_action(self) -> None:
         """Enable Export ▸ Hugging Face Folder for a model of a known family; else say why."""
-        action = self.window.actions.export_pretrained
+        action = self.export_action
         # the window's Hugging Face names of this model, made once per change (a known family has them)
-        names = getattr(self.window, "hf_names", None)
+        names = self.hf_names()
         why = "" if names and self.document.module is not None else opening.save_pretrained_refusal(self.document.module)
         action.setEnabled(not why)
         tip = EXPORT_TIP if not why else f"Not available: {why}"
         action.setToolTip(tip)
         action.setStatusTip(tip)
-        peft = self.window.actions.export_peft
+        peft = self.peft_action
         why = self.peft_refusal()
         peft.setEnabled(not why)
         tip = PEFT_TIP if not why else f"Not available: {why}"
@@ -161,7 +169,7 @@ class PretrainedActions:
         module = self.document.module
         if module is None:
             return "no model is open"
-        if not getattr(self.window, "hf_names", None):
+        if not self.hf_names():
             why = opening.save_pretrained_refusal(module)
             return (f"a PEFT adapter names the modules of a known Hugging Face family; {why}" if why else
                     "a PEFT adapter names the modules of a model opened from a Hugging Face folder")
@@ -172,15 +180,15 @@ class PretrainedActions:
     def ask_export_peft(self) -> Task | None:
         why = self.peft_refusal()
         if why:
-            self.window.status(f"Export PEFT adapter: {why}")
+            self.host.status(f"Export PEFT adapter: {why}")
             return None
-        folder = QFileDialog.getExistingDirectory(self.window, "Export PEFT Adapter (choose or make a folder)",
+        folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Export PEFT Adapter (choose or make a folder)",
                                                   self._start_folder())
         return self.export_peft(folder) if folder else None
 
     def export_peft(self, folder: str | Path) -> Task | None:
         """Write the document's LoRA adapters as a PEFT adapter folder, on a worker."""
-        w, module = self.window, self.document.module
+        w, module = self.host, self.document.module
         why = self.peft_refusal()
         if why:
             w.error("Export PEFT adapter", why)
@@ -190,7 +198,7 @@ class PretrainedActions:
             w.error("Export PEFT adapter", f"{folder}: a file, expected a folder to write into")
             return None
         if (folder / "adapter_config.json").exists():
-            answer = ask_question(w, "Replace the adapter in this folder?",
+            answer = ask_question(w.dialog_parent(), "Replace the adapter in this folder?",
                                   f"{folder} already holds a PEFT adapter (adapter_config.json). Replace it?",
                                   Button.Yes | Button.Cancel, Button.Cancel)
             if answer != Button.Yes:
@@ -215,15 +223,15 @@ class PretrainedActions:
         module = self.document.module
         why = opening.save_pretrained_refusal(module)
         if why:
-            self.window.status(f"Export Hugging Face folder: {why}")
+            self.host.status(f"Export Hugging Face folder: {why}")
             return None
-        folder = QFileDialog.getExistingDirectory(self.window, "Export Hugging Face Folder (choose or make a folder)",
+        folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Export Hugging Face Folder (choose or make a folder)",
                                                   self._start_folder())
         return self.export_folder(folder) if folder else None
 
     def export_folder(self, folder: str | Path) -> Task | None:
         """Write the document's model to `folder` on a worker; adapters are merged into a copy."""
-        w, module = self.window, self.document.module
+        w, module = self.host, self.document.module
         why = opening.save_pretrained_refusal(module)
         if why:
             w.error("Export Hugging Face folder", why)
@@ -238,7 +246,7 @@ class PretrainedActions:
             w.error("Export Hugging Face folder", f"{folder}: a file, expected a folder to write into")
             return None
         if (folder / "config.json").exists() or any(folder.glob("model*.safetensors")):
-            answer = ask_question(w, "Replace the model in this folder?",
+            answer = ask_question(w.dialog_parent(), "Replace the model in this folder?",
                                   f"{folder} already holds a model (config.json, model files). Replace it?",
                                   Button.Yes | Button.Cancel, Button.Cancel)
             if answer != Button.Yes:

@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
@@ -22,11 +22,12 @@ from .core import checkpoints, edits, opening
 from .core.project import PROJECT_SUFFIX, ProjectError, read_json_file, read_project, write_json_atomic
 from .core.schema import (CheckpointSource, DesignSource, Edit, ExampleSource, OnnxSource, PretrainedSource,
                           ScriptSource, Source, source_from_json)
+from .document import Document
+from .host import Host
+from .onnx_actions import OnnxActions
+from .pretrained_actions import PretrainedActions
 from .prompts import open_file, save_file
 from .workers import Task
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
 
 PROJECT_FILTER = f"Ember projects (*{PROJECT_SUFFIX});;All files (*)"
 AUTOSAVE_SUFFIX = PROJECT_SUFFIX + ".autosave"
@@ -40,10 +41,19 @@ class _ReplayFailed(Exception):
 
 
 class ProjectIO:
-    def __init__(self, window: "MainWindow"):
-        self.window = window
-        self.document = window.document
-        self.settings = window.settings
+    def __init__(self, document: Document, host: Host, *, examples_menu, recent_menu, pretrained: PretrainedActions,
+                 onnx: OnnxActions, open_design: Callable[[Any], bool]):
+        """`examples_menu` / `recent_menu`: File ▸ Open Example / Open Recent, filled here when
+        shown; `pretrained` and `onnx` open the sources of their kinds; `open_design(path)` opens a
+        design project in the designer (the window asks about the design and the model)."""
+        self.host = host
+        self.document = document
+        self.settings = host.settings
+        self.examples_menu = examples_menu
+        self.recent_menu = recent_menu
+        self.pretrained = pretrained
+        self.onnx = onnx
+        self.open_design = open_design
         # the untitled document's autosave is this session's own file: two running instances never
         # write one file, and a new session never overwrites the copy a crashed one left
         self.session = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -54,7 +64,7 @@ class ProjectIO:
 
     # ---- menus ------------------------------------------------------------------------------------
     def fill_examples_menu(self) -> None:
-        menu = self.window.examples_menu
+        menu = self.examples_menu
         menu.clear()
         names = opening.list_examples()
         for name in names:
@@ -66,7 +76,7 @@ class ProjectIO:
             menu.addAction("(no examples installed)").setEnabled(False)
 
     def fill_recent_menu(self) -> None:
-        menu = self.window.recent_menu
+        menu = self.recent_menu
         menu.clear()
         files = self.settings.recent_files()
         for entry in files:
@@ -82,7 +92,7 @@ class ProjectIO:
     def may_replace(self) -> bool:
         """Unsaved changes to the document are asked about (Save / Discard / Cancel) before it is
         replaced; False: Cancel, change nothing."""
-        return self.window.maybe_discard(document=True)
+        return self.host.maybe_discard(document=True)
 
     def open_example(self, name: str) -> bool:
         if not self.may_replace():
@@ -90,10 +100,10 @@ class ProjectIO:
         try:
             module = opening.load_example(name)
         except opening.OpenError as e:
-            self.window.error("Open example", e.message, e.details)
+            self.host.error("Open example", e.message, e.details)
             return False
         self.document.set_model(module, ExampleSource(name))
-        self.window.status(f"Opened the example {name}")
+        self.host.status(f"Opened the example {name}")
         return True
 
     def open_script(self, spec: str) -> bool:
@@ -104,11 +114,11 @@ class ProjectIO:
             source = opening.source_for_script(spec)
             module = opening.load_script(source.path, source.factory)
         except opening.OpenError as e:
-            self.window.error("Open model script", e.message, e.details)
+            self.host.error("Open model script", e.message, e.details)
             return False
         self.document.set_model(module, source)
         self.settings.add_recent(f"{source.path}:{source.factory}")
-        self.window.status(f"Opened {Path(source.path).name}:{source.factory}()")
+        self.host.status(f"Opened {Path(source.path).name}:{source.factory}()")
         return True
 
     def open_path(self, entry: str) -> bool:
@@ -118,7 +128,7 @@ class ProjectIO:
         if text.endswith(PROJECT_SUFFIX):
             return self.open_project(text)
         if opening.is_pretrained_folder(text):  # a Hugging Face folder: opened on a worker
-            return self.window.pretrained.open_folder(text) is not None
+            return self.pretrained.open_folder(text) is not None
         path, _factory = opening.split_script_spec(text)
         if path.suffix.lower() in (".bpk", ".safetensors"):
             dialog = self.ask_open_checkpoint()
@@ -127,15 +137,15 @@ class ProjectIO:
         return self.open_script(text)
 
     def ask_open_project(self) -> None:
-        path = open_file(self.window, self.settings, "Open Project", PROJECT_FILTER)
+        path = open_file(self.host.dialog_parent(), self.settings, "Open Project", PROJECT_FILTER)
         if path:
             self.open_project(path)
 
     def ask_open_checkpoint(self) -> CheckpointDialog:
-        dialog = CheckpointDialog(self.window, examples=opening.list_examples(),
+        dialog = CheckpointDialog(self.host.dialog_parent(), examples=opening.list_examples(),
                                   title="Open Checkpoint into Architecture", current=self.current_architecture())
         dialog.chosen.connect(self._open_checkpoint_choice)
-        return self.window.open_dialog(dialog)
+        return self.host.open_dialog(dialog)
 
     def current_architecture(self) -> dict | None:
         """The open model's architecture as the checkpoint dialog names it (None: no model, or one
@@ -164,12 +174,12 @@ class ProjectIO:
         leaves the document as it was); the window stays responsive. `from_file`: the source was
         read from a project file, so a Python file it names runs only once the user confirmed it
         (`confirm_script`). True: the model opened, or its load and replay started."""
-        w = self.window
+        w = self.host
         if isinstance(source, PretrainedSource):  # a Hugging Face folder, opened on a worker (app/pretrained_actions.py)
-            return w.pretrained.open_folder(source.path, edits_=edits_, contracts_=contracts_, project_path=project_path,
+            return self.pretrained.open_folder(source.path, edits_=edits_, contracts_=contracts_, project_path=project_path,
                                             dirty=dirty, runs_=runs_, ask=False) is not None
         if isinstance(source, OnnxSource):  # the ONNX file imported again on a worker (app/onnx_actions.py)
-            return w.onnx.open_source(source, edits_=edits_, contracts_=contracts_, project_path=project_path,
+            return self.onnx.open_source(source, edits_=edits_, contracts_=contracts_, project_path=project_path,
                                       dirty=dirty, runs_=runs_) is not None
         checkpoint = isinstance(source, CheckpointSource)
         # a project's errors name the file first, then the part of it that failed
@@ -213,9 +223,7 @@ class ProjectIO:
             if isinstance(failure.exception, _ReplayFailed):
                 w.error(title, f"{where}the model opened, but replaying its edits failed: {failure.exception}")
                 return
-            show_load_failure(w, failure)
-            if where and w.last_message is not None:  # the checkpoint the project names: say which project
-                w.last_message.setText(f"{where}source.path: {w.last_message.text()}")
+            show_load_failure(w, failure, where)  # the checkpoint the project names: it says which project
 
         task_title = f"Loading {Path(path).name}" if checkpoint else \
             f"Replaying {len(replayed)} edit(s) of {Path(project_path).name if project_path else 'the model'}"
@@ -233,7 +241,7 @@ class ProjectIO:
         if self.settings.script_confirmed(path, digest):
             return True
         answer = QMessageBox.question(
-            self.window, "Run a Python file?",
+            self.host.dialog_parent(), "Run a Python file?",
             f"This project builds its model by running the Python file\n\n{path}\n\nRunning it can do anything "
             "your account can. Run it only if you trust where it came from. Run this file?",
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
@@ -248,10 +256,10 @@ class ProjectIO:
         try:
             project = read_project(path)
         except ProjectError as e:
-            self.window.error("Open project", str(e))
+            self.host.error("Open project", str(e))
             return False
         if isinstance(project.source, DesignSource):  # the window asks about the design and the model
-            ok = self.window.open_design(path)
+            ok = self.open_design(path)
             if ok:
                 self.settings.add_recent(str(Path(path).resolve()))
             return ok
@@ -270,24 +278,24 @@ class ProjectIO:
         return self.save_to(self.document.project_path)
 
     def save_project_as(self) -> bool:
-        path = save_file(self.window, self.settings, "Save Project", PROJECT_FILTER)
+        path = save_file(self.host.dialog_parent(), self.settings, "Save Project", PROJECT_FILTER)
         return bool(path) and self.save_to(Path(path))
 
     def save_to(self, path: Path) -> bool:
         if self.document.module is None:
             return False
-        why = self.window.onnx.save_refusal()  # weights a project could not bring back: refused, nothing written
+        why = self.onnx.save_refusal()  # weights a project could not bring back: refused, nothing written
         if why:
-            self.window.error("Save project", f"{path.name} was not written: {why}")
+            self.host.error("Save project", f"{path.name} was not written: {why}")
             return False
         try:
             written = self.document.save_project(path)
         except OSError as e:
-            self.window.error("Save project", f"cannot write {path}: {e.strerror or e}")
+            self.host.error("Save project", f"cannot write {path}: {e.strerror or e}")
             return False
         self.remove_autosave()
         self.settings.add_recent(str(written.resolve()))
-        self.window.status(f"Saved {written}")
+        self.host.status(f"Saved {written}")
         return True
 
     # ---- autosave and recovery --------------------------------------------------------------------
@@ -382,7 +390,7 @@ class ProjectIO:
         box = QMessageBox(QMessageBox.Icon.Question, "Recover unsaved changes?",
                           f"Ember kept unsaved changes to {project_path.name if project_path else 'an untitled model'} "
                           f"from {when} ({len(project.edits)} edit(s)). Recover them?",
-                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Discard, self.window)
+                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Discard, self.host.dialog_parent())
         box.setObjectName("recovery")
         box.button(QMessageBox.StandardButton.Yes).setText("Recover")
 
@@ -391,7 +399,7 @@ class ProjectIO:
                 try:
                     auto.unlink(missing_ok=True)
                 except OSError as e:
-                    self.window.error("Recover unsaved changes", f"cannot delete {auto}: {e.strerror or e}")
+                    self.host.error("Recover unsaved changes", f"cannot delete {auto}: {e.strerror or e}")
                     return
                 self._own.discard(auto)
                 return
@@ -404,7 +412,7 @@ class ProjectIO:
 
         box.buttonClicked.connect(answered)
         box.open()
-        self.window.last_message = box
+        self.host.last_message = box
         return box
 
     def _took_over(self) -> None:

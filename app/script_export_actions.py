@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
@@ -25,11 +25,10 @@ from engine.train.run_spec import CAUSAL_LM_TASK, make_data
 from widgets.training.config_form import FormError
 
 from .core import opening
+from .document import Document
+from .host import Host
 from .prompts import Button, ask_question
 from .workers import Task
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
 
 TIP = "Write a PyTorch + transformers + peft training script (train.py, train_config.json, the token rows) for " \
       "this model and the Training tab's settings, to run with python, accelerate launch or torchrun"
@@ -44,9 +43,16 @@ def commands(folder: Path) -> list[str]:
 
 
 class ScriptExportActions:
-    def __init__(self, window: "MainWindow"):
-        self.window = window
-        self.document = window.document
+    def __init__(self, document: Document, host: Host, *, action, hf_names: Callable[[], dict],
+                 current_spec: Callable):
+        """`action`: File ▸ Export ▸ Training script (enabled here, its tip says why not);
+        `hf_names()`: the open model's Hugging Face names; `current_spec()`: the Training tab's
+        `RunSpec` now (FormError when its forms are not valid)."""
+        self.host = host
+        self.document = document
+        self.action = action
+        self.hf_names = hf_names
+        self.current_spec = current_spec
         self.last_export = None  # the engine's ExportedScript of the last export that finished
 
     def refusal(self) -> str:
@@ -54,12 +60,12 @@ class ScriptExportActions:
         module = self.document.module
         if module is None:
             return "no model is open"
-        if not getattr(self.window, "hf_names", None):
+        if not self.hf_names():
             why = opening.save_pretrained_refusal(module)
             return (f"the script loads the model with transformers; {why}" if why else
                     "the script loads a model of a known Hugging Face family: open one with File ▸ Open Pretrained")
         try:
-            spec = self.window.training_panel.current_spec()
+            spec = self.current_spec()
         except FormError as e:
             return f"the Training tab's settings are not valid: {e}"
         except Exception as e:  # noqa: BLE001 - a form the spec cannot be made from
@@ -71,7 +77,7 @@ class ScriptExportActions:
         return ""
 
     def update_action(self) -> None:
-        action = self.window.actions.export_training_script
+        action = self.action
         why = self.refusal()
         action.setEnabled(not why)
         tip = TIP if not why else f"Not available: {why}"
@@ -81,18 +87,18 @@ class ScriptExportActions:
     def ask_export(self) -> Task | None:
         why = self.refusal()
         if why:
-            self.window.status(f"{TITLE}: {why}")
+            self.host.status(f"{TITLE}: {why}")
             return None
-        settings = self.window.settings
+        settings = self.host.settings
         start = settings.last_folder() if settings is not None else str(Path.home())
-        folder = QFileDialog.getExistingDirectory(self.window, "Export Training Script (choose or make a folder)",
+        folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Export Training Script (choose or make a folder)",
                                                   start)
         return self.export(folder) if folder else None
 
     def export(self, folder: str | Path) -> Task | None:
         """Write the training script for the document's model and the Training tab's run into
         `folder`, on a worker; show what was written and how to run it."""
-        w, module = self.window, self.document.module
+        w, module = self.host, self.document.module
         why = self.refusal()
         if why:
             w.error(TITLE, why)
@@ -102,12 +108,12 @@ class ScriptExportActions:
             w.error(TITLE, f"{folder}: a file, expected a folder to write the training script into")
             return None
         if (folder / CONFIG_FILE).exists():
-            answer = ask_question(w, "Replace the training script in this folder?",
+            answer = ask_question(w.dialog_parent(), "Replace the training script in this folder?",
                                   f"{folder} already holds a training script ({CONFIG_FILE}). Replace it?",
                                   Button.Yes | Button.Cancel, Button.Cancel)
             if answer != Button.Yes:
                 return None
-        spec = w.training_panel.current_spec()
+        spec = self.current_spec()
         started = time.perf_counter()
 
         def work(state):

@@ -19,8 +19,10 @@ How a run goes:
 - Every `GRAD_NORM_S` seconds the optimizer wrapper (`GradTap`) computes, before the update,
   the L2 norm of the gradients below every module (None for modules with no gradient:
   frozen); the panel shows them and re-emits them as `grad_norms_changed(dict)`.
-- A run's status lives in its `RunHistory` (`app.training_run`); the run controls, `run.json`
-  and the project's record of the run show it.
+- A run has one owner, its `TrainingRun` (app/training_run.py): record, history (the status)
+  and worker. The panel starts it and passes the controls' pause / resume / stop to it; the run
+  applies the worker's events to its history, then tells the panel (`events`, `finished`,
+  `failed`), which updates the controls, `run.json` and the project's record of the run.
 - Pause / resume / stop go to the learner from the GUI thread (it honours them between two
   steps). A run that ends finished or stopped saves the trained weights in its folder
   (`trained.bpk`) and replaces the document's model with the trained value as one undoable
@@ -62,7 +64,7 @@ from engine.train.run_folder import latest_checkpoint, new_run_folder, read_run,
 from engine.train.run_history import RunHistory
 from engine.train.run_spec import CAUSAL_LM_TASK, FILE_TASK, RunSpec
 from engine.train.tasks import TASKS
-from engine.train.worker import GuiGate, RunOutcome, run_training
+from engine.train.worker import RunOutcome
 from widgets.common import ErrorLabel
 from widgets.training.config_form import FormError
 from widgets.training.curves import TrainingCurves
@@ -71,8 +73,7 @@ from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
 from .core.schema import CheckpointSource, ExampleSource, LoadEdit, PretrainedSource, Source
-from .training_run import TrainingRun
-from .workers import Task, TaskFailure
+from .training_run import GuiGate, TrainingRun
 
 # A paint of the curves calls back into Python (pyqtgraph's items) many times, and each call would
 # queue for the GIL behind the training thread: the worker waits between two steps while the GUI
@@ -478,35 +479,25 @@ class TrainingPanel(QWidget):
         return self._launch(run, str(checkpoint), max_steps)
 
     def _launch(self, run: TrainingRun, resume_from: str | None, max_steps: int | None) -> TrainingRun:
-        run.source = getattr(self.document, "source", None)
-        run.generation = self.generation
         self.runs = [r for r in self.runs if r.folder != run.folder]  # a resumed run continues its record
         self.runs.append(run)
         self.active = run
         self.pending_apply = None
         self.apply_button.setEnabled(False)
         self._show_error("")
-        run.history.begin()
-        run.write(resumed_from=resume_from)
         lm = run.spec is not None and run.spec.data.task == CAUSAL_LM_TASK
         self.lm_label.setText("Perplexity and tokens/s appear when the first epoch ends." if lm else "")
         self.lm_label.setVisible(lm)
         if lm:
             self.curves.set_metric("perplexity")
-        task = Task(run_training, run.control, run.source_module, run.spec, str(run.folder), resume_from,
-                    max_steps, self.yield_between_steps, title=f"Training {run.name}")
-        run.task = task
-        task.partial.connect(lambda batch, r=run: self._on_events(r, batch))
-        task.cancelled.connect(lambda r=run: self._on_cancelled(r))
+        # the run owns its worker and tells the panel what came back
+        run.events.connect(lambda batch, r=run: self._on_events(r, batch))
+        run.finished.connect(lambda out, r=run: self._on_outcome(r, out))
+        run.failed.connect(lambda failure, r=run: self._on_failure(r, failure))
         self.controls.set_state("starting", f"Starting {run.name}…" if not resume_from else
                                 f"Resuming {run.name} from {Path(resume_from).name}…")
-        if self._start_task is not None:
-            self._start_task(task, lambda out, r=run: self._on_outcome(r, out),
-                             lambda failure, r=run: self._on_failure(r, failure))
-        else:
-            task.finished.connect(lambda out, r=run: self._on_outcome(r, out))
-            task.failed.connect(lambda failure, r=run: self._on_failure(r, failure))
-            task.start()
+        run.start(getattr(self.document, "source", None), self.generation, resume_from, max_steps,
+                  self.yield_between_steps, self._start_task)
         self.cancel_poll.start()
         if self.switch_interval is not None and self._saved_switch_interval is None:
             self._saved_switch_interval = sys.getswitchinterval()
@@ -517,25 +508,23 @@ class TrainingPanel(QWidget):
 
     def pause(self) -> None:
         if self.active is not None:
-            self.active.control.pause()
+            self.active.pause()
             self.controls.set_state("paused" if self.controls.state == "starting" else self.controls.state,
                                     "Pausing after the current step…")
 
     def resume(self) -> None:
         if self.active is not None:
-            self.active.control.resume()
+            self.active.resume()
 
     def stop(self) -> None:
         if self.active is not None:
-            self.active.control.stop()
+            self.active.stop()
             self.controls.set_state("stopping", "Stopping after the current step…")
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop a running run and wait for its thread (the window is closing)."""
-        run = self.active
-        if run is not None and run.task is not None:
-            run.control.stop()
-            run.task.wait_thread(timeout)
+        if self.active is not None:
+            self.active.shutdown(timeout)
         if self._saved_switch_interval is not None:
             sys.setswitchinterval(self._saved_switch_interval)
             self._saved_switch_interval = None
@@ -545,21 +534,17 @@ class TrainingPanel(QWidget):
         if run is None:
             self.cancel_poll.stop()
             return
-        if run.task is not None and run.task.is_cancel_requested() and not run.control.stopped:
-            run.control.stop()  # the window's Cancel: end a pause too
+        run.cancel_if_asked()  # the window's Cancel: end a pause too
 
     # ---- events from the worker -----------------------------------------------------------------
     def _on_events(self, run: TrainingRun, batch: list) -> None:
-        h = run.history
+        """What the run's worker sent (the run's history has it already): the controls and tables."""
         for event in batch:
-            h.apply(event)
             if isinstance(event, ev.GradNorms):
                 self.grad_table.set_norms(event.norms)
                 self.grad_label.setText(f"Gradient norms per module at step {event.global_step} "
                                         f"(frozen modules get none)")
                 self.grad_norms_changed.emit(dict(event.norms))
-            elif isinstance(event, ev.DataInfo):
-                run.data_note = event.text
             elif isinstance(event, ev.Started):
                 self.controls.set_state("running", f"Training {run.name}: epoch {event.start_epoch} of "
                                         f"{event.total_epochs}, {event.steps_per_epoch} steps an epoch"
@@ -655,16 +640,6 @@ class TrainingPanel(QWidget):
                 f"replaces the current one.")
         return False
 
-    def _on_cancelled(self, run: TrainingRun) -> None:
-        """The window's Cancel stopped the task: the outcome was left on the run's control."""
-        c = run.control
-        if c.outcome is not None:
-            self._on_outcome(run, c.outcome)
-        else:
-
-            exc = c.exception or RuntimeError("the run was cancelled before it started")
-            self._on_failure(run, TaskFailure(exc, c.traceback))
-
     def _on_failure(self, run: TrainingRun, failure) -> None:
         """The worker raised before or outside the loop (data, model, checkpoint)."""
         exc = failure.exception
@@ -716,7 +691,6 @@ class TrainingPanel(QWidget):
     # ---- for tests, --train-steps and benchmarks ---------------------------------------------------
     def wait(self, timeout: float = 120.0) -> bool:
         """Process events until no run is active; False on timeout."""
-
         deadline = time.monotonic() + timeout
         while self.active is not None and time.monotonic() < deadline:
             QApplication.processEvents()

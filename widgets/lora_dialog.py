@@ -5,8 +5,10 @@ and QLoRA's block size and double quantization, with a live preview of the param
 and of what stays trainable.
 
 LoRA (Burn's): every float parameter is frozen; each rank-2 float parameter in the group gets
-factors `a` [d_in, rank] and `b` [rank, d_out], trainable, so the preview is plain arithmetic
-on shapes and never touches a value.
+factors `a` [d_in, rank] and `b` [rank, d_out], trainable (DoRA adds a magnitude per output
+column). The preview is the engine's (`Lora.preview`: what attaching would add and leave
+trainable, adapters attached before included), from shapes: it never touches a value, and this
+dialog computes none of it itself.
 """
 from __future__ import annotations
 
@@ -19,10 +21,8 @@ import re
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel,
                                QLineEdit, QVBoxLayout)
 
-from engine.module import Lora
+from engine.module import Lora, ParamGroup
 from engine.module.nf4 import bits_per_weight
-from engine.module.summary import TrainableCounts
-from engine.module import tree
 from engine.models.peft import peft_targets, target_group
 
 from .common import ErrorLabel, count, monospace_font
@@ -84,7 +84,6 @@ class LoraDialog(QDialog):
         self.setWindowTitle("Attach LoRA")
         self.setObjectName("lora-dialog")
         self.params = module.named_params()
-        self.reparameterized = [p for p, v in tree.params(module) if v.reparameterization is not None]
         self.module = module
         self._target_cache: dict[str, Any] = {}  # target text -> the parameters it selects, or the error
         self.variant = QComboBox()
@@ -298,10 +297,13 @@ class LoraDialog(QDialog):
         variant = self.variant.currentData()
         if variant == "dora" and quant:  # pragma: no cover - the combo makes them exclusive
             variant = "lora"
-        # the engine's preview of the selected parameters: which get factors, how many values
-        preview = Lora(rank if rank is not None else 1, 1.0).preview(matches or [])
+        # the engine's preview of attaching the variant to the selected parameters: which get
+        # factors, how many values they add, what stays trainable (adapters attached before too)
+        lora = Lora(rank if rank is not None else 1, 1.0, use_dora=variant == "dora", use_rslora=variant == "rslora",
+                    param_group=ParamGroup.from_ids([v.id for _p, v in matches or []]))
+        preview = lora.preview(self.module)
         targets = preview.targets
-        nested = [p for p, _ in targets if p in self.reparameterized]
+        nested = [p for p, _ in preview.nested]
         if nested:
             self.group.error.show_error(
                 f"{len(nested)} selected weight(s) already have LoRA ({nested[0]}, …): reparameterizations do not "
@@ -314,23 +316,17 @@ class LoraDialog(QDialog):
         self.ok_button().setEnabled(ok)
         self._warn_rank(rank, targets)
         if rank is not None and targets:
-            added = preview.added
-            after = TrainableCounts(added, sum(v.numel() for _, v in self.params) + added)
+            added, after = preview.added, preview.counts
             pv = {"added": added, "trainable": after.trainable, "all": after.total, "percent": after.percent,
                   "targets": len(targets)}
             label = {"rslora": "rsLoRA", "dora": "DoRA", "qlora": "QLoRA"}.get(variant, "LoRA")
-            if variant == "dora":  # a magnitude per output column of each target
-                added += sum(int(v.shape[1]) for _p, v in targets)
-                after = TrainableCounts(added, sum(v.numel() for _, v in self.params) + added)
-                pv = {"added": added, "trainable": after.trainable, "all": after.total, "percent": after.percent,
-                      "targets": len(targets)}
             text = f"{label} on {len(targets)} weight(s) adds {count(added)} parameters. After: {after}"
             if quant and block is not None:
                 bits = bits_per_weight(block, self.double_quant.isChecked())
                 text += f". Base weights packed to NF4, about {bits:.3f} bits per weight."
             self.summary.setText(text)
             fill_preview(self.preview, [(p, shape_text(v.shape), shape_text([v.shape[0], rank]),
-                                         shape_text([rank, v.shape[1]]), count(rank * (v.shape[0] + v.shape[1])))
+                                         shape_text([rank, v.shape[1]]), count(lora.factor_count(v, p)))
                                         for p, v in targets])
             self.preview_counts = pv
         else:

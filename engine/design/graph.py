@@ -67,6 +67,16 @@ class Design:
         self.name = name
         self.graph = nx.MultiDiGraph()
 
+    @property
+    def graph(self) -> nx.MultiDiGraph:
+        """The networkx graph (edit it through the Design's methods: they keep the name index)."""
+        return self._graph
+
+    @graph.setter
+    def graph(self, g: nx.MultiDiGraph) -> None:
+        self._graph = g
+        self._index = None  # rebuilt from the new graph when a name is next checked
+
     # ------------------------------------------------------------------ reading
     def __contains__(self, name: str) -> bool:
         return name in self.graph
@@ -136,48 +146,73 @@ class Design:
             raise DesignError(f"no node named {name!r} in the design", name) from None
 
     # ------------------------------------------------------------------ naming
+    def _names(self) -> "_NameIndex":
+        """The index of node and block names (built in one pass over the nodes when the graph was replaced, or
+        changed other than through these methods; kept up to date by `add_node` and `remove_node`)."""
+        idx = self._index
+        if idx is None or idx.nodes != self._graph.number_of_nodes():
+            idx = self._index = _NameIndex(self._graph.nodes)
+        return idx
+
+    def _taken(self, name: str) -> bool:
+        return name in self._graph or self._names().blocks.get(name, 0) > 0 or self._conflicts(name)
+
     def unique_name(self, stem: str) -> str:
         """`stem` if free, else `stem2`, `stem3`, ... (a stem ending in a digit gets `_2`)."""
-        taken = set(self.graph.nodes) | self.block_names()
-        if stem not in taken and not self._name_conflict(stem):
+        if not self._taken(stem):
             return stem
+        parts = stem.split(".")
+        for p in (".".join(parts[:i]) for i in range(1, len(parts))):
+            if p in self._graph:  # no number on the last part frees it: refused, not searched for ever
+                raise DesignError(f"no free name for {stem!r}: {p!r} is a node, so {stem!r} and its numbered "
+                                  f"variants would make it a block", stem)
         sep = "_" if stem[-1:].isdigit() else ""
-        i = 2
-        while f"{stem}{sep}{i}" in taken or self._name_conflict(f"{stem}{sep}{i}"):
-            i += 1
-        return f"{stem}{sep}{i}"
+        return self._first_free(("unique", stem), lambda i: f"{stem}{sep}{i}", 2)
 
     def default_name(self, kind: str) -> str:
         """The name a new node of `kind` gets: `input`, `output`, `linear1`, `conv2d1`, ..."""
         stem = snake_name(kind)
         if kind in ("Input", "Output"):
             return self.unique_name(stem)
-        i = 1
-        while True:
-            candidate = f"{stem}{i}" if not stem[-1:].isdigit() else f"{stem}_{i}"
-            if candidate not in self.graph and candidate not in self.block_names() \
-                    and not self._name_conflict(candidate):
-                return candidate
+        sep = "_" if stem[-1:].isdigit() else ""
+        return self._first_free(("default", stem), lambda i: f"{stem}{sep}{i}", 1)
+
+    def _first_free(self, key: tuple, candidate, first: int) -> str:
+        """The candidate of the lowest number >= `first` that is free. Names only become taken while nodes are
+        added, so the search resumes where the last one for this stem ended (the hints are dropped when a node
+        goes): adding n nodes of one kind checks O(n) names in all, not O(n^2)."""
+        idx = self._names()
+        i = max(first, idx.hints.get(key, first))
+        while self._taken(candidate(i)):
             i += 1
+        idx.hints[key] = i
+        return candidate(i)
 
     def block_names(self) -> set[str]:
         """The blocks the dotted names make: `conv1` for `conv1.conv` (and `a`, `a.b` for `a.b.c`)."""
-        out = set()
-        for n in self.graph.nodes:
-            parts = n.split(".")
-            for i in range(1, len(parts)):
-                out.add(".".join(parts[:i]))
-        return out
+        return {b for b, count in self._names().blocks.items() if count > 0}
+
+    def _conflicts(self, name: str, ignore: str | None = None) -> bool:
+        """Whether `name` is a block of another node's name, or has another node's name as a block (O(the
+        number of dots in `name`), whatever the design's size)."""
+        blocks = self._names().blocks.get(name, 0)
+        if ignore is not None and ignore.startswith(name + "."):
+            blocks -= 1
+        if blocks > 0:
+            return True
+        parts = name.split(".")
+        return any(p in self._graph and p != ignore for p in (".".join(parts[:i]) for i in range(1, len(parts))))
 
     def _name_conflict(self, name: str, ignore: str | None = None) -> str | None:
         """Why `name` cannot be added next to the existing nodes (a node and a block of one name)."""
-        others = [n for n in self.graph.nodes if n != ignore]
-        for n in others:
-            if n.startswith(name + "."):
-                return f"{name!r} is a block holding {n!r}, so it cannot also be a node"
-            if name.startswith(n + "."):
-                return f"{name!r} would make {n!r} a block, but {n!r} is a node"
-        return None
+        if not self._conflicts(name, ignore):
+            return None
+        parts = name.split(".")
+        for p in (".".join(parts[:i]) for i in range(1, len(parts))):
+            if p in self._graph and p != ignore:
+                return f"{name!r} would make {p!r} a block, but {p!r} is a node"
+        inside = next(n for n in self._graph.nodes if n != ignore and n.startswith(name + "."))
+        return f"{name!r} is a block holding {inside!r}, so it cannot also be a node"
 
     def _check_new_name(self, name: str, ignore: str | None = None) -> None:
         check_node_name(name)
@@ -207,13 +242,17 @@ class Design:
         if kind in ("Input", "Output") and "." in name:
             raise DesignError(f"an {kind} node's name is an argument or result name: {name!r} may not contain dots",
                               name)
+        idx = self._names()
         self.graph.add_node(name, kind=kind, config=values, position=_position(position))
+        idx.add(name)
         return name
 
     def remove_node(self, name: str) -> list[Edge]:
         """Remove a node and its edges; returns the removed edges."""
         removed = self.in_edges(name) + self.out_edges(name)
+        idx = self._names()
         self.graph.remove_node(name)
+        idx.remove(name)
         return removed
 
     def rename_node(self, old: str, new: str) -> None:
@@ -383,6 +422,35 @@ class Design:
                 trial.connect(renames[e["from"]], e["from_port"], renames[e["to"]], e["to_port"])
         self.graph = trial.graph
         return [renames[nd["name"]] for nd in fragment["nodes"]]
+
+
+class _NameIndex:
+    """The names a design's nodes take: `blocks` counts the nodes under each block (`a` and `a.b` for `a.b.c`),
+    `nodes` is the node count it describes, `hints` where each name search resumes (see `_first_free`)."""
+
+    def __init__(self, names: Iterable[str]):
+        self.blocks: dict = {}
+        self.nodes = 0
+        self.hints: dict = {}
+        for n in names:
+            self.add(n)
+
+    def add(self, name: str) -> None:
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            b = ".".join(parts[:i])
+            self.blocks[b] = self.blocks.get(b, 0) + 1
+        self.nodes += 1
+
+    def remove(self, name: str) -> None:
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            b = ".".join(parts[:i])
+            self.blocks[b] -= 1
+            if not self.blocks[b]:
+                del self.blocks[b]
+        self.nodes -= 1
+        self.hints.clear()  # a name may be free again
 
 
 def _num(v: float):

@@ -30,13 +30,22 @@ that does not parse, a model `onnx.checker` refuses, an opset outside 13..`MAX_O
 no node or initializer defines, a tensor whose data does not match its dims, external data
 outside the file's folder, dims that do not fit a layer, and every op the engine cannot compute
 listed at once with its node names (`error.report.unsupported`). Nothing is run from the file,
-and every size is checked before an array is made.
+and every size is checked before an array is made: a tensor holds at most `MAX_ELEMENTS`; a folded
+constant's dims come from its operands' dims and the op's settings (the `Op` node's shape rule) before it
+is computed, and the fold is refused (the node listed as unsupported, with the size it would make and the
+limit) when the value would pass `MAX_FOLD_ELEMENTS` elements, a product `MAX_FOLD_WORK` multiply-adds, or
+all folded values together `MAX_FOLD_BYTES` (1 GiB, or twice the bytes of the file's own tensors where
+that is more). A run-time shape holds at most `MAX_SHAPE_ENTRIES` entries.
 """
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import re
+import select
+import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,16 +57,21 @@ from .catalog import snake_name
 from .fields import is_axis_name
 from .graph import Design, DesignError, check_node_name
 from .layout import auto_layout
-from .primitive import FOLD_ONLY_OPS, PRIMITIVE_OPS, OpError, constants_text, fold
+from .primitive import FOLD_ONLY_OPS, PRIMITIVE_OPS, OpError, constants_text, einsum_sizes, fold, parse_einsum
+from .shape_rules import RuleError, Shape, op_shape
 from .shapes import analyze
 
-__all__ = ["import_onnx", "ImportedOnnx", "ImportReport", "OnnxImportError", "MIN_OPSET", "MAX_OPSET"]
+__all__ = ["import_onnx", "ImportedOnnx", "ImportReport", "OnnxImportError", "MIN_OPSET", "MAX_OPSET",
+           "MAX_FOLD_ELEMENTS", "MAX_FOLD_BYTES", "MAX_FOLD_WORK"]
 
 MIN_OPSET = 13
 MAX_FILE_BYTES = 2 << 30  # protobuf's own limit for one message
 MAX_NODES = 10_000  # a design's limit (design_schema.MAX_NODES)
 MAX_ELEMENTS = 1 << 31  # elements in one tensor
-MAX_FOLD_ELEMENTS = 1 << 24  # elements a folded constant may have
+MAX_FOLD_ELEMENTS = 1 << 24  # elements a folded constant (or a fold's scratch array) may have
+MAX_FOLD_BYTES = 1 << 30  # bytes the folded constants may hold together (or twice the file's own tensors, if more)
+MAX_FOLD_WORK = 1 << 32  # multiply-adds one folded product (MatMul, Gemm, Einsum, CumSum) may take
+MAX_SHAPE_ENTRIES = 1024  # entries of a run-time shape (as a shape's or a Slice's constant values: _ints)
 _INT_BOUND = 1 << 40  # Slice bounds beyond this mean "to the end"
 
 
@@ -329,6 +343,64 @@ def _light(model):
     return light
 
 
+INFERENCE_SECONDS = 120  # onnx's shape inference of a 10k-node graph takes about a second
+
+
+def _infer_shapes(light):
+    """onnx's shape inference of `light` (None where it fails). It is C++ that a hostile graph can make abort
+    the process (a negative size reaching Slice's std::clamp assertion: onnx built with assertions) or loop,
+    so where the system forks it runs in a child process that sends the result back through a pipe: a crash
+    or `INFERENCE_SECONDS` without an answer is a failed inference, not a lost process."""
+    import onnx  # noqa: PLC0415
+
+    if not hasattr(os, "fork"):
+        try:
+            return onnx.shape_inference.infer_shapes(light, strict_mode=False)
+        except Exception:  # noqa: BLE001 - a hint only
+            return None
+    data = light.SerializeToString()
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:  # the child: infer, write, exit without running the parent's cleanups
+        code = 1
+        try:
+            os.close(r)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # an assertion's message is the parent's to give
+            faulthandler.disable()  # nor a traceback of the crash (pytest's goes to a copy of stderr)
+            out = memoryview(onnx.shape_inference.infer_shapes(onnx.ModelProto.FromString(data),
+                                                               strict_mode=False).SerializeToString())
+            while out:
+                out = out[os.write(w, out):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks, done = [], False
+    deadline = time.monotonic() + INFERENCE_SECONDS
+    try:
+        while not done and time.monotonic() < deadline:
+            ready, _, _ = select.select([r], [], [], max(deadline - time.monotonic(), 0))
+            chunk = os.read(r, 1 << 20) if ready else b""
+            chunks.append(chunk)
+            done = ready and not chunk
+    finally:
+        os.close(r)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if not done or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return None
+    try:
+        return onnx.ModelProto.FromString(b"".join(chunks))
+    except Exception:  # noqa: BLE001 - a hint only
+        return None
+
+
 def _attrs(node) -> dict:
     from onnx import helper  # noqa: PLC0415
 
@@ -336,6 +408,61 @@ def _attrs(node) -> dict:
 
 
 _SAFE = re.compile(r"[^0-9A-Za-z_]+")
+_KIND_OF_DTYPE = {"f": "float", "i": "int", "u": "int", "b": "bool"}
+_EINSUM_TEXT = re.compile(rb"^[A-Za-z,. ]*(->[A-Za-z. ]*)?$")
+
+
+def _dims_text(dims) -> str:
+    text = "[" + ", ".join(str(d) for d in dims) + "]"
+    return text if len(text) <= 120 else text[:100] + ", ...]"
+
+
+def _bytes_text(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _fold_work(op: str, attrs: dict, operands: list, dims: list) -> tuple:
+    """(elements of the largest scratch array, multiply-adds) a fold takes beyond making its output, where the
+    engine's implementation takes more than a pass over its operands: products and CumSum's triangle."""
+    out = math.prod(dims)
+    if op in ("MatMul", "Gemm"):
+        a = operands[0]
+        inner = a.shape[-1] if a.ndim else 1
+        if op == "Gemm" and attrs.get("trans_a") and a.ndim == 2:
+            inner = a.shape[0]
+        return 0, out * int(inner)
+    if op == "Einsum":
+        parts = [a for a in operands if a is not None]
+        terms, letters = parse_einsum(attrs.get("mode", ""))
+        sizes = einsum_sizes(terms, [a.shape for a in parts], attrs.get("mode"))
+        # each operand summed over the letters only it has (an empty one's sum is as large as its other axes)
+        scratch = max(math.prod(int(sizes[c]) for c in t if c in letters or sum(c in u for u in terms) > 1)
+                      for t in terms)
+        if len(terms) == 2:  # the product runs over the output's letters and the ones both operands share
+            letters = set(letters) | (set(terms[0]) & set(terms[1]))
+        return scratch, math.prod(int(sizes[c]) for c in set(letters))
+    if op.startswith("Reduce"):  # one axis at a time: reducing an empty axis makes the others' product
+        dims_now = list(operands[0].shape)
+        rank = len(dims_now)
+        axes = range(rank) if attrs.get("axes") is None else {a + rank if a < 0 else a for a in attrs["axes"]}
+        scratch = 0
+        for a in sorted(axes, reverse=True):
+            dims_now[a] = 1
+            scratch = max(scratch, math.prod(dims_now))
+        return scratch, 0
+    if op == "ScatterND":  # a mask of the rows the indices can name
+        data, idx = operands[0], operands[1]
+        q = int(idx.shape[-1]) if idx.ndim else 0
+        return math.prod(data.shape[:q]), 0
+    if op == "CumSum":  # a product with an n x n triangle along the axis
+        x = operands[0]
+        axis = int(attrs["axis"])
+        n = int(x.shape[axis + x.ndim if axis < 0 else axis]) if x.ndim else 1
+        return n * n, out * n
+    return 0, 0
 
 
 class _Unsupported(Exception):
@@ -367,6 +494,8 @@ class _Importer:
         self.done: set = set()
         self.sym: dict = {}  # value -> (entries, rank): a run-time shape, each entry an int or (value, axis)
         self.deferred: dict = {}  # value -> node index: made as Op nodes only when a consumer needs the tensor
+        self.file_bytes = 0  # the bytes of the file's own tensors (initializers, Constant nodes)
+        self.folded_bytes = 0  # the bytes of the constants folded so far
 
     # ------------------------------------------------------------------ helpers
     def fail(self, message: str):
@@ -444,9 +573,11 @@ class _Importer:
         g = self.g
         if len(g.node) > MAX_NODES:
             self.fail(f"{len(g.node):,} nodes; a design holds at most {MAX_NODES:,}")
+        self._before_inference()
         self._shape_info()
         for t in g.initializer:
             self.consts[t.name] = _tensor_array(t, self.where, self.folder, "initializer")
+            self.file_bytes += self.consts[t.name].nbytes
         self.outputs = {o.name for o in g.output}
         self._consumers: dict = {}
         for i, n in enumerate(g.node):
@@ -492,13 +623,22 @@ class _Importer:
         auto_layout(self.design)
         return ImportedOnnx(self.design, ModuleRecord(self.entries), self.report)
 
-    def _shape_info(self):
-        import onnx  # noqa: PLC0415
+    def _before_inference(self):
+        """What onnx's shape inference does not survive: an Einsum equation with a character other than letters,
+        ',', '.', '->' and spaces makes it loop for ever (onnx 1.x, two rank-2 operands: 'i;j->ij')."""
+        for i, n in enumerate(self.g.node):
+            if n.op_type == "Einsum" and n.domain in ("", "ai.onnx"):
+                eq = _attrs(n).get("equation", b"")
+                eq = eq if isinstance(eq, bytes) else str(eq).encode("utf-8", "replace")
+                if not _EINSUM_TEXT.match(eq):
+                    self.fail(f"node {self.node_name(i, n)!r} (Einsum): equation {eq[:80]!r} holds characters other "
+                              f"than letters, ',', '...', '->' and spaces (expected an equation such as 'bij,bjk->bik')")
 
-        try:
-            inferred = onnx.shape_inference.infer_shapes(_light(self.model), strict_mode=False)
+    def _shape_info(self):
+        inferred = _infer_shapes(_light(self.model))
+        if inferred is not None:
             values = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
-        except Exception:  # noqa: BLE001 - shape inference is a hint only; the design's own analysis decides
+        else:  # shape inference is a hint only; the design's own analysis decides
             values = list(self.g.value_info) + list(self.g.output) + list(self.g.input)
         for v in values:
             tt = v.type.tensor_type
@@ -567,12 +707,15 @@ class _Importer:
 
     def _check_declared(self, analysis):
         shapes = analysis.output_shapes()
+        reading: dict = {}  # (design node, port) -> the first Output node reading it
+        for n in self.design.outputs():
+            reading.setdefault(self.design.source_of(n, "input"), n)
         for o in self.g.output:
             got = self.info.get(o.name)
-            out = [n for n in self.design.outputs() if self.design.source_of(n, "input") == self.src.get(o.name)]
-            if not got or not got[1] or not out or out[0] not in shapes:
+            out = reading.get(self.src.get(o.name))
+            if not got or not got[1] or out is None or out not in shapes:
                 continue
-            t = shapes[out[0]]
+            t = shapes[out]
             declared = got[1]
             if len(declared) != t.rank or any(isinstance(d, int) and d > 0 and s.is_const() and s.value() != d
                                               for d, s in zip(declared, t.sym)):
@@ -712,8 +855,8 @@ class _Importer:
                 gamma = self.consts[g]
                 members.append(w)
                 out = nodes[w].output[0]
-        if gamma is None:
-            if not dims or not isinstance(dims[-1], int):
+        if gamma is None:  # made from the declared dims: a size a file claims, so bounded as a folded constant
+            if not dims or not isinstance(dims[-1], int) or not 0 < dims[-1] <= MAX_FOLD_ELEMENTS:
                 return None
             gamma = np.ones((dims[-1],), np.float32)
         if dims and isinstance(dims[-1], int) and dims[-1] != gamma.shape[0]:
@@ -826,7 +969,8 @@ class _Importer:
             out = got
         elif op == "Gather" and got is not None and got[1] == 1 and int(at.get("axis", 0)) == 0:
             idx = self.consts.get(ins[1])
-            if idx is not None and idx.dtype.kind in "iu" and idx.ndim <= 1 and                     all(-len(got[0]) <= int(k) < len(got[0]) for k in idx.reshape(-1)):
+            if idx is not None and idx.dtype.kind in "iu" and idx.ndim <= 1 and idx.size <= MAX_SHAPE_ENTRIES and \
+                    all(-len(got[0]) <= int(k) < len(got[0]) for k in idx.reshape(-1)):
                 out = ([got[0][int(k)] for k in idx.reshape(-1)], idx.ndim)
         elif op == "Slice" and got is not None and got[1] == 1:
             try:
@@ -839,7 +983,7 @@ class _Importer:
                     out = (got[0][slice(b[0][0], b[1][0], step)], 1)
         elif op == "Concat" and int(at.get("axis", 0)) in (0, -1):
             parts = [self._sym_of(v) for v in ins if v]
-            if all(p is not None and p[1] == 1 for p in parts):
+            if all(p is not None and p[1] == 1 for p in parts) and sum(len(p[0]) for p in parts) <= MAX_SHAPE_ENTRIES:
                 out = ([e for p in parts for e in p[0]], 1)
         elif op == "Unsqueeze" and got is not None and got[1] == 0:
             axes = [int(v) for v in at["axes"]] if "axes" in at else self._ints(node, 1, "axes")
@@ -862,14 +1006,17 @@ class _Importer:
 
     def _materialize(self, v: str):
         """The Op nodes of a run-time shape a consumer reads as a tensor (not only as a target shape)."""
-        i = self.deferred.pop(v)
-        node = self.g.node[i]
-        for u in node.input:
+        made, todo = [], [v]
+        while todo:  # the deferred nodes it reads, however deep the chain (no recursion)
+            u = todo.pop()
             if u in self.deferred:
-                self._materialize(u)
-        name = self.node_name(i, node)
-        made = self._primitive(node, name)
-        self.report.mapping[name] = f"{made} (Op {node.op_type})"
+                i = self.deferred.pop(u)
+                made.append(i)
+                todo.extend(w for w in self.g.node[i].input if w in self.deferred)
+        for i in sorted(made):  # the file's order: every node after the ones it reads
+            node = self.g.node[i]
+            name = self.node_name(i, node)
+            self.report.mapping[name] = f"{self._primitive(node, name)} (Op {node.op_type})"
 
     def _runtime_target(self, node, pos: int):
         """A run-time Reshape / Expand target as (shape with codes, reference value) (see primitive.py)."""
@@ -900,34 +1047,91 @@ class _Importer:
                 raise _Unsupported("a Constant without a tensor 'value'")
             t = [a for a in node.attribute if a.name == "value"][0].t
             self.consts[node.output[0]] = _tensor_array(t, self.where, self.folder, node.output[0])
+            self.file_bytes += self.consts[node.output[0]].nbytes
             self.report.mapping[name] = "a constant"
             return
         arrays = [self.consts[v] if v else None for v in node.input]
         if not arrays or arrays[0] is None:
             self.fail(f"node {name!r} ({op}): its first input is missing (expected a tensor)")
         attrs = self._op_attrs(node, at, fold=True)
-        if op == "ConstantOfShape":
-            n = math.prod(int(v) for v in arrays[0].reshape(-1)) if arrays[0].size else 1
-            if n > MAX_FOLD_ELEMENTS or (arrays[0].size and arrays[0].min() < 0):
-                raise _Unsupported(f"it would make {n:,} elements (at most {MAX_FOLD_ELEMENTS:,} are folded)")
-            if "value" in at:
-                attrs["value"] = _tensor_array(at["value"], self.where, self.folder, "value")
-        if op == "Range":
-            s, lim, d = (float(a.reshape(())) for a in arrays)
-            if d == 0 or abs((lim - s) / d) > MAX_FOLD_ELEMENTS:
-                raise _Unsupported(f"Range({s}, {lim}, {d}) would make too many elements (at most "
-                                   f"{MAX_FOLD_ELEMENTS:,})")
-        if op == "Expand":
-            n = math.prod(max(int(a), 1) for a in attrs["shape"])
-            if n > MAX_FOLD_ELEMENTS:
-                raise _Unsupported(f"it would make {n:,} elements (at most {MAX_FOLD_ELEMENTS:,} are folded)")
-        try:
-            operands = [a for a, v in zip(arrays, node.input) if v not in self._attr_inputs(node)]
-            out = fold(op, attrs, operands)
-        except (OpError, ValueError, TypeError, IndexError) as e:
-            self.fail(f"node {name!r} ({op}): its constant operands do not fit: {e}")
-        self.consts[node.output[0]] = _normalize(np.asarray(out))
+        if op == "ConstantOfShape" and "value" in at:
+            attrs["value"] = _tensor_array(at["value"], self.where, self.folder, "value")
+        operands = [a for a, v in zip(arrays, node.input) if v not in self._attr_inputs(node)]
+        outputs = [(node.output[0], attrs)]
+        if op == "TopK":  # values and indices, each where it is read
+            outputs = [(o, {**attrs, "mode": attrs["mode"] + what}) for o, what in zip(node.output, ("values", "indices"))
+                       if o and (o in self._consumers or o in self.outputs)]
+        for value, settings in outputs:
+            nbytes = self._fold_size(name, op, settings, operands)
+            try:
+                out = fold(op, settings, operands)
+            except (OpError, ValueError, TypeError, IndexError) as e:
+                self.fail(f"node {name!r} ({op}): its constant operands do not fit: {e}")
+            out = _normalize(np.asarray(out))
+            self.consts[value] = out
+            self.folded_bytes += max(out.size * out.itemsize, nbytes)
         self.report.mapping[name] = "folded into a constant"
+
+    def _fold_size(self, name: str, op: str, attrs: dict, operands: list) -> int:
+        """The bytes a fold will make, from its operands' dims and the op's settings (nothing is computed):
+        `_Unsupported` saying the size and the limit when the value, a scratch array or the product's work
+        passes `MAX_FOLD_ELEMENTS` / `MAX_FOLD_WORK`, or the folded values together `MAX_FOLD_BYTES` (or
+        twice the file's own tensors where that is more)."""
+        itemsize = {"float": 4, "int": 8, "bool": 1}
+        scratch, work = 0, 0
+        if op == "ConstantOfShape":
+            if operands[0].dtype.kind not in "iu" or operands[0].ndim > 1 or operands[0].size > MAX_SHAPE_ENTRIES:
+                raise _Unsupported(f"a shape of {operands[0].dtype} dims {list(operands[0].shape)} (expected at most "
+                                   f"{MAX_SHAPE_ENTRIES} integer sizes)")
+            dims = [int(v) for v in operands[0].reshape(-1)]
+            if any(d < 0 for d in dims):
+                raise _Unsupported(f"a negative size in its shape {_dims_text(dims)}")
+            value = attrs.get("value")
+            kind = _KIND_OF_DTYPE.get(np.dtype(np.float32 if value is None else value.dtype).kind, "int")
+        elif op == "Range":
+            if len(operands) != 3 or any(a is None or a.size != 1 for a in operands):
+                raise _Unsupported("a Range of other than three scalars (start, limit, delta)")
+            s, lim, d = (float(a.reshape(())) for a in operands)
+            n = (lim - s) / d if d else math.nan
+            if math.isnan(n):
+                raise _Unsupported(f"Range({s}, {lim}, {d}): expected finite scalars and a delta other than 0")
+            if n > MAX_FOLD_ELEMENTS:
+                raise _Unsupported(f"Range({s}, {lim}, {d}) would make {n:,.0f} elements (at most "
+                                   f"{MAX_FOLD_ELEMENTS:,} in a folded constant)")
+            dims = [max(math.ceil(n), 0)]
+            kind = _KIND_OF_DTYPE.get(operands[0].dtype.kind, "int")
+        else:
+            try:
+                shapes = [None if a is None else Shape(a.shape, _KIND_OF_DTYPE.get(a.dtype.kind, "int"))
+                          for a in operands]
+                out = op_shape(op, attrs, shapes)
+                dims = [d.value() for d in out.dims]
+                kind = out.dtype
+                scratch, work = _fold_work(op, attrs, operands, dims)
+            except (RuleError, OpError, ValueError, TypeError, IndexError, KeyError) as e:
+                self.fail(f"node {name!r} ({op}): its constant operands do not fit: {e}")
+        n = math.prod(dims)
+        nbytes = n * itemsize[kind]
+        if n > MAX_FOLD_ELEMENTS:
+            raise _Unsupported(f"folding it would make dims {_dims_text(dims)}: {n:,} elements ({_bytes_text(nbytes)}"
+                               f"); at most {MAX_FOLD_ELEMENTS:,} elements in a folded constant")
+        axis = max([int(d) for a in operands if a is not None for d in a.shape] + list(dims) + [0])
+        if axis > MAX_FOLD_ELEMENTS:  # empty arrays too: NumPy makes index arrays along an axis (TopK's gather)
+            raise _Unsupported(f"folding it would take an axis of {axis:,} (operands of dims "
+                               f"{', '.join(_dims_text(a.shape) for a in operands if a is not None)[:200]}, result "
+                               f"{_dims_text(dims)}); at most {MAX_FOLD_ELEMENTS:,} in a folded constant")
+        if scratch > MAX_FOLD_ELEMENTS:
+            raise _Unsupported(f"folding it would need a scratch array of {scratch:,} elements (at most "
+                               f"{MAX_FOLD_ELEMENTS:,})")
+        if work > MAX_FOLD_WORK:
+            raise _Unsupported(f"folding it would take {work:,} multiply-adds (at most {MAX_FOLD_WORK:,} for a "
+                               f"folded product)")
+        budget = max(MAX_FOLD_BYTES, 2 * self.file_bytes)
+        if self.folded_bytes + nbytes > budget:
+            raise _Unsupported(f"folding it would make {_bytes_text(nbytes)} more, {_bytes_text(self.folded_bytes)} "
+                               f"of constants being folded already (at most {_bytes_text(budget)} in all: "
+                               f"{_bytes_text(MAX_FOLD_BYTES)}, or twice the file's own tensors)")
+        return nbytes
 
     def _attr_inputs(self, node) -> set:
         """The inputs this op reads as settings (a Reshape's shape, a Slice's starts...)."""
@@ -1046,6 +1250,11 @@ class _Importer:
             attrs["shape"] = self._ints(node, 1, "repeats")
             if attrs["shape"] is None:
                 raise _Unsupported("a Tile without repeats")
+        if op == "TopK":  # folded here (else one Op node an output, _op_TopK): k, the axis, which end
+            k = self._ints(node, 1, "k")
+            if k is None or len(k) != 1 or k[0] < 0:
+                raise _Unsupported("a k that is not one constant >= 0")
+            attrs.update(shape=k, axis=int(at.get("axis", -1)), mode="" if at.get("largest", 1) else "smallest_")
         if op == "Trilu":
             k = self._ints(node, 1, "k")
             attrs["axis"] = 0 if not k else k[0]

@@ -27,7 +27,7 @@ import numpy as np
 
 from .dims import Constraint, Dim, as_dim
 
-__all__ = ["Shape", "RuleError", "RuleResult", "infer", "has_rule", "RULES", "dims_text"]
+__all__ = ["Shape", "RuleError", "RuleResult", "infer", "has_rule", "RULES", "dims_text", "op_shape"]
 
 
 class RuleError(Exception):
@@ -877,6 +877,8 @@ def _primitive_op(m, ins, ctx):
         return Shape(x.dims, _OP_KIND[a["to"]])
     if op in ("MatMul", "Gemm"):
         p, q = ops[0], ops[1]
+        if p.rank == 0 or q.rank == 0:
+            raise RuleError(f"{op}: expected operands of rank >= 1, got dims {dims_text(p.dims)} and {dims_text(q.dims)}")
         if op == "Gemm":
             if p.rank != 2 or q.rank != 2:
                 raise RuleError(f"Gemm: expected two rank-2 operands, got dims {dims_text(p.dims)} and "
@@ -1051,6 +1053,30 @@ def _primitive_op(m, ins, ctx):
     if op == "Shape":
         return Shape((as_dim(x.rank),), "int")
     raise RuleError(f"{op}: no shape rule")
+
+
+class _OpSettings:
+    """What the `PrimitiveOp` rule reads of an Op node's module, for `op_shape`."""
+
+    def __init__(self, op: str, attrs: dict, operands: str):
+        self.op, self.attrs, self.operands = op, attrs, operands
+
+    @staticmethod
+    def constant_specs() -> list:
+        return []
+
+
+def op_shape(op: str, attrs: dict, inputs: list) -> Shape:
+    """The output of the primitive op `op` (ONNX semantics, `attrs` as `PrimitiveOp` holds them) on operands of
+    these Shapes (None: an absent optional operand), by the `PrimitiveOp` rule: nothing is computed, so the
+    ONNX importer sizes a constant fold with it before making the array."""
+    tokens, shapes = [], []
+    for t in inputs:
+        tokens.append("" if t is None else f"in{len(shapes)}")
+        if t is not None:
+            shapes.append(Shape(tuple(as_dim(d) for d in t.dims), t.dtype))
+    out = _primitive_op(_OpSettings(op, attrs, ",".join(tokens)), shapes, _Ctx())
+    return Shape(tuple(as_dim(d) for d in out.dims), out.dtype)
 
 
 def _product_dims(dims):

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import regex as _regex  # matches take a timeout: patterns come from files (adapter_config.json, projects)
 
@@ -73,12 +73,16 @@ __all__ = ["DoraAdapter", "Lora", "LoraAdapter", "LoraPreview", "NF4Weight", "QL
 
 @dataclass(frozen=True)
 class LoraPreview:
-    """`Lora.preview`: the parameters that would get factors, how many values the factors add, and
-    the trainable counts after attaching (every other parameter frozen, as `Lora` freezes them)."""
+    """`Lora.preview`: the parameters that would get factors, how many values the factors add
+    (DoRA's magnitudes included), and the trainable counts after attaching (every other parameter
+    frozen, as `Lora` freezes them; adapters attached before keep their trainable factors).
+    `nested`: selected parameters that have a reparameterization already, which attaching
+    refuses (reparameterizations do not nest); they are not in `targets`."""
 
     targets: list
     added: int
     counts: "TrainableCounts"  # noqa: F821 - engine.module.summary.TrainableCounts
+    nested: list = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------- adapters
@@ -385,17 +389,37 @@ class Lora(Reparameterizer):
         rank = self.rank if path is None else self.rank_for(path)
         return rank * (d_in + d_out) + (d_out if self.use_dora else 0)
 
-    def preview(self, params) -> "LoraPreview":
-        """What attaching this LoRA would give, without attaching it or reading a value: `params`
-        is the model's `(path, param)` list (`module.named_params()`); the targets are those the
-        group selects and `adapts` accepts."""
-        from .summary import TrainableCounts  # noqa: PLC0415 - summary imports this file (NF4Weight)
+    def preview(self, model) -> "LoraPreview":
+        """What attaching this LoRA to `model` would give, without attaching it or reading a value.
+        `model` is the module, or its `(path, param)` list (`module.named_params()`: the total then
+        counts every parameter's elements, a QLoRA model's packed storage too; the module's counts
+        are `trainable_counts`'). The targets are the parameters the group selects and `adapts`
+        accepts, less the factors of adapters attached before (left as they are, trainable when
+        they were, as attaching leaves them) and less those that have an adapter (`nested`)."""
+        from .summary import ModelStats, TrainableCounts, param_trainable  # noqa: PLC0415 - summary imports this file
 
-        params = list(params)
-        targets = [(path, p) for path, p in params if p.kind == "float" and self.adapts(path, p)]
+        stats = ModelStats(model) if isinstance(model, Module) else None
+        params = list(model.named_params() if stats is not None else model)
+        # a parameter with parameters below it has a reparameterization (its factors are listed below it)
+        paths = {path for path, _ in params}
+        owners = {prefix for path in paths for prefix in _prefixes(path)} & paths
+
+        def below_owner(path: str) -> bool:
+            return any(prefix in owners for prefix in _prefixes(path))
+
+        selected = [(path, p) for path, p in params
+                    if p.kind == "float" and not below_owner(path) and self.adapts(path, p)]
+        targets = [(path, p) for path, p in selected if path not in owners]
+        nested = [(path, p) for path, p in selected if path in owners]
         added = sum(self.factor_count(p, path) for path, p in targets)
-        total = sum(p.numel() for _, p in params) + added
-        return LoraPreview(targets, added, TrainableCounts(added, total))
+        if stats is not None:
+            total = stats.total.numel
+            kept = sum(stats.get(owner).trainable for owner in owners)
+        else:
+            total = sum(p.numel() for _, p in params)
+            kept = sum(p.numel() for path, p in params
+                       if (path in owners or below_owner(path)) and param_trainable(p))
+        return LoraPreview(targets, added, TrainableCounts(added + kept, total + added), nested)
 
     def factors(self, param: Param, rank: int | None = None) -> tuple[Param, Param]:
         """Fresh trainable `a` ~ N(0, std) `[d_in, rank]` and `b` = 0 `[rank, d_out]` for `param`."""
@@ -422,6 +446,12 @@ class Lora(Reparameterizer):
         else:
             adapter = (RsLoraAdapter if self.use_rslora else LoraAdapter)(a, b, scale)
         return base, adapter if param.is_autodiff() else adapter.valid()
+
+
+def _prefixes(path: str):
+    """`a.b.c` -> `a`, `a.b`: the paths above a parameter's."""
+    parts = path.split(".")
+    return (".".join(parts[:i]) for i in range(1, len(parts)))
 
 
 def _zeros_placeholder(dtype_name: str, shape):

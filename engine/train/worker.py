@@ -8,9 +8,10 @@ then runs a `Learner` and saves the trained weights in the run folder (`trained.
   `state.set_progress(fraction)` at most every `PROGRESS_S` seconds.
 - `RunControl` carries pause / resume / stop from another thread to the learner once it
   exists, and the outcome (or the exception) back, since a cancelled task drops its result.
-- The GUI may hold the worker between two steps while it draws (`GuiGate`, at most
-  `GUI_WAIT_S` a step): a paint calls back into Python many times, and each call would
-  otherwise queue for the GIL behind the training thread.
+- `RunControl.between_steps`, when given, is called on the worker between two steps: the
+  app's Training tab waits there while it draws (`app.training_run.GuiGate`), since a paint
+  calls back into Python many times and each call would otherwise queue for the GIL behind the
+  training thread. The engine sets no policy of its own there.
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ from .run_spec import CAUSAL_LM_TASK, FILE_TASK, RunSpec, fit_file_data, make_da
 
 FLUSH_S = 1 / 4  # the worker sends batched events at most this often (control events at once)
 PROGRESS_S = 0.5  # and the task's progress (the window's status bar) at most this often
-GUI_WAIT_S = 0.05  # the longest a step waits for the GUI to end a paint
 CONTROL_EVENTS = (ev.Started, ev.Paused, ev.Resumed, ev.Stopped, ev.Finished, ev.Failed, ev.CheckpointSaved)
 
 
@@ -46,45 +46,16 @@ def save_trained(model, path: Path) -> Path:
     return model.into_record().save(path)
 
 
-class GuiGate:
-    """Held by the GUI thread while it draws the curves (`hold()` ... `release()`, nested
-    holds count); the worker waits on it between two steps (`wait(timeout)`), so the drawing's
-    many Python callbacks do not each queue for the GIL behind the training thread."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._holds = 0
-        self._free = threading.Event()
-        self._free.set()
-
-    def hold(self) -> None:
-        with self._lock:
-            self._holds += 1
-            self._free.clear()
-
-    def release(self) -> None:
-        with self._lock:
-            self._holds = max(0, self._holds - 1)
-            if self._holds == 0:
-                self._free.set()
-
-    def is_held(self) -> bool:
-        return not self._free.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        """Wait until no hold is left, at most `timeout` seconds; False on timeout."""
-        return self._free.wait(timeout)
-
-
 class RunControl:
-    """Pause / resume / stop asked from the GUI, forwarded to the learner once it exists."""
+    """Pause / resume / stop asked from the GUI, forwarded to the learner once it exists.
+    `between_steps()`, when given, is called on the worker thread between two steps."""
 
-    def __init__(self, gui_gate: GuiGate | None = None):
+    def __init__(self, between_steps: Callable[[], None] | None = None):
         self._lock = threading.Lock()
         self.learner: Learner | None = None
         self.paused = False
         self.stopped = False
-        self.gui_gate = gui_gate  # held while the GUI draws: the worker waits between two steps
+        self.between_steps = between_steps  # the caller's hook between two steps (the app's GUI waits there)
         self.outcome: "RunOutcome | None" = None
         self.exception: BaseException | None = None
         self.traceback = ""
@@ -174,9 +145,8 @@ class _Forwarder:
         if isinstance(event, CONTROL_EVENTS) or now - self.last_flush >= FLUSH_S:
             self.flush(now)
         if isinstance(event, ev.LearningRate):  # between two steps
-            gate = self.control.gui_gate
-            if gate is not None and gate.is_held():
-                gate.wait(GUI_WAIT_S)  # the GUI is drawing: let it have the GIL
+            if self.control.between_steps is not None:
+                self.control.between_steps()
             if self.yield_between_steps:
                 time.sleep(0)  # let the GUI thread take the GIL between two steps
 

@@ -2,6 +2,7 @@
 resume / stop, resume from a checkpoint (in the session and after a crash), and the failures
 that must leave the app up and the model as it was."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,7 +146,7 @@ def test_stop_during_a_pause_and_the_windows_cancel(window, panel, qtbot):
     assert run.outcome.status == "stopped"
 
 
-def test_resume_from_checkpoint_continues_the_same_run(window, panel, qtbot, tmp_path):
+def test_resume_from_checkpoint_continues_the_same_run(window, panel, qtbot, tmp_path, monkeypatch):
     # the uninterrupted run, for reference
     set_field(qtbot, panel.training_form, "num_epochs", 4)
     set_field(qtbot, panel.training_form, "checkpoint_every", 1)
@@ -156,15 +157,32 @@ def test_resume_from_checkpoint_continues_the_same_run(window, panel, qtbot, tmp
     reference = list(panel.runs[-1].history.losses)
     assert len(reference) == 4 * 32
 
-    # a run stopped after its second checkpoint
+    # a run stopped after its second checkpoint: the worker waits right after writing it until
+    # Stop is clicked, so a busy machine cannot finish the run before the click lands
+    import threading
+
+    import engine.train.checkpoint as checkpoints
+
+    written, clicked = threading.Event(), threading.Event()
+    save = checkpoints.save_checkpoint
+
+    def save_then_wait(path, *args, **kwargs):
+        out = save(path, *args, **kwargs)
+        if Path(path).name == "epoch-2":
+            written.set()
+            clicked.wait(TIMEOUT / 1000)
+        return out
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_wait)
     click(qtbot, panel.controls.start_button)
     run = panel.runs[-1]
-    qtbot.waitUntil(lambda: len(run.history.checkpoints) >= 2, timeout=TIMEOUT)
+    qtbot.waitUntil(written.is_set, timeout=TIMEOUT)
     click(qtbot, panel.controls.stop_button)
+    clicked.set()
     wait_ended(qtbot, panel)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save)
     assert run.outcome.status == "stopped"
     epoch, _ = latest_checkpoint(run.folder)
-    assert 2 <= epoch < 4
+    assert epoch == 2
     assert panel.controls.checkpoint_button.isEnabled()
     assert f"epoch {epoch}" in panel.controls.checkpoint_button.toolTip()
 

@@ -79,3 +79,54 @@ def test_the_worker_reports_a_run_with_nan_weights_as_failed(qtbot, tmp_path, ma
     assert out.status == "failed", "NaN weights must not be a finished run"
     assert "parameter 's' is nan" in out.message and out.weights == ""
     assert not (tmp_path / "run" / "trained.bpk").exists()
+
+
+def test_the_worker_waits_between_two_steps_while_the_gui_holds_the_gate(tmp_path):
+    """The app's policy on the engine's hook: while the Training tab paints (the gate held), each
+    step waits for it, at most GUI_WAIT_S (app/training_run.py)."""
+    import time
+
+    from app.training_run import GUI_WAIT_S, GuiGate
+    from resources.examples import build_example
+    from tests.engine.train.test_worker import _State, spec
+
+    gate = GuiGate()
+    gate.hold()
+    gate.hold()
+    gate.release()
+    assert gate.is_held()  # holds nest: the paint inside a redraw does not free it early
+    waits = []
+    gate.wait = lambda timeout, wait=gate.wait: waits.append(timeout) or wait(timeout)
+    started = time.perf_counter()
+    out = run_training(_State(), RunControl(gate.between_steps), build_example("spirals"), spec(num_epochs=1),
+                       str(tmp_path), max_steps=4)
+    assert out.status == "finished" and out.steps == 4
+    assert waits == [GUI_WAIT_S] * 4  # each step waited, at most GUI_WAIT_S
+    assert time.perf_counter() - started >= 4 * GUI_WAIT_S
+    gate.release()
+    assert not gate.is_held() and gate.wait(0)
+    gate.between_steps()  # a free gate: no wait
+    assert waits == [GUI_WAIT_S] * 4 + [0]
+
+
+def test_a_training_run_owns_its_worker_and_record_without_the_panel(qtbot, tmp_path):
+    """A run has one owner (app/training_run.py): started, paused or stopped through it, it applies
+    its worker's events to its history and writes its own run.json; the Training tab only listens."""
+    import json
+
+    from app.training_run import TrainingRun
+    from engine.train.run_history import RunHistory
+    from resources.examples import build_example
+    from tests.engine.train.test_worker import spec
+
+    run = TrainingRun("1: spirals", tmp_path, spec(num_epochs=1), RunHistory("1: spirals", str(tmp_path)),
+                      build_example("spirals"))
+    batches = []
+    run.events.connect(batches.append)
+    with qtbot.waitSignal(run.finished, timeout=60_000) as finished:
+        run.start("the source", 3, None, 3)
+    out = finished.args[0]
+    assert run.outcome is out and out.steps == 3 and out.status == "finished"  # max_steps ends the run there
+    assert (run.source, run.generation) == ("the source", 3)
+    assert batches and run.history.global_step == 3  # applied before the run told its listeners
+    assert json.loads((tmp_path / "run.json").read_text())["name"] == "1: spirals"

@@ -81,3 +81,25 @@ def test_a_model_with_lora_refuses_a_second(qtbot):
     d = LoraDialog(Mlp().apply_lora(Lora(2, 2.0)))
     qtbot.addWidget(d)
     assert "do not nest" in d.group.error.error() and not d.ok_button().isEnabled()
+
+
+@pytest.mark.parametrize("variant", ["lora", "dora"])
+def test_the_preview_counts_the_adapters_a_model_has_already(qtbot, variant):
+    """Issue 44: on a model with LoRA on the head, LoRA or DoRA on the blocks' weights: the preview
+    said "After" as if only the new factors trained (the head's factors stay trainable too), and
+    the dialog added DoRA's magnitudes itself; the counts are now the engine's preview."""
+    from engine.module import ParamGroup
+
+    model = Mlp().apply_lora(Lora(2, 2.0, param_group=ParamGroup.from_regex(r"^head\.")))
+    d = LoraDialog(model, group_mode="regex", group_text=r"^blocks\.")
+    qtbot.addWidget(d)
+    d.set_variant(variant)
+    type_into(qtbot, d.rank, "4")
+    assert d.ok_button().isEnabled(), d.errors()
+    after = trainable_counts(model.apply_lora(Lora(4, 16.0, param_group=ParamGroup.from_regex(r"^blocks\."),
+                                                   use_dora=variant == "dora")))
+    pv = d.preview_counts
+    assert (pv["trainable"], pv["all"], pv["targets"]) == (after.trainable, after.total, 2)
+    added = 4 * (8 + 16) + 4 * (16 + 16) + (16 + 16 if variant == "dora" else 0)
+    assert pv["added"] == added and pv["trainable"] == added + 2 * (16 + 3)  # the head's factors train too
+    assert f"adds {added:,} parameters. After: {after}" in d.summary.text()

@@ -167,7 +167,10 @@ def test_a_small_run_that_fits_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "available_memory", lambda: need - 1)
     with pytest.raises(NotEnoughMemory):
         run_training(_State(), RunControl(), model, spec, str(tmp_path / "refused"))
-    monkeypatch.setattr(memory, "available_memory", lambda: need)
+    # the step's estimate plus what the text reader checks for itself against the same memory
+    # (the tokenizer's working memory, the corpus's rows)
+    from engine.train.text import TOKENIZER_WORKING_BYTES
+    monkeypatch.setattr(memory, "available_memory", lambda: need + TOKENIZER_WORKING_BYTES + 2 ** 24)
     (tmp_path / "run").mkdir()
     out = run_training(_State(), RunControl(), model, spec, str(tmp_path / "run"), max_steps=2)
     assert out.status == "finished" and out.steps == 2

@@ -462,3 +462,33 @@ def test_preview_counts_what_attaching_gives_without_reading_a_value():
     assert (preview.counts.trainable, preview.counts.total) == (attached.trainable, attached.total)
     assert bits_per_weight(64, True) == pytest.approx(4.127, abs=1e-3)  # engine-notes: 4 + 8/64 + 32/(64*256)
     assert bits_per_weight(64, False) == 4.5
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_the_preview_is_right_on_a_model_that_has_adapters_already(dora):
+    """Issue 44: the preview said what attaching adds as if nothing were attached ("After: 1,104
+    trainable" where the result had 16,976): adapters attached before keep their trainable
+    factors, which are never targets; a selected weight that has one is `nested`."""
+    from engine.module.summary import trainable_counts
+
+    class Three(Module):
+        def __init__(self):
+            self.fc1 = nn.LinearConfig(6, 5).init()
+            self.fc2 = nn.LinearConfig(5, 4).init()
+            self.fc3 = nn.LinearConfig(4, 3).init()
+
+    first = Three().apply_lora(Lora(2, 4.0, param_group=ParamGroup.from_regex(r"^fc1\.")))
+    second = Lora(3, 4.0, param_group=ParamGroup.from_regex(r"^fc2\."), use_dora=dora)
+    attached = trainable_counts(first.apply_lora(second))
+    for model in (first.named_params(), first):  # its parameter list, or the module
+        preview = second.preview(model)
+        assert [path for path, _ in preview.targets] == ["fc2.weight"]
+        assert preview.added == 3 * (5 + 4) + (4 if dora else 0)  # DoRA: a magnitude per output column
+        assert (preview.counts.trainable, preview.counts.total) == (attached.trainable, attached.total)
+        assert preview.counts.trainable == 2 * (6 + 5) + preview.added  # fc1's factors stay trainable
+    everything = Lora(2, 4.0, use_dora=dora).preview(first)
+    # fc1's factors (fc1.weight.lora.a / .b) are not targets; fc1.weight itself already has LoRA
+    assert [path for path, _ in everything.targets] == ["fc2.weight", "fc3.weight"]
+    assert [path for path, _ in everything.nested] == ["fc1.weight"]
+    with pytest.raises(ReparameterizationError, match="fc1.weight"):
+        first.apply_lora(Lora(2, 4.0, use_dora=dora))

@@ -157,7 +157,8 @@ for case in range(cases):
     except BaseException as e:  # noqa: BLE001 - anything else is what the fuzz looks for
         failures.append(f"case {case} ({options}): {type(e).__name__}: {str(e)[:200]}\n"
                         + traceback.format_exc()[-1200:])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with open("/proc/self/status") as f:  # VmHWM, this process's own peak: ru_maxrss keeps the parent's across exec
+    peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 print(json.dumps({"outcomes": outcomes, "failures": failures[:5], "n_failures": len(failures), "peak": peak}))
 '''
 

@@ -171,6 +171,9 @@ def test_padded_rows_larger_than_memory_are_refused_before_they_are_made(tmp_pat
 
 MEASURE = """
 import resource, sys
+def _peak():  # this process's own peak RSS (VmHWM): ru_maxrss keeps the parent's peak across exec
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 import numpy as np
 from engine.train.text import load_text_data, load_tokenizer
 tok = load_tokenizer({fixture!r})
@@ -180,9 +183,9 @@ lines = [" ".join(rng.choice(words, size=int(k))) for k in rng.integers(3, 30, s
 path = {path!r}
 open(path, "w").write("\\n".join(lines))
 size = len(open(path, "rb").read())
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = _peak()
 data = load_text_data(path, tok, block_size=64, per_line={per_line})
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+after = _peak()
 print((after - before) / size, data.inputs.size / size)
 """
 
