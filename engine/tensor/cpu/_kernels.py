@@ -15,16 +15,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-f32 = np.float32
-_ELEMENTWISE = {"contract"}
-_SUMS = {"contract", "reassoc"}
-_OPTS = {"nogil": True, "cache": True, "error_model": "numpy", "boundscheck": False}
-
-F1 = types.Array(types.float32, 1, "C")
-F2 = types.Array(types.float32, 2, "C")
-D1 = types.Array(types.float64, 1, "C")
-R1 = types.Array(types.float32, 1, "C", readonly=True)  # inputs: read-only arrays match too (a
-R2 = types.Array(types.float32, 2, "C", readonly=True)  # writable one converts to these types)
+from ._kernels_base import _ELEMENTWISE, _OPTS, _SUMS, B2, D1, F1, F2, F3, R1, R2, R3, f32
 
 
 @intrinsic
@@ -282,9 +273,6 @@ def scale_rows(e, row, out):
 
 
 # ---------------------------------------------------------------------- attention's softmax
-B2 = types.Array(types.boolean, 2, "C", readonly=True)
-F3 = types.Array(types.float32, 3, "C")
-R3 = types.Array(types.float32, 3, "C", readonly=True)
 
 
 @njit(types.void(F3, types.float32, B2, types.float32, types.boolean), fastmath=_SUMS, **_OPTS)

@@ -1,12 +1,12 @@
 """The compiled convolution kernels (channels-last col2im, Winograd F(2x2, 3x3)): part of
-`_kernels`, which imports them; the same rules hold (one signature each, no allocation, the
-caller checks shapes)."""
+`_kernels`, which imports them (both take their types from `_kernels_base`); the same rules
+hold (one signature each, no allocation, the caller checks shapes)."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
 
-from ._kernels import _ELEMENTWISE, _OPTS, F2, F3, R1, R2, R3, f32
+from ._kernels_base import _ELEMENTWISE, _OPTS, F2, F3, R1, R2, R3, f32
 
 
 # ---------------------------------------------------------------------- channels-last col2im
