@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .. import nn
 from ..module import Module
-from ..nn._base import assert_shape
+from ..module.shape import assert_shape
 from ..tensor import Tensor
 from .checkpoint import MAX_SIZE, PretrainedError
 from .mapping import RopePermute, Rule, Transpose, WeightMap

@@ -123,9 +123,9 @@ class PeftTarget:
 
 
 def _family_rules(model):
-    from .pretrained import _family_of, pretrained_names  # noqa: PLC0415 - pretrained imports the families
+    from .pretrained import family_of, pretrained_names  # noqa: PLC0415 - pretrained imports the families
 
-    fam, cfg = _family_of(model)
+    fam, cfg = family_of(model)
     if fam is None:
         return None, {}
     return fam.weight_map(cfg), pretrained_names(model)

@@ -190,7 +190,7 @@ def pretrained_names(model) -> dict[str, str]:
     info = pretrained_info(model)
     if info is not None:
         return dict(info.names)
-    fam, cfg = _family_of(model)
+    fam, cfg = family_of(model)
     if fam is None:
         return {}
     wmap = fam.weight_map(cfg)
@@ -202,7 +202,9 @@ def pretrained_names(model) -> dict[str, str]:
     return out
 
 
-def _family_of(model):
+def family_of(model):
+    """`(Family, config)` of a model from `from_pretrained` or of a known architecture with a
+    `config`; `(None, None)` for any other module."""
     info = pretrained_info(model)
     if info is not None:
         return info.family, info.config
@@ -212,6 +214,9 @@ def _family_of(model):
         if name in fam.architectures and cfg is not None:
             return fam, cfg
     return None, None
+
+
+_family_of = family_of  # engine/models/training_script.py's name, until it moves to the interop room (issue 44)
 
 
 # ---------------------------------------------------------------------------------- opening
@@ -523,7 +528,7 @@ class _Out:
 
 
 def _plan_save(model, dtype) -> tuple[list[_Out], PretrainedInfo | None, Family, Any]:
-    fam, cfg = _family_of(model)
+    fam, cfg = family_of(model)
     if fam is None:
         raise PretrainedError(f"save_pretrained needs a model opened by from_pretrained or built by engine.models; "
                               f"found a {type(model).__name__}")
