@@ -14,7 +14,7 @@ _NAMES = {
     "PretrainedError": "checkpoint", "open_checkpoint": "checkpoint",
     "FAMILIES": "pretrained", "Family": "pretrained", "PretrainedInfo": "pretrained",
     "from_pretrained": "pretrained", "pretrained_info": "pretrained", "pretrained_names": "pretrained",
-    "save_pretrained": "pretrained", "supported_architectures": "pretrained",
+    "save_pretrained": "save", "supported_architectures": "pretrained",
     "load_peft_adapter": "peft", "save_peft_adapter": "peft",
     "generate": "generate",
     "export_training_script": "training_script",
