@@ -11,7 +11,7 @@ module can be imported alone.
 import importlib
 
 _NAMES = {
-    "PretrainedError": "checkpoint", "open_checkpoint": "checkpoint",
+    "PretrainedError": "hf_folder", "open_checkpoint": "hf_folder",
     "FAMILIES": "pretrained", "Family": "pretrained", "PretrainedInfo": "pretrained",
     "from_pretrained": "pretrained", "pretrained_info": "pretrained", "pretrained_names": "pretrained",
     "save_pretrained": "save", "supported_architectures": "pretrained",

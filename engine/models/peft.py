@@ -66,7 +66,7 @@ from ..store.burnpack import bf16_to_float32, storage_dtype
 from ..store.errors import RecordError
 from ..store.filesource import FileSource
 from ..tensor import Tensor
-from .checkpoint import MAX_CONFIG_BYTES, PretrainedError, read_json
+from .hf_folder import MAX_CONFIG_BYTES, PretrainedError, read_json
 from .mapping import Rule, Split, Transpose
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PeftTarget", "load_peft_adapter", "peft_lora", "peft_targets",

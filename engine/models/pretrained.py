@@ -2,9 +2,9 @@
 
 Opening (`from_pretrained(folder)`):
 
-1. `checkpoint.open_checkpoint` reads `config.json` and the weight files' headers only;
+1. `hf_folder.open_checkpoint` reads `config.json` and the weight files' headers only;
 2. the family is chosen from `config.json` (`architectures` first, then `model_type`); a size
-   above `checkpoint.MAX_SIZE` (2**31 - 1) is refused as the config is read, and the layer
+   above `hf_folder.MAX_SIZE` (2**31 - 1) is refused as the config is read, and the layer
    count (`Family.layers`: `num_hidden_layers`, GPT-2's `n_layer`) must be the layers the
    headers hold tensors of, so a config claiming 10**12 layers is refused before the build
    (linear in the count) starts;
@@ -39,7 +39,7 @@ from ..module.tree import params as tree_params
 from ..store.errors import RecordError
 from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
-from .checkpoint import Checkpoint, PretrainedError, open_checkpoint
+from .hf_folder import Checkpoint, PretrainedError, open_checkpoint
 from .mapping import Rule, WeightMap
 
 __all__ = [

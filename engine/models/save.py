@@ -39,7 +39,7 @@ from ..module.memory import size_text
 from ..store.atomic import os_error_reason, save_folder, write_new_file
 from ..store.burnpack import float32_to_bf16, storage_dtype
 from ..store.safetensors_io import header as safetensors_header
-from .checkpoint import PretrainedError
+from .hf_folder import PretrainedError
 from .pretrained import Family, PretrainedInfo, _stored_kind, family_of, pretrained_info
 
 __all__ = ["DEFAULT_SHARD_SIZE", "EXTRA_FILES", "MAX_EXTRA_FILE_BYTES", "save_pretrained"]
