@@ -75,7 +75,7 @@ import numpy as np
 
 from ..module import memory
 from .data import InMemoryDataset
-from .files import DataFileError
+from .data_files import DataFileError
 from .losses import IGNORE_INDEX
 
 __all__ = [
