@@ -8,6 +8,8 @@ breaks without a word. This test reads every module of engine/, widgets/ and app
 takes a `_name` from outside its own package, as a module (`import engine.nn._base`,
 `from engine.nn import _ops`), as a name (`from engine.tensor.trace import _flat_tensors`) or as
 an attribute of a module it imported (`from engine.tensor import jit` ... `jit._kernel`).
+`test_no_private_attribute_of_another_package_is_read` does the same for the objects a module is
+handed: `param._lazy` in engine.models reads a slot only engine.module defines.
 
 A module's *own package* is the room the architecture notes draw: each subpackage of the engine
 (`engine.nn`, `engine.models`, `engine.store`, ...; the modules right under `engine/` are the
@@ -107,6 +109,49 @@ def private_imports(packages=PACKAGES, root: Path = ROOT):
                 yield item
 
 
+# Private attributes read across packages (`importer -> ._name`), in code being rewritten as above.
+KNOWN_ATTRIBUTES: set[str] = {
+    "engine.design.fields -> ._NAMES",              # nn's padding classes' names
+    "engine.design.onnx_export -> ._Patcher",      # module.contracts' patcher (and its _local)
+    "engine.design.onnx_export -> ._local",
+    "engine.design.onnx_export -> ._scopes",       # tensor.trace's scope stack
+    "engine.design.onnx_export -> ._registered",
+    "engine.design.shape_check -> ._Run",
+    "engine.design.shape_rules -> ._input_transform",  # nn.rnn's BiLstm / BiGru
+    "engine.models.training_script -> ._lazy",     # Param.lazy_state() is the public name
+    "engine.tensor.tensor -> ._get",               # autodiff's Gradients
+}
+
+
+def private_attributes(packages=PACKAGES, root: Path = ROOT):
+    """Yield `(reader, "._name", where)` for each `obj._name` a module reads (obj not `self` or
+    `cls`) where `_name` is defined (a def, a class, an assignment, `x._name = ...`) only in
+    other packages: a private attribute of another package's object."""
+    trees = {module_name(p, root): (p, ast.parse(p.read_text(encoding="utf-8"), filename=str(p)))
+             for package in packages for p in sorted((root / package).rglob("*.py"))}
+    defined: dict[str, set[str]] = {}
+    for name, (_, tree) in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found = node.name
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                found = node.attr
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                found = node.id
+            else:
+                continue
+            if _private(found):
+                defined.setdefault(found, set()).add(own_package(name))
+    for name, (path, tree) in trees.items():
+        mine, seen = own_package(name), set()
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and _private(node.attr)
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                    and node.attr in defined and mine not in defined[node.attr] and node.attr not in seen):
+                seen.add(node.attr)
+                yield name, f".{node.attr}", f"{path.relative_to(root).as_posix()}:{node.lineno}"
+
+
 def test_no_private_name_is_imported_across_packages():
     found = [f"{where}: {importer} -> {target}" for importer, target, where in private_imports()
              if f"{importer} -> {target}" not in KNOWN]
@@ -117,6 +162,18 @@ def test_known_exceptions_still_exist():
     now = {f"{importer} -> {target}" for importer, target, _ in private_imports()}
     gone = sorted(KNOWN - now)
     assert not gone, f"these imports are gone: remove them from KNOWN: {gone}"
+
+
+def test_no_private_attribute_of_another_package_is_read():
+    found = [f"{where}: {reader} -> {attr}" for reader, attr, where in private_attributes()
+             if f"{reader} -> {attr}" not in KNOWN_ATTRIBUTES]
+    assert not found, "private attributes of another package's objects:\n" + "\n".join(found)
+
+
+def test_known_attribute_exceptions_still_exist():
+    now = {f"{reader} -> {attr}" for reader, attr, _ in private_attributes()}
+    gone = sorted(KNOWN_ATTRIBUTES - now)
+    assert not gone, f"these reads are gone: remove them from KNOWN_ATTRIBUTES: {gone}"
 
 
 def test_the_check_sees_modules_names_attributes_and_relative_imports(tmp_path):
@@ -139,3 +196,21 @@ def test_the_check_sees_modules_names_attributes_and_relative_imports(tmp_path):
     found = {(importer, target) for importer, target, _ in private_imports(("engine", "app"), tmp_path)}
     assert found == {("engine", "engine.nn._base"), ("engine.models.llama", "engine.nn._base"),
                      ("engine.models.llama", "engine.nn.linear._helper")}
+    found = {(reader, attr) for reader, attr, _ in private_attributes(("engine", "app"), tmp_path)}
+    assert found == {("engine.models.llama", "._helper")}  # a module's attribute is an attribute too
+
+
+def test_the_attribute_check_sees_another_packages_slots_not_its_own(tmp_path):
+    for folder in ("engine/module", "engine/models"):
+        (tmp_path / folder).mkdir(parents=True)
+    files = {
+        "engine/__init__.py": "", "engine/module/__init__.py": "", "engine/models/__init__.py": "",
+        "engine/module/param.py": ("class Param:\n    def __init__(self):\n        self._lazy = None\n"
+                                   "def peek(p):\n    return p._lazy\n"),
+        "engine/models/save.py": ("def f(p, q):\n    self = p\n    return p._lazy, q._mine, self._lazy\n"
+                                  "class Q:\n    _mine = 1\n"),
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text)
+    found = {(reader, attr) for reader, attr, _ in private_attributes(("engine",), tmp_path)}
+    assert found == {("engine.models.save", "._lazy")}

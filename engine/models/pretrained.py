@@ -432,7 +432,7 @@ def _open(ckpt: Checkpoint, device, dtype, check: Callable[[], None]) -> Module:
         plan[path] = by_id[param.id] = new
         names[path] = name
         used.add(name)
-        sources[param.id] = (new._lazy, stored, rule)
+        sources[param.id] = (new.lazy_state(), stored, rule)
     if problems:
         first = problems[:5]
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""

@@ -140,7 +140,7 @@ def _untouched(p: Param, info: PretrainedInfo | None):
     if info is None or p.is_initialized():
         return None
     src = info.sources.get(p.id)
-    if src is None or src[0] is not p._lazy:
+    if src is None or src[0] is not p.lazy_state():
         return None
     return src
 
