@@ -16,6 +16,7 @@ A module's *own package* is the room the architecture notes draw: each subpackag
 package `engine`), and `widgets` and `app` as wholes (`app.core` is part of `app`). Dunder names
 (`__version__`) are public."""
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +55,13 @@ def own_package(module: str) -> str:
     return parts[0]
 
 
+@functools.lru_cache(maxsize=4)
+def parsed(packages=PACKAGES, root: Path = ROOT) -> dict[str, tuple[Path, ast.Module]]:
+    """{module name: (its file, its syntax tree)}, read once for all the tests."""
+    return {module_name(p, root): (p, ast.parse(p.read_text(encoding="utf-8"), filename=str(p)))
+            for package in packages for p in sorted((root / package).rglob("*.py"))}
+
+
 def _private(part: str) -> bool:
     return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
 
@@ -61,11 +69,10 @@ def _private(part: str) -> bool:
 def private_imports(packages=PACKAGES, root: Path = ROOT):
     """Yield `(importer, "target.name", where)` for each private name a module takes from outside
     its own package."""
-    files = {module_name(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
-    for name, path in files.items():
+    files = parsed(packages, root)
+    for name, (path, tree) in files.items():
         is_package = path.name == "__init__.py"
         mine = own_package(name)
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         modules: dict[str, str] = {}  # local name -> module of ours it is bound to
 
         def check(dotted: str, node: ast.AST):
@@ -127,8 +134,7 @@ def private_attributes(packages=PACKAGES, root: Path = ROOT):
     """Yield `(reader, "._name", where)` for each `obj._name` a module reads (obj not `self` or
     `cls`) where `_name` is defined (a def, a class, an assignment, `x._name = ...`) only in
     other packages: a private attribute of another package's object."""
-    trees = {module_name(p, root): (p, ast.parse(p.read_text(encoding="utf-8"), filename=str(p)))
-             for package in packages for p in sorted((root / package).rglob("*.py"))}
+    trees = parsed(packages, root)
     defined: dict[str, set[str]] = {}
     for name, (_, tree) in trees.items():
         for node in ast.walk(tree):
