@@ -14,7 +14,7 @@ from .core.schema import LoadEdit
 from .document import Document
 from .host import Host
 from .prompts import save_file
-from .workers import Task
+from .workers import BackgroundTask
 
 EXPORT_FILTER = "Burnpack (*.bpk);;Safetensors, PyTorch layout (*.safetensors)"
 
@@ -69,7 +69,7 @@ class CheckpointActions:
         dialog.chosen.connect(lambda c: self.import_checkpoint(c["path"], c["allow_partial"]))
         return self.host.open_dialog(dialog)
 
-    def import_checkpoint(self, path: str, allow_partial: bool) -> Task | None:
+    def import_checkpoint(self, path: str, allow_partial: bool) -> BackgroundTask | None:
         w, module = self.host, self.document.module
         if module is None:
             return None
@@ -93,23 +93,23 @@ class CheckpointActions:
             else:
                 show_partial_load(w, report)
 
-        return w.tasks.start(Task(work, title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f),
+        return w.tasks.start(BackgroundTask(work, title=f"Loading {Path(path).name}"), loaded, lambda f: show_load_failure(w, f),
                              kind="import-checkpoint",  # a second import replaces a running one
                              valid_while=lambda: self.document.module is module,
                              dropped="The model changed while the checkpoint loaded; the load was dropped.")
 
-    def ask_export(self, kind: str) -> Task | None:
+    def ask_export(self, kind: str) -> BackgroundTask | None:
         if self.document.module is None:
             return None
         path = save_file(self.host.dialog_parent(), self.host.settings, f"Export {kind}", EXPORT_FILTER)
         return self.export_checkpoint(path, kind) if path else None
 
-    def export_checkpoint(self, path: str, kind: str) -> Task | None:
+    def export_checkpoint(self, path: str, kind: str) -> BackgroundTask | None:
         w, module = self.host, self.document.module
         if module is None:
             return None
         started = time.perf_counter()
         return w.tasks.start(
-            Task(lambda state: checkpoints.export(module, path, kind, state.set_progress), title=f"Saving {Path(path).name}"),
+            BackgroundTask(lambda state: checkpoints.export(module, path, kind, state.set_progress), title=f"Saving {Path(path).name}"),
             lambda written: w.status(f"Saved {written} ({kind}, {time.perf_counter() - started:.1f} s)"),
             lambda f: w.error("Export failed", str(f.exception), f.traceback))

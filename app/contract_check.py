@@ -19,7 +19,7 @@ from .core import opening
 from .core.schema import ExampleSource
 from .document import Document
 from .host import Host
-from .workers import Task
+from .workers import BackgroundTask
 
 
 SHAPES_ONLY_FROM = 64 * 2**20  # lazy parameters above this size make "Shapes only" the check's default
@@ -147,7 +147,7 @@ class ContractCheck:
         self.editor.show_result(False, f"✗ {f}", "")
         self.host.error("Check failed", str(f), f.traceback)
 
-    def run_check(self, input_text: str) -> Task | None:
+    def run_check(self, input_text: str) -> BackgroundTask | None:
         """Run the example input through the model with checks at every module boundary, on a
         worker. A new check replaces a running one; a result for a model that changed meanwhile is
         dropped."""
@@ -204,7 +204,7 @@ class ContractCheck:
                      f"{result.failure.path if result.failure else 'the model'}")
 
         self.editor.show_result(None, "Checking…", "")
-        return w.tasks.start(Task(work, title="Checking shape contracts"), done,
+        return w.tasks.start(BackgroundTask(work, title="Checking shape contracts"), done,
                              self._check_failed, kind="check",
                              valid_while=lambda: doc.module is module,
                              dropped="The model changed while it was being checked; the result was dropped.")

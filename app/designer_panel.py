@@ -309,9 +309,6 @@ class DesignerPanel(QWidget):
         return bool(self.edit(f"Connect {src} → {dst}", lambda d: d.connect(src, src_port, dst, dst_port),
                               select_after=[dst]))
 
-    def disconnect_ports(self, src: str, src_port: str, dst: str, dst_port: str) -> bool:
-        return bool(self.edit(f"Disconnect {src} → {dst}", lambda d: d.disconnect(src, src_port, dst, dst_port)))
-
     def set_field(self, node: str, field: str, value: Any) -> bool:
         ok = bool(self.edit(f"Set {node}.{field}", lambda d: d.set_field(node, field, value), select_after=[node]))
         if not ok and node in self.design:  # put the form back to the design's value

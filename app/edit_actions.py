@@ -22,7 +22,7 @@ from .core.schema import (DetachEdit, Edit, GroupEdit, GroupSpec, LoraEdit, Mate
                           edit_from_json)
 from .document import Document
 from .host import Host
-from .workers import Task
+from .workers import BackgroundTask
 
 
 class EditActions:
@@ -73,7 +73,7 @@ class EditActions:
             return None
         return None
 
-    def _apply_in_background(self, module, edit: Edit, estimate=None) -> Task:
+    def _apply_in_background(self, module, edit: Edit, estimate=None) -> BackgroundTask:
         """A long edit (a move that copies gigabytes, QLoRA packing) on a worker thread: the
         window stays responsive, and the result becomes one undoable step when it arrives, unless
         the model was changed meanwhile (then it is dropped and the status bar says so)."""
@@ -84,7 +84,7 @@ class EditActions:
             w.status(text)
 
         w.status(f"{text}… ({estimate.text()})" if estimate is not None and estimate.total else f"{text}…")
-        return w.tasks.start(Task(lambda state: edits.apply_edit(module, edit), title=text), done,
+        return w.tasks.start(BackgroundTask(lambda state: edits.apply_edit(module, edit), title=text), done,
                              lambda f: w.error("Edit failed", f"{text} failed: {f}"),
                              valid_while=lambda: self.document.module is module,
                              dropped=f"{text}: the model changed while it ran; the result was dropped.")

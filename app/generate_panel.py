@@ -4,7 +4,7 @@ from a worker thread, and compare two models on the same prompt and seed, side b
 - The tokenizer is the open model's folder's `tokenizer.json` (`engine.train.text.load_tokenizer`,
   read on the worker the first time and kept for that folder); a model without one cannot
   generate here and the panel says why.
-- Generate starts a `Task` (app.workers) through the window's `TaskRunner` (kind "generate": a new
+- Generate starts a `BackgroundTask` (app.workers) through the window's `TaskRunner` (kind "generate": a new
   generation replaces a running one); it iterates `engine.models.generate.stream` and sends each
   token's text back as a partial result, which the view appends to its pane. Stop cancels the
   task: the stream checks it before each step, and the text so far stays.
@@ -29,7 +29,7 @@ from widgets.generate_view import GenerateView
 from .document import Document
 from .host import Host
 from .training_panel import TrainingPanel, tokenizer_folder
-from .workers import Task
+from .workers import BackgroundTask
 
 
 def has_adapters(module: Any) -> bool:
@@ -74,7 +74,7 @@ class GeneratePanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.view)
-        self.task: Task | None = None
+        self.task: BackgroundTask | None = None
         self._tokenizer = None
         self._tokenizer_folder = ""
         self.last_results: list = []  # the GenerationResults of the last generation, a column each
@@ -128,7 +128,7 @@ class GeneratePanel(QWidget):
         return [("The document's model", module)]
 
     # ---- commands -------------------------------------------------------------------------------
-    def generate(self, settings: dict | None = None) -> Task | None:
+    def generate(self, settings: dict | None = None) -> BackgroundTask | None:
         """Continue the prompt with the chosen model(s) on a worker; None when it cannot start."""
         settings = dict(settings if settings is not None else self.view.settings())
         v = self.view
@@ -153,7 +153,7 @@ class GeneratePanel(QWidget):
         v.set_columns([title for title, _ in columns])
         v.set_running(True)
         v.set_status("Generating…")
-        task = Task(_generate_columns, columns, tokenizer, folder, settings, title="Generating text")
+        task = BackgroundTask(_generate_columns, columns, tokenizer, folder, settings, title="Generating text")
         task.partial.connect(lambda part: v.append(*part))
         task.cancelled.connect(lambda t=task: self._ended(t, "Stopped: the text so far is kept."))
         # a result dropped because the model changed meanwhile ends the generation too
@@ -189,13 +189,13 @@ class GeneratePanel(QWidget):
             self.task.cancel()
             self.view.set_status("Stopping after the current token…")
 
-    def _ended(self, task: Task, text: str) -> None:
+    def _ended(self, task: BackgroundTask, text: str) -> None:
         if self.task is task:
             self.task = None
             self.view.set_running(False)
             self.view.set_status(text)
 
-    def _finished(self, task: Task, folder: str, out) -> None:
+    def _finished(self, task: BackgroundTask, folder: str, out) -> None:
         tokenizer, results, thread = out
         self._tokenizer, self._tokenizer_folder = tokenizer, folder
         self.last_results, self.last_thread = results, thread
@@ -203,7 +203,7 @@ class GeneratePanel(QWidget):
                  f"{r.finish_reasons[0]})" for r in results]
         self._ended(task, "Done: " + "; ".join(parts))
 
-    def _failed(self, task: Task, failure) -> None:
+    def _failed(self, task: BackgroundTask, failure) -> None:
         exc = failure.exception
         message = str(exc) if isinstance(exc, (ValueError, OSError, memory.NotEnoughMemory)) else \
             f"{type(exc).__name__}: {exc}"

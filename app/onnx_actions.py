@@ -36,7 +36,7 @@ from .designer_panel import DesignerPanel
 from .document import Document
 from .host import Host
 from .prompts import open_file, save_file
-from .workers import Task
+from .workers import BackgroundTask
 
 __all__ = ["OnnxActions", "ONNX_FILTER", "model_inputs"]
 
@@ -96,7 +96,7 @@ class OnnxActions:
         if path:
             self.open_onnx(path)
 
-    def open_onnx(self, path) -> Task:
+    def open_onnx(self, path) -> BackgroundTask:
         w = self.host
         path = Path(path)
 
@@ -110,7 +110,7 @@ class OnnxActions:
             details = report.text() if report is not None else getattr(f, "traceback", "")
             w.error("Open ONNX", f"{path.name} cannot be imported: {f}\nNothing was changed.", details)
 
-        return w.tasks.start(Task(lambda _state: opening.import_onnx_file(path), title=f"Importing {path.name}"), done,
+        return w.tasks.start(BackgroundTask(lambda _state: opening.import_onnx_file(path), title=f"Importing {path.name}"), done,
                              failed, kind="onnx-open")
 
     def _opened(self, imported, path: Path, digest: str | None = None) -> bool:
@@ -135,7 +135,7 @@ class OnnxActions:
 
     # ---- projects ---------------------------------------------------------------------------------
     def open_source(self, source: OnnxSource, *, edits_: list[Edit] | None = None, contracts_: dict | None = None,
-                    project_path: Path | None = None, dirty: bool = False, runs_: list | None = None) -> Task:
+                    project_path: Path | None = None, dirty: bool = False, runs_: list | None = None) -> BackgroundTask:
         """Open a project's ONNX source: the file imported again on a worker (the same import as
         File ▸ Open ONNX…, its SHA-256 checked against the project's), its design built with its
         weights, then `edits_` replayed. A missing, changed or unimportable file, or an edit that
@@ -178,7 +178,7 @@ class OnnxActions:
 
         name = Path(project_path).name if project_path is not None else Path(source.path).name
         was, step = doc.module, doc.undo_stack.index()
-        return w.tasks.start(Task(work, title=f"Opening {Path(source.path).name}"), loaded, failed, kind="open",
+        return w.tasks.start(BackgroundTask(work, title=f"Opening {Path(source.path).name}"), loaded, failed, kind="open",
                              valid_while=lambda: doc.module is was and doc.undo_stack.index() == step,
                              dropped=f"Opening {name}: the open model was changed meanwhile, so it was kept and "
                                      f"{name} was not opened.")
@@ -206,7 +206,7 @@ class OnnxActions:
         if path:
             self.export_onnx(path)
 
-    def export_onnx(self, path, input_text: str | None = None) -> Task | None:
+    def export_onnx(self, path, input_text: str | None = None) -> BackgroundTask | None:
         w, doc = self.host, self.document
         module = doc.module
         if module is None:
@@ -239,7 +239,7 @@ class OnnxActions:
         def failed(f):
             w.error("Export ONNX", f"{path.name} was not written: {f}", getattr(f, "traceback", ""))
 
-        return w.tasks.start(Task(lambda _state: export_onnx(module, path, inputs), title=f"Exporting {path.name}"), done, failed,
+        return w.tasks.start(BackgroundTask(lambda _state: export_onnx(module, path, inputs), title=f"Exporting {path.name}"), done, failed,
                              kind="onnx-export")
 
     # ---- the graph of the open model ------------------------------------------------------------
@@ -248,7 +248,7 @@ class OnnxActions:
         if self.designer.graph_shown():
             self.refresh_graph()
 
-    def refresh_graph(self) -> Task | None:
+    def refresh_graph(self) -> BackgroundTask | None:
         """Trace the open model (on a worker) for the Graph page, unless it shows it already."""
         w, doc = self.host, self.document
         view = self.designer.graph
@@ -285,7 +285,7 @@ class OnnxActions:
             self._graph_for = None
             view.set_message(f"No graph: the trace failed: {f}")
 
-        task = Task(work, title="Tracing the model's graph")
+        task = BackgroundTask(work, title="Tracing the model's graph")
         self.graph_task = w.tasks.start(task, done, failed, kind="graph", valid_while=lambda: doc.module is module,
                                         dropped="The model changed while its graph was traced.")
         return self.graph_task
@@ -293,7 +293,3 @@ class OnnxActions:
 
 class _ReplayFailed(Exception):
     """A project's edits failed to replay after its ONNX file was imported."""
-
-
-def is_design_source(source) -> bool:
-    return isinstance(source, DesignSource)

@@ -26,7 +26,7 @@ from .core.schema import Edit, PretrainedSource
 from .document import Document
 from .host import Host
 from .prompts import Button, ask_question
-from .workers import Task
+from .workers import BackgroundTask
 
 EXPORT_TIP = "Write the model as a Hugging Face folder (config.json + model.safetensors) that transformers loads; " \
              "LoRA adapters are merged into a copy first"
@@ -60,7 +60,7 @@ class PretrainedActions:
     def _start_folder(self) -> str:
         return self.settings.last_folder() if self.settings is not None else str(Path.home())
 
-    def ask_open(self) -> Task | None:
+    def ask_open(self) -> BackgroundTask | None:
         """File ▸ Open Pretrained…: choose a folder, then open it (asking about unsaved work)."""
         folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Open Pretrained (a Hugging Face model folder)",
                                                   self._start_folder())
@@ -71,7 +71,7 @@ class PretrainedActions:
 
     def open_folder(self, folder: str | Path, *, edits_: list[Edit] | None = None, contracts_: dict | None = None,
                     project_path: Path | None = None, dirty: bool = False, runs_: list | None = None,
-                    ask: bool = True) -> Task | None:
+                    ask: bool = True) -> BackgroundTask | None:
         """Open a Hugging Face folder on a worker, replay `edits_` (a project's) and make it the
         document's model. `ask`: ask about unsaved work first (a project's open already did)."""
         w = self.host
@@ -110,7 +110,7 @@ class PretrainedActions:
         # unsaved work was asked about before this started; a model edited meanwhile is newer work
         # than the open, so the result is dropped rather than replacing it unasked
         doc, was, step = self.document, self.document.module, self.document.undo_stack.index()
-        return w.tasks.start(Task(work, title=f"Opening {path.name}"), loaded, failed, kind="open",
+        return w.tasks.start(BackgroundTask(work, title=f"Opening {path.name}"), loaded, failed, kind="open",
                              valid_while=lambda: doc.module is was and doc.undo_stack.index() == step,
                              dropped=f"Opening {path.name}: the open model was changed meanwhile, so it was kept "
                                      f"and {path.name} was not opened.")
@@ -177,7 +177,7 @@ class PretrainedActions:
             return "the model has no LoRA adapters: attach them first (Model ▸ Attach LoRA…)"
         return ""
 
-    def ask_export_peft(self) -> Task | None:
+    def ask_export_peft(self) -> BackgroundTask | None:
         why = self.peft_refusal()
         if why:
             self.host.status(f"Export PEFT adapter: {why}")
@@ -186,7 +186,7 @@ class PretrainedActions:
                                                   self._start_folder())
         return self.export_peft(folder) if folder else None
 
-    def export_peft(self, folder: str | Path) -> Task | None:
+    def export_peft(self, folder: str | Path) -> BackgroundTask | None:
         """Write the document's LoRA adapters as a PEFT adapter folder, on a worker."""
         w, module = self.host, self.document.module
         why = self.peft_refusal()
@@ -215,11 +215,11 @@ class PretrainedActions:
                      f"PeftModel.from_pretrained(base, folder) loads it", 15000)
 
         w.status(f"Exporting the PEFT adapter to {folder}…")
-        return w.tasks.start(Task(work, title=f"Exporting the PEFT adapter {folder.name}"), done,
+        return w.tasks.start(BackgroundTask(work, title=f"Exporting the PEFT adapter {folder.name}"), done,
                              lambda f: w.error("Export PEFT adapter failed", str(f.exception), f.traceback),
                              kind="export-peft")
 
-    def ask_export(self) -> Task | None:
+    def ask_export(self) -> BackgroundTask | None:
         module = self.document.module
         why = opening.save_pretrained_refusal(module)
         if why:
@@ -229,7 +229,7 @@ class PretrainedActions:
                                                   self._start_folder())
         return self.export_folder(folder) if folder else None
 
-    def export_folder(self, folder: str | Path) -> Task | None:
+    def export_folder(self, folder: str | Path) -> BackgroundTask | None:
         """Write the document's model to `folder` on a worker; adapters are merged into a copy."""
         w, module = self.host, self.document.module
         why = opening.save_pretrained_refusal(module)
@@ -271,8 +271,8 @@ class PretrainedActions:
             w.status(f"Saved the Hugging Face folder {written} ({time.perf_counter() - started:.1f} s{extra})", 15000)
 
         return w.tasks.start(
-            Task(lambda state: opening.save_pretrained(module, folder, state.set_progress),
-                 title=f"Exporting {folder.name}" + (" (merging LoRA into a copy)" if merged else "")),
+            BackgroundTask(lambda state: opening.save_pretrained(module, folder, state.set_progress),
+                           title=f"Exporting {folder.name}" + (" (merging LoRA into a copy)" if merged else "")),
             done, lambda f: w.error("Export failed", str(f.exception), f.traceback), kind="export-pretrained")
 
 

@@ -27,7 +27,7 @@ from .host import Host
 from .onnx_actions import OnnxActions
 from .pretrained_actions import PretrainedActions
 from .prompts import open_file, save_file
-from .workers import Task
+from .workers import BackgroundTask
 
 PROJECT_FILTER = f"Ember projects (*{PROJECT_SUFFIX});;All files (*)"
 AUTOSAVE_SUFFIX = PROJECT_SUFFIX + ".autosave"
@@ -230,7 +230,7 @@ class ProjectIO:
         # the user was asked about the open model before this started; one edited meanwhile is newer
         # work than the open, so the result is dropped rather than replacing it unasked
         doc, was, step = self.document, self.document.module, self.document.undo_stack.index()
-        w.tasks.start(Task(load_and_replay, title=task_title), loaded, failed, kind="open",
+        w.tasks.start(BackgroundTask(load_and_replay, title=task_title), loaded, failed, kind="open",
                       valid_while=lambda: doc.module is was and doc.undo_stack.index() == step,
                       dropped=f"{task_title}: the open model was changed meanwhile, so it was kept and "
                               f"{Path(project_path or path).name} was not opened.")

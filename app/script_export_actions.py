@@ -28,7 +28,7 @@ from .core import opening
 from .document import Document
 from .host import Host
 from .prompts import Button, ask_question
-from .workers import Task
+from .workers import BackgroundTask
 
 TIP = "Write a PyTorch + transformers + peft training script (train.py, train_config.json, the token rows) for " \
       "this model and the Training tab's settings, to run with python, accelerate launch or torchrun"
@@ -84,7 +84,7 @@ class ScriptExportActions:
         action.setToolTip(tip)
         action.setStatusTip(tip)
 
-    def ask_export(self) -> Task | None:
+    def ask_export(self) -> BackgroundTask | None:
         why = self.refusal()
         if why:
             self.host.status(f"{TITLE}: {why}")
@@ -95,7 +95,7 @@ class ScriptExportActions:
                                                   start)
         return self.export(folder) if folder else None
 
-    def export(self, folder: str | Path) -> Task | None:
+    def export(self, folder: str | Path) -> BackgroundTask | None:
         """Write the training script for the document's model and the Training tab's run into
         `folder`, on a worker; show what was written and how to run it."""
         w, module = self.host, self.document.module
@@ -152,5 +152,5 @@ class ScriptExportActions:
                 w.error(f"{TITLE} failed", f"{type(exc).__name__}: {exc}", failure.traceback)
 
         w.status(f"Exporting the training script to {folder}…")
-        return w.tasks.start(Task(work, title=f"Exporting the training script to {folder.name}"), done, failed,
+        return w.tasks.start(BackgroundTask(work, title=f"Exporting the training script to {folder.name}"), done, failed,
                              kind="export-training-script")

@@ -1,4 +1,4 @@
-"""The window's task runner: starts `Task`s, shows them in the status bar's progress widget, and
+"""The window's task runner: starts `BackgroundTask`s, shows them in the status bar's progress widget, and
 makes sure a stale result never arrives.
 
 Orange3's `concurrent.py` pattern: a task started with a `kind` replaces the running task of the
@@ -15,7 +15,7 @@ from PySide6.QtCore import QObject, QTimer
 
 from widgets.task_progress import TaskProgress
 
-from .workers import Task
+from .workers import BackgroundTask
 
 
 class TaskRunner(QObject):
@@ -25,13 +25,13 @@ class TaskRunner(QObject):
         self.progress = progress
         self._error = error
         self._status = status
-        self.running: list[Task] = []
-        self._by_kind: dict[str, Task] = {}
+        self.running: list[BackgroundTask] = []
+        self._by_kind: dict[str, BackgroundTask] = {}
         progress.cancel_requested.connect(self.cancel_all)
 
-    def start(self, task: Task, on_finished: Callable[[Any], None], on_failed: Callable[[Any], None] | None = None,
+    def start(self, task: BackgroundTask, on_finished: Callable[[Any], None], on_failed: Callable[[Any], None] | None = None,
               *, kind: str | None = None, valid_while: Callable[[], bool] | None = None,
-              dropped: str = "") -> Task:
+              dropped: str = "") -> BackgroundTask:
         """Run `task`; `on_finished(result)` or `on_failed(TaskFailure)` follows in the GUI thread.
         A running task of the same `kind` is cancelled and never delivers; a result that arrives
         when `valid_while()` is false is dropped with the status line `dropped`."""
@@ -57,14 +57,14 @@ class TaskRunner(QObject):
         task.done.connect(lambda: self._done(task, kind))
         return task.start()
 
-    def _retire(self, task: Task) -> None:
+    def _retire(self, task: BackgroundTask) -> None:
         """Cancel a replaced task and cut it off: nothing it emits reaches the window any more,
         except its `done`, which takes it off the progress widget."""
         task.cancel()
         for signal in (task.finished, task.failed, task.cancelled, task.progress, task.status):
             signal.disconnect()
 
-    def _done(self, task: Task, kind: str | None) -> None:
+    def _done(self, task: BackgroundTask, kind: str | None) -> None:
         if task in self.running:
             self.running.remove(task)
         if kind is not None and self._by_kind.get(kind) is task:

@@ -5,7 +5,7 @@ How a run goes:
 
 - Start builds a `RunSpec` from the forms (data, loss, optimizer, schedule, training config,
   device) and a run folder under `runs_dir` (`run.json` plus the loop's `epoch-<e>/`
-  checkpoints). A `Task` (app.workers) runs `engine.train.worker.run_training` on a thread:
+  checkpoints). A `BackgroundTask` (app.workers) runs `engine.train.worker.run_training` on a thread:
   it makes the data set, forks the document's model to the chosen device, checks that one
   batch fits the model and the loss (a mismatch names the module where it failed), then runs
   a `Learner`.

@@ -1,5 +1,5 @@
 """A training run of this session, and its one owner: its record (name, folder, settings), its
-state (the history, with the status), the model it started from, and its worker (the `Task`,
+state (the history, with the status), the model it started from, and its worker (the `BackgroundTask`,
 the `RunControl` that carries pause / resume / stop, and what the task returned). The Training
 tab and its run controls talk to the run: `start()` runs the worker, `pause()` / `resume()` /
 `stop()` go to it, and the run tells them what came back (`events`, `finished`, `failed`),
@@ -30,7 +30,7 @@ from engine.train.run_spec import RunSpec
 from engine.train.worker import RunControl, RunOutcome, run_training
 
 from .core.schema import RunRecord
-from .workers import Task, TaskFailure
+from .workers import BackgroundTask, TaskFailure
 
 GUI_WAIT_S = 0.05  # the longest a training step waits for the GUI to end a paint
 
@@ -86,7 +86,7 @@ class TrainingRun(QObject):
         self.source_module = source_module
         self.source = None  # the document's source when the run started (the same model family)
         self.control = RunControl(gui_gate.between_steps if gui_gate is not None else None)
-        self.task: Task | None = None
+        self.task: BackgroundTask | None = None
         self.outcome: RunOutcome | None = None
         self.started_at = time.time()
         self.generation = 0  # which document the run belongs to (the panel counts models opened)
@@ -128,7 +128,7 @@ class TrainingRun(QObject):
 
     # ---- the worker ---------------------------------------------------------------------------------
     def start(self, source, generation: int, resume_from: str | None, max_steps: int | None,
-              yield_between_steps: bool = False, start_task: Callable | None = None) -> Task:
+              yield_between_steps: bool = False, start_task: Callable | None = None) -> BackgroundTask:
         """Run the worker (`engine.train.worker.run_training`) for the document's `source`, opened
         as the panel's `generation`: the history begins, `run.json` is written, and the task runs
         through `start_task(task, on_finished, on_failed)` (the window's runner) or on its own."""
@@ -136,8 +136,8 @@ class TrainingRun(QObject):
         self.generation = generation
         self.history.begin()
         self.write(resumed_from=resume_from)
-        task = Task(run_training, self.control, self.source_module, self.spec, str(self.folder), resume_from,
-                    max_steps, yield_between_steps, title=f"Training {self.name}")
+        task = BackgroundTask(run_training, self.control, self.source_module, self.spec, str(self.folder), resume_from,
+                              max_steps, yield_between_steps, title=f"Training {self.name}")
         self.task = task
         task.partial.connect(self._on_events)
         task.cancelled.connect(self._on_cancelled)

@@ -2,10 +2,10 @@
 
 The shape follows Orange3's `concurrent.py`: the function runs on a worker thread and gets a
 `TaskState` through which it reports progress, a status line and partial results, and asks
-whether it was cancelled. The `Task` (a QObject living in the GUI thread) re-emits all of it
+whether it was cancelled. The `BackgroundTask` (a QObject living in the GUI thread) re-emits all of it
 as signals, delivered queued in the GUI thread, so slots never run on the worker.
 
-    task = Task(load_checkpoint, path)
+    task = BackgroundTask(load_checkpoint, path)
     task.progress.connect(bar.setValue)
     task.finished.connect(on_loaded)
     task.failed.connect(show_error)
@@ -33,7 +33,7 @@ class Cancelled(Exception):
 class TaskState(QObject):
     """The worker's side of a task: report progress and check for cancellation.
 
-    Its signals are emitted from the worker thread; `Task` receives them through queued
+    Its signals are emitted from the worker thread; `BackgroundTask` receives them through queued
     connections, so they are thread-safe to call at any rate.
     """
 
@@ -76,10 +76,10 @@ class TaskFailure:
         return f"{type(self.exception).__name__}: {self.exception}"
 
 
-class Task(QObject):
+class BackgroundTask(QObject):
     """Run `fn(state, *args, **kwargs)` on a worker thread.
 
-    Signals (all delivered in the thread that owns the Task, normally the GUI thread):
+    Signals (all delivered in the thread that owns the BackgroundTask, normally the GUI thread):
     `progress(float)`, `status(str)`, `partial(object)`, then exactly one of
     `finished(result)`, `failed(TaskFailure)` or `cancelled()`, then `done()`.
     """
@@ -110,7 +110,7 @@ class Task(QObject):
         self._state._done.connect(self._on_done, q)
 
     # ---- control ------------------------------------------------------------------------
-    def start(self) -> "Task":
+    def start(self) -> "BackgroundTask":
         if self._thread is not None:
             raise RuntimeError(f"task {self.title!r} was already started")
         self._thread = threading.Thread(target=self._run, name=f"ember-task-{self.title}", daemon=True)

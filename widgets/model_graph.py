@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QPainterPath, QPen
 from PySide6.QtWidgets import (QGraphicsItem, QGraphicsPathItem, QGraphicsRectItem, QGraphicsScene,
                                QGraphicsSimpleTextItem, QGraphicsView)
@@ -299,6 +299,3 @@ class ModelGraphView(QGraphicsView):
             if box.brush().color() == _SELECTED:
                 return key
         return None
-
-    def sceneRectFor(self) -> QRectF:  # noqa: N802 - Qt naming
-        return self.scene().itemsBoundingRect()

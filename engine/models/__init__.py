@@ -11,10 +11,10 @@ module can be imported alone.
 import importlib
 
 _NAMES = {
-    "PretrainedError": "checkpoint", "open_checkpoint": "checkpoint",
+    "PretrainedError": "hf_folder", "open_checkpoint": "hf_folder",
     "FAMILIES": "pretrained", "Family": "pretrained", "PretrainedInfo": "pretrained",
     "from_pretrained": "pretrained", "pretrained_info": "pretrained", "pretrained_names": "pretrained",
-    "save_pretrained": "pretrained", "supported_architectures": "pretrained",
+    "save_pretrained": "save", "supported_architectures": "pretrained",
     "load_peft_adapter": "peft", "save_peft_adapter": "peft",
     "generate": "generate",
     "export_training_script": "training_script",

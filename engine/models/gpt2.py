@@ -29,7 +29,7 @@ from .. import nn
 from ..module import Module
 from ..module import init as initializers
 from ..tensor import Tensor
-from .checkpoint import MAX_SIZE, PretrainedError
+from .hf_folder import MAX_SIZE, PretrainedError
 from .mapping import Rule, Split, Transpose, WeightMap
 from .pretrained import Family, layer_range
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .checkpoint import PretrainedError
+from .hf_folder import PretrainedError
 
 CONFIG_AND_EXTRAS = [
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

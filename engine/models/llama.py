@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from .. import nn
 from ..module import Module
-from ..nn._base import assert_shape
+from ..module.shape import assert_shape
 from ..tensor import Tensor
-from .checkpoint import MAX_SIZE, PretrainedError
+from .hf_folder import MAX_SIZE, PretrainedError
 from .mapping import RopePermute, Rule, Transpose, WeightMap
 from .pretrained import Family, layer_range
 

@@ -66,7 +66,7 @@ from ..store.burnpack import bf16_to_float32, storage_dtype
 from ..store.errors import RecordError
 from ..store.filesource import FileSource
 from ..tensor import Tensor
-from .checkpoint import MAX_CONFIG_BYTES, PretrainedError, read_json
+from .hf_folder import MAX_CONFIG_BYTES, PretrainedError, read_json
 from .mapping import Rule, Split, Transpose
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PeftTarget", "load_peft_adapter", "peft_lora", "peft_targets",
@@ -123,9 +123,9 @@ class PeftTarget:
 
 
 def _family_rules(model):
-    from .pretrained import _family_of, pretrained_names  # noqa: PLC0415 - pretrained imports the families
+    from .pretrained import family_of, pretrained_names  # noqa: PLC0415 - pretrained imports the families
 
-    fam, cfg = _family_of(model)
+    fam, cfg = family_of(model)
     if fam is None:
         return None, {}
     return fam.weight_map(cfg), pretrained_names(model)

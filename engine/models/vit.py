@@ -25,7 +25,7 @@ from .. import nn
 from ..module import Module
 from ..module import init as initializers
 from ..tensor import Tensor
-from .checkpoint import MAX_SIZE
+from .hf_folder import MAX_SIZE
 from .gpt2 import MASKED, ConfigReader, activation
 from .mapping import Rule, Transpose, WeightMap
 from .pretrained import Family, layer_range

@@ -49,9 +49,6 @@ class Flag:
     def __bool__(self) -> bool:
         return self.enabled
 
-    def is_enabled(self) -> bool:
-        return self.enabled
-
     def with_value(self, value: bool) -> "Flag":
         """Configured to `value`; on now only when the flag is not in validation mode."""
         value = bool(value)

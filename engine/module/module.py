@@ -50,7 +50,7 @@ from .display import DisplaySettings, default_content, format_module
 from .flag import Flag
 from .group import ParamGroup
 from .param import Param
-from .tree import FieldKind, Node, children, container_type, fields, join, kind_of, reparameterization_name
+from .tree import FieldKind, ModuleBase, children, container_type, fields, join, kind_of, reparameterization_name
 
 __all__ = ["Module"]
 
@@ -320,7 +320,7 @@ class _Collect(_Walker):
 
 
 # ---------------------------------------------------------------------------------- Module
-class Module(Node):
+class Module(ModuleBase):
     """Base class of every module; see this file's docstring for fields, paths and flags."""
 
     # ---------------------------------------------------------------- structure

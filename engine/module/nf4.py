@@ -229,22 +229,6 @@ class NF4Packed:
     def bits_per_weight(self) -> float:
         return 8.0 * self.nbytes / max(self.numel, 1)
 
-    def to_xp(self, xp) -> "NF4Packed":
-        """The same packed data on another array library (numpy <-> cupy)."""
-
-        def move(a):
-            if a is None:
-                return None
-            if xp is np:
-                return a if isinstance(a, np.ndarray) else a.get()
-            return xp.asarray(a)
-
-        dq = None
-        if self.absmax_dq is not None:
-            d = self.absmax_dq
-            dq = DoubleQuantized(move(d.values), move(d.scales), d.mean, d.block_size)
-        return NF4Packed(move(self.codes), move(self.absmax), dq, self.shape, self.dtype, self.block_size)
-
 
 def quantize_nf4(weights, block_size: int = DEFAULT_BLOCK_SIZE, double_quant: bool = False) -> NF4Packed:
     """Pack a float array (NumPy or CuPy) as NF4 with one absmax per `block_size` elements."""
@@ -275,8 +259,3 @@ def quantize_nf4(weights, block_size: int = DEFAULT_BLOCK_SIZE, double_quant: bo
         dtype=np.dtype(weights.dtype),
         block_size=block_size,
     )
-
-
-def dequantize_nf4(packed: NF4Packed, dtype=None):
-    """The dense array of `packed` (a convenience for `packed.dequantize()`)."""
-    return packed.dequantize(dtype)

@@ -301,6 +301,13 @@ class Param:
         state made; reading it then runs no initializer)."""
         return self._value is not None or self._lazy.value is not None
 
+    def lazy_state(self):
+        """The initialization this parameter waits for (None after it initialized itself): an
+        opaque token whose identity tells whether a parameter still waits for the same
+        initializer as when it was made (`from_pretrained` records it, so a save copies a weight
+        never read since from its file). Never initializes."""
+        return self._lazy
+
     def lazy_shape(self) -> tuple[int, ...]:
         """The shape, without initializing."""
         v = self._value

@@ -97,18 +97,6 @@ def _reparameterized(module: Module) -> list[tuple[str, Param]]:
     return [(path, p) for path, p in iter_param_slots(module) if p.reparameterization is not None]
 
 
-def _refuse_nesting(module: Module, what: str) -> None:
-    found = _reparameterized(module)
-    if found:
-        names = ", ".join(f"'{path}' ({type(p.reparameterization).__name__})" for path, p in found[:8])
-        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
-        raise ReparameterizationError(
-            f"{what}: reparameterizations cannot be nested, and this {type(module).__name__} already "
-            f"has reparameterized parameters: {names}{more}. Call materialize() first to fold them into "
-            f"plain weights, or start from the module without them."
-        )
-
-
 # ---------------------------------------------------------------------------------- applying
 class _ApplyReparameterization(ModuleMapper):
     """A module mapper that offers every float parameter, with its path, to a reparameterizer."""

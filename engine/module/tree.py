@@ -49,7 +49,7 @@ from .param import Param
 
 __all__ = [
     "FieldKind",
-    "Node",
+    "ModuleBase",
     "children",
     "container_type",
     "fields",
@@ -78,7 +78,7 @@ class FieldKind(str, enum.Enum):
         return self.value
 
 
-class Node:
+class ModuleBase:
     """The base class of `engine.module.Module`: the tree treats the public attributes of its
     instances as fields. It lives here so that this file (and display) can recognise modules
     without importing module.py, which is built on this file."""
@@ -99,7 +99,7 @@ def kind_of(value) -> FieldKind:
     if k is not None:
         return k
     t = type(value)
-    if isinstance(value, Node):
+    if isinstance(value, ModuleBase):
         k = _MODULE
     elif isinstance(value, Param):
         k = _PARAM
@@ -139,7 +139,7 @@ def container_type(node) -> str:
     """What visitors and mappers are told they enter below `node`: `"Struct:<ClassName>"` for a
     module's field, `"Vec"` / `"Tuple"` / `"Map"` for a list / tuple / dict element and
     `"Reparameterization"` below a parameter."""
-    if isinstance(node, Node):
+    if isinstance(node, ModuleBase):
         return "Struct:" + type(node).__name__
     if isinstance(node, Param):
         return "Reparameterization"
@@ -162,7 +162,7 @@ def children(node) -> Iterator[tuple[str, FieldKind, object]]:
     """`(name, kind, value)` for the traversed children of a module, a list / tuple / dict, or a
     reparameterized parameter (its reparameterization, named by `reparameterization_name`).
     Plain values and None are skipped; any other node has no children."""
-    if isinstance(node, Node):
+    if isinstance(node, ModuleBase):
         items = list(node.__dict__.items())
     elif isinstance(node, (list, tuple)):
         items = [(str(i), v) for i, v in enumerate(node)]

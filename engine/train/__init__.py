@@ -17,7 +17,7 @@ from .events import (
     Throughput,
     ValidationMetrics,
 )
-from .files import DataFileError, load_csv, load_data_file, load_npz
+from .data_files import DataFileError, load_csv, load_data_file, load_npz
 from .learner import Learner, StepOutput, TrainingConfig, TrainingResult
 from .losses import cross_entropy, mse_loss
 from .metrics import AccuracyMetric, CustomMetric, LossMetric, Metric, TopKAccuracyMetric

@@ -76,9 +76,3 @@ def mse_loss(output: Tensor, targets: Tensor) -> Tensor:
 def causal_lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean next-token cross entropy over the targets that are not `IGNORE_INDEX`."""
     return cross_entropy(logits, targets, IGNORE_INDEX)
-
-
-def kept_targets(targets) -> int:
-    """How many targets a causal-LM loss counts (those not `IGNORE_INDEX`)."""
-    y = array(targets) if isinstance(targets, Tensor) else targets
-    return int((y != IGNORE_INDEX).sum())

@@ -21,7 +21,7 @@ import numpy as np
 
 from .config_json import from_dict, to_dict
 from .data import InMemoryDataset
-from .files import load_data_file
+from .data_files import load_data_file
 from .learner import StepOutput, TrainingConfig
 from .losses import cross_entropy, mse_loss
 from .tasks import TASKS, build_task

@@ -436,7 +436,7 @@ def test_partial_load_reports_missing_and_unused(opened, qtbot, tmp_path):
 def test_cancel_from_the_status_bar_stops_a_task(opened, qtbot):
     import threading
 
-    from app.workers import Task
+    from app.workers import BackgroundTask
 
     gate = threading.Event()
 
@@ -444,7 +444,7 @@ def test_cancel_from_the_status_bar_stops_a_task(opened, qtbot):
         while not gate.wait(0.005):
             state.check_cancelled()
 
-    task = opened.tasks.start(Task(slow, title="Slow"), lambda r: None)
+    task = opened.tasks.start(BackgroundTask(slow, title="Slow"), lambda r: None)
     assert opened.task_progress.isVisible()
     with qtbot.waitSignal(task.cancelled, timeout=5000):
         qtbot.mouseClick(opened.task_progress.cancel_button, Qt.MouseButton.LeftButton)

@@ -14,7 +14,7 @@ def open_fds() -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 def test_imported_models_are_released_once_delivered(opened, qtbot, tmp_path):
-    from app.workers import Task
+    from app.workers import BackgroundTask
 
     path = opened.document.module.into_record().save(tmp_path / "weights.bpk")
     doc = opened.document
@@ -27,7 +27,7 @@ def test_imported_models_are_released_once_delivered(opened, qtbot, tmp_path):
         dialog.path.setText(str(path))
         dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
         task = opened.running_tasks[-1]
-        assert isinstance(task, Task)
+        assert isinstance(task, BackgroundTask)
         with qtbot.waitSignal(task.done, timeout=20000):
             pass
         qtbot.waitUntil(lambda: not opened.running_tasks, timeout=5000)

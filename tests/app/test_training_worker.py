@@ -1,4 +1,4 @@
-"""The Training tab's worker through the app's thread (`app.workers.Task`, driven with
+"""The Training tab's worker through the app's thread (`app.workers.BackgroundTask`, driven with
 pytest-qt): a first layer's training behaviour, NaN weights reported as a failed run."""
 import numpy as np
 import pytest
@@ -9,16 +9,16 @@ from engine.train.run_spec import ConstantLrConfig, DataSettings, RunSpec
 from engine.train.worker import RunControl, run_training
 
 
-# ---- through the app's worker (a Task on its own thread, driven with pytest-qt) -------------------
+# ---- through the app's worker (a BackgroundTask on its own thread, driven with pytest-qt) -------------------
 def worker_run(qtbot, model, data: DataSettings, run_dir, lr=1e-9, **training):
-    from app.workers import Task
+    from app.workers import BackgroundTask
 
     cfg = dict(num_epochs=2, batch_size=16, device="cpu", seed=4)
     max_steps = training.pop("max_steps", None)
     cfg.update(training)
     run_spec = RunSpec(data, "SGD", optim.SgdConfig(), "constant", ConstantLrConfig(lr), TrainingConfig(**cfg))
     run_dir.mkdir()  # the panel makes the run folder
-    task = Task(run_training, RunControl(), model, run_spec, str(run_dir), max_steps=max_steps)
+    task = BackgroundTask(run_training, RunControl(), model, run_spec, str(run_dir), max_steps=max_steps)
     with qtbot.waitSignal(task.done, timeout=60_000):
         task.start()
     assert task.outcome == "finished", f"the worker task ended {task.outcome}: {task.result}"

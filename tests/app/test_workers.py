@@ -1,11 +1,11 @@
-"""The background Task: progress, partial results, results, failures and cancellation arrive
+"""The BackgroundTask: progress, partial results, results, failures and cancellation arrive
 as queued signals in the GUI thread, and the window's event loop keeps running meanwhile."""
 import threading
 
 import pytest
 from PySide6.QtCore import QThread
 
-from app.workers import Cancelled, Task
+from app.workers import Cancelled, BackgroundTask
 
 
 def test_result_and_progress_arrive_in_the_gui_thread(qtbot):
@@ -18,7 +18,7 @@ def test_result_and_progress_arrive_in_the_gui_thread(qtbot):
             state.set_partial_result(i)
         return sum(range(n))
 
-    task = Task(work, 5, title="sum")
+    task = BackgroundTask(work, 5, title="sum")
     task.progress.connect(lambda f: seen.append(("progress", f, QThread.currentThread() is gui_thread)))
     task.partial.connect(lambda v: seen.append(("partial", v, QThread.currentThread() is gui_thread)))
     with qtbot.waitSignal(task.finished, timeout=5000) as blocker:
@@ -34,7 +34,7 @@ def test_a_failure_carries_the_exception_and_traceback(qtbot):
     def work(state):
         raise ValueError("checkpoint is corrupt: bad magic")
 
-    task = Task(work)
+    task = BackgroundTask(work)
     with qtbot.waitSignal(task.failed, timeout=5000) as blocker:
         task.start()
     failure = blocker.args[0]
@@ -56,7 +56,7 @@ def test_cancel_stops_the_function_at_its_next_check(qtbot):
             threading.Event().wait(0.001)
         return "ran to the end"
 
-    task = Task(work)
+    task = BackgroundTask(work)
     finished = []
     task.finished.connect(finished.append)
     task.start()
@@ -75,7 +75,7 @@ def test_a_function_that_ignores_cancel_still_reports_cancelled(qtbot):
         gate.wait(5)
         return 1
 
-    task = Task(work)
+    task = BackgroundTask(work)
     got = []
     task.finished.connect(got.append)
     task.start()
@@ -93,7 +93,7 @@ def test_the_event_loop_runs_while_the_task_works(qtbot):
         gate.wait(5)
         return "ok"
 
-    task = Task(work)
+    task = BackgroundTask(work)
     task.start()
     ticks = []
     from PySide6.QtCore import QTimer
@@ -109,7 +109,7 @@ def test_the_event_loop_runs_while_the_task_works(qtbot):
 
 
 def test_a_task_starts_once(qtbot):
-    task = Task(lambda state: None)
+    task = BackgroundTask(lambda state: None)
     with qtbot.waitSignal(task.done, timeout=5000):
         task.start()
     with pytest.raises(RuntimeError, match="already started"):
@@ -120,7 +120,7 @@ def test_cancelled_is_an_exception_the_function_may_raise(qtbot):
     def work(state):
         raise Cancelled()
 
-    task = Task(work)
+    task = BackgroundTask(work)
     with qtbot.waitSignal(task.cancelled, timeout=5000):
         task.start()
 
@@ -145,8 +145,8 @@ def test_a_new_task_of_a_kind_cancels_and_cuts_off_the_old_one(qtbot):
         gate.wait(5)
         return "old"
 
-    old = runner.start(Task(slow, title="old"), got.append, kind="check")
-    new = runner.start(Task(lambda state: "new", title="new"), got.append, kind="check")
+    old = runner.start(BackgroundTask(slow, title="old"), got.append, kind="check")
+    new = runner.start(BackgroundTask(lambda state: "new", title="new"), got.append, kind="check")
     assert old.is_cancel_requested() and not new.is_cancel_requested()
     gate.set()
     qtbot.waitUntil(lambda: not runner.running, timeout=5000)
@@ -159,12 +159,12 @@ def test_a_result_that_arrives_when_its_condition_no_longer_holds_is_dropped(qtb
     qtbot.addWidget(progress)
     state = {"model": "a"}
     got = []
-    with qtbot.waitSignal(runner.start(Task(lambda s: 1, title="t"), got.append,
+    with qtbot.waitSignal(runner.start(BackgroundTask(lambda s: 1, title="t"), got.append,
                                        valid_while=lambda: state["model"] == "b", dropped="dropped: changed").done,
                           timeout=5000):
         pass
     assert got == [] and notes == [("status", "dropped: changed")]
-    with qtbot.waitSignal(runner.start(Task(lambda s: 2, title="t"), got.append,
+    with qtbot.waitSignal(runner.start(BackgroundTask(lambda s: 2, title="t"), got.append,
                                        valid_while=lambda: state["model"] == "a").done, timeout=5000):
         pass
     assert got == [2]

@@ -101,9 +101,6 @@ class Palette(QWidget):
                     out.append(item.data(0, KIND_ROLE))
         return out
 
-    def select_kind(self, kind: str) -> None:
-        self.tree.setCurrentItem(self._items[kind])
-
     def current_kind(self) -> str | None:
         item = self.tree.currentItem()
         return None if item is None or item.isHidden() else item.data(0, KIND_ROLE)

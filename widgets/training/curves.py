@@ -331,10 +331,6 @@ class TrainingCurves(QWidget):
         """The plots shown now, top to bottom (`LOSS`, `METRIC`, `LR`)."""
         return list(self._shown)
 
-    def wanted_plots(self) -> list[str]:
-        """The plots the selector asks for, top to bottom (shown when there is room)."""
-        return [k for k in PLOTS if k in self._priority]
-
     def choose_plot(self, key: str, on: bool) -> None:
         """Show (`on`) or hide the plot `key`. A plot chosen is shown at once: on a short window
         it takes the place of the one chosen longest ago. The last plot shown stays."""
@@ -445,12 +441,6 @@ class TrainingCurves(QWidget):
 
     def run(self, name: str) -> RunHistory:
         return self._curves[name].run
-
-    def set_run_visible(self, name: str, visible: bool) -> None:
-        for i in range(self.run_list.count()):
-            item = self.run_list.item(i)
-            if item.data(Qt.ItemDataRole.UserRole) == name:
-                item.setCheckState(Qt.CheckState.Checked if visible else Qt.CheckState.Unchecked)
 
     def is_run_visible(self, name: str) -> bool:
         return self._curves[name].raw.isVisible()
@@ -568,9 +558,6 @@ class TrainingCurves(QWidget):
     # ---- settings ----------------------------------------------------------------------------
     def smoothing(self) -> float:
         return self._smoothing
-
-    def set_smoothing(self, weight: float) -> None:
-        self.smoothing_slider.setValue(int(round(weight * 100)))
 
     def _on_smoothing(self, value: int) -> None:
         self._smoothing = value / 100.0

@@ -14,7 +14,7 @@ import pytest
 
 from engine.models import PretrainedError, from_pretrained, load_peft_adapter, save_peft_adapter, save_pretrained
 from engine.models.peft import peft_lora
-from engine.models.pretrained import MAX_EXTRA_FILE_BYTES
+from engine.models.save import MAX_EXTRA_FILE_BYTES
 from engine.module.memory import size_text
 
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"

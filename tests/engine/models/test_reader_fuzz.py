@@ -23,7 +23,7 @@ import pytest
 
 from engine import Tensor
 from engine.models import PretrainedError, from_pretrained, load_peft_adapter
-from engine.models.checkpoint import open_checkpoint
+from engine.models.hf_folder import open_checkpoint
 from engine.module.reparam import iter_param_slots
 
 from ..store.test_fuzz import capped_memory

@@ -153,3 +153,16 @@ def test_concurrent_first_reads_initialize_once():
         t.join()
     assert len(calls) == 1
     assert len({id(c.val()) for c in clones}) == 1
+
+
+def test_lazy_state_is_one_token_until_the_parameter_initializes_itself():
+    """`lazy_state()` tells whether a parameter still waits for the initializer it was made
+    with (from_pretrained / save_pretrained compare it); reading it initializes nothing."""
+    calls = []
+    p = Param.uninitialized(lambda d, rg: calls.append(1) or Tensor.ones([2], device=d), None, True, [2])
+    other = Param.uninitialized(lambda d, rg: Tensor.ones([2], device=d), None, True, [2])
+    token = p.lazy_state()
+    assert token is not None and token is p.lazy_state() and token is not other.lazy_state()
+    assert calls == [] and not p.is_initialized()
+    p.val()
+    assert calls == [1] and p.lazy_state() is None

@@ -20,7 +20,7 @@ FUZZ = r'''
 import json, random, resource, sys, traceback
 from pathlib import Path
 from tests.limits import address_space_growth_limit
-from engine.train.files import DataFileError
+from engine.train.data_files import DataFileError
 from engine.train.text import load_text_data, load_tokenizer
 
 seed, cases, folder = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from engine.module import memory
-from engine.train import text
+from engine.train import text, tokenizer
 from engine.train.text import (
     IGNORE_INDEX,
     TextDataError,
@@ -356,7 +356,7 @@ def test_a_tokenizer_larger_than_memory_is_refused_before_the_library_reads_it(t
 
 def test_a_tokenizer_is_read_when_its_memory_is_there(tmp_path, monkeypatch):
     size = (FIXTURE / "tokenizer.json").stat().st_size
-    need = (2 + text.TOKENIZER_BYTES_PER_FILE_BYTE) * size + text.TOKENIZER_WORKING_BYTES
+    need = (2 + tokenizer.TOKENIZER_BYTES_PER_FILE_BYTE) * size + text.TOKENIZER_WORKING_BYTES
     monkeypatch.setattr(memory, "available_memory", lambda: need)
     assert load_tokenizer(FIXTURE).vocab_size == 128
     monkeypatch.setattr(memory, "available_memory", lambda: need - 1)

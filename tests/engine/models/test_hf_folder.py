@@ -1,4 +1,4 @@
-"""open_checkpoint (engine/models/checkpoint.py): Hugging Face folders read lazily and exactly,
+"""open_checkpoint (engine/models/hf_folder.py): Hugging Face folders read lazily and exactly,
 and every bad folder, index, shard or file a clear PretrainedError naming the file and tensor.
 
 Tensors are checked against independent readers: `safetensors.numpy` for F32 files, a plain
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import safetensors.numpy as stn
 
-from engine.models import checkpoint, from_pretrained
-from engine.models.checkpoint import PretrainedError, StoredTensor, open_checkpoint
+from engine.models import from_pretrained, hf_folder
+from engine.models.hf_folder import PretrainedError, StoredTensor, open_checkpoint
 from engine.store import RecordError, filesource
 from engine.store.burnpack import MAX_TENSORS
 
@@ -314,7 +314,7 @@ def test_an_index_of_more_names_than_the_limit_is_refused_before_parsing(tmp_pat
     folder, _ = _sharded(tmp_path)
     _write_index(folder, _index_of(n))
     parsed = []
-    monkeypatch.setattr(checkpoint, "json", types.SimpleNamespace(
+    monkeypatch.setattr(hf_folder, "json", types.SimpleNamespace(
         loads=lambda text, **kw: parsed.append(len(text)) or json.loads(text, **kw)))
     with capped_memory():
         _raises(folder, rf"at most {MAX_TENSORS} tensors expected, found {n + 2} ':' separators "
@@ -326,12 +326,12 @@ def test_the_tensor_count_of_an_index_is_checked_before_its_names(tmp_path, monk
     """Past the byte count, the parsed weight_map's size is checked before any name: each
     shard's name is checked once, not once a tensor."""
     folder, doc = _sharded(tmp_path)
-    monkeypatch.setattr(checkpoint, "MAX_TENSORS", 1000)
+    monkeypatch.setattr(hf_folder, "MAX_TENSORS", 1000)
     _write_index(folder, _index_of(1001))
     _raises(folder, r"'weight_map' names 1001 tensors, more than the limit of 1000")
     checked = []
-    real = checkpoint._shard_path
-    monkeypatch.setattr(checkpoint, "_shard_path", lambda *a: checked.append(a[1]) or real(*a))
+    real = hf_folder._shard_path
+    monkeypatch.setattr(hf_folder, "_shard_path", lambda *a: checked.append(a[1]) or real(*a))
     _write_index(folder, doc)
     with open_checkpoint(folder) as ckpt:
         assert len(ckpt.tensors) == len(doc["weight_map"]) > 4
