@@ -17,10 +17,6 @@ KNOWN = {
     "engine/design/onnx_import.py",
     "engine/design/shape_rules.py",
     "engine/models/training_script.py",
-    "engine/nn/_ops.py",
-    "engine/nn/loss.py",
-    "engine/tensor/_jit_kernels.py",
-    "engine/tensor/ops_conv.py",
 }
 
 
