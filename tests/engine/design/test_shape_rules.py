@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from engine import Tensor
-from engine.design import Design, analyze, build_model, export_python, export_rust
+from engine.design import Design, analyze, build_model
+from engine.interop import export_python, export_rust
 from engine.design.catalog import catalog
 from engine.design.dims import Dim, as_dim
-from engine.design.export_common import ExportError
+from engine.interop.export_common import ExportError
 from engine.design.shape_rules import RULES
 
 N_DESIGNS = 520

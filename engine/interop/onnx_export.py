@@ -32,7 +32,7 @@ from engine.module.tree import FieldKind, walk
 from engine.tensor import Tensor, raw
 from engine.tensor.trace import Trace, Tracer, TraceError, _flat_tensors
 
-from . import shape_check, shape_rules
+from ..design import shape_check, shape_rules
 from .export_common import ExportError
 
 __all__ = ["export_onnx", "trace_model", "OnnxExportError"]
@@ -841,7 +841,7 @@ def export_onnx(model_or_design, path, example_input, dynamic_batch: bool = True
     from engine.store.atomic import atomic_write  # noqa: PLC0415
 
     if _is_design(model_or_design):
-        from .build import build_model  # noqa: PLC0415
+        from ..design.build import build_model  # noqa: PLC0415
 
         model = build_model(model_or_design)
     elif isinstance(model_or_design, Module):

@@ -58,7 +58,7 @@ from ..module.lora import DoraAdapter, Lora, LoraAdapter, QLoraAdapter
 from ..module.reparam import detach_reparameterization, iter_param_slots
 from ..store.atomic import atomic_write, atomic_write_text
 from ..store.safetensors_io import header as safetensors_header
-from .checkpoint import PretrainedError
+from ..models.checkpoint import PretrainedError
 
 __all__ = ["ExportedScript", "TRAIN_PY", "export_training_script"]
 
@@ -86,7 +86,7 @@ class ExportedScript:
 def _adapter_names(model: Module) -> dict[str, str]:
     """{Ember adapter param path: its peft name} (`model.layers.0.self_attn.q_proj.lora_A.weight`,
     the name the script gives a torch parameter once peft's prefix and adapter name are dropped)."""
-    from .peft import peft_targets  # noqa: PLC0415
+    from ..models.peft import peft_targets  # noqa: PLC0415
 
     targets = {t.path: t for t in peft_targets(model)}
     out = {}
@@ -107,7 +107,7 @@ def _adapter_names(model: Module) -> dict[str, str]:
 
 def _trainability(model: Module) -> tuple[list[str], list[str], int]:
     """(frozen names, trainable names, trainable values) by Hugging Face / peft names."""
-    from .pretrained import pretrained_names  # noqa: PLC0415
+    from ..models.pretrained import pretrained_names  # noqa: PLC0415
 
     base_names = pretrained_names(model)
     adapter_names = _adapter_names(model)
@@ -204,7 +204,7 @@ def _constant_lr(lr) -> float:
 def _base_matches_folder(model: Module) -> bool:
     """Whether every base weight still holds the stored tensor of the folder it was opened from
     (never read since, or read and unchanged: that reads the stored tensors once)."""
-    from .pretrained import pretrained_info  # noqa: PLC0415
+    from ..models.pretrained import pretrained_info  # noqa: PLC0415
 
     info = pretrained_info(model)
     if info is None or info.folder is None or not info.folder.is_dir():
@@ -295,8 +295,8 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
     - `base_folder`: the Hugging Face folder the script loads; default: the model's own folder
       when its base weights are unchanged, else a `save_pretrained` copy in `folder/base_model`.
     """
-    from .peft import ADAPTER_CONFIG, save_peft_adapter  # noqa: PLC0415
-    from .pretrained import _family_of, pretrained_info, save_pretrained  # noqa: PLC0415
+    from ..models.peft import ADAPTER_CONFIG, save_peft_adapter  # noqa: PLC0415
+    from ..models.pretrained import _family_of, pretrained_info, save_pretrained  # noqa: PLC0415
 
     if not isinstance(model, Module):
         raise TypeError(f"export_training_script expects a Module, got {type(model).__name__}")
