@@ -16,7 +16,8 @@
 - `build`: the design as a Module (dotted names nest: `conv1.conv` -> `conv1.conv.weight`);
 - `files`: design files with schema versions and migration, autosave and recovery;
 - `primitive`: the `Op` node kind (one ONNX-style operator, what an imported graph is made of);
-- `shape_rules` / `shape_check`: symbolic shapes of the layers and a model's checked contract.
+- `shape_rules`: the `Op` node's shape rule (a layer's own rule is declared beside its class, `engine.nn.spec`);
+- `shape_check`: a model's shape contract checked by the layers' rules.
 
 Interchange (ONNX import and export, Python, Rust and training-script export) lives in
 `engine.interop`, one room up: it imports this package, never the other way.

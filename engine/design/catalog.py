@@ -11,7 +11,7 @@ Structural kinds (category "Structure"): `Input`, `Output`, `Add` (residuals), `
 `Reshape`, `Flatten`, `Split`. They hold no module; the design's forward runs them itself.
 `Op` is the one structural kind with a module: one primitive tensor operation, as ONNX import
 makes them; its module (`primitive.PrimitiveOp`) holds the op's constants (as parameters that
-never train) and runs it through engine Tensor ops; its shape rule is `shape_rules`' `PrimitiveOp`.
+never train) and runs it through engine Tensor ops; its shape rule is `shape_rules.primitive_op_shape`.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..design.build import block_class_name
 from ..design.graph import Design
-from ..design.dims import as_dim
+from ..shapes.dims import as_dim
 from ..design.shapes import Analysis, SymTensor, analyze
 
 __all__ = ["ExportError", "Plan", "plan_export", "var_name", "dim_expr", "block_type"]

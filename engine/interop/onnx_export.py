@@ -32,7 +32,8 @@ from engine.module.tree import FieldKind, walk
 from engine.tensor import Tensor, raw
 from engine.tensor.trace import Trace, Tracer, TraceError, _flat_tensors
 
-from ..design import shape_check, shape_rules
+from ..design import shape_check
+from ..nn import spec as layer_spec
 from .export_common import ExportError
 
 __all__ = ["export_onnx", "trace_model", "OnnxExportError"]
@@ -162,7 +163,7 @@ class _ShapeTraceRun(shape_check._ShapeRun):
 
     def forward(self, module, original, args, kwargs, node):
         name = type(module).__name__
-        ruled = (shape_rules.has_rule(module) and name not in shape_check._MAIN_OUTPUT_ONLY) or (
+        ruled = (layer_spec.has_rule(module) and name not in shape_check._MAIN_OUTPUT_ONLY) or (
             name == "MultiHeadAttention" and args and type(args[0]).__name__ == "MhaInput")
         out = super().forward(module, original, args, kwargs, node)
         if ruled:

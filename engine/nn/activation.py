@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from . import _ops
 from ._base import Config, Layer, Module, assert_shape, check_dtype, f64, init_with, initializers, row_settings
 from .linear import LinearConfig
+from ..shapes.rules import RuleError, Shape, dims_text, elementwise, expect, float_input, same, with_dim
+from .spec import declare
 
 __all__ = [
     "Gelu", "Relu", "Relu6", "Selu", "Sigmoid", "Tanh", "SiLU", "HardSwish", "Mish", "Softsign",
@@ -568,3 +570,41 @@ class ActivationConfig:
 
 for _name in ("Gelu", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "SiLU", "Mish", "Selu"):
     setattr(ActivationConfig, _name, ActivationConfig(_name))
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _prelu_shape(m, ins, ctx):
+    (n,) = m.alpha.shape
+    if n == 1:
+        expect("assert_shape(input, [None, ...])", ins[0], [None, ...])
+    else:
+        expect("assert_shape(input, [None, n, ...])", ins[0], [None, n, ...])
+    float_input("PRelu", ins[0])
+    return same(ins[0])
+
+
+def _glu_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(input, [None, ...])", t, [None, ...])
+    d = m.dim if m.dim >= 0 else m.dim + t.rank
+    if not 0 <= d < t.rank:
+        raise RuleError(f"GLU: dim {m.dim} is out of range for an input of dims {dims_text(t.dims)}")
+    size = t.dims[d]
+    ctx.require(size, "multiple", 2, lambda: f"GLU: input tensor along dimension {m.dim} must have an even size, "
+                                             f"got {size} (dims {dims_text(t.dims)})")
+    return Shape(with_dim(t.dims, d, size // 2), t.dtype)
+
+
+def _swiglu_shape(m, ins, ctx):
+    d_input, d_output = m.linear_inner.weight.shape
+    expect("assert_shape(input, [..., d_input])", ins[0], [..., d_input])
+    float_input("SwiGlu", ins[0])
+    return Shape(with_dim(ins[0].dims, -1, d_output))
+
+
+declare(Gelu, Relu, Relu6, Selu, Sigmoid, Tanh, SiLU, HardSwish, Mish, Softsign, LogSigmoid, Tanhshrink, LeakyRelu,
+        Elu, Celu, HardSigmoid, Hardtanh, Softplus, HardShrink, SoftShrink, ThresholdedRelu, shape=elementwise)
+declare(PRelu, shape=_prelu_shape)
+declare(GLU, shape=_glu_shape)
+declare(SwiGlu, shape=_swiglu_shape)

@@ -6,7 +6,8 @@ import math
 import numpy as np
 
 from ...design.primitive import OpError, constants_text, einsum_sizes, fold, parse_einsum
-from ...design.shape_rules import RuleError, Shape, op_shape
+from ...design.shape_rules import op_shape
+from ...shapes.rules import RuleError, Shape
 from .common import (INT_BOUND, KIND_OF_DTYPE, MAX_FOLD_BYTES, MAX_FOLD_ELEMENTS, MAX_FOLD_WORK, MAX_SHAPE_ENTRIES,
                      TO_DTYPE, Unsupported, bytes_text, dims_text, node_attrs)
 from .reading import normalize_array, tensor_array
