@@ -14,7 +14,7 @@ from . import _ops
 from ._base import Config, Layer, Module, assert_shape, check_dtype, f64, init_with, initializers, row_settings
 from .linear import LinearConfig
 from ..shapes.rules import RuleError, Shape, dims_text, elementwise, expect, float_input, same, with_dim
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = [
     "Gelu", "Relu", "Relu6", "Selu", "Sigmoid", "Tanh", "SiLU", "HardSwish", "Mish", "Softsign",
@@ -608,3 +608,28 @@ declare(Gelu, Relu, Relu6, Selu, Sigmoid, Tanh, SiLU, HardSwish, Mish, Softsign,
 declare(PRelu, shape=_prelu_shape)
 declare(GLU, shape=_glu_shape)
 declare(SwiGlu, shape=_swiglu_shape)
+
+
+def _exact_gelu(attrs):
+    return {} if attrs.get("approximate", "none") == "none" else None
+
+
+declare(Relu, onnx={"Relu": {}})
+declare(Sigmoid, onnx={"Sigmoid": {}})
+declare(Tanh, onnx={"Tanh": {}})
+declare(Softsign, onnx={"Softsign": {}})
+declare(HardSwish, onnx={"HardSwish": {}})
+declare(Mish, onnx={"Mish": {}})
+declare(Softplus, onnx={"Softplus": {}})
+declare(Gelu, onnx={"Gelu": _exact_gelu})
+declare(LeakyRelu, onnx={"LeakyRelu": lambda at: {"negative_slope": float(at.get("alpha", 0.01))}})
+declare(Elu, onnx={"Elu": lambda at: {"alpha": float(at.get("alpha", 1.0))}})
+declare(Celu, onnx={"Celu": lambda at: {"alpha": float(at.get("alpha", 1.0))}})
+declare(HardSigmoid, onnx={"HardSigmoid": lambda at: {"alpha": float(at.get("alpha", 0.2)),
+                                                      "beta": float(at.get("beta", 0.5))}})
+declare(Gelu, Relu, Sigmoid, Tanh, burn=Burn("", config=False, device=False))
+declare(LeakyRelu, HardSigmoid, burn=Burn("", device=False))
+declare(PRelu, SwiGlu, burn=Burn(""))
+# Offered where a layer takes an activation (the designer's choices, in this file's __all__ order).
+declare(Gelu, Relu, Relu6, Selu, Sigmoid, Tanh, SiLU, HardSwish, Mish, Softsign, LogSigmoid, Tanhshrink, LeakyRelu,
+        PRelu, Elu, Celu, HardSigmoid, Hardtanh, Softplus, HardShrink, SoftShrink, ThresholdedRelu, activation=True)

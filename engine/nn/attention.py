@@ -22,7 +22,7 @@ from .dropout import DropoutConfig
 from .linear import LinearConfig
 from .pos_encoding import RotaryEncodingConfig
 from ..shapes.rules import expect, float_input, same
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = [
     "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput", "KVCache",
@@ -421,3 +421,6 @@ def _mha_shape(m, ins, ctx):  # self-attention on one input, or the tensors of a
 
 
 declare(MultiHeadAttention, shape=_mha_shape)
+declare(MultiHeadAttention, burn=Burn("attention", call="{m}.forward(MhaInput::self_attn({x})).context",
+                                     extra_imports=(("attention", "MhaInput"),)))
+declare(MultiHeadAttention, call="self_attn")  # the designer calls forward(MhaInput.self_attn(x)).context

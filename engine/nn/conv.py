@@ -10,7 +10,7 @@ from ._base import Config, Debug, Layer, assert_shape, check_dtype, init_with, i
 from ..shapes.dims import as_dim
 from ..shapes.rules import (RuleError, Shape, conv_out, dims_text, expect, explicit_pads, float_input,
                             kernel_too_large, min_size, same_min_length, same_out, tuple_of)
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = [
     "PaddingConfig1d", "PaddingConfig2d", "PaddingConfig3d",
@@ -529,3 +529,4 @@ def _conv_transpose_shape(m, ins, ctx):
 
 declare(Conv1d, Conv2d, Conv3d, shape=_conv_shape)
 declare(ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, shape=_conv_transpose_shape)
+declare(Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, burn=Burn("conv"))

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ._base import Config, Flag, Layer, f64
 from ..shapes.rules import same
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = ["DropoutConfig", "Dropout"]
 
@@ -65,3 +65,4 @@ def _dropout_shape(m, ins, ctx):
 
 
 declare(Dropout, shape=_dropout_shape)
+declare(Dropout, burn=Burn("", device=False))

@@ -8,7 +8,7 @@ from ..tensor.raw import array, record
 from ._base import Config, Layer, assert_shape, check_indices, init_with, initializers
 from ..shapes.dims import as_dim
 from ..shapes.rules import NP_DTYPE, RuleError, Shape, dims_text, expect
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = ["EmbeddingConfig", "Embedding", "embedding"]
 
@@ -96,3 +96,4 @@ def _embedding_shape(m, ins, ctx):
 
 
 declare(Embedding, shape=_embedding_shape)
+declare(Embedding, burn=Burn(""))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from . import _ops
 from ._base import Config, Layer, assert_shape, check_dtype, init_with, initializers
 from ..shapes.rules import Shape, expect, float_input, with_dim
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = ["LinearConfig", "Linear"]
 
@@ -88,3 +88,4 @@ def _linear_shape(m, ins, ctx):
 
 
 declare(Linear, shape=_linear_shape)
+declare(Linear, burn=Burn(""))

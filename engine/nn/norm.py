@@ -8,7 +8,7 @@ from ..tensor.raw import wrap
 from . import _ops
 from ._base import Config, Flag, Layer, assert_shape, check_dtype, check_float, f64, init_with, initializers, state
 from ..shapes.rules import expect, float_input, same
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = [
     "LayerNormConfig",
@@ -415,3 +415,4 @@ declare(LayerNorm, RmsNorm, shape=_layer_norm_shape)
 declare(BatchNorm, shape=_batch_norm_shape)
 declare(GroupNorm, InstanceNorm, shape=_group_norm_shape)
 declare(LocalResponseNorm, shape=_lrn_shape)
+declare(BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RmsNorm, burn=Burn(""))

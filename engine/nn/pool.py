@@ -8,7 +8,7 @@ from ._base import Config, Layer, assert_shape, pair, rust_debug
 from .conv import PaddingConfig1d, PaddingConfig2d
 from ..shapes.dims import as_dim
 from ..shapes.rules import RuleError, Shape, dims_text, expect, same_min_length, tuple_of
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = [
     "MaxPool1dConfig", "MaxPool1d", "MaxPool2dConfig", "MaxPool2d",
@@ -414,3 +414,5 @@ declare(AvgPool1d, shape=_avg_pool1d_shape)
 declare(AvgPool2d, shape=_avg_pool2d_shape)
 declare(AdaptiveAvgPool1d, shape=_adaptive1d_shape)
 declare(AdaptiveAvgPool2d, shape=_adaptive2d_shape)
+declare(MaxPool1d, MaxPool2d, AvgPool1d, AvgPool2d, AdaptiveAvgPool1d, AdaptiveAvgPool2d,
+        burn=Burn("pool", device=False))

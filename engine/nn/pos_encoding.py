@@ -10,7 +10,7 @@ from ..tensor.device import as_device
 from . import _ops
 from ._base import Config, Layer, assert_shape, check_float
 from ..shapes.rules import expect, float_input, same
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = ["PositionalEncodingConfig", "PositionalEncoding", "generate_sinusoids", "RotaryEncodingConfig",
            "RotaryEncoding", "Llama3RopeScaling", "LinearRopeScaling"]
@@ -270,3 +270,4 @@ def _rotary_shape(m, ins, ctx):
 
 declare(PositionalEncoding, shape=_positional_shape)
 declare(RotaryEncoding, shape=_rotary_shape)
+declare(PositionalEncoding, burn=Burn(""))

@@ -15,7 +15,7 @@ from ._base import Config, Layer, Module, assert_shape, check_dtype, initializer
 from .activation import ActivationConfig
 from .linear import LinearConfig
 from ..shapes.rules import Shape, expect, float_input, with_dim
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = [
     "GateController", "LstmState", "LstmConfig", "Lstm", "BiLstmConfig", "BiLstm",
@@ -461,3 +461,6 @@ def _bidirectional_shape(m, ins, ctx):
 declare(Lstm, shape=_lstm_shape)
 declare(Gru, shape=_gru_shape)
 declare(BiLstm, BiGru, shape=_bidirectional_shape)
+declare(Lstm, burn=Burn("", call="{m}.forward({x}, None).0"))
+declare(Gru, burn=Burn("", call="{m}.forward({x}, None)"))
+declare(Lstm, BiLstm, BiGru, call="first")  # forward(x) returns (output, state): the designer takes the output

@@ -11,7 +11,7 @@ from .dropout import DropoutConfig
 from .linear import LinearConfig
 from .norm import LayerNormConfig
 from ..shapes.rules import expect, float_input, same
-from .spec import declare
+from .spec import Burn, declare
 
 __all__ = [
     "PositionWiseFeedForwardConfig", "PositionWiseFeedForward",
@@ -412,3 +412,8 @@ def _ffn_shape(m, ins, ctx):
 declare(TransformerEncoder, shape=_encoder_shape)
 declare(TransformerDecoder, shape=_decoder_shape)
 declare(PositionWiseFeedForward, shape=_ffn_shape)
+declare(PositionWiseFeedForward, burn=Burn("transformer"))
+declare(TransformerEncoder, burn=Burn("transformer", call="{m}.forward(TransformerEncoderInput::new({x}))",
+                                     extra_imports=(("transformer", "TransformerEncoderInput"),)))
+declare(TransformerEncoder, call="encoder")  # the designer calls forward(TransformerEncoderInput(x))
+declare(TransformerDecoder, call="decoder")  # forward(TransformerDecoderInput(target, memory))

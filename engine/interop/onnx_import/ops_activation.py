@@ -1,81 +1,36 @@
-"""Elementwise: the activations, Dropout, and an Add of two computed tensors."""
+"""Elementwise: the activation layers (each declares the ONNX ops it imports from, engine.nn.spec), Dropout,
+and an Add of two computed tensors."""
 from __future__ import annotations
 
+from functools import partial
 
-
-
-from .registry import handles
+from ...nn.spec import layer_specs
 from .common import Unsupported, node_attrs
+from .registry import handles
 
 
-def activation(imp, node, name, kind, cfg=None):
-    return imp.add(kind, name, node.op_type, cfg or {}, [node.input[0]], node.output[0])
+def _layer_op(layers, imp, node, name):
+    """An op a layer declares (`declare(Cls, onnx={op: config or attrs -> config})`): the first that takes the
+    node's attributes makes one layer node."""
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in node_attrs(node).items()}
+    for cls, mapping in layers:
+        config = mapping(attrs) if callable(mapping) else dict(mapping)
+        if config is not None:
+            return imp.add(cls.__name__, name, node.op_type, config, [node.input[0]], node.output[0])
+    shown = ", ".join(f"{k}={v!r}" for k, v in sorted(attrs.items()))
+    raise Unsupported(f"{shown} (no layer takes these attributes: {', '.join(c.__name__ for c, _ in layers)})")
 
 
-@handles("Relu")
-def relu(imp, node, name):
-    return activation(imp, node, name, "Relu")
+def _register_layer_ops() -> None:
+    by_op: dict = {}
+    for cls, spec in layer_specs().items():
+        for op, mapping in spec.onnx.items():
+            by_op.setdefault(op, []).append((cls, mapping))
+    for op, layers in by_op.items():
+        handles(op)(partial(_layer_op, layers))
 
 
-@handles("Sigmoid")
-def sigmoid(imp, node, name):
-    return activation(imp, node, name, "Sigmoid")
-
-
-@handles("Tanh")
-def tanh(imp, node, name):
-    return activation(imp, node, name, "Tanh")
-
-
-@handles("Softsign")
-def softsign(imp, node, name):
-    return activation(imp, node, name, "Softsign")
-
-
-@handles("HardSwish")
-def hard_swish(imp, node, name):
-    return activation(imp, node, name, "HardSwish")
-
-
-@handles("Mish")
-def mish(imp, node, name):
-    return activation(imp, node, name, "Mish")
-
-
-@handles("Gelu")
-def gelu(imp, node, name):
-    approx = node_attrs(node).get("approximate", b"none")
-    approx = approx.decode() if isinstance(approx, bytes) else approx
-    if approx != "none":
-        raise Unsupported(f"approximate={approx!r} (the exact form is imported)")
-    return activation(imp, node, name, "Gelu")
-
-
-@handles("LeakyRelu")
-def leaky_relu(imp, node, name):
-    return activation(imp, node, name, "LeakyRelu", {"negative_slope": float(node_attrs(node).get("alpha", 0.01))})
-
-
-@handles("Elu")
-def elu(imp, node, name):
-    return activation(imp, node, name, "Elu", {"alpha": float(node_attrs(node).get("alpha", 1.0))})
-
-
-@handles("Celu")
-def celu(imp, node, name):
-    return activation(imp, node, name, "Celu", {"alpha": float(node_attrs(node).get("alpha", 1.0))})
-
-
-@handles("HardSigmoid")
-def hard_sigmoid(imp, node, name):
-    at = node_attrs(node)
-    return activation(imp, node, name, "HardSigmoid", {"alpha": float(at.get("alpha", 0.2)),
-                                                        "beta": float(at.get("beta", 0.5))})
-
-
-@handles("Softplus")
-def softplus(imp, node, name):
-    return activation(imp, node, name, "Softplus")
+_register_layer_ops()
 
 
 @handles("Dropout")

@@ -21,7 +21,7 @@ def _erf_model(tmp_path):
 
 def test_each_op_family_registers_its_handlers():
     families = {"Conv": "ops_conv_pool", "MaxPool": "ops_conv_pool", "BatchNormalization": "ops_norm",
-                "Gemm": "ops_matmul", "MatMul": "ops_matmul", "Relu": "ops_activation", "Reshape": "ops_shape",
+                "Gemm": "ops_matmul", "MatMul": "ops_matmul", "Dropout": "ops_activation", "Reshape": "ops_shape",
                 "Split": "ops_shape"}
     for op, family in families.items():
         assert HANDLERS[op].__module__ == f"engine.interop.onnx_import.{family}", op
