@@ -17,7 +17,7 @@ from ..shapes.rules import RuleError, Shape, dims_text, elementwise, expect, flo
 from .spec import Burn, declare
 
 __all__ = [
-    "Gelu", "Relu", "Relu6", "Selu", "Sigmoid", "Tanh", "SiLU", "HardSwish", "Mish", "Softsign",
+    "Gelu", "GeluTanh", "Relu", "Relu6", "Selu", "Sigmoid", "Tanh", "SiLU", "HardSwish", "Mish", "Softsign",
     "LogSigmoid", "Tanhshrink",
     "LeakyReluConfig", "LeakyRelu", "PReluConfig", "PRelu", "EluConfig", "Elu", "CeluConfig", "Celu",
     "HardSigmoidConfig", "HardSigmoid", "HardtanhConfig", "Hardtanh", "SoftplusConfig", "Softplus",
@@ -79,6 +79,32 @@ class Gelu(_Elementwise):
         if self.approximate == "tanh":
             content = content.add("approximate", "tanh")
         return content.optional()
+
+
+class GeluTanh(Gelu):
+    """GELU's tanh approximation as a layer of its own: torch's `nn.GELU(approximate="tanh")`, Hugging Face's
+    `gelu_pytorch_tanh` / `gelu_new` (Gemma, Phi, GPT-2): `x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`.
+
+    The same computation as `Gelu.tanh_approximate()`, with a kind of its own in the designer and a name in
+    ONNX import (`Gelu` with `approximate="tanh"`, opset 20).
+    """
+
+    approximate = "tanh"
+
+    def custom_settings(self):
+        return None
+
+    def custom_content(self, content):
+        return content.optional()
+
+
+def _tanh_gelu(attrs):
+    return {} if attrs.get("approximate") == "tanh" else None
+
+
+# Its shape rule, ONNX import and catalog entry (the catalog reads the class: no settings, file "activation":
+# General); Burn's Gelu has no tanh form, so no `burn=` (the Rust export says so).
+declare(GeluTanh, shape=elementwise, onnx={"Gelu": _tanh_gelu})
 
 
 class Relu(_Elementwise):
