@@ -359,7 +359,7 @@ def op_shape(op: str, attrs: dict, inputs: list) -> Shape:
         tokens.append("" if t is None else f"in{len(shapes)}")
         if t is not None:
             shapes.append(Shape(tuple(as_dim(d) for d in t.dims), t.dtype))
-    out = _primitive_op(_OpSettings(op, attrs, ",".join(tokens)), shapes, Ctx())
+    out = primitive_op_shape(_OpSettings(op, attrs, ",".join(tokens)), shapes, Ctx())
     return Shape(tuple(as_dim(d) for d in out.dims), out.dtype)
 
 

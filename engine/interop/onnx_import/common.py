@@ -26,8 +26,6 @@ def max_opset() -> int:
     return int(onnx.defs.onnx_opset_version())
 
 
-
-
 class OnnxImportError(ValueError):
     """An ONNX file that cannot be imported; `report` holds what was found (when the graph was read)."""
 
@@ -132,4 +130,3 @@ class Unsupported(Exception):
 
 LAYER_ACTIVATIONS = {"Relu": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "Softsign": "Softsign",
                       "HardSwish": "HardSwish", "Mish": "Mish"}
-

@@ -54,7 +54,6 @@ def fold_work(op: str, attrs: dict, operands: list, dims: list) -> tuple:
     return 0, 0
 
 
-
 class Folding:
     """Constant folding and primitive Op nodes (a part of `importer.Importer`)."""
 
@@ -79,7 +78,7 @@ class Folding:
         outputs = [(node.output[0], attrs)]
         if op == "TopK":  # values and indices, each where it is read
             outputs = [(o, {**attrs, "mode": attrs["mode"] + what}) for o, what in zip(node.output, ("values", "indices"))
-                       if o and (o in self._consumers or o in self.outputs)]
+                       if o and (o in self.consumed or o in self.outputs)]
         for value, settings in outputs:
             nbytes = self._fold_size(name, op, settings, operands)
             try:
@@ -160,7 +159,7 @@ class Folding:
                "ReduceLogSumExp": (1,)}.get(node.op_type, ())
         return {node.input[p] for p in pos if p < len(node.input) and node.input[p]}
 
-    def _ints(self, node, pos: int, what: str):
+    def ints(self, node, pos: int, what: str):
         if pos >= len(node.input) or not node.input[pos]:
             return None
         a = self.const(node.input[pos], node.name, what)
@@ -188,24 +187,24 @@ class Folding:
         if op in ("Reshape", "Expand") and len(node.input) > 1 and node.input[1] in self.sym:
             attrs["shape"], attrs["_ref"] = self._runtime_target(node, 1)
         elif op == "Reshape":
-            attrs["shape"] = self._ints(node, 1, "target shape")
+            attrs["shape"] = self.ints(node, 1, "target shape")
             if attrs["shape"] is None:
                 raise Unsupported("a Reshape without a shape")
             if at.get("allowzero", 0) and 0 in attrs["shape"]:
                 raise Unsupported("a Reshape to an empty axis (allowzero with 0)")
         if op in ("Unsqueeze", "Squeeze"):
-            attrs["axes"] = self._ints(node, 1, "axes") if "axes" not in at else [int(v) for v in at["axes"]]
+            attrs["axes"] = self.ints(node, 1, "axes") if "axes" not in at else [int(v) for v in at["axes"]]
             if op == "Unsqueeze" and attrs["axes"] is None:
                 raise Unsupported("an Unsqueeze without axes")
         if op == "Expand" and "_ref" not in attrs:
-            attrs["shape"] = self._ints(node, 1, "target shape")
+            attrs["shape"] = self.ints(node, 1, "target shape")
             if attrs["shape"] is None or any(s < 0 for s in attrs["shape"]):
                 raise Unsupported("an Expand without a shape of sizes >= 0")
         if op == "Slice":
-            attrs["starts"] = self._ints(node, 1, "starts")
-            attrs["ends"] = self._ints(node, 2, "ends")
-            attrs["axes"] = self._ints(node, 3, "axes")
-            attrs["steps"] = self._ints(node, 4, "steps")
+            attrs["starts"] = self.ints(node, 1, "starts")
+            attrs["ends"] = self.ints(node, 2, "ends")
+            attrs["axes"] = self.ints(node, 3, "axes")
+            attrs["steps"] = self.ints(node, 4, "steps")
             if attrs["starts"] is None or attrs["ends"] is None:
                 raise Unsupported("a Slice without starts and ends")
             n = len(attrs["starts"])
@@ -215,7 +214,7 @@ class Folding:
             if attrs["steps"] is not None and 0 in attrs["steps"]:
                 raise Unsupported("a Slice step of 0")
         if op.startswith("Reduce"):
-            axes = [int(v) for v in at["axes"]] if "axes" in at else self._ints(node, 1, "axes")
+            axes = [int(v) for v in at["axes"]] if "axes" in at else self.ints(node, 1, "axes")
             if not axes:
                 axes = [] if at.get("noop_with_empty_axes", 0) else None
             attrs["axes"] = axes
@@ -226,7 +225,7 @@ class Folding:
                 raise Unsupported(f"a Cast to the element type {to}")
             attrs["to"] = TO_DTYPE[to]
         if op == "Pad":
-            pads = self._ints(node, 1, "pads")
+            pads = self.ints(node, 1, "pads")
             mode = at.get("mode", b"constant")
             mode = mode.decode() if isinstance(mode, bytes) else str(mode)
             if mode not in ("constant", "reflect", "edge"):
@@ -236,7 +235,7 @@ class Folding:
             if any(p < 0 for p in pads):
                 raise Unsupported(f"negative pads {pads} (cropping)")
             n = len(pads) // 2
-            attrs.update(starts=pads[:n], ends=pads[n:], mode=mode, axes=self._ints(node, 3, "axes"))
+            attrs.update(starts=pads[:n], ends=pads[n:], mode=mode, axes=self.ints(node, 3, "axes"))
             if len(node.input) > 2 and node.input[2]:
                 v = self.scalar(node.input[2]) if node.input[2] in self.consts else None
                 if v is None:
@@ -249,7 +248,7 @@ class Folding:
                 raise Unsupported(f"reduction {red!r} (none and add are imported)")
             attrs["mode"] = "" if red == "none" else red
         if op == "CumSum":
-            ax = self._ints(node, 1, "axis")
+            ax = self.ints(node, 1, "axis")
             if ax is None or len(ax) != 1:
                 raise Unsupported("its axis is not one constant")
             attrs.update(axis=ax[0], trans_a=bool(at.get("exclusive", 0)), trans_b=bool(at.get("reverse", 0)))
@@ -266,16 +265,16 @@ class Folding:
                 raise Unsupported(str(e)) from None
             attrs["mode"] = eq.replace(" ", "")
         if op == "Tile":
-            attrs["shape"] = self._ints(node, 1, "repeats")
+            attrs["shape"] = self.ints(node, 1, "repeats")
             if attrs["shape"] is None:
                 raise Unsupported("a Tile without repeats")
         if op == "TopK":  # folded here (else one Op node an output, _op_TopK): k, the axis, which end
-            k = self._ints(node, 1, "k")
+            k = self.ints(node, 1, "k")
             if k is None or len(k) != 1 or k[0] < 0:
                 raise Unsupported("a k that is not one constant >= 0")
             attrs.update(shape=k, axis=int(at.get("axis", -1)), mode="" if at.get("largest", 1) else "smallest_")
         if op == "Trilu":
-            k = self._ints(node, 1, "k")
+            k = self.ints(node, 1, "k")
             attrs["axis"] = 0 if not k else k[0]
             attrs["mode"] = "upper" if at.get("upper", 1) else "lower"
         if op == "Gemm":

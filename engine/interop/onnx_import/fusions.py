@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from .common import MAX_FOLD_ELEMENTS, node_attrs
 
+from .common import MAX_FOLD_ELEMENTS, node_attrs
 
 
 class Fusions:
@@ -51,23 +51,23 @@ class Fusions:
         if self.single(d.output[0]) != i:
             return None
         a = self.single(erf.output[0])
-        if a is None or nodes[a].op_type != "Add" or abs((self.scalar(self._other(nodes[a], erf.output[0]) or "")
+        if a is None or nodes[a].op_type != "Add" or abs((self.scalar(self.other_input(nodes[a], erf.output[0]) or "")
                                                           or 0) - 1.0) > 1e-6:
             return None
         m1 = self.single(nodes[a].output[0])
         if m1 is None or nodes[m1].op_type != "Mul":
             return None
-        other = self._other(nodes[m1], nodes[a].output[0])
+        other = self.other_input(nodes[m1], nodes[a].output[0])
         if other == x:
             m2 = self.single(nodes[m1].output[0])
             if m2 is None or nodes[m2].op_type != "Mul" or \
-                    abs((self.scalar(self._other(nodes[m2], nodes[m1].output[0]) or "") or 0) - 0.5) > 1e-6:
+                    abs((self.scalar(self.other_input(nodes[m2], nodes[m1].output[0]) or "") or 0) - 0.5) > 1e-6:
                 return None
             return ("Gelu", {}, x, nodes[m2].output[0], {}, [p, i, a, m1, m2])
         h = prod.get(other)
         if h is not None and nodes[h].op_type == "Mul" and self.single(other) == m1 and \
-                self._other(nodes[h], x) is not None and \
-                abs((self.scalar(self._other(nodes[h], x)) or 0) - 0.5) < 1e-6:
+                self.other_input(nodes[h], x) is not None and \
+                abs((self.scalar(self.other_input(nodes[h], x)) or 0) - 0.5) < 1e-6:
             return ("Gelu", {}, x, nodes[m1].output[0], {}, [h, p, i, a, m1])
         return None
 
@@ -94,7 +94,7 @@ class Fusions:
         a = self.single(rm.output[0])
         if a is None or nodes[a].op_type != "Add":
             return None
-        eps = self.scalar(self._other(nodes[a], rm.output[0]) or "")
+        eps = self.scalar(self.other_input(nodes[a], rm.output[0]) or "")
         if eps is None:
             return None
         s = self.single(nodes[a].output[0])
@@ -107,7 +107,7 @@ class Fusions:
         nn_ = nodes[nx_]
         if nn_.op_type == "Reciprocal":
             m = self.single(nn_.output[0])
-            if m is None or nodes[m].op_type != "Mul" or self._other(nodes[m], nn_.output[0]) != x:
+            if m is None or nodes[m].op_type != "Mul" or self.other_input(nodes[m], nn_.output[0]) != x:
                 return None
             members += [nx_, m]
         elif nn_.op_type == "Div" and list(nn_.input[:2]) == [x, nodes[s].output[0]]:
@@ -115,7 +115,7 @@ class Fusions:
             members.append(m)
         elif nn_.op_type == "Div" and self.scalar(nn_.input[0]) == 1.0:
             m = self.single(nn_.output[0])
-            if m is None or nodes[m].op_type != "Mul" or self._other(nodes[m], nn_.output[0]) != x:
+            if m is None or nodes[m].op_type != "Mul" or self.other_input(nodes[m], nn_.output[0]) != x:
                 return None
             members += [nx_, m]
         else:
@@ -124,7 +124,7 @@ class Fusions:
         gamma = None
         w = self.single(out)
         if w is not None and nodes[w].op_type == "Mul":
-            g = self._other(nodes[w], out)
+            g = self.other_input(nodes[w], out)
             if g in self.consts and self.consts[g].ndim == 1 and self.consts[g].dtype == np.float32:
                 gamma = self.consts[g]
                 members.append(w)
@@ -142,7 +142,7 @@ class Fusions:
         sg = nodes[i]
         x = sg.input[0]
         m = self.single(sg.output[0])
-        if m is None or nodes[m].op_type != "Mul" or self._other(nodes[m], sg.output[0]) != x:
+        if m is None or nodes[m].op_type != "Mul" or self.other_input(nodes[m], sg.output[0]) != x:
             return None
         return ("SiLU", {}, x, nodes[m].output[0], {}, [i, m])
 

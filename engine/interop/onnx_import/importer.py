@@ -100,7 +100,7 @@ class Importer(Folding, Fusions):
         return self.consts[value]
 
     def consumers(self, value: str) -> list:
-        return self._consumers.get(value, [])
+        return self.consumed.get(value, [])
 
     def single(self, value: str):
         """The index of the one node reading `value` (None when several, none, or a graph output)."""
@@ -126,11 +126,11 @@ class Importer(Folding, Fusions):
             self.consts[t.name] = tensor_array(t, self.where, self.folder, "initializer")
             self.file_bytes += self.consts[t.name].nbytes
         self.outputs = {o.name for o in g.output}
-        self._consumers: dict = {}
+        self.consumed: dict = {}
         for i, n in enumerate(g.node):
             for v in n.input:
                 if v:
-                    self._consumers.setdefault(v, []).append(i)
+                    self.consumed.setdefault(v, []).append(i)
         self._inputs()
         self._defined_check()
         for i, n in enumerate(g.node):  # the Constant nodes first: the patterns below read their values
@@ -275,7 +275,7 @@ class Importer(Folding, Fusions):
             self._prod = {o: i for i, n in enumerate(self.g.node) for o in n.output if o}
         return self._prod
 
-    def _other(self, node, value):
+    def other_input(self, node, value):
         """The operand of a two-input node that is not `value` (None when both or neither are)."""
         a, b = (list(node.input) + ["", ""])[:2]
         if a == value and b != value:
@@ -339,7 +339,7 @@ class Importer(Folding, Fusions):
                 return
             if "start" in at or "end" in at:
                 raise Unsupported("Shape with start / end of a tensor whose dims vary")
-        if op == "Identity" or (op == "Dropout" and len(node.output) > 1 and node.output[1] in self._consumers):
+        if op == "Identity" or (op == "Dropout" and len(node.output) > 1 and node.output[1] in self.consumed):
             if op == "Dropout":
                 raise Unsupported("its mask output is used")
             self.src[node.output[0]] = self.src[ins[0]]
@@ -385,7 +385,7 @@ class Importer(Folding, Fusions):
                 out = ([got[0][int(k)] for k in idx.reshape(-1)], idx.ndim)
         elif op == "Slice" and got is not None and got[1] == 1:
             try:
-                b = [self._ints(node, k, w) for k, w in ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps"))]
+                b = [self.ints(node, k, w) for k, w in ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps"))]
             except Unsupported:
                 return False
             if b[0] is not None and b[1] is not None and len(b[0]) == 1 and (b[2] is None or b[2] in ([0], [-1])):
@@ -397,7 +397,7 @@ class Importer(Folding, Fusions):
             if all(p is not None and p[1] == 1 for p in parts) and sum(len(p[0]) for p in parts) <= MAX_SHAPE_ENTRIES:
                 out = ([e for p in parts for e in p[0]], 1)
         elif op == "Unsqueeze" and got is not None and got[1] == 0:
-            axes = [int(v) for v in at["axes"]] if "axes" in at else self._ints(node, 1, "axes")
+            axes = [int(v) for v in at["axes"]] if "axes" in at else self.ints(node, 1, "axes")
             if axes in ([0], [-1]):
                 out = (got[0], 1)
         elif op == "Squeeze" and got is not None and got[1] == 1 and len(got[0]) == 1:
@@ -450,7 +450,7 @@ class Importer(Folding, Fusions):
             raise Unsupported(f"its target shape reads the sizes of {ref!r}, which is not imported")
         return [e if isinstance(e, int) else -2 - e[1] for e in entries], ref
 
-    def _one_output(self, node):
+    def one_output(self, node):
         for o in list(node.output)[1:]:
-            if o and (o in self._consumers or o in self.outputs):
+            if o and (o in self.consumed or o in self.outputs):
                 raise Unsupported(f"its extra output {o!r} is used")

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 
-
-
 from .registry import handles
 from .common import Unsupported, node_attrs
 
@@ -26,7 +24,7 @@ def _padding(at: dict, n: int, kernel, strides, dilations):
 
 @handles("Conv")
 def conv(imp, node, name):
-    imp._one_output(node)
+    imp.one_output(node)
     at = node_attrs(node)
     w = imp.const(node.input[1], name, "weight")
     b = imp.consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
@@ -89,7 +87,7 @@ def conv_transpose(imp, node, name):
 
 
 def pool_common(imp, node, name, kind: str):
-    imp._one_output(node)
+    imp.one_output(node)
     at = node_attrs(node)
     kernel = [int(k) for k in at.get("kernel_shape", [])]
     n = len(kernel)

@@ -49,7 +49,7 @@ def mat_mul(imp, node, name):
     nxt = imp.single(out)
     if nxt is not None and imp.g.node[nxt].op_type == "Add" and nxt not in imp.done and nxt not in imp.fusions:
         add = imp.g.node[nxt]
-        bias = imp._other(add, out)
+        bias = imp.other_input(add, out)
         bv = imp.consts.get(bias) if bias else None
         if bv is not None and bv.dtype == np.float32 and bv.shape in ((d_out,), (1, d_out)):
             params["bias"] = bv.reshape(d_out)

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 
-
-
 from .registry import handles
 from .common import Unsupported, node_attrs
 
 
 @handles("BatchNormalization")
 def batch_normalization(imp, node, name):
-    imp._one_output(node)
+    imp.one_output(node)
     at = node_attrs(node)
     if at.get("training_mode", 0):
         raise Unsupported("training_mode=1 (batch statistics in the graph)")
@@ -28,7 +26,7 @@ def batch_normalization(imp, node, name):
 
 @handles("LayerNormalization")
 def layer_normalization(imp, node, name):
-    imp._one_output(node)
+    imp.one_output(node)
     at = node_attrs(node)
     dims = imp.dims_of(node.input[0])
     axis = int(at.get("axis", -1))

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 
-
-
 from .registry import handles
 from .common import Unsupported, node_attrs
 
@@ -22,13 +20,13 @@ def flatten(imp, node, name):
 def top_k(imp, node, name):
     """TopK -> one Op node an output used (values, indices), k constant."""
     at = node_attrs(node)
-    k = imp._ints(node, 1, "k")
+    k = imp.ints(node, 1, "k")
     if k is None or len(k) != 1 or k[0] < 0:
         raise Unsupported("a k that is not one constant >= 0")
     prefix = "" if at.get("largest", 1) else "smallest_"
     made = None
     for out, what in zip(node.output, ("values", "indices")):
-        if out and (out in imp._consumers or out in imp.outputs):
+        if out and (out in imp.consumed or out in imp.outputs):
             config = {"op": "TopK", "inputs": 1, "operands": "in0", "constants": "", "axis": int(at.get("axis", -1)),
                       "shape": [k[0]], "mode": prefix + what}
             made = imp.add("Op", f"{name}_{what}", "TopK", config, [node.input[0]], out)
@@ -46,7 +44,7 @@ def split(imp, node, name):
     k = axis + len(dims) if axis < 0 else axis
     if not 0 <= k < len(dims):
         raise Unsupported(f"axis {axis} is out of range for dims {dims}")
-    sizes = imp._ints(node, 1, "split")
+    sizes = imp.ints(node, 1, "split")
     if sizes is None:
         size = dims[k]
         n = int(at.get("num_outputs", len(node.output)))
@@ -62,7 +60,7 @@ def split(imp, node, name):
         raise Unsupported(f"split sizes {sizes} do not add up to axis {k} of dims {dims}")
     made, start = None, 0
     for j, (out, size) in enumerate(zip(node.output, sizes)):
-        if out and (out in imp._consumers or out in imp.outputs):
+        if out and (out in imp.consumed or out in imp.outputs):
             config = {"op": "Slice", "inputs": 1, "operands": "in0", "constants": "", "starts": [start],
                       "ends": [start + size], "axes": [k], "steps": [1]}
             made = imp.add("Op", f"{name}_{j}", "Split", config, [x], out)
@@ -74,7 +72,7 @@ def split(imp, node, name):
 def reshape(imp, node, name):
     if len(node.input) > 1 and node.input[1] in imp.sym:
         return None
-    shape = imp._ints(node, 1, "target shape")
+    shape = imp.ints(node, 1, "target shape")
     if shape is None or not shape or any(s == 0 or s < -1 for s in shape) or shape.count(-1) > 1:
         return None
     return imp.add("Reshape", name, "Reshape", {"shape": shape}, [node.input[0]], node.output[0])

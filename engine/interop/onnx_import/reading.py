@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from .common import DTYPES, MAX_ELEMENTS, MAX_FILE_BYTES, MIN_OPSET, OnnxImportError, max_opset
 
 
@@ -250,4 +251,3 @@ def infer_shapes(light):
         return onnx.ModelProto.FromString(b"".join(chunks))
     except Exception:  # noqa: BLE001 - a hint only
         return None
-
