@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PYTEST_QT_API := pyside6
 export PYQTGRAPH_QT_LIB := PySide6
 
-.PHONY: run test bench package clean
+.PHONY: run test bench gpu-check package clean
 
 # build-time only, never a runtime dependency
 PYINSTALLER := pyinstaller==6.22.3
@@ -46,6 +46,11 @@ bench: $(STAMP)
 		&& $(PEERS)/bin/python -m pip install -q torch==2.13.0 transformers peft \
 		|| echo "transformers / peft not installed: the language-model rows have no peer"; fi
 	EMBER_ORACLE_PYTHON="$${EMBER_ORACLE_PYTHON:-$(CURDIR)/$(PEERS)/bin/python}" $(BIN)/python benchmarks/run_all.py
+
+# On a machine with an NVIDIA GPU: the cuda extra, the CUDA-marked tests and the GPU rows of the
+# benchmarks, written to benchmarks/RESULTS-gpu.md in under 8 minutes (exit 3 without a GPU).
+gpu-check:
+	PY=$(PY) VENV=$(VENV) bash benchmarks/gpu_check.sh
 
 package: $(STAMP)
 	$(BIN)/python -m pip install -q $(PYINSTALLER)

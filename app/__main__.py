@@ -113,9 +113,9 @@ def main(argv=None) -> int:
         window.resize(*args.size)
     window.show()
     if not args.screenshot:
-        from engine.tensor import jit  # noqa: PLC0415
+        from engine.tensor import cpu  # noqa: PLC0415
 
-        jit.warm_up()  # compile (first run) or load the engine's kernels off the GUI thread
+        cpu.warm_up()  # compile (first run) or load the engine's kernels off the GUI thread
     opened = []  # every model the document was given (a checkpoint arrives later, from a worker)
     window.document.source_changed.connect(lambda: opened.append(window.document.module))
     problems: list[str] = []

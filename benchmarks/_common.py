@@ -197,7 +197,7 @@ def openblas_kernels(environ=None) -> str:
     try:
         import threadpoolctl  # noqa: PLC0415
 
-        from engine.tensor import threads  # noqa: PLC0415
+        from engine.tensor.cpu import threads  # noqa: PLC0415
 
         libs = threadpoolctl.ThreadpoolController().select(internal_api="openblas").lib_controllers
         lib = threads._numpys_openblas(libs)
@@ -209,9 +209,9 @@ def openblas_kernels(environ=None) -> str:
 
 
 def blas_line() -> str:
-    """Which BLAS makes the engine's products (engine.tensor.mkl.describe). Imports the engine."""
+    """Which BLAS makes the engine's products (engine.tensor.cpu.mkl.describe). Imports the engine."""
     try:
-        from engine.tensor import mkl  # noqa: PLC0415
+        from engine.tensor.cpu import mkl  # noqa: PLC0415
 
         return "Products: " + mkl.describe()
     except Exception as exc:  # noqa: BLE001 - a report line, never a failure

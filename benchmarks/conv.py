@@ -70,10 +70,11 @@ def check_agreement(x, w, b, g):
         assert np.abs(got.numpy() - want).max() <= 1e-4 * scale, "engine and NumPy reference disagree"
 
 
-def engine_runners(x, w, b, g):
-    xt0, wt0, bt0 = Tensor.from_data(x), Tensor.from_data(w), Tensor.from_data(b)
-    xt, wt, bt = (Tensor.from_data(a).require_grad() for a in (x, w, b))
-    gt = Tensor.from_data(g)
+def engine_runners(x, w, b, g, device=None):
+    """Forward, and forward + backward; on `device` (benchmarks/gpu_rows.py: cuda:0) when given."""
+    xt0, wt0, bt0 = (Tensor.from_data(a, device=device) for a in (x, w, b))
+    xt, wt, bt = (Tensor.from_data(a, device=device).require_grad() for a in (x, w, b))
+    gt = Tensor.from_data(g, device=device)
 
     def fwd():
         return xt0.conv2d(wt0, bt0)

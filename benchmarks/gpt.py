@@ -77,10 +77,11 @@ def data(batch: int, seq: int):
     return rng.integers(0, VOCAB, (batch, seq)), rng.integers(0, VOCAB, batch * seq)
 
 
-def engine_step(batch: int, d: int, seq: int):
-    model = GPT(d, seq)
+def engine_step(batch: int, d: int, seq: int, device=None):
+    """The engine's step; on `device` (benchmarks/gpu_rows.py: cuda:0) when given."""
+    model = GPT(d, seq) if device is None else GPT(d, seq).fork(device)
     ids_np, tgt_np = data(batch, seq)
-    ids, tgt = Tensor.from_data(ids_np), Tensor.from_data(tgt_np)
+    ids, tgt = Tensor.from_data(ids_np, device=device), Tensor.from_data(tgt_np, device=device)
     loss_fn = nn.CrossEntropyLossConfig().init()
 
     def step():

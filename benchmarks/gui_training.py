@@ -132,7 +132,7 @@ def make_window():
     window = MainWindow(settings=Settings.at(os.path.join(tempfile.mkdtemp(), "settings.ini")))
     window.resize(1400, 860)
     window.show()
-    from engine.tensor import jit  # noqa: PLC0415
+    from engine.tensor.cpu import jit  # noqa: PLC0415
 
     jit.warm_up().join()  # as `python -m app` does at start: the runs do not load the compiled kernels
     if not window.open_example("spirals"):

@@ -1,4 +1,4 @@
-"""What the compiled kernels (engine/tensor/jit.py, numba) cost to get ready (issue 22).
+"""What the compiled kernels (engine/tensor/cpu/jit.py, numba) cost to get ready (issue 22).
 
 Three fresh processes, each with numba's cache in one new folder:
 1. the first `jit.kernels()` on a machine: compile every kernel and write the cache;
@@ -26,7 +26,7 @@ from benchmarks._common import machine_line, print_table  # noqa: E402
 READY = """
 import json, time
 t0 = time.perf_counter()
-from engine.tensor import jit
+from engine.tensor.cpu import jit
 t1 = time.perf_counter()
 k = jit.kernels()
 print(json.dumps({"import_s": t1 - t0, "ready_s": time.perf_counter() - t1, "reason": jit.unavailable_reason()}))
@@ -37,7 +37,7 @@ import json, os, sys, time
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
-from engine.tensor import jit
+from engine.tensor.cpu import jit
 app = QApplication([])
 ticks = []
 timer = QTimer(); timer.setInterval(10); timer.timeout.connect(lambda: ticks.append(time.perf_counter())); timer.start()

@@ -85,7 +85,7 @@ EMBER_SIDE = textwrap.dedent("""
     opt = optim.AdamWConfig(epsilon=1e-8, weight_decay=0.0).init()
     for _, p in model.named_params():
         p.val()  # every weight read from the file before the step is measured
-    from engine.tensor import jit
+    from engine.tensor.cpu import jit
     jit.kernels()  # the compiled kernels' runtime (numba, ~150 MB) is loaded, as torch's libraries are by
     # its import: "step memory" is the step's own; the process peak counts both
 

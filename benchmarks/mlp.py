@@ -105,10 +105,12 @@ class Mlp(Module):
         return self.linear2.forward(self.activation.forward(self.linear1.forward(x)))
 
 
-def engine_nn_step_factory():
+def engine_nn_step_factory(device=None):
+    """The engine's step; on `device` (benchmarks/gpu_rows.py: cuda:0) when given."""
     x, y, w1, b1, w2, b2 = data()
-    xt, yt = Tensor.from_data(x), Tensor.from_data(y)
-    state = {"model": Mlp(w1, b1, w2, b2).train()}
+    xt, yt = Tensor.from_data(x, device=device), Tensor.from_data(y, device=device)
+    model = Mlp(w1, b1, w2, b2)
+    state = {"model": (model if device is None else model.fork(device)).train()}
     loss_fn = nn.CrossEntropyLossConfig().init()
     optimizer = optim.SgdConfig().init()
 

@@ -1,5 +1,6 @@
 """The layering contracts (pyproject.toml, `lint-imports`): engine imports no Qt, widgets or app;
-widgets import no app; app.core imports no Qt or widgets; the engine's packages form layers (docs/architecture.md)."""
+widgets import no app; app.core imports no Qt or widgets; the engine's packages form layers (docs/architecture.md);
+only the CPU door (engine/tensor/cpu) loads numba and threadpoolctl, and the rest reaches its modules through it."""
 import subprocess
 import sys
 import tomllib
@@ -16,6 +17,8 @@ def test_import_linter_contracts_hold():
         contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
     assert f"{len(contracts)} kept, 0 broken" in result.stdout, result.stdout
     assert "engine.shapes imports nothing of the engine KEPT" in result.stdout, result.stdout
+    assert "only the CPU door loads numba, llvmlite and threadpoolctl KEPT" in result.stdout, result.stdout
+    assert "the CPU door's threads, BLAS and compiled kernels are reached through the door KEPT" in result.stdout
     assert "app.core knows nothing about Qt or the widgets KEPT" in result.stdout, result.stdout
     assert "engine layers: " in result.stdout, result.stdout
 

@@ -38,7 +38,7 @@ from ..module import memory
 from ..module.tree import params as tree_params
 from ..tensor import Tensor
 from ..tensor import raw as _raw
-from ..tensor import threads as _threads
+from ..tensor import cpu
 
 __all__ = ["generate", "stream", "GenerationResult", "GenerationStream", "GeneratedToken", "warp_logits",
            "GenerationError", "estimate_generation"]
@@ -214,9 +214,8 @@ class _Head:
     language-model head as a `[hidden, vocab]` array; the prompt's earlier positions get no
     logits at all. On the CPU that array is the parameter's own (a Hugging Face head or tied
     embedding is a transposed view of the stored `[vocab, hidden]` tensor, which the products
-    take as it lies: one row times the view ran as fast as times a C-ordered copy, 1.25 ms for
-    the benchmark Llama's [256, 32000] head on an Intel Xeon, and the copy itself took 65 ms a
-    call, a millisecond per token of a 64-token generation). Off the host, the head is copied
+    take as it lies: one row times the view ran as fast as times a C-ordered copy, and the copy
+    itself cost far more than the product, every call: benchmarks/TUNING.md, "generation's head"). Off the host, the head is copied
     to the host once per call when it holds at most `_HEAD_COPY_LIMIT` bytes, else `forward`
     gives the logits."""
 
@@ -245,7 +244,7 @@ class _Head:
         h = self.model.hidden_states(ids, mask, cache)
         last = h.narrow(1, h.shape[1] - 1, 1).numpy()[:, 0, :]
         w = self.weight if self.weight.dtype == last.dtype else self.weight.astype(last.dtype)
-        out = _threads.matmul(last, w)
+        out = cpu.matmul(last, w)
         return out if self.bias is None else out + self.bias
 
 

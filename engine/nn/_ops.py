@@ -18,10 +18,7 @@ import numpy as np
 
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, check_same_device, record, sum_leading, tracking, unbroadcast, untracked
-from ..tensor.scalar_ufunc import maximum_scalar
-from ..tensor import jit
-from ..tensor import threads as _threads
-from ..tensor.threads import run_blocks, run_chunks
+from ..tensor import cpu
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -82,97 +79,17 @@ def _softplus(x):
     return xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))
 
 
-# Abramowitz & Stegun 7.1.26: erfc(z) ~ t (a1 + t (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + p z),
-# z >= 0, absolute error under 1.5e-7 (measured: Phi within 7.3e-8, Gelu within 2.2e-7 of SciPy's
-# float64 result over [-10, 10]: about one float32 ulp of Gelu near |x| = 3, less elsewhere)
-_AS_P = 0.3275911
-_AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-_GELU_BLOCK = 1 << 15  # elements per pass: the ~23 passes over a block stay in the L2 cache
-# (measured: 32 K elements ~20 % faster than 16 K, whose per-call overheads showed; 8 K slower)
-
-
-def _gelu_f32(xd):
-    """Gelu of a float32 NumPy array and its derivative `Phi(x) + x phi(x)`, in blocks of
-    `_GELU_BLOCK` elements (threaded over blocks): SciPy's float32 `erf` alone cost ~50 ns an
-    element, a fifth of a small GPT's step. Phi comes from A&S 7.1.26, whose `exp(-x^2 / 2)` is
-    phi's too, so the derivative costs no second exp; the backward is one product. The constants
-    are folded (`p / sqrt 2` into t, the 1/2 of erfc -> Phi into the coefficients) and the sign
-    mask is float32, so that every pass is a float32 pass."""
-    xf = np.ascontiguousarray(xd).reshape(-1)
-    n = xf.size
-    out = np.empty(n, np.float32)
-    der = np.empty(n, np.float32)
-    f32 = np.float32
-    p = f32(_AS_P / _SQRT_2)  # t = 1 / (1 + p |x| / sqrt 2)
-    a1, a2, a3, a4, a5 = (f32(a * 0.5) for a in _AS_A)  # Phi(-|x|) = erfc(|x| / sqrt 2) / 2
-    inv_sqrt_2pi = f32(_INV_SQRT_2PI)
-    zero, one, minus_half, floor = f32(0.0), f32(1.0), f32(-0.5), f32(-60.0)  # NumPy scalars: Python floats take a slow path
-
-    k = jit.kernels()
-    if k is not None:  # the same arithmetic compiled: one pass instead of ~25
-        coef = np.array([p, a1, a2, a3, a4, a5, floor, inv_sqrt_2pi], np.float32)
-
-        def compiled(blocks):
-            for lo in blocks:
-                hi = min(lo + _GELU_BLOCK, n)
-                k.gelu(xf[lo:hi], out[lo:hi], der[lo:hi], coef)
-
-        run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=_threads.min_blocks(4 * _GELU_BLOCK))
-        return out.reshape(xd.shape), der.reshape(xd.shape)
-
-    def chunk(blocks):
-        size = min(_GELU_BLOCK, n)
-        e, t, q, pos = (np.empty(size, np.float32) for _ in range(4))
-        for lo in blocks:
-            hi = min(lo + _GELU_BLOCK, n)
-            m = hi - lo
-            x = xf[lo:hi]
-            eb, tb, qb, pb = e[:m], t[:m], q[:m], pos[:m]
-            np.multiply(x, x, out=eb)
-            eb *= minus_half
-            # exp(-x^2 / 2), from -60 up: subnormal results (|x| > 13) made every later pass over
-            # the block ~50x slower; Phi(-|x|) < 1e-27 there, so the clamp changes nothing visible
-            # in Phi. x phi(x) < 1e-25 there counts as 0 (x times the floor's exp grew with x:
-            # 3494 at 1e30, inf at inf): one reduction finds the blocks that need it (or hold a NaN)
-            under = None if eb.min() >= floor else eb < floor
-            maximum_scalar(eb, floor, out=eb)
-            np.exp(eb, out=eb)
-            np.abs(x, out=tb)
-            tb *= p
-            tb += one
-            np.reciprocal(tb, out=tb)
-            np.multiply(tb, a5, out=qb)
-            for a in (a4, a3, a2, a1):
-                qb += a
-                qb *= tb
-            qb *= eb  # Phi(-|x|)
-            # Phi(x) = |[x >= 0] - q|: 1 - q where x >= 0 (q <= 1/2), exactly q where x < 0 (no
-            # cancellation in the left tail); arithmetic with a float32 0 / 1 mask, as np.where /
-            # copyto(where=) cost ~8 ns an element and a bool operand takes a slower mixed loop
-            np.greater_equal(x, zero, out=pb)
-            np.subtract(pb, qb, out=qb)
-            np.abs(qb, out=qb)
-            np.multiply(x, qb, out=out[lo:hi])
-            eb *= x
-            eb *= inv_sqrt_2pi  # x phi(x)
-            np.add(eb, qb, out=der[lo:hi])
-            if under is not None:
-                np.copyto(der[lo:hi], qb, where=under)
-
-    run_chunks(chunk, range(0, n, _GELU_BLOCK), min_blocks=_threads.min_blocks(4 * _GELU_BLOCK))
-    return out.reshape(xd.shape), der.reshape(xd.shape)
-
-
 def gelu(x: Tensor) -> Tensor:
     """Exact Gelu: `x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2)))`. float32 on NumPy goes through
-    `_gelu_f32` (Phi within 7.3e-8); other dtypes and devices use SciPy's / CuPy's erf, and the
-    backward reuses Phi(x)."""
+    the CPU door's kernel (`cpu.activation.gelu`, Phi within 7.3e-8); other dtypes and devices
+    use SciPy's / CuPy's erf, and the backward reuses Phi(x)."""
     op = "gelu"
     _float_input(op, x)
     xd = array(x)
     xp = x.device.xp
-    if xp is np and xd.dtype == np.float32 and xd.size:
-        out, der = _gelu_f32(xd)
+    fused = cpu.activation.gelu(xd)
+    if fused is not None:
+        out, der = fused
         if not tracking(x):
             return untracked(out, (x,))
 
@@ -255,31 +172,11 @@ def hard_sigmoid(x: Tensor, alpha: float, beta: float) -> Tensor:
     return unary(x, "hard_sigmoid", lambda a: _xp(a).clip(a * al + be, 0, 1), grad)
 
 
-def _silu_f32(xd):
-    """SiLU of a float32 NumPy array and its derivative `s (1 + x (1 - s))`, one compiled pass
-    a block of `_GELU_BLOCK` elements (threaded over blocks), or None without the kernels."""
-    k = jit.kernels()
-    if k is None:
-        return None
-    xf = np.ascontiguousarray(xd).reshape(-1)
-    n = xf.size
-    out = np.empty(n, np.float32)
-    der = np.empty(n, np.float32)
-
-    def compiled(blocks):
-        for lo in blocks:
-            hi = min(lo + _GELU_BLOCK, n)
-            k.silu(xf[lo:hi], out[lo:hi], der[lo:hi])
-
-    run_chunks(compiled, range(0, n, _GELU_BLOCK), min_blocks=_threads.min_blocks(4 * _GELU_BLOCK))
-    return out.reshape(xd.shape), der.reshape(xd.shape)
-
 
 def silu(x: Tensor) -> Tensor:
     """`x * sigmoid(x)`. float32 on NumPy with the compiled kernels: the output and the
-    derivative `s (1 + x (1 - s))` in one pass (`_silu_f32`), the backward one product (a Llama
-    MLP's SiLU forward and backward took 3.6 ms on [8, 128, 688] in NumPy's passes, Intel Xeon,
-    1 thread). Otherwise the sigmoid is computed once, `1 / (1 + exp(-x))` in three in-place
+    derivative `s (1 + x (1 - s))` in one pass (`cpu.activation.silu`), the backward one product
+    (NumPy's passes are many: benchmarks/TUNING.md, "silu"). Otherwise the sigmoid is computed once, `1 / (1 + exp(-x))` in three in-place
     passes (an exp that overflows gives exactly 0; within an ulp or so of scipy's `expit`, which
     took twice as long on float32), and kept for the backward, `g * s * (1 + x * (1 - s))`, worked
     in place."""
@@ -287,7 +184,7 @@ def silu(x: Tensor) -> Tensor:
     _float_input(op, x)
     xd = array(x)
     xp = x.device.xp
-    fused = _silu_f32(xd) if xp is np and xd.dtype == np.float32 and xd.size else None
+    fused = cpu.activation.silu(xd)
     if fused is not None:
         out, der = fused
         if not tracking(x):
@@ -432,7 +329,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         check_same_device(op, x, weight)
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, wd.shape[0]) if xd.ndim != 2 else xd
-    out2 = _threads.matmul(x2, wd)
+    out2 = cpu.matmul(x2, wd)
     if bias is not None:
         out2 += array(bias)
     out = out2.reshape(lead + (wd.shape[1],)) if xd.ndim != 2 else out2
@@ -445,8 +342,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     def rule(g):
         g2 = g.reshape(-1, wd.shape[1]) if g.ndim != 2 else g
-        gx = _threads.matmul(g2, wd.T).reshape(xshape) if need_x else None
-        gw = _threads.matmul(x2.T, g2) if need_w else None
+        gx = cpu.matmul(g2, wd.T).reshape(xshape) if need_x else None
+        gw = cpu.matmul(x2.T, g2) if need_w else None
         if bias is None:
             return gx, gw
         gb = sum_leading(g2) if need_b else None
@@ -456,294 +353,49 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 # ---------------------------------------------------------------------- normalization
-def _reduction_plan(shape, axes):
-    """How to reduce `axes` of an array of `shape` with matrix-vector products.
-
-    ("rows", R, P): the axes are the trailing ones, each of R rows sums P contiguous values;
-    ("bn", B, C, P): all axes but 1 (batch norm's per-channel statistics); None: neither.
-    """
-    nd = len(shape)
-    ax = tuple(sorted(a % nd for a in axes))
-    if ax == tuple(range(nd - len(ax), nd)) and len(ax) < nd:
-        return ("rows", int(np.prod(shape[: nd - len(ax)])), int(np.prod(shape[nd - len(ax):])))
-    if nd >= 2 and ax == (0,) + tuple(range(2, nd)):
-        return ("bn", shape[0], shape[1], int(np.prod(shape[2:])))
-    return None
-
-
-def _keep_shape(shape, axes):
-    nd = len(shape)
-    red = {a % nd for a in axes}
-    return tuple(1 if i in red else n for i, n in enumerate(shape))
-
-
-def _sum_keep(a, axes, plan):
-    """`a.sum(axes, keepdims=True)`; on NumPy as one BLAS matrix-vector product per call
-    (several times faster than NumPy's reduction over non-trailing axes)."""
-    if plan is None or not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
-        return a.sum(axis=axes, keepdims=True)
-    keep = _keep_shape(a.shape, axes)
-    if plan[0] == "rows":
-        _, r, p = plan
-        return (a.reshape(r, p) @ np.ones(p, dtype=a.dtype)).reshape(keep)
-    _, b, c, p = plan
-    return (a.reshape(b * c, p) @ np.ones(p, dtype=a.dtype)).reshape(b, c).sum(axis=0).reshape(keep)
-
-
-def _dot_keep(a, b_, axes, plan):
-    """`(a * b_).sum(axes, keepdims=True)` without the full-size product on NumPy."""
-    if (plan is None or not isinstance(a, np.ndarray) or not a.flags.c_contiguous
-            or not b_.flags.c_contiguous or a.shape != b_.shape):
-        return (a * b_).sum(axis=axes, keepdims=True)
-    keep = _keep_shape(a.shape, axes)
-    if plan[0] == "rows":
-        _, r, p = plan
-        return np.vecdot(a.reshape(r, p), b_.reshape(r, p)).reshape(keep)
-    _, b, c, p = plan
-    return np.vecdot(a.reshape(b * c, p), b_.reshape(b * c, p)).reshape(b, c).sum(axis=0).reshape(keep)
-
-
-# bytes of one block of images for the blocked batch norm passes (about half an L2 cache):
-# the passes over a block find it in cache instead of streaming the whole tensor each time
-_BN_BLOCK_BYTES = 1 << 19
-
-
-def _bn_blocks(b, c, p, itemsize):
-    step = max(1, _BN_BLOCK_BYTES // max(c * p * itemsize, 1))
-    return [slice(lo, min(lo + step, b)) for lo in range(0, b, step)]
-
-
-def _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd):
-    """Batch statistics and `xc * (gamma * rstd) + beta` of a C-contiguous NumPy `[B, C, ...]`,
-    a block of images at a time. Returns mean, var, rstd (reduced axes kept), the output and
-    the centred input xc."""
-    _, b, c, p = plan
-    keep = _keep_shape(xd.shape, axes)
-    mean = _sum_keep(xd, axes, plan)
-    mean *= inv_n
-    x3, m3 = xd.reshape(b, c, p), mean.reshape(1, c, 1)
-    xc = np.empty_like(xd)
-    xc3 = xc.reshape(b, c, p)
-    sq = np.empty((b, c), dtype=xd.dtype)
-    blocks = _bn_blocks(b, c, p, xd.itemsize)
-
-    k = jit.kernels() if xd.dtype == np.float32 else None
-    if k is not None:  # one pass a block: the centred input and its squares' sums
-        m1 = np.ascontiguousarray(mean, dtype=np.float32).reshape(-1)
-
-        def centre(s):
-            k.bn_centre(x3[s], m1, xc3[s], sq[s])
-    else:
-        def centre(s):
-            np.subtract(x3[s], m3, out=xc3[s])
-            sq[s] = np.vecdot(xc3[s], xc3[s])
-
-    run_blocks(centre, blocks)
-    var = sq.sum(axis=0).reshape(keep)
-    var *= inv_n
-    rstd = (1.0 / np.sqrt(var + eps)).astype(xd.dtype, copy=False)
-    scale3 = (gd * rstd).astype(xd.dtype, copy=False).reshape(1, c, 1)
-    shift3 = bd.reshape(1, c, 1) if bd is not None else None
-    out = np.empty_like(xd)
-    o3 = out.reshape(b, c, p)
-
-    if k is not None:
-        scale1 = np.ascontiguousarray(scale3, dtype=np.float32).reshape(-1)
-        shift1 = (np.ascontiguousarray(shift3, dtype=np.float32).reshape(-1) if shift3 is not None
-                  else np.empty(0, np.float32))
-
-        def scale(s):
-            k.bn_scale(xc3[s], scale1, shift1, o3[s])
-    else:
-        def scale(s):
-            np.multiply(xc3[s], scale3, out=o3[s])
-            if shift3 is not None:
-                o3[s] += shift3
-
-    run_blocks(scale, blocks)
-    return mean, var, rstd, out, xc
-
-
-def _batch_norm_backward(g, xc, plan, axes, inv_n, gd, rstd, need_x):
-    """`_batch_norm_forward`'s backward, a block of images at a time: the input gradient
-    `a * g + c1 + c2 * xc` (None unless `need_x`), sum(g) and sum(g * xhat) (reduced axes kept)."""
-    _, b, c, p = plan
-    keep = _keep_shape(xc.shape, axes)
-    g = np.ascontiguousarray(g)
-    g3, z3 = g.reshape(b, c, p), xc.reshape(b, c, p)
-    ones = np.ones(p, dtype=g.dtype)
-    sums = np.empty((b, c), dtype=g.dtype)
-    dots = np.empty((b, c), dtype=g.dtype)
-    blocks = _bn_blocks(b, c, p, g.itemsize)
-
-    k = jit.kernels() if g.dtype == np.float32 and xc.dtype == np.float32 else None
-
-    def reduce(s):  # NumPy's own loops: BLAS called from two threads at once takes turns
-        if k is not None:  # g and xc read once
-            k.bn_reduce(g3[s], z3[s], sums[s], dots[s])
-            return
-        sums[s] = np.vecdot(g3[s], ones)
-        dots[s] = np.vecdot(g3[s], z3[s])
-
-    run_blocks(reduce, blocks)
-    sg = sums.sum(axis=0).reshape(keep)
-    sgx = dots.sum(axis=0).reshape(keep) * rstd  # sum(g * xhat)
-    if not need_x:
-        return None, sg, sgx
-    a = gd * rstd
-    a3 = a.astype(g.dtype, copy=False).reshape(1, c, 1)
-    c1 = ((a * sg) * -inv_n).astype(g.dtype, copy=False).reshape(1, c, 1)
-    c2 = ((a * sgx * rstd) * -inv_n).astype(g.dtype, copy=False).reshape(1, c, 1)
-    gx = np.empty_like(g)
-    gx3 = gx.reshape(b, c, p)
-
-    if k is not None:  # one pass a block instead of four
-        a1, k1, k2 = (np.ascontiguousarray(v, dtype=np.float32).reshape(-1) for v in (a3, c1, c2))
-
-        def compiled(chunk):
-            for s in chunk:
-                k.bn_input_grad(g3[s], z3[s], a1, k1, k2, gx3[s])
-
-        run_chunks(compiled, blocks)
-        return gx, sg, sgx
-
-    longest = max(s.stop - s.start for s in blocks)
-
-    def input_grad(chunk):  # the blocks one thread takes, with its own block-sized scratch
-        tmp = np.empty((longest, c, p), dtype=g.dtype)
-        for s in chunk:
-            out = gx3[s]
-            t = tmp[: out.shape[0]]
-            np.multiply(g3[s], a3, out=out)
-            np.multiply(z3[s], c2, out=t)
-            out += t
-            out += c1
-
-    run_chunks(input_grad, blocks)
-    return gx, sg, sgx
-
-
-_LN_BLOCK = 1 << 15  # elements of one block of rows in the compiled layer norm (~L2-resident)
-
-
-def _strip_ones(shape) -> tuple:
-    dims = tuple(shape)
-    while dims and dims[0] == 1:
-        dims = dims[1:]
-    return dims
-
-
-def _per_row_affine(t: Tensor | None, row_shape) -> np.ndarray | None:
-    """gamma / beta as one float32 value per element of a row, or None when `t` does not vary
-    over the normalized trailing axes alone (then the compiled layer norm does not apply)."""
-    if t is None:
-        return np.empty(0, np.float32)
-    a = array(t)
-    if a.dtype != np.float32 or _strip_ones(a.shape) != _strip_ones(row_shape):
-        return None
-    return np.ascontiguousarray(a).reshape(-1)
-
-
-def _row_norm_buffers(r: int, p: int):
-    """The compiled layer / RMS norms' outputs for r rows of p: `out`, `xhat` [r, p], `rstd` [r],
-    the row blocks (about `_LN_BLOCK` elements each) and how many of them go to the threads."""
-    out, xhat = np.empty((r, p), np.float32), np.empty((r, p), np.float32)
-    per = max(1, _LN_BLOCK // p)
-    blocks = [slice(lo, min(lo + per, r)) for lo in range(0, r, per)]
-    return out, xhat, np.empty(r, np.float32), blocks, _threads.min_blocks(per * p * 4)
+def _affine_array(t: Tensor | None):
+    return None if t is None else array(t)
 
 
 def _layer_norm_compiled(x: Tensor, xd, plan, row_shape, eps: float, gamma: Tensor | None, beta: Tensor | None):
-    """Layer norm over the trailing axes of a float32 NumPy tensor with the compiled kernels
-    (`jit`: one pass for the statistics and output, one for the whole backward), or None when
-    they do not apply (another dtype or layout, no numba, gamma / beta over other axes)."""
+    """Layer norm over the trailing axes through the CPU door's compiled kernels
+    (`cpu.norm.layer_norm`), or None when they do not apply."""
     _, r, p = plan
-    if xd.dtype != np.float32 or not xd.flags.c_contiguous or r == 0 or p == 0:
+    run = cpu.norm.layer_norm(xd, r, p, row_shape, _affine_array(gamma), _affine_array(beta), eps)
+    if run is None:
         return None
-    k = jit.kernels()
-    if k is None:
-        return None
-    gd, bd = _per_row_affine(gamma, row_shape), _per_row_affine(beta, row_shape)
-    if gd is None or bd is None:
-        return None
-    x2 = xd.reshape(r, p)
-    out, xhat, rstd, blocks, min_blocks = _row_norm_buffers(r, p)
-    e = float(eps)
-
-    def forward(run):
-        for b in run:
-            k.layer_norm(x2[b], gd, bd, e, out[b], xhat[b], rstd[b])
-
-    run_chunks(forward, blocks, min_blocks=min_blocks)
+    out, backward = run
     inputs = tuple(t for t in (x, gamma, beta) if t is not None)
-    out = out.reshape(xd.shape)
     if not tracking(*inputs):
         return untracked(out, inputs)
     need_x = _needs(x)
 
     def rule(g):
-        g2 = np.ascontiguousarray(g, dtype=np.float32).reshape(r, p)
-        gx = np.empty_like(g2) if need_x else np.empty((0, p), np.float32)
-        sums = np.zeros((len(blocks), 2, p), np.float64)  # per block: fixed bits whoever runs it
-
-        def backward(run):
-            for i in run:
-                b = blocks[i]
-                k.layer_norm_backward(g2[b], xhat[b], rstd[b], gd, gx[b] if need_x else gx, sums[i, 0], sums[i, 1])
-
-        run_chunks(backward, range(len(blocks)), min_blocks=min_blocks)
-        total = sums.sum(axis=0)
+        gx, sum_g, sum_gxhat = backward(g, need_x)
         res = [gx.reshape(xd.shape).astype(g.dtype, copy=False) if need_x else None]
         if gamma is not None:
-            res.append(total[1].astype(np.float32).reshape(gamma.shape) if _needs(gamma) else None)
+            res.append(sum_gxhat.astype(np.float32).reshape(gamma.shape) if _needs(gamma) else None)
         if beta is not None:
-            res.append(total[0].astype(np.float32).reshape(beta.shape) if _needs(beta) else None)
+            res.append(sum_g.astype(np.float32).reshape(beta.shape) if _needs(beta) else None)
         return tuple(res)
 
     return record(out, x.device, inputs, rule, "normalize")
 
 
 def _rms_norm_compiled(x: Tensor, xd, gamma: Tensor, eps: float):
-    """RMS norm over the last axis of a float32 NumPy tensor with the compiled kernels (one pass
-    for the statistics and output, one for the whole backward, as `_layer_norm_compiled`), or
-    None when they do not apply (another dtype or layout, no numba, a gamma not of the last
-    axis's size)."""
-    if xd.dtype != np.float32 or not xd.flags.c_contiguous or xd.ndim == 0 or xd.size == 0:
+    """RMS norm over the last axis through the CPU door's compiled kernels (`cpu.norm.rms_norm`),
+    or None when they do not apply."""
+    run = cpu.norm.rms_norm(xd, array(gamma), eps)
+    if run is None:
         return None
-    k = jit.kernels()
-    if k is None:
-        return None
-    p = xd.shape[-1]
-    gd = _per_row_affine(gamma, (p,))
-    if gd is None:
-        return None
-    r = xd.size // p
-    x2 = xd.reshape(r, p)
-    out, xhat, rstd, blocks, min_blocks = _row_norm_buffers(r, p)
-    e = float(eps)
-
-    def forward(run):
-        for b in run:
-            k.rms_norm(x2[b], gd, e, out[b], xhat[b], rstd[b])
-
-    run_chunks(forward, blocks, min_blocks=min_blocks)
-    out = out.reshape(xd.shape)
+    out, backward = run
     if not tracking(x, gamma):
         return untracked(out, (x, gamma))
     need_x, need_g = _needs(x), _needs(gamma)
 
     def rule(g):
-        g2 = np.ascontiguousarray(g, dtype=np.float32).reshape(r, p)
-        gx = np.empty_like(g2) if need_x else np.empty((0, p), np.float32)
-        sums = np.zeros((len(blocks), p), np.float64)  # per block: fixed bits whoever runs it
-
-        def backward(run):
-            for i in run:
-                b = blocks[i]
-                k.rms_norm_backward(g2[b], xhat[b], rstd[b], gd, gx[b] if need_x else gx, sums[i])
-
-        run_chunks(backward, range(len(blocks)), min_blocks=min_blocks)
-        gg = sums.sum(axis=0).astype(np.float32).reshape(gamma.shape) if need_g else None
+        gx, sum_gxhat = backward(g, need_x)
+        gg = sum_gxhat.astype(np.float32).reshape(gamma.shape) if need_g else None
         return (gx.reshape(xd.shape).astype(g.dtype, copy=False) if need_x else None), gg
 
     return record(out, x.device, (x, gamma), rule, "rms_norm")
@@ -768,10 +420,10 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     xd = array(x)
     xp = x.device.xp
     nd = xd.ndim
-    plan = _reduction_plan(xd.shape, axes)
+    plan = cpu.norm.reduction_plan(xd.shape, axes)
     if stats is None and plan is not None and plan[0] == "rows" and xp is np:
         row_shape = xd.shape[nd - len({a % nd for a in axes}):]
-        affine_fits = affine_shape is None or _strip_ones(affine_shape) == _strip_ones(row_shape)
+        affine_fits = affine_shape is None or cpu.norm.strip_ones(affine_shape) == cpu.norm.strip_ones(row_shape)
         done = _layer_norm_compiled(x, xd, plan, row_shape, eps, gamma, beta) if affine_fits else None
         if done is not None:
             return done
@@ -785,12 +437,12 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     # batch norm on NumPy: the same arithmetic, a few images at a time while they are in cache
     blocked = fold and xp is np and plan is not None and plan[0] == "bn" and xd.flags.c_contiguous
     if blocked:
-        mean, var, rstd, out, xc = _batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd)
+        mean, var, rstd, out, xc = cpu.norm.batch_norm_forward(xd, axes, plan, inv_n, eps, gd, bd)
     else:
-        mean = _sum_keep(xd, axes, plan)
+        mean = cpu.norm.sum_keep(xd, axes, plan)
         mean *= inv_n
         xc = xd - mean
-        var = _dot_keep(xc, xc, axes, plan)
+        var = cpu.norm.dot_keep(xc, xc, axes, plan)
         var *= inv_n
         rstd = (1.0 / xp.sqrt(var + eps)).astype(xd.dtype, copy=False)
     if stats is not None:
@@ -822,15 +474,15 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
     def rule(g):
         gx = gg = gb = None
         if blocked:
-            gx, sg, sgx = _batch_norm_backward(g, z, plan, axes, inv_n, gd, rstd, need_x)
+            gx, sg, sgx = cpu.norm.batch_norm_backward(g, z, plan, axes, inv_n, gd, rstd, need_x)
             if need_g:
                 gg = unbroadcast(sgx, pshape).reshape(gamma.shape)
             if need_b:
                 gb = unbroadcast(sg, pshape).reshape(beta.shape)
         elif fold:
             # per-statistic sums: sum(g) and sum(g * xhat) = z_scale * sum(g * z)
-            sg = _sum_keep(g, axes, plan) if (need_x or need_b) else None
-            sgx = _dot_keep(g, z, axes, plan) * z_scale if (need_x or need_g) else None
+            sg = cpu.norm.sum_keep(g, axes, plan) if (need_x or need_b) else None
+            sgx = cpu.norm.dot_keep(g, z, axes, plan) * z_scale if (need_x or need_g) else None
             if need_g:
                 gg = unbroadcast(sgx, pshape).reshape(gamma.shape)
             if need_b:
@@ -851,8 +503,8 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
                 gb = unbroadcast(g, pshape).reshape(beta.shape)
             if need_x:
                 gxh = g * gd if gd is not None else g.copy()
-                m1 = _sum_keep(gxh, axes, plan)
-                m2 = _dot_keep(gxh, z, axes, plan)
+                m1 = cpu.norm.sum_keep(gxh, axes, plan)
+                m2 = cpu.norm.dot_keep(gxh, z, axes, plan)
                 t = xp.multiply(z, (m2 * inv_n).astype(g.dtype, copy=False))
                 gxh -= t
                 del t
@@ -871,7 +523,7 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float, gamma: Tensor | None
 
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
     """`x / sqrt(mean(x^2, last dim) + eps) * gamma`: float32 on NumPy with the compiled kernels
-    through `_rms_norm_compiled`, else in NumPy's / CuPy's passes."""
+    through `_rms_norm_compiled` (the CPU door's kernels), else in NumPy's / CuPy's passes."""
     op = "rms_norm"
     _float_input(op, x)
     xd = array(x)
@@ -909,95 +561,6 @@ def first_bad_target(targets, classes: int, keep=None) -> int | None:
         bad &= keep
     return int(bad.argmax()) if bool(bad.any()) else None
 
-
-# The softmax cross entropy's passes over the logits (max, shift, exp, sum; then the backward's
-# scale) run a block of rows at a time, so that each block is read from memory once and stays in
-# cache for the next pass, and the blocks are shared among the kernel threads. A block holds
-# about this many bytes (a few rows of a 32k vocabulary: within a core's L2 cache). Every row is
-# reduced by the same NumPy loop as a whole-array call would use: the bits do not change.
-_CE_BLOCK_BYTES = 1 << 19
-
-
-def _ce_min_blocks() -> int:
-    """Below this many row blocks the cross entropy's streaming passes (the backward's scale)
-    run in the calling thread."""
-    return _threads.min_blocks(_CE_BLOCK_BYTES)
-
-
-# The forward's max / shifted exp / sum costs far more per byte than a streaming pass: an exp
-# per element. [2048, 256] float32 (2 MB, the small GPT's logits) took 1.1 ms with the compiled
-# kernel on one thread (AMD EPYC, family 25 model 17), ~25x a copy of the same bytes, so the
-# wake-up that PARALLEL_MIN_BYTES pays for with 4 MB of streaming pays for itself here with a
-# few hundred KB. Measured at 2 threads, cross entropy fwd+bwd on those logits: 1.15 -> 0.72 ms
-# with its 4 row blocks shared instead of run here. Counted as 16x a streaming pass (under the
-# measured 25x, for CPUs with a faster exp): from 2 blocks (1 MB) with the default bar.
-_CE_EXP_COST = 16
-
-
-def _ce_exp_min_blocks() -> int:
-    """Below this many row blocks the forward's shifted exp runs in the calling thread."""
-    return _threads.min_blocks(_CE_BLOCK_BYTES, _CE_EXP_COST)
-
-
-
-def _row_blocks(x2) -> list[slice]:
-    n, row_bytes = x2.shape[0], max(1, x2.shape[1] * x2.itemsize)
-    per = max(1, _CE_BLOCK_BYTES // row_bytes)
-    return [slice(i, min(n, i + per)) for i in range(0, n, per)]
-
-
-def _shifted_exp_rows(x2):
-    """`m = max(x2, rows)`, `e = exp(x2 - m)`, `s = sum(e, rows)` (NumPy, C-contiguous x2) one
-    block of rows at a time over the kernel threads."""
-    n = x2.shape[0]
-    m = np.empty((n, 1), dtype=x2.dtype)
-    s = np.empty((n, 1), dtype=x2.dtype)
-    e = np.empty_like(x2)
-    k = jit.kernels() if x2.dtype == np.float32 and x2.shape[1] else None
-    if k is not None:  # max, shifted exp and sum in two passes over a row, not four
-        m1, s1 = m.reshape(-1), s.reshape(-1)
-
-        def compiled(b):
-            k.shifted_exp_rows(x2[b], e[b], m1[b], s1[b])
-
-        run_blocks(compiled, _row_blocks(x2), min_blocks=_ce_exp_min_blocks())
-        return m, e, s
-
-    def block(b):
-        xb, eb = x2[b], e[b]
-        np.max(xb, axis=1, keepdims=True, out=m[b])
-        np.subtract(xb, m[b], out=eb)
-        np.exp(eb, out=eb)
-        np.sum(eb, axis=1, keepdims=True, out=s[b])
-
-    blocks = _row_blocks(x2)
-    run_blocks(block, blocks, min_blocks=_ce_exp_min_blocks())
-    return m, e, s
-
-
-def _scale_rows(e, row, xp):
-    """`e * row` (row: one factor per row, [n, 1]) into a fresh array; NumPy in row blocks over
-    the kernel threads when `e` is large."""
-    k = jit.kernels() if xp is np and e.dtype == np.float32 and e.flags.c_contiguous else None
-    if k is None and (xp is not np or not e.flags.c_contiguous or e.nbytes < _CE_BLOCK_BYTES):
-        return e * row
-    out = np.empty_like(e)
-    if k is not None:
-        r1 = np.ascontiguousarray(row, dtype=np.float32).reshape(-1)
-
-        def compiled(b):
-            k.scale_rows(e[b], r1[b], out[b])
-
-        run_blocks(compiled, _row_blocks(e), min_blocks=_ce_min_blocks())
-        return out
-
-    def block(b):
-        np.multiply(e[b], row[b], out=out[b])
-
-    run_blocks(block, _row_blocks(e), min_blocks=_ce_min_blocks())
-    return out
-
-
 def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=None, log_probs: bool = True,
                           dims: tuple[int, ...] = (1,)) -> Tensor:
     """`-sum_i r_i sum_c T_ic log p_ic / denom`, p the softmax of `logits` `[..., classes]` over
@@ -1031,9 +594,9 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
         if log_probs:
             # one array of the logits' size: the shifted logits, exponentiated in place (the
             # targets' entries read before), kept for the backward
-            if xp is np and x2.flags.c_contiguous and (x2.nbytes >= _CE_BLOCK_BYTES or (
-                    x2.dtype == np.float32 and jit.kernels() is not None)):
-                m, e, s = _shifted_exp_rows(x2)
+            blocked = cpu.rows.shifted_exp(x2)
+            if blocked is not None:
+                m, e, s = blocked
             else:
                 m = x2.max(axis=1, keepdims=True)
                 e = x2 - m
@@ -1073,7 +636,7 @@ def softmax_cross_entropy(logits: Tensor, targets, denom: float, row_weights=Non
         if index and log_probs:
             # (softmax - one_hot) * r * scale in one pass over the logits: each row's factor first
             row = scale / s if rw is None else (scale * rw[:, None]) / s
-            grad = _scale_rows(e, row.astype(e.dtype, copy=False), xp)  # a fresh array this rule owns
+            grad = cpu.rows.scale(e, row.astype(e.dtype, copy=False))  # a fresh array this rule owns
             grad[rows, t] -= scale if rw is None else (scale * rw).astype(e.dtype, copy=False)
         elif index:
             grad = xp.zeros_like(x2)

@@ -17,7 +17,7 @@ are stacked as `g * seq_1` rows of one product, so that dk and dv come out summe
 
 On NumPy the work runs a block of batch entries (or of kv heads within one entry) at a time:
 both products and every softmax pass of a block happen while its scores are in cache. The
-blocks are shared among the kernel threads (`engine.tensor.threads`; NumPy releases the GIL),
+blocks are shared among the kernel threads (`engine.tensor.cpu`; NumPy releases the GIL),
 each making its own products with OpenBLAS held at one thread; only where BLAS's thread count
 cannot be set do the products run whole (BLAS threads them) and the passes between them a block
 at a time. The row sums are products with a vector of ones. The masks replace the masked
@@ -33,23 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Tensor, TensorError, jit
+from ..tensor import Tensor, TensorError, cpu
 from ..tensor.raw import array, record, tracking, untracked
-from ..tensor import threads as _threads
-from ..tensor.threads import blas_threads, num_threads, one_blas_thread_possible, run_chunks
 
 __all__ = ["scaled_dot_product_attention", "causal_mask_array"]
-
-# scores bytes per block: a block's scores, the backward's dW and the products' operands stay
-# within a core's L2 cache (512 KB on the AMD EPYC this was tuned on)
-_BLOCK_BYTES = 1 << 18
-# The blocks go to the kernel threads when the scores fill PARALLEL_MIN_BYTES (the size at which
-# a streaming pass pays for a worker's wake-up) or when the products make this many multiply-adds
-# (the scores times d + dv in the forward, twice that in the backward): each score costs a row of
-# products, not one pass. Small GPT attention, batch 16, 1 head of 32, seq 128 (1 MB of scores,
-# 2^23 multiply-adds), fwd+bwd at 2 threads on an AMD EPYC (family 25 model 17): 1.58 -> 1.08-1.3 ms.
-ATTENTION_THREADED_MIN_WORK = 1 << 22
-
 
 def causal_mask_array(xp, seq_length_1: int, seq_length_2: int, offset: int):
     """`[seq_length_1, seq_length_2]` bool, true where key `j > i + offset` (a future key)."""
@@ -78,18 +65,6 @@ def _bits(a):
 def _grouped(a, nb, hk, rows, last):
     """`a` `[nb, h, s, last]` as `[nb, hk, g * s, last]` (a copy only when its layout needs one)."""
     return a.reshape(nb, hk, rows, last)
-
-
-def _blocks(b: int, hk: int, unit_bytes: int, xp) -> list[tuple[slice, slice]]:
-    """(batch slice, kv-head slice) blocks of about `_BLOCK_BYTES` of scores each."""
-    if xp is not np:
-        return [(slice(0, b), slice(0, hk))]
-    entry = unit_bytes * hk
-    if entry >= _BLOCK_BYTES and hk > 1:  # one batch entry is large: split it over its kv heads
-        per = max(1, _BLOCK_BYTES // max(1, unit_bytes))
-        return [(slice(i, i + 1), slice(j, min(hk, j + per))) for i in range(b) for j in range(0, hk, per)]
-    per = max(1, _BLOCK_BYTES // max(1, entry))
-    return [(slice(i, min(b, i + per)), slice(0, hk)) for i in range(0, b, per)]
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int, int]:
@@ -140,7 +115,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     rows = g * s1
     dev = q.device
     xp = dev.xp
-    mm = _threads.matmul_of(xp)  # on NumPy: OpenBLAS's threads by the product's size
+    mm = cpu.matmul  # on NumPy: OpenBLAS's threads by the product's size
     qd, kd, vd = array(q), array(k), array(v)
     dt = np.result_type(qd.dtype, kd.dtype, vd.dtype)
     if dt != qd.dtype or dt != kd.dtype or dt != vd.dtype:
@@ -205,7 +180,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     # without dropout, with no mask or one [s1, s2] mask shared by every batch entry and head
     ksm = mask2 = None
     if xp is np and dt == np.float32 and keep_scale is None and not (mask_b or mask_h):
-        ksm = jit.kernels()
+        ksm = cpu.kernels()
         if ksm is not None:
             mask2 = (np.zeros((0, 0), np.bool_) if m is None
                      else np.ascontiguousarray(np.broadcast_to(m.reshape(m.shape[-2:]), (s1, s2))))
@@ -264,9 +239,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
         if not phased:
             mm(S, V5[bs, hs], out=C5[bs, hs])
 
-    blocks = _blocks(b, hk, rows * s2 * dt.itemsize, xp)
-    threaded = xp is np and num_threads() > 1 and len(blocks) > 1 and (
-        weights.nbytes >= _threads.PARALLEL_MIN_BYTES or weights.size * (d + dv) >= ATTENTION_THREADED_MIN_WORK)
+    blocks = cpu.attention.blocks(b, hk, rows * s2 * dt.itemsize, xp)
+    threaded, phased = cpu.attention.plan(len(blocks), weights.nbytes, weights.size * (d + dv), xp)
     # A block's products and passes run together while its scores are in cache, each kernel
     # thread making its own products with BLAS held at one thread (`own_products`): OpenBLAS
     # splits even the small per-head products (128 x 32 x 128) over its threads, and calls made
@@ -274,11 +248,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     # (measured at 2 threads: the blocked attention at 1.5x its one-thread time with BLAS at 2
     # threads, at 0.6x the op chain's with BLAS held at one). Where BLAS's threads cannot be set,
     # the products run whole, threaded by BLAS, and only the passes between them go to the
-    # kernel threads, a block each ("phased").
-    phased = threaded and blas_threads() > 1 and not one_blas_thread_possible()
+    # kernel threads, a block each ("phased"). The CPU door decides both (`cpu.attention.plan`).
     if phased:
         mm(Q5, KT5, out=W5)
-    run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1,
+    cpu.run_chunks(lambda run: [attend(*blk) for blk in run], blocks, min_blocks=2 if threaded else len(blocks) + 1,
                own_products=True)
     if phased:
         mm(W5, V5, out=C5)
@@ -352,7 +325,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
 
         if phased:
             dS_all, D_all = first(slice(0, b), slice(0, hk))
-            run_chunks(lambda run: [middle(dS_all[bs, hs], None if D_all is None else D_all[bs, hs], bs, hs)
+            cpu.run_chunks(lambda run: [middle(dS_all[bs, hs], None if D_all is None else D_all[bs, hs], bs, hs)
                                     for bs, hs in run], blocks)
             last(dS_all, slice(0, b), slice(0, hk))
         else:
@@ -362,7 +335,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
                     middle(dS, D, bs, hs)
                     last(dS, bs, hs)
 
-            run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1, own_products=True)
+            cpu.run_chunks(backward_run, blocks, min_blocks=2 if threaded else len(blocks) + 1, own_products=True)
         return dq, dk, dvv
 
     def ctx_rule(gc):

@@ -1,20 +1,20 @@
 """Loss functions under Burn's names, each a module with a `…Config` where Burn has one.
 
 Reduced losses are tensors of dims `[1]`, as Burn returns them; `forward_no_reduction` keeps
-the element-wise values. `_ReducedLoss` holds what those losses share: the reduction and the
-one-line display of their settings.
+the element-wise values. `_ReducedLoss` (engine/nn/_loss_ops.py, with `Reduction` and the cross
+entropies' computations) holds what those losses share: the reduction and the one-line display
+of their settings.
 """
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..tensor import Tensor, TensorError
-from ..tensor.raw import array, wrap
-from . import _ops
+from ..tensor import TensorError
+from . import _loss_ops, _ops
+from ._loss_ops import Reduction, _f32, _reduce, _ReducedLoss
 from ._base import Config, Layer, Module, assert_shape, f64
 from .misc import cosine_similarity, lp_norm
 
@@ -37,80 +37,7 @@ __all__ = [
 ]
 
 
-class Reduction(enum.Enum):
-    """How a loss reduces its element-wise values: `Auto` is `Mean` (KLDivLoss: `BatchMean`)."""
-
-    Mean = "Mean"
-    Sum = "Sum"
-    Auto = "Auto"
-    BatchMean = "BatchMean"
-
-    @staticmethod
-    def of(value) -> "Reduction":
-        if isinstance(value, Reduction):
-            return value
-        if isinstance(value, str):
-            for r in Reduction:
-                if r.name.lower() == value.replace("_", "").lower():
-                    return r
-        raise ValueError(f"unknown reduction {value!r}: expected one of {[r.name for r in Reduction]}")
-
-
-def _reduce(loss, reduction, owner: str, batch_mean: bool = False):
-    r = Reduction.of(reduction)
-    if r is Reduction.Sum:
-        return loss.sum().reshape(1)
-    if r is Reduction.Mean or (r is Reduction.Auto and not batch_mean):
-        return loss.mean().reshape(1)
-    if batch_mean:
-        return (loss.sum() * (1.0 / loss.shape[0])).reshape(1)
-    raise ValueError(f"{owner}: {r.name} reduction is not supported (expected Mean, Sum or Auto)")
-
-
-def _f32(x):
-    return None if x is None else np.float32(x)
-
-
-class _ReducedLoss(Layer):
-    """A loss with `forward_no_reduction` (the element-wise values) and a `forward` that reduces
-    them (`_reduced`), displayed on one line with the settings named in `_display`.
-
-    Each loss still writes its own `forward` and `forward_no_reduction`: their signatures and
-    `Shapes` docstrings are what the designer's catalog and the shape contracts read."""
-
-    _display: tuple[str, ...] = ()
-    _batch_mean = False  # `Auto` divides the sum by the batch size (KLDivLoss)
-
-    def _reduced(self, loss, reduction):
-        return _reduce(loss, reduction, _owner(type(self)), self._batch_mean)
-
-    def custom_content(self, content):
-        for name in self._display:
-            content = content.add(name, getattr(self, name))
-        return content.optional()
-
-
-def _owner(cls) -> str:
-    """The name of the loss class that defines `forward_no_reduction` (errors name it)."""
-    return next(c.__name__ for c in cls.__mro__ if "forward_no_reduction" in c.__dict__)
-
-
 # ---------------------------------------------------------------------- cross entropy
-def _class_weights(smoothing, weights, device):
-    """Check a cross entropy config's smoothing and weights (as Burn does); the weights as a
-    float64 tensor (the values given: the losses cast them to the input's dtype, so that float64
-    inputs are not float32-accurate and float32 ones get the same bits as before), or None."""
-    if smoothing is not None and not 0.0 <= smoothing <= 1.0:
-        raise ValueError(
-            f"Alpha of Cross-entropy loss with smoothed labels should be in interval [0, 1]. Got {f64(smoothing)}"
-        )
-    if weights is not None and not all(w > 0 for w in weights):
-        raise ValueError("Weights of cross-entropy have to be positive.")
-    if weights is None:
-        return None
-    return Tensor.from_data(np.asarray(weights, dtype=np.float64), dtype="float64", device=device)
-
-
 @dataclass
 class CrossEntropyLossConfig(Config):
     """Configuration of a [`CrossEntropyLoss`]: pad tokens, class weights, label smoothing."""
@@ -121,7 +48,7 @@ class CrossEntropyLossConfig(Config):
     logits: bool = True
 
     def init(self, device=None) -> "CrossEntropyLoss":
-        weights = _class_weights(self.smoothing, self.weights, device)
+        weights = _loss_ops.class_weights(self.smoothing, self.weights, device)
         pads = None if self.pad_tokens is None else [int(p) for p in self.pad_tokens]
         return CrossEntropyLoss(pads, weights, self.smoothing, self.logits)
 
@@ -174,47 +101,7 @@ class CrossEntropyLoss(Layer):
         assert_shape(targets, [batch_size])
         if targets.kind != "int":
             raise TensorError(f"CrossEntropyLoss: expected int class targets, got {targets.dtype}")
-        xp = logits.device.xp
-        t = array(targets if targets.device is logits.device else targets.to_device(logits.device))
-        keep = None
-        if self.pad_tokens:
-            keep = ~xp.isin(t, xp.asarray(self.pad_tokens))
-            if bool(keep.all()):
-                keep = None
-        row = _ops.first_bad_target(t, num_targets, keep)
-        if row is not None:
-            pads = "" if not self.pad_tokens else f", or a pad token {self.pad_tokens}"
-            raise TensorError(
-                f"CrossEntropyLoss: target class {int(t[row])} is out of range for {num_targets} classes "
-                f"at row {row} of the targets (expected 0 <= target < {num_targets}{pads})"
-            )
-        if keep is not None:
-            t = xp.where(keep, t, 0)  # pad rows read class 0 and are scaled by 0
-        dtype = array(logits).dtype
-        w = None
-        if self.weights is not None:
-            if tuple(self.weights.shape) != (num_targets,):
-                raise TensorError(
-                    f"CrossEntropyLoss: expected one class weight per class ({num_targets}), "
-                    f"got {self.weights.shape[0]} weights"
-                )
-            w = array(self.weights.to_device(logits.device)).astype(dtype)
-        row_w = None if w is None else w[t]
-        if keep is not None:
-            row_w = keep.astype(dtype) if row_w is None else row_w * keep
-        denom = float(batch_size) if row_w is None else float(row_w.sum())
-        if denom == 0.0:  # no row counts: the numerator is 0 too, and so is the loss
-            denom = 1.0
-        if self.smoothing is None:
-            return _ops.softmax_cross_entropy(logits, t, denom, row_w, log_probs=self.logits)
-        dist = (t[:, None] == xp.arange(num_targets)[None, :]).astype(dtype)
-        a = float(np.dtype(dtype).type(self.smoothing))  # in the input's precision, as PyTorch's
-        dist = dist * (1.0 - a) + a / num_targets
-        if w is not None:
-            dist = dist * w[None, :]
-        if keep is not None:
-            dist = dist * keep[:, None]
-        return _ops.softmax_cross_entropy(logits, dist, denom, log_probs=self.logits)
+        return _loss_ops.cross_entropy(logits, targets, self.pad_tokens, self.weights, self.smoothing, self.logits)
 
     def custom_content(self, content):
         pads = "None" if self.pad_tokens is None else f"Vec<0..{len(self.pad_tokens)}>"
@@ -236,7 +123,7 @@ class BinaryCrossEntropyLossConfig(Config):
     logits: bool = False
 
     def init(self, device=None) -> "BinaryCrossEntropyLoss":
-        weights = _class_weights(self.smoothing, self.weights, device)
+        weights = _loss_ops.class_weights(self.smoothing, self.weights, device)
         return BinaryCrossEntropyLoss(weights, self.smoothing, self.logits)
 
 
@@ -266,24 +153,7 @@ class BinaryCrossEntropyLoss(Layer):
         assert_shape(targets, list(logits.dims()))
         if self.weights is not None and logits.rank > 1:
             assert_shape(self.weights, [logits.dims()[-1]])
-        t = targets.to_device(logits.device).cast(logits.dtype)
-        if self.smoothing is not None:
-            a = float(np.dtype(array(t).dtype).type(self.smoothing))  # in the input's precision
-            classes = logits.shape[-1] if logits.rank > 1 else 2
-            t = t * (1.0 - a) + a / classes
-        if self.logits:
-            loss = (1.0 - t) * logits - _ops.log_sigmoid(logits)
-        else:
-            with np.errstate(divide="ignore"):  # log(0) = -inf, clamped to -100 as in Burn
-                loss = (t - 1.0) * logits.neg().log1p().clamp_min(-100.0) - t * logits.log().clamp_min(-100.0)
-        if self.weights is not None:
-            w = self.weights.to_device(logits.device).cast(logits.dtype)
-            if logits.rank > 1:
-                loss = loss * w
-            else:
-                idx = array(targets.to_device(logits.device))
-                loss = loss * wrap(array(w)[idx], logits.device)
-        return loss.mean().reshape(1)
+        return _loss_ops.binary_cross_entropy(logits, targets, self.weights, self.smoothing, self.logits)
 
     def custom_content(self, content):
         return (

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..tensor import jit
+from ..tensor import cpu
 from .base import ModuleOptimizer, SimpleOptimizer
 from .decay import WeightDecayConfig, as_weight_decay, decayed_grad
 
@@ -76,7 +76,7 @@ def adaptive_moments(state, grad, beta_1, beta_2, xp, amsgrad=False):
 
 
 def _fused_kernel(xp, param, grad, state):
-    """`_jit_kernels.adam_update` when the step can be that one pass: float32 NumPy arrays of one
+    """`cpu._kernels.adam_update` (the CPU door's compiled kernels) when the step can be that one pass: float32 NumPy arrays of one
     shape, C-contiguous, the moments writable, numba there; else None (the NumPy passes, nine
     over memory, make the step)."""
     m, v = state.get("momentum.moment_1"), state.get("momentum.moment_2")
@@ -85,7 +85,7 @@ def _fused_kernel(xp, param, grad, state):
         return None
     if not (m.flags.writeable and v.flags.writeable):
         return None
-    k = jit.kernels()
+    k = cpu.kernels()
     return None if k is None else k.adam_update
 
 

@@ -44,7 +44,7 @@ import threading
 
 import numpy as np
 
-from ..tensor.threads import run_blocks
+from ..tensor.cpu import run_blocks
 from .errors import RecordError
 
 __all__ = ["FileSource", "MAX_DIMS", "MAX_INTP", "numpy_shape_problem"]

@@ -1,4 +1,6 @@
 """Tensors on NumPy (CPU) and CuPy (GPU), dtypes, devices and the operations."""
+# the CPU door first: it makes its one OpenBLAS setting before anything here loads NumPy
+from . import cpu  # noqa: F401
 from . import dtype
 from .device import Device, DeviceError, available_devices, default_device, set_default_device
 from .random import Distribution

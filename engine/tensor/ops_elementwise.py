@@ -14,8 +14,8 @@ import numpy as np
 from ..autodiff.tape import Node, is_recording
 from .tensor import Tensor, TensorError, as_operand, check_same_device, record, tensor_method, unbroadcast
 from .scalar_ufunc import maximum_scalar, minimum_scalar
-from . import jit
-from .threads import elementwise
+from . import cpu
+from .cpu import elementwise
 
 _wrap = Tensor._wrap
 
@@ -329,7 +329,7 @@ def _relu_grad(g, x, o):
 
 def _mask_positive(g, o, out=None):
     """g where o > 0, else 0 (g * (o > 0)); float32 through the compiled kernel in one pass."""
-    k = jit.kernels() if g.dtype == np.float32 and g.flags.c_contiguous and o.flags.c_contiguous else None
+    k = cpu.kernels() if g.dtype == np.float32 and g.flags.c_contiguous and o.flags.c_contiguous else None
     if k is None:
         return np.multiply(g, o > 0, out=out)
     if out is None:

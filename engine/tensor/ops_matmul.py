@@ -7,7 +7,7 @@ silently computes in float64. Convert one operand with `.cast(...)`.
 from __future__ import annotations
 
 from ..autodiff.tape import Node, is_recording
-from .threads import matmul as _product
+from .cpu import matmul as _product
 from .tensor import DTypeError, Tensor, TensorError, check_same_device, tensor_method, unbroadcast
 
 

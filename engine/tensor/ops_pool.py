@@ -20,7 +20,7 @@ import functools
 import numpy as np
 
 from .ops_conv import _SPATIAL_NAMES, _crop, _int_tuple, _window_slices
-from .threads import run_blocks
+from .cpu import run_blocks
 from .tensor import Tensor, TensorError, record, tensor_method
 
 

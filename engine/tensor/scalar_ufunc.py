@@ -1,8 +1,7 @@
 """`np.maximum` / `np.minimum` of a float array and a scalar, at the speed of two arrays.
 
 NumPy 2.4's maximum and minimum against a scalar take a loop about 3x slower than against an
-array of the same dtype (measured on an AMD EPYC with AVX2: ~0.6 against ~0.2 ns an element for a
-[64, 64, 11, 11] float32 array in cache; 2.3x for a 11 MB one), while the other arithmetic
+array of the same dtype (benchmarks/TUNING.md, "scalar_ufunc"), while the other arithmetic
 ufuncs are as fast either way. The functions here pair a C-contiguous array, seen as rows of
 `ROW` elements, with one cached read-only row of the constant (64 KB for float32: it stays in
 the L2 cache), so NumPy takes its array-array loop. The results are those of `np.maximum(x, c)`

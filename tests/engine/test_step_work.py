@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine import Module, Tensor, nn
-from engine.tensor.threads import num_threads, set_num_threads
+from engine.tensor.cpu.threads import num_threads, set_num_threads
 from tests.engine.work_count import graph_ops, step_memory
 
 

@@ -1,12 +1,13 @@
 """The softmax cross entropy over large logits runs a block of rows at a time over the kernel
-threads (engine.nn._ops._shifted_exp_rows / _scale_rows). Checked against a NumPy reference
+threads (engine.tensor.cpu.rows: _shifted_exp_rows / _scale_rows). Checked against a NumPy reference
 written here and against the whole-array path, at one and two threads, with padding rows."""
 import numpy as np
 import pytest
 
 from engine import Tensor
 from engine.nn import _ops
-from engine.tensor import jit, threads
+from engine.tensor.cpu import jit, threads
+from engine.tensor.cpu import rows as cpu_rows
 
 
 def reference(x, t, w, denom):
@@ -36,7 +37,7 @@ def test_blocked_cross_entropy_matches_reference_and_whole_array_path(monkeypatc
     w = np.ones(rows, dtype=np.float32)
     w[::7] = 0.0  # pad rows count for nothing
     denom = float(w.sum())
-    assert x.nbytes > 2 * _ops._CE_BLOCK_BYTES
+    assert x.nbytes > 2 * cpu_rows.BLOCK_BYTES
     monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 1 << 16)  # this size goes to the threads too
     threads.set_num_threads(n_threads)
     # NumPy's passes (the compiled rows have their own test, tests/engine/tensor/test_jit_kernels.py):
@@ -44,11 +45,11 @@ def test_blocked_cross_entropy_matches_reference_and_whole_array_path(monkeypatc
     old_jit = jit.set_enabled(False)
     try:
         blocks = []
-        real = _ops._shifted_exp_rows
-        monkeypatch.setattr(_ops, "_shifted_exp_rows", lambda a: blocks.append(a.shape) or real(a))
+        real = cpu_rows._shifted_exp_rows
+        monkeypatch.setattr(cpu_rows, "_shifted_exp_rows", lambda a: blocks.append(a.shape) or real(a))
         loss, grad = run(x, t, w, denom)
         assert blocks == [(rows, classes)]  # the blocked path ran
-        monkeypatch.setattr(_ops, "_CE_BLOCK_BYTES", 1 << 62)  # the whole-array path
+        monkeypatch.setattr(cpu_rows, "BLOCK_BYTES", 1 << 62)  # the whole-array path
         loss_whole, grad_whole = run(x, t, w, denom)
     finally:
         threads.set_num_threads(None)
@@ -70,14 +71,14 @@ def test_the_shifted_exp_is_shared_from_fewer_bytes_than_a_streaming_pass(monkey
     assert threads.PARALLEL_MIN_BYTES > 2048 * 256 * 4
     rng = np.random.default_rng(5)
     shared = []
-    real = _ops.run_blocks
+    real = cpu_rows.run_blocks
 
     def recording(fn, blocks, min_blocks=2):
         blocks = list(blocks)  # whether run_blocks hands them to the threads (it has 2 or more)
         shared.append(len(blocks) >= min_blocks and len(blocks) > 1)
         return real(fn, blocks, min_blocks)
 
-    monkeypatch.setattr(_ops, "run_blocks", recording)
+    monkeypatch.setattr(cpu_rows, "run_blocks", recording)
     res = {}
     try:
         for rows in (2048, 256):

@@ -6,7 +6,8 @@ import scipy.special as sp
 
 from engine import Tensor, nn
 from engine.nn import _ops
-from engine.tensor import jit, threads
+from engine.tensor.cpu import activation as cpu_activation
+from engine.tensor.cpu import jit, threads
 
 
 def _reference(x):
@@ -15,7 +16,7 @@ def _reference(x):
     return x * cdf, cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])  # engine.tensor.jit, or NumPy's passes
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])  # engine.tensor.cpu.jit, or NumPy's passes
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_float32_gelu_and_gradient_match_float64_erf(n_threads, compiled, monkeypatch):
     monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 1 << 16)  # this size goes to the threads too
@@ -24,7 +25,7 @@ def test_float32_gelu_and_gradient_match_float64_erf(n_threads, compiled, monkey
     old_jit = jit.set_enabled(compiled)
     try:
         # a size that is not a multiple of the block, over several blocks (threaded when 2)
-        n = 3 * _ops._GELU_BLOCK * 7 + 123
+        n = 3 * cpu_activation.BLOCK * 7 + 123
         x_np = np.concatenate([np.linspace(-12, 12, n - 4), [0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
         x_np = x_np.reshape(-1, 1)  # a non-flat shape comes back as it went in
         x = Tensor.from_data(x_np).require_grad()
@@ -68,9 +69,9 @@ def test_float32_gelu_derivative_is_1_and_0_for_huge_and_infinite_inputs(n_threa
     threads.set_num_threads(n_threads)
     old_jit = jit.set_enabled(compiled)
     try:
-        n = 3 * _ops._GELU_BLOCK + 77
+        n = 3 * cpu_activation.BLOCK + 77
         x_np = np.linspace(-8, 8, n).astype(np.float32)
-        at = (np.arange(0, n - len(_HUGE), _ops._GELU_BLOCK // 2)[:, None] + np.arange(len(_HUGE))).ravel()
+        at = (np.arange(0, n - len(_HUGE), cpu_activation.BLOCK // 2)[:, None] + np.arange(len(_HUGE))).ravel()
         x_np[at] = np.resize(np.array(_HUGE, np.float32), at.size)  # each twice a block
         x = Tensor.from_data(x_np).require_grad()
         with np.errstate(all="ignore"):  # inf * 0 in the forward at -inf, as x * Phi(x) is

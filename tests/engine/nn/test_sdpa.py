@@ -14,8 +14,8 @@ import pytest
 from engine import Device, Tensor, nn
 from engine.nn._sdpa import scaled_dot_product_attention
 from engine.tensor import TensorError
-from engine.tensor import threads
-from engine.tensor.threads import num_threads, set_num_threads
+from engine.tensor.cpu import threads
+from engine.tensor.cpu.threads import num_threads, set_num_threads
 from tests.engine.gradcheck import check_grads, numeric_grad
 from tests.engine.work_count import graph_ops, step_memory
 
@@ -216,29 +216,27 @@ def _force_threaded(monkeypatch, phased: bool) -> list:
     """Make the kernel share its blocks among the threads even for these small tests (and run
     "phased" when asked: BLAS's thread count cannot be set); returns a list that records, per
     `run_chunks` call of the kernel, whether it went to the threads."""
-    from engine.nn import _sdpa
-
     monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(_sdpa, "blas_threads", lambda: 2)
+    monkeypatch.setattr(threads, "blas_threads", lambda: 2)
     if phased:
-        monkeypatch.setattr(_sdpa, "one_blas_thread_possible", lambda: False)
+        monkeypatch.setattr(threads, "one_blas_thread_possible", lambda: False)
     return _record_sharing(monkeypatch)
 
 
 def _record_sharing(monkeypatch) -> list:
     """A list that records, per `run_chunks` call of the kernel, whether its blocks are handed
     to the threads (at least `min_blocks` of them, and two or more)."""
-    from engine.nn import _sdpa
+    from engine.tensor import cpu
 
     shared = []
-    real = _sdpa.run_chunks
+    real = cpu.run_chunks
 
     def recording(fn, blocks, min_blocks=2, **kw):
         blocks = list(blocks)
         shared.append(len(blocks) >= min_blocks and len(blocks) > 1)
         return real(fn, blocks, min_blocks, **kw)
 
-    monkeypatch.setattr(_sdpa, "run_chunks", recording)
+    monkeypatch.setattr(cpu, "run_chunks", recording)  # the door the kernel calls
     return shared
 
 
@@ -450,7 +448,7 @@ def test_a_nan_or_inf_at_a_masked_key_stays_out_of_every_row(kind, bad, dtype, c
     the float64 NumPy reference's. The NumPy path computed `score * 0 + min_float`: NaN at a
     NaN or infinite score, and every row of its batch entry and head NaN (issue 43, item 13).
     "huge": finite keys whose scores overflow (dq = dS k then stays finite too)."""
-    from engine.tensor import jit
+    from engine.tensor.cpu import jit
 
     q, k, v, mask, off, bad_at = _masked_key_case(kind)
     clean = k.copy()
@@ -461,10 +459,10 @@ def test_a_nan_or_inf_at_a_masked_key_stays_out_of_every_row(kind, bad, dtype, c
     q, k, v, clean = (a.astype(dtype) for a in (q, k, v, clean))
     shared = []
     if threaded:  # a block per batch entry and kv head, shared by the two threads
-        from engine.nn import _sdpa
+        from engine.tensor.cpu import attention
 
         shared = _force_threaded(monkeypatch, phased=threaded == "phased")
-        monkeypatch.setattr(_sdpa, "_BLOCK_BYTES", 1)
+        monkeypatch.setattr(attention, "BLOCK_BYTES", 1)
     old_jit, old_n = jit.set_enabled(compiled), num_threads()
     set_num_threads(2 if threaded else 1)
     res = []
@@ -509,7 +507,7 @@ def test_the_layer_with_a_padding_mask_ignores_a_nan_padded_key(dtype, compiled,
     padded key. Was 80 of 80 of that entry's context values NaN (float64, and float32 as the mask
     differs per entry); now the context of the same inputs with that key finite, and the NumPy
     reference's."""
-    from engine.tensor import jit
+    from engine.tensor.cpu import jit
     from engine.tensor.trace import Tracer
 
     dev = Device("cpu:7")

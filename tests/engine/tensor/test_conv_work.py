@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from engine import Device, Tensor, optim
-from engine.tensor import jit, ops_conv
-from engine.tensor.threads import set_num_threads
+from engine.tensor import ops_conv
+from engine.tensor.cpu import conv as cpu_conv
+from engine.tensor.cpu import jit
+from engine.tensor.cpu.threads import set_num_threads
 from engine.train import cross_entropy
 from resources.examples import build_example
 
@@ -39,7 +41,7 @@ def gemm_counter(monkeypatch):
     monkeypatch.setattr(np, "matmul", counting)
     # the blocked kernels' scratch space and the channels-last input gradient's runs of images
     # depend on the kernel and BLAS thread counts
-    import engine.tensor.threads as threads_module
+    import engine.tensor.cpu.threads as threads_module
 
     monkeypatch.setattr(threads_module, "blas_threads", lambda: 1)
     set_num_threads(1)
@@ -124,7 +126,7 @@ def test_channels_last_conv2d_work_is_bounded(gemm_counter, monkeypatch):
     4 images; the 3x3 kernel's Winograd path switched off): one product forward, one for the
     weight gradient, one per kernel offset for the input gradient (or one in all with the
     compiled col2im), with no more arithmetic than the convolution itself."""
-    monkeypatch.setattr(ops_conv, "_winograd_fits", lambda *args: False)
+    monkeypatch.setattr(cpu_conv, "_winograd_fits", lambda *args: False)
     step = _conv_step(32)
     step()
     calls, work, peak = _measure(step, gemm_counter)
@@ -160,7 +162,7 @@ def test_conv2d_product_orientations_match_a_float64_reference(threads, blas, mo
     """The forward product is formed directly with one BLAS thread and transposed with
     several: both, on one or two kernel threads, give the float64 reference's output and
     gradients to float32 rounding."""
-    import engine.tensor.threads as threads_module
+    import engine.tensor.cpu.threads as threads_module
 
     monkeypatch.setattr(threads_module, "blas_threads", lambda: blas)
     from numpy.lib.stride_tricks import sliding_window_view
@@ -197,7 +199,7 @@ def test_channels_last_conv2d_matches_a_float64_reference(threads, blas, monkeyp
     OpenBLAS held at one thread when it has several; all in the caller where BLAS has several
     threads whose count cannot be set): the float64 reference's output and gradients to
     float32 rounding, and BLAS's thread count as it was."""
-    import engine.tensor.threads as threads_module
+    import engine.tensor.cpu.threads as threads_module
     from engine.tensor import ops_conv
 
     if blas == "2, count fixed":
@@ -206,10 +208,10 @@ def test_channels_last_conv2d_matches_a_float64_reference(threads, blas, monkeyp
     monkeypatch.setattr(threads_module, "blas_threads", lambda: blas)
     api = threads_module._openblas_api()
     count_before = int(api[1]()) if api is not None else None
-    monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
+    monkeypatch.setattr(cpu_conv, "CL_CHUNK_BYTES", 1)
     calls = []
-    real = ops_conv._conv_cl
-    monkeypatch.setattr(ops_conv, "_conv_cl", lambda *a: calls.append(1) or real(*a))
+    real = cpu_conv._conv_cl
+    monkeypatch.setattr(cpu_conv, "_conv_cl", lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(4)
     xa = rng.standard_normal((3, 16, 9, 8)).astype(np.float32)
     wa = rng.standard_normal((17, 16, 3, 2)).astype(np.float32)
@@ -250,11 +252,11 @@ def test_channels_last_conv2d_matches_a_float64_reference(threads, blas, monkeyp
 def test_channels_last_gradients_have_the_same_bits_on_one_or_two_kernel_threads(monkeypatch):
     """The channels-last weight gradient sums its runs' partials in run order, so that the
     number of kernel threads does not change a bit of any result."""
-    import engine.tensor.threads as threads_module
+    import engine.tensor.cpu.threads as threads_module
     from engine.tensor import ops_conv
 
     monkeypatch.setattr(threads_module, "blas_threads", lambda: 1)
-    monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)  # one image per run: 5 runs
+    monkeypatch.setattr(cpu_conv, "CL_CHUNK_BYTES", 1)  # one image per run: 5 runs
     rng = np.random.default_rng(5)
     arrays = (rng.standard_normal((5, 16, 7, 7)).astype(np.float32),
               rng.standard_normal((16, 16, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32))

@@ -1,4 +1,4 @@
-"""The compiled kernels (engine.tensor.jit, numba) against float64 references written here and
+"""The compiled kernels (engine.tensor.cpu.jit, numba) against float64 references written here and
 against the NumPy paths they replace: the exp they share, Gelu, layer norm's forward and
 backward, the softmax cross entropy, attention's softmax, batch norm, relu's backward, the
 convolution's col2im, the Winograd 3x3 convolution and Adam's update; the same bits at 1, 2 and 3 kernel
@@ -12,7 +12,8 @@ import pytest
 
 from engine import Tensor, nn
 from engine.nn import _ops
-from engine.tensor import jit, threads
+from engine.tensor.cpu import activation as cpu_activation, attention as cpu_attention, conv as cpu_conv, norm as cpu_norm
+from engine.tensor.cpu import jit, threads
 from tests.engine.nn.test_cross_entropy_blocked import reference as _ce_reference
 from tests.engine.nn.test_cross_entropy_blocked import run as _ce_run
 from tests.engine.nn.test_gelu_f32 import _reference as _gelu_reference
@@ -75,12 +76,12 @@ def test_exp_edges_zero_flush_and_nan():
 @needs_numba
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_compiled_gelu_matches_float64_and_the_numpy_path(n_threads):
-    n = 3 * _ops._GELU_BLOCK * 7 + 123  # several blocks (threaded at 2), a ragged last one
+    n = 3 * cpu_activation.BLOCK * 7 + 123  # several blocks (threaded at 2), a ragged last one
     x = np.concatenate([np.linspace(-14, 14, n - 3), [0.0, np.nan, -1e-30]]).astype(np.float32)
     with compiled(True, n_threads):
-        out, der = _ops._gelu_f32(x)
+        out, der = cpu_activation._gelu_f32(x)
     with compiled(False, n_threads):
-        out_np, der_np = _ops._gelu_f32(x)
+        out_np, der_np = cpu_activation._gelu_f32(x)
     ref, dref = _gelu_reference(x)
     ok = ~np.isnan(x)
     assert np.abs(out - ref)[ok].max() < 5e-7 and np.abs(der - dref)[ok].max() < 1e-6
@@ -94,7 +95,7 @@ def test_compiled_gelu_matches_float64_and_the_numpy_path(n_threads):
 @needs_numba
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_compiled_silu_matches_float64_the_numpy_path_and_finite_differences(n_threads):
-    n = 3 * _ops._GELU_BLOCK * 7 + 123  # several blocks (threaded at 2), a ragged last one
+    n = 3 * cpu_activation.BLOCK * 7 + 123  # several blocks (threaded at 2), a ragged last one
     x = np.concatenate([np.linspace(-30, 30, n - 7), [0.0, -0.0, np.nan, np.inf, -np.inf, 100.0, -100.0]])
     x = x.astype(np.float32)
     with compiled(True, n_threads):
@@ -102,7 +103,7 @@ def test_compiled_silu_matches_float64_the_numpy_path_and_finite_differences(n_t
         y = _ops.silu(xt)
         g = np.linspace(-1, 1, n).astype(np.float32)
         gx = xt.grad((y * Tensor.from_data(g)).sum().backward()).numpy()
-        out, der = _ops._silu_f32(x)
+        out, der = cpu_activation._silu_f32(x)
     assert np.array_equal(y.numpy(), out, equal_nan=True)
     with compiled(False, n_threads), np.errstate(over="ignore", invalid="ignore"):
         out_np = _ops.silu(Tensor.from_data(x)).numpy()
@@ -127,8 +128,8 @@ def test_compiled_silu_matches_float64_the_numpy_path_and_finite_differences(n_t
     # the derivative is the gradient: central differences in float64 of the float32 function
     pick = np.linspace(0, n - 8, 41).astype(int)
     h = 1e-2
-    up, _ = _ops._silu_f32((x[pick] + np.float32(h)).astype(np.float32))
-    dn, _ = _ops._silu_f32((x[pick] - np.float32(h)).astype(np.float32))
+    up, _ = cpu_activation._silu_f32((x[pick] + np.float32(h)).astype(np.float32))
+    dn, _ = cpu_activation._silu_f32((x[pick] - np.float32(h)).astype(np.float32))
     fd = (up.astype(np.float64) - dn) / (2 * h)
     np.testing.assert_allclose(der[pick], fd, rtol=2e-3, atol=2e-4)
 
@@ -498,7 +499,6 @@ def _attention_reference(q, k, v, g_ctx, g_w, masked, quiet):
 @pytest.mark.parametrize("case", ["none", "causal", "shared mask", "quiet causal", "gqa causal"])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_compiled_attention_softmax_matches_float64_and_the_numpy_path(case, n_threads, monkeypatch):
-    from engine.nn import _sdpa  # noqa: PLC0415
 
     rng = np.random.default_rng(len(case))
     # 1.2 MB of scores in blocks of 4 rows of heads: the blocks go to the kernel threads at 2
@@ -518,7 +518,7 @@ def test_compiled_attention_softmax_matches_float64_and_the_numpy_path(case, n_t
         kw["mask"] = masked[None, None]
     if case.startswith("quiet"):
         kw["quiet"] = True
-    monkeypatch.setattr(_sdpa, "_BLOCK_BYTES", 4 * s * s * 4)  # several blocks: threaded at 2
+    monkeypatch.setattr(cpu_attention, "BLOCK_BYTES", 4 * s * s * 4)  # several blocks: threaded at 2
     spy = _Spy(jit.kernels())
     calls = spy.calls
     with compiled(True, n_threads):
@@ -587,7 +587,7 @@ def test_compiled_batch_norm_matches_float64_and_the_numpy_path(n_threads, monke
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((24, 8, 17, 19)) * 2 + 3).astype(np.float32)  # 0.25 MB blocks: several
     g = rng.standard_normal(x.shape).astype(np.float32)
-    monkeypatch.setattr(_ops, "_BN_BLOCK_BYTES", 8 * 17 * 19 * 4 * 5)
+    monkeypatch.setattr(cpu_norm, "BN_BLOCK_BYTES", 8 * 17 * 19 * 4 * 5)
     monkeypatch.setattr(jit, "kernels", lambda: spy)
     got = _batch_norm_run(x, g, n_threads, True)
     monkeypatch.setattr(jit, "kernels", lambda: spy.real)
@@ -607,7 +607,7 @@ def test_a_kernel_build_failure_leaves_the_numpy_paths(monkeypatch):
     real_import = builtins.__import__
 
     def failing(name, globals=None, locals=None, fromlist=(), level=0):
-        if fromlist and "_jit_kernels" in fromlist:
+        if fromlist and "_kernels" in fromlist:
             raise RuntimeError("cannot cache function: no locator available")
         return real_import(name, globals, locals, fromlist, level)
 
@@ -624,7 +624,7 @@ def test_a_kernel_build_failure_leaves_the_numpy_paths(monkeypatch):
 @needs_numba
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_compiled_relu_gradient_masks_as_the_numpy_product(n_threads, monkeypatch):
-    from engine.tensor import threads as th  # noqa: PLC0415
+    from engine.tensor.cpu import threads as th  # noqa: PLC0415
 
     monkeypatch.setattr(th, "ELEMENTWISE_MIN_BYTES", 1 << 16)  # split over the threads at 2
     rng = np.random.default_rng(4)
@@ -645,7 +645,7 @@ def test_compiled_relu_gradient_masks_as_the_numpy_product(n_threads, monkeypatc
 def _conv_min_channels():
     from engine.tensor import ops_conv  # noqa: PLC0415
 
-    return ops_conv._CL_MIN_CHANNELS
+    return cpu_conv.CL_MIN_CHANNELS
 
 
 def _conv_grads(x_np, w_np, g_np, **kw):
@@ -765,7 +765,7 @@ def test_winograd_conv2d_matches_float64_and_the_direct_path(case, n_threads, on
     x_np, w_np, b_np, g_np, ref_y = _winograd_case(case)
     padding = case[5]
     if one_image_runs:  # every image its own run: several runs, shared among the threads
-        monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
+        monkeypatch.setattr(cpu_conv, "CL_CHUNK_BYTES", 1)
     spy = _Spy(jit.kernels())
     with compiled(True, n_threads):
         monkeypatch.setattr(jit, "kernels", lambda: spy)
@@ -798,7 +798,7 @@ def _padded_grads_reference(x, w, g, pads):
 def test_winograd_conv2d_gives_the_same_bits_at_any_thread_count(monkeypatch):
     from engine.tensor import ops_conv  # noqa: PLC0415
 
-    monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)  # 7 runs of one image
+    monkeypatch.setattr(cpu_conv, "CL_CHUNK_BYTES", 1)  # 7 runs of one image
     x_np, w_np, b_np, g_np, _ = _winograd_case((7, 16, 16, 9, 9, 1, True), seed=13)
     results = []
     for n in (1, 2, 3):
@@ -871,7 +871,7 @@ def test_winograd_conv2d_bias_gradient_alone_and_beside_the_others(one_image_run
     from engine.tensor import ops_conv  # noqa: PLC0415
 
     if one_image_runs:
-        monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
+        monkeypatch.setattr(cpu_conv, "CL_CHUNK_BYTES", 1)
     x_np, w_np, b_np, g_np, _ = _winograd_case((5, 16, 16, 7, 7, 1, True), seed=17)
     want = g_np.astype(np.float64).sum(axis=(0, 2, 3))
     for need in (("b",), ("x", "b"), ("w", "b")):

@@ -1,4 +1,4 @@
-"""MKL's products behind `threads.matmul` (engine/tensor/mkl.py).
+"""MKL's products behind `threads.matmul` (engine/tensor/cpu/mkl.py).
 
 The planning of a call (which layout, leading dimensions and batch strides MKL is told) runs
 everywhere: a reference executor rebuilds, from the plan alone, the matrices MKL would read and
@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 
 import engine  # noqa: F401  (configures OpenBLAS before NumPy's products run)
 from engine import Tensor
-from engine.tensor import mkl, threads
+from engine.tensor.cpu import mkl, threads
 
 NO_TRANS, TRANS = 111, 112
 HAVE_MKL = mkl.library_path() is not None

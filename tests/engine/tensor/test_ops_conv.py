@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import Device, Tensor, TensorError
+from engine.tensor.cpu import conv as cpu_conv
 from tests.engine.gradcheck import check_grads
 
 
@@ -70,9 +71,9 @@ def product_path(request, monkeypatch):
     from engine.tensor import ops_conv
 
     monkeypatch.setattr(ops_conv, "_SMALL_K", 10**9 if request.param == "per-image products" else 0)
-    monkeypatch.setattr(ops_conv, "_CL_MIN_CHANNELS", 1 if request.param.startswith("channels-last") else 10**9)
+    monkeypatch.setattr(cpu_conv, "CL_MIN_CHANNELS", 1 if request.param.startswith("channels-last") else 10**9)
     if request.param.endswith("per run"):
-        monkeypatch.setattr(ops_conv, "_CL_CHUNK_BYTES", 1)
+        monkeypatch.setattr(cpu_conv, "CL_CHUNK_BYTES", 1)
     return request.param
 
 

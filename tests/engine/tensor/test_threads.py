@@ -12,7 +12,9 @@ import pytest
 
 from engine import Tensor
 from engine.nn import _ops
-from engine.tensor import ops_conv, ops_pool, threads
+from engine.tensor.cpu import norm as cpu_norm
+from engine.tensor import ops_conv, ops_pool
+from engine.tensor.cpu import threads
 
 
 @pytest.fixture
@@ -22,7 +24,7 @@ def many_small_blocks(monkeypatch):
     monkeypatch.setattr(threads, "ELEMENTWISE_MIN_BYTES", 0)
     monkeypatch.setattr(ops_pool, "_POOL_BLOCK_BYTES", 512)
     monkeypatch.setattr(ops_conv, "_IMAGES_PER_PARTIAL", 2)
-    monkeypatch.setattr(_ops, "_BN_BLOCK_BYTES", 512)
+    monkeypatch.setattr(cpu_norm, "BN_BLOCK_BYTES", 512)
     yield
     threads.set_num_threads(None)
 
@@ -303,7 +305,7 @@ def test_products_of_other_arrays_are_theirs(fake_blas):
 
 def test_the_first_product_sets_openblas_to_one_thread_unless_all_threads_are_asked_for():
     code = ("import engine, numpy as np\n"
-            "from engine.tensor import threads\n"
+            "from engine.tensor.cpu import threads\n"
             "api = threads._openblas_api()\n"
             "if api is None: print('none'); raise SystemExit\n"
             "before = int(api[1]())\n"
@@ -328,7 +330,7 @@ import ctypes, json, threading
 import numpy as np
 import scipy.linalg  # noqa: F401 - SciPy's own OpenBLAS copy is loaded too
 from threadpoolctl import ThreadpoolController
-from engine.tensor import threads
+from engine.tensor.cpu import threads
 
 libs = ThreadpoolController().select(user_api="blas", internal_api="openblas").lib_controllers
 DOJOB = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
@@ -468,7 +470,7 @@ def test_set_num_threads_checks_its_argument():
 
 
 def test_the_default_thread_count_follows_the_environment():
-    code = "from engine.tensor import threads; print(threads.num_threads())"
+    code = "from engine.tensor.cpu import threads; print(threads.num_threads())"
     for env, expected in (({"EMBER_NUM_THREADS": "3"}, "3"), ({"OPENBLAS_NUM_THREADS": "1"}, "1"),
                           ({"EMBER_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"}, "2")):
         out = subprocess.run([sys.executable, "-c", code], env={**_base_env(), **env}, capture_output=True,

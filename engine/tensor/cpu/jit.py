@@ -2,15 +2,15 @@
 
 NumPy runs an elementwise chain as one pass over memory per operation: exact Gelu is ~25
 passes and an `exp`, a layer norm's forward and backward a dozen, a softmax cross entropy's
-forward five. The kernels in `_jit_kernels` make each of those chains one or two passes, the
+forward five. The kernels in `_kernels` make each of those chains one or two passes, the
 whole computation of an element (or a row) in registers. They are what the engine uses on
 NumPy for float32 whenever numba imports; the NumPy code stays beside each as the reference
 the tests compare against and as the path taken without numba or with `EMBER_JIT=0`.
 
-Compilation: the first `kernels()` call imports `_jit_kernels`, whose functions are compiled
+Compilation: the first `kernels()` call imports `_kernels` (and `_kernels_conv`), whose functions are compiled
 for their one signature each, or loaded from numba's on-disk cache (`__pycache__` beside the
-module, or numba's user cache directory when that is read-only). Measured on 2 AMD EPYC
-cores: ~7 s the first time on a machine, ~1 s from the cache (`benchmarks/jit_compile.py`).
+module, or numba's user cache directory when that is read-only): seconds the first time on a
+machine, about a second from the cache (`benchmarks/jit_compile.py`; benchmarks/TUNING.md).
 The call blocks the thread that makes it, so the app warms the kernels up on a background
 thread at start (`warm_up`), and all model work already runs on worker threads.
 
@@ -66,13 +66,13 @@ def _load():
                 # a bundled app has no writable __pycache__ beside the module: a user cache folder
                 os.environ["NUMBA_CACHE_DIR"] = os.path.join(os.path.expanduser("~"), ".cache", "ember", "numba")
             try:
-                from . import _jit_kernels  # noqa: PLC0415 - numba is imported only when used
+                from . import _kernels  # noqa: PLC0415 - numba is imported only when used
             except ImportError as exc:  # numba not installed, or one too old for this NumPy
                 _failure = f"numba unavailable: {exc}"
             except Exception as exc:  # noqa: BLE001 - a compile or cache failure: the NumPy paths run
                 _failure = f"the compiled kernels failed to build: {type(exc).__name__}: {exc}"
             else:
-                _module = _jit_kernels
+                _module = _kernels
     return _module
 
 

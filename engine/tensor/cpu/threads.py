@@ -13,6 +13,7 @@ from one of these workers runs its blocks in that worker, never waiting on the p
 from __future__ import annotations
 
 import ctypes
+import importlib
 import itertools
 import os
 import threading
@@ -23,18 +24,15 @@ import numpy as np
 from . import mkl as _mkl
 
 __all__ = ["num_threads", "set_num_threads", "blas_threads", "run_blocks", "run_chunks", "split", "min_blocks", "copy_into", "elementwise", "PARALLEL_MIN_BYTES",
-           "one_blas_thread", "one_blas_thread_possible", "matmul", "matmul_of", "BLAS_THREADED_MIN_WORK", "BLAS_THREADED_MIN_OUT", "blas_threads_by_size"]
+           "one_blas_thread", "one_blas_thread_possible", "matmul", "BLAS_THREADED_MIN_WORK", "BLAS_THREADED_MIN_OUT", "blas_threads_by_size"]
 
-# below this many bytes of data the threads' hand-off costs more than they save. A hand-off
-# wakes a sleeping worker, which on these VMs takes 57-200 us (a threading.Event round trip);
-# a compiled pass over 4 MB takes about as long, so smaller work stays in the calling thread.
-# Paired rounds at 2 threads (AMD EPYC), 4 MB against 1 MB: the small GPT's step 0.76-0.81x
-# (batch 16, d 32, seq 128), 0.88-0.99x (batch 64), 0.90x (d 256); the MNIST CNN's train step,
-# the burn-mnist CNN and the TransformerEncoder layer within 3 % either way.
+# below this many bytes of data the threads' hand-off costs more than they save: a hand-off
+# wakes a sleeping worker (a threading.Event round trip), which takes about as long as a
+# compiled pass over this many bytes, so smaller work stays in the calling thread
+# (measurements: benchmarks/TUNING.md, by constant name, as for every constant here)
 PARALLEL_MIN_BYTES = 4 << 20
 # streaming elementwise passes gain less from a second core (memory bandwidth): a higher bar,
-# on the size of one array. Measured on 2 cores (relu forward and backward, threaded time over
-# one thread's): 1.5-2.3 at 2-4 MB per array, about 1.0 at 6 MB, 0.6-0.9 at 12 MB.
+# on the size of one array
 ELEMENTWISE_MIN_BYTES = 1 << 23
 # `split` cuts a pass into up to this many slices per thread, each touching at least
 # PART_MIN_BYTES: the threads take them as they come free (`run_chunks`)
@@ -162,7 +160,7 @@ def run_chunks(fn, blocks, min_blocks: int = 2, own_products: bool = False) -> N
     OpenBLAS's threads; run here alone, the products keep all of BLAS's threads.
 
     The blocks are not cut into fixed runs: a woken worker starts a fraction of a millisecond
-    late (on these VMs a wake-up takes ~0.1 ms), and with fixed runs this thread would finish
+    late (a fraction of a millisecond), and with fixed runs this thread would finish
     first and wait for it. This thread starts taking blocks at once, each worker joins as it
     wakes, and a worker that has not started by the time the blocks are all taken is cancelled
     instead of waited for. Which thread works a block changes from call to call, so a kernel's
@@ -299,9 +297,8 @@ def _numpys_openblas(libs):
     others'. threadpoolctl lists them in an order that changes from process to process (it reads
     their paths from /proc/self/maps into a set, ordered by the process's hash seed), and
     setting the thread count of the wrong one leaves NumPy's at all its threads without a sign.
-    That was the engine's "slow processes" at 2 threads: SciPy's copy was taken in 2 of 6
-    processes, whose small-GPT steps (b64 d32 s128) took 124-217 ms with NumPy's OpenBLAS worker
-    busy 1.8-2.6 s over 25 steps (0.6 s in the others). So the library is the one that NumPy's
+    That was the engine's "slow processes" at 2 threads (SciPy's copy was taken in about a third
+    of processes: benchmarks/TUNING.md). So the library is the one that NumPy's
     core extension module resolves the symbol to: a lookup through a loaded module's handle
     searches that module and the libraries it links, nothing else."""
     alone = libs[0] if len(libs) == 1 else None  # the answer when the lookup cannot be made
@@ -337,8 +334,8 @@ def _openblas_api():
             lib = _numpys_openblas(libs)
             if lib is not None:
                 api = (lib.set_num_threads, lib.get_num_threads)
-                # the C functions themselves when threadpoolctl finds them: a hold then costs
-                # ~3.7 us instead of ~7.6 through its Python wrappers (kernels hold it per call)
+                # the C functions themselves when threadpoolctl finds them: a hold then costs half
+                # of what it does through its Python wrappers (kernels hold it per call)
                 raw_set = lib._get_symbol("openblas_set_num_threads")
                 raw_get = lib._get_symbol("openblas_get_num_threads")
                 if raw_set is not None and raw_get is not None:
@@ -396,32 +393,19 @@ def one_blas_thread_possible() -> bool:
 # (2**20 clock ticks with the setting `engine` makes, 2**28 - a tenth of a second - without).
 # A small product split that way (a classifier head, batch norm's sums, a bias gradient) leaves
 # a worker spinning on the core the engine's kernel threads need next, and the two share it
-# for the rest of the step: on 2 cores a process then ran the MNIST CNN's step in 90-270 ms
-# instead of ~45 ms, at random from process to process. So once the engine makes its first
+# for the rest of the step, a slowdown of several times at random from process to process.
+# So once the engine makes its first
 # product, it sets OpenBLAS to one thread, and only a product of at least
 # BLAS_THREADED_MIN_WORK multiply-adds raises it to OpenBLAS's count for that call (`matmul`):
 # there the split saves far more than the spin costs. Kernels that make their own products on
-# the kernel threads hold one thread as before (`one_blas_thread`).
-# The threshold was 2^24 while the engine could set the wrong OpenBLAS copy (SciPy's, in about a
-# third of processes; fixed since), which made every measurement of it a mix of two behaviours.
-# Measured again with the fix, fresh processes at 2 threads alternated (AMD EPYC, 2 cores,
-# medians of 8 against 2^24): 2^20 takes the small GPT's step 11.3 -> 9.3 ms (batch 16, d 32,
-# seq 128: its many 2^21-2^23 products, [2048, 32] @ [32, 128] and the like, 180 -> ~110 us),
-# 16.5 -> 13.3 ms (batch 16, d 256, seq 12), 33.5 -> 32.4 ms (batch 64, d 32, seq 128), the MNIST
-# train step 24.7 -> 22.3 ms and burn-mnist 23.1 -> 20.7 ms; the TransformerEncoder layer and the
-# larger cells within 4 %. 2^18 and 2^19 measured the same as 2^20 (OpenBLAS itself runs a
-# product under 2^18 multiply-adds on one thread); every call raised (EMBER_BLAS_THREADS=all) was
-# no better than 2^21 in 4 alternated runs, and small products split by OpenBLAS are what
-# left its worker spinning in the first place.
+# the kernel threads hold one thread as before (`one_blas_thread`). Small products split by
+# OpenBLAS are what leave its worker spinning, so the bar sits where a product's split starts
+# to pay (OpenBLAS itself runs a product under 2^18 multiply-adds on one thread).
 BLAS_THREADED_MIN_WORK = 1 << 20
 # ... counted per product that OpenBLAS makes: np.matmul makes one call per item of a batched
 # product, and a product whose output is small (a weight gradient of a d-32 layer: [32, 2048] @
-# [2048, 32]) is split by OpenBLAS over the output, so a second thread only adds its wake-up. On
-# an Intel Xeon (family 6 model 167, 2 cores), one product at 2 threads over 1: [32, 2048] @
-# [2048, 32] 1.80x, [32, 8192] @ [8192, 32] 1.25x, [64, 2048] @ [2048, 64] 1.01x, [32, 2048] @
-# [2048, 128] 0.83x, [2048, 32] @ [32, 32] 0.54x; inside the small GPT's step (batch 16, d 32,
-# seq 128) the attention's [4, 128, 32] @ [4, 32, 128] (2^19 multiply-adds per item) took 94 us
-# raised against 54 us not. So a product is raised when each item makes at least
+# [2048, 32]) is split by OpenBLAS over the output, so a second thread only adds its wake-up.
+# So a product is raised when each item makes at least
 # BLAS_THREADED_MIN_WORK multiply-adds into at least BLAS_THREADED_MIN_OUT outputs.
 BLAS_THREADED_MIN_OUT = 1 << 12
 _by_size = False    # OpenBLAS held at one thread but for large products (`blas_threads_by_size`)
@@ -456,15 +440,15 @@ def blas_threads_by_size() -> bool:
 
 
 def matmul(a, b, out=None):
-    """`np.matmul(a, b, out=out)` for NumPy arrays (`a @ b` for others: CuPy's products are its
-    own). With OpenBLAS at one thread (`blas_threads_by_size`), a product whose every matrix
+    """`np.matmul(a, b, out=out)` for NumPy arrays (their own module's matmul for others: CuPy's
+    products are its own). With OpenBLAS at one thread (`blas_threads_by_size`), a product whose every matrix
     makes at least BLAS_THREADED_MIN_WORK multiply-adds into at least BLAS_THREADED_MIN_OUT
     outputs gets OpenBLAS's threads for the call, unless a kernel holds one thread or this is a
     kernel thread (their products are their own). The products that run on one thread are
-    MKL's where `engine.tensor.mkl` is active (the `mkl` extra on an Intel CPU)."""
+    MKL's where `engine.tensor.cpu.mkl` is active (the `mkl` extra on an Intel CPU)."""
     global _blas_raised
     if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
-        return a @ b if out is None else np.matmul(a, b, out=out)
+        return a @ b if out is None else _module_of(a, b).matmul(a, b, out=out)
     if not _by_size_checked:
         blas_threads_by_size()
     if not _by_size:
@@ -487,9 +471,12 @@ def matmul(a, b, out=None):
             _set_blas_count_locked(api)
 
 
-def matmul_of(xp):
-    """The matrix product for `xp`'s arrays: `matmul` on NumPy, `xp.matmul` otherwise."""
-    return matmul if xp is np else xp.matmul
+def _module_of(a, b):
+    """The array module of a product's operands that are not both NumPy's (CuPy's)."""
+    other = b if isinstance(a, (np.ndarray, np.generic)) else a
+    if isinstance(other, (np.ndarray, np.generic)):
+        return np
+    return importlib.import_module(type(other).__module__.partition(".")[0])
 
 
 _DEFAULT = _from_environment()

@@ -1,10 +1,8 @@
 """Intel MKL's matrix products for the engine's CPU products that run on one thread (issue 22).
 
-NumPy's products are OpenBLAS's. On Intel Xeons OpenBLAS's float32 kernels (SkylakeX) are
-10-45 % slower than MKL's, which PyTorch links, on the products of training steps (one thread,
-Intel Xeon family 6 model 167: [2048, 32] @ [32, 128] 137 vs 102 us, [32, 2048]^T @ [2048, 128]
-153 vs 90, [256, 784] @ [784, 512] 1285 vs 1126, the Winograd convolution's 16 stacked
-[2704, 64] @ [64, 64] 2986 vs 2178); on AMD EPYCs OpenBLAS was the faster. So when the `mkl`
+NumPy's products are OpenBLAS's. On Intel CPUs OpenBLAS's float32 kernels (SkylakeX) are
+slower than MKL's, which PyTorch links, on the products of training steps; on AMD CPUs
+OpenBLAS was the faster (benchmarks/TUNING.md, "mkl"). So when the `mkl`
 wheel is installed (`pip install ember-studio[mkl]`), the engine calls MKL's `cblas_?gemm` and
 `cblas_?gemm_batch_strided` through ctypes for the float32 / float64 products that run on one
 thread: every product of a one-thread process, and at several threads those that
@@ -36,12 +34,10 @@ import warnings
 import numpy as np
 
 # Below this many multiply-adds in a product (all its matrices together) NumPy's call is the
-# cheaper: ctypes' argument conversion costs 3-4 us (one thread, Intel Xeon: 128^3 products
-# 30.8 us OpenBLAS, 30.1 MKL through ctypes; [2048, 32] @ [32, 32], 2^21, 36.6 vs 26.4).
+# cheaper: ctypes' argument conversion costs a few microseconds a call
 MKL_MIN_WORK = 1 << 21
 # ... and each matrix of a stack at least this many: below it OpenBLAS's loop over the items
-# is the faster (one thread: [16, 128, 32] @ [16, 32, 128], 2^19 each, 102 us OpenBLAS, 120 MKL;
-# [16, 256, 64] @ [16, 64, 64], 2^20 each, 275 vs 224; [16, 2704, 64] @ [16, 64, 64] 2828 vs 2158)
+# is the faster
 MKL_MIN_ITEM_WORK = 1 << 20
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
