@@ -28,9 +28,10 @@ from PySide6.QtGui import QAction, QGuiApplication, QUndoCommand, QUndoStack
 from PySide6.QtWidgets import (QFileDialog, QLabel, QMessageBox, QSplitter, QStackedWidget, QToolBar, QToolButton,
                                QMenu, QVBoxLayout, QWidget)
 
-from engine.design import (SAMPLES, BuildError, Design, DesignError, DesignFileError, ExportError, Recovery, analyze,
-                           auto_layout, build_model, design_source, discard_autosave, export_python, export_rust,
-                           list_autosaves, read_design, save_design, write_autosave)
+from engine.design import (SAMPLES, BuildError, Design, DesignError, DesignFileError, Recovery, analyze, auto_layout,
+                           build_model, design_source, discard_autosave, list_autosaves, read_design, save_design,
+                           write_autosave)
+from engine.interop import ExportError, export_python, export_rust
 from engine.design.files import autosave_path
 from widgets.designer.canvas import DesignCanvas
 from widgets.designer.config_form import ConfigForm

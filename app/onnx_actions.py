@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from PySide6.QtWidgets import QMessageBox
 
-from engine.design import export_onnx, shape_check, trace_model
+from engine.design import shape_check
+from engine.interop import export_onnx, trace_model
 from engine.module import contracts, memory
 from engine.tensor.device import default_device
 

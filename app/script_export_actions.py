@@ -20,7 +20,7 @@ from typing import Callable
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from engine.models.training_script import CONFIG_FILE, export_training_script
+from engine.interop.training_script import CONFIG_FILE, export_training_script
 from engine.train.run_spec import CAUSAL_LM_TASK, make_data
 from widgets.training.config_form import FormError
 

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import fmt_time, machine, print_table  # noqa: E402
 from engine import Module, Tensor, nn  # noqa: E402
-from engine.design import export_onnx, trace_model  # noqa: E402
+from engine.interop import export_onnx, trace_model  # noqa: E402
 from engine.nn.conv import PaddingConfig2d  # noqa: E402
 from resources.examples import llama_7b  # noqa: E402
 

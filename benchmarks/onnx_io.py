@@ -101,7 +101,8 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 import numpy as np
 from engine import Tensor
-from engine.design import build_model, import_onnx
+from engine.design import build_model
+from engine.interop import import_onnx
 import onnx  # the modules are loaded before the timing
 out = {}
 r0 = rss(); t0 = time.perf_counter()

@@ -214,7 +214,7 @@ def source_for_script(spec: str) -> ScriptSource:
 def import_onnx_file(path: str | Path):
     """`engine.design.import_onnx(path)` and the SHA-256 of the bytes it read (what File ▸ Open
     ONNX… runs on a worker; a project keeps the digest in its `OnnxSource`)."""
-    from engine.design import import_onnx  # noqa: PLC0415
+    from engine.interop import import_onnx  # noqa: PLC0415
 
     path = Path(path)
     digest = file_digest(path)
@@ -237,7 +237,7 @@ def load_onnx(path: str | Path, sha256: str | None = None) -> tuple[Any, Any]:
     (module, imported). `sha256`: the digest the project saved; a file that is missing, cannot
     be imported or changed since raises `OpenError` naming the file."""
     from engine.design import BuildError  # noqa: PLC0415
-    from engine.design.onnx_import import OnnxImportError  # noqa: PLC0415
+    from engine.interop.onnx_import import OnnxImportError  # noqa: PLC0415
 
     path = Path(path)
     if not path.is_file():

@@ -15,9 +15,12 @@
 - `shapes`: live shape inference with named axes, errors at the node;
 - `build`: the design as a Module (dotted names nest: `conv1.conv` -> `conv1.conv.weight`);
 - `files`: design files with schema versions and migration, autosave and recovery;
-- `export_python` / `export_rust`: code for Ember and for Burn;
-- `onnx_import`: `import_onnx(path)` -> `.design`, `.record`, `.report` (`primitive`: the `Op` node kind);
-- `onnx_export`: `export_onnx` (ONNX by tracing) and `trace_model` (the traced op graph of any model).
+- `primitive`: the `Op` node kind (one ONNX-style operator, what an imported graph is made of);
+- `shape_rules`: the `Op` node's shape rule (a layer's own rule is declared beside its class, `engine.nn.spec`);
+- `shape_check`: a model's shape contract checked by the layers' rules.
+
+Interchange (ONNX import and export, Python, Rust and training-script export) lives in
+`engine.interop`, one room up: it imports this package, never the other way.
 """
 from .catalog import CATEGORIES, NodeSpec, UnknownKind, catalog, kinds, spec_for
 from .fields import FieldError, FieldSpec
@@ -27,11 +30,6 @@ from .shapes import Analysis, NodeState, SymTensor, analyze, format_dims
 from .build import BuildError, DesignBlock, DesignModel, build_model
 from .files import (SCHEMA_VERSION, DesignFileError, Recovery, design_from_source, design_source, discard_autosave,
                     is_design_data, list_autosaves, migrate, read_design, save_design, write_autosave)
-from .export_common import ExportError
-from .export_python import export_python
-from .export_rust import export_rust
-from .onnx_import import ImportedOnnx, ImportReport, OnnxImportError, import_onnx
-from .onnx_export import OnnxExportError, export_onnx, trace_model
 from .samples import SAMPLES, mnist_design, residual_design
 
 
@@ -45,7 +43,5 @@ __all__ = [
     "DesignError", "check_node_name", "auto_layout", "Analysis", "NodeState", "SymTensor", "analyze", "format_dims",
     "BuildError", "DesignBlock", "DesignModel", "build_model", "SCHEMA_VERSION", "DesignFileError", "Recovery",
     "design_from_source", "design_source", "discard_autosave", "is_design_data", "list_autosaves", "migrate",
-    "read_design", "save_design", "write_autosave", "ExportError", "export_python", "export_rust", "SAMPLES",
-    "mnist_design", "residual_design", "build_source", "export_onnx", "trace_model", "OnnxExportError",
-    "import_onnx", "ImportedOnnx", "ImportReport", "OnnxImportError",
+    "read_design", "save_design", "write_autosave", "SAMPLES", "mnist_design", "residual_design", "build_source",
 ]

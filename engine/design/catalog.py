@@ -11,7 +11,7 @@ Structural kinds (category "Structure"): `Input`, `Output`, `Add` (residuals), `
 `Reshape`, `Flatten`, `Split`. They hold no module; the design's forward runs them itself.
 `Op` is the one structural kind with a module: one primitive tensor operation, as ONNX import
 makes them; its module (`primitive.PrimitiveOp`) holds the op's constants (as parameters that
-never train) and runs it through engine Tensor ops; its shape rule is `shape_rules`' `PrimitiveOp`.
+never train) and runs it through engine Tensor ops; its shape rule is `shape_rules.primitive_op_shape`.
 """
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ import dataclasses
 import enum
 import inspect
 import re
+import sys
 from functools import lru_cache
 from typing import Any
 
 from .. import nn
+from ..nn.spec import layer_specs, spec_of
 from ..module import Module
 from .fields import MISSING, FieldError, FieldSpec
 
@@ -37,20 +39,11 @@ _FILE_CATEGORY = {
     "pos_encoding": "Transformer", "loss": "Loss",
 }
 
-# How a layer's forward is called with the tensors on its input ports (see `call_layer`).
-_CALLS = {
-    "MultiHeadAttention": "self_attn",  # forward(MhaInput.self_attn(x)).context
-    "TransformerEncoder": "encoder",  # forward(TransformerEncoderInput(x))
-    "TransformerDecoder": "decoder",  # forward(TransformerDecoderInput(target, memory))
-    "Lstm": "first", "BiLstm": "first", "BiGru": "first",  # forward(x) returns (output, state)
-}
+# How a layer's forward is called with the tensors on its input ports (see `call_layer`): each layer declares
+# its `call` beside its class (engine.nn.spec); "default" is forward(*inputs).
 _CALL_PORTS = {"self_attn": ("input",), "encoder": ("input",), "decoder": ("target", "memory")}
 
 _ACTIVATION_FIELDS = {"activation", "gate_activation", "cell_activation", "hidden_activation"}
-_ACTIVATION_CHOICES = ("Gelu", "Relu", "Relu6", "Selu", "Sigmoid", "Tanh", "SiLU", "HardSwish", "Mish",
-                       "Softsign", "LogSigmoid", "Tanhshrink", "LeakyRelu", "PRelu", "Elu", "Celu",
-                       "HardSigmoid", "Hardtanh", "Softplus", "HardShrink", "SoftShrink", "ThresholdedRelu")
-
 # Values a new node starts with where its config has no default (the user edits them).
 _SUGGESTED = {"kernel_size": 3, "prob": 0.5, "std": 0.1, "delta": 1.0, "upscale_factor": 2,
               "downscale_factor": 2, "max_sequence_length": 512, "bias": True, "num_groups": 1, "n_heads": 1,
@@ -197,7 +190,7 @@ def _layer_field(kind: str, f: dataclasses.Field) -> FieldSpec | None:
     minimum = 1 if _POSITIVE.match(f.name) else None
     common = {"name": f.name, "optional": optional, "minimum": minimum}
     if f.name in _ACTIVATION_FIELDS:
-        spec = FieldSpec(kind="enum", choices=_ACTIVATION_CHOICES, **{**common, "minimum": None})
+        spec = FieldSpec(kind="enum", choices=_activation_choices(), **{**common, "minimum": None})
     elif base == "int":
         spec = FieldSpec(kind="int", **common)
     elif base == "float":
@@ -280,7 +273,7 @@ def _layer_specs() -> list[NodeSpec]:
             continue
         kind = mod.__name__
         fields = tuple(s for s in (_layer_field(kind, f) for f in dataclasses.fields(obj)) if s is not None)
-        call = _CALLS.get(kind, "default")
+        call = spec_of(mod).call or "default"
         specs[kind] = NodeSpec(kind=kind, category=_category(mod), summary=_summary(mod), fields=fields,
                                module_class=mod, config_class=obj, call=call,
                                inputs=_CALL_PORTS.get(call, _forward_ports(mod)))
@@ -294,14 +287,23 @@ def _layer_specs() -> list[NodeSpec]:
         fields = _plain_init_fields(mod)
         if fields is None:
             continue  # built from other modules (GateController, encoder layers): not a palette entry
-        call = _CALLS.get(name, "default")
+        call = spec_of(mod).call or "default"
         specs[name] = NodeSpec(kind=name, category=_category(mod), summary=_summary(mod), fields=fields,
                                module_class=mod, call=call, inputs=_CALL_PORTS.get(call, _forward_ports(mod)))
     return list(specs.values())
 
 
 def _category(cls) -> str:
-    return _FILE_CATEGORY.get(cls.__module__.split(".")[-1], "General")
+    return spec_of(cls).category or _FILE_CATEGORY.get(cls.__module__.split(".")[-1], "General")
+
+
+@lru_cache(maxsize=None)
+def _activation_choices() -> tuple:
+    """The layers declared `activation=True`, in their file's `__all__` order (engine.nn.spec)."""
+    def order(cls):
+        names = list(getattr(sys.modules[cls.__module__], "__all__", ()))
+        return (cls.__module__, names.index(cls.__name__) if cls.__name__ in names else len(names), cls.__name__)
+    return tuple(c.__name__ for c in sorted((c for c, s in layer_specs().items() if s.activation), key=order))
 
 
 # ---------------------------------------------------------------------------------- structure

@@ -15,7 +15,7 @@ reference tensor (`shape=[-2, 1, 32]`, operands `"c0,in0"`: the constant expande
 batch). The constants are held by the node's
 module as parameters `c0`, `c1`, ... that never train (saved in the model's record like any
 weight); `constants` gives their dtypes and shapes (`"float32[1,1,6,8];int64[]"`), so the node is
-made lazily and its shape rule (`shape_rules`, rule `PrimitiveOp`) reads only shapes.
+made lazily and its shape rule (`shape_rules.primitive_op_shape`, declared below) reads only shapes.
 
 `run_op(op, attrs, operands)` is the one implementation of each op, used by the module's forward
 and by the ONNX importer to fold constant subgraphs.
@@ -30,6 +30,7 @@ import numpy as np
 from ..module import Module, Param
 from ..tensor import Tensor, cat
 from ..tensor import ops_elementwise as _elementwise
+from ..nn.spec import declare
 
 __all__ = ["PrimitiveOp", "PRIMITIVE_OPS", "FOLD_ONLY_OPS", "PAD_MODES", "run_op", "parse_operands", "parse_constants",
            "constants_text", "OpError", "DTYPES"]
@@ -620,3 +621,12 @@ def fold(op: str, attrs: dict, arrays: list) -> np.ndarray:
         return (start + np.arange(n, dtype=np.result_type(start, limit, delta)) * delta).astype(start.dtype)
     ts = [None if a is None else Tensor.from_data(np.asarray(a)) for a in arrays]
     return np.asarray(run_op(op, attrs, ts).numpy())
+
+
+def _shape(m, ins, ctx):  # the Op node's rule, one per op (shape_rules.py)
+    from .shape_rules import primitive_op_shape  # noqa: PLC0415 - shape_rules reads this module's op tables
+
+    return primitive_op_shape(m, ins, ctx)
+
+
+declare(PrimitiveOp, shape=_shape)

@@ -1,7 +1,7 @@
 """The shape-only contract check: shapes flow through the module boundaries, no layer runs.
 
 `check_shapes(root, inputs, contracts, modules)` is `engine.module.contracts.check` with one
-difference: a module whose class has a shape rule (`shape_rules.has_rule`: the built-in layers)
+difference: a module whose class has a shape rule (`engine.nn.spec.has_rule`: the built-in layers)
 is not run; its rule gives the output's dims from the input's dims, reading only the layer's
 settings and its parameters' *shapes*, so a lazy parameter stays unallocated. The output is a
 stand-in tensor: the right dims and dtype over one zero broadcast to that shape (NumPy's
@@ -29,8 +29,9 @@ from engine.module.tree import FieldKind, children
 from engine.nn.attention import MhaInput, MhaOutput
 from engine.tensor import Tensor, raw
 
-from . import shape_rules
-from .dims import as_dim
+from ..nn import spec as layer_spec
+from ..shapes.rules import RuleError, Shape
+from ..shapes.dims import as_dim
 
 __all__ = ["check_shapes", "has_unallocated_params", "unallocated_bytes", "activation_bytes"]
 
@@ -82,17 +83,17 @@ class _ShapeRun(contracts._Run):
         lazy = _own_lazy_params(module)
         if name == "MultiHeadAttention" and args and isinstance(args[0], MhaInput):
             return self._attention(module, args[0])
-        if shape_rules.has_rule(module) and name not in _MAIN_OUTPUT_ONLY:
+        if layer_spec.has_rule(module) and name not in _MAIN_OUTPUT_ONLY:
             ins = _tensors(list(args) + list(kwargs.values()), [])
-            shapes = [shape_rules.Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
+            shapes = [Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
             try:
-                result = shape_rules.infer(module, shapes)
-            except shape_rules.RuleError as e:
+                result = layer_spec.infer(module, shapes)
+            except RuleError as e:
                 raise contracts.ContractMismatch(str(e)) from None
             device = ins[0].device if ins else module.devices()[0]
             return _stand_in(tuple(_int(d) for d in result.shape.dims), result.shape.dtype, device)
         if lazy:
-            why = ("its shape rule gives only the main output" if shape_rules.has_rule(module)
+            why = ("its shape rule gives only the main output" if layer_spec.has_rule(module)
                    else f"no shape rule for {name}")
             raise NotCheckable(f"{where}: not checked ({why}; its forward reads its own parameters "
                                f"{', '.join(lazy)}, which are not allocated)")
@@ -108,10 +109,10 @@ class _ShapeRun(contracts._Run):
     def _attention(self, module, inp):
         """`MultiHeadAttention` on an `MhaInput`: both outputs (weights and context) from the rule."""
         ins = _tensors(inp, [])
-        shapes = [shape_rules.Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
+        shapes = [Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
         try:
-            context = shape_rules.infer(module, shapes).shape
-        except shape_rules.RuleError as e:
+            context = layer_spec.infer(module, shapes).shape
+        except RuleError as e:
             raise contracts.ContractMismatch(str(e)) from None
         device = ins[0].device
         batch, seq_1 = (_int(d) for d in context.dims[:2])

@@ -3,7 +3,7 @@
 A tensor flowing along an edge has symbolic dims: exact integer expressions (`Dim`, see `dims`)
 over the names of the axes that vary at run time (`[batch, seq, 512]`, `[batch, 8, seq-2]`,
 `[batch, 64, (h-3)//2+1]`). Each layer kind states its output dims as expressions of its input
-dims in `shape_rules` (one rule per layer type, reading only the layer's settings and parameter
+dims in each layer's shape rule (declared beside its class, `engine.nn.spec`; one rule per layer type, reading only the layer's settings and parameter
 shapes: nothing is initialized and no kernel runs); the structural nodes (Add, Concat, Reshape,
 Flatten, Split) have rules of their own here. A layer whose contract refuses its input gives
 the message its own `assert_shape` gives for a real tensor, with the named axes in place
@@ -21,9 +21,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..tensor import Device, Tensor
-from . import shape_rules
+from ..nn import spec as layer_spec
+from ..shapes.rules import RuleError, Shape
 from .catalog import NodeSpec
-from .dims import Constraint, Dim, as_dim
+from ..shapes.dims import Constraint, Dim, as_dim
 from .fields import is_axis_name
 from .graph import Design
 
@@ -182,7 +183,7 @@ def analyze(design: Design) -> Analysis:
             continue
         try:
             st.outputs = _infer(spec, values, ins, env, st.constraints)
-        except (NodeError, shape_rules.RuleError) as e:
+        except (NodeError, RuleError) as e:
             st.error = str(e)
             st.constraints.clear()
         except Exception as e:  # noqa: BLE001 - a node's problem never breaks the analysis
@@ -394,9 +395,9 @@ def _layer(spec: NodeSpec, values: dict, ins: list, constraints: list) -> SymTen
     status, module = _module(spec, values)
     if status == "error":
         raise NodeError(module)
-    if not shape_rules.has_rule(module):
-        raise NodeError(f"{spec.kind} has no shape rule (engine/design/shape_rules.py)")
-    result = shape_rules.infer(module, [shape_rules.Shape(t.sym, t.dtype) for t in ins])
+    if not layer_spec.has_rule(module):
+        raise NodeError(f"{spec.kind} has no shape rule (declare(..., shape=...) beside its class: engine/nn/spec.py)")
+    result = layer_spec.infer(module, [Shape(t.sym, t.dtype) for t in ins])
     constraints.extend(result.constraints)
     return SymTensor(result.shape.dims, result.shape.dtype)
 

@@ -17,7 +17,6 @@ _NAMES = {
     "save_pretrained": "save", "supported_architectures": "pretrained",
     "load_peft_adapter": "peft", "save_peft_adapter": "peft",
     "generate": "generate",
-    "export_training_script": "training_script",
 }
 
 __all__ = sorted(_NAMES)

@@ -21,6 +21,7 @@ from .norm import *  # noqa: F401,F403
 from .activation import *  # noqa: F401,F403
 from .misc import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
+from . import loss_shapes  # noqa: F401 - the losses' shape rules (declared for loss.py's classes)
 from .conv import *  # noqa: F401,F403
 from .pool import *  # noqa: F401,F403
 from .interpolate import *  # noqa: F401,F403

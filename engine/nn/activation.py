@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from . import _ops
 from ._base import Config, Layer, Module, assert_shape, check_dtype, f64, init_with, initializers, row_settings
 from .linear import LinearConfig
+from ..shapes.rules import RuleError, Shape, dims_text, elementwise, expect, float_input, same, with_dim
+from .spec import Burn, declare
 
 __all__ = [
-    "Gelu", "Relu", "Relu6", "Selu", "Sigmoid", "Tanh", "SiLU", "HardSwish", "Mish", "Softsign",
+    "Gelu", "GeluTanh", "Relu", "Relu6", "Selu", "Sigmoid", "Tanh", "SiLU", "HardSwish", "Mish", "Softsign",
     "LogSigmoid", "Tanhshrink",
     "LeakyReluConfig", "LeakyRelu", "PReluConfig", "PRelu", "EluConfig", "Elu", "CeluConfig", "Celu",
     "HardSigmoidConfig", "HardSigmoid", "HardtanhConfig", "Hardtanh", "SoftplusConfig", "Softplus",
@@ -77,6 +79,32 @@ class Gelu(_Elementwise):
         if self.approximate == "tanh":
             content = content.add("approximate", "tanh")
         return content.optional()
+
+
+class GeluTanh(Gelu):
+    """GELU's tanh approximation as a layer of its own: torch's `nn.GELU(approximate="tanh")`, Hugging Face's
+    `gelu_pytorch_tanh` / `gelu_new` (Gemma, Phi, GPT-2): `x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`.
+
+    The same computation as `Gelu.tanh_approximate()`, with a kind of its own in the designer and a name in
+    ONNX import (`Gelu` with `approximate="tanh"`, opset 20).
+    """
+
+    approximate = "tanh"
+
+    def custom_settings(self):
+        return None
+
+    def custom_content(self, content):
+        return content.optional()
+
+
+def _tanh_gelu(attrs):
+    return {} if attrs.get("approximate") == "tanh" else None
+
+
+# Its shape rule, ONNX import and catalog entry (the catalog reads the class: no settings, file "activation":
+# General); Burn's Gelu has no tanh form, so no `burn=` (the Rust export says so).
+declare(GeluTanh, shape=elementwise, onnx={"Gelu": _tanh_gelu})
 
 
 class Relu(_Elementwise):
@@ -568,3 +596,66 @@ class ActivationConfig:
 
 for _name in ("Gelu", "Relu", "Sigmoid", "Tanh", "HardSwish", "Relu6", "SiLU", "Mish", "Selu"):
     setattr(ActivationConfig, _name, ActivationConfig(_name))
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _prelu_shape(m, ins, ctx):
+    (n,) = m.alpha.shape
+    if n == 1:
+        expect("assert_shape(input, [None, ...])", ins[0], [None, ...])
+    else:
+        expect("assert_shape(input, [None, n, ...])", ins[0], [None, n, ...])
+    float_input("PRelu", ins[0])
+    return same(ins[0])
+
+
+def _glu_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(input, [None, ...])", t, [None, ...])
+    d = m.dim if m.dim >= 0 else m.dim + t.rank
+    if not 0 <= d < t.rank:
+        raise RuleError(f"GLU: dim {m.dim} is out of range for an input of dims {dims_text(t.dims)}")
+    size = t.dims[d]
+    ctx.require(size, "multiple", 2, lambda: f"GLU: input tensor along dimension {m.dim} must have an even size, "
+                                             f"got {size} (dims {dims_text(t.dims)})")
+    return Shape(with_dim(t.dims, d, size // 2), t.dtype)
+
+
+def _swiglu_shape(m, ins, ctx):
+    d_input, d_output = m.linear_inner.weight.shape
+    expect("assert_shape(input, [..., d_input])", ins[0], [..., d_input])
+    float_input("SwiGlu", ins[0])
+    return Shape(with_dim(ins[0].dims, -1, d_output))
+
+
+declare(Gelu, Relu, Relu6, Selu, Sigmoid, Tanh, SiLU, HardSwish, Mish, Softsign, LogSigmoid, Tanhshrink, LeakyRelu,
+        Elu, Celu, HardSigmoid, Hardtanh, Softplus, HardShrink, SoftShrink, ThresholdedRelu, shape=elementwise)
+declare(PRelu, shape=_prelu_shape)
+declare(GLU, shape=_glu_shape)
+declare(SwiGlu, shape=_swiglu_shape)
+
+
+def _exact_gelu(attrs):
+    return {} if attrs.get("approximate", "none") == "none" else None
+
+
+declare(Relu, onnx={"Relu": {}})
+declare(Sigmoid, onnx={"Sigmoid": {}})
+declare(Tanh, onnx={"Tanh": {}})
+declare(Softsign, onnx={"Softsign": {}})
+declare(HardSwish, onnx={"HardSwish": {}})
+declare(Mish, onnx={"Mish": {}})
+declare(Softplus, onnx={"Softplus": {}})
+declare(Gelu, onnx={"Gelu": _exact_gelu})
+declare(LeakyRelu, onnx={"LeakyRelu": lambda at: {"negative_slope": float(at.get("alpha", 0.01))}})
+declare(Elu, onnx={"Elu": lambda at: {"alpha": float(at.get("alpha", 1.0))}})
+declare(Celu, onnx={"Celu": lambda at: {"alpha": float(at.get("alpha", 1.0))}})
+declare(HardSigmoid, onnx={"HardSigmoid": lambda at: {"alpha": float(at.get("alpha", 0.2)),
+                                                      "beta": float(at.get("beta", 0.5))}})
+declare(Gelu, Relu, Sigmoid, Tanh, burn=Burn("", config=False, device=False))
+declare(LeakyRelu, HardSigmoid, burn=Burn("", device=False))
+declare(PRelu, SwiGlu, burn=Burn(""))
+# Offered where a layer takes an activation (the designer's choices, in this file's __all__ order).
+declare(Gelu, Relu, Relu6, Selu, Sigmoid, Tanh, SiLU, HardSwish, Mish, Softsign, LogSigmoid, Tanhshrink, LeakyRelu,
+        PRelu, Elu, Celu, HardSigmoid, Hardtanh, Softplus, HardShrink, SoftShrink, ThresholdedRelu, activation=True)

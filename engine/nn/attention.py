@@ -21,6 +21,8 @@ from .activation import Gelu
 from .dropout import DropoutConfig
 from .linear import LinearConfig
 from .pos_encoding import RotaryEncodingConfig
+from ..shapes.rules import expect, float_input, same
+from .spec import Burn, declare
 
 __all__ = [
     "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput", "KVCache",
@@ -400,3 +402,25 @@ def _causal_mask(seq_length_1: int, seq_length_2: int, device) -> Tensor:
 
     m = np.triu(np.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + seq_length_2 - seq_length_1)
     return Tensor.from_data(m.reshape(1, 1, seq_length_1, seq_length_2), device=device)
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _mha_shape(m, ins, ctx):  # self-attention on one input, or the tensors of an MhaInput: query, key, value, masks
+    expect("assert_shape(input.query, [None, None, self.d_model])", ins[0], [None, None, m.d_model])
+    float_input("MultiHeadAttention", ins[0], "query")
+    if len(ins) >= 3:
+        batch_size = ins[0].dims[0]
+        expect("assert_shape(input.key, [batch_size, None, self.d_model])", ins[1], [batch_size, None, m.d_model])
+        seq_length_2 = ins[1].dims[1]
+        expect("assert_shape(input.value, [batch_size, seq_length_2, self.d_model])", ins[2],
+               [batch_size, seq_length_2, m.d_model])
+        float_input("MultiHeadAttention", ins[1], "key")
+        float_input("MultiHeadAttention", ins[2], "value")
+    return same(ins[0])
+
+
+declare(MultiHeadAttention, shape=_mha_shape)
+declare(MultiHeadAttention, burn=Burn("attention", call="{m}.forward(MhaInput::self_attn({x})).context",
+                                     extra_imports=(("attention", "MhaInput"),)))
+declare(MultiHeadAttention, call="self_attn")  # the designer calls forward(MhaInput.self_attn(x)).context

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from ..tensor import ops_conv
 from ._base import Config, Debug, Layer, assert_shape, check_dtype, init_with, initializers, pair, rust_debug
+from ..shapes.dims import as_dim
+from ..shapes.rules import (RuleError, Shape, conv_out, dims_text, expect, explicit_pads, float_input,
+                            kernel_too_large, min_size, same_min_length, same_out, tuple_of)
+from .spec import Burn, declare
 
 __all__ = [
     "PaddingConfig1d", "PaddingConfig2d", "PaddingConfig3d",
@@ -460,3 +464,69 @@ class ConvTranspose3d(_ConvTransposeNd):
         channels_in = self.channels[0]
         assert_shape(input, [None, channels_in, None, None, None])
         return self._forward(input)
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _conv_shape(m, ins, ctx):
+    t = ins[0]
+    n = m.N
+    owner = type(m).__name__
+    channels_in = m.weight.shape[1] * m.groups
+    call = {1: "assert_shape(input, [None, channels_in, None])",
+            2: "assert_shape(input, [None, channels_in, None, None])",
+            3: "assert_shape(input, [None, channels_in, None, None, None])"}[n]
+    expect(call, t, [None, channels_in] + [None] * n)
+    float_input(owner, t)
+    kernel, stride, dilation = tuple_of(m.kernel_size, n), tuple_of(m.stride, n), tuple_of(m.dilation, n)
+    sizes = t.dims[2:]
+    pads = explicit_pads(m.padding, n)
+    out = []
+    op = f"conv{n}d"
+    for i, (L, k, s, d) in enumerate(zip(sizes, kernel, stride, dilation)):
+        if pads is None:
+            o = same_out(L, k, s, d, owner)
+            # the padded span is never negative unless the dilated window is wider than the kernel
+            eff = d * (k - 1) + 1
+            if k < eff:
+                min_size(ctx, L, same_min_length(k, s, eff),
+                          lambda: kernel_too_large(op, kernel, dilation, sizes, "Same"))
+        else:
+            lo, hi = pads[i]
+            eff = d * (k - 1) + 1
+            min_size(ctx, L + lo + hi, eff,
+                      lambda: kernel_too_large(op, kernel, dilation, sizes, [list(p) for p in pads]))
+            o = conv_out(L, lo, hi, k, s, d)
+        out.append(o)
+    return Shape((t.dims[0], as_dim(m.weight.shape[0])) + tuple(out))
+
+
+def _conv_transpose_shape(m, ins, ctx):
+    t = ins[0]
+    n = m.N
+    owner = type(m).__name__
+    channels_in, channels_out = m.channels
+    call = {1: "assert_shape(input, [None, channels_in, None])",
+            2: "assert_shape(input, [None, channels_in, None, None])",
+            3: "assert_shape(input, [None, channels_in, None, None, None])"}[n]
+    expect(call, t, [None, channels_in] + [None] * n)
+    float_input(owner, t)
+    kernel, stride, dilation = tuple_of(m.kernel_size, n), tuple_of(m.stride, n), tuple_of(m.dilation, n)
+    pad, pad_out = tuple_of(m.padding, n), tuple_of(m.padding_out, n)
+    op = f"conv_transpose{n}d"
+    for po, s, d in zip(pad_out, stride, dilation):
+        if po >= max(s, d):
+            raise RuleError(f"{op}: padding_out must be smaller than stride or dilation, got padding_out "
+                            f"{list(pad_out)}, stride {list(stride)}, dilation {list(dilation)}")
+    out = []
+    for L, k, s, d, p, po in zip(t.dims[2:], kernel, stride, dilation, pad, pad_out):
+        o = (L - 1) * s + d * (k - 1) + 1 + po - 2 * p
+        min_size(ctx, o, 1, lambda: (f"{op}: the output would be empty for input dims {dims_text(t.dims)}, "
+                                      f"kernel {list(kernel)}, stride {list(stride)}, padding {list(pad)}"))
+        out.append(o)
+    return Shape((t.dims[0], as_dim(channels_out)) + tuple(out))
+
+
+declare(Conv1d, Conv2d, Conv3d, shape=_conv_shape)
+declare(ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, shape=_conv_transpose_shape)
+declare(Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, burn=Burn("conv"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._base import Config, Flag, Layer, f64
+from ..shapes.rules import same
+from .spec import Burn, declare
 
 __all__ = ["DropoutConfig", "Dropout"]
 
@@ -54,3 +56,13 @@ class Dropout(Layer):
 
     def custom_content(self, content):
         return content.add("prob", f64(self.prob)).optional()
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _dropout_shape(m, ins, ctx):
+    return same(ins[0])
+
+
+declare(Dropout, shape=_dropout_shape)
+declare(Dropout, burn=Burn("", device=False))

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from ..tensor import DTypeError, Tensor, TensorError
 from ..tensor.raw import array, record
 from ._base import Config, Layer, assert_shape, check_indices, init_with, initializers
+from ..shapes.dims import as_dim
+from ..shapes.rules import NP_DTYPE, RuleError, Shape, dims_text, expect
+from .spec import Burn, declare
 
 __all__ = ["EmbeddingConfig", "Embedding", "embedding"]
 
@@ -78,3 +81,19 @@ class Embedding(Layer):
     def custom_content(self, content):
         n_embedding, d_model = self.weight.shape
         return content.add("n_embedding", n_embedding).add("d_model", d_model).optional()
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _embedding_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(input, [None, None])", t, [None, None])
+    if t.dtype == "float" or t.dtype == "bool":
+        raise RuleError(f"Embedding: expected an int tensor of indices, got {NP_DTYPE[t.dtype]} (input dims "
+                        f"{dims_text(t.dims)}); convert the input with input.cast(\"int64\")")
+    _, d_model = m.weight.shape
+    return Shape(t.dims + (as_dim(d_model),))
+
+
+declare(Embedding, shape=_embedding_shape)
+declare(Embedding, burn=Burn(""))

@@ -8,6 +8,10 @@ import numpy as np
 
 from ..tensor import ops_interp
 from ._base import Config, Debug, Layer, assert_shape, option, rust_debug
+from fractions import Fraction
+from ..shapes.dims import Dim, as_dim
+from ..shapes.rules import RuleError, Shape, dims_text, expect, float_input, tuple_of
+from .spec import declare
 
 __all__ = ["InterpolateMode", "Interpolate1dConfig", "Interpolate1d", "Interpolate2dConfig", "Interpolate2d"]
 
@@ -144,3 +148,46 @@ class Interpolate2d(Layer):
             .add("scale_factor", sf)
             .optional()
         )
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _scaled(size: Dim, scale: float) -> Dim:
+    """int(size * float32(scale)), exactly: the float32 scale is a dyadic rational p / 2**q."""
+    f = Fraction(float(np.float32(scale)))
+    return (size * f.numerator) // f.denominator
+
+
+def _interpolate(m, ins, ctx, n: int):
+    t = ins[0]
+    owner = f"Interpolate{n}d"
+    expect("assert_shape(input, [None, None, None])" if n == 1 else "assert_shape(input, [None, None, None, None])",
+           t, [None] * (n + 2))
+    if (m.output_size is None) == (m.scale_factor is None):
+        raise RuleError(f"{owner}: Either output_size or scale_factor must be provided (exactly one of them; got "
+                        f"output_size {m.output_size} and scale_factor {m.scale_factor})")
+    float_input("interpolate", t)
+    if m.output_size is not None:
+        out = tuple(as_dim(v) for v in tuple_of(m.output_size, n))
+    else:
+        out = tuple(_scaled(L, s) for L, s in zip(t.dims[2:], _tuple_f(m.scale_factor, n)))
+    for o in out:
+        ctx.require(o, "min", 1, lambda: f"interpolate: output_size must be >= 1 in every dimension, got "
+                                         f"{dims_text(out)}")
+    return Shape(t.dims[:2] + out)
+
+
+def _tuple_f(v, n):
+    return tuple(float(x) for x in v) if isinstance(v, (tuple, list)) else (float(v),) * n
+
+
+def _interpolate1d_shape(m, ins, ctx):
+    return _interpolate(m, ins, ctx, 1)
+
+
+def _interpolate2d_shape(m, ins, ctx):
+    return _interpolate(m, ins, ctx, 2)
+
+
+declare(Interpolate1d, shape=_interpolate1d_shape)
+declare(Interpolate2d, shape=_interpolate2d_shape)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from . import _ops
 from ._base import Config, Layer, assert_shape, check_dtype, init_with, initializers
+from ..shapes.rules import Shape, expect, float_input, with_dim
+from .spec import Burn, declare
 
 __all__ = ["LinearConfig", "Linear"]
 
@@ -74,3 +76,16 @@ class Linear(Layer):
             .add("bias", self.bias is not None)
             .optional()
         )
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _linear_shape(m, ins, ctx):
+    d_input, d_output = m.weight.shape
+    expect("assert_shape(input, [..., d_input])", ins[0], [..., d_input])
+    float_input("Linear", ins[0])
+    return Shape(with_dim(ins[0].dims, -1, d_output))
+
+
+declare(Linear, shape=_linear_shape)
+declare(Linear, burn=Burn(""))

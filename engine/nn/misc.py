@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from ..tensor import Tensor
 from ._base import Config, Flag, Layer, Module, assert_shape, f64
+from ..shapes.rules import RuleError, Shape, dims_text, elementwise, expect, same
+from .spec import declare
 
 __all__ = [
     "GaussianNoiseConfig",
@@ -265,3 +267,63 @@ class PixelUnshuffle(Layer):
 
     def custom_content(self, content):
         return content.add("downscale_factor", self.downscale_factor).optional()
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _identity_shape(m, ins, ctx):
+    expect("assert_shape(input, [...])", ins[0], [...])
+    return same(ins[0])
+
+
+def _cosine_similarity_shape(m, ins, ctx):
+    x1, x2 = ins
+    expect("assert_shape(x1, [None, None])", x1, [None, None])
+    batch_size, features = x1.dims
+    expect("assert_shape(x2, [batch_size, features])", x2, [batch_size, features])
+    d = m.dim + 2 if m.dim < 0 else m.dim
+    if not 0 <= d < 2:
+        raise RuleError(f"CosineSimilarity: dim {m.dim} is out of range for inputs of rank 2")
+    return Shape((x1.dims[1 - d],))
+
+
+def _pairwise_distance_shape(m, ins, ctx):
+    x1, x2 = ins
+    expect("assert_shape(x1, [None, None])", x1, [None, None])
+    batch_size, features = x1.dims
+    expect("assert_shape(x2, [batch_size, features])", x2, [batch_size, features])
+    return Shape((batch_size,))
+
+
+def _pixel_shuffle_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(input, [None, None, None, None])", t, [None, None, None, None])
+    r = m.upscale_factor
+    if r <= 0:
+        raise RuleError("PixelShuffle: upscale_factor must be greater than 0")
+    b, c, h, w = t.dims
+    ctx.require(c, "multiple", r * r, lambda: f"PixelShuffle: input channels ({c}) must be divisible by "
+                                              f"upscale_factor^2 ({r * r}) (dims {dims_text(t.dims)})")
+    return Shape((b, c // (r * r), h * r, w * r), t.dtype)
+
+
+def _pixel_unshuffle_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(input, [None, None, None, None])", t, [None, None, None, None])
+    r = m.downscale_factor
+    if r <= 0:
+        raise RuleError("PixelUnshuffle: downscale_factor must be greater than 0")
+    b, c, h, w = t.dims
+    ctx.require(h, "multiple", r, lambda: f"PixelUnshuffle: input height ({h}) must be divisible by "
+                                          f"downscale_factor ({r})")
+    ctx.require(w, "multiple", r, lambda: f"PixelUnshuffle: input width ({w}) must be divisible by "
+                                          f"downscale_factor ({r})")
+    return Shape((b, c * (r * r), h // r, w // r), t.dtype)
+
+
+declare(GaussianNoise, shape=elementwise)
+declare(Identity, shape=_identity_shape)
+declare(CosineSimilarity, shape=_cosine_similarity_shape)
+declare(PairwiseDistance, shape=_pairwise_distance_shape)
+declare(PixelShuffle, shape=_pixel_shuffle_shape)
+declare(PixelUnshuffle, shape=_pixel_unshuffle_shape)

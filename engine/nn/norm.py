@@ -7,6 +7,8 @@ from ..autodiff import no_recording
 from ..tensor.raw import wrap
 from . import _ops
 from ._base import Config, Flag, Layer, assert_shape, check_dtype, check_float, f64, init_with, initializers, state
+from ..shapes.rules import expect, float_input, same
+from .spec import Burn, declare
 
 __all__ = [
     "LayerNormConfig",
@@ -379,3 +381,38 @@ class LocalResponseNorm(Layer):
             .add("k", f64(self.k))
             .optional()
         )
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _layer_norm_shape(m, ins, ctx):
+    (d_model,) = m.gamma.shape
+    expect("assert_shape(input, [..., d_model])", ins[0], [..., d_model])
+    float_input(type(m).__name__, ins[0])
+    return same(ins[0])
+
+
+def _batch_norm_shape(m, ins, ctx):
+    (channels,) = m.beta.shape
+    expect("assert_shape(input, [None, channels, ...])", ins[0], [None, channels, ...])
+    float_input("BatchNorm", ins[0])
+    return same(ins[0])
+
+
+def _group_norm_shape(m, ins, ctx):
+    expect("assert_shape(input, [None, self.num_channels, None, ...])", ins[0], [None, m.num_channels, None, ...])
+    float_input(type(m).__name__, ins[0])
+    return same(ins[0])
+
+
+def _lrn_shape(m, ins, ctx):
+    expect("assert_shape(input, [None, None, None, ...])", ins[0], [None, None, None, ...])
+    float_input("LocalResponseNorm", ins[0])
+    return same(ins[0])
+
+
+declare(LayerNorm, RmsNorm, shape=_layer_norm_shape)
+declare(BatchNorm, shape=_batch_norm_shape)
+declare(GroupNorm, InstanceNorm, shape=_group_norm_shape)
+declare(LocalResponseNorm, shape=_lrn_shape)
+declare(BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RmsNorm, burn=Burn(""))

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from ..tensor import ops_pool
 from ._base import Config, Layer, assert_shape, pair, rust_debug
 from .conv import PaddingConfig1d, PaddingConfig2d
+from ..shapes.dims import as_dim
+from ..shapes.rules import RuleError, Shape, dims_text, expect, same_min_length, tuple_of
+from .spec import Burn, declare
 
 __all__ = [
     "MaxPool1dConfig", "MaxPool1d", "MaxPool2dConfig", "MaxPool2d",
@@ -321,3 +324,95 @@ class AdaptiveAvgPool2d(Layer):
 
     def custom_content(self, content):
         return content.add("output_size", rust_debug(self.output_size)).optional()
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _pool(m, ins, ctx, n: int, op: str, kernel, stride, dilation, ceil_mode: bool):
+    t = ins[0]
+    call = "assert_shape(input, [None, None, None])" if n == 1 else "assert_shape(input, [None, None, None, None])"
+    expect(call, t, [None] * (n + 2))
+    sizes = t.dims[2:]
+    padding = m.padding
+    out = []
+    for i, (L, k, s, d) in enumerate(zip(sizes, kernel, stride, dilation)):
+        eff = d * (k - 1) + 1
+        if padding.kind == "Same":
+            if k < s and eff > k:
+                raise RuleError(f"{type(m).__name__}: Same padding with a stride ({s}) larger than the kernel ({k}) "
+                                f"and dilation {d} has no exact shape rule: use Explicit padding")
+            # Burn pads by the kernel (not the dilated window): out = ceil(L/s) + a constant shift
+            # (0 without dilation, whether or not the padding is clamped at 0)
+            o = L.ceil_div(s) + (-((eff - k) // s) if ceil_mode else (k - eff) // s)
+            if eff > k:
+                ctx.require(L, "min", same_min_length(k, s, eff), lambda: (f"{op}: the kernel (size {list(kernel)}, dilation {list(dilation)}) "
+                                                  f"is larger than the padded input (spatial dims {dims_text(sizes)})"))
+            out.append(o)
+            continue
+        if padding.kind == "Valid":
+            lo = hi = 0
+        else:
+            lo, hi = padding.values[i], padding.values[i + n]
+        symmetric = all((padding.values[j] if padding.kind == "Explicit" else 0)
+                        == (padding.values[j + n] if padding.kind == "Explicit" else 0) for j in range(n))
+        if symmetric and lo > k // 2:
+            pads = [padding.values[j] for j in range(n)] if padding.kind == "Explicit" else [0] * n
+            raise RuleError(f"{op}: padding must be at most half the kernel size, got padding {pads} for kernel "
+                            f"{list(kernel)}")
+        ctx.require(L + lo + hi, "min", eff, lambda: (f"{op}: the kernel (size {list(kernel)}, dilation "
+                                                      f"{list(dilation)}) is larger than the padded input (spatial "
+                                                      f"dims {dims_text(sizes)})"))
+        num = L + lo + hi - eff
+        if not ceil_mode:
+            out.append(num // s + 1)
+            continue
+        # ceil mode drops a last window that would start in the right padding (at or past X = the
+        # input and its left padding). That can only happen when the window reaches less than a
+        # stride past its start (reach < s); then the windows are exactly those starting before
+        # X: with X = q*s + r, min(ceil((X - reach)/s), ceil(X/s) - 1) + 1 = ceil(X/s) for every r.
+        reach = (eff - lo) if symmetric else eff
+        if reach < s:
+            x = (L + lo) if symmetric else (L + lo + hi)
+            out.append(x.ceil_div(s))
+        else:
+            out.append(num.ceil_div(s) + 1)
+    return Shape(t.dims[:2] + tuple(out), t.dtype)
+
+
+def _max_pool1d_shape(m, ins, ctx):
+    return _pool(m, ins, ctx, 1, "max_pool1d", (m.kernel_size,), (m.stride,), (m.dilation,), m.ceil_mode)
+
+
+def _max_pool2d_shape(m, ins, ctx):
+    return _pool(m, ins, ctx, 2, "max_pool2d", tuple_of(m.kernel_size, 2), tuple_of(m.stride, 2),
+                 tuple_of(m.dilation, 2), m.ceil_mode)
+
+
+def _avg_pool1d_shape(m, ins, ctx):
+    return _pool(m, ins, ctx, 1, "avg_pool1d", (m.kernel_size,), (m.stride,), (1,), m.ceil_mode)
+
+
+def _avg_pool2d_shape(m, ins, ctx):
+    return _pool(m, ins, ctx, 2, "avg_pool2d", tuple_of(m.kernel_size, 2), tuple_of(m.stride, 2), (1, 1), m.ceil_mode)
+
+
+def _adaptive1d_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(input, [None, None, None])", t, [None, None, None])
+    return Shape(t.dims[:2] + (as_dim(m.output_size),), t.dtype)
+
+
+def _adaptive2d_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(input, [None, None, None, None])", t, [None, None, None, None])
+    return Shape(t.dims[:2] + tuple(as_dim(v) for v in m.output_size), t.dtype)
+
+
+declare(MaxPool1d, shape=_max_pool1d_shape)
+declare(MaxPool2d, shape=_max_pool2d_shape)
+declare(AvgPool1d, shape=_avg_pool1d_shape)
+declare(AvgPool2d, shape=_avg_pool2d_shape)
+declare(AdaptiveAvgPool1d, shape=_adaptive1d_shape)
+declare(AdaptiveAvgPool2d, shape=_adaptive2d_shape)
+declare(MaxPool1d, MaxPool2d, AvgPool1d, AvgPool2d, AdaptiveAvgPool1d, AdaptiveAvgPool2d,
+        burn=Burn("pool", device=False))

@@ -9,6 +9,8 @@ from ..tensor import Tensor
 from ..tensor.device import as_device
 from . import _ops
 from ._base import Config, Layer, assert_shape, check_float
+from ..shapes.rules import expect, float_input, same
+from .spec import Burn, declare
 
 __all__ = ["PositionalEncodingConfig", "PositionalEncoding", "generate_sinusoids", "RotaryEncodingConfig",
            "RotaryEncoding", "Llama3RopeScaling", "LinearRopeScaling"]
@@ -241,3 +243,31 @@ class RotaryEncoding(Layer):
 
     def custom_content(self, content):
         return content.add("d_model", self.d_model).add("max_sequence_length", self.max_sequence_length).optional()
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _positional_shape(m, ins, ctx):
+    t = ins[0]
+    _, max_sequence_size, d_model = m.sinusoids.shape
+    expect("assert_shape(input, [None, None, d_model])", t, [None, None, d_model])
+    float_input("PositionalEncoding", t)
+    seq = t.dims[1]
+    ctx.require(seq, "max", max_sequence_size, lambda: (f"max_sequence_size({max_sequence_size}) must be greater "
+                                                        f"or equal than length({seq})"))
+    return same(t)
+
+
+def _rotary_shape(m, ins, ctx):
+    t = ins[0]
+    expect("assert_shape(x, [..., None, self.d_model])", t, [..., None, m.d_model])
+    float_input("RotaryEncoding", t, "x")
+    seq = t.dims[-2]
+    ctx.require(seq, "max", m.max_sequence_length, lambda: (f"RotaryEncoding: positions 0..{seq} exceed "
+                                                            f"max_sequence_length {m.max_sequence_length}"))
+    return same(t)
+
+
+declare(PositionalEncoding, shape=_positional_shape)
+declare(RotaryEncoding, shape=_rotary_shape)
+declare(PositionalEncoding, burn=Burn(""))

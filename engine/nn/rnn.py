@@ -14,6 +14,8 @@ from ..tensor import cat, stack
 from ._base import Config, Layer, Module, assert_shape, check_dtype, initializers
 from .activation import ActivationConfig
 from .linear import LinearConfig
+from ..shapes.rules import Shape, expect, float_input, with_dim
+from .spec import Burn, declare
 
 __all__ = [
     "GateController", "LstmState", "LstmConfig", "Lstm", "BiLstmConfig", "BiLstm",
@@ -431,3 +433,34 @@ class BiGru(_Bidirectional):
             sf, sr = state[0], state[1]
         out, h_f, h_r = self._both(x, sf, sr)
         return out, stack([h_f, h_r], 0)
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _lstm_shape(m, ins, ctx):
+    d_input = m.input_gate.input_transform.weight.shape[0]
+    expect("assert_shape(batched_input, [None, None, d_input])", ins[0], [None, None, d_input])
+    float_input("Lstm", ins[0], "batched_input")
+    return Shape(with_dim(ins[0].dims, 2, m.d_hidden))
+
+
+def _gru_shape(m, ins, ctx):
+    d_input = m.update_gate.input_transform.weight.shape[0]
+    expect("assert_shape(batched_input, [None, None, d_input])", ins[0], [None, None, d_input])
+    float_input("Gru", ins[0], "batched_input")
+    return Shape(with_dim(ins[0].dims, 2, m.d_hidden))
+
+
+def _bidirectional_shape(m, ins, ctx):
+    d_input = m._input_transform().weight.shape[0]
+    expect("assert_shape(batched_input, [None, None, transform.weight.shape[0]])", ins[0], [None, None, d_input])
+    float_input(type(m).__name__, ins[0], "batched_input")
+    return Shape(with_dim(ins[0].dims, 2, 2 * m.d_hidden))
+
+
+declare(Lstm, shape=_lstm_shape)
+declare(Gru, shape=_gru_shape)
+declare(BiLstm, BiGru, shape=_bidirectional_shape)
+declare(Lstm, burn=Burn("", call="{m}.forward({x}, None).0"))
+declare(Gru, burn=Burn("", call="{m}.forward({x}, None)"))
+declare(Lstm, BiLstm, BiGru, call="first")  # forward(x) returns (output, state): the designer takes the output

@@ -10,6 +10,8 @@ from .attention import MhaInput, MultiHeadAttentionConfig
 from .dropout import DropoutConfig
 from .linear import LinearConfig
 from .norm import LayerNormConfig
+from ..shapes.rules import expect, float_input, same
+from .spec import Burn, declare
 
 __all__ = [
     "PositionWiseFeedForwardConfig", "PositionWiseFeedForward",
@@ -380,3 +382,38 @@ class TransformerDecoder(Layer):
 
     def custom_content(self, content):
         return _transformer_content(self, content)
+
+
+# ---------------------------------------------------------------------------------- declarations
+# Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _encoder_shape(m, ins, ctx):
+    expect("assert_shape(x, [None, None, self.d_model])", ins[0], [None, None, m.d_model])
+    float_input("TransformerEncoder", ins[0])
+    return same(ins[0])
+
+
+def _decoder_shape(m, ins, ctx):
+    target, memory = ins
+    expect("assert_shape(input.target, [None, None, self.d_model])", target, [None, None, m.d_model])
+    batch_size = target.dims[0]
+    expect("assert_shape(input.memory, [batch_size, None, self.d_model])", memory, [batch_size, None, m.d_model])
+    float_input("TransformerDecoder", target, "target")
+    float_input("TransformerDecoder", memory, "memory")
+    return same(target)
+
+
+def _ffn_shape(m, ins, ctx):
+    d_model, _ = m.linear_inner.weight.shape
+    expect("assert_shape(input, [..., d_model])", ins[0], [..., d_model])
+    float_input("PositionWiseFeedForward", ins[0])
+    return same(ins[0])
+
+
+declare(TransformerEncoder, shape=_encoder_shape)
+declare(TransformerDecoder, shape=_decoder_shape)
+declare(PositionWiseFeedForward, shape=_ffn_shape)
+declare(PositionWiseFeedForward, burn=Burn("transformer"))
+declare(TransformerEncoder, burn=Burn("transformer", call="{m}.forward(TransformerEncoderInput::new({x}))",
+                                     extra_imports=(("transformer", "TransformerEncoderInput"),)))
+declare(TransformerEncoder, call="encoder")  # the designer calls forward(TransformerEncoderInput(x))
+declare(TransformerDecoder, call="decoder")  # forward(TransformerDecoderInput(target, memory))

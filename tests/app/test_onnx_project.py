@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QFileDialog
 from app.core.schema import GroupEdit, GroupSpec, Project, SchemaError
 from app.settings import Settings
 from engine import Tensor
-from engine.design import import_onnx
+from engine.interop import import_onnx
 from tests.app.window_helpers import open_onnx, wait_idle
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "onnx"

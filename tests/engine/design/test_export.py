@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from engine import Tensor
-from engine.design import (Design, ExportError, build_model, export_python, export_rust, mnist_design,
-                           residual_design)
+from engine.design import Design, build_model, mnist_design, residual_design
+from engine.interop import ExportError, export_python, export_rust
 from engine.module import ShapeError
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"

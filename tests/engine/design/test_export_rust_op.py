@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.design.export_common import ExportError
-from engine.design.export_rust import export_rust
-from engine.design.onnx_import import import_onnx
+from engine.interop.export_common import ExportError
+from engine.interop.export_rust import export_rust
+from engine.interop.onnx_import import import_onnx
 
 ONNX = Path(__file__).resolve().parents[2] / "fixtures" / "onnx"
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from engine import Module, Tensor, nn
-from engine.design import OnnxExportError, build_model, export_onnx, mnist_design, residual_design, trace_model
+from engine.design import build_model, mnist_design, residual_design
+from engine.interop import OnnxExportError, export_onnx, trace_model
 from engine.module import ModuleMapper
 from engine.module.lora import Lora, LoraAdapter
 from engine.store import ModuleRecord
@@ -247,7 +248,7 @@ def test_shape_only_trace_of_llama_7b_is_fast_small_and_allocates_nothing():
 
 
 def test_a_shape_only_trace_is_not_exportable(tmp_path):
-    from engine.design.onnx_export import trace_to_onnx  # noqa: PLC0415
+    from engine.interop.onnx_export import trace_to_onnx  # noqa: PLC0415
 
     tr = trace_model(build_example("burn-mnist"), example_input("burn-mnist", 2), shape_only=True)
     with pytest.raises(OnnxExportError, match=r"op 'module' in module 'conv1.conv' has no ONNX form"):
@@ -318,7 +319,7 @@ def test_a_constant_that_differs_between_rows_refuses_a_dynamic_batch(tmp_path):
 @pytest.mark.parametrize("which", ["mnist", "llama", "lora"])
 def test_an_exported_model_imports_back_with_the_same_outputs(which, mnist, llama, tmp_path):
     """Must-show 2's round trip: export, import_onnx, build, load the record, run."""
-    from engine.design import import_onnx  # noqa: PLC0415
+    from engine.interop import import_onnx  # noqa: PLC0415
 
     if which == "mnist":
         model, x, xs = mnist, _digits(2), [_digits(1), _digits(3)]

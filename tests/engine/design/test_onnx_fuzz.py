@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from engine import Tensor
-from engine.design import OnnxImportError, build_model, import_onnx
+from engine.design import build_model
+from engine.interop import OnnxImportError, import_onnx
 from tests.limits import address_space_growth_limit
 from tests.work import counted_calls
 

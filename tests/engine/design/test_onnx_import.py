@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from engine import Tensor
-from engine.design import (ImportReport, OnnxImportError, analyze, build_model, import_onnx, read_design,
-                           save_design)
+from engine.design import analyze, build_model, read_design, save_design
+from engine.interop import ImportReport, OnnxImportError, import_onnx
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "onnx"
 FIXTURES = ["cnn_bn", "cnn_folded", "mlp_ln_gelu", "encoder_layer", "llama_dynamo"]

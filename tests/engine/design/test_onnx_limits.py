@@ -14,8 +14,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from engine import Tensor
-from engine.design import Design, DesignError, OnnxImportError, build_model, import_onnx
-from engine.design.onnx_import import MAX_FOLD_BYTES
+from engine.design import Design, DesignError, build_model
+from engine.interop import OnnxImportError, import_onnx
+from engine.interop.onnx_import import MAX_FOLD_BYTES
 from tests.limits import address_space_growth_limit
 from tests.work import counted_calls
 
@@ -225,10 +226,10 @@ def _many_outer_sums(n: int, side: int):
 
 
 def test_the_folded_values_together_are_bounded(tmp_path, monkeypatch):
-    from engine.design import onnx_import  # noqa: PLC0415
+    from engine.interop.onnx_import import folding  # noqa: PLC0415
 
     # the limit made small so that the test allocates little: 256 values of 16 MiB (4 GiB) against 64 MiB
-    monkeypatch.setattr(onnx_import, "MAX_FOLD_BYTES", 64 << 20, raising=False)
+    monkeypatch.setattr(folding, "MAX_FOLD_BYTES", 64 << 20, raising=False)
     path = _save(tmp_path, _many_outer_sums(256, 2048))
     with address_space_growth_limit(1 << 30), pytest.raises(OnnxImportError) as e:  # 4 GiB asked before
         import_onnx(path)
@@ -388,7 +389,7 @@ def test_fuzz_generated_and_mutated_graphs_under_a_memory_limit_longer(tmp_path,
 # ---------------------------------------------------------------------------------- onnx's own shape inference
 _IMPORT_IN_A_CHILD = """
 import sys
-from engine.design import OnnxImportError, import_onnx
+from engine.interop import OnnxImportError, import_onnx
 try:
     import_onnx(sys.argv[1])
     print("imported")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from engine import Tensor
-from engine.design import build_model, export_onnx, import_onnx
+from engine.design import build_model
+from engine.interop import export_onnx, import_onnx
 from engine.module.lora import Lora
 from engine.store import ModuleRecord
 from engine.tensor.trace import _flat_tensors

@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 
 from engine import Device, Tensor, optim
-from engine.models import PretrainedError, export_training_script, from_pretrained, load_peft_adapter
+from engine.models import PretrainedError, from_pretrained, load_peft_adapter
+from engine.interop import export_training_script
 from engine.module import Param, ParamGroup
 from engine.module.lora import Lora, QLora
 from engine.module.reparam import iter_param_slots

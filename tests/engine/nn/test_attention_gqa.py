@@ -227,7 +227,8 @@ def test_init_with_frequency_scaling_is_burns_builder():
 def test_a_designed_attention_with_the_new_settings_builds_and_the_rust_export_refuses_them(field, value):
     """The designer's catalog offers the new fields; Burn's MultiHeadAttentionConfig has none of them,
     so the Rust export names the field instead of writing code that does not compile."""
-    from engine.design import Design, ExportError, build_model, export_python, export_rust  # noqa: PLC0415
+    from engine.design import Design, build_model  # noqa: PLC0415
+    from engine.interop import ExportError, export_python, export_rust  # noqa: PLC0415
 
     d = Design()
     d.add_node("Input", "x")

@@ -7,10 +7,10 @@ script and its parameter paths match the built design's (checkpoints move betwee
 """
 from __future__ import annotations
 
-from .catalog import NodeSpec
+from ..design.catalog import NodeSpec
 from .export_common import ExportError, Plan, block_type, bound_axis_names, dim_expr, plan_export, shape_pattern
-from .graph import Design
-from .shapes import Analysis, format_dims
+from ..design.graph import Design
+from ..design.shapes import Analysis, format_dims
 
 __all__ = ["export_python"]
 

@@ -14,67 +14,28 @@ one-to-one, such as a non-default activation) raise `ExportError` naming the nod
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from .catalog import NodeSpec
+from ..design.catalog import NodeSpec
 from .export_common import ExportError, Plan, block_type, bound_axis_names, dim_expr, plan_export, shape_pattern
-from .graph import Design
-from .shapes import Analysis, format_dims
+from ..design.graph import Design
+from ..nn.spec import layer_specs
+from ..design.shapes import Analysis, format_dims
 
-__all__ = ["export_rust", "RUST_LAYERS"]
+__all__ = ["export_rust"]
 
 WIDTH = 100
 CHAIN_WIDTH = 60
 
 
-@dataclass(frozen=True)
-class RustLayer:
-    module: str  # the path under burn::nn where the type lives ("" for burn::nn itself)
-    config: bool = True  # built from a `…Config` (else `Type::new()`)
-    device: bool = True  # `init(device)` (else `init()`)
-    call: str = "{m}.forward({x})"
-    extra_imports: tuple = ()
+def _burn(kind: str):
+    """How Burn names and builds the layer kind (its `declare(..., burn=Burn(...))`, engine.nn.spec), or None."""
+    return _burn_layers().get(kind)
 
 
-_PARAMLESS = RustLayer("", config=False, device=False)
-RUST_LAYERS = {
-    "Linear": RustLayer(""),
-    "Embedding": RustLayer(""),
-    "Dropout": RustLayer("", device=False),
-    "BatchNorm": RustLayer(""),
-    "LayerNorm": RustLayer(""),
-    "GroupNorm": RustLayer(""),
-    "InstanceNorm": RustLayer(""),
-    "RmsNorm": RustLayer(""),
-    "Gelu": _PARAMLESS,
-    "Relu": _PARAMLESS,
-    "Sigmoid": _PARAMLESS,
-    "Tanh": _PARAMLESS,
-    "LeakyRelu": RustLayer("", device=False),
-    "HardSigmoid": RustLayer("", device=False),
-    "PRelu": RustLayer(""),
-    "SwiGlu": RustLayer(""),
-    "Conv1d": RustLayer("conv"),
-    "Conv2d": RustLayer("conv"),
-    "Conv3d": RustLayer("conv"),
-    "ConvTranspose1d": RustLayer("conv"),
-    "ConvTranspose2d": RustLayer("conv"),
-    "ConvTranspose3d": RustLayer("conv"),
-    "MaxPool1d": RustLayer("pool", device=False),
-    "MaxPool2d": RustLayer("pool", device=False),
-    "AvgPool1d": RustLayer("pool", device=False),
-    "AvgPool2d": RustLayer("pool", device=False),
-    "AdaptiveAvgPool1d": RustLayer("pool", device=False),
-    "AdaptiveAvgPool2d": RustLayer("pool", device=False),
-    "PositionalEncoding": RustLayer(""),
-    "PositionWiseFeedForward": RustLayer("transformer"),
-    "MultiHeadAttention": RustLayer("attention", call="{m}.forward(MhaInput::self_attn({x})).context",
-                                    extra_imports=(("attention", "MhaInput"),)),
-    "TransformerEncoder": RustLayer("transformer", call="{m}.forward(TransformerEncoderInput::new({x}))",
-                                    extra_imports=(("transformer", "TransformerEncoderInput"),)),
-    "Lstm": RustLayer("", call="{m}.forward({x}, None).0"),
-    "Gru": RustLayer("", call="{m}.forward({x}, None)"),
-}
+def _burn_layers() -> dict:
+    return {cls.__name__: spec.burn for cls, spec in layer_specs().items() if spec.burn is not None}
+
+
 # Engine fields that are optional (None = Burn's default) where Burn's field is not an Option.
 _PLAIN_IN_BURN = {("MaxPool2d", "strides"), ("AvgPool2d", "strides"), ("MaxPool1d", "stride"),
                   ("AvgPool1d", "stride")}
@@ -115,10 +76,10 @@ def _literal(node: str, kind: str, field, value, uses: set) -> str:
 
 
 def _layer_init(node: str, spec: NodeSpec, values: dict, uses: set) -> str:
-    rl = RUST_LAYERS.get(spec.kind)
+    rl = _burn(spec.kind)
     if rl is None:
         raise ExportError(f"{node}: {spec.kind} has no Burn counterpart in the Rust exporter "
-                          f"(supported: {', '.join(sorted(RUST_LAYERS))})")
+                          f"(supported: {', '.join(sorted(_burn_layers()))})")
     ty = spec.kind
     uses.add((rl.module, ty))
     if not rl.config:
@@ -328,7 +289,7 @@ def _forward(plan: Plan, uses: set) -> list[str]:
                 start += size
             continue
         else:
-            rl = RUST_LAYERS.get(k)
+            rl = _burn(k)
             if rl is None:  # a primitive op of an imported ONNX graph (structural, no Burn layer)
                 raise ExportError(f"{n}: {k} ({values.get('op', k) if isinstance(values, dict) else k}) has no "
                                   f"Rust form in this exporter; supported structural kinds: Add, Concat, "

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .build import block_class_name
-from .graph import Design
-from .dims import as_dim
-from .shapes import Analysis, SymTensor, analyze
+from ..design.build import block_class_name
+from ..design.graph import Design
+from ..shapes.dims import as_dim
+from ..design.shapes import Analysis, SymTensor, analyze
 
 __all__ = ["ExportError", "Plan", "plan_export", "var_name", "dim_expr", "block_type"]
 
