@@ -22,21 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "widgets", "app")
 
-# Private names taken across packages in code that other parts of issue 44 are rewriting
-# (engine/tensor, engine/nn, engine/design, engine/models/training_script.py): each entry is
-# "importer -> target.name". Remove an entry when its import is gone (test_known_exceptions_still_exist
-# says so).
-KNOWN: set[str] = {
-    # engine/design is being split into an interop room (h44-interop): trace's flattening and op
-    # registry, and the contracts' patcher and run, want public names when it lands
-    "engine.design.onnx_export -> engine.tensor.trace._flat_tensors",
-    "engine.design.onnx_export -> engine.tensor.trace._registered",
-    "engine.design.onnx_export -> engine.module.contracts._Patcher",
-    "engine.design.shape_check -> engine.module.contracts._Run",
-    # engine/nn/_ops.py is being split behind the CPU door (h44-cpu): the loop's cross entropy wants
-    # softmax_cross_entropy and first_bad_target from a public module of engine.nn
-    "engine.train.losses -> engine.nn._ops",
-}
+# Private names taken across packages that are tolerated for now, each "importer -> target.name"
+# with a comment naming the debt; remove an entry when its import is gone
+# (test_known_exceptions_still_exist says so).
+KNOWN: set[str] = set()  # none left: an entry here is a debt with a comment naming it
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -116,18 +105,8 @@ def private_imports(packages=PACKAGES, root: Path = ROOT):
                 yield item
 
 
-# Private attributes read across packages (`importer -> ._name`), in code being rewritten as above.
-KNOWN_ATTRIBUTES: set[str] = {
-    "engine.design.fields -> ._NAMES",              # nn's padding classes' names
-    "engine.design.onnx_export -> ._Patcher",      # module.contracts' patcher (and its _local)
-    "engine.design.onnx_export -> ._local",
-    "engine.design.onnx_export -> ._scopes",       # tensor.trace's scope stack
-    "engine.design.onnx_export -> ._registered",
-    "engine.design.shape_check -> ._Run",
-    "engine.design.shape_rules -> ._input_transform",  # nn.rnn's BiLstm / BiGru
-    "engine.models.training_script -> ._lazy",     # Param.lazy_state() is the public name
-    "engine.tensor.tensor -> ._get",               # autodiff's Gradients
-}
+# Private attributes read across packages (`importer -> ._name`) tolerated for now, as above.
+KNOWN_ATTRIBUTES: set[str] = set()  # none left
 
 
 def private_attributes(packages=PACKAGES, root: Path = ROOT):

@@ -14,7 +14,8 @@ class Gradients:
         # keep the node alive next to its gradient so its id stays unique
         self._by_node[id(node)] = (node, array)
 
-    def _get(self, node):
+    def of_node(self, node):
+        """The gradient recorded for tape node `node`, or None."""
         entry = self._by_node.get(id(node))
         if entry is None or entry[0] is not node:
             return None

@@ -247,7 +247,7 @@ class FieldSpec:
             if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 if len(value) != 2 * self.n:
                     raise FieldError(f"{self.name}: expected Valid, Same or {2 * self.n} explicit paddings "
-                                     f"({', '.join(self.padding_class._NAMES) if self.padding_class else ''}), "
+                                     f"({', '.join(self.padding_class.SIDES) if self.padding_class else ''}), "
                                      f"got {len(value)} ({_show(value)})")
                 if any(v < 0 for v in value):
                     raise FieldError(f"{self.name}: paddings must be >= 0, got {_show(value)}")

@@ -36,16 +36,16 @@ from ..shapes.dims import as_dim
 __all__ = ["check_shapes", "has_unallocated_params", "unallocated_bytes", "activation_bytes"]
 
 # rules that describe the main output only: the real forward returns more, or takes more
-_MAIN_OUTPUT_ONLY = {"Lstm", "BiLstm", "BiGru", "MultiHeadAttention", "TransformerDecoder"}
+MAIN_OUTPUT_ONLY = {"Lstm", "BiLstm", "BiGru", "MultiHeadAttention", "TransformerDecoder"}
 _NP = {"float": np.float32, "int": np.int64, "bool": np.bool_}
 
 
-def _stand_in(dims: tuple[int, ...], kind: str, device) -> Tensor:
+def stand_in(dims: tuple[int, ...], kind: str, device) -> Tensor:
     """A tensor of `dims` that holds one value: a zero broadcast to the shape."""
     return raw.wrap(np.broadcast_to(np.zeros((), _NP[kind]), tuple(int(d) for d in dims)), device)
 
 
-def _tensors(value: Any, out: list, depth: int = 0) -> list:
+def tensors_in(value: Any, out: list, depth: int = 0) -> list:
     """The tensors in a forward's arguments, in order (inside lists, tuples and input objects
     such as `TransformerEncoderInput`)."""
     if depth > 4:
@@ -54,13 +54,13 @@ def _tensors(value: Any, out: list, depth: int = 0) -> list:
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _tensors(v, out, depth + 1)
+            tensors_in(v, out, depth + 1)
     elif isinstance(value, dict):
         for v in value.values():
-            _tensors(v, out, depth + 1)
+            tensors_in(v, out, depth + 1)
     else:
         for v in contracts.input_fields(value):
-            _tensors(v, out, depth + 1)
+            tensors_in(v, out, depth + 1)
     return out
 
 
@@ -76,22 +76,22 @@ def _int(d) -> int:
     return int(d.value())
 
 
-class _ShapeRun(contracts._Run):
+class ShapeRun(contracts.ModuleRun):
     def forward(self, module, original, args, kwargs, node):
         name = type(module).__name__
         where = f"{node.path or '(model)'} [{name}]"
         lazy = _own_lazy_params(module)
         if name == "MultiHeadAttention" and args and isinstance(args[0], MhaInput):
             return self._attention(module, args[0])
-        if layer_spec.has_rule(module) and name not in _MAIN_OUTPUT_ONLY:
-            ins = _tensors(list(args) + list(kwargs.values()), [])
+        if layer_spec.has_rule(module) and name not in MAIN_OUTPUT_ONLY:
+            ins = tensors_in(list(args) + list(kwargs.values()), [])
             shapes = [Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
             try:
                 result = layer_spec.infer(module, shapes)
             except RuleError as e:
                 raise contracts.ContractMismatch(str(e)) from None
             device = ins[0].device if ins else module.devices()[0]
-            return _stand_in(tuple(_int(d) for d in result.shape.dims), result.shape.dtype, device)
+            return stand_in(tuple(_int(d) for d in result.shape.dims), result.shape.dtype, device)
         if lazy:
             why = ("its shape rule gives only the main output" if layer_spec.has_rule(module)
                    else f"no shape rule for {name}")
@@ -108,7 +108,7 @@ class _ShapeRun(contracts._Run):
 
     def _attention(self, module, inp):
         """`MultiHeadAttention` on an `MhaInput`: both outputs (weights and context) from the rule."""
-        ins = _tensors(inp, [])
+        ins = tensors_in(inp, [])
         shapes = [Shape(tuple(as_dim(int(d)) for d in t.shape), t.kind) for t in ins]
         try:
             context = layer_spec.infer(module, shapes).shape
@@ -117,16 +117,16 @@ class _ShapeRun(contracts._Run):
         device = ins[0].device
         batch, seq_1 = (_int(d) for d in context.dims[:2])
         weights = (batch, module.n_heads, seq_1, int(inp.key.shape[1]))
-        return MhaOutput(_stand_in(weights, "float", device),
-                         _stand_in(tuple(_int(d) for d in context.dims), context.dtype, device))
+        return MhaOutput(stand_in(weights, "float", device),
+                         stand_in(tuple(_int(d) for d in context.dims), context.dtype, device))
 
 
 def check_shapes(root: Any, inputs: list[Any], contracts_by_path: dict, modules: list[tuple[str, Any]],
                  checkpoint: Callable[[], None] | None = None) -> CheckResult:
     """`contracts.check` with shape rules in place of the layers: no kernel of a layer runs and
     no parameter is allocated. `inputs` may be real tensors (only their dims and kind are used)."""
-    stand_ins = [_stand_in(t.shape, t.kind, t.device) if isinstance(t, Tensor) else t for t in inputs]
-    result = contracts.check(root, stand_ins, contracts_by_path, modules, checkpoint, run_class=_ShapeRun)
+    stand_ins = [stand_in(t.shape, t.kind, t.device) if isinstance(t, Tensor) else t for t in inputs]
+    result = contracts.check(root, stand_ins, contracts_by_path, modules, checkpoint, run_class=ShapeRun)
     result.shape_only = True
     return result
 

@@ -58,7 +58,7 @@ from ..module.lora import DoraAdapter, Lora, LoraAdapter, QLoraAdapter
 from ..module.reparam import detach_reparameterization, iter_param_slots
 from ..store.atomic import atomic_write, atomic_write_text
 from ..store.safetensors_io import header as safetensors_header
-from ..models.checkpoint import PretrainedError
+from ..models.hf_folder import PretrainedError
 from .torch_train_script import TRAIN_PY
 
 __all__ = ["ExportedScript", "TRAIN_PY", "export_training_script"]
@@ -215,7 +215,7 @@ def _base_matches_folder(model: Module) -> bool:
         if src is None:
             continue  # an adapter's factor, not a base weight
         if not p.is_initialized():
-            if src[0] is not p._lazy:
+            if src[0] is not p.lazy_state():
                 return False
             continue
         stored, rule = src[1], src[2]
@@ -297,11 +297,12 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
       when its base weights are unchanged, else a `save_pretrained` copy in `folder/base_model`.
     """
     from ..models.peft import ADAPTER_CONFIG, save_peft_adapter  # noqa: PLC0415
-    from ..models.pretrained import _family_of, pretrained_info, save_pretrained  # noqa: PLC0415
+    from ..models.pretrained import family_of, pretrained_info  # noqa: PLC0415
+    from ..models.save import save_pretrained  # noqa: PLC0415
 
     if not isinstance(model, Module):
         raise TypeError(f"export_training_script expects a Module, got {type(model).__name__}")
-    fam, _ = _family_of(model)
+    fam, _ = family_of(model)
     if fam is None:
         raise PretrainedError(f"export_training_script needs a model of a known Hugging Face family (opened with "
                               f"from_pretrained); found a {type(model).__name__}")

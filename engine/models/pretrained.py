@@ -180,18 +180,6 @@ def family_of(model):
     return None, None
 
 
-_family_of = family_of  # engine/models/training_script.py's name, until it moves to the interop room (issue 44)
-
-
-def __getattr__(name):
-    # `from .pretrained import save_pretrained` (engine/models/training_script.py) still works; the
-    # save imports this module, so this one names it only when asked
-    if name == "save_pretrained":
-        from .save import save_pretrained  # noqa: PLC0415
-        return save_pretrained
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # ---------------------------------------------------------------------------------- opening
 _FLOAT_KINDS = {"F64", "F32", "F16", "BF16", "Flex32"}
 _BOOL_DTYPES = {"Bool(Native)", "Bool(U8)", "Bool(U32)", "Bool"}

@@ -17,6 +17,7 @@ import ast
 import functools
 import inspect
 import re
+import contextlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -413,6 +414,22 @@ def _labels(n: int, name: str) -> list[str]:
     return [name] if n == 1 else [f"{name}{i}" for i in range(n)]
 
 
+@contextlib.contextmanager
+def forwards_through(classes: set[type], run):
+    """While the block runs, the `forward` of each class in `classes` on this thread goes through
+    `run.call(module, original_forward, args, kwargs)` (a `ModuleRun`: a contract check, a shape-only
+    check, a trace's scopes); other threads' models are untouched. Nests: the previous run is
+    restored after the block."""
+    _Patcher.install(classes)
+    prev = getattr(_Patcher._local, "ctx", None)
+    _Patcher._local.ctx = run
+    try:
+        yield run
+    finally:
+        _Patcher._local.ctx = prev
+        _Patcher.uninstall(classes)
+
+
 class _Patcher:
     """Install a checking `forward` on module classes while a check runs (reference counted).
 
@@ -462,7 +479,7 @@ class _Patcher:
         return forward
 
 
-class _Run:
+class ModuleRun:
     def __init__(self, paths: dict[int, str], contracts: dict[str, Contract], result: CheckResult,
                  checkpoint: Callable[[], None] | None):
         self.paths = paths
@@ -549,7 +566,7 @@ def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
     `contracts` maps paths to their contracts. Never raises for a failure inside the model:
     the result says where it failed and why. `checkpoint()` is called as each module is
     entered; what it raises (a cancellation) stops the run and propagates. `run_class` (a
-    subclass of `_Run`) replaces how a module's forward runs: the shape-only check
+    subclass of `ModuleRun`) replaces how a module's forward runs: the shape-only check
     (`engine.design.shape_check`) uses it to apply shape rules instead of kernels.
     """
     parsed = {p: (c if isinstance(c, Contract) else parse_contract(c)) for p, c in contracts.items() if c}
@@ -561,9 +578,13 @@ def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
         nodes[path] = NodeReport(path, type(m).__name__, contract=str(c) if c else None)
     result = CheckResult(nodes, [])
     classes = {k for _, m in modules for k in type(m).__mro__ if "forward" in k.__dict__}
-    run = (run_class or _Run)(paths, parsed, result, checkpoint)
-    _Patcher.install(classes)
-    _Patcher._local.ctx = run
+    run = (run_class or ModuleRun)(paths, parsed, result, checkpoint)
+    with forwards_through(classes, run):
+        _check_forward(root, inputs, run, result)
+    return result
+
+
+def _check_forward(root, inputs, run, result) -> None:
     try:
         out = root.forward(*inputs)
         result.output_shapes = _shapes(out)
@@ -575,10 +596,6 @@ def check(root: Any, inputs: list[Any], contracts: dict[str, str | Contract],
                 result.not_checked.append(str(exc))
         elif result.failure is None:
             result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        _Patcher._local.ctx = None
-        _Patcher.uninstall(classes)
-    return result
 
 
 # ---- example inputs ----------------------------------------------------------------------------

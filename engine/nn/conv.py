@@ -32,7 +32,7 @@ class _Padding:
     """Burn's `PaddingConfigNd`: `Same`, `Valid` or `Explicit(...)` (starts, then ends)."""
 
     N = 0
-    _NAMES = ()
+    SIDES = ()
 
     def __init__(self, kind: str, values: tuple = ()):
         self.kind = kind
@@ -44,7 +44,7 @@ class _Padding:
         if len(values) == 1 and isinstance(values[0], (tuple, list)):
             values = tuple(values[0])
         if len(values) != 2 * cls.N:
-            raise ValueError(f"{cls.__name__}.Explicit: expected {2 * cls.N} values ({', '.join(cls._NAMES)}), got {list(values)}")
+            raise ValueError(f"{cls.__name__}.Explicit: expected {2 * cls.N} values ({', '.join(cls.SIDES)}), got {list(values)}")
         if any(int(v) < 0 for v in values):
             raise ValueError(f"{cls.__name__}.Explicit: padding must be >= 0, got {list(values)}")
         return cls("Explicit", values)
@@ -94,17 +94,17 @@ class _Padding:
 
 class PaddingConfig1d(_Padding):
     N = 1
-    _NAMES = ("left", "right")
+    SIDES = ("left", "right")
 
 
 class PaddingConfig2d(_Padding):
     N = 2
-    _NAMES = ("top", "left", "bottom", "right")
+    SIDES = ("top", "left", "bottom", "right")
 
 
 class PaddingConfig3d(_Padding):
     N = 3
-    _NAMES = ("front", "top", "left", "back", "bottom", "right")
+    SIDES = ("front", "top", "left", "back", "bottom", "right")
 
 
 for _cls in (PaddingConfig1d, PaddingConfig2d, PaddingConfig3d):

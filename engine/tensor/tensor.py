@@ -306,7 +306,7 @@ class Tensor:
         n = self._node
         if n is None:
             return None
-        arr = grads._get(n)
+        arr = grads.of_node(n)
         if arr is None:
             return None
         return Tensor._wrap(arr, self._device)

@@ -120,6 +120,11 @@ _IDENTITY = {"autodiff", "inner", "detach", "require_grad", "set_require_grad", 
 _registered: list[tuple[Any, str, str]] = []  # (owner, attribute, op name) beside Tensor's own methods
 
 
+def register_function(owner, name: str, op: str) -> None:
+    """Trace `owner.<name>` as op `op` while a trace runs (as `register_functions`, one name)."""
+    _registered.append((owner, name, op))
+
+
 def register_functions(owner, names, prefix: str = "") -> None:
     """Trace `owner.<name>` for each of `names` (module-level functions, such as the fused kernels
     of `engine.nn._ops`) while a trace runs; recorded as op `prefix + name`. Costs nothing outside
@@ -255,14 +260,19 @@ class Tracer:
         self._scopes.pop()
 
     @property
+    def scopes(self) -> list[str]:
+        """The module paths entered and not yet left, outermost first (read it, do not change it)."""
+        return self._scopes
+
+    @property
     def scope(self) -> str:
         return self._scopes[-1] if self._scopes else ""
 
     def module_call(self, path: str, type_name: str, args, out, first: int) -> None:
         """Record that the module at `path` ran on the tensors in `args` and returned `out`, its
         ops starting at `trace.ops[first]` (the drivers of module scopes call it)."""
-        ins = [self.tensor_id(t) for t in _flat_tensors(list(args))]
-        outs = [self.tensor_id(t) for t in _flat_tensors(out)]
+        ins = [self.tensor_id(t) for t in flat_tensors(list(args))]
+        outs = [self.tensor_id(t) for t in flat_tensors(out)]
         self.trace.calls.append(ModuleCall(path, type_name, ins, outs, first, len(self.trace.ops)))
 
     # ---- tensors
@@ -291,7 +301,7 @@ class Tracer:
 
     def output(self, value) -> list[int]:
         """Declare the tensors in `value` (a tensor, or lists, tuples, dicts of them) graph outputs."""
-        ids = [self.tensor_id(t) for t in _flat_tensors(value)]
+        ids = [self.tensor_id(t) for t in flat_tensors(value)]
         if not ids:
             raise TraceError(f"the traced forward returned no tensor (got {type(value).__name__})")
         self.trace.outputs.extend(ids)
@@ -336,7 +346,7 @@ class Tracer:
                 attrs[name] = tuple(kept)
             else:
                 attrs[name] = value
-        outs = _flat_tensors(out)
+        outs = flat_tensors(out)
         if not outs:
             return  # a query (all(), any() as a bool): nothing flows on
         if op == "identity" and len(inputs) == 1 and len(outs) == 1:
@@ -347,7 +357,7 @@ class Tracer:
         self.record(op, inputs, outs, attrs, names)
 
 
-def _flat_tensors(value, depth: int = 0) -> list[Tensor]:
+def flat_tensors(value, depth: int = 0) -> list[Tensor]:
     if isinstance(value, Tensor):
         return [value]
     out: list[Tensor] = []
@@ -355,13 +365,13 @@ def _flat_tensors(value, depth: int = 0) -> list[Tensor]:
         return out
     if isinstance(value, (list, tuple)):
         for v in value:
-            out.extend(_flat_tensors(v, depth + 1))
+            out.extend(flat_tensors(v, depth + 1))
     elif isinstance(value, dict):
         for v in value.values():
-            out.extend(_flat_tensors(v, depth + 1))
+            out.extend(flat_tensors(v, depth + 1))
     elif hasattr(value, "__dataclass_fields__"):
         for k in value.__dataclass_fields__:
-            out.extend(_flat_tensors(getattr(value, k), depth + 1))
+            out.extend(flat_tensors(getattr(value, k), depth + 1))
     return out
 
 

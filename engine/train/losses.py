@@ -17,7 +17,7 @@ those instead. These are what the loop uses when the step is left to it.
 """
 from __future__ import annotations
 
-from ..nn._ops import first_bad_target, softmax_cross_entropy
+from ..nn.functional import first_bad_target, softmax_cross_entropy
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, record
 

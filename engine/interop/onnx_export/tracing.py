@@ -8,7 +8,7 @@ import numpy as np
 from engine.module import contracts
 from engine.module.tree import FieldKind, walk
 from engine.tensor import Tensor
-from engine.tensor.trace import Trace, Tracer, TraceError, _flat_tensors
+from engine.tensor.trace import Trace, Tracer, TraceError, flat_tensors
 
 from ...design import shape_check
 from ...nn import spec as layer_spec
@@ -34,7 +34,7 @@ def _scope_path(tr: Tracer, paths: dict[int, str], module) -> str | None:
     """The path whose trace scope a call of `module` opens; None for a module outside the tree
     or one whose scope is already the innermost (a forward calling its own class's forward)."""
     path = paths.get(id(module))
-    if path is None or (tr._scopes and tr._scopes[-1] == path):
+    if path is None or (tr.scopes and tr.scopes[-1] == path):
         return None
     return path
 
@@ -92,28 +92,21 @@ def trace_model(model, inputs, shape_only: bool = False) -> Trace:
             prm.base()  # the forward allocates it anyway; allocated first, it is traced by its path
     tracer = Tracer(param_names(model, params=True))
     run = _ScopeRun(tracer, paths)
-    contracts._Patcher.install(classes)
-    prev = getattr(contracts._Patcher._local, "ctx", None)
-    contracts._Patcher._local.ctx = run
-    try:
-        with tracer:
-            for t, name in zip(inputs, input_names(len(inputs))):
-                if isinstance(t, Tensor):
-                    tracer.input(t, name)
-            tracer.push_scope("", type(model).__name__)
-            try:
-                out = model.forward(*inputs)
-            finally:
-                tracer.pop_scope()
-            tracer.module_call("", type(model).__name__, inputs, out, 0)
-            tracer.output(out)
-    finally:
-        contracts._Patcher._local.ctx = prev
-        contracts._Patcher.uninstall(classes)
+    with contracts.forwards_through(classes, run), tracer:
+        for t, name in zip(inputs, input_names(len(inputs))):
+            if isinstance(t, Tensor):
+                tracer.input(t, name)
+        tracer.push_scope("", type(model).__name__)
+        try:
+            out = model.forward(*inputs)
+        finally:
+            tracer.pop_scope()
+        tracer.module_call("", type(model).__name__, inputs, out, 0)
+        tracer.output(out)
     return tracer.trace
 
 
-class _ShapeTraceRun(shape_check._ShapeRun):
+class _ShapeTraceRun(shape_check.ShapeRun):
     """The shape-only check's run with trace scopes, and each layer a shape rule stands for
     recorded as one `module` op."""
 
@@ -125,7 +118,7 @@ class _ShapeTraceRun(shape_check._ShapeRun):
         path = _scope_path(tr, self.paths, module)
         if path is None:
             return original(module, *args, **kwargs)
-        outermost = not tr._scopes
+        outermost = not tr.scopes
         try:
             out = _scoped_call(tr, path, module, args, kwargs,
                                lambda: super(_ShapeTraceRun, self).call(module, original, args, kwargs))
@@ -139,17 +132,17 @@ class _ShapeTraceRun(shape_check._ShapeRun):
 
     def forward(self, module, original, args, kwargs, node):
         name = type(module).__name__
-        ruled = (layer_spec.has_rule(module) and name not in shape_check._MAIN_OUTPUT_ONLY) or (
+        ruled = (layer_spec.has_rule(module) and name not in shape_check.MAIN_OUTPUT_ONLY) or (
             name == "MultiHeadAttention" and args and type(args[0]).__name__ == "MhaInput")
         out = super().forward(module, original, args, kwargs, node)
         if ruled:
-            ins = shape_check._tensors(list(args) + list(kwargs.values()), [])
-            self.tracer.record("module", ins, _flat_tensors(out), {"type": name, "path": node.path})
+            ins = shape_check.tensors_in(list(args) + list(kwargs.values()), [])
+            self.tracer.record("module", ins, flat_tensors(out), {"type": name, "path": node.path})
         return out
 
 
 def _trace_shape_only(model, inputs, modules, paths) -> Trace:
-    stand_ins = [shape_check._stand_in(t.shape, t.kind, t.device) if isinstance(t, Tensor) else t for t in inputs]
+    stand_ins = [shape_check.stand_in(t.shape, t.kind, t.device) if isinstance(t, Tensor) else t for t in inputs]
     tracer = Tracer(param_names(model, params=False))
 
     class Run(_ShapeTraceRun):
@@ -192,8 +185,7 @@ def _register_layer_functions() -> None:
             fn = getattr(fn, "__func__", fn)
             if fn is None:
                 continue
-            _trace.register_functions(klass, ["_FN"])
-            _trace._registered[-1] = (klass, "_FN", fn.__name__)
+            _trace.register_function(klass, "_FN", fn.__name__)
     _trace.register_functions(embedding, ["embedding"])
     _trace.register_functions(importlib.import_module("engine.nn.rnn"), ["cat", "stack"])  # imported by name
 

@@ -281,9 +281,9 @@ def test_pretrained_bert_vit_gpt2_match_ember_with_a_dynamic_batch(folder, tmp_p
 
 
 def _flat_last(out):
-    from engine.tensor.trace import _flat_tensors  # noqa: PLC0415
+    from engine.tensor.trace import flat_tensors  # noqa: PLC0415
 
-    return _flat_tensors(out)[-1].numpy()
+    return flat_tensors(out)[-1].numpy()
 
 
 def test_a_batch_equal_to_another_size_is_still_told_apart(llama, tmp_path):

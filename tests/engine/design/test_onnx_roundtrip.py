@@ -17,7 +17,7 @@ from engine.design import build_model
 from engine.interop import export_onnx, import_onnx
 from engine.module.lora import Lora
 from engine.store import ModuleRecord
-from engine.tensor.trace import _flat_tensors
+from engine.tensor.trace import flat_tensors
 from resources.examples import build_example
 
 onnx = pytest.importorskip("onnx")
@@ -45,7 +45,7 @@ def _digits(batch):
 
 
 def _arrays(out):
-    return [t.numpy() for t in _flat_tensors(out)]
+    return [t.numpy() for t in flat_tensors(out)]
 
 
 def _round_trip(model, make, tmp_path, stem):
