@@ -45,7 +45,10 @@ MAX_RENDER_WORK = 1_000_000  # loop steps, calls, attribute / item accesses and 
 MAX_WIDTH = 4096  # an integer argument of a filter or a string method (a width, a count, an indent)
 MAX_CONFIG_BYTES = 16 * 2 ** 20  # tokenizer_config.json
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-_LONG_NUMBER = re.compile(r"\d{5,}")  # a width in a format string ('%99999s', '{:>99999}')
+# a width or precision of 5+ digits in a format string ('%99999s', '{:>99999}'), or one taken from the
+# arguments ('%*s', '{:{}}'): what would make a string of any size from a short format
+_PERCENT_WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(?:\d{5,}|\*|\d*\.(?:\d{5,}|\*))")
+_BRACE_WIDTH = re.compile(r"\{[^{}]*:[^{}]*(?:\d{5,}|\{)")
 # private-use marks around special-token text that came from the caller's messages (encode_chat)
 _OPEN, _CLOSE = "\ue000", "\ue001"
 
@@ -61,10 +64,12 @@ class ChatTemplateError(ValueError):
 @dataclass
 class RenderedChat:
     """A rendered conversation: the text and the [start, end) character spans of the template's
-    `{% generation %}` blocks (the assistant's text, where the template marks it; else empty)."""
+    `{% generation %}` blocks (the assistant's text, where the template marks it; else empty), and the
+    work the render took (the steps counted against MAX_RENDER_WORK)."""
 
     text: str
     generation_spans: list[tuple[int, int]] = field(default_factory=list)
+    work: int = 0
 
 
 # --- the bounded render -----------------------------------------------------------------------
@@ -104,15 +109,26 @@ def _check_size(value, what: str):
     return value
 
 
-def _check_format(fmt, what: str):
-    if isinstance(fmt, str) and _LONG_NUMBER.search(fmt):
-        raise _Refused(f"expected {what} with widths below {MAX_WIDTH}, found {_LONG_NUMBER.search(fmt).group()!r}")
+def _check_format(fmt, what: str, pattern=_PERCENT_WIDTH):
+    found = pattern.search(fmt) if isinstance(fmt, str) else None
+    if found:
+        raise _Refused(f"expected {what} with widths written in it and below {MAX_WIDTH}, found {found.group()!r}")
 
 
 def _check_ints(args, kwargs, what: str):
     for v in list(args) + list(kwargs.values()):
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_WIDTH:
             raise _Refused(f"expected {what}'s numbers to be at most {MAX_WIDTH}, found {v}")
+
+
+# the filters whose integer arguments are widths or counts that size their result
+_WIDTH_FILTERS = frozenset({"center", "indent", "wordwrap", "truncate", "batch", "slice", "urlize", "pprint"})
+
+
+def _check_replace(s, old, new):
+    if isinstance(s, str):
+        old, new = str(old), str(new)
+        _sized(len(s) + (len(s) + 1 if old == "" else s.count(old)) * len(new), "a replaced string")
 
 
 def _sized(n: int, what: str):
@@ -185,9 +201,11 @@ def _environment():
             _charge(len(result) // 256 if isinstance(result, (str, list)) else 0)
             return _check_size(result, "an operator's result")
 
-        def format_string(self, s, args, kwargs, format_func=None):
-            _check_format(s, "a format string")
-            return super().format_string(s, args, kwargs, format_func)
+        def wrap_str_format(self, value):
+            owner = getattr(value, "__self__", None)
+            if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
+                _check_format(owner, "a format string", _BRACE_WIDTH)
+            return super().wrap_str_format(value)
 
         def getattr(self, obj, attribute):
             _charge()
@@ -202,11 +220,8 @@ def _environment():
             owner = getattr(__obj, "__self__", None)
             if isinstance(owner, (str, list, dict)):  # a string or list method: widths, counts, formats
                 _check_ints(args, kwargs, f"{type(owner).__name__}.{getattr(__obj, '__name__', 'method')}")
-                if isinstance(owner, str):
-                    _check_format(owner, "a format string")
-                    if getattr(__obj, "__name__", "") == "replace" and len(args) >= 2:
-                        _sized(len(owner) * (len(str(args[1])) + 1) if args[0] == "" else
-                               len(owner) + owner.count(str(args[0])) * len(str(args[1])), "a replaced string")
+                if isinstance(owner, str) and getattr(__obj, "__name__", "") == "replace" and len(args) >= 2:
+                    _check_replace(owner, args[0], args[1])
             for a in list(args) + list(kwargs.values()):
                 _check_size(a, "an argument")
             result = super().call(__context, __obj, *args, **kwargs)
@@ -218,9 +233,14 @@ def _environment():
         @functools.wraps(f)
         def run(*args, **kwargs):
             _charge()
-            _check_ints(args, kwargs, f"the filter {name!r}")
-            if name == "format" and args:
-                _check_format(args[-1] if not isinstance(args[0], str) else args[0], "a format string")
+            if name in _WIDTH_FILTERS:
+                _check_ints(args, kwargs, f"the filter {name!r}")
+            elif name == "format" and args:
+                _check_format(args[0], "a format string")
+            elif name == "replace" and args:
+                rest = args[1:] if hasattr(args[0], "environment") else args  # do_replace takes the eval context
+                if len(rest) >= 3:
+                    _check_replace(*rest[:3])
             result = f(*args, **kwargs)
             if isinstance(result, (str, list)):
                 _charge(len(result) // 256)
@@ -362,7 +382,7 @@ class ChatTemplate:
             raise ChatTemplateError(self.where, f"the template refused the conversation: {_message(e)}") from None
         finally:
             _BUDGET.reset(token)
-        return RenderedChat("".join(chunks), spans)
+        return RenderedChat("".join(chunks), spans, budget.work)
 
     def __repr__(self) -> str:
         return f"ChatTemplate({self.where!r}, {len(self.source)} characters)"
