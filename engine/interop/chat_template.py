@@ -27,14 +27,20 @@ Message text is tokenized without parsing special tokens (`encode_chat`): a user
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import json
 import re
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+
 from ..models.hf_folder import PretrainedError, read_json
+from ..train.tokenizer import TextTokenizer, TokenizerError
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "RenderedChat", "read_chat_template", "encode_chat",
            "MAX_TEMPLATE_CHARS", "MAX_OUTPUT_CHARS", "MAX_RENDER_WORK"]
@@ -361,7 +367,7 @@ class ChatTemplate:
         chunks: list[str] = []
         token = _BUDGET.set(budget)
         try:
-            for chunk in self._template.generate(messages=_plain(messages), tools=_plain(tools),
+            for chunk in self._template.generate(messages=_messages(messages), tools=_plain(tools),
                                                  documents=_plain(documents),
                                                  add_generation_prompt=add_generation_prompt, **_plain(context)):
                 budget.emitted += len(chunk)
@@ -394,14 +400,50 @@ def _message(e: BaseException) -> str:
 
 
 def _plain(value, depth: int = 0):
-    """Messages, tools and variables as plain dicts, lists and scalars (what a template may see)."""
-    if depth > 32:
-        raise ChatTemplateError("the conversation", "expected messages nested at most 32 levels, found more")
-    if isinstance(value, dict):
-        return {k: _plain(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    """What a template may see, as transformers rebuilds it: JSON scalars (subclasses such as enums
+    and NumPy scalars back to their base type), dicts, lists, tuples, dataclasses as dicts; anything
+    else an inert placeholder naming its type ("<ndarray>"), so no object's methods reach the sandbox."""
+    if depth > 64:
+        raise ChatTemplateError("the conversation", "expected messages nested at most 64 levels, found more")
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
         return [_plain(v, depth + 1) for v in value]
-    return value
+    if isinstance(value, tuple):
+        return tuple(_plain(v, depth + 1) for v in value)
+    if isinstance(value, np.generic):
+        return _plain(value.item(), depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
+    return f"<{type(value).__name__}>"
+
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _messages(messages) -> list:
+    """The messages as the template sees them: plain data, and a message's reasoning under each name
+    templates read it by (`reasoning_content`; `thinking` for gpt-oss), as transformers passes it."""
+    if not isinstance(messages, (list, tuple)):
+        raise ChatTemplateError("the conversation", f"expected a list of messages, found {type(messages).__name__}")
+    out = []
+    for i, message in enumerate(_plain(list(messages))):
+        if not isinstance(message, dict):
+            raise ChatTemplateError("the conversation", f"message {i}: expected a dict with a role and content, "
+                                                        f"found {type(message).__name__}")
+        reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
+    return out
 
 
 # --- reading a model folder --------------------------------------------------------------------
@@ -516,17 +558,30 @@ def encode_chat(tokenizer, template: ChatTemplate, messages, add_generation_prom
     marked = template.render(_mark(messages, pattern), add_generation_prompt=add_generation_prompt,
                              **_mark(variables, pattern)).text
     ids: list[int] = []
-    tok = tokenizer.tokenizer
     for i, piece in enumerate(re.split(f"[{_OPEN}{_CLOSE}]", marked)):
         if not piece:
             continue
         if i % 2 == 0:  # the template's text: its special tokens are tokens
             ids += tokenizer.encode(piece, add_special_tokens=False)
         else:  # special-token text from a message: ordinary text
-            previous = tok.encode_special_tokens
-            tok.encode_special_tokens = True
-            try:
-                ids += tokenizer.encode(piece, add_special_tokens=False)
-            finally:
-                tok.encode_special_tokens = previous
+            ids += _as_text_tokenizer(tokenizer).encode(piece, add_special_tokens=False)
     return ids
+
+
+_TEXT_ONLY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _as_text_tokenizer(tokenizer):
+    """A copy of the library's tokenizer that encodes special-token text as ordinary text
+    (`encode_special_tokens`), made once per tokenizer and only when a message holds such text: the
+    shared tokenizer's own switch is never flipped, so other threads encoding with it are unaffected."""
+    tok = tokenizer.tokenizer
+    plain = _TEXT_ONLY.get(tok)
+    if plain is None:
+        try:
+            copy = type(tok).from_str(tok.to_str())
+        except Exception as e:  # noqa: BLE001 - the library's own message says what failed
+            raise TokenizerError(tokenizer.path, f"the tokenizers library cannot copy it: {_message(e)}") from None
+        copy.encode_special_tokens = True
+        plain = _TEXT_ONLY[tok] = TextTokenizer(copy, tokenizer.path)
+    return plain

@@ -221,7 +221,7 @@ def test_a_user_typing_a_special_token_gets_plain_text(chatml_tokenizer):
     # plain encoding of the same text would have let the message end its turn (what encode_chat prevents)
     plain = tokenizer.encode(template.render(hostile, add_generation_prompt=True).text, add_special_tokens=False)
     assert plain.count(end) == 3
-    # the library's switch is left as it was
+    # the shared tokenizer's own switch is never flipped (other threads may be encoding with it)
     assert tokenizer.tokenizer.encode_special_tokens is False
 
 
@@ -230,6 +230,30 @@ def test_encode_chat_equals_plain_encoding_for_ordinary_text(chatml_tokenizer):
     msgs = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "hello"}]
     text = template.render(msgs).text
     assert encode_chat(tokenizer, template, msgs) == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_messages_are_plain_data_with_reasoning_under_each_name():
+    import dataclasses
+    import enum
+
+    import numpy as np
+
+    class Role(str, enum.Enum):
+        USER = "user"
+
+    @dataclasses.dataclass
+    class Msg:
+        role: str
+        content: str
+
+    t = ChatTemplate("{% for m in messages %}{{ m.role }}:{{ m.content }}:{{ m.reasoning_content }}:{{ m.thinking }};"
+                     "{% endfor %}{{ n }}{{ arr }}")
+    msgs = [{"role": Role.USER, "content": "hi"}, Msg("assistant", "ok"),
+            {"role": "assistant", "content": "x", "reasoning": "because"}]
+    text = t.render(msgs, n=np.int64(3), arr=np.zeros(2)).text
+    assert text == "user:hi::;assistant:ok::;assistant:x:because:because;3<ndarray>"
+    with pytest.raises(ChatTemplateError, match="message 0: expected a dict"):
+        t.render(["hello"])
 
 
 def test_markers_typed_by_the_user_cannot_forge_a_special_token(chatml_tokenizer):
