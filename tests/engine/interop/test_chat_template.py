@@ -25,7 +25,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates"
 CASES = json.loads((FIXTURES / "cases.json").read_text(encoding="utf-8"))
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text(encoding="utf-8"))["expected"]
 PAIRS = [(t, c) for t in CASES["templates"] for c in CASES["conversations"]]
-FAMILIES = ("llama-3", "qwen2.5", "mistral", "gemma", "phi-3", "smollm2")
+FAMILIES = ("llama-3", "qwen2.5", "mistral", "gemma", "phi-3", "smollm2", "qwen3")
 
 
 def ember_render(template_name: str, case_name: str) -> dict:
@@ -34,7 +34,7 @@ def ember_render(template_name: str, case_name: str) -> dict:
                             CASES["templates"][template_name], where=template_name)
     try:
         chat = template.render(case["messages"], add_generation_prompt=case["add_generation_prompt"],
-                               **CASES["variables"])
+                               **{**CASES["variables"], **case.get("variables", {})})
     except ChatTemplateError as e:
         return {"error": str(e)}
     return {"text": chat.text, "generation_spans": [list(s) for s in chat.generation_spans]}
@@ -63,6 +63,16 @@ def test_rendering_equals_transformers(template_name, case_name):
         assert got["error"].endswith(want["error"]) and got["error"].startswith(template_name)
     else:
         assert got == want
+
+
+def test_qwen3_thinking_switch_and_reasoning_history_follow_transformers():
+    off = EXPECTED["qwen3-0.6b.jinja"]["thinking-off"]["text"]
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    history = EXPECTED["qwen3-0.6b.jinja"]["reasoning-in-history"]["text"]
+    assert "three threes" not in history and "four fours" not in history  # dropped before the last question
+    assert "<think>\ngreet back\n</think>" in EXPECTED["qwen3-0.6b.jinja"]["reasoning-last-turn"]["text"]
+    for case in ("thinking-off", "reasoning-in-history", "reasoning-last-turn"):
+        assert ember_render("qwen3-0.6b.jinja", case) == EXPECTED["qwen3-0.6b.jinja"][case]
 
 
 def test_generation_spans_cover_the_assistants_text():
