@@ -278,8 +278,15 @@ def _environment():
         _sized(sum(len(p) for p in parts if isinstance(p, str)), "a '~' joined string")
         return "".join(parts)
 
-    def template_dict(*args, **kwargs):
-        return dict(*args, **kwargs)
+    class TemplateDict:
+        """`dict(...)` and `dict.fromkeys(...)` for templates, without the type itself (whose
+        attributes lead back into Python)."""
+
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
 
     env = ChatEnvironment(trim_blocks=True, lstrip_blocks=True,
                           extensions=[GenerationBlock, jinja2.ext.loopcontrols])
@@ -288,7 +295,7 @@ def _environment():
     env.filters["tojson"] = guarded_filter(tojson, "tojson")
     env.globals.pop("lipsum", None)  # a generator of any number of paragraphs: no chat template uses it
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, range=counted_range,
-                       dict=template_dict, namespace=ChatNamespace,
+                       dict=TemplateDict(), namespace=ChatNamespace,
                        ember_loop_guard=loop_guard, ember_concat=concat)
     return env
 

@@ -129,6 +129,18 @@ def test_strftime_now_and_loop_controls():
     assert t.render([]).text in (f"{year}02", f"{year + 1}02")
 
 
+def test_jinja_semantics_survive_the_guards():
+    # `~` (sized by Ember), loops (counted), dict / dict.fromkeys, namespaces, block sets, recursion
+    t = ChatTemplate("{{ 1 ~ none ~ nope ~ 'a' ~ [1, 2] }}|{% set x %}{% for i in range(3) %}{{ i ~ '-' }}{% endfor %}"
+                     "{% endset %}{{ x }}|{{ dict(a=1) | tojson }}{{ dict.fromkeys(['k'], 0) | tojson }}|"
+                     "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + loop.length %}{% endfor %}"
+                     "{{ ns.n }}|{% for m in messages if m.role == 'user' %}{{ loop.index }}{{ loop.last }}{% endfor %}|"
+                     "{% for t in [[1, [2]], 3] recursive %}{% if t is iterable %}{{ loop(t) }}{% else %}{{ t }}{% endif %}"
+                     "{% endfor %}")
+    msgs = [{"role": "user"}, {"role": "assistant"}, {"role": "user"}]
+    assert t.render(msgs).text == '1Nonea[1, 2]|0-1-2-|{"a": 1}{"k": 0}|9|1False2True|123'
+
+
 def test_a_template_that_does_not_parse_is_named():
     with pytest.raises(ChatTemplateError, match=r"model/x\.jinja: .*does not parse"):
         ChatTemplate("{% for m in messages %}", where="model/x.jinja")
