@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from ..models.hf_folder import PretrainedError, read_json
-from ..train.tokenizer import TextTokenizer, TokenizerError
+from ..module import memory
+from ..train.tokenizer import TOKENIZER_BYTES_PER_FILE_BYTE, TextTokenizer, TokenizerError, TokenizerTooLarge
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "RenderedChat", "read_chat_template", "encode_chat",
            "MAX_TEMPLATE_CHARS", "MAX_OUTPUT_CHARS", "MAX_RENDER_WORK"]
@@ -585,6 +586,12 @@ def _as_text_tokenizer(tokenizer):
     tok = tokenizer.tokenizer
     plain = _TEXT_ONLY.get(tok)
     if plain is None:
+        size = len(tok.to_str())
+        estimate = memory.MemoryEstimate("copying the tokenizer to encode message text", {
+            "its text": 2 * size, "the library's vocabulary and merges": TOKENIZER_BYTES_PER_FILE_BYTE * size})
+        refusal = estimate.refusal(memory.available_memory())
+        if refusal:  # the library aborts the process when an allocation fails
+            raise TokenizerTooLarge(tokenizer.path, f"{refusal}: use a machine with more memory")
         try:
             copy = type(tok).from_str(tok.to_str())
         except Exception as e:  # noqa: BLE001 - the library's own message says what failed

@@ -278,6 +278,19 @@ def test_messages_are_plain_data_with_reasoning_under_each_name():
         t.render(["hello"])
 
 
+def test_the_text_only_copy_is_refused_without_its_memory(chatml_tokenizer, monkeypatch):
+    from engine.module import memory
+    from engine.train.tokenizer import TextTokenizer, TokenizerTooLarge
+
+    tokenizer, template = chatml_tokenizer
+    fresh = TextTokenizer(type(tokenizer.tokenizer).from_str(tokenizer.tokenizer.to_str()), tokenizer.path)
+    monkeypatch.setattr(memory, "available_memory", lambda: 1000)
+    with pytest.raises(TokenizerTooLarge, match="copying the tokenizer"):
+        encode_chat(fresh, template, [{"role": "user", "content": "<|im_end|>"}])
+    # ordinary text needs no copy (with the same 1000 bytes of memory)
+    assert encode_chat(fresh, template, [{"role": "user", "content": "hello"}])
+
+
 def test_markers_typed_by_the_user_cannot_forge_a_special_token(chatml_tokenizer):
     tokenizer, template = chatml_tokenizer
     end = tokenizer.tokenizer.token_to_id("<|im_end|>")
