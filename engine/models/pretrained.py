@@ -43,8 +43,8 @@ from .hf_folder import MAX_CONFIG_BYTES, Checkpoint, PretrainedError, open_check
 from .mapping import Rule, WeightMap
 
 __all__ = [
-    "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "pretrained_info", "pretrained_names",
-    "supported_architectures",
+    "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "peft_task_type", "pretrained_info",
+    "pretrained_names", "supported_architectures",
 ]
 
 @dataclass(frozen=True)
@@ -179,6 +179,21 @@ def family_of(model):
         if name in fam.architectures and cfg is not None:
             return fam, cfg
     return None, None
+
+
+def peft_task_type(model) -> str | None:
+    """peft's `TaskType` for an adapter of `model` (`save_peft_adapter` writes it), from the
+    architecture its config.json names (its class for a model made in code): "CAUSAL_LM" for a
+    causal language model (`*ForCausalLM`, `GPT2LMHeadModel`: `PeftModel.from_pretrained` then makes
+    a `PeftModelForCausalLM`, whose `generate` works), "FEATURE_EXTRACTION" for a bare `BertModel`,
+    None (a plain `PeftModel`) for the rest, such as a ViT classifier, which no peft task type fits."""
+    info = pretrained_info(model)
+    archs = info.raw_config.get("architectures") if info is not None else None
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        archs = [type(model).__name__] if family_of(model)[0] is not None else [""]
+    if archs[0].endswith(("ForCausalLM", "LMHeadModel")):
+        return "CAUSAL_LM"
+    return "FEATURE_EXTRACTION" if archs[0] == "BertModel" else None
 
 
 # ---------------------------------------------------------------------------------- opening
