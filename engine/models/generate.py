@@ -426,11 +426,9 @@ def _check_settings(max_new_tokens, temperature, top_k, top_p, repetition_penalt
 
 
 def _stops(tokenizer, stop, eos: list[int]) -> tuple[set[int], list[str]]:
-    """The stop ids (the model's eos list, else the tokenizer's eos; the `stop` ids and the stop
-    strings that are one token) and the stop strings that are not one token."""
+    """The stop ids (`eos`, the `stop` ids and the stop strings that are one token) and the stop
+    strings that are not one token."""
     ids: set[int] = {int(e) for e in eos}
-    if not ids and getattr(tokenizer, "eos_id", None) is not None:
-        ids.add(int(tokenizer.eos_id))
     texts: list[str] = []
     if stop is None:
         stop = []
@@ -463,10 +461,12 @@ class GenerationStream:
         _check_settings(max_new_tokens, temperature, top_k, top_p, repetition_penalty)
         n_layers, n_positions, vocab = _model_facts(model)
         own = generation_config(model)
-        eos = own["eos_token_id"]
         if eos_token_id is not None:  # the caller's replace the model's, as in transformers
             given = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
             eos = _token_ids(given, "eos_token_id", "generate")
+        else:  # the model's; the tokenizer's where the model names none (a model made in code)
+            tok_eos = getattr(tokenizer, "eos_id", None)
+            eos = own["eos_token_id"] or ([int(tok_eos)] if tok_eos is not None else [])
         rows, self._batched = _prompt_rows(tokenizer, prompt, vocab)
         width = max(len(r) for r in rows)
         if width > n_positions:

@@ -44,6 +44,15 @@ def test_the_model_stops_at_its_eos_and_keeps_it():
     r = generate(model, None, PROMPT, 16, temperature=0)
     assert r.token_ids == UNSTOPPED[:15] and r.token_ids[-1] == 2 and r.finish_reasons == ["stop"]
 
+    class Tok:  # a tokenizer's eos counts only where the model names none; eos_token_id=[] turns both off
+        eos_id, pad_id = 3, None
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    assert generate(model, Tok(), PROMPT, 16, temperature=0).token_ids == UNSTOPPED[:15]
+    assert generate(model, Tok(), PROMPT, 16, temperature=0, eos_token_id=[]).token_ids == UNSTOPPED
+
 
 @pytest.mark.parametrize("name", ["llama-gqa", "llama-tied", "mistral", "qwen2", "gpt2"])
 def test_greedy_without_a_stop_argument_equals_transformers_generate(name):
