@@ -8,6 +8,10 @@ from a worker thread, and compare two models on the same prompt and seed, side b
   generation replaces a running one); it iterates `engine.models.generate.stream` and sends each
   token's text back as a partial result, which the view appends to its pane. Stop cancels the
   task: the stream checks it before each step, and the text so far stays.
+- When a model from another folder opens, the sampling boxes take the defaults of its
+  generation_config.json (`engine.models.generate.generation_defaults`: temperature, top-k, top-p,
+  repetition penalty, max new tokens; greedy where it does not sample), or the view's `DEFAULTS`
+  for a model without one.
 - Compare: "before / after the last training run" generates with the model the run started from
   (`TrainingRun.source_module`) and then the document's model; "adapter off / on" with the
   document's model without its LoRA adapters (`detach_reparameterization`, on the worker) and then
@@ -20,7 +24,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from engine.models.generate import GenerationError, estimate_generation, stream
+from engine.models.generate import GenerationError, estimate_generation, generation_defaults, stream
 from engine.module import memory
 from engine.module.tree import params as tree_params
 from engine.train.text import load_tokenizer
@@ -52,7 +56,8 @@ def _generate_columns(state, columns, tokenizer, folder: str, settings: dict):
         if isinstance(model, _Later):
             model = model.fn()
         s = stream(model, tok, settings["prompt"], settings["max_new_tokens"], settings["temperature"],
-                   settings["top_k"], settings["top_p"], settings["seed"], cancel=state.is_cancelled)
+                   settings["top_k"], settings["top_p"], settings["seed"], cancel=state.is_cancelled,
+                   repetition_penalty=settings.get("repetition_penalty", 1.0))
         for token in s:
             if token.text:
                 state.set_partial_result((col, token.text))
@@ -81,6 +86,7 @@ class GeneratePanel(QWidget):
         self.last_thread = ""  # the thread the last generation ran on (never the GUI thread)
         self.view.generate_requested.connect(self.generate)
         self.view.stop_requested.connect(self.stop)
+        self._defaults_for: Any = ()  # the folder whose generation defaults the boxes hold (() : none yet)
         self.document.model_changed.connect(self._update_enabled)
         self._update_enabled()
 
@@ -88,8 +94,25 @@ class GeneratePanel(QWidget):
     def folder(self) -> str:
         return tokenizer_folder(getattr(self.document, "source", None))
 
+    def _take_defaults(self, module) -> None:
+        """A model from another folder than the last one: the boxes take its generation defaults."""
+        from engine.models import pretrained_info  # noqa: PLC0415
+
+        info = pretrained_info(module) if module is not None else None
+        key = str(info.folder) if info is not None else None
+        if module is None or key == self._defaults_for:
+            return
+        self._defaults_for = key
+        try:
+            defaults = generation_defaults(module)
+        except GenerationError as exc:  # a broken generation_config.json: say so, keep the usual defaults
+            defaults = {}
+            self.view.error.show_error(f"The model's generation settings were not used: {exc}")
+        self.view.set_defaults(defaults)
+
     def _update_enabled(self) -> None:
         module = self.document.module
+        self._take_defaults(module)
         if module is None:
             self.view.set_can_generate(False, "Open a language model (File ▸ Open Pretrained…) to generate text.")
         elif not self.folder():

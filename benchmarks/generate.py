@@ -54,11 +54,11 @@ EMBER_SIDE = textwrap.dedent("""
         sys.argv[5] == "1"
     model = from_pretrained(folder)
     prompt = np.load(ids_file)[0].tolist()
-    generate(model, None, prompt, 4, temperature=0, stop=[], use_cache=use_cache)  # warm-up
+    generate(model, None, prompt, 4, temperature=0, eos_token_id=[], use_cache=use_cache)  # warm-up
     best, ids = float("inf"), None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        r = generate(model, None, prompt, new, temperature=0, stop=[], use_cache=use_cache)
+        r = generate(model, None, prompt, new, temperature=0, eos_token_id=[], use_cache=use_cache)  # as min_new_tokens
         best = min(best, time.perf_counter() - t0)
         ids = r.token_ids
     print(json.dumps({"seconds": best, "ids": ids, "threads": engine.num_threads()}))

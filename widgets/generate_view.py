@@ -1,9 +1,11 @@
 """The Generate panel's view: a prompt, the sampling settings (max new tokens, temperature, top-k,
-top-p, seed), what to compare, Generate and Stop, and one or two output panes side by side.
+top-p, repetition penalty, seed), what to compare, Generate and Stop, and one or two output panes
+side by side.
 
 The widget only asks and shows: `generate_requested(settings)` with
-`{"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "compare"}` (top-k 0 and
-top-p 1 mean off: None), `stop_requested()`; the app streams text into the panes
+`{"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
+"compare"}` (top-k 0 and top-p 1 mean off: None), `stop_requested()`; `set_defaults(values)` puts
+the sampling boxes to a model's defaults (`DEFAULTS` where it gives none); the app streams text into the panes
 (`append(column, text)`), titles them (`set_columns`) and says what is going on (`set_status`).
 """
 from __future__ import annotations
@@ -15,6 +17,9 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayo
 from PySide6.QtCore import Qt
 
 from .common import ErrorLabel, monospace_font
+
+# the sampling boxes' values when the model gives none (greedy, 32 new tokens)
+DEFAULTS = {"max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
 
 COMPARE = [("none", "Current model only"), ("run", "Before / after the last training run"),
            ("adapter", "Adapter off / on")]
@@ -57,6 +62,8 @@ class GenerateView(QWidget):
         self.top_k = spin("top-k", 0, 100_000, 0, "sample among the k most likely tokens; 0: off")
         self.top_p = dspin("top-p", 0.01, 1.0, 1.0, 0.05, "sample among the most likely tokens holding this much "
                                                          "probability; 1: off")
+        self.repetition_penalty = dspin("repetition-penalty", 0.01, 10.0, 1.0, 0.05,
+                                        "above 1: tokens already in the text are less likely; 1: off")
         self.seed = spin("seed", 0, 2**31 - 1, 0, "the same seed gives the same text")
         self.compare = QComboBox()
         self.compare.setObjectName("compare")
@@ -80,7 +87,8 @@ class GenerateView(QWidget):
         grid = QGridLayout(settings)
         grid.setContentsMargins(6, 6, 6, 6)
         for i, (label, w) in enumerate((("max new tokens", self.max_new_tokens), ("temperature", self.temperature),
-                                        ("top-k", self.top_k), ("top-p", self.top_p), ("seed", self.seed))):
+                                        ("top-k", self.top_k), ("top-p", self.top_p),
+                                        ("repetition penalty", self.repetition_penalty), ("seed", self.seed))):
             grid.addWidget(QLabel(label), i // 3, 2 * (i % 3))
             grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
             w.setMinimumWidth(90)
@@ -146,8 +154,18 @@ class GenerateView(QWidget):
         top_p = self.top_p.value()
         return {"prompt": self.prompt.toPlainText(), "max_new_tokens": self.max_new_tokens.value(),
                 "temperature": self.temperature.value(), "top_k": top_k or None,
-                "top_p": None if top_p >= 1.0 else top_p, "seed": self.seed.value(),
+                "top_p": None if top_p >= 1.0 else top_p, "repetition_penalty": self.repetition_penalty.value(),
+                "seed": self.seed.value(),
                 "compare": self.compare.currentData()}
+
+    def set_defaults(self, values: dict) -> None:
+        """The sampling boxes set to `values` (keys of `DEFAULTS`; a missing key takes `DEFAULTS`'),
+        each clamped to its box's range."""
+        boxes = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
+                 "top_p": self.top_p, "repetition_penalty": self.repetition_penalty}
+        for key, box in boxes.items():
+            value = values.get(key, DEFAULTS[key])
+            box.setValue(type(box.value())(min(max(value, box.minimum()), box.maximum())))
 
     def _on_generate(self) -> None:
         self.generate_requested.emit(self.settings())

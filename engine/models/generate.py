@@ -15,8 +15,15 @@ the k-th kept), `top_p` keeps the smallest set of most likely tokens whose proba
 `top_p` (a token goes when the tokens above it already hold `top_p`), and a token is drawn from the
 rest with a NumPy generator seeded by `seed` (the same seed, the same tokens).
 
-A row stops at a stop token (the tokenizer's or the model's eos, and any ids or strings in `stop`)
-or after `max_new_tokens`; a stop string that is not one token stops the row once the new text
+`repetition_penalty` (transformers' `RepetitionPenaltyLogitsProcessor`, before the temperature and in
+greedy choice too) divides the positive logits and multiplies the negative ones of every token already
+in the row, prompt included, by the penalty.
+
+A row stops at a stop token or after `max_new_tokens`, the stop token kept as the row's last new
+token as transformers keeps it. The stop tokens are the model's eos as transformers defines them
+(`generation_config`: the folder's generation_config.json `eos_token_id`, an int or a list, else
+config.json's; `eos_token_id=` replaces them), the tokenizer's eos only when the model names none,
+and any ids or strings in `stop`; a stop string that is not one token stops the row once the new text
 contains it. `stream(...)` gives the tokens as they come (for a panel that shows them) and
 `cancel` (a callable returning true, or a `threading.Event`) ends the generation between steps.
 
@@ -41,7 +48,7 @@ from ..tensor import raw as _raw
 from ..tensor import cpu
 
 __all__ = ["generate", "stream", "GenerationResult", "GenerationStream", "GeneratedToken", "warp_logits",
-           "GenerationError", "estimate_generation"]
+           "GenerationError", "estimate_generation", "generation_config", "generation_defaults", "penalize_repetition"]
 
 
 class GenerationError(ValueError):
@@ -121,6 +128,20 @@ def warp_logits(logits, temperature: float = 1.0, top_k: int | None = None, top_
     return x
 
 
+def penalize_repetition(logits, rows, penalty: float) -> np.ndarray:
+    """`logits` `[batch, vocab]` (float64) with each row's logits of the tokens in `rows[i]` (its
+    prompt and new tokens so far; each token once, however often it came) divided by `penalty` where
+    positive and multiplied by it where negative, as transformers' `RepetitionPenaltyLogitsProcessor`."""
+    x = np.array(logits, dtype=np.float64)
+    if penalty == 1.0:
+        return x
+    for i, row in enumerate(rows):
+        seen = np.unique(np.asarray(row, dtype=np.int64))
+        v = x[i, seen]
+        x[i, seen] = np.where(v < 0, v * penalty, v / penalty)
+    return x
+
+
 def _draw(logits_row: np.ndarray, rng) -> int:
     p = np.exp(logits_row - logits_row.max())
     c = np.cumsum(p)
@@ -129,14 +150,90 @@ def _draw(logits_row: np.ndarray, rng) -> int:
 
 
 # ---------------------------------------------------------------------------------- model facts
+# generation_config.json's sampling settings a panel takes as its defaults: (key, expected types)
+SAMPLING_KEYS = {"do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
+                 "repetition_penalty": (int, float), "max_new_tokens": (int,)}
+
+
+def _token_ids(value, key: str, where: str) -> list[int]:
+    """An `eos_token_id` / `pad_token_id` value (None, an int or a list of ints) as a list."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
+        raise GenerationError(f"{where}: expected '{key}' to be a token id (an int >= 0) or a list of them, found "
+                              f"{value!r}")
+    return list(items)
+
+
+def generation_config(model) -> dict:
+    """The model's own generation settings, as transformers' `model.generation_config` holds them
+    after `from_pretrained`: the folder's generation_config.json when it has one (then config.json's
+    special tokens are not looked at), else config.json's `eos_token_id` / `pad_token_id`
+    (`GenerationConfig.from_model_config`); a model made in code gives its config's. Returns
+    `{"eos_token_id": [ids], "pad_token_id": id or None}` plus the keys of `SAMPLING_KEYS` the
+    file holds. A value of the wrong type is a GenerationError naming the file."""
+    from .pretrained import pretrained_info  # noqa: PLC0415
+
+    info = pretrained_info(model)
+    folder = info.folder if info is not None else None
+    if info is not None and info.generation_config is not None:
+        doc, where = info.generation_config, str(folder / "generation_config.json") if folder else "generation_config"
+    elif info is not None:
+        doc, where = info.raw_config, str(folder / "config.json") if folder else "config.json"
+    else:
+        cfg = getattr(model, "config", None)
+        doc = {k: getattr(cfg, k, None) for k in ("eos_token_id", "pad_token_id")}
+        where = f"the {type(model).__name__}'s config"
+    out = {"eos_token_id": _token_ids(doc.get("eos_token_id"), "eos_token_id", where)}
+    pad = _token_ids(doc.get("pad_token_id"), "pad_token_id", where)
+    if len(pad) > 1:
+        raise GenerationError(f"{where}: expected 'pad_token_id' to be one token id, found {pad!r}")
+    out["pad_token_id"] = pad[0] if pad else None
+    if info is not None and info.generation_config is not None:
+        for key, types in SAMPLING_KEYS.items():
+            value = doc.get(key)
+            if value is None:
+                continue
+            if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+                raise GenerationError(f"{where}: expected '{key}' to be {' or '.join(t.__name__ for t in types)}, "
+                                      f"found {value!r}")
+            out[key] = value
+    return out
+
+
+def generation_defaults(model) -> dict:
+    """The sampling settings the model's generation_config.json gives, in `generate`'s terms (what a
+    panel starts from): `do_sample` false (transformers' default) is greedy (`temperature` 0); true
+    takes its `temperature`, `top_k` and `top_p` with transformers' defaults for those it lacks (1.0,
+    50, 1.0; `top_k` 0 is off); `repetition_penalty` and `max_new_tokens` as given. {} for a model
+    whose folder has no generation_config.json."""
+    from .pretrained import pretrained_info  # noqa: PLC0415
+
+    info = pretrained_info(model)
+    if info is None or info.generation_config is None:
+        return {}
+    own = generation_config(model)
+    out = {}
+    if own.get("do_sample", False):
+        out.update(temperature=float(own.get("temperature", 1.0)), top_k=int(own.get("top_k", 50)),
+                   top_p=float(own.get("top_p", 1.0)))
+    else:
+        out.update(temperature=0.0, top_k=0, top_p=1.0)
+    for key in ("repetition_penalty", "max_new_tokens"):
+        if key in own:
+            out[key] = own[key]
+    return out
+
+
 def _model_facts(model):
-    """(layers, n_positions, eos id or None, vocab size) of a supported causal LM."""
+    """(layers, n_positions, vocab size) of a supported causal LM."""
     if hasattr(model, "layers") and hasattr(model, "rotary_emb"):  # the Llama family
         cfg = model.config
-        return len(model.layers), int(cfg.max_position_embeddings), None, int(cfg.vocab_size)
+        return len(model.layers), int(cfg.max_position_embeddings), int(cfg.vocab_size)
     if hasattr(model, "h") and hasattr(model, "wpe"):  # GPT-2
         cfg = model.config
-        return len(model.h), int(cfg.n_positions), cfg.eos_token_id, int(cfg.vocab_size)
+        return len(model.h), int(cfg.n_positions), int(cfg.vocab_size)
     raise GenerationError(f"generate: expected a causal language model of engine.models (the Llama family or GPT-2), "
                           f"found {type(model).__name__}")
 
@@ -166,7 +263,7 @@ def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_t
     `GenerationStream` checks it against `memory.available_memory()` before it starts."""
     from ..module.lora import QLoraAdapter  # noqa: PLC0415
 
-    n_layers, _positions, _eos, vocab = _model_facts(model)
+    n_layers, _positions, vocab = _model_facts(model)
     hidden, heads, kv_heads, head_dim, inner = _attention_sizes(model)
     lazy = folded = largest = 0
     itemsize = 4
@@ -313,7 +410,7 @@ def _prompt_rows(tokenizer, prompt, vocab: int) -> tuple[list[list[int]], bool]:
     return rows, batched
 
 
-def _check_settings(max_new_tokens, temperature, top_k, top_p):
+def _check_settings(max_new_tokens, temperature, top_k, top_p, repetition_penalty=1.0):
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise GenerationError(f"generate: max_new_tokens must be a positive int, found {max_new_tokens!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
@@ -322,13 +419,16 @@ def _check_settings(max_new_tokens, temperature, top_k, top_p):
         raise GenerationError(f"generate: top_k must be a positive int or None, found {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise GenerationError(f"generate: top_p must be a number in (0, 1] or None, found {top_p!r}")
+    if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, (int, float)) \
+            or not 0 < repetition_penalty < float("inf"):
+        raise GenerationError(f"generate: repetition_penalty must be a number > 0 (1: off), found "
+                              f"{repetition_penalty!r}")
 
 
-def _stops(tokenizer, stop, eos) -> tuple[set[int], list[str]]:
-    ids: set[int] = set()
-    for e in (getattr(tokenizer, "eos_id", None), eos):
-        if e is not None:
-            ids.add(int(e))
+def _stops(tokenizer, stop, eos: list[int]) -> tuple[set[int], list[str]]:
+    """The stop ids (`eos`, the `stop` ids and the stop strings that are one token) and the stop
+    strings that are not one token."""
+    ids: set[int] = {int(e) for e in eos}
     texts: list[str] = []
     if stop is None:
         stop = []
@@ -356,9 +456,17 @@ class GenerationStream:
     once the iteration has ended (also when the consumer stops early: then call `close()`)."""
 
     def __init__(self, model, tokenizer, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None,
-                 stop=None, cancel=None, use_cache=True, decode_stream=True):
-        _check_settings(max_new_tokens, temperature, top_k, top_p)
-        n_layers, n_positions, eos, vocab = _model_facts(model)
+                 stop=None, cancel=None, use_cache=True, decode_stream=True, repetition_penalty=1.0,
+                 eos_token_id=None):
+        _check_settings(max_new_tokens, temperature, top_k, top_p, repetition_penalty)
+        n_layers, n_positions, vocab = _model_facts(model)
+        own = generation_config(model)
+        if eos_token_id is not None:  # the caller's replace the model's, as in transformers
+            given = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else eos_token_id
+            eos = _token_ids(given, "eos_token_id", "generate")
+        else:  # the model's; the tokenizer's where the model names none (a model made in code)
+            tok_eos = getattr(tokenizer, "eos_id", None)
+            eos = own["eos_token_id"] or ([int(tok_eos)] if tok_eos is not None else [])
         rows, self._batched = _prompt_rows(tokenizer, prompt, vocab)
         width = max(len(r) for r in rows)
         if width > n_positions:
@@ -378,11 +486,15 @@ class GenerationStream:
         self._max_new = int(max_new_tokens)
         self._greedy = temperature == 0
         self._temperature, self._top_k, self._top_p = float(temperature), top_k, top_p
+        self._penalty = float(repetition_penalty)
         self._rng = np.random.default_rng(seed)
         self._use_cache = use_cache
         self._decode_stream = decode_stream and tokenizer is not None
-        pad = getattr(tokenizer, "pad_id", None)
-        self._pad = int(pad if pad is not None else (min(self._stop_ids) if self._stop_ids else 0))
+        # what fills a shorter row's left and a finished row's next input: never read (masked, or the row's
+        # result is frozen), but the embedding looks it up, so it must be a token of the vocabulary:
+        # transformers' pad (the model's pad_token_id, else its first eos), else the tokenizer's, else 0
+        candidates = [own["pad_token_id"], *eos, getattr(tokenizer, "pad_id", None), 0]
+        self._pad = next(int(c) for c in candidates if c is not None and 0 <= int(c) < vocab)
         self.result: GenerationResult | None = None
         self._it = self._run()
 
@@ -399,6 +511,8 @@ class GenerationStream:
             self._finish(["cancelled" if r is None else r for r in self._reasons])
 
     def _choose(self, logits: np.ndarray) -> list[int]:
+        if self._penalty != 1.0:
+            logits = penalize_repetition(logits, [r + n for r, n in zip(self._rows, self._new)], self._penalty)
         if self._greedy:
             return [int(i) for i in np.argmax(logits, axis=-1)]
         warped = warp_logits(logits, self._temperature, self._top_k, self._top_p)
@@ -466,16 +580,16 @@ class GenerationStream:
 
 def stream(model, tokenizer, prompt, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, seed: int | None = None, stop=None, cancel=None,
-           use_cache: bool = True) -> GenerationStream:
+           use_cache: bool = True, repetition_penalty: float = 1.0, eos_token_id=None) -> GenerationStream:
     """`generate`, one `GeneratedToken` at a time: iterate it (on a worker thread in an app); its
     `result` is set once the iteration ends. Settings are checked when it is made."""
     return GenerationStream(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, cancel,
-                            use_cache)
+                            use_cache, repetition_penalty=repetition_penalty, eos_token_id=eos_token_id)
 
 
 def generate(model, tokenizer, prompt, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, stop=None, on_token=None, cancel=None,
-             use_cache: bool = True) -> GenerationResult:
+             use_cache: bool = True, repetition_penalty: float = 1.0, eos_token_id=None) -> GenerationResult:
     """Continue `prompt` by up to `max_new_tokens` tokens (see the module docstring).
 
     - `tokenizer`: a `tokenizers.Tokenizer` or `engine.train.text.TextTokenizer` (anything with
@@ -483,7 +597,9 @@ def generate(model, tokenizer, prompt, max_new_tokens: int, temperature: float =
       (then the result has ids and no text).
     - `prompt`: text, a list of texts (one left-padded batch), token ids, or a list of rows of ids.
     - `temperature` 0: greedy; `top_k`, `top_p`, `seed`: sampling as transformers does it.
-    - `stop`: token ids and strings to stop at, besides the eos token.
+    - `repetition_penalty`: > 1 makes tokens already in the row less likely (transformers' rule); 1: off.
+    - `eos_token_id`: the stop token(s) instead of the model's own (`generation_config(model)`);
+      `[]`: none. `stop`: token ids and strings to stop at, besides them.
     - `on_token(GeneratedToken)`: called for each new token (streaming); `cancel()`: checked
       before each step, true ends the generation (finish reason "cancelled").
     - `use_cache=False` recomputes the whole sequence every step (a reference for the cache;
@@ -495,7 +611,8 @@ def generate(model, tokenizer, prompt, max_new_tokens: int, temperature: float =
     says the weights, the cache and the working arrays would not fit in the memory available.
     """
     s = GenerationStream(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, cancel,
-                         use_cache, decode_stream=on_token is not None)
+                         use_cache, decode_stream=on_token is not None, repetition_penalty=repetition_penalty,
+                         eos_token_id=eos_token_id)
     for token in s:
         if on_token is not None:
             on_token(token)

@@ -663,8 +663,10 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
 
         info = pretrained_info(model)
         base_model_name_or_path = str(info.folder) if info is not None and info.folder is not None else None
+    from .pretrained import peft_task_type  # noqa: PLC0415
+
     config = {
-        "peft_type": "LORA", "task_type": None, "base_model_name_or_path": base_model_name_or_path,
+        "peft_type": "LORA", "task_type": peft_task_type(model), "base_model_name_or_path": base_model_name_or_path,
         "r": r0, "lora_alpha": alpha0, "lora_dropout": 0.0, "target_modules": sorted(modules),
         "use_rslora": rslora, "use_dora": dora, "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "bias": "none", "fan_in_fan_out": any(not targets[p].torch_layout and targets[p].kind == "linear"

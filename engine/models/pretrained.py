@@ -39,12 +39,12 @@ from ..module.tree import params as tree_params
 from ..store.errors import RecordError
 from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
-from .hf_folder import Checkpoint, PretrainedError, open_checkpoint
+from .hf_folder import MAX_CONFIG_BYTES, Checkpoint, PretrainedError, open_checkpoint, read_json
 from .mapping import Rule, WeightMap
 
 __all__ = [
-    "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "pretrained_info", "pretrained_names",
-    "supported_architectures",
+    "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "peft_task_type", "pretrained_info",
+    "pretrained_names", "supported_architectures",
 ]
 
 @dataclass(frozen=True)
@@ -140,6 +140,7 @@ class PretrainedInfo:
     stored_dtypes: dict[str, str] = field(default_factory=dict)  # stored name -> dtype in the file
     order: list[str] = field(default_factory=list)               # stored names in file order
     sources: dict = field(default_factory=dict)                  # ParamId -> (lazy state, StoredTensor, rule)
+    generation_config: dict | None = None                        # generation_config.json as read (None: no file)
 
 
 def pretrained_info(model) -> PretrainedInfo | None:
@@ -178,6 +179,21 @@ def family_of(model):
         if name in fam.architectures and cfg is not None:
             return fam, cfg
     return None, None
+
+
+def peft_task_type(model) -> str | None:
+    """peft's `TaskType` for an adapter of `model` (`save_peft_adapter` writes it), from the
+    architecture its config.json names (its class for a model made in code): "CAUSAL_LM" for a
+    causal language model (`*ForCausalLM`, `GPT2LMHeadModel`: `PeftModel.from_pretrained` then makes
+    a `PeftModelForCausalLM`, whose `generate` works), "FEATURE_EXTRACTION" for a bare `BertModel`,
+    None (a plain `PeftModel`) for the rest, such as a ViT classifier, which no peft task type fits."""
+    info = pretrained_info(model)
+    archs = info.raw_config.get("architectures") if info is not None else None
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        archs = [type(model).__name__] if family_of(model)[0] is not None else [""]
+    if archs[0].endswith(("ForCausalLM", "LMHeadModel")):
+        return "CAUSAL_LM"
+    return "FEATURE_EXTRACTION" if archs[0] == "BertModel" else None
 
 
 # ---------------------------------------------------------------------------------- opening
@@ -432,12 +448,29 @@ def _open(ckpt: Checkpoint, device, dtype, check: Callable[[], None]) -> Module:
         shown = ", ".join(f"'{tensors[n].name}'" for n in extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
         raise PretrainedError(f"{len(extra)} tensor(s) fit no parameter of a {fam.name} model with this config: "
                               f"{shown}", where=where)
+    generation = _generation_config(Path(ckpt.folder))
     out = model.map(_Attach(plan, check))
     out._pretrained = PretrainedInfo(
         family=fam, config=cfg, raw_config=dict(ckpt.config), folder=Path(ckpt.folder), names=names,
         stored_dtypes={n: tensors[n].dtype for n in used}, order=[n for n in tensors if n in used],
-        sources=sources)
+        sources=sources, generation_config=generation)
     return out
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def _generation_config(folder: Path) -> dict | None:
+    """The folder's generation_config.json (bounded like config.json), None when it has none; a
+    file that is not a JSON object is a PretrainedError naming it."""
+    path = folder / GENERATION_CONFIG
+    if not path.is_file():
+        return None
+    doc = read_json(path, MAX_CONFIG_BYTES, GENERATION_CONFIG)
+    if not isinstance(doc, dict):
+        raise PretrainedError(f"expected a JSON object of generation settings, found {type(doc).__name__}",
+                              where=str(path))
+    return doc
 
 
 def _describe(rule: Rule) -> str:

@@ -135,9 +135,23 @@ def test_saving_a_loaded_adapter_writes_back_peft_tensors(name, tmp_path):
         np.testing.assert_array_equal(mine[n], theirs[n], err_msg=n)  # transposes and permutations are exact
     cfg, ref = (json.loads((f / "adapter_config.json").read_text()) for f in (tmp_path / "out", PEFT / name))
     assert cfg["peft_type"] == "LORA" and cfg["use_rslora"] == ref["use_rslora"] and cfg["use_dora"] == ref["use_dora"]
+    # a causal LM's adapter says so (PeftModel.from_pretrained makes a PeftModelForCausalLM); every key is one of
+    # the LoraConfig fields peft itself wrote, so peft's LoraConfig(**cfg) takes it
+    assert cfg["task_type"] == "CAUSAL_LM" and set(cfg) <= set(ref)
     again = load_peft_adapter(from_pretrained(HF / base_name), tmp_path / "out")
     exp = np.load(PEFT / name / "expected.npz")
     np.testing.assert_allclose(_logits(again, exp), exp["logits"], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("name, targets, task_type", [("bert", ["query", "value"], "FEATURE_EXTRACTION"),
+                                                      ("vit", ["query", "value"], None)])
+def test_an_encoders_adapter_gets_the_peft_task_type_that_fits_or_none(name, targets, task_type, tmp_path):
+    """A bare BertModel is peft's FEATURE_EXTRACTION; a ViT image classifier fits no peft task type."""
+    model = from_pretrained(HF / name)
+    save_peft_adapter(model.apply_reparameterization(peft_lora(model, 2, 4.0, targets)), tmp_path / "a")
+    cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert cfg["task_type"] == task_type
+    assert set(cfg) <= set(json.loads((PEFT / "llama-lora-qv" / "adapter_config.json").read_text()))
 
 
 def _trained(model, lora, steps=3, seed=0):
