@@ -5,6 +5,7 @@
     template = read_chat_template(folder); tokenizer = load_tokenizer(folder)
     for conv in read_conversations("chats.jsonl"):
         row = conversation_tokens(conv, template, tokenizer)   # row.ids, row.learn, row.targets
+    data = load_conversation_data("chats.jsonl", template, tokenizer, block_size=512)  # a TextDataset
 
 This lives in engine.interop, not engine.train, because the chat template is interop's and the
 "engine layers" import contract lets interop build on train, never the reverse: engine.train reads
@@ -26,14 +27,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..train.losses import IGNORE_INDEX
-from ..train.text import TextDataError
+from ..train.conversations import read_conversations
+from ..train.text import TextDataError, TextDataset, Tokens, _check_rows, _padded_rows
 from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _as_text_tokenizer, _mark, _special_texts
 
-__all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens"]
+__all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data"]
 
 
 @dataclass
@@ -120,3 +123,47 @@ def conversation_tokens(conv, template: ChatTemplate, tokenizer, **variables) ->
     offs = offs - shift[offs]
     spans = [(a - int(shift[a]), b - int(shift[b])) for a, b in spans]
     return ConversationTokens(text, spans, ids_a, learn, offs)
+
+
+def load_conversation_data(path, template: ChatTemplate, tokenizer, block_size: int | None = None,
+                           truncate: bool = False, vocab_size: int | None = None,
+                           max_positions: int | None = None, **variables) -> TextDataset:
+    """One padded row per conversation (no packing), targets IGNORE_INDEX but on the assistant's
+    tokens: a `TextDataset` as `engine.train.text.load_text_data` makes. `block_size`: positions per
+    row (without: the longest conversation's). A conversation longer than the block is refused
+    unless `truncate`; then it is cut at the block and the dataset's `truncated` counts the rows cut
+    (the app says so). `vocab_size` / `max_positions`: the model's limits, refused past."""
+    rows = [(conv, conversation_tokens(conv, template, tokenizer, **variables)) for conv in read_conversations(path)]
+    if vocab_size is not None:
+        for conv, row in rows:
+            if row.ids.size and int(row.ids.max()) >= vocab_size:
+                raise TextDataError(conv.file, f"token id {int(row.ids.max())} is out of range for the model's "
+                                               f"{vocab_size} token embeddings: the tokenizer does not match the "
+                                               f"model", line=conv.line)
+    longest = max(len(row.ids) for _, row in rows) - 1
+    T = int(block_size) if block_size is not None else longest
+    if max_positions is not None and T > max_positions:
+        raise TextDataError(path, f"{T} positions a row is more than the model's {max_positions} positions "
+                                  f"(max_position_embeddings): choose a block size of at most {max_positions}")
+    windows, truncated = [], 0
+    for conv, row in rows:
+        ids, learn = row.ids, row.learn
+        if len(ids) - 1 > T:
+            if not truncate:
+                raise TextDataError(conv.file, f"the conversation has {len(ids)} tokens, {len(ids) - 1} positions "
+                                               f"after the shift, more than the block size {T}: raise the block "
+                                               f"size, or truncate longer conversations", line=conv.line)
+            ids, learn, truncated = ids[:T + 1], learn[:T + 1], truncated + 1
+        if learn[1:].any():  # cut before the first answer: nothing to learn, dropped
+            windows.append((ids, learn))
+    if not windows:
+        raise TextDataError(path, f"expected conversations with assistant tokens to learn within the block size "
+                                  f"{T}, found none")
+    pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
+    all_ids = np.concatenate([w[0] for w in windows]).astype(np.uint32)
+    _check_rows(path, Tokens(all_ids, np.concatenate([w[1] for w in windows]),
+                             np.cumsum([len(w[0]) for w in windows])), len(windows), T)
+    inputs, targets, mask = _padded_rows(windows, T, pad_id)
+    data = TextDataset(inputs, targets, mask, T, False, Path(path).name, len(rows), tokenizer)
+    data.truncated = truncated
+    return data

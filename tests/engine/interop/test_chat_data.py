@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.interop.chat_data import conversation_tokens
+from engine.interop.chat_data import conversation_tokens, load_conversation_data
 from engine.interop.chat_template import ChatTemplate
 from engine.train.conversations import read_conversations
 from engine.train.losses import IGNORE_INDEX
@@ -134,3 +134,32 @@ def test_a_template_that_renders_history_differently_is_refused(tmp_path, tokeni
                             "{% endfor %}", where="changing.jinja")
     with pytest.raises(TextDataError, match=f"{p.name}, line 1: turn 1 \\(assistant\\): the template changing.jinja"):
         conversation_tokens(read_conversations(p)[0], changing, tokenizer)
+
+
+def test_conversation_rows_are_padded_one_per_conversation_with_the_assistant_targets(tokenizer):
+    template = _template("smollm2-instruct")
+    path = CONVERSATIONS / "messages.jsonl"
+    rows = [conversation_tokens(c, template, tokenizer) for c in read_conversations(path)]
+    data = load_conversation_data(path, template, tokenizer)
+    T = max(len(r.ids) for r in rows) - 1
+    assert data.inputs.shape == data.targets.shape == (3, T) and not data.packing and data.truncated == 0
+    for r, row in enumerate(rows):
+        k = len(row.ids) - 1
+        np.testing.assert_array_equal(data.inputs[r, :k], row.inputs)
+        np.testing.assert_array_equal(data.targets[r, :k], row.targets)
+        assert (data.targets[r, k:] == IGNORE_INDEX).all() and data.attention_mask[r].sum() == k
+    assert data.target_tokens == sum(int(row.learn[1:].sum()) for row in rows)
+
+
+def test_a_conversation_longer_than_the_block_is_refused_or_truncated_as_asked(tokenizer):
+    template = _template("smollm2-instruct")
+    path = CONVERSATIONS / "messages.jsonl"
+    lengths = [len(conversation_tokens(c, template, tokenizer).ids) for c in read_conversations(path)]
+    T = lengths[0] - 2  # the first conversation is one position too long
+    assert lengths[1] - 1 <= T
+    with pytest.raises(TextDataError, match=f"messages.jsonl, line 1: the conversation has {lengths[0]} tokens"):
+        load_conversation_data(path, template, tokenizer, block_size=T)
+    data = load_conversation_data(path, template, tokenizer, block_size=T, truncate=True)
+    assert data.inputs.shape[1] == T and data.truncated == sum(n - 1 > T for n in lengths)
+    with pytest.raises(TextDataError, match="out of range for the model's 10 token embeddings"):
+        load_conversation_data(path, template, tokenizer, vocab_size=10)
