@@ -163,3 +163,12 @@ def test_a_conversation_longer_than_the_block_is_refused_or_truncated_as_asked(t
     assert data.inputs.shape[1] == T and data.truncated == sum(n - 1 > T for n in lengths)
     with pytest.raises(TextDataError, match="out of range for the model's 10 token embeddings"):
         load_conversation_data(path, template, tokenizer, vocab_size=10)
+
+
+def test_plain_text_loading_says_a_conversation_file_is_conversation_data(tokenizer):
+    from engine.train.text import load_text_data
+
+    with pytest.raises(TextDataError, match=r"sharegpt.jsonl, line 1: expected a 'text' field, or 'prompt' and "
+                                            r"'completion' fields, found keys \['conversations'\]: a 'conversations' "
+                                            r"record is conversation data"):
+        load_text_data(CONVERSATIONS / "sharegpt.jsonl", tokenizer, block_size=16)
