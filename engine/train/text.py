@@ -190,8 +190,11 @@ def _jsonl_documents(f: Path, text: str, fields: str) -> list[Document]:
             elif "prompt" in record and "completion" in record:
                 chosen = "prompt-completion"
             else:
+                chat = next((k for k in ("messages", "conversations", "instruction") if k in record), None)
+                hint = (f": a {chat!r} record is conversation data, read with the model's chat template "
+                        f"(engine.interop.chat_data.load_conversation_data)" if chat else "")
                 raise TextDataError(f, f"expected a 'text' field, or 'prompt' and 'completion' fields, found "
-                                       f"keys {sorted(record)}", line=n)
+                                       f"keys {sorted(record)}{hint}", line=n)
             first_line = n
         names = ("text",) if chosen == "text" else ("prompt", "completion")
         as_on = f" (as on line {first_line})" if first_line is not None and first_line != n else ""

@@ -1,0 +1,169 @@
+"""Conversations rendered with the model's chat template, and the loss on the assistant's tokens only.
+
+    from engine.train.conversations import read_conversations
+    from engine.interop.chat_data import conversation_tokens
+    template = read_chat_template(folder); tokenizer = load_tokenizer(folder)
+    for conv in read_conversations("chats.jsonl"):
+        row = conversation_tokens(conv, template, tokenizer)   # row.ids, row.learn, row.targets
+    data = load_conversation_data("chats.jsonl", template, tokenizer, block_size=512)  # a TextDataset
+
+This lives in engine.interop, not engine.train, because the chat template is interop's and the
+"engine layers" import contract lets interop build on train, never the reverse: engine.train reads
+the records (`engine.train.conversations`), this module renders and masks them.
+
+Which characters the assistant said: the template's `{% generation %}` spans where it has them;
+else, for every assistant turn, the conversation is rendered up to and including that turn and up
+to the turn before it with the generation prompt, and the difference of the two texts is the turn
+(its text and what the template closes it with, the end-of-turn token). A template that renders a
+prefix as other than the start of the whole conversation (one that drops history) is refused, not
+guessed at. Character spans become token flags through the tokenizer's offsets: a token is learnt
+when its characters overlap a span -- never by searching for token patterns. A conversation in which
+no token is learnt is an error naming its file and line.
+
+Message text is tokenized as `encode_chat` tokenizes it: special-token text inside a message is
+ordinary text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..train.losses import IGNORE_INDEX
+from ..train.conversations import read_conversations
+from ..train.text import TextDataError, TextDataset, Tokens, _check_rows, _padded_rows
+from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _as_text_tokenizer, _mark, _special_texts
+
+__all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data"]
+
+
+@dataclass
+class ConversationTokens:
+    """A rendered conversation: `text` (as the template renders it), the assistant's character
+    `spans` in it, the token `ids`, `learn` (True: the token is the assistant's), and `offsets`."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    ids: np.ndarray  # int64
+    learn: np.ndarray  # bool
+    offsets: np.ndarray  # (n, 2) character [start, end) of each token in `text`
+
+    @property
+    def inputs(self) -> np.ndarray:
+        return self.ids[:-1]
+
+    @property
+    def targets(self) -> np.ndarray:
+        """ids[1:], IGNORE_INDEX where the next token is not the assistant's."""
+        return np.where(self.learn[1:], self.ids[1:], IGNORE_INDEX).astype(np.int64)
+
+
+def _render(conv, template: ChatTemplate, messages, generation_prompt: bool, variables):
+    try:
+        return template.render(messages, add_generation_prompt=generation_prompt, **variables)
+    except ChatTemplateError as e:
+        raise TextDataError(conv.file, str(e), line=conv.line) from None
+
+
+def assistant_spans(conv, template: ChatTemplate, messages=None, **variables) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the [start, end) character spans of its assistant turns."""
+    messages = conv.messages if messages is None else messages
+    full = _render(conv, template, messages, False, variables)
+    if template.has_generation_blocks:
+        return full.text, list(full.generation_spans)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _render(conv, template, messages[:i], True, variables).text
+        upto = _render(conv, template, messages[:i + 1], False, variables).text
+        if not (upto.startswith(before) and full.text.startswith(upto)):
+            raise TextDataError(conv.file, f"turn {i} (assistant): the template {template.where} renders the "
+                                           f"conversation up to this turn as other than the start of the whole "
+                                           f"conversation, so the assistant's text cannot be told from the rest; use "
+                                           f"a template with {{% generation %}} blocks", line=conv.line)
+        spans.append((len(before), len(upto)))
+    return full.text, spans
+
+
+def conversation_tokens(conv, template: ChatTemplate, tokenizer, **variables) -> ConversationTokens:
+    """`conv` (an `engine.train.conversations.Conversation`) rendered with `template`, tokenized with
+    `tokenizer` (a `TextTokenizer`), and the flags of the assistant's tokens."""
+    specials = _special_texts(tokenizer)
+    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
+    marked, spans = assistant_spans(conv, template, _mark(conv.messages, pattern), **_mark(variables, pattern))
+    plain = None
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    start = 0
+    for i, piece in enumerate(re.split(f"[{_OPEN}{_CLOSE}]", marked)):
+        if piece:
+            tok = tokenizer
+            if i % 2:  # special-token text from a message: ordinary text
+                tok = plain = plain or _as_text_tokenizer(tokenizer)
+            enc = tok._call("encoding a conversation", tok.tokenizer.encode, piece, add_special_tokens=False)
+            ids += enc.ids
+            offsets += [(start + s, start + e) for s, e in enc.offsets]
+        start += len(piece) + 1  # the mark after it
+    ids_a = np.asarray(ids, dtype=np.int64)
+    offs = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    learn = np.zeros(len(ids_a), dtype=bool)
+    for a, b in spans:
+        learn |= (offs[:, 0] < b) & (offs[:, 1] > a)
+    if not learn[1:].any():
+        raise TextDataError(conv.file, f"expected assistant tokens to learn, found none: the template "
+                                       f"{template.where} rendered {len(spans)} assistant span(s) holding no token "
+                                       f"after the first, so the loss would be empty", line=conv.line)
+    # the text and offsets without the marks
+    keep = np.array([c not in (_OPEN, _CLOSE) for c in marked], dtype=bool)
+    shift = np.concatenate([[0], np.cumsum(~keep)])
+    text = "".join(c for c, k in zip(marked, keep) if k)
+    offs = offs - shift[offs]
+    spans = [(a - int(shift[a]), b - int(shift[b])) for a, b in spans]
+    return ConversationTokens(text, spans, ids_a, learn, offs)
+
+
+def load_conversation_data(path, template: ChatTemplate, tokenizer, block_size: int | None = None,
+                           truncate: bool = False, vocab_size: int | None = None,
+                           max_positions: int | None = None, **variables) -> TextDataset:
+    """One padded row per conversation (no packing), targets IGNORE_INDEX but on the assistant's
+    tokens: a `TextDataset` as `engine.train.text.load_text_data` makes. `block_size`: positions per
+    row (without: the longest conversation's). A conversation longer than the block is refused
+    unless `truncate`; then it is cut at the block and the dataset's `truncated` counts the rows cut
+    (the app says so). `vocab_size` / `max_positions`: the model's limits, refused past."""
+    rows = [(conv, conversation_tokens(conv, template, tokenizer, **variables)) for conv in read_conversations(path)]
+    if vocab_size is not None:
+        for conv, row in rows:
+            if row.ids.size and int(row.ids.max()) >= vocab_size:
+                raise TextDataError(conv.file, f"token id {int(row.ids.max())} is out of range for the model's "
+                                               f"{vocab_size} token embeddings: the tokenizer does not match the "
+                                               f"model", line=conv.line)
+    longest = max(len(row.ids) for _, row in rows) - 1
+    T = int(block_size) if block_size is not None else longest
+    if max_positions is not None and T > max_positions:
+        raise TextDataError(path, f"{T} positions a row is more than the model's {max_positions} positions "
+                                  f"(max_position_embeddings): choose a block size of at most {max_positions}")
+    windows, truncated = [], 0
+    for conv, row in rows:
+        ids, learn = row.ids, row.learn
+        if len(ids) - 1 > T:
+            if not truncate:
+                raise TextDataError(conv.file, f"the conversation has {len(ids)} tokens, {len(ids) - 1} positions "
+                                               f"after the shift, more than the block size {T}: raise the block "
+                                               f"size, or truncate longer conversations", line=conv.line)
+            ids, learn, truncated = ids[:T + 1], learn[:T + 1], truncated + 1
+        if learn[1:].any():  # cut before the first answer: nothing to learn, dropped
+            windows.append((ids, learn))
+    if not windows:
+        raise TextDataError(path, f"expected conversations with assistant tokens to learn within the block size "
+                                  f"{T}, found none")
+    pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
+    all_ids = np.concatenate([w[0] for w in windows]).astype(np.uint32)
+    _check_rows(path, Tokens(all_ids, np.concatenate([w[1] for w in windows]),
+                             np.cumsum([len(w[0]) for w in windows])), len(windows), T)
+    inputs, targets, mask = _padded_rows(windows, T, pad_id)
+    data = TextDataset(inputs, targets, mask, T, False, Path(path).name, len(rows), tokenizer)
+    data.truncated = truncated
+    return data
