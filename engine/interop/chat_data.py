@@ -33,7 +33,7 @@ import numpy as np
 
 from ..train.losses import IGNORE_INDEX
 from ..train.conversations import read_conversations
-from ..train.text import TextDataError, TextDataset, Tokens, _check_rows, _padded_rows
+from ..train.text import TextDataError, TextDataset, Tokens, check_rows_fit, padded_rows
 from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _as_text_tokenizer, _mark, _special_texts
 
 __all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data"]
@@ -161,9 +161,9 @@ def load_conversation_data(path, template: ChatTemplate, tokenizer, block_size: 
                                   f"{T}, found none")
     pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
     all_ids = np.concatenate([w[0] for w in windows]).astype(np.uint32)
-    _check_rows(path, Tokens(all_ids, np.concatenate([w[1] for w in windows]),
+    check_rows_fit(path, Tokens(all_ids, np.concatenate([w[1] for w in windows]),
                              np.cumsum([len(w[0]) for w in windows])), len(windows), T)
-    inputs, targets, mask = _padded_rows(windows, T, pad_id)
+    inputs, targets, mask = padded_rows(windows, T, pad_id)
     data = TextDataset(inputs, targets, mask, T, False, Path(path).name, len(rows), tokenizer)
     data.truncated = truncated
     return data

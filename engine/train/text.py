@@ -379,7 +379,7 @@ def tokenize_documents(docs, tokenizer: TextTokenizer, vocab_size: int | None = 
     return Tokens(ids, learn, ends)
 
 
-def _check_rows(source, tokens: Tokens, rows: int, block_size: int) -> None:
+def check_rows_fit(source, tokens: Tokens, rows: int, block_size: int) -> None:
     """Refuse rows that do not fit in what the machine has now (the ids are already read)."""
     need = rows * block_size * ROW_BYTES_PER_POSITION
     available = memory.available_memory()
@@ -405,7 +405,7 @@ def _packed_rows(tokens: Tokens, block_size: int, pad_id: int):
     return inputs.reshape(rows, block_size), targets.reshape(rows, block_size), mask.reshape(rows, block_size)
 
 
-def _padded_rows(windows, block_size: int, pad_id: int):
+def padded_rows(windows, block_size: int, pad_id: int):
     """One row per (ids, learn) window, shifted as `_packed_rows`, right-padded to `block_size`."""
     n = len(windows)
     inputs = np.full((n, block_size), pad_id, dtype=np.int64)
@@ -499,7 +499,7 @@ def load_text_data(path, tokenizer: TextTokenizer, block_size: int | None = None
                                                 f"model")
         if packing:
             T = int(block_size)
-            _check_rows(p, tokens, -(-max(len(tokens.ids) - 1, 0) // T), T)
+            check_rows_fit(p, tokens, -(-max(len(tokens.ids) - 1, 0) // T), T)
             inputs, targets, mask = _packed_rows(tokens, T, pad_id)
             keep = (targets != IGNORE_INDEX).any(axis=1)  # a row with nothing to learn is dropped
             if not keep.all():
@@ -544,8 +544,8 @@ def _document_rows(p, docs, tokens: Tokens, block_size, truncate: bool, max_posi
             ids, learn = ids[:T + 1], learn[:T + 1]
         if len(ids) >= 2 and learn[1:].any():  # a row with nothing to learn is dropped
             windows.append((ids, learn))
-    _check_rows(p, tokens, len(windows), max(T, 1))
-    inputs, targets, mask = _padded_rows(windows, max(T, 1), pad_id)
+    check_rows_fit(p, tokens, len(windows), max(T, 1))
+    inputs, targets, mask = padded_rows(windows, max(T, 1), pad_id)
     return inputs, targets, mask, T
 
 
