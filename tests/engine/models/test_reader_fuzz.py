@@ -27,6 +27,7 @@ from engine.models.hf_folder import open_checkpoint
 from engine.module.reparam import iter_param_slots
 
 from ..store.test_fuzz import capped_memory
+from .json_fuzz import mutate_json
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 HF, PEFT = FIX / "hf", FIX / "peft"
@@ -40,35 +41,16 @@ RAW = {"1e400": "1e400", "-1e400": "-1e400", "NaN": "NaN", "5000 digits": "9" * 
        "deep": "[" * 5000 + "]" * 5000, "nested 70": "[" * 70 + "]" * 70}
 
 
-def _mutate(value, rng: random.Random):
-    """A structural mutation of a JSON document: a value replaced, dropped, added or retyped."""
-    if isinstance(value, dict) and value and rng.random() < 0.85:
-        out = dict(value)
-        key = rng.choice(list(out))
-        r = rng.random()
-        if r < 0.15:
-            del out[key]
-        elif r < 0.25:
-            out[key + rng.choice(["", "x", "_pattern"])] = rng.choice(ODD)
-        else:
-            out[key] = _mutate(out[key], rng)
-        return out
-    if isinstance(value, list) and value and rng.random() < 0.8:
-        out = list(value)
-        i = rng.randrange(len(out))
-        r = rng.random()
-        if r < 0.2:
-            del out[i]
-        elif r < 0.3:
-            out.append(rng.choice(ODD))
-        else:
-            out[i] = _mutate(out[i], rng)
-        return out
+def _leaf(value, rng: random.Random):
     if isinstance(value, (int, float)) and not isinstance(value, bool) and rng.random() < 0.5:
         return rng.choice([value + 1, value - 1, -value, value * 2, value / 2 if value else 0.5])
     if rng.random() < 0.15:  # raw JSON text the json module cannot write: marked, substituted below
         return "@@" + rng.choice(list(RAW)) + "@@"
     return rng.choice(ODD)
+
+
+def _mutate(value, rng: random.Random):
+    return mutate_json(value, rng, ODD, ["", "x", "_pattern"], _leaf, dict_p=0.85)
 
 
 def _json_text(doc) -> str:
