@@ -21,9 +21,9 @@ from engine.models.hf_folder import PretrainedError, StoredTensor, open_checkpoi
 from engine.store import RecordError, filesource
 from engine.store.burnpack import MAX_TENSORS
 
+from tests.limits import capped_memory
 from tests.work import counted_calls
 
-from ..store.test_fuzz import capped_memory
 from .json_fuzz import mutate_json
 
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"

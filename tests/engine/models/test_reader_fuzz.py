@@ -26,7 +26,8 @@ from engine.models import PretrainedError, from_pretrained, load_peft_adapter
 from engine.models.hf_folder import open_checkpoint
 from engine.module.reparam import iter_param_slots
 
-from ..store.test_fuzz import capped_memory
+from tests.limits import capped_memory
+
 from .json_fuzz import mutate_json
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
