@@ -110,18 +110,6 @@ def _fuzz_config(tmp_path, cases: int, seed: int):
     return counts
 
 
-def test_fuzzed_config_json(tmp_path):
-    counts = _fuzz_config(tmp_path, 150, seed=43)
-    assert counts["rejected"] > counts["cases"] // 3 and counts["accepted"] > 0, counts
-    print(f"\nconfig.json fuzz: {counts}")
-
-
-@pytest.mark.long
-def test_fuzzed_config_json_more(tmp_path):
-    counts = _fuzz_config(tmp_path, 150 * SLOW, seed=4343)
-    assert counts["rejected"] > counts["cases"] // 3, counts
-
-
 # ------------------------------------------------------------------------------ the index
 def _fuzz_index(tmp_path, cases: int, seed: int):
     rng = random.Random(seed)
@@ -138,18 +126,6 @@ def _fuzz_index(tmp_path, cases: int, seed: int):
                     t.read()
         _run(load, counts)
     return counts
-
-
-def test_fuzzed_safetensors_index(tmp_path):
-    counts = _fuzz_index(tmp_path, 150, seed=431)
-    assert counts["rejected"] > counts["cases"] // 2 and counts["accepted"] > 0, counts
-    print(f"\nindex fuzz: {counts}")
-
-
-@pytest.mark.long
-def test_fuzzed_safetensors_index_more(tmp_path):
-    counts = _fuzz_index(tmp_path, 150 * SLOW, seed=43431)
-    assert counts["rejected"] > counts["cases"] // 2, counts
 
 
 # ------------------------------------------------------------------------------ PEFT adapters
@@ -206,13 +182,18 @@ def _fuzz_adapter(tmp_path, cases: int, seed: int):
     return counts
 
 
-def test_fuzzed_peft_adapters(tmp_path):
-    counts = _fuzz_adapter(tmp_path, 200, seed=4300)
-    assert counts["rejected"] > counts["cases"] // 3 and counts["accepted"] > 0, counts
-    print(f"\nPEFT adapter fuzz: {counts}")
+# ------------------------------------------------------------------------------ the runs
+# each reader: its fuzzer, cases, the seeds of the default and long runs, and the share of
+# cases that must end in a PretrainedError (more than 1/n)
+READERS = {"config.json": (_fuzz_config, 150, (43, 4343), 3),
+           "index": (_fuzz_index, 150, (431, 43431), 2),
+           "PEFT adapter": (_fuzz_adapter, 200, (4300, 430043), 3)}
 
 
-@pytest.mark.long
-def test_fuzzed_peft_adapters_more(tmp_path):
-    counts = _fuzz_adapter(tmp_path, 200 * SLOW, seed=430043)
-    assert counts["rejected"] > counts["cases"] // 3, counts
+@pytest.mark.parametrize("run", [0, pytest.param(1, marks=pytest.mark.long, id="more")], ids=["default", "more"])
+@pytest.mark.parametrize("reader", list(READERS))
+def test_fuzzed_reader(tmp_path, reader, run):
+    fuzz, cases, seeds, share = READERS[reader]
+    counts = fuzz(tmp_path, cases * SLOW ** run, seed=seeds[run])
+    assert counts["rejected"] > counts["cases"] // share and counts["accepted"] > 0, counts
+    print(f"\n{reader} fuzz: {counts}")
