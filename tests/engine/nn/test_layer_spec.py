@@ -75,3 +75,17 @@ def test_conv_rules_refuse_wrong_channels_with_the_forwards_call(n):
 def test_row_pair_rules_name_the_input_the_forward_names(layer, shapes, call):
     rule, real = _bad_inputs_case(layer, shapes)
     assert rule.startswith(call + ":") and call in real, (rule, real)
+
+
+def test_setting_enums_take_their_members_spellings_and_name_the_members_otherwise():
+    assert nn.Reduction.of(nn.Reduction.Sum) is nn.Reduction.Sum
+    assert nn.Reduction.of("batch_mean") is nn.Reduction.BatchMean
+    assert nn.Reduction.of("SUM") is nn.Reduction.Sum
+    assert nn.InterpolateMode.of("nearest-exact") is nn.InterpolateMode.NearestExact
+    assert nn.InterpolateMode.of("Cubic") is nn.InterpolateMode.Cubic
+    with pytest.raises(ValueError, match=r"unknown reduction 'median': expected one of \['Mean', 'Sum', 'Auto', "):
+        nn.Reduction.of("median")
+    with pytest.raises(ValueError, match=r"unknown reduction 3: "):
+        nn.Reduction.of(3)
+    with pytest.raises(ValueError, match=r"unknown interpolate mode 'area': expected one of \['Nearest', "):
+        nn.InterpolateMode.of("area")
