@@ -18,3 +18,12 @@ def address_space_growth_limit(extra: int):
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+FUZZ_HEADROOM = 512 * 1024 * 1024  # the file readers' fuzz tests: far above what one case needs
+
+
+def capped_memory():
+    """The address space capped FUZZ_HEADROOM above its size now: a file reader that allocated
+    from a size it did not check fails the fuzz case with MemoryError."""
+    return address_space_growth_limit(FUZZ_HEADROOM)

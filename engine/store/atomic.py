@@ -128,32 +128,44 @@ def remove_stale_temps(directory: Path, name: str, now: float | None = None) -> 
       removed once nobody has written to it for STALE_TEMP_S seconds.
 
     Returns the files removed; errors are ignored (best effort)."""
-    prefix = f".{name}."
     now = time.time() if now is None else now
     removed = []
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return removed
-    for entry in entries:
-        n = entry.name
-        if not (n.startswith(prefix) and n.endswith(".tmp")):
-            continue
-        pid, dot, rest = n[len(prefix):-len(".tmp")].partition(".")
-        if not (dot and rest and pid.isdigit() and int(pid) > 0):
-            continue
+    for entry in _left_by_killed_saves(directory, f".{name}.", ".tmp", now):
         try:
-            if not entry.is_file(follow_symlinks=False):
-                continue
-            if _writer_holds_lock(entry.path):
-                continue
-            if _alive(int(pid)) and now - entry.stat(follow_symlinks=False).st_mtime < STALE_TEMP_S:
-                continue
             os.unlink(entry.path)
             removed.append(Path(entry.path))
         except OSError:
             continue
     return removed
+
+
+def _left_by_killed_saves(directory, prefix: str, suffix: str, now: float, folders: bool = False) -> list:
+    """The entries of `directory` named `<prefix><pid>.<random><suffix>` (files; folders when
+    `folders`) that killed saves left: unlocked, and their pid gone or untouched for
+    STALE_TEMP_S seconds. A dot in `<random>` names the save of another target
+    (`<name>.<more>`): skipped. Unreadable entries are skipped."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        n = entry.name
+        if not (n.startswith(prefix) and n.endswith(suffix)):
+            continue
+        pid_text, dot, rest = n[len(prefix):len(n) - len(suffix)].partition(".")
+        if not (dot and rest and "." not in rest and pid_text.isdigit() and int(pid_text) > 0):
+            continue
+        try:
+            kind = entry.is_dir(follow_symlinks=False) if folders else entry.is_file(follow_symlinks=False)
+            if not kind or _writer_holds_lock(entry.path):
+                continue
+            if _alive(int(pid_text)) and now - entry.stat(follow_symlinks=False).st_mtime < STALE_TEMP_S:
+                continue
+        except OSError:
+            continue
+        found.append(entry)
+    return found
 
 
 def _file_mode(target: Path) -> int:
@@ -407,35 +419,15 @@ def _finish(old: Path, folder: Path, state: dict) -> bool:
     return True
 
 
-def _stale(entry, pid_text: str, now: float) -> bool:
-    """Whether a state file is a killed save's (unlocked; its pid gone, or untouched long)."""
-    if not (pid_text.isdigit() and int(pid_text) > 0) or not entry.is_file(follow_symlinks=False):
-        return False
-    if _writer_holds_lock(entry.path):
-        return False
-    return not (_alive(int(pid_text)) and now - entry.stat(follow_symlinks=False).st_mtime < STALE_TEMP_S)
-
-
 def remove_stale_folder_saves(folder, now: float | None = None) -> list[Path]:
     """Finish or undo what killed `save_folder` calls into `folder` left beside it (see the
     module docstring); the lock, pid and age rules of `remove_stale_temps` decide which.
     Returns the state files dealt with; errors are ignored (best effort)."""
     folder = Path(folder)
-    parent, prefix = folder.parent, f".{folder.name}."
     now = time.time() if now is None else now
     done = []
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return done
-    for entry in entries:
-        n = entry.name
-        if not (n.startswith(prefix) and n.endswith(STATE_SUFFIX)):
-            continue
-        pid_text, dot, rest = n[len(prefix):-len(STATE_SUFFIX)].partition(".")
+    for entry in _left_by_killed_saves(folder.parent, f".{folder.name}.", STATE_SUFFIX, now):
         try:
-            if not (dot and rest and "." not in rest and _stale(entry, pid_text, now)):
-                continue  # (a dot in the rest: the save of another folder, `<name>.<more>`)
             state = _read_state(entry.path)
             if state is not None and state.get("folder") != folder.name:
                 continue
@@ -464,22 +456,8 @@ def remove_stale_folder_saves(folder, now: float | None = None) -> list[Path]:
 
 
 def _remove_stale_in_place(folder: Path, now: float) -> None:
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return
-    for entry in entries:
-        n = entry.name
-        if not n.startswith(IN_PLACE_PREFIX):
-            continue
-        pid_text, dot, rest = n[len(IN_PLACE_PREFIX):].partition(".")
+    for entry in _left_by_killed_saves(folder, IN_PLACE_PREFIX, "", now, folders=True):
         try:
-            if not (dot and rest and pid_text.isdigit() and entry.is_dir(follow_symlinks=False)):
-                continue
-            if _writer_holds_lock(entry.path):
-                continue
-            if _alive(int(pid_text)) and now - entry.stat(follow_symlinks=False).st_mtime < STALE_TEMP_S:
-                continue
             shutil.rmtree(entry.path)  # only new files of a save that never finished
         except OSError:
             continue

@@ -21,9 +21,10 @@ from engine.models.hf_folder import PretrainedError, StoredTensor, open_checkpoi
 from engine.store import RecordError, filesource
 from engine.store.burnpack import MAX_TENSORS
 
+from tests.limits import capped_memory
 from tests.work import counted_calls
 
-from ..store.test_fuzz import capped_memory
+from .json_fuzz import mutate_json
 
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 TP = Path(__file__).resolve().parents[2] / "fixtures" / "torch_pickle"
@@ -401,35 +402,18 @@ def _check(folder, counts):
     assert calls.n < CASE_CALLS, f"a case made {calls.n} calls"
 
 
-def _mutate_json(value, rng: random.Random, depth=0):
-    """A structural mutation of a JSON document: a value replaced, dropped, duplicated or retyped."""
-    odd = [None, True, -1, 0, 2 ** 64, 2 ** 63 - 1, 1.5, "", "x", "../x.safetensors", "/abs", [], {}, [1, 2],
-           {"a": 1}, "model-00001-of-00004.safetensors", [2 ** 62, 2 ** 62], [0, 2 ** 64 - 1], "BF16", "F64", "BOOL"]
-    if isinstance(value, dict) and value and rng.random() < 0.8:
-        key = rng.choice(list(value))
-        out = dict(value)
-        r = rng.random()
-        if r < 0.15:
-            del out[key]
-        elif r < 0.25:
-            out[key + rng.choice(["", "x", ".weight"])] = rng.choice(odd)
-        else:
-            out[key] = _mutate_json(value[key], rng, depth + 1)
-        return out
-    if isinstance(value, list) and value and rng.random() < 0.8:
-        out = list(value)
-        i = rng.randrange(len(out))
-        r = rng.random()
-        if r < 0.2:
-            del out[i]
-        elif r < 0.3:
-            out.append(rng.choice(odd))
-        else:
-            out[i] = _mutate_json(out[i], rng, depth + 1)
-        return out
+ODD = [None, True, -1, 0, 2 ** 64, 2 ** 63 - 1, 1.5, "", "x", "../x.safetensors", "/abs", [], {}, [1, 2],
+       {"a": 1}, "model-00001-of-00004.safetensors", [2 ** 62, 2 ** 62], [0, 2 ** 64 - 1], "BF16", "F64", "BOOL"]
+
+
+def _leaf(value, rng: random.Random):
     if isinstance(value, int) and not isinstance(value, bool) and rng.random() < 0.5:
         return value + rng.choice([-1, 1, 4, -4, 2 ** 32, 2 ** 63])
-    return rng.choice(odd)
+    return rng.choice(ODD)
+
+
+def _mutate_json(value, rng: random.Random):
+    return mutate_json(value, rng, ODD, ["", "x", ".weight"], _leaf)
 
 
 def test_fuzzed_safetensors_headers(tmp_path):

@@ -31,7 +31,7 @@ from engine.module.lora import DoraAdapter, Lora, LoraAdapter, RsLoraAdapter
 from engine.module.reparam import iter_param_slots
 from engine.store import filesource
 
-from ..store.test_fuzz import capped_memory
+from tests.limits import capped_memory
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 HF, PEFT = FIX / "hf", FIX / "peft"

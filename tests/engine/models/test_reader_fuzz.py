@@ -26,7 +26,9 @@ from engine.models import PretrainedError, from_pretrained, load_peft_adapter
 from engine.models.hf_folder import open_checkpoint
 from engine.module.reparam import iter_param_slots
 
-from ..store.test_fuzz import capped_memory
+from tests.limits import capped_memory
+
+from .json_fuzz import mutate_json
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 HF, PEFT = FIX / "hf", FIX / "peft"
@@ -40,35 +42,16 @@ RAW = {"1e400": "1e400", "-1e400": "-1e400", "NaN": "NaN", "5000 digits": "9" * 
        "deep": "[" * 5000 + "]" * 5000, "nested 70": "[" * 70 + "]" * 70}
 
 
-def _mutate(value, rng: random.Random):
-    """A structural mutation of a JSON document: a value replaced, dropped, added or retyped."""
-    if isinstance(value, dict) and value and rng.random() < 0.85:
-        out = dict(value)
-        key = rng.choice(list(out))
-        r = rng.random()
-        if r < 0.15:
-            del out[key]
-        elif r < 0.25:
-            out[key + rng.choice(["", "x", "_pattern"])] = rng.choice(ODD)
-        else:
-            out[key] = _mutate(out[key], rng)
-        return out
-    if isinstance(value, list) and value and rng.random() < 0.8:
-        out = list(value)
-        i = rng.randrange(len(out))
-        r = rng.random()
-        if r < 0.2:
-            del out[i]
-        elif r < 0.3:
-            out.append(rng.choice(ODD))
-        else:
-            out[i] = _mutate(out[i], rng)
-        return out
+def _leaf(value, rng: random.Random):
     if isinstance(value, (int, float)) and not isinstance(value, bool) and rng.random() < 0.5:
         return rng.choice([value + 1, value - 1, -value, value * 2, value / 2 if value else 0.5])
     if rng.random() < 0.15:  # raw JSON text the json module cannot write: marked, substituted below
         return "@@" + rng.choice(list(RAW)) + "@@"
     return rng.choice(ODD)
+
+
+def _mutate(value, rng: random.Random):
+    return mutate_json(value, rng, ODD, ["", "x", "_pattern"], _leaf, dict_p=0.85)
 
 
 def _json_text(doc) -> str:
@@ -127,18 +110,6 @@ def _fuzz_config(tmp_path, cases: int, seed: int):
     return counts
 
 
-def test_fuzzed_config_json(tmp_path):
-    counts = _fuzz_config(tmp_path, 150, seed=43)
-    assert counts["rejected"] > counts["cases"] // 3 and counts["accepted"] > 0, counts
-    print(f"\nconfig.json fuzz: {counts}")
-
-
-@pytest.mark.long
-def test_fuzzed_config_json_more(tmp_path):
-    counts = _fuzz_config(tmp_path, 150 * SLOW, seed=4343)
-    assert counts["rejected"] > counts["cases"] // 3, counts
-
-
 # ------------------------------------------------------------------------------ the index
 def _fuzz_index(tmp_path, cases: int, seed: int):
     rng = random.Random(seed)
@@ -155,18 +126,6 @@ def _fuzz_index(tmp_path, cases: int, seed: int):
                     t.read()
         _run(load, counts)
     return counts
-
-
-def test_fuzzed_safetensors_index(tmp_path):
-    counts = _fuzz_index(tmp_path, 150, seed=431)
-    assert counts["rejected"] > counts["cases"] // 2 and counts["accepted"] > 0, counts
-    print(f"\nindex fuzz: {counts}")
-
-
-@pytest.mark.long
-def test_fuzzed_safetensors_index_more(tmp_path):
-    counts = _fuzz_index(tmp_path, 150 * SLOW, seed=43431)
-    assert counts["rejected"] > counts["cases"] // 2, counts
 
 
 # ------------------------------------------------------------------------------ PEFT adapters
@@ -223,13 +182,18 @@ def _fuzz_adapter(tmp_path, cases: int, seed: int):
     return counts
 
 
-def test_fuzzed_peft_adapters(tmp_path):
-    counts = _fuzz_adapter(tmp_path, 200, seed=4300)
-    assert counts["rejected"] > counts["cases"] // 3 and counts["accepted"] > 0, counts
-    print(f"\nPEFT adapter fuzz: {counts}")
+# ------------------------------------------------------------------------------ the runs
+# each reader: its fuzzer, cases, the seeds of the default and long runs, and the share of
+# cases that must end in a PretrainedError (more than 1/n)
+READERS = {"config.json": (_fuzz_config, 150, (43, 4343), 3),
+           "index": (_fuzz_index, 150, (431, 43431), 2),
+           "PEFT adapter": (_fuzz_adapter, 200, (4300, 430043), 3)}
 
 
-@pytest.mark.long
-def test_fuzzed_peft_adapters_more(tmp_path):
-    counts = _fuzz_adapter(tmp_path, 200 * SLOW, seed=430043)
-    assert counts["rejected"] > counts["cases"] // 3, counts
+@pytest.mark.parametrize("run", [0, pytest.param(1, marks=pytest.mark.long, id="more")], ids=["default", "more"])
+@pytest.mark.parametrize("reader", list(READERS))
+def test_fuzzed_reader(tmp_path, reader, run):
+    fuzz, cases, seeds, share = READERS[reader]
+    counts = fuzz(tmp_path, cases * SLOW ** run, seed=seeds[run])
+    assert counts["rejected"] > counts["cases"] // share and counts["accepted"] > 0, counts
+    print(f"\n{reader} fuzz: {counts}")

@@ -162,6 +162,8 @@ def test_which_temporaries_a_save_removes(tmp_path):
         f".m.bpk.{os.getppid()}.reused.tmp": (aged, False),
         f".m.bpk.{os.getpid()}.mine02.tmp": (aged, False),
         f".other.bpk.{dead_pid}.abc123.tmp": (aged, True),  # another target's
+        # target `m.bpk.<dead_pid>`'s temporary, its writer live and fresh: not this target's
+        f".m.bpk.{dead_pid}.{os.getpid()}.abc123.tmp": (time.time(), True),
         ".m.bpk.notapid.tmp": (aged, True),  # not a name this module writes
         ".m.bpk.0.zero.tmp": (aged, True),  # pid 0 is no writer's
         "m.bpk.tmp": (aged, True),

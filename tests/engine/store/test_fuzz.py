@@ -3,9 +3,7 @@ shapes and lengths, garbage CBOR / JSON. Every case must end in a clean decode o
 `RecordError` (never another exception), within a budget of calls per case, and with the
 process's address space capped a few hundred MiB above its size at the start (so a reader
 that trusted a size from the file would hit MemoryError and fail the test)."""
-import contextlib
 import json
-import resource
 import struct
 import time
 
@@ -16,6 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from engine.store import ModuleRecord, RecordError, burnpack as bp, cbor, safetensors_io
 from engine.store.burnpack import TensorEntry
 
+from tests.limits import FUZZ_HEADROOM, capped_memory
 from tests.work import counted_calls
 
 from .helpers import craft
@@ -25,7 +24,6 @@ SETTINGS = settings(max_examples=150, deadline=None, database=None, derandomize=
 # the calls one case may make (617 at most measured): a decoder that loops over a count the file
 # claims goes far past it, however fast or busy the machine (a count, not a time bound)
 CASE_CALLS = 20_000
-HEADROOM = 512 * 1024 * 1024
 COUNTS = {"cases": 0, "rejected": 0, "accepted": 0, "most calls": 0}
 
 
@@ -44,24 +42,6 @@ def _seed_entries():
 SEED = bp.encode(_seed_entries(), {"note": "fuzz seed"}, {"epoch": 3, "lr": 0.01, "ok": True})
 SEED_META = bp.decode(SEED)
 SEED_ST = safetensors_io.encode([e for e in _seed_entries() if e.dtype != "Bool(U32)"], {"k": "v"})
-
-
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmSize")
-
-
-@contextlib.contextmanager
-def capped_memory():
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + HEADROOM, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -326,4 +306,4 @@ def test_the_cap_really_bounds_memory():
     """The harness itself: a reader that allocated from an unchecked size would fail."""
     with pytest.raises(MemoryError):
         with capped_memory():
-            np.ones(HEADROOM * 2, np.uint8)
+            np.ones(FUZZ_HEADROOM * 2, np.uint8)

@@ -29,8 +29,8 @@ from engine.store import ModuleRecord, PyTorchAdapter, RecordError
 from engine.store import filesource, torch_pickle
 from engine.store.torch_pickle import TorchZip
 
+from tests.limits import capped_memory
 from tests.work import counted_calls
-from .test_fuzz import capped_memory
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "torch_pickle"
 STATE_DICT = FIXTURES / "state_dict.bin"

@@ -1,9 +1,7 @@
 """.npz files that are broken, truncated or lie about their size: every one is a DataFileError
 naming the array, what its header declares and what the archive holds, found before any
 array is allocated (never a MemoryError, never NumPy's own ValueError)."""
-import contextlib
 import io
-import resource
 import struct
 import zipfile
 
@@ -12,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine.train import DataFileError, load_npz
+from tests.limits import capped_memory
 
-HEADROOM = 512 * 1024 * 1024
 
 
 def npy(shape, descr="<f8", data=b"", fortran=False, version=(1, 0)) -> bytes:
@@ -37,26 +35,6 @@ def good_y(n=4) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.arange(n))
     return buf.getvalue()
-
-
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmSize")
-
-
-@contextlib.contextmanager
-def capped_memory():
-    """The address space capped a few hundred MiB above its size now: a reader that
-    allocated from an unchecked size fails with MemoryError."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + HEADROOM, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def test_a_1kb_file_declaring_2_to_the_40_floats(tmp_path):
