@@ -19,20 +19,13 @@ import ast
 import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "widgets", "app")
+from tests.source_modules import PACKAGES, ROOT, imported_from, module_name
+
 
 # Private names taken across packages that are tolerated for now, each "importer -> target.name"
 # with a comment naming the debt; remove an entry when its import is gone
 # (test_known_exceptions_still_exist says so).
 KNOWN: set[str] = set()  # none left: an entry here is a debt with a comment naming it
-
-
-def module_name(path: Path, root: Path = ROOT) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 def own_package(module: str) -> str:
@@ -84,12 +77,7 @@ def private_imports(packages=PACKAGES, root: Path = ROOT):
                     if alias.asname:
                         modules[alias.asname] = alias.name
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".") if is_package else name.split(".")[:-1]
-                    base = base[:len(base) - (node.level - 1)]
-                    module = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    module = node.module or ""
+                module = imported_from(node, name, is_package)
                 for alias in node.names:
                     found.append(check(f"{module}.{alias.name}", node))
                     if f"{module}.{alias.name}" in files:
