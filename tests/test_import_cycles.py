@@ -11,20 +11,13 @@ from pathlib import Path
 
 import networkx as nx
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "widgets", "app")
+from tests.source_modules import PACKAGES, ROOT, imported_from, module_name
+
 
 # Cycles known and being removed by other parts of the work: each entry is the sorted set of the
 # modules of one strongly connected component, with a comment naming it. Remove an entry when its
 # cycle is gone (test_known_exceptions_still_exist says so).
 KNOWN_CYCLES: list[frozenset[str]] = []
-
-
-def module_name(path: Path, root: Path = ROOT) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 def module_level_imports(tree: ast.Module):
@@ -51,12 +44,7 @@ def import_graph(packages=PACKAGES, root: Path = ROOT) -> nx.DiGraph:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
-                if node.level:
-                    base = name.split(".") if is_package else name.split(".")[:-1]
-                    base = base[:len(base) - (node.level - 1)]
-                    module = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    module = node.module or ""
+                module = imported_from(node, name, is_package)
                 # `from package import submodule` imports the submodule; any other name, the module
                 targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
                            for alias in node.names]

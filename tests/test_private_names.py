@@ -8,7 +8,7 @@ breaks without a word. This test reads every module of engine/, widgets/ and app
 takes a `_name` from outside its own package, as a module (`import engine.nn._base`,
 `from engine.nn import _ops`), as a name (`from engine.tensor.trace import _flat_tensors`) or as
 an attribute of a module it imported (`from engine.tensor import jit` ... `jit._kernel`).
-`test_no_private_attribute_of_another_package_is_read` does the same for the objects a module is
+`test_no_private_name_of_another_package_is_used[attributes]` does the same for the objects a module is
 handed: `param._lazy` in engine.models reads a slot only engine.module defines.
 
 A module's *own package* is the room the architecture notes draw: each subpackage of the engine
@@ -19,20 +19,15 @@ import ast
 import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "widgets", "app")
+import pytest
+
+from tests.source_modules import PACKAGES, ROOT, imported_from, module_name
+
 
 # Private names taken across packages that are tolerated for now, each "importer -> target.name"
 # with a comment naming the debt; remove an entry when its import is gone
 # (test_known_exceptions_still_exist says so).
 KNOWN: set[str] = set()  # none left: an entry here is a debt with a comment naming it
-
-
-def module_name(path: Path, root: Path = ROOT) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 def own_package(module: str) -> str:
@@ -84,12 +79,7 @@ def private_imports(packages=PACKAGES, root: Path = ROOT):
                     if alias.asname:
                         modules[alias.asname] = alias.name
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".") if is_package else name.split(".")[:-1]
-                    base = base[:len(base) - (node.level - 1)]
-                    module = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    module = node.module or ""
+                module = imported_from(node, name, is_package)
                 for alias in node.names:
                     found.append(check(f"{module}.{alias.name}", node))
                     if f"{module}.{alias.name}" in files:
@@ -137,28 +127,27 @@ def private_attributes(packages=PACKAGES, root: Path = ROOT):
                 yield name, f".{node.attr}", f"{path.relative_to(root).as_posix()}:{node.lineno}"
 
 
-def test_no_private_name_is_imported_across_packages():
-    found = [f"{where}: {importer} -> {target}" for importer, target, where in private_imports()
-             if f"{importer} -> {target}" not in KNOWN]
-    assert not found, "private names taken from another package:\n" + "\n".join(found)
+# each check: what it finds, the set of tolerated findings (and its name), what a finding is
+CHECKS = {
+    "imports": (private_imports, KNOWN, "KNOWN", "private names taken from another package"),
+    "attributes": (private_attributes, KNOWN_ATTRIBUTES, "KNOWN_ATTRIBUTES",
+                   "private attributes of another package's objects"),
+}
 
 
-def test_known_exceptions_still_exist():
-    now = {f"{importer} -> {target}" for importer, target, _ in private_imports()}
-    gone = sorted(KNOWN - now)
-    assert not gone, f"these imports are gone: remove them from KNOWN: {gone}"
+@pytest.mark.parametrize("check", CHECKS)
+def test_no_private_name_of_another_package_is_used(check):
+    find, known, _, what = CHECKS[check]
+    found = [f"{where}: {user} -> {target}" for user, target, where in find() if f"{user} -> {target}" not in known]
+    assert not found, f"{what}:\n" + "\n".join(found)
 
 
-def test_no_private_attribute_of_another_package_is_read():
-    found = [f"{where}: {reader} -> {attr}" for reader, attr, where in private_attributes()
-             if f"{reader} -> {attr}" not in KNOWN_ATTRIBUTES]
-    assert not found, "private attributes of another package's objects:\n" + "\n".join(found)
-
-
-def test_known_attribute_exceptions_still_exist():
-    now = {f"{reader} -> {attr}" for reader, attr, _ in private_attributes()}
-    gone = sorted(KNOWN_ATTRIBUTES - now)
-    assert not gone, f"these reads are gone: remove them from KNOWN_ATTRIBUTES: {gone}"
+@pytest.mark.parametrize("check", CHECKS)
+def test_known_exceptions_still_exist(check):
+    find, known, known_name, _ = CHECKS[check]
+    now = {f"{user} -> {target}" for user, target, _ in find()}
+    gone = sorted(known - now)
+    assert not gone, f"these are gone: remove them from {known_name}: {gone}"
 
 
 def test_the_check_sees_modules_names_attributes_and_relative_imports(tmp_path):

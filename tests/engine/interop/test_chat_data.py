@@ -172,3 +172,47 @@ def test_plain_text_loading_says_a_conversation_file_is_conversation_data(tokeni
                                             r"'completion' fields, found keys \['conversations'\]: a 'conversations' "
                                             r"record is conversation data"):
         load_text_data(CONVERSATIONS / "sharegpt.jsonl", tokenizer, block_size=16)
+
+
+# every committed template (the reference above reads ChatML only): Llama 3.2, Mistral, Gemma 2, Phi 3.5,
+# Zephyr and Qwen3 mask through the prefix difference too
+ALL_TEMPLATES = sorted(p.stem for p in (FIXTURES / "chat_templates").glob("*.jinja"))
+SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
+
+
+@pytest.mark.parametrize("name", ALL_TEMPLATES)
+def test_every_template_learns_the_assistants_words_and_none_of_the_others(name, tokenizer):
+    """A reference that needs no knowledge of the template: each message's content located in the
+    rendered text in turn; a token inside an assistant's content is learnt, a token touching a user's
+    or system's content, or lying in the text between the previous content and an assistant's (its
+    header), is not. Conversations a template refuses (Gemma's system role) are skipped;
+    each template masks at least two."""
+    template = ChatTemplate((FIXTURES / "chat_templates" / f"{name}.jinja").read_text(), SPECIAL, where=name)
+    checked = 0
+    for file in ("messages.jsonl", "sharegpt.jsonl", "alpaca.jsonl"):
+        for conv in read_conversations(CONVERSATIONS / file):
+            try:
+                # Qwen3 without thinking: its generation prompt holds the empty think block the turn renders
+                row = conversation_tokens(conv, template, tokenizer, enable_thinking=False)
+            except TextDataError as e:
+                assert "refused" in str(e) or "renders" in str(e), str(e)
+                continue
+            # 1: an assistant's content, 2: anyone else's, 3: the text leading to an assistant's content
+            # (the previous turn's end, the assistant's header)
+            owner = np.zeros(len(row.text), dtype=np.int8)
+            cursor = 0
+            for m in conv.messages:
+                content = m["content"].strip()
+                start = row.text.index(content, cursor)
+                if m["role"] == "assistant":
+                    owner[cursor:start] = 3
+                owner[start:start + len(content)] = 1 if m["role"] == "assistant" else 2
+                cursor = start + len(content)
+            for (s, e), learnt in zip(row.offsets.tolist(), row.learn.tolist(), strict=True):
+                if e > s and (owner[s:e] == 1).all():
+                    assert learnt, (name, file, conv.line, row.text[s:e])
+                if (owner[s:e] == 2).any() or (e > s and (owner[s:e] == 3).all()):
+                    assert not learnt, (name, file, conv.line, row.text[s:e])
+            assert len(row.spans) == sum(m["role"] == "assistant" for m in conv.messages)
+            checked += 1
+    assert checked >= 2, name

@@ -17,9 +17,16 @@ from engine.models import PretrainedError, from_pretrained, generate, pretrained
 from engine.models.generate import GenerationError, generation_config, generation_defaults, penalize_repetition
 
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
-# llama-gqa, greedy from [9, 8, 7] with no stop token: transformers' eos 2 first comes 15th, a 3 13th
 PROMPT = [9, 8, 7]
-UNSTOPPED = [126, 8, 42, 84, 95, 69, 117, 78, 33, 107, 127, 124, 3, 7, 2, 2]
+
+
+@pytest.fixture(scope="module")
+def unstopped():
+    """llama-gqa, greedy from PROMPT for 16 tokens with no stop token, by whole-sequence forwards (not
+    `generate`'s cache): transformers' eos 2 first comes 15th, a 3 13th, an 8 2nd (the stops below)."""
+    seq = _greedy_reference(from_pretrained(HF / "llama-gqa"), PROMPT, 16)
+    assert seq.index(8) == 1 and seq.index(3) == 12 and seq.index(2) == 14, seq
+    return seq
 
 
 def _folder(tmp_path, name="llama-gqa", config=None, generation="keep"):
@@ -38,11 +45,11 @@ def _folder(tmp_path, name="llama-gqa", config=None, generation="keep"):
     return out
 
 
-def test_the_model_stops_at_its_eos_and_keeps_it():
+def test_the_model_stops_at_its_eos_and_keeps_it(unstopped):
     model = from_pretrained(HF / "llama-gqa")  # generation_config.json and config.json: eos 2
-    assert generate(model, None, PROMPT, 16, temperature=0, eos_token_id=[]).token_ids == UNSTOPPED
+    assert generate(model, None, PROMPT, 16, temperature=0, eos_token_id=[]).token_ids == unstopped
     r = generate(model, None, PROMPT, 16, temperature=0)
-    assert r.token_ids == UNSTOPPED[:15] and r.token_ids[-1] == 2 and r.finish_reasons == ["stop"]
+    assert r.token_ids == unstopped[:15] and r.token_ids[-1] == 2 and r.finish_reasons == ["stop"]
 
     class Tok:  # a tokenizer's eos counts only where the model names none; eos_token_id=[] turns both off
         eos_id, pad_id = 3, None
@@ -50,8 +57,8 @@ def test_the_model_stops_at_its_eos_and_keeps_it():
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(map(str, ids))
 
-    assert generate(model, Tok(), PROMPT, 16, temperature=0).token_ids == UNSTOPPED[:15]
-    assert generate(model, Tok(), PROMPT, 16, temperature=0, eos_token_id=[]).token_ids == UNSTOPPED
+    assert generate(model, Tok(), PROMPT, 16, temperature=0).token_ids == unstopped[:15]
+    assert generate(model, Tok(), PROMPT, 16, temperature=0, eos_token_id=[]).token_ids == unstopped
 
 
 @pytest.mark.parametrize("name", ["llama-gqa", "llama-tied", "mistral", "qwen2", "gpt2"])
@@ -67,29 +74,29 @@ def test_greedy_without_a_stop_argument_equals_transformers_generate(name):
         assert r.ids == case["new_ids"], (name, case)
 
 
-def test_config_json_eos_without_a_generation_config(tmp_path):
+def test_config_json_eos_without_a_generation_config(tmp_path, unstopped):
     model = from_pretrained(_folder(tmp_path, generation=None))
     assert pretrained_info(model).generation_config is None
     assert generation_config(model)["eos_token_id"] == [2] and generation_defaults(model) == {}
-    assert generate(model, None, PROMPT, 16, temperature=0).token_ids == UNSTOPPED[:15]
+    assert generate(model, None, PROMPT, 16, temperature=0).token_ids == unstopped[:15]
 
 
-def test_an_eos_list_stops_at_any_of_its_tokens(tmp_path):
+def test_an_eos_list_stops_at_any_of_its_tokens(tmp_path, unstopped):
     model = from_pretrained(_folder(tmp_path, generation={"eos_token_id": [3, 2]}))
     assert generation_config(model)["eos_token_id"] == [3, 2]
     r = generate(model, None, PROMPT, 16, temperature=0)
-    assert r.token_ids == UNSTOPPED[:13] and r.token_ids[-1] == 3 and r.finish_reasons == ["stop"]
+    assert r.token_ids == unstopped[:13] and r.token_ids[-1] == 3 and r.finish_reasons == ["stop"]
 
 
-def test_generation_config_json_takes_precedence_over_config_json(tmp_path):
+def test_generation_config_json_takes_precedence_over_config_json(tmp_path, unstopped):
     model = from_pretrained(_folder(tmp_path, config={"eos_token_id": 2}, generation={"eos_token_id": 7}))
     assert generation_config(model)["eos_token_id"] == [7]
-    assert generate(model, None, PROMPT, 16, temperature=0).token_ids == UNSTOPPED[:14]
+    assert generate(model, None, PROMPT, 16, temperature=0).token_ids == unstopped[:14]
     # a generation_config.json without an eos: transformers' GenerationConfig has none, config.json's unused
     model = from_pretrained(_folder(tmp_path / "none", generation={"do_sample": False}))
-    assert generate(model, None, PROMPT, 16, temperature=0).token_ids == UNSTOPPED
+    assert generate(model, None, PROMPT, 16, temperature=0).token_ids == unstopped
     # the caller's eos replaces the model's (transformers' generate(eos_token_id=...))
-    assert generate(model, None, PROMPT, 16, temperature=0, eos_token_id=8).token_ids == UNSTOPPED[:2]
+    assert generate(model, None, PROMPT, 16, temperature=0, eos_token_id=8).token_ids == unstopped[:2]
 
 
 def test_a_bad_generation_config_is_named(tmp_path):
@@ -134,18 +141,23 @@ def test_penalize_repetition_equals_the_reference():
     assert np.array_equal(penalize_repetition(logits, rows, 1.0), logits)
 
 
-def test_greedy_with_a_repetition_penalty_equals_a_float64_reference():
-    """Whole-sequence forwards, the penalty over the prompt and the new tokens, argmax: the tokens
-    `generate` gives (the tied Llama repeats itself without a penalty, so the penalty changes them)."""
-    model = from_pretrained(HF / "llama-tied")
-    prompt, n, penalty = [9, 8, 7], 12, 1.5
+def _greedy_reference(model, prompt, n, penalty=1.0):
+    """Whole-sequence forwards, the penalty over the prompt and the new tokens, argmax: `n` new tokens."""
     seq = list(prompt)
     valid = model.valid()
     with no_recording():
         for _ in range(n):
             logits = valid.forward(Tensor.from_data(np.array([seq], dtype=np.int64))).numpy()[0, -1]
             seq.append(int(np.argmax(_reference_penalty(logits, seq, penalty))))
-    want = seq[len(prompt):]
+    return seq[len(prompt):]
+
+
+def test_greedy_with_a_repetition_penalty_equals_a_float64_reference():
+    """The tokens `generate` gives are the reference's (the tied Llama repeats itself without a
+    penalty, so the penalty changes them)."""
+    model = from_pretrained(HF / "llama-tied")
+    prompt, n, penalty = [9, 8, 7], 12, 1.5
+    want = _greedy_reference(model, prompt, n, penalty)
     got = generate(model, None, prompt, n, temperature=0, repetition_penalty=penalty, eos_token_id=[]).token_ids
     assert got == want
     assert got != generate(model, None, prompt, n, temperature=0, eos_token_id=[]).token_ids

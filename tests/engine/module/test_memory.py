@@ -87,10 +87,12 @@ def test_estimates_on_the_7b_model_are_a_fast_walk_that_allocates_nothing():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    # a walk, counted rather than timed: 45,943 calls measured for the 3 estimates over the 291
-    # parameters, about 53 a parameter each; one that touched the weights or walked per parameter is far more
+    # a walk, counted rather than timed: 45,903 calls measured for the 3 estimates over the 291
+    # parameters, about 53 a parameter each. A walk of the model per parameter costs 291 walks of
+    # about 11,000 calls; even one estimate looping over the parameter list once per parameter with a
+    # single call each adds 291**2 = 84,681, which the bound (87,300, 1.9x the measure) refuses
     params = len(list(model.named_params()))
-    assert calls.n < 3 * 150 * params, (calls.n, params)
+    assert calls.n < 3 * 100 * params, (calls.n, params)
     assert peak < 2e6, peak
     assert not any(p.is_initialized() for p in model.params())
     assert 26.9e9 < q.parts["dense bases to initialize"] < 27.1e9

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import special
 
 from engine.tensor import cpu
 
@@ -86,6 +87,10 @@ def test_named_kernels_run_float32_numpy_arrays():
     x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
     out, der = cpu.activation.gelu(x)
     assert out.shape == x.shape and der.shape == x.shape and out.dtype == np.float32
+    x64 = x.astype(np.float64)  # float64 erf GELU and its derivative Phi(x) + x phi(x)
+    cdf = special.ndtr(x64)
+    np.testing.assert_allclose(out, x64 * cdf, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(der, cdf + x64 * np.exp(-0.5 * x64 * x64) / np.sqrt(2 * np.pi), rtol=1e-5, atol=1e-6)
     logits = np.ascontiguousarray(np.tile(x, (1, 30000)))  # over rows.BLOCK_BYTES: blocked with or without numba
     m, e, s = cpu.rows.shifted_exp(logits)
     np.testing.assert_allclose(e, np.exp(logits - logits.max(axis=1, keepdims=True)), rtol=1e-6)
