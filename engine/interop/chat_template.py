@@ -556,24 +556,38 @@ def _mark(value, pattern):
     return value
 
 
+def _mark_specials(tokenizer, *values) -> list:
+    """`values` (messages, variables) with the special-token text they hold between the marks."""
+    specials = _special_texts(tokenizer)
+    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
+    return [_mark(v, pattern) for v in values]
+
+
+def _encode_marked(tokenizer, marked: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """The ids of a text rendered from marked values (`_mark_specials`), and each token's
+    [start, end) characters in `marked`: the template's text with its special tokens as tokens,
+    the marked pieces (special-token text from the caller) as ordinary text."""
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    start = 0
+    for i, piece in enumerate(re.split(f"[{_OPEN}{_CLOSE}]", marked)):
+        if piece:
+            tok = _as_text_tokenizer(tokenizer) if i % 2 else tokenizer
+            enc = tok._call("encoding a conversation", tok.tokenizer.encode, piece, add_special_tokens=False)
+            ids += enc.ids
+            offsets += [(start + a, start + b) for a, b in enc.offsets]
+        start += len(piece) + 1  # the mark after it
+    return ids, offsets
+
+
 def encode_chat(tokenizer, template: ChatTemplate, messages, add_generation_prompt: bool = False,
                 **variables) -> list[int]:
     """The token ids of the rendered conversation (`tokenizer`: a `TextTokenizer`). Special tokens
     come only from the template: special-token text inside the messages (or tools, or variables) is
     encoded as ordinary text, so a user who types `<|im_end|>` cannot end a turn."""
-    specials = _special_texts(tokenizer)
-    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
-    marked = template.render(_mark(messages, pattern), add_generation_prompt=add_generation_prompt,
-                             **_mark(variables, pattern)).text
-    ids: list[int] = []
-    for i, piece in enumerate(re.split(f"[{_OPEN}{_CLOSE}]", marked)):
-        if not piece:
-            continue
-        if i % 2 == 0:  # the template's text: its special tokens are tokens
-            ids += tokenizer.encode(piece, add_special_tokens=False)
-        else:  # special-token text from a message: ordinary text
-            ids += _as_text_tokenizer(tokenizer).encode(piece, add_special_tokens=False)
-    return ids
+    messages, variables = _mark_specials(tokenizer, messages, variables)
+    marked = template.render(messages, add_generation_prompt=add_generation_prompt, **variables).text
+    return _encode_marked(tokenizer, marked)[0]
 
 
 _TEXT_ONLY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
