@@ -41,7 +41,7 @@ import numpy as np
 
 from ..models.hf_folder import PretrainedError, read_json
 from ..module import memory
-from ..train.tokenizer import TOKENIZER_BYTES_PER_FILE_BYTE, TextTokenizer, TokenizerError, TokenizerTooLarge
+from ..train.tokenizer import TextTokenizer, TokenizerError, TokenizerTooLarge, tokenizer_memory
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "RenderedChat", "read_chat_template", "encode_chat",
            "MAX_TEMPLATE_CHARS", "MAX_OUTPUT_CHARS", "MAX_RENDER_WORK"]
@@ -600,14 +600,13 @@ def _as_text_tokenizer(tokenizer):
     tok = tokenizer.tokenizer
     plain = _TEXT_ONLY.get(tok)
     if plain is None:
-        size = len(tok.to_str())
-        estimate = memory.MemoryEstimate("copying the tokenizer to encode message text", {
-            "its text": 2 * size, "the library's vocabulary and merges": TOKENIZER_BYTES_PER_FILE_BYTE * size})
-        refusal = estimate.refusal(memory.available_memory())
+        text = tok.to_str()  # serialized once: its length sizes the copy, which is made from it
+        refusal = tokenizer_memory("copying the tokenizer to encode message text", len(text),
+                                   working=False).refusal(memory.available_memory())
         if refusal:  # the library aborts the process when an allocation fails
             raise TokenizerTooLarge(tokenizer.path, f"{refusal}: use a machine with more memory")
         try:
-            copy = type(tok).from_str(tok.to_str())
+            copy = type(tok).from_str(text)
         except Exception as e:  # noqa: BLE001 - the library's own message says what failed
             raise TokenizerError(tokenizer.path, f"the tokenizers library cannot copy it: {_message(e)}") from None
         copy.encode_special_tokens = True
