@@ -32,6 +32,7 @@ __all__ = [
     "f32",
     "dbg",
     "rust_bool",
+    "member_of",
     "initializers",
     "init_with",
     "state",
@@ -170,6 +171,18 @@ def dbg(value) -> str:
 
 def rust_bool(value) -> str:
     return "true" if value else "false"
+
+
+def member_of(enum_cls, value, what: str, spells):
+    """`value` if it is a member of `enum_cls`, else the member `m` with `spells(m, value)` for the
+    text `value`; a ValueError naming `what` and the members' names for anything else."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        for m in enum_cls:
+            if spells(m, value):
+                return m
+    raise ValueError(f"unknown {what} {value!r}: expected one of {[m.name for m in enum_cls]}")
 
 
 def pair(value, n: int, name: str, owner: str) -> tuple:

@@ -10,7 +10,7 @@ import numpy as np
 from ..tensor import Tensor, TensorError
 from ..tensor.raw import array, wrap
 from . import _ops
-from ._base import Layer, f64
+from ._base import Layer, f64, member_of
 
 __all__ = ["Reduction", "class_weights", "cross_entropy", "binary_cross_entropy"]
 
@@ -25,13 +25,7 @@ class Reduction(enum.Enum):
 
     @staticmethod
     def of(value) -> "Reduction":
-        if isinstance(value, Reduction):
-            return value
-        if isinstance(value, str):
-            for r in Reduction:
-                if r.name.lower() == value.replace("_", "").lower():
-                    return r
-        raise ValueError(f"unknown reduction {value!r}: expected one of {[r.name for r in Reduction]}")
+        return member_of(Reduction, value, "reduction", lambda r, v: r.name.lower() == v.replace("_", "").lower())
 
 
 def _reduce(loss, reduction, owner: str, batch_mean: bool = False):

@@ -468,16 +468,17 @@ class ConvTranspose3d(_ConvTransposeNd):
 
 # ---------------------------------------------------------------------------------- declarations
 # Each layer's shape rule and what it declares to the designer and the exporters (engine.nn.spec).
+def _conv_input(owner: str, t, n: int, channels_in: int) -> None:
+    """The input a convolution's forward asserts: float, `[batch, channels_in]` and `n` sizes."""
+    expect(f"assert_shape(input, [None, channels_in{', None' * n}])", t, [None, channels_in] + [None] * n)
+    float_input(owner, t)
+
+
 def _conv_shape(m, ins, ctx):
     t = ins[0]
     n = m.N
     owner = type(m).__name__
-    channels_in = m.weight.shape[1] * m.groups
-    call = {1: "assert_shape(input, [None, channels_in, None])",
-            2: "assert_shape(input, [None, channels_in, None, None])",
-            3: "assert_shape(input, [None, channels_in, None, None, None])"}[n]
-    expect(call, t, [None, channels_in] + [None] * n)
-    float_input(owner, t)
+    _conv_input(owner, t, n, m.weight.shape[1] * m.groups)
     kernel, stride, dilation = tuple_of(m.kernel_size, n), tuple_of(m.stride, n), tuple_of(m.dilation, n)
     sizes = t.dims[2:]
     pads = explicit_pads(m.padding, n)
@@ -506,11 +507,7 @@ def _conv_transpose_shape(m, ins, ctx):
     n = m.N
     owner = type(m).__name__
     channels_in, channels_out = m.channels
-    call = {1: "assert_shape(input, [None, channels_in, None])",
-            2: "assert_shape(input, [None, channels_in, None, None])",
-            3: "assert_shape(input, [None, channels_in, None, None, None])"}[n]
-    expect(call, t, [None, channels_in] + [None] * n)
-    float_input(owner, t)
+    _conv_input(owner, t, n, channels_in)
     kernel, stride, dilation = tuple_of(m.kernel_size, n), tuple_of(m.stride, n), tuple_of(m.dilation, n)
     pad, pad_out = tuple_of(m.padding, n), tuple_of(m.padding_out, n)
     op = f"conv_transpose{n}d"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tensor import ops_interp
-from ._base import Config, Debug, Layer, assert_shape, option, rust_debug
+from ._base import Config, Debug, Layer, assert_shape, member_of, option, rust_debug
 from fractions import Fraction
 from ..shapes.dims import Dim, as_dim
 from ..shapes.rules import RuleError, Shape, dims_text, expect, float_input, tuple_of
@@ -26,14 +26,8 @@ class InterpolateMode(enum.Enum):
 
     @staticmethod
     def of(value) -> "InterpolateMode":
-        if isinstance(value, InterpolateMode):
-            return value
-        if isinstance(value, str):
-            key = value.replace("-", "_").lower()
-            for m in InterpolateMode:
-                if key in (m.value, m.name.lower()):
-                    return m
-        raise ValueError(f"unknown interpolate mode {value!r}: expected one of {[m.name for m in InterpolateMode]}")
+        return member_of(InterpolateMode, value, "interpolate mode",
+                         lambda m, v: v.replace("-", "_").lower() in (m.value, m.name.lower()))
 
 
 def _f32_debug(v) -> str:

@@ -6,7 +6,7 @@ a new loss declares its rule at the end of its own file, as every other layer do
 from __future__ import annotations
 
 from ..shapes.dims import as_dim
-from ..shapes.rules import NP_DTYPE, ONE, RuleError, Shape, expect, like
+from ..shapes.rules import NP_DTYPE, ONE, RuleError, Shape, expect, like, rows_like
 from .loss import (BinaryCrossEntropyLoss, CosineEmbeddingLoss, CrossEntropyLoss, GaussianNLLLoss, HingeEmbeddingLoss,
                    HuberLoss, KLDivLoss, MarginRankingLoss, MseLoss, MultiMarginLoss, PoissonNllLoss, SmoothL1Loss,
                    SoftMarginLoss, TripletMarginLoss)
@@ -77,20 +77,13 @@ def _multi_margin_shape(m, ins, ctx):
 
 
 def _cosine_embedding_shape(m, ins, ctx):
-    a, b, target = ins
-    expect("assert_shape(input1, [None, None])", a, [None, None])
-    batch_size, embedding_dim = a.dims
-    expect("assert_shape(input2, [batch_size, embedding_dim])", b, [batch_size, embedding_dim])
-    expect("assert_shape(target, [batch_size])", target, [batch_size])
+    batch_size, _ = rows_like(("input1", "input2"), ins)
+    expect("assert_shape(target, [batch_size])", ins[2], [batch_size])
     return ONE
 
 
 def _triplet_shape(m, ins, ctx):
-    anchor, positive, negative = ins
-    expect("assert_shape(anchor, [None, None])", anchor, [None, None])
-    batch_size, embedding_dim = anchor.dims
-    expect("assert_shape(positive, [batch_size, embedding_dim])", positive, [batch_size, embedding_dim])
-    expect("assert_shape(negative, [batch_size, embedding_dim])", negative, [batch_size, embedding_dim])
+    rows_like(("anchor", "positive", "negative"), ins)
     return ONE
 
 

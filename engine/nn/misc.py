@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..tensor import Tensor
 from ._base import Config, Flag, Layer, Module, assert_shape, f64
-from ..shapes.rules import RuleError, Shape, dims_text, elementwise, expect, same
+from ..shapes.rules import RuleError, Shape, dims_text, elementwise, expect, rows_like, same
 from .spec import declare
 
 __all__ = [
@@ -277,21 +277,15 @@ def _identity_shape(m, ins, ctx):
 
 
 def _cosine_similarity_shape(m, ins, ctx):
-    x1, x2 = ins
-    expect("assert_shape(x1, [None, None])", x1, [None, None])
-    batch_size, features = x1.dims
-    expect("assert_shape(x2, [batch_size, features])", x2, [batch_size, features])
+    dims = rows_like(("x1", "x2"), ins, "features")
     d = m.dim + 2 if m.dim < 0 else m.dim
     if not 0 <= d < 2:
         raise RuleError(f"CosineSimilarity: dim {m.dim} is out of range for inputs of rank 2")
-    return Shape((x1.dims[1 - d],))
+    return Shape((dims[1 - d],))
 
 
 def _pairwise_distance_shape(m, ins, ctx):
-    x1, x2 = ins
-    expect("assert_shape(x1, [None, None])", x1, [None, None])
-    batch_size, features = x1.dims
-    expect("assert_shape(x2, [batch_size, features])", x2, [batch_size, features])
+    batch_size, _ = rows_like(("x1", "x2"), ins, "features")
     return Shape((batch_size,))
 
 

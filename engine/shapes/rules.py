@@ -28,7 +28,7 @@ from .dims import Constraint, Dim, as_dim
 
 __all__ = ["Shape", "RuleError", "RuleResult", "Ctx", "dims_text", "expect", "float_input", "same", "with_dim",
            "elementwise", "tuple_of", "explicit_pads", "conv_out", "same_out", "same_min_length", "min_size",
-           "kernel_too_large", "ONE", "like", "NP_DTYPE"]
+           "kernel_too_large", "ONE", "like", "rows_like", "NP_DTYPE"]
 
 
 class RuleError(Exception):
@@ -188,3 +188,14 @@ ONE = Shape((as_dim(1),))
 def like(call: str, first: Shape, *others: Shape) -> None:
     for t in others:
         expect(call, t, list(first.dims))
+
+
+def rows_like(names, ins, width: str = "embedding_dim") -> tuple:
+    """Inputs `names` (the first `[None, None]`, each other `[batch_size, width]` like it), as the
+    layers' `assert_shape` calls say; returns the first's (batch_size, width) dims."""
+    first = ins[0]
+    expect(f"assert_shape({names[0]}, [None, None])", first, [None, None])
+    batch_size, w = first.dims
+    for name, t in zip(names[1:], ins[1:]):
+        expect(f"assert_shape({name}, [batch_size, {width}])", t, [batch_size, w])
+    return batch_size, w

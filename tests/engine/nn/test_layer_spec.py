@@ -36,3 +36,56 @@ def test_the_readers_take_the_declarations():
     assert choices[:3] == ("Gelu", "Relu", "Relu6") and "PRelu" in choices and "GeluTanh" not in choices
     assert spec_of(nn.Conv2d).burn == Burn("conv")
     assert spec_of(nn.LeakyRelu).onnx["LeakyRelu"]({"alpha": 0.2}) == {"negative_slope": 0.2}
+
+
+def _bad_inputs_case(layer, shapes):
+    """The rule's error on `shapes` and the forward's on zero tensors of those sizes."""
+    import numpy as np  # noqa: PLC0415
+
+    from engine.shapes.rules import RuleError  # noqa: PLC0415
+    from engine.tensor import Tensor  # noqa: PLC0415
+
+    with pytest.raises(RuleError) as rule:
+        infer(layer, [Shape(tuple(as_dim(d) for d in s)) for s in shapes])
+    with pytest.raises(Exception) as real:  # noqa: PT011 - the layer's own assert_shape error
+        layer.forward(*[Tensor(np.zeros(s, np.float32)) for s in shapes])
+    return str(rule.value), str(real.value)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_conv_rules_refuse_wrong_channels_with_the_forwards_call(n):
+    size = 1 if n == 1 else [1] * n
+    conv = (nn.Conv1dConfig(4, 6, 1) if n == 1 else getattr(nn, f"Conv{n}dConfig")([4, 6], size)).init()
+    tconv = getattr(nn, f"ConvTranspose{n}dConfig")([4, 6], size).init()
+    for layer in (conv, tconv):
+        rule, real = _bad_inputs_case(layer, [[2, 3] + [5] * n])
+        call = f"assert_shape(input, [None, channels_in{', None' * n}])"
+        assert rule.startswith(call + ":") and call in real, (rule, real)
+
+
+@pytest.mark.parametrize("layer, shapes, call", [
+    (nn.CosineSimilarityConfig().init(), [[2, 3], [2, 4]], "assert_shape(x2, [batch_size, features])"),
+    (nn.PairwiseDistanceConfig().init(), [[2, 3], [3, 3]], "assert_shape(x2, [batch_size, features])"),
+    (nn.PairwiseDistanceConfig().init(), [[2, 3, 1], [2, 3]], "assert_shape(x1, [None, None])"),
+    (nn.TripletMarginLossConfig().init(), [[2, 3], [2, 3], [2, 4]],
+     "assert_shape(negative, [batch_size, embedding_dim])"),
+    (nn.CosineEmbeddingLossConfig().init(), [[2, 3], [1, 3], [2]],
+     "assert_shape(input2, [batch_size, embedding_dim])"),
+])
+def test_row_pair_rules_name_the_input_the_forward_names(layer, shapes, call):
+    rule, real = _bad_inputs_case(layer, shapes)
+    assert rule.startswith(call + ":") and call in real, (rule, real)
+
+
+def test_setting_enums_take_their_members_spellings_and_name_the_members_otherwise():
+    assert nn.Reduction.of(nn.Reduction.Sum) is nn.Reduction.Sum
+    assert nn.Reduction.of("batch_mean") is nn.Reduction.BatchMean
+    assert nn.Reduction.of("SUM") is nn.Reduction.Sum
+    assert nn.InterpolateMode.of("nearest-exact") is nn.InterpolateMode.NearestExact
+    assert nn.InterpolateMode.of("Cubic") is nn.InterpolateMode.Cubic
+    with pytest.raises(ValueError, match=r"unknown reduction 'median': expected one of \['Mean', 'Sum', 'Auto', "):
+        nn.Reduction.of("median")
+    with pytest.raises(ValueError, match=r"unknown reduction 3: "):
+        nn.Reduction.of(3)
+    with pytest.raises(ValueError, match=r"unknown interpolate mode 'area': expected one of \['Nearest', "):
+        nn.InterpolateMode.of("area")
