@@ -25,7 +25,6 @@ ordinary text.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import numpy as np
 from ..train.losses import IGNORE_INDEX
 from ..train.conversations import read_conversations
 from ..train.text import TextDataError, TextDataset, Tokens, check_rows_fit, padded_rows
-from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _as_text_tokenizer, _mark, _special_texts
+from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _encode_marked, _mark_specials
 
 __all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data"]
 
@@ -91,22 +90,9 @@ def assistant_spans(conv, template: ChatTemplate, messages=None, **variables) ->
 def conversation_tokens(conv, template: ChatTemplate, tokenizer, **variables) -> ConversationTokens:
     """`conv` (an `engine.train.conversations.Conversation`) rendered with `template`, tokenized with
     `tokenizer` (a `TextTokenizer`), and the flags of the assistant's tokens."""
-    specials = _special_texts(tokenizer)
-    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
-    marked, spans = assistant_spans(conv, template, _mark(conv.messages, pattern), **_mark(variables, pattern))
-    plain = None
-    ids: list[int] = []
-    offsets: list[tuple[int, int]] = []
-    start = 0
-    for i, piece in enumerate(re.split(f"[{_OPEN}{_CLOSE}]", marked)):
-        if piece:
-            tok = tokenizer
-            if i % 2:  # special-token text from a message: ordinary text
-                tok = plain = plain or _as_text_tokenizer(tokenizer)
-            enc = tok._call("encoding a conversation", tok.tokenizer.encode, piece, add_special_tokens=False)
-            ids += enc.ids
-            offsets += [(start + s, start + e) for s, e in enc.offsets]
-        start += len(piece) + 1  # the mark after it
+    messages, marked_variables = _mark_specials(tokenizer, conv.messages, variables)
+    marked, spans = assistant_spans(conv, template, messages, **marked_variables)
+    ids, offsets = _encode_marked(tokenizer, marked)
     ids_a = np.asarray(ids, dtype=np.int64)
     offs = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     learn = np.zeros(len(ids_a), dtype=bool)

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..models.hf_folder import PretrainedError, read_json
 from ..module import memory
-from ..train.tokenizer import TOKENIZER_BYTES_PER_FILE_BYTE, TextTokenizer, TokenizerError, TokenizerTooLarge
+from ..train.tokenizer import TextTokenizer, TokenizerError, TokenizerTooLarge, tokenizer_memory
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "RenderedChat", "read_chat_template", "encode_chat",
            "MAX_TEMPLATE_CHARS", "MAX_OUTPUT_CHARS", "MAX_RENDER_WORK"]
@@ -556,24 +556,38 @@ def _mark(value, pattern):
     return value
 
 
+def _mark_specials(tokenizer, *values) -> list:
+    """`values` (messages, variables) with the special-token text they hold between the marks."""
+    specials = _special_texts(tokenizer)
+    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
+    return [_mark(v, pattern) for v in values]
+
+
+def _encode_marked(tokenizer, marked: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """The ids of a text rendered from marked values (`_mark_specials`), and each token's
+    [start, end) characters in `marked`: the template's text with its special tokens as tokens,
+    the marked pieces (special-token text from the caller) as ordinary text."""
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    start = 0
+    for i, piece in enumerate(re.split(f"[{_OPEN}{_CLOSE}]", marked)):
+        if piece:
+            tok = _as_text_tokenizer(tokenizer) if i % 2 else tokenizer
+            enc = tok._call("encoding a conversation", tok.tokenizer.encode, piece, add_special_tokens=False)
+            ids += enc.ids
+            offsets += [(start + a, start + b) for a, b in enc.offsets]
+        start += len(piece) + 1  # the mark after it
+    return ids, offsets
+
+
 def encode_chat(tokenizer, template: ChatTemplate, messages, add_generation_prompt: bool = False,
                 **variables) -> list[int]:
     """The token ids of the rendered conversation (`tokenizer`: a `TextTokenizer`). Special tokens
     come only from the template: special-token text inside the messages (or tools, or variables) is
     encoded as ordinary text, so a user who types `<|im_end|>` cannot end a turn."""
-    specials = _special_texts(tokenizer)
-    pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
-    marked = template.render(_mark(messages, pattern), add_generation_prompt=add_generation_prompt,
-                             **_mark(variables, pattern)).text
-    ids: list[int] = []
-    for i, piece in enumerate(re.split(f"[{_OPEN}{_CLOSE}]", marked)):
-        if not piece:
-            continue
-        if i % 2 == 0:  # the template's text: its special tokens are tokens
-            ids += tokenizer.encode(piece, add_special_tokens=False)
-        else:  # special-token text from a message: ordinary text
-            ids += _as_text_tokenizer(tokenizer).encode(piece, add_special_tokens=False)
-    return ids
+    messages, variables = _mark_specials(tokenizer, messages, variables)
+    marked = template.render(messages, add_generation_prompt=add_generation_prompt, **variables).text
+    return _encode_marked(tokenizer, marked)[0]
 
 
 _TEXT_ONLY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -586,14 +600,13 @@ def _as_text_tokenizer(tokenizer):
     tok = tokenizer.tokenizer
     plain = _TEXT_ONLY.get(tok)
     if plain is None:
-        size = len(tok.to_str())
-        estimate = memory.MemoryEstimate("copying the tokenizer to encode message text", {
-            "its text": 2 * size, "the library's vocabulary and merges": TOKENIZER_BYTES_PER_FILE_BYTE * size})
-        refusal = estimate.refusal(memory.available_memory())
+        text = tok.to_str()  # serialized once: its length sizes the copy, which is made from it
+        refusal = tokenizer_memory("copying the tokenizer to encode message text", len(text),
+                                   working=False).refusal(memory.available_memory())
         if refusal:  # the library aborts the process when an allocation fails
             raise TokenizerTooLarge(tokenizer.path, f"{refusal}: use a machine with more memory")
         try:
-            copy = type(tok).from_str(tok.to_str())
+            copy = type(tok).from_str(text)
         except Exception as e:  # noqa: BLE001 - the library's own message says what failed
             raise TokenizerError(tokenizer.path, f"the tokenizers library cannot copy it: {_message(e)}") from None
         copy.encode_special_tokens = True

@@ -247,16 +247,11 @@ def _attention_sizes(model) -> tuple[int, int, int, int, int]:
     return int(cfg.n_embd), int(cfg.n_head), int(cfg.n_head), int(cfg.n_embd) // int(cfg.n_head), int(cfg.d_inner)
 
 
-# a lazy weight's initializer holds about two more copies of it at its peak (a float64 random draw
-# before its cast; a BF16 file's bytes and a permuted copy beside the result), measured
-INIT_WORKING_COPIES = 2
-
-
 def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_tokens: int = 1,
                         use_cache: bool = True) -> memory.MemoryEstimate:
     """What generating with `model` allocates, from shapes only (nothing is read or allocated):
     every lazy parameter initialized (each is used, and the largest one's initializer works on
-    `INIT_WORKING_COPIES` more copies of it), one plain weight per LoRA / DoRA adapted
+    `memory.INIT_WORKING_COPIES` more copies of it: `memory.estimate_initialize`), one plain weight per LoRA / DoRA adapted
     parameter (folded once per call), the key/value cache of `batch` rows of `prompt_length +
     max_new_tokens` positions in every layer, and the largest step's working arrays (the prompt
     pass: the layer's activations, the attention scores, the last position's logits).
@@ -265,13 +260,10 @@ def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_t
 
     n_layers, _positions, vocab = _model_facts(model)
     hidden, heads, kv_heads, head_dim, inner = _attention_sizes(model)
-    lazy = folded = largest = 0
+    folded = 0
     itemsize = 4
     for _path, p in tree_params(model):
         size = memory.param_bytes(p)
-        if not p.is_initialized():
-            lazy += size
-            largest = max(largest, size)
         if p.reparameterization is not None and not isinstance(p.reparameterization, QLoraAdapter):
             folded += size
         if p.kind == "float" and p.numel():
@@ -282,7 +274,7 @@ def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_t
     layer = b * width * (4 * hidden + 2 * kv_heads * head_dim + 3 * inner) + 2 * b * heads * width * width
     logits = b * vocab * (itemsize + 16)  # the last position's logits, and their float64 warp and draw
     return memory.MemoryEstimate("Generation", {
-        "parameters to initialize": lazy, "initializer working arrays": INIT_WORKING_COPIES * largest,
+        **memory.estimate_initialize(model).parts,
         "adapters folded into their weights": folded, "key/value cache": cache,
         "working arrays": layer * itemsize + logits})
 

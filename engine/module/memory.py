@@ -26,7 +26,7 @@ from typing import Any
 from .lora import QLora
 from .param import Param
 from .reparam import iter_param_slots
-from .tree import FieldKind, walk
+from .tree import FieldKind, params, walk
 
 __all__ = ["MemoryEstimate", "NotEnoughMemory", "available_memory", "estimate_lora", "estimate_materialize",
            "estimate_move", "size_text", "NF4_WORKING_COPIES"]
@@ -234,6 +234,20 @@ def estimate_move(module, device, fork: bool = True) -> MemoryEstimate:
                 constants += _numel(value.shape) * value.dtype.itemsize
     return MemoryEstimate("Fork" if fork else "Transfer",
                           {"copies of initialized parameters": params, "copies of constants": constants})
+
+
+# a lazy weight's initializer holds about two more copies of it at its peak (a float64 random draw
+# before its cast; a BF16 file's bytes and a permuted copy beside the result), measured
+INIT_WORKING_COPIES = 2
+
+
+def estimate_initialize(module) -> MemoryEstimate:
+    """What using every lazy parameter of `module` allocates: each one initialized, and the
+    largest one's initializer working on `INIT_WORKING_COPIES` more copies of it at its peak.
+    Generation and training (`estimate_generation`, `estimate_training`) start from these parts."""
+    sizes = [param_bytes(p) for _path, p in params(module) if not p.is_initialized()]
+    return MemoryEstimate("Initialize", {"parameters to initialize": sum(sizes),
+                                         "initializer working arrays": INIT_WORKING_COPIES * max(sizes, default=0)})
 
 
 def estimate_materialize(module) -> MemoryEstimate:

@@ -54,9 +54,6 @@ def preflight(model, train, kind: str, loss: str, device, name: str) -> None:
 # scores and probabilities are 2 per head and key
 _WIDTH_VALUES, _MLP_VALUES, _SCORE_VALUES = 16, 4, 2
 _LOGIT_VALUES = 3  # logits, their log-softmax and its gradient
-# a lazy weight's initializer holds about two more copies of it at its peak (a float64 random draw
-# before its cast; a BF16 file's bytes and a permuted copy beside the result), measured
-INIT_WORKING_COPIES = 2
 
 
 def optimizer_state_copies(optimizer_config) -> int:
@@ -102,19 +99,16 @@ def estimate_training(model, optimizer_config, batch_size: int, seq_length: int 
     `engine.models` (a `config` with its sizes) fed `batch_size` rows of `seq_length` tokens,
     the activations the forward keeps for the backward (about `batch x seq x (16 hidden +
     4 intermediate) x layers` values plus the attention scores and the logits)."""
-    lazy = trainable = largest = 0
+    trainable = 0
     itemsize = 4
     for _path, p in tree_params(model):
         size = memory.param_bytes(p)
-        if not p.is_initialized():
-            lazy += size
-            largest = max(largest, size)
         if p.kind == "float":
             itemsize = size // p.numel() if p.numel() else itemsize  # the activations' dtype is the weights'
             if p.is_active():
                 trainable += size
     moved = memory.estimate_move(model, device).total if device is not None else 0
-    parts = {"parameters to initialize": lazy, "initializer working arrays": INIT_WORKING_COPIES * largest,
+    parts = {**memory.estimate_initialize(model).parts,
              "copies for the device": moved, "gradients": trainable,
              "optimizer state": optimizer_state_copies(optimizer_config) * trainable,
              "updated weights": trainable}

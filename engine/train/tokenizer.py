@@ -146,6 +146,15 @@ def _token_text(value):
     return value if isinstance(value, str) and value and not _SURROGATE.search(value) else None
 
 
+def tokenizer_memory(action: str, size: int, working: bool) -> memory.MemoryEstimate:
+    """What making a tokenizer from `size` characters of tokenizer.json text allocates: the text,
+    the library's structures and, with `working`, the tokenizer's working memory."""
+    parts = {"its text": 2 * size, "the library's vocabulary and merges": TOKENIZER_BYTES_PER_FILE_BYTE * size}
+    if working:
+        parts["the tokenizer's working memory"] = TOKENIZER_WORKING_BYTES
+    return memory.MemoryEstimate(action, parts)
+
+
 def load_tokenizer(folder) -> TextTokenizer:
     """The tokenizer of a model folder (or a `tokenizer.json` path), through `tokenizers`."""
     from tokenizers import Tokenizer
@@ -160,10 +169,7 @@ def load_tokenizer(folder) -> TextTokenizer:
     size = path.stat().st_size
     if size > MAX_TOKENIZER_BYTES:
         raise TokenizerError(path, f"expected a tokenizer of at most {MAX_TOKENIZER_BYTES} bytes, found {size} bytes")
-    estimate = memory.MemoryEstimate(f"reading {path.name}", {
-        "its text": 2 * size, "the library's vocabulary and merges": TOKENIZER_BYTES_PER_FILE_BYTE * size,
-        "the tokenizer's working memory": TOKENIZER_WORKING_BYTES})
-    refusal = estimate.refusal(memory.available_memory())
+    refusal = tokenizer_memory(f"reading {path.name}", size, working=True).refusal(memory.available_memory())
     if refusal:  # the library aborts the process when an allocation fails
         raise TokenizerTooLarge(path, f"{refusal}: use a machine with more memory")
     try:

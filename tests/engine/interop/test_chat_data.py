@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.interop.chat_data import conversation_tokens, load_conversation_data
-from engine.interop.chat_template import ChatTemplate
+from engine.interop.chat_template import ChatTemplate, encode_chat
 from engine.train.conversations import read_conversations
 from engine.train.losses import IGNORE_INDEX
 from engine.train.text import TextDataError
@@ -216,3 +216,18 @@ def test_every_template_learns_the_assistants_words_and_none_of_the_others(name,
             assert len(row.spans) == sum(m["role"] == "assistant" for m in conv.messages)
             checked += 1
     assert checked >= 2, name
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_special_token_text_in_a_message_is_ordinary_text_as_encode_chat_makes_it(tmp_path, tokenizer, name):
+    hostile = {"messages": [{"role": "user", "content": "stop</s>here"},
+                            {"role": "assistant", "content": "no </s> end"}]}
+    conv = read_conversations(_write(tmp_path, hostile))[0]
+    template = _template(name)
+    row = conversation_tokens(conv, template, tokenizer)
+    assert row.ids.tolist() == encode_chat(tokenizer, template, conv.messages)
+    assert tokenizer.eos_id not in row.ids.tolist()  # the typed </s> is its characters, not the end token
+    assert "stop</s>here" in row.text and "no </s> end" in row.text
+    covered = np.zeros(len(row.text), dtype=bool)  # the characters of the learnt tokens (unmarked offsets)
+    for a, b in row.offsets[row.learn].tolist():
+        covered[a:b] = True
+    answer, question = row.text.index("no </s> end"), row.text.index("stop</s>here")
+    assert covered[answer:answer + len("no </s> end")].all() and not covered[:question + len("stop</s>here")].any()

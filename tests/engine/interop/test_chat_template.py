@@ -291,6 +291,29 @@ def test_the_text_only_copy_is_refused_without_its_memory(chatml_tokenizer, monk
     assert encode_chat(fresh, template, [{"role": "user", "content": "hello"}])
 
 
+def test_the_text_only_copy_serializes_the_tokenizer_once(chatml_tokenizer):
+    from engine.train.tokenizer import TextTokenizer
+
+    tokenizer, template = chatml_tokenizer
+    real = type(tokenizer.tokenizer).from_str(tokenizer.tokenizer.to_str())
+    calls = []
+
+    class Counting:  # the library's tokenizer, counting its serializations
+        from_str = staticmethod(type(real).from_str)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def to_str(self, *args):
+            calls.append(args)
+            return real.to_str(*args)
+
+    counted = TextTokenizer(Counting(), tokenizer.path)
+    msgs = [{"role": "user", "content": "<|im_end|>"}]
+    assert encode_chat(counted, template, msgs) == encode_chat(tokenizer, template, msgs)
+    assert len(calls) == 1
+
+
 def test_markers_typed_by_the_user_cannot_forge_a_special_token(chatml_tokenizer):
     tokenizer, template = chatml_tokenizer
     end = tokenizer.tokenizer.token_to_id("<|im_end|>")

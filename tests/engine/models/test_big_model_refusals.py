@@ -100,6 +100,16 @@ def test_the_generation_estimate_counts_weights_cache_and_work_and_its_bound_is_
     assert estimate_generation(model, 2, 5, 3).parts["parameters to initialize"] == 0
 
 
+def test_generation_and_training_count_lazy_weights_by_the_one_initialize_estimate():
+    model = from_pretrained(HF / "llama-gqa")  # lazy: 45552 float32 parameters, the largest 128 x 48
+    init = memory.estimate_initialize(model)
+    assert init.parts == {"parameters to initialize": 45552 * 4, "initializer working arrays": 2 * 128 * 48 * 4}
+    for est in (estimate_generation(model, 1, 4, 2), estimate_training(model, optim.AdamConfig(), 2, 4)):
+        assert {k: est.parts[k] for k in init.parts} == init.parts
+    generate(model, None, [1, 2, 3], max_new_tokens=1, temperature=0)  # initializes them
+    assert memory.estimate_initialize(model).total == 0
+
+
 # ---- training ------------------------------------------------------------------------------------
 class _State:
     def __init__(self):
