@@ -57,12 +57,14 @@ class GenerateView(QWidget):
             w.setToolTip(tip)
             return w
 
-        self.max_new_tokens = spin("max-new-tokens", 1, 4096, 32, "new tokens at most (fewer at a stop token)")
-        self.temperature = dspin("temperature", 0.0, 10.0, 0.0, 0.1, "0: greedy (the most likely token each step)")
-        self.top_k = spin("top-k", 0, 100_000, 0, "sample among the k most likely tokens; 0: off")
-        self.top_p = dspin("top-p", 0.01, 1.0, 1.0, 0.05, "sample among the most likely tokens holding this much "
-                                                         "probability; 1: off")
-        self.repetition_penalty = dspin("repetition-penalty", 0.01, 10.0, 1.0, 0.05,
+        self.max_new_tokens = spin("max-new-tokens", 1, 4096, DEFAULTS["max_new_tokens"],
+                                   "new tokens at most (fewer at a stop token)")
+        self.temperature = dspin("temperature", 0.0, 10.0, DEFAULTS["temperature"], 0.1,
+                                 "0: greedy (the most likely token each step)")
+        self.top_k = spin("top-k", 0, 100_000, DEFAULTS["top_k"], "sample among the k most likely tokens; 0: off")
+        self.top_p = dspin("top-p", 0.01, 1.0, DEFAULTS["top_p"], 0.05,
+                           "sample among the most likely tokens holding this much probability; 1: off")
+        self.repetition_penalty = dspin("repetition-penalty", 0.01, 10.0, DEFAULTS["repetition_penalty"], 0.05,
                                         "above 1: tokens already in the text are less likely; 1: off")
         self.seed = spin("seed", 0, 2**31 - 1, 0, "the same seed gives the same text")
         self.compare = QComboBox()
