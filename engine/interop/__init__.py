@@ -8,15 +8,13 @@
   family, registered by op type (`onnx_import.handlers`);
 - `onnx_export`: `export_onnx` (ONNX by tracing) and `trace_model` (the traced op graph of any model);
 - `export_python` / `export_rust` (with `export_common`): a design as code for Ember and for Burn;
-- `chat_template`: a model's chat template read (`read_chat_template`), rendered in a bounded sandbox
-  (`ChatTemplate.render`) and tokenized without special tokens from the messages (`encode_chat`);
 - `training_script`: a PyTorch training script for a Hugging Face model and its PEFT adapter.
 
 This room sits above `engine.design` (the designer's graph, catalog and symbolic shapes) and
 `engine.models` (the pretrained families): it imports them, they never import it. A new file
-format (GGUF, a chat template) is a new module here. docs/architecture.md has the rule.
+format (GGUF) is a new module here; a chat template is `engine.train.chat_template` (training renders
+conversations with it). docs/architecture.md has the rule.
 """
-from .chat_template import ChatTemplate, ChatTemplateError, RenderedChat, encode_chat, read_chat_template
 from .export_common import ExportError
 from .export_python import export_python
 from .export_rust import export_rust
@@ -25,7 +23,6 @@ from .onnx_export import OnnxExportError, export_onnx, trace_model
 from .training_script import CONFIG_FILE, export_training_script
 
 __all__ = [
-    "ChatTemplate", "ChatTemplateError", "RenderedChat", "encode_chat", "read_chat_template",
     "ExportError", "export_python", "export_rust", "ImportedOnnx", "ImportReport", "OnnxImportError", "import_onnx",
     "OnnxExportError", "export_onnx", "trace_model", "CONFIG_FILE", "export_training_script",
 ]

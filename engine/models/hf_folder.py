@@ -38,14 +38,13 @@ pickle is walked, before it is loaded).
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
 
-from ..store import safetensors_io, torch_pickle
+from ..store import json_file, safetensors_io, torch_pickle
 from ..store.burnpack import MAX_TENSORS, bf16_to_float32, storage_dtype
 from ..store.errors import RecordError
 from ..store.filesource import FileSource
@@ -63,7 +62,6 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_SHARDS = 10_000
 MAX_SHARD_NAME = 255       # bytes: the longest file name Linux and macOS accept
-MAX_JSON_DEPTH = 64       # nesting of config.json, an index, adapter_config.json
 
 
 class PretrainedError(RecordError):
@@ -159,55 +157,19 @@ class Checkpoint:
 
 # ------------------------------------------------------------------------------ files
 def read_json(path: Path, limit: int, what: str):
-    """The JSON document of a model folder's file (config.json, an index, adapter_config.json):
-    at most `limit` bytes, UTF-8, no NaN / Infinity, numbers of ordinary size, nested at most
-    MAX_JSON_DEPTH levels. Every problem is a PretrainedError naming the file."""
-    return parse_json(_read_limited(path, limit, what), path, what)
-
-
-def _read_limited(path: Path, limit: int, what: str) -> bytes:
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        _fail(path, f"cannot read {what}: {exc.strerror or exc}")
-    if size > limit:
-        _fail(path, f"{what} of {size} bytes exceeds the limit of {limit} bytes")
-    try:
-        with FileSource(path, str(path)) as src:
-            raw = src.read_bytes(0, limit + 1)
-    except PretrainedError:
-        raise
-    except RecordError as exc:
-        raise _as_pretrained(exc) from None
-    if len(raw) > limit:
-        _fail(path, f"{what} exceeds the limit of {limit} bytes")
-    return raw
+    """The JSON document of a model folder's file (config.json, an index, adapter_config.json),
+    read as `engine.store.json_file.read_json` reads it; every problem is a PretrainedError naming
+    the file."""
+    return json_file.read_json(path, limit, what, _pretrained_error)
 
 
 def parse_json(raw: bytes, where, what: str):
     """`raw` parsed as `read_json` does (see there)."""
-    try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except RecursionError:  # the C parser counts its nesting against the interpreter's stack
-        _fail(where, f"{what}: nested deeper than {MAX_JSON_DEPTH} levels; a configuration nests a few")
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of thousands of digits
-        _fail(where, f"{what}: not valid JSON: {exc}")
-    # whatever the parser accepted deeper than this would reach recursive code later (json.dumps
-    # on save, copies): refused here, by a walk that does not recurse
-    stack = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
-        if items is None:
-            continue
-        if depth > MAX_JSON_DEPTH:
-            _fail(where, f"{what}: nested deeper than {MAX_JSON_DEPTH} levels; a configuration nests a few")
-        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
-    return doc
+    return json_file.parse_json(raw, where, what, _pretrained_error)
 
 
-def _reject_constant(name):
-    raise ValueError(f"{name} is not valid JSON")
+def _pretrained_error(where, message) -> PretrainedError:
+    return PretrainedError(message, where=str(where) if where is not None else None)
 
 
 def _listing(folder: Path) -> str:
@@ -286,7 +248,7 @@ def _open_torch(path: Path, sources: list) -> dict[str, StoredTensor]:
 
 
 def _open_index(folder: Path, index: Path, opener, sources: list) -> tuple[dict, list]:
-    raw = _read_limited(index, MAX_INDEX_BYTES, "the index")
+    raw = json_file.read_limited(index, MAX_INDEX_BYTES, "the index", _pretrained_error)
     # every weight_map entry has its ':'; counted before parsing so that an index of millions of
     # names is refused in the time of a byte count, not of building them
     colons = raw.count(b":")

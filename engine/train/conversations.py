@@ -12,7 +12,7 @@ Three formats, detected from a record's keys as `text` and `prompt` / `completio
 Every record must be of one format (a record with keys of two is refused), each message must have
 a known role and text, and an assistant turn must have text to learn: the errors are
 `TextDataError`s naming the file and line. Rendering with the model's chat template and the
-assistant-only mask are `engine.interop.chat_data`'s (the template is interop's).
+assistant-only mask are `engine.train.chat_data`'s.
 """
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def _jsonl_documents(f: Path, text: str, fields: str) -> list[Document]:
             else:
                 chat = next((k for k in ("messages", "conversations", "instruction") if k in record), None)
                 hint = (f": a {chat!r} record is conversation data, read with the model's chat template "
-                        f"(engine.interop.chat_data.load_conversation_data)" if chat else "")
+                        f"(engine.train.chat_data.load_conversation_data)" if chat else "")
                 raise TextDataError(f, f"expected a 'text' field, or 'prompt' and 'completion' fields, found "
                                        f"keys {sorted(record)}{hint}", line=n)
             first_line = n

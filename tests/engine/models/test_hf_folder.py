@@ -17,6 +17,7 @@ import pytest
 import safetensors.numpy as stn
 
 from engine.models import from_pretrained, hf_folder
+from engine.store import json_file
 from engine.models.hf_folder import PretrainedError, StoredTensor, open_checkpoint
 from engine.store import RecordError, filesource
 from engine.store.burnpack import MAX_TENSORS
@@ -315,7 +316,7 @@ def test_an_index_of_more_names_than_the_limit_is_refused_before_parsing(tmp_pat
     folder, _ = _sharded(tmp_path)
     _write_index(folder, _index_of(n))
     parsed = []
-    monkeypatch.setattr(hf_folder, "json", types.SimpleNamespace(
+    monkeypatch.setattr(json_file, "json", types.SimpleNamespace(
         loads=lambda text, **kw: parsed.append(len(text)) or json.loads(text, **kw)))
     with capped_memory():
         _raises(folder, rf"at most {MAX_TENSORS} tensors expected, found {n + 2} ':' separators "

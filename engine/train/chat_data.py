@@ -1,15 +1,13 @@
 """Conversations rendered with the model's chat template, and the loss on the assistant's tokens only.
 
     from engine.train.conversations import read_conversations
-    from engine.interop.chat_data import conversation_tokens
+    from engine.train.chat_data import conversation_tokens
     template = read_chat_template(folder); tokenizer = load_tokenizer(folder)
     for conv in read_conversations("chats.jsonl"):
         row = conversation_tokens(conv, template, tokenizer)   # row.ids, row.learn, row.targets
     data = load_conversation_data("chats.jsonl", template, tokenizer, block_size=512)  # a TextDataset
 
-This lives in engine.interop, not engine.train, because the chat template is interop's and the
-"engine layers" import contract lets interop build on train, never the reverse: engine.train reads
-the records (`engine.train.conversations`), this module renders and masks them.
+`engine.train.conversations` reads the records, this module renders and masks them.
 
 Which characters the assistant said: the template's `{% generation %}` spans where it has them;
 else, for every assistant turn, the conversation is rendered up to and including that turn and up
@@ -30,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..train.losses import IGNORE_INDEX
-from ..train.conversations import read_conversations
-from ..train.text import TextDataError, TextDataset, Tokens, check_rows_fit, padded_rows
+from .losses import IGNORE_INDEX
+from .conversations import read_conversations
+from .text import TextDataError, TextDataset, Tokens, check_rows_fit, padded_rows
 from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _encode_marked, _mark_specials
 
 __all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data"]

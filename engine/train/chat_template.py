@@ -1,6 +1,6 @@
 """Chat templates: a model's Jinja template that turns a conversation into its prompt text.
 
-    from engine.interop import read_chat_template, encode_chat
+    from engine.train.chat_template import read_chat_template, encode_chat
     template = read_chat_template("SmolLM2-135M-Instruct")      # tokenizer_config.json / chat_template.jinja
     chat = template.render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
     chat.text, chat.generation_spans                            # the prompt; {% generation %} spans
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.hf_folder import PretrainedError, read_json
+from ..store.json_file import read_json
 from ..module import memory
-from ..train.tokenizer import TextTokenizer, TokenizerError, TokenizerTooLarge, tokenizer_memory
+from .tokenizer import TextTokenizer, TokenizerError, TokenizerTooLarge, tokenizer_memory
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "RenderedChat", "read_chat_template", "encode_chat",
            "MAX_TEMPLATE_CHARS", "MAX_OUTPUT_CHARS", "MAX_RENDER_WORK"]
@@ -492,10 +492,7 @@ def read_chat_template(folder, name: str | None = None) -> ChatTemplate:
     config_path = folder / "tokenizer_config.json"
     config = {}
     if config_path.is_file():
-        try:
-            config = read_json(config_path, MAX_CONFIG_BYTES, "tokenizer_config.json")
-        except PretrainedError as e:
-            raise ChatTemplateError(config_path, str(e)) from None
+        config = read_json(config_path, MAX_CONFIG_BYTES, "tokenizer_config.json", ChatTemplateError)
         if not isinstance(config, dict):
             raise ChatTemplateError(config_path, f"expected a JSON object, found {type(config).__name__}")
     special = _special_tokens(config)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import engine.interop.chat_template as ct
-from engine.interop import ChatTemplate, ChatTemplateError
+import engine.train.chat_template as ct
+from engine.train.chat_template import ChatTemplate, ChatTemplateError
 from tests.limits import address_space_growth_limit
 
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] * 50

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.interop.chat_data import conversation_tokens, load_conversation_data
-from engine.interop.chat_template import ChatTemplate, encode_chat
+from engine.train.chat_data import conversation_tokens, load_conversation_data
+from engine.train.chat_template import ChatTemplate, encode_chat
 from engine.train.conversations import read_conversations
 from engine.train.losses import IGNORE_INDEX
 from engine.train.text import TextDataError

@@ -6,7 +6,7 @@ The differential test compares Ember's rendering of the committed templates of s
 conversations to what transformers rendered once (expected.json, written by make_expected.py). The
 live variant renders again with transformers where an oracle Python is named:
 
-    EMBER_ORACLE_PYTHON=/work/oracle-venv/bin/python pytest tests/engine/interop/test_chat_template.py
+    EMBER_ORACLE_PYTHON=/work/oracle-venv/bin/python pytest tests/engine/train/test_chat_template.py
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.interop import ChatTemplate, ChatTemplateError, encode_chat, read_chat_template
+from engine.train.chat_template import ChatTemplate, ChatTemplateError, encode_chat, read_chat_template
 from engine.train.tokenizer import load_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates"
@@ -197,7 +197,7 @@ def test_a_folder_without_a_template_or_with_a_bad_config_is_named(tmp_path):
 
 
 def test_a_template_over_the_size_limit_is_refused_before_it_is_compiled(tmp_path, monkeypatch):
-    import engine.interop.chat_template as ct
+    import engine.train.chat_template as ct
     monkeypatch.setattr(ct, "MAX_TEMPLATE_CHARS", 100)
     with pytest.raises(ChatTemplateError, match="at most 100 characters, found 101"):
         ChatTemplate("x" * 101)
