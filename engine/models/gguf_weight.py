@@ -1,0 +1,85 @@
+"""A weight kept in llama.cpp's blocks: read from its GGUF file at first use, dequantized per use.
+
+`GGUFWeight` is a `Reparameterization` that stores its base (`STORES_BASE`, as QLoRA's NF4
+adapter does): the parameter's own base is a zero placeholder of the logical shape (a zero-stride
+view, no memory), and the value `Param.val()` returns is the dequantization of the stored blocks,
+computed each time a computation asks for it, as a constant (no gradient flows into it). The
+blocks are one `uint8` parameter, `[rows, bytes per row]` in the file's row order after the
+rule's row permutation (a permutation of whole rows moves whole blocks, so it is done once on the
+bytes), lazy: nothing is read until the weight is first used. In a record:
+
+    layers.0.mlp.up_proj.weight                    the placeholder (not in records)
+    layers.0.mlp.up_proj.weight.gguf.blocks.data   U8 [rows, bytes per row]
+
+Dequantization is `gguf.quants.dequantize`, llama.cpp's own reference: the values are its values,
+bit for bit. A transposed rule (a Linear's `[in, out]` from the stored `[out, in]`) gives a
+transposed view of the dequantized rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..module import Module, Param
+from ..module.reparam import Reparameterization
+from ..tensor import Tensor
+from ..tensor.raw import array
+
+__all__ = ["GGUFBlocks", "GGUFWeight", "dequantize_blocks"]
+
+
+def dequantize_blocks(blocks: np.ndarray, qtype: str) -> np.ndarray:
+    """float32 values of `blocks` (uint8 `[rows, bytes per row]`) of ggml type `qtype`, as
+    `gguf.quants.dequantize` computes them: `[rows, values per row]`."""
+    import gguf  # noqa: PLC0415 - imported with the first GGUF weight used
+
+    out = gguf.quants.dequantize(np.asarray(blocks), gguf.GGMLQuantizationType[qtype])
+    return out if out.dtype == np.float32 else out.astype(np.float32)
+
+
+class GGUFBlocks(Module):
+    """The stored blocks of one weight (`data`, uint8, never trainable) and their ggml type."""
+
+    # the bytes stand for the weight, which is counted already (engine.module.summary)
+    PACKED_STORAGE = True
+
+    def __init__(self, data: Param, qtype: str):
+        self.data = data
+        self.qtype = str(qtype)
+
+
+class GGUFWeight(Reparameterization):
+    """A weight kept quantized (see this file's doc): `blocks`, the stored `rows` x `cols` shape
+    (NumPy order), whether the parameter is its transpose, and the float dtype it computes in."""
+
+    NAME = "gguf"
+    STORES_BASE = True
+
+    def __init__(self, blocks: GGUFBlocks, stored_shape, transpose: bool, dtype: str = "float32"):
+        self.blocks = blocks
+        self.stored_shape = tuple(int(s) for s in stored_shape)
+        self.transpose = bool(transpose)
+        self.dtype = str(dtype)
+
+    @property
+    def qtype(self) -> str:
+        return self.blocks.qtype
+
+    def nbytes(self) -> int:
+        """The bytes the blocks take (what the weight holds in memory once read)."""
+        return self.blocks.data.numel()
+
+    def dequantized(self) -> np.ndarray:
+        """The weight's values as a NumPy array of the parameter's shape (float32)."""
+        values = dequantize_blocks(array(self.blocks.data.val()), self.qtype).reshape(self.stored_shape)
+        return values.T if self.transpose else values
+
+    def base(self) -> Tensor:
+        data = self.blocks.data.val()
+        return Tensor.from_data(self.dequantized(), device=data.device, dtype=self.dtype)
+
+    def apply(self, base: Tensor) -> Tensor:
+        dense = self.base()
+        if base is not None and tuple(base.shape) != tuple(dense.shape):
+            raise ValueError(f"GGUFWeight.apply: the parameter's base has dims {list(base.shape)}, the stored "
+                             f"weight {list(dense.shape)}")
+        return dense
