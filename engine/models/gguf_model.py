@@ -1,6 +1,6 @@
 """`from_pretrained("model.gguf")`: a Llama-family model from a GGUF file, lazily, kept quantized.
 
-1. `gguf_file.open_gguf` reads the header (metadata and tensor table) and nothing else;
+1. `engine.store.gguf_file.open_gguf` reads the header (metadata and tensor table) and nothing else;
 2. the architecture (`general.architecture`) picks the family: llama.cpp's "llama" (Llama and
    Mistral files) and "qwen2" build Ember's Llama family; any other is refused, naming it;
 3. the sizes, rope and norm settings come from the metadata under the architecture's prefix
@@ -25,9 +25,10 @@ import numpy as np
 from ..module import Module, Param
 from ..module.tree import params as tree_params
 from ..store.burnpack import bf16_to_float32
+from ..store.errors import RecordError
+from ..store.gguf_file import GGUFFile, GGUFTensor, open_gguf
 from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
-from .gguf_file import GGUFFile, GGUFTensor, open_gguf
 from .gguf_weight import GGUFBlocks, GGUFWeight
 from .hf_folder import PretrainedError
 from .mapping import RopePermute, Rule, Transpose, WeightMap
@@ -194,7 +195,10 @@ def _quantized_param(file: GGUFFile, t: GGUFTensor, rule: Rule, param: Param, dt
 def from_gguf(path, device=None, dtype="float32", check: Callable[[], None] | None = None) -> Module:
     """Open a GGUF file as an Ember model (see this file's doc). Quantized weights stay quantized
     (frozen: their values are the file's); float weights are lazy trainable parameters."""
-    file = open_gguf(path)
+    try:
+        file = open_gguf(path)
+    except RecordError as exc:
+        raise PretrainedError(exc.reason, where=exc.where) from None
     try:
         return _build(file, device, as_dtype(dtype).name, check or _no_check)
     except BaseException:

@@ -12,7 +12,7 @@ past its end is an error at once, not an empty array, so a string length or an a
 the billions fails on the first element that is not there instead of looping), the number of
 reads is bounded (`MAX_READS`: what a 256k-token vocabulary with its merges needs, several times
 over), and every tensor's type, dims and byte range are checked against the file before anything
-is read. Every problem is a `PretrainedError` naming the file.
+is read. Every problem is a `GGUFError` (a `RecordError`) naming the file.
 
 Dims: GGUF lists a tensor's dims fastest first (`ne0` = the row length); `GGUFTensor.shape` is
 NumPy's order (rows first), which is the PyTorch / Hugging Face layout of the same tensor.
@@ -27,15 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store.filesource import FileSource
-from .hf_folder import MAX_SIZE, PretrainedError
+from .errors import RecordError
+from .filesource import FileSource
 
-__all__ = ["GGUFFile", "GGUFTensor", "MAX_KV", "MAX_READS", "MAX_TENSORS", "SUPPORTED_TYPES", "open_gguf"]
+__all__ = ["GGUFError", "GGUFFile", "GGUFTensor", "MAX_KV", "MAX_READS", "MAX_TENSORS", "SUPPORTED_TYPES", "open_gguf"]
 
 MAX_TENSORS = 100_000     # as for safetensors headers: no real model has more
 MAX_KV = 100_000          # metadata keys
 MAX_READS = 4_000_000     # reads of the reader over the header (each a small NumPy view): a 256k-token
                           # vocabulary with scores, types and merges needs about 1.5 million
+MAX_SIZE = 2 ** 31 - 1    # the largest dim: as for a Hugging Face config's sizes
 MAX_DIMS = 4              # ggml tensors have at most 4 dims (GGML_MAX_DIMS)
 GGUF_MAGIC = b"GGUF"
 
@@ -107,8 +108,12 @@ class GGUFFile:
         return f"GGUFFile({str(self.path)!r}, {self.architecture}, {len(self.tensors)} tensors)"
 
 
+class GGUFError(RecordError):
+    """A GGUF file cannot be read: the message says what was expected and found, `where` names the file."""
+
+
 def _fail(path, message):
-    raise PretrainedError(message, where=str(path))
+    raise GGUFError(message, where=str(path))
 
 
 def _reader_class():
@@ -288,7 +293,7 @@ def _tensors(reader, gguf, path: Path, size: int) -> dict[str, GGUFTensor]:
 
 def open_gguf(path) -> GGUFFile:
     """Open a GGUF file: its header parsed by `gguf.GGUFReader`, nothing of the tensors read
-    (see the module docstring). Raises PretrainedError naming the file and the problem."""
+    (see the module docstring). Raises GGUFError naming the file and the problem."""
     path = Path(os.fspath(path)).expanduser()
     try:
         if not path.is_file():
@@ -299,7 +304,7 @@ def open_gguf(path) -> GGUFFile:
     gguf, reader_class = _reader_class()
     try:
         reader = reader_class(path, "r")
-    except PretrainedError:
+    except GGUFError:
         raise
     except (_Truncated, ValueError, KeyError, IndexError, OverflowError, RecursionError, UnicodeDecodeError) as exc:
         text = str(exc) or type(exc).__name__

@@ -1,0 +1,153 @@
+"""A GGUF file's tokenizer and chat template, from its metadata (`tokenizer.ggml.*`).
+
+A GGUF has no tokenizer.json: llama.cpp stores the vocabulary (`tokenizer.ggml.tokens`), the
+token types (`token_type`: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte),
+the merges, the special token ids and the pre-tokenizer's name (`tokenizer.ggml.pre`). This
+builds the `tokenizers.Tokenizer` those describe, as transformers' GGUF conversion builds it, so
+that ids and text agree with it:
+
+- `tokenizer.ggml.model` "gpt2" (byte-level BPE: GPT-2, Llama 3, Qwen2, SmolLM, ...): a BPE
+  model over the vocabulary (a token spelled outside the byte-level alphabet is respelled
+  through it) and the merges; the pre-tokenizer is byte-level with GPT-2's split, or, for the
+  pre-tokenizer names whose split is known (`PRE_TOKENIZER_SPLITS`), that split then byte-level;
+  the decoder byte-level; no special tokens added around the text;
+- control tokens (type 3) are special tokens (kept whole, skipped when decoding), user-defined
+  ones (type 4) plain added tokens (kept whole).
+
+Other tokenizer models (SentencePiece "llama", "t5", ...) are refused, naming them. The chat
+template is `tokenizer.chat_template`, with the special tokens' texts (`bos_token`, ...).
+"""
+from __future__ import annotations
+
+from ..store.gguf_file import GGUFFile, open_gguf
+from .chat_template import ChatTemplate
+from .tokenizer import TextTokenizer, TokenizerError
+
+__all__ = ["PRE_TOKENIZER_SPLITS", "gguf_chat_template", "load_gguf_tokenizer"]
+
+CONTROL, USER_DEFINED = 3, 4
+
+# the split of each pre-tokenizer name whose merges were learned over another split than GPT-2's
+# (the regexes of the models' own tokenizer.json files)
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZER_SPLITS = {
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+}
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (the byte-level BPE's alphabet)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _metadata_list(file: GGUFFile, key: str, required: bool = True):
+    value = file.metadata.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, list) and not hasattr(value, "tolist"):
+        raise TokenizerError(str(file.path), f"metadata {key!r}: expected an array, found "
+                                             f"{'nothing' if value is None else type(value).__name__}")
+    return value if isinstance(value, list) else value.tolist()
+
+
+def load_gguf_tokenizer(source) -> TextTokenizer:
+    """The tokenizer of a GGUF file (a path or an open `GGUFFile`); see this file's doc."""
+    file = source if isinstance(source, GGUFFile) else open_gguf(source)
+    try:
+        return _build(file)
+    finally:
+        if file is not source:
+            file.close()
+
+
+def _build(file: GGUFFile) -> TextTokenizer:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+
+    where = str(file.path)
+    kind = file.metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise TokenizerError(where, f"the GGUF tokenizer model {kind!r} is not supported; Ember reads 'gpt2' "
+                                    f"(byte-level BPE)")
+    tokens = _metadata_list(file, "tokenizer.ggml.tokens")
+    if not all(isinstance(t, str) for t in tokens):
+        raise TokenizerError(where, "metadata 'tokenizer.ggml.tokens': expected an array of strings")
+    types = _metadata_list(file, "tokenizer.ggml.token_type", required=False) or []
+    merges = _metadata_list(file, "tokenizer.ggml.merges")
+    pairs = []
+    for i, m in enumerate(merges):
+        parts = m.split(" ") if isinstance(m, str) else []
+        if len(parts) != 2:
+            raise TokenizerError(where, f"metadata 'tokenizer.ggml.merges'[{i}]: expected two tokens separated by "
+                                        f"one space, found {m!r}")
+        pairs.append((parts[0], parts[1]))
+    alphabet = _byte_alphabet()
+    letters = set(alphabet.values())
+    vocab = {}
+    for i, t in enumerate(tokens):
+        key = t if set(t) <= letters else "".join(alphabet[b] for b in t.encode("utf-8"))
+        vocab[key] = i  # a later duplicate wins, as in a dict comprehension
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
+                                   end_of_word_suffix="", fuse_unk=False))
+    except Exception as exc:  # noqa: BLE001 - the library's message says what is wrong
+        raise TokenizerError(where, f"the tokenizers library refused the vocabulary and merges: {exc}") from None
+    split = PRE_TOKENIZER_SPLITS.get(file.metadata.get("tokenizer.ggml.pre"))
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                              use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    special = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
+               if ty == CONTROL and set(t) <= letters]
+    if special:
+        tok.add_special_tokens(special)
+    have = tok.get_vocab(with_added_tokens=True)
+    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
+            if ty == USER_DEFINED and t in have]
+    if user:
+        tok.add_tokens(user)
+    ids = {}
+    for name, key in (("pad", "padding"), ("eos", "eos"), ("bos", "bos"), ("unk", "unknown")):
+        value = file.metadata.get(f"tokenizer.ggml.{key}_token_id")
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(tokens)
+        ids[name] = value if ok else None
+    context = None
+    arch = file.metadata.get("general.architecture")
+    if isinstance(arch, str) and isinstance(file.metadata.get(f"{arch}.context_length"), int):
+        context = file.metadata[f"{arch}.context_length"]
+    return TextTokenizer(tok, where, ids["pad"], ids["eos"], ids["bos"], ids["unk"], context)
+
+
+def gguf_chat_template(source) -> ChatTemplate | None:
+    """The chat template of a GGUF file (`tokenizer.chat_template`), None when it has none."""
+    file = source if isinstance(source, GGUFFile) else open_gguf(source)
+    try:
+        text = file.metadata.get("tokenizer.chat_template")
+        if text is None:
+            return None
+        tokens = file.metadata.get("tokenizer.ggml.tokens")
+        special = {}
+        for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                          ("pad_token", "padding")):
+            value = file.metadata.get(f"tokenizer.ggml.{key}_token_id")
+            if isinstance(tokens, list) and isinstance(value, int) and 0 <= value < len(tokens):
+                special[name] = tokens[value]
+        return ChatTemplate(text, special, where=f"{file.path} (tokenizer.chat_template)")
+    finally:
+        if file is not source:
+            file.close()
