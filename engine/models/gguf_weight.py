@@ -12,7 +12,10 @@ bytes), lazy: nothing is read until the weight is first used. In a record:
     layers.0.mlp.up_proj.weight.gguf.blocks.data   U8 [rows, bytes per row]
 
 Dequantization is `gguf.quants.dequantize`, llama.cpp's own reference: the values are its values,
-bit for bit. A transposed rule (a Linear's `[in, out]` from the stored `[out, in]`) gives a
+bit for bit. LoRA, rsLoRA and DoRA attach over a GGUF weight as QLoRA's factors over its NF4
+weight (`Module.apply_lora`: `TAKES_ADAPTER`): the adapter keeps the blocks (`….lora.gguf.blocks.data`)
+and its value is the dequantized weight with the adapter's change, the factors trained in float32
+and the blocks left as the file had them. A transposed rule (a Linear's `[in, out]` from the stored `[out, in]`) gives a
 transposed view of the dequantized rows.
 """
 from __future__ import annotations
@@ -20,11 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..module import Module, Param
-from ..module.reparam import Reparameterization
+from ..module.lora import DoraAdapter, LoraAdapter, RsLoraAdapter
+from ..module.reparam import Reparameterization, ReparameterizationError
 from ..tensor import Tensor
 from ..tensor.raw import array
 
-__all__ = ["GGUFBlocks", "GGUFWeight", "dequantize_blocks"]
+__all__ = ["GGUFBlocks", "GGUFDoraAdapter", "GGUFLoraAdapter", "GGUFRsLoraAdapter", "GGUFWeight",
+           "dequantize_blocks"]
 
 
 def dequantize_blocks(blocks: np.ndarray, qtype: str) -> np.ndarray:
@@ -83,3 +88,53 @@ class GGUFWeight(Reparameterization):
             raise ValueError(f"GGUFWeight.apply: the parameter's base has dims {list(base.shape)}, the stored "
                              f"weight {list(dense.shape)}")
         return dense
+
+    # LoRA attaches over it (engine.module.reparam: the stored base takes an adapter)
+    TAKES_ADAPTER = True
+
+    def with_adapter(self, adapter) -> Reparameterization:
+        """The adapter (LoRA, rsLoRA or DoRA) over this weight, the blocks kept (see this file's doc)."""
+        cls = _OVER_GGUF.get(type(adapter))
+        if cls is None:
+            kind = "a QLoRA adapter (it would quantize the weight again)" if getattr(adapter, "STORES_BASE", False) \
+                else f"a {type(adapter).__name__}"
+            raise ReparameterizationError(f"a GGUF weight kept quantized ({self.qtype}) takes LoRA, rsLoRA or DoRA, "
+                                          f"not {kind}")
+        out = cls.__new__(cls)
+        out.__dict__.update(adapter.__dict__)
+        out.gguf = self
+        return out
+
+
+class _OverGGUF:
+    """An adapter whose base is a `GGUFWeight` it holds (`gguf`): the parameter's own base is the
+    placeholder, the value the dequantized weight with the adapter's change."""
+
+    STORES_BASE = True
+
+    def base(self) -> Tensor:
+        return self.gguf.base()
+
+    def apply(self, base: Tensor) -> Tensor:
+        return super().apply(self.gguf.base())
+
+
+class GGUFLoraAdapter(_OverGGUF, LoraAdapter):
+    """LoRA over a GGUF weight kept quantized."""
+
+    NAME = "lora"
+
+
+class GGUFRsLoraAdapter(_OverGGUF, RsLoraAdapter):
+    """rsLoRA over a GGUF weight kept quantized."""
+
+    NAME = "lora"
+
+
+class GGUFDoraAdapter(_OverGGUF, DoraAdapter):
+    """DoRA over a GGUF weight kept quantized (the magnitudes start at the dequantized weight's norms)."""
+
+    NAME = "lora"
+
+
+_OVER_GGUF = {LoraAdapter: GGUFLoraAdapter, RsLoraAdapter: GGUFRsLoraAdapter, DoraAdapter: GGUFDoraAdapter}

@@ -181,10 +181,32 @@ def apply_reparameterization(module: Module, reparameterizer) -> Module:
             f"got {type(reparameterizer).__name__}"
         )
     attached = dict(_reparameterized(module))  # nesting is refused per parameter, in map_float
+    adapted = _adapt_stored_bases(module, reparameterizer, attached)
+    if adapted is not module:
+        module = adapted
+        attached = dict(_reparameterized(module))
     stateful = frozenset()
     if getattr(reparameterizer, "FREEZES_RUNNING_STATE", False):
         stateful = frozenset(path.rpartition(".")[0] for path, p in module.named_params() if p.is_running_state())
     return module.map(_ApplyReparameterization(reparameterizer, stateful, attached))
+
+
+def _adapt_stored_bases(module: Module, reparameterizer, attached: dict) -> Module:
+    """`module` with the reparameterizer's adapter attached over each stored base that takes one.
+
+    A reparameterization that is only a stored base (`TAKES_ADAPTER = True`: a GGUF weight kept in
+    its quantized blocks) is no adapter of its own, so LoRA may go over it, as QLoRA's factors go
+    over its NF4 weight: the reparameterizer is offered the parameter (its value is the stored
+    base's), and the adapter it returns is combined with the base by `with_adapter(adapter)`."""
+    out = module
+    for path, p in attached.items():
+        r = p.reparameterization
+        if not getattr(r, "TAKES_ADAPTER", False):
+            continue
+        _base, adapter = reparameterizer.reparameterize(path, p)
+        if adapter is not None:
+            out = out.with_child(path, p.with_reparameterization(r.with_adapter(adapter)))
+    return out
 
 
 # ---------------------------------------------------------------------------------- detaching

@@ -26,7 +26,7 @@ from engine.store.errors import RecordError  # noqa: E402
 from engine.store.gguf_file import SUPPORTED_TYPES, GGUFError, open_gguf  # noqa: E402
 from engine.tensor import Tensor  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gguf"
 MIXED = FIXTURES / "tiny-llama-mixed.gguf"
 QWEN = FIXTURES / "tiny-qwen2-q8.gguf"
 
@@ -317,3 +317,54 @@ def test_a_sentencepiece_tokenizer_is_refused_naming_it(tmp_path):
     w.close()
     with pytest.raises(TokenizerError, match="tokenizer model 'llama' is not supported"):
         load_gguf_tokenizer(path)
+
+
+# ---------------------------------------------------------------------------------- LoRA over the blocks
+@pytest.mark.parametrize("options", [{}, {"use_rslora": True}, {"use_dora": True}])
+def test_lora_attaches_over_quantized_weights_keeping_their_blocks(options):
+    from engine.models.gguf_weight import GGUFDoraAdapter, GGUFLoraAdapter, GGUFRsLoraAdapter
+    from engine.module import Lora
+
+    model = from_pretrained(MIXED)
+    adapted = model.apply_lora(Lora(4, 8.0, **options))
+    before, after = dict(tree_params(model)), dict(tree_params(adapted))
+    kind = GGUFDoraAdapter if options.get("use_dora") else GGUFRsLoraAdapter if options else GGUFLoraAdapter
+    over = {path: p for path, p in after.items() if isinstance(p.reparameterization, kind)}
+    assert len(over) == 13  # every quantized matrix (Lora's default group: all rank-2 parameters)
+    for path, p in over.items():
+        assert after[f"{path}.lora.gguf.blocks.data"].val().numpy().dtype == np.uint8
+        # b = 0: the value is the dequantized weight (bit for bit; DoRA rescales it by m / ||W|| = 1)
+        ours, theirs = p.val().numpy(), before[path].val().numpy()
+        if options.get("use_dora"):
+            assert np.allclose(ours, theirs, rtol=1e-6, atol=0), path
+        else:
+            assert np.array_equal(ours, theirs), path
+    trainable = sorted(path for path, p in adapted.named_params() if p.is_require_grad())
+    assert trainable and all(path.rsplit(".", 2)[-2:][0] == "lora" for path in trainable)
+
+
+def test_a_trained_adapter_changes_the_value_by_its_product_only():
+    from engine.module import Lora
+
+    model = from_pretrained(MIXED).apply_lora(Lora(2, 4.0))
+    path = "layers.1.mlp.down_proj.weight"  # Q4_K
+    params = dict(tree_params(model))
+    p = params[path]
+    base = p.val().numpy().copy()
+    a = np.random.default_rng(0).standard_normal(p.reparameterization.a.shape).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(p.reparameterization.b.shape).astype(np.float32)
+    from engine.module import Param
+
+    r = p.reparameterization
+    r.a, r.b = Param(Tensor.from_data(a)), Param(Tensor.from_data(b))
+    expected = base + (a @ b) * np.float32(2.0)
+    assert np.allclose(p.val().numpy(), expected, rtol=0, atol=1e-5)
+    assert np.array_equal(r.gguf.base().numpy(), base)
+
+
+def test_qlora_over_a_gguf_weight_is_refused():
+    from engine.module import Lora, QLora
+    from engine.module.reparam import ReparameterizationError
+
+    with pytest.raises(ReparameterizationError, match="not a QLoRA adapter"):
+        from_pretrained(MIXED).apply_qlora(QLora(Lora(2, 4.0)))
