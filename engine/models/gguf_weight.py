@@ -29,7 +29,7 @@ from ..tensor import Tensor
 from ..tensor.raw import array
 
 __all__ = ["GGUFBlocks", "GGUFDoraAdapter", "GGUFLoraAdapter", "GGUFRsLoraAdapter", "GGUFWeight",
-           "dequantize_blocks"]
+           "dequantize_blocks", "dequantized_bases"]
 
 
 def dequantize_blocks(blocks: np.ndarray, qtype: str) -> np.ndarray:
@@ -37,6 +37,8 @@ def dequantize_blocks(blocks: np.ndarray, qtype: str) -> np.ndarray:
     `gguf.quants.dequantize` computes them: `[rows, values per row]`."""
     import gguf  # noqa: PLC0415 - imported with the first GGUF weight used
 
+    if not isinstance(blocks, np.ndarray) and hasattr(blocks, "get"):  # CuPy: gguf's reference runs on the host
+        blocks = blocks.get()
     out = gguf.quants.dequantize(np.asarray(blocks), gguf.GGMLQuantizationType[qtype])
     return out if out.dtype == np.float32 else out.astype(np.float32)
 
@@ -138,3 +140,25 @@ class GGUFDoraAdapter(_OverGGUF, DoraAdapter):
 
 
 _OVER_GGUF = {LoraAdapter: GGUFLoraAdapter, RsLoraAdapter: GGUFRsLoraAdapter, DoraAdapter: GGUFDoraAdapter}
+
+
+def _dequantize_init(weight: GGUFWeight):
+    def init(device, require_grad):
+        value = Tensor.from_data(weight.dequantized(), device=device, dtype=weight.dtype)
+        return value.require_grad() if require_grad else value
+    return init
+
+
+def dequantized_bases(model: Module) -> Module:
+    """`model` with every weight kept in GGUF blocks (and no adapter over it) as a plain lazy
+    parameter whose value is its dequantization, computed when first used: what a Hugging Face
+    folder or a record of plain weights holds. Adapters over GGUF weights are left as they are."""
+    from ..module.reparam import iter_param_slots  # noqa: PLC0415
+
+    out = model
+    for path, p in list(iter_param_slots(model)):
+        r = p.reparameterization
+        if isinstance(r, GGUFWeight):
+            plain = Param.uninitialized(_dequantize_init(r), p.lazy_device(), False, tuple(p.shape), id=p.id)
+            out = out.with_child(path, plain)
+    return out

@@ -368,3 +368,11 @@ def test_qlora_over_a_gguf_weight_is_refused():
 
     with pytest.raises(ReparameterizationError, match="not a QLoRA adapter"):
         from_pretrained(MIXED).apply_qlora(QLora(Lora(2, 4.0)))
+
+
+def test_save_pretrained_writes_the_dequantized_weights(tmp_path):
+    from engine.models.save import save_pretrained
+
+    model = from_pretrained(MIXED)
+    save_pretrained(model, tmp_path / "out")
+    assert np.array_equal(_logits(from_pretrained(tmp_path / "out")), _logits(model))
