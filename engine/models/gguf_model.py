@@ -142,11 +142,22 @@ def gguf_weight_map(arch: str, cfg) -> WeightMap:
     return WeightMap(rules, ignore=[r"^rope_freqs\.weight$"])
 
 
+def _read(file: GGUFFile, name: str) -> np.ndarray:
+    """The stored tensor; a file that changed or cannot be read is a PretrainedError naming it."""
+    try:
+        return file.read(name)
+    except RecordError as exc:
+        raise PretrainedError(f"tensor {name!r} could not be read: {exc.reason}", where=str(file.path)) from None
+    except OSError as exc:
+        raise PretrainedError(f"tensor {name!r} could not be read: {exc.strerror or exc}",
+                              where=str(file.path)) from None
+
+
 def _float_init(file: GGUFFile, t: GGUFTensor, rule: Rule, dtype):
     target = as_dtype(dtype).np
 
     def init(device, require_grad):
-        stored = file.read(t.name)
+        stored = _read(file, t.name)
         if t.type == "BF16":
             stored = bf16_to_float32(stored).reshape(t.shape)
         value = Tensor.from_data(rule.load(stored, dtype=target), device=device, dtype=dtype)
@@ -162,7 +173,7 @@ def _rows_rule(rule: Rule) -> Rule | None:
 
 def _blocks_init(file: GGUFFile, t: GGUFTensor, rows: Rule | None):
     def init(device, require_grad):
-        data = file.read(t.name)
+        data = _read(file, t.name)
         if rows is not None:
             data = rows.load(data)
         return Tensor.from_data(data, device=device, dtype="uint8")

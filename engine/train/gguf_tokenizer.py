@@ -19,6 +19,7 @@ template is `tokenizer.chat_template`, with the special tokens' texts (`bos_toke
 """
 from __future__ import annotations
 
+from ..store.errors import RecordError
 from ..store.gguf_file import GGUFFile, open_gguf
 from .chat_template import ChatTemplate
 from .tokenizer import TextTokenizer, TokenizerError
@@ -53,6 +54,13 @@ def _byte_alphabet() -> dict[int, str]:
     return table
 
 
+def _open(path) -> GGUFFile:
+    try:
+        return open_gguf(path)
+    except RecordError as exc:
+        raise TokenizerError(str(exc.where or path), exc.reason) from None
+
+
 def _metadata_list(file: GGUFFile, key: str, required: bool = True):
     value = file.metadata.get(key)
     if value is None and not required:
@@ -65,7 +73,7 @@ def _metadata_list(file: GGUFFile, key: str, required: bool = True):
 
 def load_gguf_tokenizer(source) -> TextTokenizer:
     """The tokenizer of a GGUF file (a path or an open `GGUFFile`); see this file's doc."""
-    file = source if isinstance(source, GGUFFile) else open_gguf(source)
+    file = source if isinstance(source, GGUFFile) else _open(source)
     try:
         return _build(file)
     finally:
@@ -135,7 +143,7 @@ def _build(file: GGUFFile) -> TextTokenizer:
 
 def gguf_chat_template(source) -> ChatTemplate | None:
     """The chat template of a GGUF file (`tokenizer.chat_template`), None when it has none."""
-    file = source if isinstance(source, GGUFFile) else open_gguf(source)
+    file = source if isinstance(source, GGUFFile) else _open(source)
     try:
         text = file.metadata.get("tokenizer.chat_template")
         if text is None:
