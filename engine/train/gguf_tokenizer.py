@@ -10,11 +10,18 @@ that ids and text agree with it:
   model over the vocabulary (a token spelled outside the byte-level alphabet is respelled
   through it) and the merges; the pre-tokenizer is byte-level with GPT-2's split, or, for the
   pre-tokenizer names whose split is known (`PRE_TOKENIZER_SPLITS`), that split then byte-level;
-  the decoder byte-level; no special tokens added around the text;
-- control tokens (type 3) are special tokens (kept whole, skipped when decoding), user-defined
-  ones (type 4) plain added tokens (kept whole).
+  the decoder byte-level;
+- control tokens (type 3) are special tokens (kept whole, skipped when decoding; in a byte-level
+  vocabulary only those spelled in its alphabet), user-defined ones (type 4) plain added tokens;
 
-Other tokenizer models (SentencePiece "llama", "t5", ...) are refused, naming them. The chat
+- `tokenizer.ggml.model` "llama" (SentencePiece BPE: Llama 2, Mistral, TinyLlama): a BPE with byte
+  fallback over the vocabulary, '▁' for spaces and one before the text (Metaspace), the merges
+  the file lists or, when it lists none, those the tokens' scores imply (`merges_from_scores`);
+- the tokens the special ids name (bos, eos, unk, padding) are special tokens too; the text
+  gets the BOS token before it when `tokenizer.ggml.add_bos_token` says so (default: yes for
+  "llama", no for "gpt2"), the EOS after it likewise (`add_eos_token`, default no).
+
+Other tokenizer models ("t5", "rwkv", ...) are refused, naming them. The chat
 template is `tokenizer.chat_template`, with the special tokens' texts (`bos_token`, ...).
 """
 from __future__ import annotations
@@ -24,7 +31,7 @@ from ..store.gguf_file import GGUFFile, open_gguf
 from .chat_template import ChatTemplate
 from .tokenizer import TextTokenizer, TokenizerError
 
-__all__ = ["PRE_TOKENIZER_SPLITS", "gguf_chat_template", "load_gguf_tokenizer"]
+__all__ = ["PRE_TOKENIZER_SPLITS", "gguf_chat_template", "load_gguf_tokenizer", "merges_from_scores"]
 
 CONTROL, USER_DEFINED = 3, 4
 
@@ -81,19 +88,19 @@ def load_gguf_tokenizer(source) -> TextTokenizer:
             file.close()
 
 
-def _build(file: GGUFFile) -> TextTokenizer:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+def _special_ids(file: GGUFFile, count: int) -> dict:
+    ids = {}
+    for name, key in (("pad", "padding"), ("eos", "eos"), ("bos", "bos"), ("unk", "unknown")):
+        value = file.metadata.get(f"tokenizer.ggml.{key}_token_id")
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < count
+        ids[name] = value if ok else None
+    return ids
 
-    where = str(file.path)
-    kind = file.metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise TokenizerError(where, f"the GGUF tokenizer model {kind!r} is not supported; Ember reads 'gpt2' "
-                                    f"(byte-level BPE)")
-    tokens = _metadata_list(file, "tokenizer.ggml.tokens")
-    if not all(isinstance(t, str) for t in tokens):
-        raise TokenizerError(where, "metadata 'tokenizer.ggml.tokens': expected an array of strings")
-    types = _metadata_list(file, "tokenizer.ggml.token_type", required=False) or []
-    merges = _metadata_list(file, "tokenizer.ggml.merges")
+
+def _merges(file: GGUFFile, where: str) -> list | None:
+    merges = _metadata_list(file, "tokenizer.ggml.merges", required=False)
+    if merges is None:
+        return None
     pairs = []
     for i, m in enumerate(merges):
         parts = m.split(" ") if isinstance(m, str) else []
@@ -101,17 +108,85 @@ def _build(file: GGUFFile) -> TextTokenizer:
             raise TokenizerError(where, f"metadata 'tokenizer.ggml.merges'[{i}]: expected two tokens separated by "
                                         f"one space, found {m!r}")
         pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+def merges_from_scores(tokens: list, scores: list) -> list:
+    """The merges a SentencePiece BPE vocabulary implies (its file lists none), best first: every
+    split of a token into two tokens of the vocabulary, ordered by the token's score (higher
+    first), then by the longer left and right pieces; the splits of one token by their ids."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    scored = dict(zip(tokens, scores))
+    found = []
+    for token, score in scored.items():
+        local = [(token[:k], token[k:], score) for k in range(1, len(token))
+                 if token[:k] in vocab and token[k:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
+
+
+def _build(file: GGUFFile) -> TextTokenizer:
+    from tokenizers import AddedToken, Tokenizer, processors  # noqa: PLC0415
+
+    where = str(file.path)
+    kind = file.metadata.get("tokenizer.ggml.model")
+    if kind not in ("gpt2", "llama"):
+        raise TokenizerError(where, f"the GGUF tokenizer model {kind!r} is not supported; Ember reads 'gpt2' "
+                                    f"(byte-level BPE) and 'llama' (SentencePiece BPE)")
+    tokens = _metadata_list(file, "tokenizer.ggml.tokens")
+    if not all(isinstance(t, str) for t in tokens):
+        raise TokenizerError(where, "metadata 'tokenizer.ggml.tokens': expected an array of strings")
+    types = _metadata_list(file, "tokenizer.ggml.token_type", required=False) or []
+    try:
+        if kind == "gpt2":
+            tok, spelled = _byte_level(file, tokens, where)
+        else:
+            tok, spelled = _sentencepiece(file, tokens, where), None
+    except TokenizerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the library's message says what is wrong
+        raise TokenizerError(where, f"the tokenizers library refused the vocabulary and merges: {exc}") from None
+    ids = _special_ids(file, len(tokens))
+    special = [t for t, ty in zip(tokens, types) if ty == CONTROL and (spelled is None or set(t) <= spelled)]
+    special += [tokens[i] for i in ids.values() if i is not None and tokens[i] not in special]
+    if special:
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
+    have = tok.get_vocab(with_added_tokens=True)
+    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
+            if ty == USER_DEFINED and t in have]
+    if user:
+        tok.add_tokens(user)
+    add_bos = file.metadata.get("tokenizer.ggml.add_bos_token", kind == "llama") is True and ids["bos"] is not None
+    add_eos = file.metadata.get("tokenizer.ggml.add_eos_token", False) is True and ids["eos"] is not None
+    if add_bos or add_eos:
+        bos, eos = tokens[ids["bos"]] if add_bos else None, tokens[ids["eos"]] if add_eos else None
+        single = " ".join(([f"{bos}:0"] if bos else []) + ["$A:0"] + ([f"{eos}:0"] if eos else []))
+        pair = single + " " + " ".join(([f"{bos}:1"] if bos else []) + ["$B:1"] + ([f"{eos}:1"] if eos else []))
+        marks = [(t, ids[n]) for t, n in ((bos, "bos"), (eos, "eos")) if t is not None]
+        tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=marks)
+    context = None
+    arch = file.metadata.get("general.architecture")
+    if isinstance(arch, str) and isinstance(file.metadata.get(f"{arch}.context_length"), int):
+        context = file.metadata[f"{arch}.context_length"]
+    return TextTokenizer(tok, where, ids["pad"], ids["eos"], ids["bos"], ids["unk"], context)
+
+
+def _byte_level(file: GGUFFile, tokens: list, where: str):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+
+    pairs = _merges(file, where)
+    if pairs is None:
+        raise TokenizerError(where, "metadata 'tokenizer.ggml.merges' is missing (a byte-level BPE needs them)")
     alphabet = _byte_alphabet()
     letters = set(alphabet.values())
     vocab = {}
     for i, t in enumerate(tokens):
         key = t if set(t) <= letters else "".join(alphabet[b] for b in t.encode("utf-8"))
         vocab[key] = i  # a later duplicate wins, as in a dict comprehension
-    try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
-                                   end_of_word_suffix="", fuse_unk=False))
-    except Exception as exc:  # noqa: BLE001 - the library's message says what is wrong
-        raise TokenizerError(where, f"the tokenizers library refused the vocabulary and merges: {exc}") from None
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False))
     split = PRE_TOKENIZER_SPLITS.get(file.metadata.get("tokenizer.ggml.pre"))
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -120,25 +195,28 @@ def _build(file: GGUFFile) -> TextTokenizer:
                                                      pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                                               use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
-               if ty == CONTROL and set(t) <= letters]
-    if special:
-        tok.add_special_tokens(special)
-    have = tok.get_vocab(with_added_tokens=True)
-    user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
-            if ty == USER_DEFINED and t in have]
-    if user:
-        tok.add_tokens(user)
-    ids = {}
-    for name, key in (("pad", "padding"), ("eos", "eos"), ("bos", "bos"), ("unk", "unknown")):
-        value = file.metadata.get(f"tokenizer.ggml.{key}_token_id")
-        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(tokens)
-        ids[name] = value if ok else None
-    context = None
-    arch = file.metadata.get("general.architecture")
-    if isinstance(arch, str) and isinstance(file.metadata.get(f"{arch}.context_length"), int):
-        context = file.metadata[f"{arch}.context_length"]
-    return TextTokenizer(tok, where, ids["pad"], ids["eos"], ids["bos"], ids["unk"], context)
+    return tok, letters
+
+
+def _sentencepiece(file: GGUFFile, tokens: list, where: str):
+    """SentencePiece BPE (Llama 2, Mistral, TinyLlama): byte fallback, '▁' for spaces, one
+    prepended to the text's start; the merges from the file or, when it lists none, from the
+    tokens' scores (`merges_from_scores`)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+
+    pairs = _merges(file, where)
+    if pairs is None:
+        scores = _metadata_list(file, "tokenizer.ggml.scores")
+        if len(scores) != len(tokens) or not all(isinstance(x, (int, float)) for x in scores):
+            raise TokenizerError(where, f"metadata 'tokenizer.ggml.scores': expected {len(tokens)} numbers, one a "
+                                        f"token, found {len(scores)} values")
+        pairs = merges_from_scores(tokens, scores)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1, right=0)])
+    return tok
 
 
 def gguf_chat_template(source) -> ChatTemplate | None:

@@ -303,19 +303,19 @@ def test_the_chat_template_comes_from_the_metadata():
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_a_sentencepiece_tokenizer_is_refused_naming_it(tmp_path):
+def test_an_unsupported_tokenizer_model_is_refused_naming_it(tmp_path):
     from engine.train.gguf_tokenizer import load_gguf_tokenizer
     from engine.train.tokenizer import TokenizerError
 
     path = tmp_path / "sp.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("llama")
+    w.add_tokenizer_model("t5")
     w.add_token_list(["<unk>", "a"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(TokenizerError, match="tokenizer model 'llama' is not supported"):
+    with pytest.raises(TokenizerError, match="tokenizer model 't5' is not supported"):
         load_gguf_tokenizer(path)
 
 
@@ -376,3 +376,24 @@ def test_save_pretrained_writes_the_dequantized_weights(tmp_path):
     model = from_pretrained(MIXED)
     save_pretrained(model, tmp_path / "out")
     assert np.array_equal(_logits(from_pretrained(tmp_path / "out")), _logits(model))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-mixed.gguf", "tiny-spm.gguf"])
+def test_the_tokenizer_gives_transformers_ids_and_texts(name):
+    """tokenizer-expected.json: transformers' GGUF conversion of the same files (made by
+    make_gguf_fixtures.py --expected in the oracle venv)."""
+    from engine.train.gguf_tokenizer import load_gguf_tokenizer
+
+    ref = json.loads((FIXTURES / "tokenizer-expected.json").read_text(encoding="utf-8"))[name]
+    ours = load_gguf_tokenizer(FIXTURES / name)
+    assert [ours.encode(t) for t in ref["texts"]] == ref["ids"]
+    assert [ours.decode(ids, skip_special_tokens=False) for ids in ref["ids"]] == ref["decoded"]
+
+
+def test_sentencepiece_merges_come_from_the_scores_best_first():
+    from engine.train.gguf_tokenizer import merges_from_scores
+
+    tokens = ["a", "b", "c", "ab", "bc", "abc"]
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0]
+    # "ab" (score -1) first, then "bc" (-2), then "abc" (-3) split as a+bc and ab+c (by ids)
+    assert merges_from_scores(tokens, scores) == [("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")]
