@@ -159,3 +159,42 @@ def test_a_drop_is_accepted_as_a_copy_never_as_the_proposed_move(window, qtbot, 
                            Qt.KeyboardModifier.NoModifier)
     window.dropEvent(move_only)
     assert not move_only.isAccepted()
+
+
+def _answer_folder_dialog(qtbot, text: str):
+    """Type `text` into the folder-to-write dialog when it shows, and press Choose."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.prompts import OutputFolderDialog
+
+    def answer():
+        dialog = next((w for w in QApplication.topLevelWidgets()
+                       if isinstance(w, OutputFolderDialog) and w.isVisible()), None)
+        if dialog is None:
+            QTimer.singleShot(20, answer)
+            return
+        dialog.name_edit.setText(text)
+        dialog.accept()
+        if dialog.isVisible():  # refused: leave rather than hang the test
+            dialog.reject()
+
+    QTimer.singleShot(20, answer)
+
+
+def test_a_folder_to_write_may_be_typed_new_or_picked_existing(qtbot, tmp_path):
+    """Issue 48, item 8: pickers titled "choose or make a folder" rejected a typed new folder
+    ("Directory not found")."""
+    from app.prompts import OutputFolderDialog
+    from app.settings import Settings
+
+    settings = Settings.at(tmp_path / "settings.ini")
+    settings.remember_folder(str(tmp_path))
+    _answer_folder_dialog(qtbot, "new-export")
+    assert OutputFolderDialog.choose(None, settings, "Export (choose or make a folder)") == str(tmp_path / "new-export")
+    assert not (tmp_path / "new-export").exists()  # the export makes it, not the dialog
+    (tmp_path / "old").mkdir()
+    _answer_folder_dialog(qtbot, "old")
+    assert OutputFolderDialog.choose(None, settings, "Export") == str(tmp_path / "old")
+    _answer_folder_dialog(qtbot, "no-such-parent/child")  # a new folder inside a missing one: refused
+    assert OutputFolderDialog.choose(None, settings, "Export") == ""
