@@ -35,6 +35,7 @@ from .text import TextDataError, TextDataset, Tokens, check_rows_fit, padded_row
 from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _encode_marked, _mark_specials
 
 __all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data", "pack_rows",
+           "describe_conversation_data",
            "packed_conversation_rows"]
 
 
@@ -169,6 +170,17 @@ def load_conversation_data(path, template: ChatTemplate, tokenizer, block_size: 
     data = TextDataset(inputs, targets, mask, T, packing, Path(path).name, len(rows), tokenizer, **extra)
     data.truncated = truncated
     return data
+
+
+def describe_conversation_data(data: TextDataset, chat_format: str) -> str:
+    """What a conversation dataset holds, for the user: its format, conversations, the assistant
+    tokens learnt, the rows, and how many conversations were cut at the block size."""
+    rows = (f"packed into {len(data)} rows" if data.packing else f"{len(data)} padded rows") + \
+        f" of {data.block_size} positions"
+    cut = getattr(data, "truncated", 0)
+    return (f"conversation data ({chat_format} format): {data.documents} conversations, {data.target_tokens} "
+            f"assistant tokens learnt, {rows}" + (f"; {cut} conversations truncated at the block size, the rest "
+                                                  f"of their turns not learnt" if cut else ""))
 
 
 def pack_rows(lengths, block_size: int) -> list[list[int]]:
