@@ -175,12 +175,16 @@ def load_conversation_data(path, template: ChatTemplate, tokenizer, block_size: 
 def describe_conversation_data(data: TextDataset, chat_format: str) -> str:
     """What a conversation dataset holds, for the user: its format, conversations, the assistant
     tokens learnt, the rows, and how many conversations were cut at the block size."""
-    rows = (f"packed into {len(data)} rows" if data.packing else f"{len(data)} padded rows") + \
+    def n(count, what):
+        return f"{count} {what}" + ("" if count == 1 else "s")
+
+    rows = (f"packed into {n(len(data), 'row')}" if data.packing else n(len(data), "padded row")) + \
         f" of {data.block_size} positions"
     cut = getattr(data, "truncated", 0)
-    return (f"conversation data ({chat_format} format): {data.documents} conversations, {data.target_tokens} "
-            f"assistant tokens learnt, {rows}" + (f"; {cut} conversations truncated at the block size, the rest "
-                                                  f"of their turns not learnt" if cut else ""))
+    return (f"conversation data ({chat_format} format): {n(data.documents, 'conversation')}, "
+            f"{n(data.target_tokens, 'assistant token')} learnt, {rows}"
+            + (f"; {n(cut, 'conversation')} truncated at the block size, the rest of their turns not learnt"
+               if cut else ""))
 
 
 def pack_rows(lengths, block_size: int) -> list[list[int]]:
