@@ -343,16 +343,10 @@ class GPT2LMHeadModel(Module):
 
 def _packed(ids, causal, position_ids, segment_ids):
     """(positions, mask) of packed sequences: the causal mask joined by the segments' block-diagonal one."""
-    dims = list(ids.shape)
-    for name, a in (("position_ids", position_ids), ("segment_ids", segment_ids)):
-        if a is not None and list(a.shape) != dims:
-            raise ValueError(f"{name}: expected dims {dims} (those of input_ids), found {list(a.shape)}")
-    pos = position_ids if position_ids is not None else nn.segment_positions(segment_ids)
+    mask, pos = nn.packed_attention(ids.shape, position_ids, segment_ids, ids.device)
     if not isinstance(pos, Tensor):
         pos = Tensor.from_data(np.asarray(pos, dtype=np.int64), device=ids.device)
-    if segment_ids is not None:
-        causal = causal.bool_or(nn.generate_segment_mask(segment_ids, ids.device))
-    return pos, causal
+    return pos, (causal if mask is None else causal.bool_or(mask))
 
 
 def _block(c: GPT2Config, device) -> GPT2Block:

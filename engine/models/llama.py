@@ -386,7 +386,7 @@ class LlamaForCausalLM(Module):
             if cache is not None:
                 raise ValueError(f"{type(self).__name__}: position_ids / segment_ids are for training on packed "
                                  f"sequences, not with a cache")
-            mask_attn, positions = _packed(input_ids, position_ids, segment_ids)
+            mask_attn, positions = nn.packed_attention(input_ids.dims(), position_ids, segment_ids, input_ids.device)
         x = self.embed_tokens.forward(input_ids)
         if cache is None:
             for layer in self.layers:
@@ -395,17 +395,6 @@ class LlamaForCausalLM(Module):
             for layer, layer_cache in zip(self.layers, cache):
                 x = layer.forward(x, self.rotary_emb, mask_pad, past, layer_cache)
         return self.norm.forward(x)
-
-
-def _packed(input_ids, position_ids, segment_ids):
-    """(mask_attn or None, positions) of packed sequences, checked against `input_ids`' dims."""
-    dims = list(input_ids.dims())
-    for name, a in (("position_ids", position_ids), ("segment_ids", segment_ids)):
-        if a is not None and list(a.shape) != dims:
-            raise ValueError(f"{name}: expected dims {dims} (those of input_ids), found {list(a.shape)}")
-    mask = None if segment_ids is None else nn.generate_segment_mask(segment_ids, input_ids.device)
-    positions = position_ids if position_ids is not None else nn.segment_positions(segment_ids)
-    return mask, positions
 
 
 def _cache_length(cache, n_layers: int) -> int:

@@ -27,6 +27,7 @@ from .spec import Burn, declare
 __all__ = [
     "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput", "KVCache",
     "generate_autoregressive_mask", "generate_padding_mask", "generate_segment_mask", "segment_positions",
+    "packed_attention",
 ]
 
 
@@ -77,6 +78,19 @@ def segment_positions(segment_ids):
     starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
     first = np.maximum.accumulate(np.where(starts, idx, 0), axis=-1)
     return (idx - first).astype(np.int64)
+
+
+def packed_attention(input_dims, position_ids=None, segment_ids=None, device=None):
+    """(mask_attn or None, positions) for packed sequences of input `[batch_size, seq_length]`:
+    `generate_segment_mask(segment_ids)` and `position_ids`, or without them `segment_positions`;
+    each checked to have the input's dims."""
+    dims = list(input_dims)
+    for name, a in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+        if a is not None and list(a.shape) != dims:
+            raise ValueError(f"{name}: expected dims {dims} (those of input_ids), found {list(a.shape)}")
+    mask = None if segment_ids is None else generate_segment_mask(segment_ids, device)
+    positions = position_ids if position_ids is not None else segment_positions(segment_ids)
+    return mask, positions
 
 
 class MhaInput:
