@@ -238,6 +238,10 @@ def _rows(data, settings, training):
     if not (hasattr(data, "inputs") and hasattr(data, "targets")):
         raise ValueError(f"export_training_script: data must be the training rows (a TextDataset of "
                          f"engine.train.text) or a (train, valid) pair of them, found {type(data).__name__}")
+    for part in (data, valid):
+        if getattr(part, "segment_ids", None) is not None:
+            raise ValueError("export_training_script: the rows pack several conversations, each attending only to "
+                             "itself (segment_ids), which the PyTorch script does not do yet: export with packing off")
     desc = {"block_size": int(np.asarray(data.inputs).shape[1]), "packing": getattr(data, "packing", None)}
     tok = getattr(data, "tokenizer", None)
     if tok is not None and getattr(tok, "path", None):
