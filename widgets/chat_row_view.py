@@ -144,12 +144,14 @@ class ChatRowView(QWidget):
         while self.legend.count():
             item = self.legend.takeAt(0)
             if item.widget() is not None:
-                item.widget().deleteLater()
+                item.widget().setParent(None)  # gone now, not after the event loop's turn
         text = self.palette().color(self.foregroundRole()).name()
         self.legend.addWidget(_swatch("trained", self._colour("trained")[0], text))
         self.legend.addWidget(_swatch("masked", self._colour("masked")[0], text))
         self.legend.addWidget(_swatch("special token", self._colour("masked")[0], self._colour("special"), bold=True))
         self.legend.addWidget(_swatch("differs", self._colour("differs"), text))
+        for i in range(self.legend.count()):
+            self.legend.itemAt(i).widget().setVisible(True)  # added to a shown widget: shown explicitly
 
     def changeEvent(self, event):  # noqa: N802 - Qt's name
         super().changeEvent(event)
