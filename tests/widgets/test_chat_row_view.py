@@ -4,6 +4,8 @@ the training rendering and the inference one differ."""
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import QPoint
+from PySide6.QtGui import QTextCursor
 
 from engine.train.chat_data import conversation_tokens
 from engine.train.chat_preview import preview_row, special_token_ids
@@ -48,6 +50,24 @@ def test_the_chips_are_trained_where_conversation_tokens_learns(qtbot, tokenizer
         assert view.token_at(view.token_position(k)) == k
         tip = view.describe_token(k)
         assert f"id {int(row.ids[k])}" in tip and "trained" in tip
+
+
+def test_the_mouse_over_a_chip_finds_its_token(qtbot, tokenizer):
+    conv = read_conversations(FIXTURES / "conversations" / "messages.jsonl")[1]
+    template = _template("smollm2-instruct")
+    view = ChatRowView()
+    view.resize(900, 400)
+    qtbot.addWidget(view)
+    view.show()
+    qtbot.waitExposed(view)
+    preview = preview_row(conv, template, tokenizer)
+    view.show_row(preview)
+    pane = view.training
+    for k in (0, int(preview.tokens.learn.argmax()), len(preview.tokens.ids) - 1):
+        cursor = QTextCursor(pane.document())
+        cursor.setPosition(view.token_position(k))
+        rect = pane.cursorRect(cursor)
+        assert view.token_at_point(QPoint(rect.x() + 2, rect.center().y())) == k
 
 
 QWEN3_CHAT = [{"role": "user", "content": "Sky?"},
