@@ -5,7 +5,7 @@ chip: green where the loss trains on it (the assistant's tokens), grey where it 
 tokens in bold violet; neighbouring tokens alternate two shades so their edges show. Hovering a
 token shows its index, id, vocabulary string and state. Right: an inference rendering of the same
 messages (a choice of them), and in both panes the words where the two renderings differ are
-marked in orange. Text is selectable; both panes scroll. Colours follow the palette (light or dark).
+marked in orange (⁁ where one has text the other lacks). Text is selectable; both panes scroll. Colours follow the palette (light or dark).
 """
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ _COLOURS = {
     "special": ("#6a1fd1", "#c9a6ff"),
     "differs": ("#ffb347", "#b8621b"),
 }
+
+
+MISSING = "⁁"  # shown (marked) where the other rendering has text that this one lacks
 
 
 def _is_dark(widget: QWidget) -> bool:
@@ -197,7 +200,7 @@ class ChatRowView(QWidget):
             n = sum(b - a for a, b in self.inference_differs) + sum(b - a for a, b in self.training_differs)
             self.difference_note.setText(
                 "The same text as the training row, up to where it ends." if not n else
-                f"{len(self.training_differs) + len(self.inference_differs)} place(s) differ ({n:,} characters, "
+                f"{len(self.training_differs)} place(s) differ ({n:,} characters, "
                 f"marked orange): what the model is trained on is not what it is given here.")
         self._fill_training()
         self.inference_changed.emit(index)
@@ -214,7 +217,7 @@ class ChatRowView(QWidget):
         pos = 0
         for a, b in differs:
             cursor.insertText(_shown(text[pos:a]), plain)
-            cursor.insertText(_shown(text[a:b]), marked)
+            cursor.insertText(_shown(text[a:b]) if b > a else MISSING, marked)
             pos = b
         cursor.insertText(_shown(text[pos:]), plain)
         pane.moveCursor(QTextCursor.MoveOperation.Start)
@@ -228,6 +231,9 @@ class ChatRowView(QWidget):
         pane.clear()
         rows, text = preview.tokens, preview.text
         differs = [False] * (len(text) + 1)
+        missing = sorted(a for a, b in self.training_differs if a == b)
+        marked = QTextCharFormat()
+        marked.setBackground(QColor(self._colour("differs")))
         for a, b in self.training_differs:
             differs[a:b] = [True] * (b - a)
         special_colour = QColor(self._colour("special"))
@@ -248,11 +254,16 @@ class ChatRowView(QWidget):
                 fmt.setFontWeight(QFont.Weight.Bold)
             if piece and any(differs[start:end]):
                 self._differs_format(fmt)
+            while missing and missing[0] <= start:  # the other rendering has text here that this row lacks
+                cursor.insertText(MISSING, marked)
+                missing.pop(0)
             self._token_starts.append(cursor.position())
             cursor.insertText(_shown(piece) if piece else "◌", fmt)  # a token with no characters of its own
             shown = max(shown, end)
         if shown < len(text):
             cursor.insertText(_shown(text[shown:]), QTextCharFormat())
+        if missing:  # at the end of the row
+            cursor.insertText(MISSING, marked)
         pane.moveCursor(QTextCursor.MoveOperation.Start)
 
     # ---- reading back (hover, tests) --------------------------------------------------------------

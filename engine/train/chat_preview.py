@@ -120,7 +120,8 @@ def _split(text: str) -> tuple[list[str], list[int]]:
 
 
 def differing_spans(a: str, b: str, prefix: bool = True) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The [start, end) character spans of `a` not in `b`, and of `b` not in `a` (a word diff).
+    """The [start, end) character spans of `a` not in `b`, and of `b` not in `a` (a word diff). An
+    empty span of `a` marks where `b` has text that `a` lacks (nothing of `a` differs there).
     `prefix`: `b` renders the start of what `a` renders (the conversation so far), so what `a` has
     after all of `b` (the turns still to come) is not a difference."""
     pa, sa = _split(a)
@@ -133,8 +134,7 @@ def differing_spans(a: str, b: str, prefix: bool = True) -> tuple[list[tuple[int
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
             continue
-        if i2 > i1:
-            only_a.append((sa[i1], sa[i2]))
+        only_a.append((sa[i1], sa[i2]))  # empty where `b` has text that `a` lacks: the place it is missing
         if j2 > j1:
             only_b.append((sb[j1], sb[j2]))
     if prefix and only_a and only_a[-1][1] == len(a) and (not pb or matcher.get_opcodes()[-1][0] == "delete"):

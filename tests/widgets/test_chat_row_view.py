@@ -12,7 +12,7 @@ from engine.train.chat_preview import preview_row, special_token_ids
 from engine.train.chat_template import ChatTemplate
 from engine.train.conversations import Conversation, read_conversations
 from engine.train.tokenizer import load_tokenizer
-from widgets.chat_row_view import ChatRowView
+from widgets.chat_row_view import MISSING, ChatRowView
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TOKENIZER = FIXTURES / "hf" / "llama-gqa"
@@ -96,7 +96,12 @@ def test_a_template_that_drops_reasoning_shows_the_difference(qtbot, tokenizer):
     marked = "".join(text[a:b] for a, b in view.inference_differs)
     assert "It is day." in marked and "It is day." not in preview.text
     assert "Blue" not in marked
-    assert "place(s) differ" in view.difference_note.text()
+    # the training row marks where the reasoning is missing: just before its first answer
+    blue = preview.text.index("Blue")
+    assert view.training_differs == [(blue, blue)]
+    shown = view.training.toPlainText()
+    assert shown.index(MISSING) == shown.index("Blue") - 1
+    assert view.difference_note.text().startswith("1 place(s) differ (29 characters")  # "<think>\nIt is day.\n</think>\n\n"
     # a template that keeps the history as it is (ChatML without reasoning) shows no difference
     plain = [dict(m, content=m["content"].split("</think>\n\n")[-1]) for m in QWEN3_CHAT]
     view.show_row(preview_row(Conversation("chat.jsonl", 3, plain, "messages"), _template("smollm2-instruct"),

@@ -11,10 +11,11 @@ def test_each_side_gets_the_words_the_other_lacks():
     b = "user: hi\nbot: <think>day</think> Blue<end>\n"
     only_a, only_b = differing_spans(a, b)
     assert _pieces(b, only_b) == ["<think>day</think> "]
-    # what `a` has after all of `b` (the later turns) is not a difference; with prefix=False it is
-    assert only_a == []
+    # `a` lacks it before "Blue": an empty span there; what `a` has after all of `b` (the later
+    # turns) is not a difference, but with prefix=False it is
+    assert only_a == [(a.index("Blue"), a.index("Blue"))]
     only_a, _ = differing_spans(a, b, prefix=False)
-    assert _pieces(a, only_a) == ["user: more"]
+    assert _pieces(a, only_a) == ["", "user: more"]
 
 
 def test_equal_texts_and_a_replaced_word():
