@@ -2,8 +2,9 @@
 from a worker thread, and compare two models on the same prompt and seed, side by side.
 
 - The tokenizer is the open model's folder's `tokenizer.json` (`engine.train.text.load_tokenizer`,
-  read on the worker the first time and kept for that folder); a model without one cannot
-  generate here and the panel says why.
+  read on the worker the first time and kept for that folder); a model whose folder has none
+  (a script, a GGUF or checkpoint folder) is told so above the view, with a button to pick a folder
+  that has one (`widgets.tokenizer_folder_picker`); the pick is remembered for that model's source.
 - Generate starts a `BackgroundTask` (app.workers) through the window's `TaskRunner` (kind "generate": a new
   generation replaces a running one); it iterates `engine.models.generate.stream` and sends each
   token's text back as a partial result, which the view appends to its pane. Stop cancels the
@@ -29,6 +30,7 @@ from engine.module import memory
 from engine.module.tree import params as tree_params
 from engine.train.text import load_tokenizer
 from widgets.generate_view import GenerateView
+from widgets.tokenizer_folder_picker import TokenizerFolderPicker
 
 from .document import Document
 from .host import Host
@@ -76,8 +78,13 @@ class GeneratePanel(QWidget):
         self.document = document
         self.training = training
         self.view = GenerateView()
+        self.tokenizer_picker = TokenizerFolderPicker()
+        self.tokenizer_picker.folder_chosen.connect(self.set_tokenizer_folder)
+        self.tokenizer_picker.hide()
+        self.chosen_tokenizers: dict[str, str] = {}  # a model source's key -> the tokenizer folder picked for it
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.tokenizer_picker)
         layout.addWidget(self.view)
         self.task: BackgroundTask | None = None
         self._tokenizer = None
@@ -91,8 +98,19 @@ class GeneratePanel(QWidget):
         self._update_enabled()
 
     # ---- state ----------------------------------------------------------------------------------
+    def _source_key(self) -> str:
+        source = getattr(self.document, "source", None)
+        return f"{type(source).__name__}:{getattr(source, 'path', '')}" if source is not None else ""
+
     def folder(self) -> str:
-        return tokenizer_folder(getattr(self.document, "source", None))
+        """The tokenizer's folder: the model's own, else the one picked for this model ('' : none)."""
+        return tokenizer_folder(getattr(self.document, "source", None)) or \
+            self.chosen_tokenizers.get(self._source_key(), "")
+
+    def set_tokenizer_folder(self, folder: str) -> None:
+        """Generate with the tokenizer of `folder` (holding tokenizer.json) for the open model."""
+        self.chosen_tokenizers[self._source_key()] = folder
+        self._update_enabled()
 
     def _take_defaults(self, module) -> None:
         """A model from another folder than the last one: the boxes take its generation defaults."""
@@ -113,11 +131,16 @@ class GeneratePanel(QWidget):
     def _update_enabled(self) -> None:
         module = self.document.module
         self._take_defaults(module)
+        self.tokenizer_picker.setVisible(False)
         if module is None:
             self.view.set_can_generate(False, "Open a language model (File ▸ Open Pretrained…) to generate text.")
         elif not self.folder():
-            self.view.set_can_generate(False, "Generation needs the model's tokenizer: open a Hugging Face folder "
-                                              "holding tokenizer.json.")
+            self.tokenizer_picker.set_message("This model has no tokenizer.json beside it, and generation needs its "
+                                              "tokenizer: choose the folder that holds it (the base model's Hugging "
+                                              "Face folder, say).")
+            self.tokenizer_picker.show()
+            self.view.set_can_generate(False, "Generation needs the model's tokenizer: choose a folder holding "
+                                              "tokenizer.json above.")
         else:
             self.view.set_can_generate(True)
             if self.task is None:

@@ -72,6 +72,7 @@ from widgets.training.grad_norms import GradNormTable
 from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
+from .chat_row_dialog import ChatRowDialog, is_conversation_file
 from .core.schema import CheckpointSource, ExampleSource, LoadEdit, Source
 from .training_data_note import describe_text_file, missing_tokenizer, tokenizer_folder  # noqa: F401 - reached here
 from .training_run import GuiGate, TrainingRun
@@ -171,6 +172,7 @@ class TrainingPanel(QWidget):
         self.run_settings = RunSettings()
         self.run_settings.changed.connect(self._update_can_start)
         self.run_settings.changed.connect(self._update_data_note)
+        self.run_settings.preview_rows_button.clicked.connect(self.preview_rows)
         self._noted_file: tuple | None = None
         # the forms, as the window, the tests and the benchmarks reach them
         self.data_form = self.run_settings.data_form
@@ -320,6 +322,21 @@ class TrainingPanel(QWidget):
         lm = values.get("task") == CAUSAL_LM_TASK and str(values.get("file") or "").strip()
         self.run_settings.set_data_note(describe_text_file(values["file"], bool(values.get("per_line", True)),
                                                            str(values.get("tokenizer") or "")) if lm else "")
+        self.run_settings.preview_rows_button.setVisible(bool(lm) and is_conversation_file(values["file"]))
+
+    def preview_rows(self) -> ChatRowDialog | None:
+        """Open the rendered rows of the conversation data file (None, and the reason shown, when
+        no tokenizer folder is set)."""
+        values, _errors = self.data_form.field_values()
+        folder = str(values.get("tokenizer") or "")
+        if not folder:
+            self.error_label.show_error("Preview rows needs the tokenizer folder (with the chat template) set "
+                                        "in the data form.")
+            return None
+        dialog = ChatRowDialog(str(values["file"]), folder, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
 
     # ---- run folders ------------------------------------------------------------------------------
     def runs_dir(self) -> Path:

@@ -158,6 +158,12 @@ class RunSettings(QScrollArea):
             return box
 
         browse_row = QHBoxLayout()
+        self.preview_rows_button = QPushButton("Preview rows…")  # conversation data: the rendered rows
+        self.preview_rows_button.setObjectName("preview-rows")
+        self.preview_rows_button.setToolTip("Each conversation as training renders it, token by token: what the "
+                                            "loss trains on, and what the model is given at inference")
+        self.preview_rows_button.hide()
+        browse_row.addWidget(self.preview_rows_button)
         browse_row.addStretch(1)
         browse_row.addWidget(self.tokenizer_button)
         browse_row.addWidget(self.browse_button)
