@@ -226,3 +226,22 @@ def test_compare_adapter_off_and_on_answers_the_same_history_in_each_column_at_t
     assert window.document.module is tuned  # the document's model is unchanged
     assert all(p.reparameterization.scale == 2.0 for _path, p in iter_param_slots(tuned)
                if p.reparameterization is not None)
+
+
+def test_the_adapter_scale_acts_when_continuing_text_too(window, qtbot, folders, chat_folder):
+    panel, _chat_view = _chat(qtbot, window, folders, chat_folder)
+    base = window.document.module
+    tuned = _with_trained_adapters(base)
+    window.document.push_module("Attach LoRA", tuned)
+    v = panel.view
+    v.set_mode("continue")
+    v.prompt.setPlainText("the cat")
+    tok = load_tokenizer(str(chat_folder))
+    for scale, model in ((0.0, base), (1.0, tuned), (1.5, scale_adapters(tuned, 1.5))):
+        v.adapter_scale.setValue(scale)
+        qtbot.mouseClick(v.generate_button, Qt.MouseButton.LeftButton)
+        assert panel.wait(60) and not v.error.error(), v.error.error()
+        assert panel.last_results[0].token_ids == generate(model, tok, "the cat", NEW, temperature=0).token_ids
+    assert generate(base, tok, "the cat", NEW, temperature=0).token_ids != \
+        generate(tuned, tok, "the cat", NEW, temperature=0).token_ids  # the scales give different text
+    assert window.document.module is tuned
