@@ -245,3 +245,20 @@ def test_the_adapter_scale_acts_when_continuing_text_too(window, qtbot, folders,
     assert generate(base, tok, "the cat", NEW, temperature=0).token_ids != \
         generate(tuned, tok, "the cat", NEW, temperature=0).token_ids  # the scales give different text
     assert window.document.module is tuned
+
+
+def test_a_failed_answer_keeps_the_message_and_regenerate_retries_it(window, qtbot, folders, chat_folder):
+    panel, chat = _chat(qtbot, window, folders, chat_folder)
+    panel.view.max_new_tokens.setValue(60)  # the prompt's 8 tokens + 60 pass the tiny Llama's 64 positions
+    chat.input.setPlainText("hi")
+    qtbot.mouseClick(chat.send_button, Qt.MouseButton.LeftButton)
+    assert panel.wait(60)
+    assert "at most 56 new tokens" in panel.view.error.error()
+    assert chat.conversation.turns == [{"role": "user", "content": "hi"}] and not chat.conversation.pending
+    assert chat.regenerate_button.isEnabled() and chat.send_button.isEnabled()
+    panel.view.max_new_tokens.setValue(NEW)
+    qtbot.mouseClick(chat.regenerate_button, Qt.MouseButton.LeftButton)
+    assert panel.wait(60) and not panel.view.error.error(), panel.view.error.error()
+    _ids, want = _want(window.document.module, chat_folder, [{"role": "user", "content": "hi"}])
+    assert [t["role"] for t in chat.conversation.turns] == ["user", "assistant"]
+    assert chat.conversation.turns[-1]["answers"] == [want.text]
