@@ -262,3 +262,36 @@ def test_a_failed_answer_keeps_the_message_and_regenerate_retries_it(window, qtb
     _ids, want = _want(window.document.module, chat_folder, [{"role": "user", "content": "hi"}])
     assert [t["role"] for t in chat.conversation.turns] == ["user", "assistant"]
     assert chat.conversation.turns[-1]["answers"] == [want.text]
+
+
+def test_compare_before_and_after_a_training_run_in_chat_form(window, qtbot, folders, files, chat_folder, tmp_path):
+    from tests.app.test_finetune_ui import attach_lora_with_preset, corpus  # noqa: PLC0415
+
+    _open(qtbot, window, folders, chat_folder)
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(corpus(120)) + "\n", encoding="utf-8")
+    training = window.training_panel
+    window.actions.train_show.trigger()
+    files.append(text)
+    qtbot.mouseClick(training.browse_button, Qt.MouseButton.LeftButton)
+    training.data_form.set_field("block_size", 32)
+    for name, value in (("num_epochs", 2), ("batch_size", 16), ("checkpoint_every", 0)):
+        training.training_form.set_field(name, value)
+    training.schedule_forms["constant"].set_field("lr", 2e-2)
+    assert training.settings_valid(), training.run_settings.data_form.errors()
+    attach_lora_with_preset(qtbot, window)
+    run = training.start()
+    assert run is not None and training.wait(600) and run.status == "finished", training.last_error
+
+    panel, chat = window.generate_panel, window.generate_panel.view.chat
+    window.tabs.setCurrentWidget(panel)
+    panel.view.max_new_tokens.setValue(NEW)
+    panel.view.compare.setCurrentIndex(panel.view.compare.findData("run"))
+    _send(qtbot, panel, "hi")
+    msgs = [{"role": "user", "content": "hi"}]
+    _ids, before = _want(run.source_module, chat_folder, msgs)
+    _ids, after = _want(window.document.module, chat_folder, msgs)
+    assert before.token_ids != after.token_ids  # training changed the answer
+    assert [r.token_ids for r in panel.last_results] == [before.token_ids, after.token_ids]
+    assert chat.conversation.turns[-1]["answers"] == [before.text, after.text]
+    assert chat.titles[0].text().startswith("Before") and chat.titles[1].text().startswith("After")
