@@ -8,7 +8,7 @@
   prompt, the user turns, that column's earlier answers) with the template and a generation
   prompt, encodes it with `encode_chat` (message text never becomes special tokens) and streams
   its answer into its transcript. The finished answer is the decoded new text, the stop token left
-  out; Stop keeps the text so far, marked as stopped; a failure removes the empty answer (the
+  out (an answer that reached max new tokens first is marked as cut); Stop keeps the text so far, marked as stopped; a failure removes the empty answer (the
   message stays, Regenerate retries it).
 - Regenerate answers the last message again (its answer replaced); Clear starts a new conversation
   (the system prompt stays). Neither runs while an answer is being generated.
@@ -110,7 +110,8 @@ class ChatSession:
 
     def _ended(self, kind: str, results) -> None:
         if kind == "finished":
-            self.conversation.end_answer([r.text for r in results])
+            self.conversation.end_answer([r.text for r in results],
+                                         cut=[r.finish_reasons[0] == "length" for r in results])
         elif kind == "failed":
             self.conversation.drop_answer()
         else:

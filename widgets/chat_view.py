@@ -7,8 +7,8 @@ The widget only asks and shows: `send_requested(text)`, `regenerate_requested()`
 view shows it (`refresh()`), streaming an answer's text in with `append(column, text)`.
 
 A `Conversation` holds the turns: a user turn is its text; an assistant turn holds one answer per
-column (each compared model answers the same history with its own words) and whether each was
-stopped before its end. `messages(column)` is what column `column`'s model is shown next: the system
+column (each compared model answers the same history with its own words), whether each was
+stopped before its end (Stop) and whether each was cut at the token limit. `messages(column)` is what column `column`'s model is shown next: the system
 prompt (when there is one), the user turns, and that column's own earlier answers (a turn answered
 by fewer columns gives its first column's answer).
 """
@@ -39,16 +39,18 @@ class Conversation:
 
     def begin_answer(self, columns: int) -> None:
         """An assistant turn for `columns` models, empty until their text comes in."""
-        self.turns.append({"role": "assistant", "answers": [""] * columns, "stopped": [False] * columns})
+        self.turns.append({"role": "assistant", "answers": [""] * columns, "stopped": [False] * columns,
+                           "cut": [False] * columns})
         self.pending = True
 
     def append(self, column: int, text: str) -> None:
         if self.pending:
             self.turns[-1]["answers"][column] += text
 
-    def end_answer(self, texts: list[str] | None = None, stopped: bool = False) -> None:
+    def end_answer(self, texts: list[str] | None = None, stopped: bool = False, cut: list[bool] | None = None) -> None:
         """The pending answer is final: `texts` (a column each) replace what was streamed where given;
-        `stopped` marks every column as stopped before its end (the text so far is kept)."""
+        `stopped` marks every column as stopped before its end (the text so far is kept); `cut` (a
+        column each) marks the answers that reached the token limit before the model ended them."""
         if not self.pending:
             return
         turn = self.turns[-1]
@@ -57,6 +59,9 @@ class Conversation:
                 turn["answers"][i] = text
         if stopped:
             turn["stopped"] = [True] * len(turn["answers"])
+        for i, flag in enumerate(cut or []):
+            if i < len(turn["cut"]):
+                turn["cut"][i] = bool(flag)
         self.pending = False
 
     def drop_answer(self) -> None:
@@ -194,7 +199,8 @@ class ChatView(QWidget):
                 else:
                     i = min(c, len(turn["answers"]) - 1)
                     pending = self.conversation.pending and turn is self.conversation.turns[-1]
-                    note = "stopped" if turn["stopped"][i] else ("…" if pending else "")
+                    note = "stopped" if turn["stopped"][i] else "cut at the token limit" if turn["cut"][i] else \
+                        "…" if pending else ""
                     parts.append(_turn_html("assistant", turn["answers"][i], note))
             view = self.transcripts[c]
             view.setHtml("".join(parts))

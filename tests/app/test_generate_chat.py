@@ -94,6 +94,8 @@ def test_answers_are_the_greedy_generation_of_encode_chats_ids_and_turns_accumul
     assert panel.last_results[0].token_ids == want.token_ids
     assert chat.conversation.turns[-1]["answers"] == [want.text] and chat.input.toPlainText() == ""
     assert want.text and want.text in chat.transcript(0) and "hi</s>" in chat.transcript(0)
+    assert want.finish_reasons == ["length"] and chat.conversation.turns[-1]["cut"] == [True]
+    assert "cut at the token limit" in chat.transcript(0)
 
     _send(qtbot, panel, "ok")
     second = first + [{"role": "assistant", "content": want.text}, {"role": "user", "content": "ok"}]
@@ -117,6 +119,7 @@ def test_an_answer_that_ends_at_the_eos_leaves_it_out(window, qtbot, folders, ch
     assert result.token_ids == want.token_ids and result.finish_reasons == ["stop"] and result.token_ids[-1] == 2
     assert chat.conversation.turns[-1]["answers"] == [want.text]
     assert want.text == load_tokenizer(str(chat_folder)).decode(result.token_ids[:-1])
+    assert chat.conversation.turns[-1]["cut"] == [False] and "token limit" not in chat.transcript(0)
 
 
 def test_stop_keeps_the_answer_so_far_marked_as_stopped(window, qtbot, folders, chat_folder, monkeypatch):
