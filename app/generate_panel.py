@@ -17,6 +17,12 @@ from a worker thread, and compare two models on the same prompt and seed, side b
   (`TrainingRun.source_module`) and then the document's model; "adapter off / on" with the
   document's model without its LoRA adapters (`detach_reparameterization`, on the worker) and then
   with them. Both columns use the same settings and seed, so any difference is the models'.
+- The adapter scale (llama.cpp's `--lora-scaled`) multiplies every LoRA adapter's delta of a
+  column's model on the worker (`engine.module.lora.scale_adapters`: a copy, the document's model
+  is unchanged); "adapter off" stays the base.
+- Chat mode (app.generate_chat, for a folder with a chat template, chosen when such a model opens):
+  each column's prompt is its own history rendered with the template and encoded with
+  `encode_chat` on the worker; the same columns, settings and Stop as above.
 """
 from __future__ import annotations
 
@@ -27,12 +33,15 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from engine.models.generate import GenerationError, estimate_generation, generation_defaults, stream
 from engine.module import memory
+from engine.module.lora import scale_adapters
 from engine.module.tree import params as tree_params
+from engine.train.chat_template import encode_chat
 from engine.train.text import load_tokenizer
 from widgets.generate_view import GenerateView
 from widgets.tokenizer_folder_picker import TokenizerFolderPicker
 
 from .document import Document
+from .generate_chat import ChatSession
 from .host import Host
 from .training_panel import TrainingPanel, tokenizer_folder
 from .workers import BackgroundTask
@@ -50,14 +59,22 @@ class _Later:
 
 
 def _generate_columns(state, columns, tokenizer, folder: str, settings: dict):
-    """The worker: each column's model (made here when it is a function) continues the prompt;
-    every token's text goes back as `(column, text)`. Returns (tokenizer, results, thread name)."""
+    """The worker: each column's model (made here when it is a function; its adapters scaled by
+    `adapter_scale`) continues the prompt, or answers its conversation (`settings["chats"][column]`,
+    rendered with `settings["template"]`); every token's text goes back as `(column, text)`.
+    Returns (tokenizer, results, thread name)."""
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder)
     results = []
+    scale = float(settings.get("adapter_scale", 1.0))
     for col, (_title, model) in enumerate(columns):
         if isinstance(model, _Later):
             model = model.fn()
-        s = stream(model, tok, settings["prompt"], settings["max_new_tokens"], settings["temperature"],
+        if scale != 1.0 and has_adapters(model):
+            model = scale_adapters(model, scale)
+        prompt = settings["prompt"]
+        if settings.get("chats") is not None:
+            prompt = encode_chat(tok, settings["template"], settings["chats"][col], add_generation_prompt=True)
+        s = stream(model, tok, prompt, settings["max_new_tokens"], settings["temperature"],
                    settings["top_k"], settings["top_p"], settings["seed"], cancel=state.is_cancelled,
                    repetition_penalty=settings.get("repetition_penalty", 1.0))
         for token in s:
@@ -93,6 +110,8 @@ class GeneratePanel(QWidget):
         self.last_thread = ""  # the thread the last generation ran on (never the GUI thread)
         self.view.generate_requested.connect(self.generate)
         self.view.stop_requested.connect(self.stop)
+        self._on_end = None  # the running task's ending for its caller: on_end(kind, results)
+        self.chat = ChatSession(self)
         self._defaults_for: Any = ()  # the folder whose generation defaults the boxes hold (() : none yet)
         self.document.model_changed.connect(self._update_enabled)
         self._update_enabled()
@@ -132,6 +151,7 @@ class GeneratePanel(QWidget):
         module = self.document.module
         self._take_defaults(module)
         self.tokenizer_picker.setVisible(False)
+        self.chat.take_template(module)
         if module is None:
             self.view.set_can_generate(False, "Open a language model (File ▸ Open Pretrained…) to generate text.")
         elif not self.folder():
@@ -179,12 +199,28 @@ class GeneratePanel(QWidget):
         settings = dict(settings if settings is not None else self.view.settings())
         v = self.view
         v.error.show_error(None)
-        if self.document.module is None or not self.folder():
-            self._update_enabled()
+        if not self.ready():
             return None
         if not settings["prompt"].strip():
             v.error.show_error("Type a prompt to continue.")
             return None
+        columns = self.columns_for(settings)
+        if columns is None:
+            return None
+        v.set_columns(self.titles(columns, settings))
+        return self.start(columns, settings, v.append, "Stopped: the text so far is kept.")
+
+    def ready(self) -> bool:
+        """Whether a model and its tokenizer are there to generate with (else the view says why)."""
+        if self.document.module is None or not self.folder():
+            self._update_enabled()
+            return False
+        return True
+
+    def columns_for(self, settings: dict):
+        """The columns `settings["compare"]` asks for, or None (the view says why: nothing to
+        compare, or not enough memory)."""
+        v = self.view
         columns = self._columns(settings.get("compare", "none"))
         if isinstance(columns, str):
             v.error.show_error(columns)
@@ -194,14 +230,28 @@ class GeneratePanel(QWidget):
             v.error.show_error(f"Not enough memory: {refusal}. Nothing was generated; the model was left as it was.")
             v.set_status("Refused: not enough memory.")
             return None
+        return columns
+
+    @staticmethod
+    def titles(columns, settings: dict) -> list[str]:
+        """The columns' titles, the adapter scale named where it acts."""
+        scale = float(settings.get("adapter_scale", 1.0))
+        return [title + (f" at adapter scale {scale:g}" if scale != 1.0 and not isinstance(model, _Later)
+                         and has_adapters(model) else "") for title, model in columns]
+
+    def start(self, columns, settings: dict, partial, stopped: str, on_end=None) -> BackgroundTask:
+        """The worker started on `columns`: `partial(column, text)` for each token's text, the status
+        `stopped` when Stop ends it, and `on_end(kind, results)` once it ends ("finished" with the
+        GenerationResults, "stopped" or "failed" with None)."""
+        v = self.view
         folder = self.folder()
         tokenizer = self._tokenizer if self._tokenizer_folder == folder else None
-        v.set_columns([title for title, _ in columns])
         v.set_running(True)
         v.set_status("Generating…")
         task = BackgroundTask(_generate_columns, columns, tokenizer, folder, settings, title="Generating text")
-        task.partial.connect(lambda part: v.append(*part))
-        task.cancelled.connect(lambda t=task: self._ended(t, "Stopped: the text so far is kept."))
+        self._on_end = on_end
+        task.partial.connect(lambda part: partial(*part))
+        task.cancelled.connect(lambda t=task: self._ended(t, stopped))
         # a result dropped because the model changed meanwhile ends the generation too
         task.done.connect(lambda t=task: self._ended(t, "The model changed while it generated; the text shown is "
                                                         "what it gave."))
@@ -235,9 +285,12 @@ class GeneratePanel(QWidget):
             self.task.cancel()
             self.view.set_status("Stopping after the current token…")
 
-    def _ended(self, task: BackgroundTask, text: str) -> None:
+    def _ended(self, task: BackgroundTask, text: str, kind: str = "stopped", results=None) -> None:
         if self.task is task:
             self.task = None
+            on_end, self._on_end = self._on_end, None
+            if on_end is not None:
+                on_end(kind, results)
             self.view.set_running(False)
             self.view.set_status(text)
 
@@ -247,14 +300,14 @@ class GeneratePanel(QWidget):
         self.last_results, self.last_thread = results, thread
         parts = [f"{r.new_tokens} tokens in {r.seconds:.2f} s ({r.tokens_per_second:,.1f} tokens/s, "
                  f"{r.finish_reasons[0]})" for r in results]
-        self._ended(task, "Done: " + "; ".join(parts))
+        self._ended(task, "Done: " + "; ".join(parts), "finished", results)
 
     def _failed(self, task: BackgroundTask, failure) -> None:
         exc = failure.exception
         message = str(exc) if isinstance(exc, (ValueError, OSError, memory.NotEnoughMemory)) else \
             f"{type(exc).__name__}: {exc}"
         self.view.error.show_error(f"Generation failed: {message}")
-        self._ended(task, "Failed.")
+        self._ended(task, "Failed.", "failed")
 
     def wait(self, timeout: float = 60.0) -> bool:
         """For tests: process events until no generation runs; False on timeout."""
