@@ -24,17 +24,27 @@ out = export_training_script(model, "export/", data=train_rows, training_config=
   one, so every value is written out), learning rate, warm-up, global-norm clipping, gradient
   accumulation, batch size, epochs, seed, shuffling, and how the data were made (text files,
   tokenizer, block size, packing or padding, prompt masking).
-- `tokens.safetensors`: the token rows Ember trains on (`inputs`, `targets` with -100 where
-  nothing is learnt) and its validation rows, so the script sees the very batches, in the very
-  order (the script rebuilds Ember's per-epoch shuffle with NumPy from the seed). `python
-  train.py --tokenize` makes the rows again from the text files with the `tokenizers` library,
-  the way `engine.train.text` does, for data changed since the export.
+- `tokens.safetensors`: the token rows Ember trains on (`train_inputs`, `train_targets` with -100
+  where nothing is learnt, `train_attention_mask` 1 on real positions and 0 on pads; `valid_...`
+  the same for its validation rows), so the script sees the very batches, in the very order (the
+  script rebuilds Ember's per-epoch shuffle with NumPy from the seed). For conversation data
+  (`engine.train.chat_data`; told by the data file's first record, `data_file_format`) these are
+  the rows Ember rendered with the chat template, labelled on the assistant's tokens only: the
+  script trains on them as they are, so `torchrun` continues the same chat fine-tune. `python
+  train.py --tokenize` makes text rows again from the text files with the `tokenizers` library,
+  the way `engine.train.text` does, for data changed since the export (refused for conversations:
+  their rendering and masks are Ember's). Rows must be right-padded (what Ember's Learner runs
+  under plain causal attention); others are refused.
 - `initial_adapter/`: the LoRA factors Ember initialized (`save_peft_adapter`), loaded by the
   script in place of peft's random initialization, so both start from the same weights.
 
 The script's loss is Ember's: the mean next-token cross entropy over the targets of an
 optimizer step (all its micro-batches, all processes), so a step of N accumulated batches on
 K processes has the gradient of one batch of N·B rows, as Ember's accumulation gives it.
+
+The export is one save (`engine.store.atomic.save_folder`): the script, its config, the rows and
+the adapter (and base) folders appear together, and a re-export replaces them together; a failed
+one leaves the folder as it was.
 
 Everything the export cannot express is refused before anything is written, with what was
 expected and what was found: a model of no known family, a learning-rate schedule other than a
@@ -62,7 +72,7 @@ from ..models.hf_folder import PretrainedError
 from ..train.conversations import conversation_format
 from .torch_train_script import TRAIN_PY
 
-__all__ = ["ExportedScript", "TRAIN_PY", "export_training_script"]
+__all__ = ["ExportedScript", "TRAIN_PY", "data_file_format", "export_training_script"]
 
 CONFIG_FILE = "train_config.json"
 SCRIPT_FILE = "train.py"

@@ -431,3 +431,11 @@ def test_the_script_continues_embers_chat_fine_tune_on_the_same_rows(chat_export
     again = subprocess.run([python, str(out.script), "--tokenize", "--steps", "1"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=600, env=env)
     assert again.returncode != 0 and "--tokenize: the data are conversations" in again.stderr
+    # the adapter Ember exported says task_type CAUSAL_LM: peft opens it as a causal LM's adapter
+    assert json.loads((out.folder / "initial_adapter" / "adapter_config.json").read_text())["task_type"] == "CAUSAL_LM"
+    code = ("import sys; from transformers import AutoModelForCausalLM; from peft import PeftModel; "
+            "m = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(sys.argv[1]), sys.argv[2]); "
+            "print(type(m).__name__, m.peft_config['default'].task_type)")
+    peft = _run_script([python, "-c", code, out.config["model"]["base"], str(out.folder / "initial_adapter")],
+                       tmp_path)
+    assert peft.stdout.split()[-2:] == ["PeftModelForCausalLM", "CAUSAL_LM"]
