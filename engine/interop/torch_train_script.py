@@ -233,11 +233,39 @@ def make_optimizer(params, o):
                            nesterov=o["nesterov"], weight_decay=o["weight_decay"])
 
 
-def token_loss_sum(model, x, y, mask=None):
-    """The summed cross entropy over the targets that are not IGNORE. The rows are right-padded:
-    under causal attention no real token sees a pad, so the attention mask (when the rows have
-    one) changes nothing at the positions with targets; it is passed as a transformers user would."""
-    logits = model(input_ids=x, attention_mask=mask).logits
+def batch_of(rows, part, idx, device):
+    """(input ids, labels, the model's other arguments) of the rows `idx` of `part` ("train" or
+    "valid"). Right-padded rows: their attention mask (under causal attention no real token sees a
+    pad, so it changes nothing at the positions with targets; passed as a transformers user would).
+    Packed rows (several conversations a row): each conversation's positions from 0 and a
+    block-diagonal causal mask, so each attends only to itself."""
+    def get(name):
+        key = f"{part}_{name}"
+        return torch.from_numpy(rows[key][idx]).to(device) if key in rows else None
+
+    x, y, extra = get("inputs"), get("targets"), {}
+    segments = get("segment_ids")
+    if segments is not None:
+        extra = {"attention_mask": packed_mask(segments), "position_ids": get("position_ids")}
+    elif get("attention_mask") is not None:
+        extra = {"attention_mask": get("attention_mask")}
+    return x, y, extra
+
+
+def packed_mask(segments):
+    """[batch, 1, T, T] additive attention mask of packed rows: a position sees the earlier
+    positions of its own sequence (segment 1, 2, ...); a pad (segment 0) sees itself alone."""
+    T = segments.shape[1]
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
+    allow = same & torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
+    allow |= torch.eye(T, dtype=torch.bool, device=segments.device)
+    blocked = torch.full(allow.shape, torch.finfo(torch.float32).min, device=segments.device)
+    return torch.where(allow, torch.zeros((), device=segments.device), blocked)[:, None]
+
+
+def token_loss_sum(model, x, y, extra):
+    """The summed cross entropy over the targets that are not IGNORE."""
+    logits = model(input_ids=x, **extra).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE,
                            reduction="sum")
 
@@ -250,8 +278,7 @@ def main():
     t, o = cfg["training"], cfg["optimizer"]
     torch.manual_seed(t["seed"])
     rows = load_rows(cfg, args.tokenize)
-    x_all, y_all = torch.from_numpy(rows["train_inputs"]), torch.from_numpy(rows["train_targets"])
-    m_all = torch.from_numpy(rows["train_attention_mask"]) if "train_attention_mask" in rows else None
+    x_all, y_all = rows["train_inputs"], torch.from_numpy(rows["train_targets"])
     model = build_model(cfg, device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -271,13 +298,12 @@ def main():
             loss_sum = 0.0
             for k, b in enumerate(group):
                 mine = b[rank::world]  # this process's share of the batch
-                x, y = x_all[mine].to(device), y_all[mine].to(device)
-                m = m_all[mine].to(device) if m_all is not None else None
+                x, y, extra = batch_of(rows, "train", mine, device)
                 last = k == len(group) - 1
                 sync = net.no_sync() if world > 1 and not last else _nothing()
                 with sync:
                     if len(mine):
-                        part = token_loss_sum(net, x, y, m)
+                        part = token_loss_sum(net, x, y, extra)
                         # DDP averages gradients over processes: * world makes it their sum
                         (part * (world / max(total, 1))).backward()
                         loss_sum += float(part.detach())
@@ -310,14 +336,11 @@ def main():
 
 
 def validate(net, rows, batch_size, rank, world, device, epoch):
-    x_all, y_all = torch.from_numpy(rows["valid_inputs"]), torch.from_numpy(rows["valid_targets"])
-    m_all = torch.from_numpy(rows["valid_attention_mask"]) if "valid_attention_mask" in rows else None
-    total, loss = 0, 0.0
+    total, loss, n = 0, 0.0, len(rows["valid_inputs"])
     with torch.no_grad():
-        for s in range(rank * batch_size, len(x_all), batch_size * world):
-            x, y = x_all[s:s + batch_size].to(device), y_all[s:s + batch_size].to(device)
-            m = m_all[s:s + batch_size].to(device) if m_all is not None else None
-            loss += float(token_loss_sum(net, x, y, m))
+        for s in range(rank * batch_size, n, batch_size * world):
+            x, y, extra = batch_of(rows, "valid", np.arange(s, min(s + batch_size, n)), device)
+            loss += float(token_loss_sum(net, x, y, extra))
             total += int((y != IGNORE).sum())
     loss, total = all_sum(loss, world), all_sum(total, world)
     if rank == 0:

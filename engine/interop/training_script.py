@@ -34,7 +34,10 @@ out = export_training_script(model, "export/", data=train_rows, training_config=
   train.py --tokenize` makes text rows again from the text files with the `tokenizers` library,
   the way `engine.train.text` does, for data changed since the export (refused for conversations:
   their rendering and masks are Ember's). Rows must be right-padded (what Ember's Learner runs
-  under plain causal attention); others are refused.
+  under plain causal attention); others are refused. Packed conversation rows also carry
+  `train_segment_ids` (1.. per conversation of a row, 0 on pads) and `train_position_ids` (each
+  conversation's positions from 0): the script gives the model those positions and a
+  block-diagonal causal mask, so each conversation attends only to itself, as in Ember.
 - `initial_adapter/`: the LoRA factors Ember initialized (`save_peft_adapter`), loaded by the
   script in place of peft's random initialization, so both start from the same weights.
 
@@ -307,6 +310,19 @@ def _check_rows(data, where: str) -> dict:
         raise ValueError(f"export_training_script: {where}: expected an attention mask of the rows' dims "
                          f"{list(inputs.shape)} (1: a real position, 0: padding), found {mask.dtype} {list(mask.shape)}")
     mask = mask.astype(np.int64)
+    packed = {}
+    segments, positions = getattr(data, "segment_ids", None), getattr(data, "position_ids", None)
+    if segments is not None:  # packed rows: several conversations a row, each attending only to itself
+        if positions is None:
+            raise ValueError(f"export_training_script: {where}: packed rows (segment_ids) need their position_ids "
+                             f"(each sequence's positions from 0), found none")
+        segments, positions = np.asarray(segments), np.asarray(positions)
+        for name, a in (("segment_ids", segments), ("position_ids", positions)):
+            if a.shape != inputs.shape or a.dtype.kind not in "iu":
+                raise ValueError(f"export_training_script: {where}: expected {name} of integers of the rows' dims "
+                                 f"{list(inputs.shape)}, found {a.dtype} {list(a.shape)}")
+        packed = {"segment_ids": np.ascontiguousarray(segments, dtype=np.int64),
+                  "position_ids": np.ascontiguousarray(positions, dtype=np.int64)}
     # the script runs the model on whole rows under causal attention, as Ember's Learner does: that is
     # the same computation only for rows whose real positions come first (right padding)
     bad = (~np.isin(mask, (0, 1))).any(axis=1) | (np.diff(mask, axis=1) > 0).any(axis=1)
@@ -317,7 +333,7 @@ def _check_rows(data, where: str) -> dict:
                          f"positions attend to every earlier position of the row")
     return {"inputs": np.ascontiguousarray(inputs, dtype=np.int64),
             "targets": np.ascontiguousarray(targets, dtype=np.int64),
-            "attention_mask": np.ascontiguousarray(mask)}
+            "attention_mask": np.ascontiguousarray(mask), **packed}
 
 
 def _write_tokens(path: Path, arrays: dict) -> None:
@@ -429,7 +445,8 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
                      "shuffle": bool(training.shuffle), "drop_last": bool(training.drop_last)},
         "data": {"tokens": TOKENS_FILE, "train_rows": int(tx.shape[0]),
                  "valid_rows": int(arrays["valid_inputs"].shape[0]) if "valid_inputs" in arrays else 0,
-                 "train_target_tokens": int((ty != -100).sum()), "ignore_index": -100, **data_desc},
+                 "train_target_tokens": int((ty != -100).sum()), "ignore_index": -100,
+                 "packed_sequences": "train_segment_ids" in arrays, **data_desc},
     }
 
     def write(staging: Path) -> None:

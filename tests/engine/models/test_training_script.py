@@ -317,13 +317,13 @@ CHAT_CONFIG = TrainingConfig(num_epochs=2, batch_size=3, seed=7, warmup_steps=1,
 
 @pytest.fixture
 def chat_export(tmp_path):
-    """The fixture Llama (its positions raised to 256: the conversations render to up to 245 tokens
-    with its tiny tokenizer) with LoRA on q/v, and the committed conversations of the three formats
+    """The fixture Llama (its positions raised to 512: the conversations render to up to 245 tokens
+    with its tiny tokenizer, and packed rows hold several) with LoRA on q/v, and the committed conversations of the three formats
     rendered with SmolLM2's chat template: one padded row each, the loss on the assistant's turns."""
     folder = tmp_path / "llama"
     shutil.copytree(FIXTURE, folder)
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 256}))
+    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 512}))
     template = ChatTemplate((FIXTURES / "chat_templates" / "smollm2-instruct.jinja").read_text(), where="smollm2")
     tokenizer = load_tokenizer(folder)
     data = load_conversation_data(CONVERSATIONS, template, tokenizer, block_size=248)
@@ -439,3 +439,61 @@ def test_the_script_continues_embers_chat_fine_tune_on_the_same_rows(chat_export
     peft = _run_script([python, "-c", code, out.config["model"]["base"], str(out.folder / "initial_adapter")],
                        tmp_path)
     assert peft.stdout.split()[-2:] == ["PeftModelForCausalLM", "CAUSAL_LM"]
+
+
+def _packed_rows(template, tokenizer, block: int):
+    """The committed conversations packed first-fit into rows of `block` positions, each attending
+    only to itself: `segment_ids` 1.. per conversation of a row, `position_ids` from 0 in each (the
+    arrays Ember's packed conversation rows carry)."""
+    from engine.train.text import TextDataset
+
+    convs = [conversation_tokens(c, template, tokenizer) for c in read_conversations(CONVERSATIONS)]
+    bins, room = [], []
+    for i, row in enumerate(convs):
+        k = len(row.ids) - 1
+        at = next((b for b, r in enumerate(room) if r >= k), None)
+        if at is None:
+            bins.append([]), room.append(block)
+            at = len(bins) - 1
+        bins[at].append(i)
+        room[at] -= k
+    shape = (len(bins), block)
+    x, y = np.zeros(shape, np.int64), np.full(shape, -100, np.int64)
+    mask, seg, pos = np.zeros(shape, np.int64), np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+    for r, members in enumerate(bins):
+        at = 0
+        for s, i in enumerate(members, start=1):
+            row = convs[i]
+            k = len(row.ids) - 1
+            x[r, at:at + k], y[r, at:at + k] = row.inputs, row.targets
+            mask[r, at:at + k], seg[r, at:at + k], pos[r, at:at + k] = 1, s, np.arange(k)
+            at += k
+    data = TextDataset(x, y, mask, block, True, "packed", len(convs), tokenizer)
+    data.segment_ids, data.position_ids = seg, pos
+    return data
+
+
+def test_packed_conversations_train_in_the_script_as_each_on_its_own(chat_export, tmp_path):
+    """Packed rows (several conversations a row, each attending only to itself) go to the script
+    with their segments and positions. With the whole data set in every step, the loss and the
+    gradient of a step are the same sums over the same targets whether the conversations are
+    packed or one a row: the script on the packed rows takes Ember's steps on the padded ones."""
+    out, data, template, tokenizer = chat_export
+    packed = _packed_rows(template, tokenizer, 512)
+    assert len(packed) < len(data) and packed.segment_ids.max() >= 3  # rows of several conversations
+    assert packed.target_tokens == data.target_tokens
+    whole = TrainingConfig(num_epochs=4, batch_size=len(packed), seed=7, warmup_steps=1, max_grad_norm=1.0)
+    exp = export_training_script(out.model, tmp_path / "packed", data=packed, training_config=whole, optimizer=ADAMW,
+                                 lr=5e-3)
+    rows = _tokens(exp.folder)
+    assert exp.config["data"]["packed_sequences"] is True
+    np.testing.assert_array_equal(rows["train_segment_ids"], packed.segment_ids)
+    np.testing.assert_array_equal(rows["train_position_ids"], packed.position_ids)
+    python = _torch_side()
+    ember = TrainingConfig(num_epochs=4, batch_size=len(data), seed=7, warmup_steps=1, max_grad_norm=1.0)
+    result = Learner(exp.model, ADAMW.init(), lr=5e-3, train=data, kind="causal-lm", config=ember).run()
+    assert result.status == "finished", result.error
+    losses = tmp_path / "losses.json"
+    _run_script([python, str(exp.script), "--losses", str(losses), "--out", str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 4)
+    print(f"Ember (one conversation a row) vs the script on packed rows, 4 steps: {['%.1e' % d for d in diffs]}")
