@@ -497,3 +497,17 @@ def test_packed_conversations_train_in_the_script_as_each_on_its_own(chat_export
     _run_script([python, str(exp.script), "--losses", str(losses), "--out", str(tmp_path / "trained")], tmp_path)
     diffs = _compare(result.step_losses, json.loads(losses.read_text()), 4)
     print(f"Ember (one conversation a row) vs the script on packed rows, 4 steps: {['%.1e' % d for d in diffs]}")
+
+
+def test_torchrun_with_two_processes_continues_the_chat_fine_tune(chat_export, tmp_path):
+    python = _torch_side()
+    torchrun = Path(python).with_name("torchrun")
+    if not torchrun.is_file():
+        pytest.skip(f"no torchrun beside {python}")
+    out, data, _, _ = chat_export
+    result = Learner(out.model, ADAMW.init(), lr=5e-3, train=data, kind="causal-lm", config=CHAT_CONFIG).run()
+    losses = tmp_path / "losses.json"
+    _run_script([str(torchrun), "--nproc_per_node", "2", str(out.script), "--steps", "3", "--losses", str(losses),
+                 "--out", str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 3)
+    print(f"Ember vs torchrun --nproc_per_node 2 on conversations, 3 steps: {['%.1e' % d for d in diffs]}")
