@@ -241,3 +241,22 @@ def test_a_file_of_the_save_never_replaces_a_folder_and_a_folder_never_replaces_
     with pytest.raises(IsADirectoryError):
         atomic.save_folder(folder, write_runs, _owned)
     assert _listing(folder) == before and _beside(folder) == []
+
+
+def test_a_save_of_a_sub_folder_stopped_after_its_swap_is_finished_by_the_next_one(folder, monkeypatch):
+    def write(files):
+        def go(staging):
+            _writer(NEW)(staging)
+            (staging / "part-adapter").mkdir()
+            _writer(files)(staging / "part-adapter")
+        return go
+    atomic.save_folder(folder, write({"a.json": b"old a", "old-only": b"x"}), _owned)
+    real = atomic._finish
+    monkeypatch.setattr(atomic, "_finish", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        atomic.save_folder(folder, write({"a.json": b"new a"}), _owned)
+    assert sorted(p.name for p in (folder / "part-adapter").iterdir()) == ["a.json"]  # in effect already
+    monkeypatch.setattr(atomic, "_finish", real)
+    later = time.time() + atomic.STALE_TEMP_S + 1
+    assert len(atomic.remove_stale_folder_saves(folder, now=later)) == 1
+    assert _listing(folder) == {**WANT, "part-adapter": ["a.json"]} and _beside(folder) == []
