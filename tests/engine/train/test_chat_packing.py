@@ -160,13 +160,3 @@ def test_batches_carry_the_segments_and_models_without_them_are_refused(chatml, 
     plain = nn.EmbeddingConfig(200, 4).init()
     with pytest.raises(TextDataError, match="forward takes segment_ids.*Embedding does not: turn packing off"):
         check_fits(plain, data)
-
-
-def test_the_pytorch_script_export_refuses_packed_conversations(chatml, tokenizer, tmp_path):
-    from engine.interop import export_training_script
-    from engine.train import TrainingConfig
-
-    data = load_conversation_data(CONVERSATIONS / "messages.jsonl", chatml, tokenizer, block_size=512, packing=True)
-    with pytest.raises(ValueError, match="each attending only to itself.*export with packing off"):
-        export_training_script(from_pretrained(HF / "llama-gqa"), tmp_path / "x", data=data,
-                               training_config=TrainingConfig(num_epochs=1, batch_size=2), lr=1e-3)
