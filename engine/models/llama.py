@@ -293,11 +293,14 @@ class LlamaDecoderLayer(Module):
         self.post_attention_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
         self.mlp = LlamaMlp(config, device)
 
-    def forward(self, x, rotary, mask_pad=None, start: int | None = None, cache=None):
+    def forward(self, x, rotary, mask_pad=None, start: int | None = None, cache=None, mask_attn=None,
+                positions=None):
         """Causal self-attention with rotary positions, then the feed-forward block. `mask_pad`
         (optional, `[batch_size, seq_length]`, with a cache `[batch_size, cache length + seq_length]`)
         is true at padding positions. `cache` (an `nn.KVCache`) holds this layer's earlier keys
         and values; the new positions start at its length unless `start` says otherwise.
+        `mask_attn` (`[batch_size, seq_length, seq_length]`, true: masked) and `positions` (each
+        row's positions, `[batch_size, seq_length]`): packed sequences (see `LlamaForCausalLM.forward`).
 
         # Shapes
 
@@ -307,7 +310,9 @@ class LlamaDecoderLayer(Module):
         attn_in = nn.MhaInput.self_attn(self.input_layernorm.forward(x))
         if mask_pad is not None:
             attn_in = attn_in.mask_pad(mask_pad)
-        h = x + self.self_attn.forward(attn_in, rotary, start, cache).context
+        if mask_attn is not None:
+            attn_in = attn_in.mask_attn(mask_attn)
+        h = x + self.self_attn.forward(attn_in, rotary, start, cache, positions).context
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 
@@ -328,7 +333,7 @@ class LlamaForCausalLM(Module):
         """The settings this model was built from."""
         return self._config
 
-    def forward(self, input_ids, attention_mask=None, cache=None):
+    def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None, segment_ids=None):
         """Next-token logits (causal): `hidden_states` through the language-model head. `attention_mask` (optional, int or bool `[batch_size, seq_length]`,
         as transformers takes it): 1 for a real token, 0 for padding, whose keys no query attends to.
 
@@ -338,17 +343,25 @@ class LlamaForCausalLM(Module):
         length), the caches grow by them, and `attention_mask`, when given, covers the cached
         positions and the new ones (`[batch_size, cache length + seq_length]`, as transformers).
 
+        Packed sequences (training, no cache): `segment_ids` (int `[batch_size, seq_length]`) says
+        which sequence each position belongs to, and a position attends only to the earlier
+        positions of its own (a block-diagonal causal mask); `position_ids` (int `[batch_size,
+        seq_length]`, default: restarting at 0 with each run of equal segment ids, as TRL's
+        padding-free packing numbers them) are the rotary positions. Each sequence's logits are
+        then those it has alone.
+
         # Shapes
 
         - input_ids: `[batch_size, seq_length]`
         - output: `[batch_size, seq_length, vocab_size]`
         """
-        x = self.hidden_states(input_ids, attention_mask, cache)
+        x = self.hidden_states(input_ids, attention_mask, cache, position_ids, segment_ids)
         if self.lm_head is None:
             return x @ self.embed_tokens.weight.val().transpose()
         return self.lm_head.forward(x)
 
-    def hidden_states(self, input_ids, attention_mask=None, cache=None) -> Tensor:
+    def hidden_states(self, input_ids, attention_mask=None, cache=None, position_ids=None,
+                      segment_ids=None) -> Tensor:
         """The last layer's output after the final norm, `[batch_size, seq_length, hidden_size]`
         (what the head turns into logits; the arguments are `forward`'s)."""
         if not isinstance(input_ids, Tensor):
@@ -368,10 +381,16 @@ class LlamaForCausalLM(Module):
                 attention_mask = Tensor.from_data(attention_mask, device=input_ids.device)
             assert_shape(attention_mask, [batch_size, past + seq_length])
             mask_pad = attention_mask.equal(0) if attention_mask.kind != "bool" else attention_mask.bool_not()
+        mask_attn = positions = None
+        if segment_ids is not None or position_ids is not None:
+            if cache is not None:
+                raise ValueError(f"{type(self).__name__}: position_ids / segment_ids are for training on packed "
+                                 f"sequences, not with a cache")
+            mask_attn, positions = nn.packed_attention(input_ids.dims(), position_ids, segment_ids, input_ids.device)
         x = self.embed_tokens.forward(input_ids)
         if cache is None:
             for layer in self.layers:
-                x = layer.forward(x, self.rotary_emb, mask_pad)
+                x = layer.forward(x, self.rotary_emb, mask_pad, mask_attn=mask_attn, positions=positions)
         else:
             for layer, layer_cache in zip(self.layers, cache):
                 x = layer.forward(x, self.rotary_emb, mask_pad, past, layer_cache)

@@ -26,7 +26,8 @@ from .spec import Burn, declare
 
 __all__ = [
     "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput", "KVCache",
-    "generate_autoregressive_mask", "generate_padding_mask",
+    "generate_autoregressive_mask", "generate_padding_mask", "generate_segment_mask", "segment_positions",
+    "packed_attention",
 ]
 
 
@@ -49,6 +50,47 @@ def generate_padding_mask(lengths, max_length: int | None = None, device=None) -
     lengths = [int(n) for n in lengths]
     n = max(lengths) if max_length is None else int(max_length)
     return Tensor.from_data(np.arange(n)[None, :] >= np.asarray(lengths)[:, None], device=device)
+
+
+def generate_segment_mask(segment_ids, device=None) -> Tensor:
+    """`[batch_size, seq_length, seq_length]` bool mask, true where query `i` and key `j` lie in
+    different segments of their row (`segment_ids` int `[batch_size, seq_length]`, a Tensor or
+    array): sequences packed into one row attend only to themselves (a block-diagonal mask; the
+    causal mask is the layer's own)."""
+    import numpy as np  # noqa: PLC0415
+
+    seg = np.asarray(segment_ids.numpy() if isinstance(segment_ids, Tensor) else segment_ids)
+    if seg.ndim != 2 or seg.dtype.kind not in "iu":
+        raise ValueError(f"segment_ids: expected int [batch_size, seq_length], found {seg.dtype} {list(seg.shape)}")
+    if device is None and isinstance(segment_ids, Tensor):
+        device = segment_ids.device
+    return Tensor.from_data(seg[:, :, None] != seg[:, None, :], device=device)
+
+
+def segment_positions(segment_ids):
+    """Each position's index within its segment (int64 `[batch_size, seq_length]`, numpy), for
+    segments that are runs of equal ids along the row: positions restart at 0 with each one."""
+    import numpy as np  # noqa: PLC0415
+
+    seg = np.asarray(segment_ids.numpy() if isinstance(segment_ids, Tensor) else segment_ids)
+    idx = np.broadcast_to(np.arange(seg.shape[-1]), seg.shape)
+    starts = np.ones(seg.shape, dtype=bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    first = np.maximum.accumulate(np.where(starts, idx, 0), axis=-1)
+    return (idx - first).astype(np.int64)
+
+
+def packed_attention(input_dims, position_ids=None, segment_ids=None, device=None):
+    """(mask_attn or None, positions) for packed sequences of input `[batch_size, seq_length]`:
+    `generate_segment_mask(segment_ids)` and `position_ids`, or without them `segment_positions`;
+    each checked to have the input's dims."""
+    dims = list(input_dims)
+    for name, a in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+        if a is not None and list(a.shape) != dims:
+            raise ValueError(f"{name}: expected dims {dims} (those of input_ids), found {list(a.shape)}")
+    mask = None if segment_ids is None else generate_segment_mask(segment_ids, device)
+    positions = position_ids if position_ids is not None else segment_positions(segment_ids)
+    return mask, positions
 
 
 class MhaInput:
@@ -270,13 +312,18 @@ class MultiHeadAttention(Layer):
         self.causal = bool(causal)
         self.rotary = rotary
 
-    def forward(self, input: MhaInput, rotary=None, start: int | None = None, cache: KVCache | None = None) -> MhaOutput:
+    def forward(self, input: MhaInput, rotary=None, start: int | None = None, cache: KVCache | None = None,
+                positions=None) -> MhaOutput:
         """Applies the forward pass on the input tensors.
 
         `rotary` (an `nn.RotaryEncoding` with `d_model` = `d_k`) is used instead of the layer's own;
         the queries and keys of this call take positions `start .. start + seq_length - 1` (default:
         0, or with a cache the number of positions it holds). The causal mask aligns the last query
         with the last key: query `i` sees keys `j <= i + seq_length_2 - seq_length_1`.
+
+        `positions` (int `[batch_size, seq_length]`, without a cache): each row's own positions for
+        the rotary encoding instead of `start ..` (packed sequences restarting at 0; with a
+        `mask_attn` from `generate_segment_mask` each attends only to itself).
 
         `cache` (a `KVCache`, self-attention): this call's keys and values are appended to the
         cache's and the queries attend over all of them, so `seq_length_2` (the masks' last dim)
@@ -315,9 +362,11 @@ class MultiHeadAttention(Layer):
         query = self._heads(input.query, self.query, self.n_heads)
         key = self._heads(input.key, self.key, self.n_kv_heads)
         value = self._heads(input.value, self.value, self.n_kv_heads)
+        if positions is not None and (cache is not None or seq_new != seq_length_1):
+            raise ValueError("MultiHeadAttention: positions are for self-attention without a cache")
         if rope is not None:
-            query = rope.apply(query, start)
-            key = rope.apply(key, start)
+            query = rope.apply(query, start, positions)
+            key = rope.apply(key, start, positions)
         if cache is not None:
             key, value = cache.append(key, value)
         scale = 1.0 / math.sqrt(self.d_k)
