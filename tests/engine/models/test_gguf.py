@@ -397,3 +397,36 @@ def test_sentencepiece_merges_come_from_the_scores_best_first():
     scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0]
     # "ab" (score -1) first, then "bc" (-2), then "abc" (-3) split as a+bc and ab+c (by ids)
     assert merges_from_scores(tokens, scores) == [("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")]
+
+
+def test_lora_over_the_quantized_base_trains_the_factors_only():
+    """A few Adam steps of next-token training: the loss falls, gradients reach the factors and
+    nothing else, and the blocks are the file's bytes afterwards."""
+    from engine import optim
+    from engine.module import Lora
+
+    model = from_pretrained(QWEN).apply_lora(Lora(4, 8.0))
+    blocks_before = {path: p.val().numpy().copy() for path, p in model.named_params() if path.endswith("blocks.data")}
+    ids = Tensor.from_data(IDS[:, :-1], dtype="int64")
+    target = IDS[0, 1:]
+
+    def loss_of(m):
+        logits = m.forward(ids)  # [1, 7, vocab]
+        logp = logits - logits.exp().sum_dim(2).log()
+        picked = Tensor.from_data(np.eye(300, dtype=np.float32)[target][None])
+        return -(logp * picked).sum() / len(target)
+
+    opt = optim.AdamConfig().init()
+    losses = []
+    for step in range(4):
+        loss = loss_of(model)
+        losses.append(loss.item())
+        grads = loss.backward()
+        with_grad = [path for path, p in model.named_params() if p.is_initialized() and p.kind == "float"
+                     and p.base().grad(grads) is not None]
+        assert with_grad and all(".lora." in path for path in with_grad)
+        model = opt.step(1e-2, model, optim.GradientsParams.from_grads(grads, model))
+    assert losses[-1] < losses[0]
+    for path, p in model.named_params():
+        if path.endswith("blocks.data"):
+            assert np.array_equal(p.val().numpy(), blocks_before[path]), path
