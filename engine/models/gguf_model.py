@@ -195,7 +195,7 @@ def _quantized_param(file: GGUFFile, t: GGUFTensor, rule: Rule, param: Param, dt
     rows, bytes_per_row = t.shape[0], t.nbytes // t.shape[0]
     device = param.lazy_device()
     data = Param.uninitialized(_blocks_init(file, t, _rows_rule(rule)), device, False, (rows, bytes_per_row),
-                               kind="int")
+                               kind="int", itemsize=1)
     transpose = any(isinstance(x, Transpose) for x in rule.transforms)
     weight = GGUFWeight(GGUFBlocks(data, t.type), t.shape, transpose, dtype)
     shape = tuple(param.lazy_shape())

@@ -430,3 +430,14 @@ def test_lora_over_the_quantized_base_trains_the_factors_only():
     for path, p in model.named_params():
         if path.endswith("blocks.data"):
             assert np.array_equal(p.val().numpy(), blocks_before[path]), path
+
+
+def test_memory_estimates_count_the_blocks_at_a_byte_each():
+    from engine.module import memory
+
+    model = from_pretrained(MIXED)
+    with open_gguf(MIXED) as f:
+        for path, p in model.named_params():
+            if path.endswith("blocks.data"):
+                name = model._pretrained.names[path.rsplit(".gguf.", 1)[0]]
+                assert memory.param_bytes(p) == f.tensors[name].nbytes  # before anything is read
