@@ -63,6 +63,15 @@ def gguf_config(file: GGUFFile) -> dict:
         raise PretrainedError(f"unsupported GGUF architecture {arch!r}; Ember reads {', '.join(sorted(ARCHITECTURES))}"
                               f" (Llama, Mistral, Qwen2)", where=str(file.path))
     model_type = ARCHITECTURES[arch]
+    where = str(file.path)
+    kind = file.metadata.get("general.type")
+    if kind not in (None, "model"):
+        raise PretrainedError(f"the file is a GGUF {kind!r} (general.type), not a model; a LoRA adapter is applied "
+                              f"over its base model", where=where)
+    experts = file.metadata.get(f"{arch}.expert_count")
+    if isinstance(experts, int) and experts > 0:
+        raise PretrainedError(f"a mixture of {experts} experts ({arch}.expert_count; Mixtral-style), which Ember's "
+                              f"{arch} family does not build", where=where)
     num = (int, float)
     heads = _meta(file, f"{arch}.attention.head_count", int)
     hidden = _meta(file, f"{arch}.embedding_length", int)
@@ -92,6 +101,12 @@ def gguf_config(file: GGUFFile) -> dict:
     key_length = file.metadata.get(f"{arch}.attention.key_length")
     if key_length is not None:
         config["head_dim"] = _meta(file, f"{arch}.attention.key_length", int)
+    head_dim = config.get("head_dim") or (hidden // heads if heads > 0 else 0)
+    rotary = file.metadata.get(f"{arch}.rope.dimension_count")
+    if rotary is not None and rotary != head_dim:
+        raise PretrainedError(f"metadata '{arch}.rope.dimension_count' is {rotary!r}: the rotary encoding covers part "
+                              f"of each head of {head_dim}, which Ember's {arch} family does not build (it rotates "
+                              f"the whole head)", where=where)
     scaling = file.metadata.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":

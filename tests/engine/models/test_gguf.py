@@ -441,3 +441,33 @@ def test_memory_estimates_count_the_blocks_at_a_byte_each():
             if path.endswith("blocks.data"):
                 name = model._pretrained.names[path.rsplit(".gguf.", 1)[0]]
                 assert memory.param_bytes(p) == f.tensors[name].nbytes  # before anything is read
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("general.type", "adapter", "a GGUF 'adapter' \\(general.type\\), not a model"),
+    ("llama.expert_count", 8, "a mixture of 8 experts"),
+    ("llama.rope.dimension_count", 32, "covers part of each head of 64"),
+])
+def test_what_the_llama_family_does_not_build_is_refused_naming_it(tmp_path, key, value, message):
+    config = maker.tiny_config("llama", 1, 300)
+    tensors = maker.tiny_hf_tensors(config, np.random.default_rng(2), tied=False, bias=False)
+    path = tmp_path / "m.gguf"
+    maker.write_gguf(path, "llama", config, tensors)
+    raw = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "edited.gguf"), "llama")
+    for name, field in raw.fields.items():  # the same metadata, one key set to `value`
+        if name.startswith("GGUF.") or name == "general.architecture" or name == key:
+            continue
+        w.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None)
+    if isinstance(value, str):
+        w.add_string(key, value)
+    else:
+        w.add_uint32(key, value)
+    for t in raw.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(PretrainedError, match=message):
+        from_pretrained(tmp_path / "edited.gguf")
