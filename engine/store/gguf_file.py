@@ -312,6 +312,9 @@ def open_gguf(path) -> GGUFFile:
     except OSError as exc:
         _fail(path, f"cannot read: {exc.strerror or exc}")
     try:
+        if reader.byte_order == "S":
+            _fail(path, "a big-endian GGUF file; Ember reads little-endian ones (what llama.cpp writes on "
+                        "x86 and ARM)")
         size = len(reader.data)
         metadata = {}
         for key, field in reader.fields.items():

@@ -471,3 +471,22 @@ def test_what_the_llama_family_does_not_build_is_refused_naming_it(tmp_path, key
     w.close()
     with pytest.raises(PretrainedError, match=message):
         from_pretrained(tmp_path / "edited.gguf")
+
+
+def test_a_big_endian_file_is_refused(tmp_path):
+    path = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="big-endian"):
+        open_gguf(path)
+
+
+def test_float16_parameters_on_request():
+    ours = from_pretrained(QWEN, dtype="float16")
+    value = dict(tree_params(ours))["layers.0.mlp.up_proj.weight"].val()
+    ref = dict(tree_params(from_pretrained(QWEN)))["layers.0.mlp.up_proj.weight"].val().numpy()
+    assert value.dtype.name == "float16" and np.array_equal(value.numpy(), ref.astype(np.float16))
