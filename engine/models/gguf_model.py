@@ -32,9 +32,9 @@ from ..tensor.dtype import as_dtype
 from .gguf_weight import GGUFBlocks, GGUFWeight
 from .hf_folder import PretrainedError
 from .mapping import RopePermute, Rule, Transpose, WeightMap
-from .pretrained import FAMILIES, PretrainedInfo, _Attach, _check_layers, _no_check
+from .pretrained import FAMILIES, PretrainedInfo, _Attach, _check_layers, _no_check, pretrained_info
 
-__all__ = ["ARCHITECTURES", "from_gguf", "gguf_config", "gguf_weight_map"]
+__all__ = ["ARCHITECTURES", "from_gguf", "gguf_config", "gguf_storage", "gguf_weight_map"]
 
 # llama.cpp's architecture name -> Ember's model_type (Mistral files are written as "llama")
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
@@ -291,5 +291,15 @@ def _build(file: GGUFFile, device, dtype: str, check) -> Module:
     out._pretrained = PretrainedInfo(
         family=fam, config=cfg, raw_config=config, folder=None, names=names,
         stored_dtypes={n: tensors[n].type for n in used}, order=[n for n in tensors if n in used],
-        gguf=file.path)
+        gguf=file.path, stored_bytes={n: tensors[n].nbytes for n in used})
     return out
+
+
+def gguf_storage(model) -> dict[str, tuple[str, str, int]]:
+    """{Ember parameter path: (GGUF tensor name, ggml type such as "Q4_1", bytes in the file)} of a
+    model opened from a GGUF file (what a display shows of each weight's quantization); {} for any
+    other model."""
+    info = pretrained_info(model)
+    if info is None or info.gguf is None:
+        return {}
+    return {path: (name, info.stored_dtypes[name], info.stored_bytes[name]) for path, name in info.names.items()}

@@ -142,6 +142,7 @@ class PretrainedInfo:
     sources: dict = field(default_factory=dict)                  # ParamId -> (lazy state, StoredTensor, rule)
     generation_config: dict | None = None                        # generation_config.json as read (None: no file)
     gguf: Path | None = None                                     # the GGUF file it was opened from (None: a folder)
+    stored_bytes: dict[str, int] = field(default_factory=dict)   # stored name -> bytes in the file (GGUF)
 
 
 def pretrained_info(model) -> PretrainedInfo | None:

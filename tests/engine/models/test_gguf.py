@@ -18,7 +18,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from engine.models import from_pretrained  # noqa: E402
+from engine.models import from_pretrained, pretrained_info  # noqa: E402
 from engine.models.gguf_weight import GGUFWeight, dequantize_blocks  # noqa: E402
 from engine.models.hf_folder import PretrainedError  # noqa: E402
 from engine.module.tree import params as tree_params  # noqa: E402
@@ -107,7 +107,7 @@ def test_quantized_gguf_gives_the_logits_of_gguf_dequantized_weights(tmp_path, p
 
 def test_every_weight_equals_the_gguf_packages_dequantization():
     model = from_pretrained(MIXED)
-    names = model._pretrained.names  # Ember path -> GGUF name
+    names = pretrained_info(model).names  # Ember path -> GGUF name
     reader = gguf.GGUFReader(str(MIXED))
     seen = set()
     params = dict(tree_params(model))  # each parameter with its reparameterization
@@ -157,17 +157,17 @@ def test_opening_reads_no_tensor_and_weights_stay_in_their_blocks():
         for path, p in quantized.items():
             data = p.val().numpy()
             assert data.dtype == np.uint8
-            name = model._pretrained.names[path.rsplit(".gguf.", 1)[0]]
+            name = pretrained_info(model).names[path.rsplit(".gguf.", 1)[0]]
             assert data.nbytes == f.tensors[name].nbytes
             assert not p.is_require_grad()
 
 
 def test_the_metadata_gives_the_config():
     model = from_pretrained(QWEN)
-    cfg = model._pretrained.config
+    cfg = pretrained_info(model).config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (256, 1, 4, 2)
     assert cfg.tie_word_embeddings and cfg.attention_bias and cfg.rms_norm_eps == 2.0 ** -16
-    assert model._pretrained.raw_config["eos_token_id"] == 2
+    assert pretrained_info(model).raw_config["eos_token_id"] == 2
 
 
 # ---------------------------------------------------------------------------------- refusals
@@ -439,7 +439,7 @@ def test_memory_estimates_count_the_blocks_at_a_byte_each():
     with open_gguf(MIXED) as f:
         for path, p in model.named_params():
             if path.endswith("blocks.data"):
-                name = model._pretrained.names[path.rsplit(".gguf.", 1)[0]]
+                name = pretrained_info(model).names[path.rsplit(".gguf.", 1)[0]]
                 assert memory.param_bytes(p) == f.tensors[name].nbytes  # before anything is read
 
 
@@ -490,3 +490,22 @@ def test_float16_parameters_on_request():
     value = dict(tree_params(ours))["layers.0.mlp.up_proj.weight"].val()
     ref = dict(tree_params(from_pretrained(QWEN)))["layers.0.mlp.up_proj.weight"].val().numpy()
     assert value.dtype.name == "float16" and np.array_equal(value.numpy(), ref.astype(np.float16))
+
+
+def test_each_weights_stored_type_and_bytes_are_known_without_reading():
+    from engine.models.gguf_model import gguf_storage
+
+    model = from_pretrained(MIXED).apply_lora(Lora_(2))  # kept through transitions
+    storage = gguf_storage(model)
+    reader = gguf.GGUFReader(str(MIXED))
+    assert sorted(n for n, _, _ in storage.values()) == sorted(t.name for t in reader.tensors)
+    for t in reader.tensors:
+        path = next(p for p, (n, _, _) in storage.items() if n == t.name)
+        assert storage[path][1:] == (t.tensor_type.name, int(t.n_bytes))
+    assert gguf_storage(from_pretrained(FIXTURES.parents[0] / "hf" / "llama-gqa")) == {}
+
+
+def Lora_(rank):
+    from engine.module import Lora
+
+    return Lora(rank, 2.0 * rank)

@@ -24,7 +24,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from engine.models import from_pretrained  # noqa: E402
+from engine.models import from_pretrained, pretrained_info  # noqa: E402
 from engine.module.tree import params as tree_params  # noqa: E402
 from engine.tensor import Tensor  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_opening_is_lazy_and_allocates_almost_nothing():
 def test_every_tensor_equals_the_gguf_packages_dequantization():
     model = from_pretrained(FILE)
     params = dict(tree_params(model))
-    by_name = {n: p for p, n in model._pretrained.names.items()}
+    by_name = {n: p for p, n in pretrained_info(model).names.items()}
     reader = gguf.GGUFReader(str(FILE))
     assert len(reader.tensors) == len(by_name) == 272
     for t in reader.tensors:
