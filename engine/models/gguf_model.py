@@ -288,10 +288,12 @@ def _build(file: GGUFFile, device, dtype: str, check) -> Module:
         raise PretrainedError(f"{len(extra)} tensor(s) fit no parameter of a {fam.name} model with this metadata: "
                               f"{shown}", where=where)
     out = model.map(_Attach(plan, check))
+    hf_map = fam.weight_map(cfg)  # the Hugging Face names (PEFT adapters, saving, displays use them)
+    hf_names = {path: hit[1] for path in names if (hit := hf_map.find(path)) is not None}
     out._pretrained = PretrainedInfo(
-        family=fam, config=cfg, raw_config=config, folder=None, names=names,
-        stored_dtypes={n: tensors[n].type for n in used}, order=[n for n in tensors if n in used],
-        gguf=file.path, stored_bytes={n: tensors[n].nbytes for n in used})
+        family=fam, config=cfg, raw_config=config, folder=None, names=hf_names,
+        stored_dtypes={n: tensors[n].type for n in used}, gguf=file.path, gguf_names=names,
+        stored_bytes={n: tensors[n].nbytes for n in used})
     return out
 
 
@@ -302,4 +304,4 @@ def gguf_storage(model) -> dict[str, tuple[str, str, int]]:
     info = pretrained_info(model)
     if info is None or info.gguf is None:
         return {}
-    return {path: (name, info.stored_dtypes[name], info.stored_bytes[name]) for path, name in info.names.items()}
+    return {path: (name, info.stored_dtypes[name], info.stored_bytes[name]) for path, name in info.gguf_names.items()}

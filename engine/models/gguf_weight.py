@@ -24,7 +24,7 @@ import numpy as np
 
 from ..module import Module, Param
 from ..module.lora import DoraAdapter, LoraAdapter, RsLoraAdapter
-from ..module.reparam import Reparameterization, ReparameterizationError
+from ..module.reparam import Reparameterization, ReparameterizationError, iter_param_slots
 from ..tensor import Tensor
 from ..tensor.raw import array
 
@@ -153,8 +153,6 @@ def dequantized_bases(model: Module) -> Module:
     """`model` with every weight kept in GGUF blocks (and no adapter over it) as a plain lazy
     parameter whose value is its dequantization, computed when first used: what a Hugging Face
     folder or a record of plain weights holds. Adapters over GGUF weights are left as they are."""
-    from ..module.reparam import iter_param_slots  # noqa: PLC0415
-
     out = model
     for path, p in list(iter_param_slots(model)):
         r = p.reparameterization

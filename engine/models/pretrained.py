@@ -136,13 +136,14 @@ class PretrainedInfo:
     config: Any                           # the family's config dataclass
     raw_config: dict                      # config.json as read (unknown keys kept for saving)
     folder: Path | None
-    names: dict[str, str] = field(default_factory=dict)          # Ember path -> stored name
-    stored_dtypes: dict[str, str] = field(default_factory=dict)  # stored name -> dtype in the file
+    names: dict[str, str] = field(default_factory=dict)          # Ember path -> stored (HF) name
+    stored_dtypes: dict[str, str] = field(default_factory=dict)  # stored name -> dtype in the file (GGUF: its name)
     order: list[str] = field(default_factory=list)               # stored names in file order
     sources: dict = field(default_factory=dict)                  # ParamId -> (lazy state, StoredTensor, rule)
     generation_config: dict | None = None                        # generation_config.json as read (None: no file)
     gguf: Path | None = None                                     # the GGUF file it was opened from (None: a folder)
-    stored_bytes: dict[str, int] = field(default_factory=dict)   # stored name -> bytes in the file (GGUF)
+    gguf_names: dict[str, str] = field(default_factory=dict)     # Ember path -> GGUF tensor name (GGUF)
+    stored_bytes: dict[str, int] = field(default_factory=dict)   # GGUF tensor name -> bytes in the file (GGUF)
 
 
 def pretrained_info(model) -> PretrainedInfo | None:

@@ -36,6 +36,7 @@ __all__ = [
     "Reparameterization",
     "ReparameterizationError",
     "Reparameterizer",
+    "adapters_of",
     "apply_reparameterization",
     "detach_reparameterization",
     "detached_param",
@@ -91,6 +92,14 @@ def iter_param_slots(module: Module, skip=None) -> Iterator[tuple[str, Param]]:
     """
     prune = None if skip is None else (lambda v: isinstance(v, Module) and skip(v))
     return params(module, prune=prune)
+
+
+def adapters_of(module: Module) -> dict:
+    """{path: reparameterization} of the parameters that carry an adapter (LoRA, DoRA, QLoRA, ...):
+    a reparameterization that is only a stored base (`TAKES_ADAPTER`: a GGUF weight kept in its
+    quantized blocks) is the parameter's base, not an adapter, and is left out."""
+    return {path: p.reparameterization for path, p in iter_param_slots(module)
+            if p.reparameterization is not None and not getattr(p.reparameterization, "TAKES_ADAPTER", False)}
 
 
 def _reparameterized(module: Module) -> list[tuple[str, Param]]:

@@ -128,7 +128,7 @@ def merges_from_scores(tokens: list, scores: list) -> list:
 
 
 def _build(file: GGUFFile) -> TextTokenizer:
-    from tokenizers import AddedToken, Tokenizer, processors  # noqa: PLC0415
+    from tokenizers import AddedToken, processors  # noqa: PLC0415
 
     where = str(file.path)
     kind = file.metadata.get("tokenizer.ggml.model")

@@ -107,7 +107,7 @@ def test_quantized_gguf_gives_the_logits_of_gguf_dequantized_weights(tmp_path, p
 
 def test_every_weight_equals_the_gguf_packages_dequantization():
     model = from_pretrained(MIXED)
-    names = pretrained_info(model).names  # Ember path -> GGUF name
+    names = pretrained_info(model).gguf_names  # Ember path -> GGUF name
     reader = gguf.GGUFReader(str(MIXED))
     seen = set()
     params = dict(tree_params(model))  # each parameter with its reparameterization
@@ -157,7 +157,7 @@ def test_opening_reads_no_tensor_and_weights_stay_in_their_blocks():
         for path, p in quantized.items():
             data = p.val().numpy()
             assert data.dtype == np.uint8
-            name = pretrained_info(model).names[path.rsplit(".gguf.", 1)[0]]
+            name = pretrained_info(model).gguf_names[path.rsplit(".gguf.", 1)[0]]
             assert data.nbytes == f.tensors[name].nbytes
             assert not p.is_require_grad()
 
@@ -439,7 +439,7 @@ def test_memory_estimates_count_the_blocks_at_a_byte_each():
     with open_gguf(MIXED) as f:
         for path, p in model.named_params():
             if path.endswith("blocks.data"):
-                name = pretrained_info(model).names[path.rsplit(".gguf.", 1)[0]]
+                name = pretrained_info(model).gguf_names[path.rsplit(".gguf.", 1)[0]]
                 assert memory.param_bytes(p) == f.tensors[name].nbytes  # before anything is read
 
 
@@ -509,3 +509,24 @@ def Lora_(rank):
     from engine.module import Lora
 
     return Lora(rank, 2.0 * rank)
+
+
+def test_a_peft_adapter_of_a_gguf_model_uses_hugging_face_names_and_loads_back(tmp_path):
+    from safetensors.numpy import load_file
+
+    from engine.models import load_peft_adapter
+    from engine.models.gguf_weight import GGUFLoraAdapter
+    from engine.models.peft import save_peft_adapter
+    from engine.module import Lora, ParamGroup
+
+    tuned = from_pretrained(QWEN).apply_lora(Lora(2, 4.0, param_group=ParamGroup.from_regex(r"self_attn")))
+    for _, p in tree_params(tuned):  # a trained-looking adapter: b != 0
+        if isinstance(p.reparameterization, GGUFLoraAdapter):
+            r = p.reparameterization
+            r.b = type(r.b)(Tensor.from_data(np.random.default_rng(0).standard_normal(r.b.shape).astype(np.float32)))
+    save_peft_adapter(tuned, tmp_path / "adapter")
+    keys = sorted(load_file(str(tmp_path / "adapter" / "adapter_model.safetensors")))
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys
+    loaded = load_peft_adapter(from_pretrained(QWEN), tmp_path / "adapter")
+    assert {type(p.reparameterization) for _, p in tree_params(loaded) if "self_attn" in _} == {GGUFLoraAdapter, type(None)}
+    assert np.allclose(_logits(loaded), _logits(tuned), rtol=1e-5, atol=1e-5)

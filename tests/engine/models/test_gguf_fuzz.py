@@ -19,7 +19,6 @@ from engine import Tensor  # noqa: E402
 from engine.models import PretrainedError, from_pretrained  # noqa: E402
 from engine.train.gguf_tokenizer import load_gguf_tokenizer  # noqa: E402
 from engine.train.tokenizer import TokenizerError  # noqa: E402
-
 from tests.limits import capped_memory  # noqa: E402
 
 SEED_FILE = Path(__file__).resolve().parents[2] / "fixtures" / "gguf" / "tiny-qwen2-q8.gguf"

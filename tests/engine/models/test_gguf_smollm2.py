@@ -82,7 +82,7 @@ def test_opening_is_lazy_and_allocates_almost_nothing():
 def test_every_tensor_equals_the_gguf_packages_dequantization():
     model = from_pretrained(FILE)
     params = dict(tree_params(model))
-    by_name = {n: p for p, n in pretrained_info(model).names.items()}
+    by_name = {n: p for p, n in pretrained_info(model).gguf_names.items()}
     reader = gguf.GGUFReader(str(FILE))
     assert len(reader.tensors) == len(by_name) == 272
     for t in reader.tensors:
@@ -131,7 +131,7 @@ def test_logits_tokenization_and_greedy_chat_equal_transformers(tmp_path):
     script = tmp_path / "oracle.py"
     script.write_text(ORACLE, encoding="utf-8")
     run = subprocess.run([str(python), str(script), str(FILE), str(tmp_path / "texts.json"), str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=900)
+                         check=False, capture_output=True, text=True, timeout=900)
     if run.returncode != 0 and "No module named" in run.stderr:
         pytest.skip(f"the oracle venv lacks a package: {run.stderr.strip().splitlines()[-1]}")
     assert run.returncode == 0, run.stderr[-3000:]
