@@ -365,3 +365,23 @@ def test_a_model_edited_while_the_folder_opens_is_kept(opened, qtbot, folders):
     wait_idle(qtbot, opened)
     assert opened.document.module is edited and isinstance(opened.document.source, ScriptSource)
     assert "was not opened" in opened.message_label.text()
+
+
+GGUF = ROOT / "tests" / "fixtures" / "gguf" / "tiny-qwen2-q8.gguf"
+
+
+def test_a_gguf_file_opens_from_the_command_line_and_when_dropped(window, qtbot):
+    """A .gguf file opens as a pretrained model (issue 46): `--open`, a drop, the recent files."""
+    from app.__main__ import open_requested, parse_args
+    from engine.models.gguf_weight import GGUFWeight
+
+    assert open_requested(window, parse_args(["--open", str(GGUF)]))
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(GGUF.resolve()))
+    assert str(GGUF.resolve()) in window.settings.recent_files()
+    weight = dict(params(window.document.module))["layers.0.mlp.up_proj.weight"]
+    assert isinstance(weight.reparameterization, GGUFWeight) and weight.reparameterization.qtype == "Q4_0"
+    window.document.set_model(from_pretrained(LLAMA), PretrainedSource(str(LLAMA.resolve())))
+    drop(window, GGUF)
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(GGUF.resolve()))
