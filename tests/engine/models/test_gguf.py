@@ -530,3 +530,13 @@ def test_a_peft_adapter_of_a_gguf_model_uses_hugging_face_names_and_loads_back(t
     loaded = load_peft_adapter(from_pretrained(QWEN), tmp_path / "adapter")
     assert {type(p.reparameterization) for _, p in tree_params(loaded) if "self_attn" in _} == {GGUFLoraAdapter, type(None)}
     assert np.allclose(_logits(loaded), _logits(tuned), rtol=1e-5, atol=1e-5)
+
+
+def test_the_lora_preview_counts_quantized_weights_as_targets():
+    from engine.module import Lora
+    from engine.module.summary import trainable_counts
+
+    model = from_pretrained(MIXED)
+    preview = Lora(4, 8.0).preview(model)
+    assert len(preview.targets) == 16 and not preview.nested
+    assert preview.counts == trainable_counts(model.apply_lora(Lora(4, 8.0)))
