@@ -385,3 +385,25 @@ def test_a_gguf_file_opens_from_the_command_line_and_when_dropped(window, qtbot)
     drop(window, GGUF)
     wait_idle(qtbot, window)
     assert window.document.source == PretrainedSource(str(GGUF.resolve()))
+
+
+def test_lora_through_the_dialog_goes_over_a_gguf_models_quantized_weights(window, qtbot):
+    from app.__main__ import open_requested, parse_args
+    from engine.models.gguf_weight import GGUFLoraAdapter
+
+    assert open_requested(window, parse_args(["--open", str(GGUF)]))
+    wait_idle(qtbot, window)
+    qtbot.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
+    d = window.dialog
+    assert isinstance(d, LoraDialog)
+    type_into(qtbot, d.rank, "4")
+    type_into(qtbot, d.alpha, "8")
+    d.group.mode.setCurrentIndex(d.group.mode.findData("regex"))
+    type_into(qtbot, d.group.pattern, QUERY_VALUE)
+    button = d.buttons.button(QDialogButtonBox.StandardButton.Ok)
+    assert button.isEnabled(), d.errors()
+    assert d.preview_counts["targets"] == 2  # q and v of the one layer, both Q8_0
+    button.click()
+    adapted = {path: type(p.reparameterization) for path, p in params(window.document.module)
+               if isinstance(p.reparameterization, GGUFLoraAdapter)}
+    assert sorted(adapted) == ["layers.0.self_attn.query.weight", "layers.0.self_attn.value.weight"]
