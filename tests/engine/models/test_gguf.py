@@ -540,3 +540,36 @@ def test_the_lora_preview_counts_quantized_weights_as_targets():
     preview = Lora(4, 8.0).preview(model)
     assert len(preview.targets) == 16 and not preview.nested
     assert preview.counts == trainable_counts(model.apply_lora(Lora(4, 8.0)))
+
+
+def test_opening_can_be_cancelled_between_layers():
+    class Cancelled(Exception):
+        pass
+
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 5:
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        from_pretrained(MIXED, check=check)
+    assert len(calls) == 6
+
+
+def test_a_record_of_a_tuned_gguf_model_holds_the_blocks_and_loads_back(tmp_path):
+    from engine.module import Lora
+    from engine.store import ModuleRecord
+
+    tuned = from_pretrained(QWEN).apply_lora(Lora(2, 4.0))
+    for _, p in tree_params(tuned):
+        if p.reparameterization is not None and hasattr(p.reparameterization, "b"):
+            r = p.reparameterization
+            r.b = type(r.b)(Tensor.from_data(np.full(r.b.shape, 0.01, dtype=np.float32)))
+    record = tuned.into_record()
+    assert "layers.0.mlp.up_proj.weight.lora.gguf.blocks.data" in record.names()
+    assert "layers.0.mlp.up_proj.weight" not in record.names()  # the placeholder is no tensor
+    record.save(tmp_path / "tuned.bpk")
+    loaded = from_pretrained(QWEN).apply_lora(Lora(2, 4.0)).load_record(ModuleRecord.load(tmp_path / "tuned.bpk"))
+    assert np.array_equal(_logits(loaded), _logits(tuned))
