@@ -1,0 +1,68 @@
+"""GGUF in the window (issue 46): File ▸ Open GGUF…, File ▸ Export ▸ GGUF… and GGUF LoRA Adapter…
+on a worker (each refused, saying why, when it cannot run), and the quantization shown."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from app.core.schema import PretrainedSource
+from engine.models import from_pretrained
+from engine.module.lora import LoraAdapter
+from engine.module.param import Param
+from engine.module.tree import params
+from engine.store.gguf_file import open_gguf
+from engine.tensor import Tensor
+from tests.app.test_pretrained_ui import LLAMA, lora_on_query_value_through_the_dialog
+from tests.app.window_helpers import wait_idle
+
+ROOT = Path(__file__).resolve().parents[2]
+GGUF = ROOT / "tests" / "fixtures" / "gguf" / "tiny-qwen2-q8.gguf"
+
+
+def _open(qtbot, window, files):
+    files.append(str(GGUF))
+    window.actions.open_gguf.trigger()
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(GGUF.resolve()))
+
+
+def test_open_gguf_from_the_menu_and_the_exports_say_when_they_cannot_run(window, qtbot, files):
+    a = window.actions
+    assert not a.export_gguf.isEnabled() and "no model is open" in a.export_gguf.toolTip()
+    _open(qtbot, window, files)
+    assert a.export_gguf.isEnabled()
+    assert not a.export_gguf_lora.isEnabled() and "no LoRA adapters" in a.export_gguf_lora.toolTip()
+    window.document.set_model(from_pretrained(LLAMA), PretrainedSource(str(LLAMA.resolve())))
+    window._update_actions()
+    assert not a.export_gguf.isEnabled() and "opened from a folder" in a.export_gguf.toolTip()
+    assert window.gguf.export_gguf(ROOT / "never.gguf") is None  # refused, nothing written
+    assert not (ROOT / "never.gguf").exists()
+
+
+def test_lora_from_the_dialog_exports_as_an_adapter_and_merged(window, qtbot, files, tmp_path):
+    _open(qtbot, window, files)
+    lora_on_query_value_through_the_dialog(qtbot, window, targets=2)
+    rng = np.random.default_rng(2)
+    for path, p in params(window.document.module):  # trained factors (b starts at zero)
+        r = p.reparameterization
+        if isinstance(r, LoraAdapter):
+            r.b = Param(Tensor.from_data((rng.standard_normal(r.b.shape) * 0.1).astype(np.float32)))
+    window._update_actions()
+    assert window.actions.export_gguf_lora.isEnabled(), window.actions.export_gguf_lora.toolTip()
+
+    window.gguf.export_lora(tmp_path / "tuned-lora.gguf")
+    wait_idle(qtbot, window)
+    with open_gguf(tmp_path / "tuned-lora.gguf") as f:
+        assert f.metadata["general.type"] == "adapter" and f.metadata["general.architecture"] == "qwen2"
+        assert sorted(f.tensors) == ["blk.0.attn_q.weight.lora_a", "blk.0.attn_q.weight.lora_b",
+                                     "blk.0.attn_v.weight.lora_a", "blk.0.attn_v.weight.lora_b"]
+    modelfile = (tmp_path / "tuned-lora.Modelfile").read_text()
+    assert modelfile.startswith(f"FROM {GGUF.resolve()}\nADAPTER {(tmp_path / 'tuned-lora.gguf').resolve()}")
+
+    window.gguf.export_gguf(tmp_path / "merged.gguf", "Q8_0")
+    wait_idle(qtbot, window)
+    merged = from_pretrained(tmp_path / "merged.gguf")
+    ids = Tensor.from_data(np.array([[1, 5, 9, 40]]), dtype="int64")
+    ours, theirs = window.document.module.forward(ids).numpy(), merged.forward(ids).numpy()
+    assert np.linalg.norm(ours - theirs) <= 0.05 * np.linalg.norm(ours)  # Q8_0 of the merged weights
