@@ -48,7 +48,7 @@ from .core.opening import hugging_face_names
 from .edit_actions import EditActions
 from .generate_panel import GeneratePanel
 from .onnx_actions import OnnxActions
-from .gguf_actions import GGUFActions
+from .gguf_actions import GGUFActions, quantized_summary
 from .pretrained_actions import PretrainedActions
 from .script_export_actions import ScriptExportActions
 from .project_io import ProjectIO
@@ -402,7 +402,9 @@ class MainWindow(QMainWindow):
         self.hf_names = hugging_face_names(doc.module)  # {} unless a Hugging Face family's model
         self.tree.set_module(doc.module, names=self.hf_names)
         has = doc.module is not None
-        self.summary_label.setText(str(doc.stats.total.counts) if has else "No model open.")
+        gguf = quantized_summary(doc.module) if has else ""
+        self.summary_label.setText((str(doc.stats.total.counts) + (f"  ·  {gguf}" if gguf else "")) if has
+                                   else "No model open.")
         self.device_selector.set_model_devices(doc.stats.total.devices if has else [])
         self._show_selection(self.tree.selected_path())
         self._update_actions()

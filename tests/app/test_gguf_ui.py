@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from PySide6.QtCore import Qt
 
 from app.core.schema import PretrainedSource
 from engine.models import from_pretrained
@@ -66,3 +67,28 @@ def test_lora_from_the_dialog_exports_as_an_adapter_and_merged(window, qtbot, fi
     ids = Tensor.from_data(np.array([[1, 5, 9, 40]]), dtype="int64")
     ours, theirs = window.document.module.forward(ids).numpy(), merged.forward(ids).numpy()
     assert np.linalg.norm(ours - theirs) <= 0.05 * np.linalg.norm(ours)  # Q8_0 of the merged weights
+
+
+def test_the_tree_inspector_and_status_line_show_the_quantization(window, qtbot, files):
+    from engine.models.gguf_model import gguf_storage
+    from widgets.module_tree import NAME, TYPE
+
+    _open(qtbot, window, files)
+    storage = gguf_storage(window.document.module)
+    stored = sum(n for _, _, n in storage.values())
+    assert f"{stored / 1e6:.1f} MB as stored" in window.summary_label.text()
+    assert "Q8_0 ×" in window.summary_label.text()
+    stats = window.document.stats
+    assert stats.total.reparameterized == 0  # a GGUF weight is the base, not an adapter
+    assert stats.total.quantized == sum(1 for _, t, _ in storage.values() if t not in ("F32", "F16", "BF16"))
+    model = window.tree.model
+    path = "layers.0.mlp.up_proj.weight"
+    qtype, nbytes = storage[path][1], storage[path][2]
+
+    assert window.tree.select_path(path)
+    index = window.tree.view.currentIndex()
+    text = model.index(index.row(), TYPE, index.parent()).data()
+    assert f"{qtype}, {nbytes / 1024:.1f} KiB" in text
+    assert model.index(index.row(), NAME, index.parent()).data(Qt.ItemDataRole.DecorationRole) is None  # no "L"
+    row = window.inspector.params.item(0, 3).text()
+    assert row.startswith(f"{qtype} (")
