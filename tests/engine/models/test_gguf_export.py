@@ -236,3 +236,13 @@ def test_llama_cpp_applies_the_exported_adapter_as_ember_does(tmp_path, source):
     expected = _greedy(model, 8)
     assert expected != _greedy(from_pretrained(base), 8)  # the adapter changes the output
     assert _llama_cpp(base, 8, adapter)["ids"] == expected
+
+
+def test_the_display_counts_a_quantized_weight_as_its_values_not_its_blocks():
+    model = from_pretrained(QWEN)
+    text = str(model)
+    embed = model.embed_tokens.weight
+    assert isinstance(embed.reparameterization, GGUFWeight)  # Q8_0: 272 bytes per row of 256 values
+    assert f"n_embedding: 300, d_model: 256, params: {300 * 256}}}" in text
+    total = sum(int(np.prod(p.lazy_shape())) for path, p in iter_param_slots(model) if ".gguf." not in path)
+    assert f"params: {total}\n}}" in text
