@@ -337,7 +337,7 @@ class ModuleTreeModel(QAbstractItemModel):
             if col == NAME:
                 return node.seg or type(node.value).__name__
             if col == TYPE:
-                q = quantization(node.value) if node.kind is FieldKind.PARAM else None
+                q = quantization(node.value if node.kind is FieldKind.PARAM else getattr(node.value, "weight", None))
                 if q is not None:
                     return f"{type_name(node.kind, node.value)} · {q[0]}, {byte_text(q[1])}"
                 if st.quantized and node.kind is not FieldKind.PARAM:
