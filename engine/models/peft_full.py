@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import nn
-from ..module import Module, Param
+from ..module import Module, Param, ParamGroup
 from ..module.reparam import iter_param_slots
 from ..module.tree import FieldKind, walk
 from .hf_folder import PretrainedError
 from .mapping import Rule, Transpose
-from .peft_targets import PREFIX, _family_rules
+from .peft_targets import PREFIX, _family_rules, _tied, peft_targets
 
 BIAS_MODES = ("none", "lora_only", "all")
+_INPUT_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings")  # the module a tied output head reads
 
 
 @dataclass
@@ -57,6 +58,7 @@ def full_params(model: Module) -> dict[str, list[FullParam]]:
     base included, its factors not): the family's weight map for a model of a known family, Ember
     paths otherwise (a Linear weight in torch's [out, in] layout, as peft_targets stores it)."""
     wmap, names = _family_rules(model)
+    tied_head = _tied(model)
     linear = {f"{p}.weight" if p else "weight" for p, kind, v in walk(model)
               if kind == FieldKind.MODULE and isinstance(v, nn.Linear)}
     owners: list[str] = []
@@ -80,7 +82,8 @@ def full_params(model: Module) -> dict[str, list[FullParam]]:
             rule, stored = hit
         else:
             rule, stored = Rule(path, path, [Transpose()] if path in linear else []), path
-        out.setdefault(stored, []).append(FullParam(path, stored, rule, p, len(paths_of[p.id]) > 1))
+        tied = len(paths_of[p.id]) > 1 or (tied_head and stored.rpartition(".")[0].rpartition(".")[2] in _INPUT_EMBEDDINGS)
+        out.setdefault(stored, []).append(FullParam(path, stored, rule, p, tied))
     for parts in out.values():
         if parts[0].rule.split is not None:
             parts.sort(key=lambda f: f.rule.split.index)
@@ -154,9 +157,11 @@ def check_full_tensor(parts: list[FullParam], t, where: str) -> None:
         want = tuple(f.param.lazy_shape())
         if shape != want:
             hint = ""
-            if any(k in f.stored for k in ("embed", "lm_head", "wte")):
-                hint = (": an adapter trained with a resized vocabulary? Ember loads it on a base of the same "
-                        "vocabulary size only")
+            differ = [i for i, (a, b) in enumerate(zip(shape, want)) if a != b]
+            if len(shape) == len(want) == 2 and len(differ) == 1 and any(k in f.stored for k in ("embed", "lm_head",
+                                                                                                 "wte")):
+                hint = (f": an adapter trained with a resized vocabulary ({shape[differ[0]]} tokens, this model has "
+                        f"{want[differ[0]]})? Ember loads it on a base of the same vocabulary size only")
             raise PretrainedError(f"tensor '{t.name}' has dims {list(t.shape)}; '{f.path}' is {list(want)}{hint}",
                                   where=where)
 
@@ -223,3 +228,19 @@ def full_tensors_to_save(model: Module, lora_modules: set[str]) -> tuple[list[tu
         name = f"{module}.base_layer.bias" if is_bias(s) and module in lora_modules else s
         tensors.append((PREFIX + name, np.ascontiguousarray(value, dtype=np.float32)))
     return tensors, mode, whole
+
+
+# ---------------------------------------------------------------------------------- training
+def peft_train_fully(model: Module, modules_to_save=None, bias: str = "none") -> Module:
+    """`model` (its LoRA attached) with the parameters peft's `LoraConfig(modules_to_save=...,
+    bias=...)` would train whole made trainable: the modules whose Hugging Face name ends with an
+    entry of `modules_to_save` (LLaMA-Factory's "embed_tokens", "lm_head" for a resized vocabulary)
+    and the biases of `bias` ("lora_only": of the LoRA-adapted modules, "all": every bias).
+    `save_peft_adapter` then writes them as peft does."""
+    names = {t.path: t.module for t in peft_targets(model)}
+    lora_modules = {names[p] for p, q in iter_param_slots(model) if q.reparameterization is not None and p in names}
+    fulls = full_params(model)
+    expected = expected_full_tensors(model, fulls, {"modules_to_save": list(modules_to_save or []), "bias": bias},
+                                     lora_modules, None)
+    paths = [f.path for s, _ in expected.values() for f in fulls[s]]
+    return model.unfreeze_group(ParamGroup.from_paths(paths)) if paths else model
