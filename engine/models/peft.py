@@ -50,10 +50,11 @@ PretrainedError and leaves the old adapter.
 """
 from __future__ import annotations
 
-from .peft_full import peft_train_fully
+from .peft_full import full_candidates, peft_full_paths, peft_train_fully
 from .peft_read import MAX_ALPHA, MAX_RANK, load_peft_adapter
 from .peft_targets import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, peft_lora, peft_targets, target_group
 from .peft_write import save_peft_adapter
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "MAX_ALPHA", "MAX_RANK", "PREFIX", "PeftTarget", "load_peft_adapter",
-           "peft_lora", "peft_targets", "peft_train_fully", "save_peft_adapter", "target_group"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "MAX_ALPHA", "MAX_RANK", "PREFIX", "PeftTarget", "full_candidates",
+           "load_peft_adapter",
+           "peft_full_paths", "peft_lora", "peft_targets", "peft_train_fully", "save_peft_adapter", "target_group"]

@@ -231,16 +231,33 @@ def full_tensors_to_save(model: Module, lora_modules: set[str]) -> tuple[list[tu
 
 
 # ---------------------------------------------------------------------------------- training
-def peft_train_fully(model: Module, modules_to_save=None, bias: str = "none") -> Module:
-    """`model` (its LoRA attached) with the parameters peft's `LoraConfig(modules_to_save=...,
-    bias=...)` would train whole made trainable: the modules whose Hugging Face name ends with an
-    entry of `modules_to_save` (LLaMA-Factory's "embed_tokens", "lm_head" for a resized vocabulary)
-    and the biases of `bias` ("lora_only": of the LoRA-adapted modules, "all": every bias).
-    `save_peft_adapter` then writes them as peft does."""
+def peft_full_paths(model: Module, modules_to_save=None, bias: str = "none", lora_paths=None) -> list[str]:
+    """The Ember paths of the parameters peft's `LoraConfig(modules_to_save=..., bias=...)` trains
+    whole: the modules whose Hugging Face name ends with an entry of `modules_to_save` and the
+    biases of `bias` ("lora_only": of the LoRA-adapted modules, "all": every bias). The adapted
+    modules are those of `lora_paths` (weight paths) when given, else those carrying a LoRA now.
+    A name that matches nothing, a tied input embedding, or an unknown `bias`: a PretrainedError."""
     names = {t.path: t.module for t in peft_targets(model)}
-    lora_modules = {names[p] for p, q in iter_param_slots(model) if q.reparameterization is not None and p in names}
+    if lora_paths is None:
+        lora_paths = [p for p, q in iter_param_slots(model) if q.reparameterization is not None]
+    lora_modules = {names[p] for p in lora_paths if p in names}
     fulls = full_params(model)
     expected = expected_full_tensors(model, fulls, {"modules_to_save": list(modules_to_save or []), "bias": bias},
                                      lora_modules, None)
-    paths = [f.path for s, _ in expected.values() for f in fulls[s]]
+    return sorted(f.path for s, _ in expected.values() for f in fulls[s])
+
+
+def peft_train_fully(model: Module, modules_to_save=None, bias: str = "none") -> Module:
+    """`model` (its LoRA attached) with the parameters of `peft_full_paths` trainable: LLaMA-Factory's
+    "embed_tokens", "lm_head" for a resized vocabulary, a norm, the biases. `save_peft_adapter` then
+    writes them as peft does."""
+    paths = peft_full_paths(model, modules_to_save, bias)
     return model.unfreeze_group(ParamGroup.from_paths(paths)) if paths else model
+
+
+def full_candidates(model: Module) -> tuple[list[str], bool]:
+    """(the last parts of the Hugging Face module names of `model` that hold parameters -- what a
+    `modules_to_save` entry can name --, whether the model has biases), for a dialog to offer."""
+    fulls = full_params(model)
+    leaves = sorted({s.rpartition(".")[0].rpartition(".")[2] for s in fulls} - {""})
+    return [n for n in leaves if not n.isdigit()], any(is_bias(s) for s in fulls)
