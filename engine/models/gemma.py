@@ -166,6 +166,8 @@ class GemmaConfig:
                 continue
             value = data.get(key, defaults[key]) if key in data else defaults[key]
             kw[key] = None if value is None else _number({key: value}, key, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                kw[key] = value  # transformers' config declares query_pre_attn_scalar an int
         kw.update(_rope(data, mt))
         if mt != "gemma":
             window = data.get("sliding_window", defaults["sliding_window"])
