@@ -333,3 +333,21 @@ def test_a_gemma_made_in_code_runs():
                       final_logit_softcapping=30.0)
     out = GemmaForCausalLM(cfg).forward(Tensor.from_data([[1, 2, 3, 4]]))
     assert out.shape == (1, 4, 16) and np.isfinite(out.numpy()).all()
+
+
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma3", "mistral-swa"])
+def test_onnx_export_gives_embers_logits(name, tmp_path):
+    """Soft-caps, (1 + w) norms, q/k norms and the window's mask (6 positions, window 4) in the exported
+    graph, run by onnx's reference evaluator at batch 1 and 3."""
+    onnx_reference = pytest.importorskip("onnx.reference")
+    from engine.interop.onnx_export import export_onnx  # noqa: PLC0415
+
+    model = from_pretrained(HF / name).valid()
+
+    def tokens(b):
+        return Tensor.from_data(np.random.default_rng(b).integers(0, 128, size=(b, 6)))
+
+    path = export_onnx(model, tmp_path / "m.onnx", tokens(2))
+    for b in (1, 3):
+        (got,) = onnx_reference.ReferenceEvaluator(str(path)).run(None, {"input": tokens(b).numpy()})
+        np.testing.assert_allclose(got, model.forward(tokens(b)).numpy(), rtol=0, atol=ATOL)
