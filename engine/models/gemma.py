@@ -125,10 +125,10 @@ class GemmaConfig:
         if not isinstance(data, dict):
             raise PretrainedError(f"expected a JSON object, found {type(data).__name__}", where=_WHERE)
         mt = model_type
-        if mt == "gemma3_text" and data.get("model_type") == "gemma3" or "text_config" in data:
-            raise PretrainedError("a Gemma 3 multimodal checkpoint (model_type 'gemma3', Gemma3ForConditionalGeneration) "
-                                  "is not supported: expected a text model, Gemma3ForCausalLM (model_type "
-                                  "'gemma3_text')", where=_WHERE)
+        if "text_config" in data or data.get("model_type") == "gemma3":
+            raise PretrainedError("a Gemma 3 multimodal checkpoint (model_type 'gemma3', "
+                                  "Gemma3ForConditionalGeneration) is not supported: expected a text model, "
+                                  "Gemma3ForCausalLM (model_type 'gemma3_text')", where=_WHERE)
         defaults = _DEFAULTS[mt]
         for key in _REQUIRED:
             if key not in data:
@@ -144,9 +144,8 @@ class GemmaConfig:
         if kw["head_dim"] % 2:
             raise PretrainedError(f"'head_dim' must be even for the rotary encoding, found {kw['head_dim']}",
                                   where=_WHERE)
-        act_key = "hidden_act" if mt == "gemma" else "hidden_activation"
-        act = data.get(act_key) or data.get("hidden_activation" if mt == "gemma" else "hidden_act") \
-            or "gelu_pytorch_tanh"
+        act_key = "hidden_act" if mt == "gemma" else "hidden_activation"  # the key transformers' MLP reads
+        act = data.get(act_key) or "gelu_pytorch_tanh"
         if mt == "gemma" and act == "gelu":  # transformers reads Gemma 1's legacy "gelu" as the tanh form
             act = "gelu_pytorch_tanh"
         if act not in _TANH:
@@ -161,10 +160,11 @@ class GemmaConfig:
         if data.get("use_bidirectional_attention"):
             raise PretrainedError("'use_bidirectional_attention' true (an encoder use of Gemma) is not supported: "
                                   "expected causal attention", where=_WHERE)
-        for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
-            if mt == "gemma" and key != "final_logit_softcapping":
-                continue
-            value = data.get(key, defaults[key]) if key in data else defaults[key]
+        # Gemma 1 has none of these; Gemma 3's attention takes no soft-cap (transformers ignores the key)
+        keys = {"gemma": (), "gemma2": ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"),
+                "gemma3_text": ("query_pre_attn_scalar", "final_logit_softcapping")}[mt]
+        for key in keys:
+            value = data.get(key, defaults[key])
             kw[key] = None if value is None else _number({key: value}, key, None)
             if isinstance(value, int) and not isinstance(value, bool):
                 kw[key] = value  # transformers' config declares query_pre_attn_scalar an int
@@ -206,8 +206,8 @@ class GemmaConfig:
                    attn_logit_softcapping=self.attn_logit_softcapping,
                    final_logit_softcapping=self.final_logit_softcapping)
         if self.model_type == "gemma3_text":
-            out["rope_parameters"] = {"full_attention": global_rope,
-                                      "sliding_attention": {"rope_type": "default", "rope_theta": self.rope_local_theta}}
+            local = {"rope_type": "default", "rope_theta": self.rope_local_theta}
+            out["rope_parameters"] = {"full_attention": global_rope, "sliding_attention": local}
         else:
             out["rope_parameters"] = global_rope
         return out
@@ -237,7 +237,8 @@ def _rope(data: dict, mt: str) -> dict:
         theta = params.get("rope_theta", data.get("rope_theta", 10000.0))
         local_theta = None
         scaling = params if params.get("rope_type", "default") != "default" else data.get("rope_scaling")
-    out = {"rope_theta": _number({"rope_theta": theta}, "rope_theta", None), "rope_scaling": _check_rope_scaling(scaling)}
+    out = {"rope_theta": _number({"rope_theta": theta}, "rope_theta", None),
+           "rope_scaling": _check_rope_scaling(scaling)}
     if local_theta is not None:
         out["rope_local_theta"] = _number({"rope_local_base_freq": local_theta}, "rope_local_base_freq", None)
     return out

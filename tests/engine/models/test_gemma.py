@@ -6,7 +6,8 @@ tests/fixtures/peft/{gemma2,gemma3}-lora-all-linear) were made by
 tests/fixtures/hf/make_window_fixtures.py with transformers 5.25: 12-position inputs, the second row
 left-padded by 3, every window 4. The tests marked optional need torch / transformers / peft (never
 Ember dependencies): run them with the oracle venv,
-`PYTHONPATH=. /work/oracle-venv/bin/python -m pytest -q -p no:cacheprovider --noconftest tests/engine/models/test_gemma.py`.
+`PYTHONPATH=. python -m pytest -q -p no:cacheprovider --noconftest tests/engine/models/test_gemma.py` with a Python
+that has torch, transformers, peft and Ember's own dependencies.
 """
 from __future__ import annotations
 
