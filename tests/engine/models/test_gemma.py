@@ -352,3 +352,17 @@ def test_onnx_export_gives_embers_logits(name, tmp_path):
     for b in (1, 3):
         (got,) = onnx_reference.ReferenceEvaluator(str(path)).run(None, {"input": tokens(b).numpy()})
         np.testing.assert_allclose(got, model.forward(tokens(b)).numpy(), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen2-swa"])
+def test_packed_sequences_with_a_window_give_each_its_own_logits(name):
+    """Two sequences packed in one row (segment_ids, positions restarting): each one's logits are those it
+    has alone, the window counted within its own sequence."""
+    model = from_pretrained(HF / name).valid()
+    ids = _exp(name)["input_ids"][0]
+    a, b = ids[:7], ids[7:]
+    packed = model.forward(Tensor.from_data(ids[None]), segment_ids=np.array([[0] * 7 + [1] * 5])).numpy()[0]
+    alone_a = model.forward(Tensor.from_data(a[None])).numpy()[0]
+    alone_b = model.forward(Tensor.from_data(b[None])).numpy()[0]
+    np.testing.assert_allclose(packed[:7], alone_a, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(packed[7:], alone_b, rtol=0, atol=1e-5)
