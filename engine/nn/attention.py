@@ -9,6 +9,7 @@ attended to, never recomputed).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -499,9 +500,11 @@ def _causal_mask(seq_length_1: int, seq_length_2: int, device) -> Tensor:
     return Tensor.from_data(m.reshape(1, 1, seq_length_1, seq_length_2), device=device)
 
 
+@functools.lru_cache(maxsize=4)  # a few shapes: a long row's mask is seq_length_1 * seq_length_2 bytes
 def _window_mask(seq_length_1: int, seq_length_2: int, offset: int, window: int, device) -> Tensor:
     """`[1, 1, seq_length_1, seq_length_2]` bool, true where key `j` lies `window` or more positions
-    before query `i` (at `i + offset`, the last query aligned with the last key): `j <= i + offset - window`."""
+    before query `i` (at `i + offset`, the last query aligned with the last key): `j <= i + offset - window`.
+    Made once per shape (every sliding layer of a forward, and every training step, share it)."""
     import numpy as np  # noqa: PLC0415
 
     m = np.tril(np.ones((seq_length_1, seq_length_2), dtype=bool), k=offset - window)
