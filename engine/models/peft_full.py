@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import nn
 from ..module import Module, Param, ParamGroup
-from ..module.reparam import iter_param_slots
+from ..module.reparam import adapters_of, iter_param_slots
 from ..module.tree import FieldKind, walk
 from .hf_folder import PretrainedError
 from .mapping import Rule, Transpose
@@ -239,7 +239,7 @@ def peft_full_paths(model: Module, modules_to_save=None, bias: str = "none", lor
     A name that matches nothing, a tied input embedding, or an unknown `bias`: a PretrainedError."""
     names = {t.path: t.module for t in peft_targets(model)}
     if lora_paths is None:
-        lora_paths = [p for p, q in iter_param_slots(model) if q.reparameterization is not None]
+        lora_paths = list(adapters_of(model))
     lora_modules = {names[p] for p in lora_paths if p in names}
     fulls = full_params(model)
     expected = expected_full_tensors(model, fulls, {"modules_to_save": list(modules_to_save or []), "bias": bias},

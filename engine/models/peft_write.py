@@ -13,7 +13,7 @@ import numpy as np
 
 from ..module import Module, Param
 from ..module.lora import DoraAdapter, LoraAdapter, RsLoraAdapter
-from ..module.reparam import iter_param_slots
+from ..module.reparam import adapters_of
 from ..store import safetensors_io
 from ..store.atomic import os_error_reason, save_folder, write_new_file
 from .hf_folder import PretrainedError
@@ -37,7 +37,7 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
     `PeftModel.from_pretrained(base, folder)` loads (see this file's doc). Returns the folder."""
     if not isinstance(model, Module):
         raise TypeError(f"save_peft_adapter expects a Module, got {type(model).__name__}")
-    adapters = {path: p.reparameterization for path, p in iter_param_slots(model) if p.reparameterization is not None}
+    adapters = adapters_of(model)  # a GGUF weight kept in its blocks is the base, not an adapter
     if not adapters:
         raise PretrainedError(f"this {type(model).__name__} has no LoRA adapters to save: attach them with "
                               f"apply_lora first")
