@@ -82,7 +82,8 @@ def full_params(model: Module) -> dict[str, list[FullParam]]:
             rule, stored = hit
         else:
             rule, stored = Rule(path, path, [Transpose()] if path in linear else []), path
-        tied = len(paths_of[p.id]) > 1 or (tied_head and stored.rpartition(".")[0].rpartition(".")[2] in _INPUT_EMBEDDINGS)
+        module_leaf = stored.rpartition(".")[0].rpartition(".")[2]
+        tied = len(paths_of[p.id]) > 1 or (tied_head and module_leaf in _INPUT_EMBEDDINGS)
         out.setdefault(stored, []).append(FullParam(path, stored, rule, p, tied))
     for parts in out.values():
         if parts[0].rule.split is not None:

@@ -133,7 +133,8 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
         "use_rslora": rslora, "use_dora": dora, "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "bias": bias, "fan_in_fan_out": any(not targets[p].torch_layout and targets[p].kind == "linear"
                                               for p in adapters),
-        "inference_mode": True, "init_lora_weights": True, "modules_to_save": modules_to_save or None, "exclude_modules": None,
+        "inference_mode": True, "init_lora_weights": True, "modules_to_save": modules_to_save or None,
+        "exclude_modules": None,
         "layers_to_transform": None, "layers_pattern": None, "lora_bias": False, "revision": None,
     }
     folder = Path(os.fspath(folder))

@@ -30,7 +30,8 @@ def test_embedding_and_head_train_fully_and_export_as_modules_to_save(qtbot, tmp
     d.full_modules["lm_head"].setChecked(True)
     edit = d.edit()
     assert edit["train_fully"] == {"kind": "paths", "paths": ["embed_tokens.weight", "lm_head.weight"]}
-    assert d.summary.text().endswith("trainable%: 5.3209. Trained fully beside the adapters: 2 parameter(s), 12,288 values.")
+    assert d.summary.text().endswith("trainable%: 5.3209. Trained fully beside the adapters: 2 parameter(s), "
+                                     "12,288 values.")
     typed = edit_from_json(json.loads(json.dumps(edit)))  # the project file's round trip
     assert edit_from_json(typed.to_json()) == typed
     assert describe(typed).endswith("training embed_tokens.weight, lm_head.weight fully")
