@@ -63,7 +63,8 @@ def test_a_tied_head_is_refused_beside_the_choice(qtbot):
 
 
 @pytest.mark.parametrize("data", [{"kind": "paths", "paths": ["x"]}, None])
-def test_an_old_lora_edit_reads_as_before(data):
+def test_a_lora_edit_round_trips_with_and_without_train_fully(data):
+    """An edit without train_fully (a project written before) reads and writes as it did."""
     raw = {"op": "lora", "rank": 2, "alpha": 4.0, "init_std": None, "group": {"kind": "all"}, "qlora": None}
     if data is not None:
         raw["train_fully"] = data
