@@ -41,6 +41,7 @@ from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
 from .hf_folder import MAX_CONFIG_BYTES, Checkpoint, PretrainedError, open_checkpoint, read_json
 from .mapping import Rule, WeightMap
+from .refusals import closest_family, refuse_quantized
 
 __all__ = [
     "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "peft_task_type", "pretrained_info",
@@ -112,6 +113,7 @@ def _choose_family(config: dict, where: str) -> Family:
     model_type = config.get("model_type")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise PretrainedError(f"'architectures' must be a list of names, found {archs!r}", where=where)
+    refuse_quantized(config, where)  # before the architecture: a quantized Llama is refused as such
     for arch in archs or []:
         for fam in FAMILIES:
             if arch in fam.architectures:
@@ -123,8 +125,8 @@ def _choose_family(config: dict, where: str) -> Family:
     found = ", ".join(archs) if archs else (f"model_type {model_type!r}" if model_type else "no 'architectures' "
                                                                                           "or 'model_type'")
     raise PretrainedError(
-        f"unsupported architecture: found {found}; supported: {', '.join(supported_architectures())}", where=where
-    )
+        f"unsupported architecture: found {found}{closest_family(archs, model_type, supported_architectures())}; "
+        f"supported: {', '.join(supported_architectures())}", where=where)
 
 
 # ---------------------------------------------------------------------------------- model info
