@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from PySide6.QtWidgets import QMenu
 from safetensors.numpy import load_file, save_file
 
 from app.core.edits import replay
@@ -46,7 +47,7 @@ def test_import_peft_adapter_is_one_undoable_replayable_edit(window, qtbot, fold
     open_llama(qtbot, window, folders)
     base = window.document.module
     assert window.actions.import_peft.isEnabled()
-    menu = window.menuBar().findChild(type(window.menuBar().actions()[0].menu()), "menu.import")
+    menu = window.menuBar().findChild(QMenu, "menu.import")
     assert menu is not None and window.actions.import_peft in menu.actions()
     adapter = write_adapter(tmp_path / "adapter")
     expected = logits(load_peft_adapter(from_pretrained(LLAMA), adapter))
