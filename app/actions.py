@@ -34,6 +34,9 @@ class Actions:
         make("open_pretrained", "Open Pre&trained…", "Ctrl+Shift+P",
              "Open a Hugging Face model folder (config.json + safetensors or pytorch_model.bin): Llama, Mistral, "
              "Qwen2, GPT-2, BERT, ViT; read lazily")
+        make("open_hub", "Open from the Hugging Face &Hub…", None,
+             "Download a model by its Hub id (org/name) into the Hugging Face cache, with progress and Cancel, "
+             "then open it as Open Pretrained does")
         make("open_onnx", "Open &ONNX…", None,
              "Import an .onnx file into the designer (editable, buildable, trainable), with a report of what "
              "each ONNX node became")

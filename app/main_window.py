@@ -48,6 +48,7 @@ from .document import Document
 from .core.opening import hugging_face_names
 from .edit_actions import EditActions
 from .generate_panel import GeneratePanel
+from .hub_open import HubOpen
 from .onnx_actions import OnnxActions
 from .peft_import import PeftImportActions
 from .pretrained_actions import PretrainedActions
@@ -123,6 +124,7 @@ class MainWindow(QMainWindow):
                                 show_designer=lambda: self.tabs.setCurrentWidget(self.designer))
         self.pretrained = PretrainedActions(doc, self, export_action=a.export_pretrained, peft_action=a.export_peft,
                                             hf_names=lambda: self.hf_names, open_path=self.open_path)
+        self.hub_open = HubOpen(doc, self, open_folder=self.pretrained.open_folder)  # issue 48
         self.projects = ProjectIO(doc, self, examples_menu=self.examples_menu, recent_menu=self.recent_menu,
                                   pretrained=self.pretrained, onnx=self.onnx, open_design=self.open_design)
         # File > Export > Training script (issue 20)
@@ -242,6 +244,7 @@ class MainWindow(QMainWindow):
         m.addAction(a.open_checkpoint)
         m.addAction(a.open_project)
         m.addAction(a.open_pretrained)
+        m.addAction(a.open_hub)
         m.addAction(a.open_onnx)
         self.recent_menu = m.addMenu("Open &Recent")
         self.recent_menu.aboutToShow.connect(lambda: self.projects.fill_recent_menu())
@@ -358,6 +361,7 @@ class MainWindow(QMainWindow):
         a.save_project_as.triggered.connect(projects.save_project_as)
         a.import_checkpoint.triggered.connect(checkpoints.ask_import)
         a.import_peft.triggered.connect(self.peft_import.ask_import)
+        a.open_hub.triggered.connect(self.hub_open.ask)
         a.export_whole.triggered.connect(lambda: checkpoints.ask_export("whole"))
         a.export_adapters.triggered.connect(lambda: checkpoints.ask_export("adapters"))
         a.export_materialized.triggered.connect(lambda: checkpoints.ask_export("materialized"))

@@ -26,7 +26,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QImage, QPainter, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QListWidget,
-                               QListWidgetItem, QMessageBox, QPushButton, QSlider, QSplitter, QToolButton, QVBoxLayout, QWidget)
+                               QListWidgetItem, QMenu, QMessageBox, QPushButton, QSlider, QSplitter, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from engine.train.run_history import RunHistory, write_csv
 
@@ -277,22 +278,21 @@ class TrainingCurves(QWidget):
         self.key_label = QLabel("— step loss (smoothed over faint raw) · - - train per epoch · ▲ validation per epoch")
         self.key_label.setObjectName("key")
         self.key_label.setStyleSheet("color: #666;")
-        self.csv_button = QPushButton("Export CSV…")
-        self.csv_button.setObjectName("export-csv")
-        self.csv_button.clicked.connect(self._ask_csv)
         self.overlay_button = QPushButton("Overlay run…")
         self.overlay_button.setObjectName("overlay-run")
         self.overlay_button.setToolTip("Add the curves of another run folder (another model's or project's run) "
                                        "to these, to compare them")
         self.overlay_button.clicked.connect(self.overlay_requested)
-        self.tensorboard_button = QPushButton("Export TensorBoard…")
-        self.tensorboard_button.setObjectName("export-tensorboard")
-        self.tensorboard_button.setToolTip("Write every run's scalars as TensorBoard event files, one folder a run "
-                                           "(tensorboard --logdir FOLDER)")
-        self.tensorboard_button.clicked.connect(self._ask_tensorboard)
-        self.png_button = QPushButton("Export PNG…")
-        self.png_button.setObjectName("export-png")
-        self.png_button.clicked.connect(self._ask_png)
+        # one button for the three exports: the side column keeps its height (the window's minimum)
+        self.export_button = QPushButton("Export")
+        self.export_button.setObjectName("export")
+        self.export_button.setToolTip("Every run's curves as CSV or TensorBoard event files, or the plots as PNG")
+        menu = QMenu(self.export_button)
+        self.export_csv_action = menu.addAction("CSV…", self._ask_csv)
+        self.export_tensorboard_action = menu.addAction("TensorBoard Event Files…", self._ask_tensorboard)
+        self.export_tensorboard_action.setToolTip("One folder a run: tensorboard --logdir FOLDER")
+        self.export_png_action = menu.addAction("PNG…", self._ask_png)
+        self.export_button.setMenu(menu)
         self.readout = QLabel("")
         self.readout.setObjectName("readout")
         self.readout.setFont(monospace_font())
@@ -326,7 +326,7 @@ class TrainingCurves(QWidget):
         side_layout.setContentsMargins(0, 0, 0, 0)
         side_layout.addWidget(QLabel("Runs"))
         side_layout.addWidget(self.run_list, 1)
-        for b in (self.fit_button, self.overlay_button, self.csv_button, self.tensorboard_button, self.png_button):
+        for b in (self.fit_button, self.overlay_button, self.export_button):
             side_layout.addWidget(b)
         split.addWidget(side)
         split.addWidget(self.graphics)

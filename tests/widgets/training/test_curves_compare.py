@@ -133,6 +133,23 @@ def test_runs_export_as_tensorboard_event_files_that_read_back(curves, tmp_path)
     assert scalar_table(written[0])["train/loss_step"][-1] == (16, 0.5)
 
 
+def test_the_export_menu_writes_tensorboard_files_where_the_user_chose(curves, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    curves.add_run(lm_run("run 1"))
+    logdir = tmp_path / "chosen"
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(logdir))
+    assert curves.export_tensorboard_action in curves.export_button.menu().actions()
+    curves.export_tensorboard_action.trigger()
+    assert "train/tokens_per_second" in scalar_table(logdir / "run 1")
+    assert "Wrote 1 run(s)" in curves.last_message.text() and str(logdir) in curves.last_message.text()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")  # a log folder that is a file: the export says why, nothing raised
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(blocked))
+    curves.export_tensorboard_action.trigger()
+    assert curves.last_message.icon() == curves.last_message.Icon.Warning and str(blocked) in curves.last_message.text()
+
+
 def test_a_run_folder_of_another_model_is_overlaid(curves, tmp_path):
     from app.run_overlay import RunOverlay
 
