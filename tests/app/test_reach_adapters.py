@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QMenu
 from safetensors.numpy import load_file, save_file
 
 from app.core.edits import replay
+from app.core.project import project_data_at
 from app.core.schema import PeftEdit, edit_from_json
 from engine import Device, Tensor
 from engine.models import from_pretrained, load_peft_adapter
@@ -66,6 +67,9 @@ def test_import_peft_adapter_is_one_undoable_replayable_edit(window, qtbot, fold
     assert edit == PeftEdit(str(adapter.resolve()))
     assert edit_from_json(json.loads(json.dumps(edit.to_json()))) == edit  # the project file keeps it
     np.testing.assert_allclose(logits(replay(from_pretrained(LLAMA), [edit])), expected, atol=1e-5)
+    # a saved project keeps the adapter's folder relative to itself, as it keeps a checkpoint's
+    data = project_data_at(window.document.project(), tmp_path / "p.ember.json")
+    assert data["edits"][-1] == {"op": "peft", "path": "adapter"}
 
     stack.undo()
     assert window.document.module is base and not adapted(window.document.module)
