@@ -12,7 +12,8 @@ from engine.store.atomic import atomic_write_text
 
 from dataclasses import replace
 
-from .schema import CheckpointSource, LoadEdit, OnnxSource, PeftEdit, PretrainedSource, Project, SchemaError, ScriptSource
+from .schema import (CheckpointSource, LoadEdit, OnnxSource, PeftEdit, PretrainedSource, Project, SchemaError,
+                     ScriptSource)
 
 PROJECT_SUFFIX = ".ember.json"
 
