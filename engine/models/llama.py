@@ -94,6 +94,11 @@ class LlamaConfig:
         return _ARCHITECTURE.get(self.model_type, "LlamaForCausalLM")
 
     @property
+    def qk_norm_eps(self) -> float | None:
+        """The epsilon of per-head q/k RMS norms before the rotary encoding; None: none (Qwen3 has them)."""
+        return None
+
+    @property
     def output_bias(self) -> bool:
         return self.attention_bias if self.attention_output_bias is None else self.attention_output_bias
 
@@ -289,6 +294,7 @@ class LlamaDecoderLayer(Module):
         self.self_attn = nn.MultiHeadAttentionConfig(
             d, config.num_attention_heads, dropout=0.0, n_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim, bias=config.attention_bias, output_bias=config.output_bias, causal=True,
+            qk_norm_eps=config.qk_norm_eps,
         ).init(device)
         self.post_attention_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
         self.mlp = LlamaMlp(config, device)

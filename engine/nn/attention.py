@@ -3,7 +3,8 @@
 Beyond Burn's layer, `MultiHeadAttentionConfig` takes what decoder families need: grouped-query
 attention (`n_kv_heads`), a head size that is not `d_model / n_heads` (`head_dim`), linear maps
 without bias (`bias`, `output_bias`), a causal mask (`causal`) and a rotary encoding applied to the
-queries and keys of every head (`rotary`, or an `nn.RotaryEncoding` passed to `forward`), and a
+queries and keys of every head (`rotary`, or an `nn.RotaryEncoding` passed to `forward`), per-head
+RMS norms of the queries and keys before the rotary encoding (`qk_norm_eps`: Qwen3, Gemma 3), and a
 key/value cache for generation (`KVCache`: the keys and values of earlier calls are kept and
 attended to, never recomputed).
 """
@@ -20,6 +21,7 @@ from ._base import Config, Layer, assert_shape, check_dtype, initializers
 from .activation import Gelu
 from .dropout import DropoutConfig
 from .linear import LinearConfig
+from .norm import RmsNormConfig
 from .pos_encoding import RotaryEncodingConfig
 from ..shapes.rules import expect, float_input, same
 from .spec import Burn, declare
@@ -238,7 +240,9 @@ class MultiHeadAttentionConfig(Config):
     `head_dim` defaults to `d_model // n_heads`. `bias` is the bias of the query, key and value maps,
     `output_bias` that of the output map (default: `bias`). `causal` masks every key after the
     query's position. `rotary` (a `RotaryEncodingConfig` with `d_model` = `head_dim`) is held by the
-    layer and applied to the queries and keys per head.
+    layer and applied to the queries and keys per head. `qk_norm_eps` (default None: none) gives
+    the layer `query_norm` and `key_norm`, RMS norms over `head_dim` (epsilon `qk_norm_eps`) of each
+    head's queries and keys, applied before the rotary encoding (Qwen3's `q_norm` / `k_norm`).
     """
 
     d_model: int
@@ -253,6 +257,7 @@ class MultiHeadAttentionConfig(Config):
     output_bias: bool | None = None
     causal: bool = False
     rotary: RotaryEncodingConfig | None = None
+    qk_norm_eps: float | None = None
 
     def init(self, device=None) -> "MultiHeadAttention":
         n_kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
@@ -277,9 +282,18 @@ class MultiHeadAttentionConfig(Config):
         value = LinearConfig(self.d_model, kv_dim, self.bias, init).init(device)
         output = LinearConfig(q_dim, self.d_model, out_bias, init).init(device)
         rotary = self.rotary.init(device) if self.rotary is not None else None
+        norms = {}
+        if self.qk_norm_eps is not None:
+            if isinstance(self.qk_norm_eps, bool) or not isinstance(self.qk_norm_eps, (int, float)) \
+                    or not self.qk_norm_eps > 0:
+                raise ValueError(f"MultiHeadAttentionConfig.qk_norm_eps must be a positive number or None, got "
+                                 f"{self.qk_norm_eps!r}")
+            norms = {k: RmsNormConfig(head_dim, epsilon=float(self.qk_norm_eps)).init(device)
+                     for k in ("query_norm", "key_norm")}
         return MultiHeadAttention(
             query, key, value, output, DropoutConfig(self.dropout).init(), Gelu(), self.d_model, self.n_heads,
             head_dim, self.min_float, self.quiet_softmax, n_kv_heads=n_kv, causal=self.causal, rotary=rotary,
+            **norms,
         )
 
 
@@ -292,10 +306,11 @@ class MultiHeadAttention(Layer):
     `n_kv_heads * d_k` outputs and key/value head `j` serves query heads `j * g .. j * g + g - 1`
     (`g = n_heads / n_kv_heads`). A rotary encoding (held in `rotary`, or passed to `forward`)
     rotates each head's queries and keys by their positions; `causal` masks the keys after each
-    query's position."""
+    query's position. `query_norm` / `key_norm` (optional layers over `d_k`, RMS norms in Qwen3)
+    normalize each head's queries and keys before the rotary encoding."""
 
     def __init__(self, query, key, value, output, dropout, activation, d_model, n_heads, d_k, min_float,
-                 quiet_softmax, n_kv_heads=None, causal=False, rotary=None):
+                 quiet_softmax, n_kv_heads=None, causal=False, rotary=None, query_norm=None, key_norm=None):
         super().__init__()
         self.query = query
         self.key = key
@@ -311,6 +326,9 @@ class MultiHeadAttention(Layer):
         self.n_kv_heads = int(n_heads if n_kv_heads is None else n_kv_heads)
         self.causal = bool(causal)
         self.rotary = rotary
+        if query_norm is not None or key_norm is not None:  # no field at all otherwise (Burn's layer)
+            self.query_norm = query_norm
+            self.key_norm = key_norm
 
     def forward(self, input: MhaInput, rotary=None, start: int | None = None, cache: KVCache | None = None,
                 positions=None) -> MhaOutput:
@@ -364,6 +382,11 @@ class MultiHeadAttention(Layer):
         value = self._heads(input.value, self.value, self.n_kv_heads)
         if positions is not None and (cache is not None or seq_new != seq_length_1):
             raise ValueError("MultiHeadAttention: positions are for self-attention without a cache")
+        q_norm, k_norm = self.__dict__.get("query_norm"), self.__dict__.get("key_norm")
+        if q_norm is not None:
+            query = q_norm.forward(query)
+        if k_norm is not None:
+            key = k_norm.forward(key)
         if rope is not None:
             query = rope.apply(query, start, positions)
             key = rope.apply(key, start, positions)

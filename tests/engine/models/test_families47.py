@@ -1,0 +1,133 @@
+"""Issue 47's families and rope variants against transformers: the committed tiny folders of
+tests/fixtures/hf/ made by make_family_fixtures.py (Qwen3 with q/k norms; Llama with yarn, dynamic
+and longrope rope; Phi-3 with its fused projections) and their peft adapters under tests/fixtures/peft/.
+
+Each folder: logits within 1e-4 of transformers at every position with a left-padded mask and
+without a mask (and, for the rope folders, below and above the original length); `save_pretrained`
+writes the very tensors transformers wrote (bit for bit); greedy generation equals transformers'
+`generate` with the cache and without it; the peft adapter on every linear projection loads with
+peft's logits and saves back as the same tensors. The optional part (skipped without transformers)
+reloads Ember's saved folder and adapter in transformers + peft.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from engine import Tensor
+from engine.models import from_pretrained, generate, load_peft_adapter, save_peft_adapter, save_pretrained
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures"
+HF, PEFT = FIX / "hf", FIX / "peft"
+FOLDERS = {"qwen3": "Qwen3ForCausalLM", "qwen3-bias": "Qwen3ForCausalLM",
+           "llama-yarn": "LlamaForCausalLM", "llama-dynamic": "LlamaForCausalLM",
+           "llama-longrope": "LlamaForCausalLM"}
+FOLDERS = {k: v for k, v in FOLDERS.items() if (HF / k / "config.json").exists()}
+ROPE = [n for n in FOLDERS if (n.startswith("llama-") or "longrope" in n)]
+ATOL = 1e-4
+_MODELS = {}
+
+
+def _model(name):
+    if name not in _MODELS:
+        _MODELS[name] = from_pretrained(HF / name)
+    return _MODELS[name]
+
+
+def _logits(model, ids, mask=None):
+    m = None if mask is None else Tensor.from_data(mask)
+    return model.forward(Tensor.from_data(ids), m).numpy()
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_logits_equal_transformers_with_a_left_padded_mask(name):
+    model = _model(name)
+    assert type(model).__name__ == FOLDERS[name]
+    exp = np.load(HF / name / "expected.npz")
+    assert exp["attention_mask"][1, 0] == 0  # row 1 is left-padded
+    np.testing.assert_allclose(_logits(model, exp["input_ids"], exp["attention_mask"]), exp["logits"], rtol=0,
+                               atol=ATOL)
+    np.testing.assert_allclose(_logits(model, exp["input_ids"]), exp["logits_nomask"], rtol=0, atol=ATOL)
+    assert np.abs(exp["logits"][1, 2:] - exp["logits_nomask"][1, 2:]).max() > 0.1  # the mask matters
+
+
+@pytest.mark.parametrize("name", ROPE)
+def test_rope_variants_below_and_above_the_original_length(name):
+    model = _model(name)
+    exp = np.load(HF / name / "expected.npz")
+    for key in ("short", "long"):
+        got = _logits(model, exp[f"{key}_ids"], exp[f"{key}_mask"])
+        np.testing.assert_allclose(got, exp[f"{key}_logits"], rtol=0, atol=ATOL, err_msg=key)
+    # the order of calls does not matter (transformers' dynamic rope keeps state; Ember's answer is a fresh model's)
+    got = _logits(model, exp["short_ids"], exp["short_mask"])
+    np.testing.assert_allclose(got, exp["short_logits"], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_save_pretrained_writes_transformers_tensors_bit_for_bit(name, tmp_path):
+    model = _model(name)
+    save_pretrained(model, tmp_path / "out")
+    mine = safetensors.numpy.load_file(tmp_path / "out" / "model.safetensors")
+    theirs = safetensors.numpy.load_file(HF / name / "model.safetensors")
+    assert sorted(mine) == sorted(theirs)
+    for k in theirs:
+        assert mine[k].dtype == theirs[k].dtype and np.array_equal(mine[k], theirs[k]), k
+    again = from_pretrained(tmp_path / "out")
+    exp = np.load(HF / name / "expected.npz")
+    np.testing.assert_allclose(_logits(again, exp["input_ids"], exp["attention_mask"]), exp["logits"], rtol=0,
+                               atol=ATOL)
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_generation_equals_transformers(name, use_cache):
+    exp = json.loads((HF / name / "generate_expected.json").read_text())
+    model = _model(name)
+    for case in exp["cases"]:
+        prompt = case["prompt_ids"] if case.get("batch") else case["prompt_ids"][0]
+        r = generate(model, None, prompt, exp["max_new_tokens"], temperature=0, stop=[exp["eos_token_id"]],
+                     use_cache=use_cache)
+        assert r.ids == case["new_ids"], (name, use_cache, case)
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_peft_adapter_on_every_linear_both_ways(name, tmp_path):
+    folder = PEFT / f"{name}-all-linear"
+    tuned = load_peft_adapter(from_pretrained(HF / name), folder)
+    exp = np.load(folder / "expected.npz")
+    np.testing.assert_allclose(_logits(tuned.valid(), exp["input_ids"], exp["attention_mask"]), exp["logits"],
+                               rtol=0, atol=ATOL)
+    base = np.load(HF / name / "expected.npz")["logits"]
+    assert np.abs(exp["logits"] - base).max() > 0.5  # the adapter matters
+    save_peft_adapter(tuned, tmp_path / "out")
+    mine = safetensors.numpy.load_file(tmp_path / "out" / "adapter_model.safetensors")
+    theirs = safetensors.numpy.load_file(folder / "adapter_model.safetensors")
+    assert sorted(mine) == sorted(theirs)
+    for k in theirs:
+        np.testing.assert_array_equal(mine[k], theirs[k], err_msg=k)
+    targets = set(json.loads((tmp_path / "out" / "adapter_config.json").read_text())["target_modules"])
+    assert targets == set(json.loads((folder / "adapter_config.json").read_text())["target_modules"])
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_transformers_and_peft_reload_embers_files(name, tmp_path):
+    """Optional (torch, transformers, peft: the oracle venv): Ember's save_pretrained folder and its saved
+    adapter give transformers' / peft's logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    save_pretrained(_model(name), tmp_path / "base")
+    tuned = load_peft_adapter(from_pretrained(HF / name), PEFT / f"{name}-all-linear")
+    save_peft_adapter(tuned, tmp_path / "adapter")
+    exp, pexp = np.load(HF / name / "expected.npz"), np.load(PEFT / f"{name}-all-linear" / "expected.npz")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32,
+                                                              attn_implementation="eager").eval()
+    ids, mask = torch.tensor(exp["input_ids"]), torch.tensor(exp["attention_mask"])
+    with torch.no_grad():
+        np.testing.assert_allclose(model(ids, attention_mask=mask).logits.numpy(), exp["logits"], rtol=0, atol=1e-5)
+        pm = peft.PeftModel.from_pretrained(model, tmp_path / "adapter").eval()
+        np.testing.assert_allclose(pm(ids, attention_mask=mask).logits.numpy(), pexp["logits"], rtol=0, atol=1e-5)
