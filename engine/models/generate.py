@@ -534,6 +534,7 @@ class GenerationStream:
         pos = None
         if padded and hasattr(model, "rotary_emb"):
             pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        recompute = getattr(model, "cache_recompute_length", None)
         with no_recording():
             head = _Head(model)
             cache = nn.KVCache.layers(self._n_layers, capacity=width + self._max_new) if self._use_cache else None
@@ -568,11 +569,16 @@ class GenerationStream:
             nxt = np.asarray(chosen, dtype=np.int64).reshape(b, 1)
             n = width + step + 1
             with no_recording():
-                if cache is not None:
+                seq = np.concatenate([seq, nxt], axis=1)
+                if cache is not None and n == recompute and width < n:
+                    for c in cache:  # transformers' Phi-3: the cache is rebuilt once the sequence passes the
+                        c.reset()    # original length, every key then rotated with longrope's long factors
+                    last = head(Tensor.from_data(seq), mask[:, :n] if padded else None, cache,
+                                None if pos is None else pos[:, :n])
+                elif cache is not None:
                     last = head(Tensor.from_data(nxt), mask[:, :n] if padded else None, cache,
                                 None if pos is None else pos[:, n - 1:n])
                 else:
-                    seq = np.concatenate([seq, nxt], axis=1)
                     last = head(Tensor.from_data(seq), mask[:, :n] if padded else None, None,
                                 None if pos is None else pos[:, :n])
         self._finish(self._reasons)

@@ -63,7 +63,7 @@ class Family:
     layers: Callable[[Any], tuple[str, int]] | None = None
 
 
-_FAMILY_MODULES = ("llama", "qwen3", "gpt2", "bert", "vit")
+_FAMILY_MODULES = ("llama", "qwen3", "phi3", "gpt2", "bert", "vit")
 _families: list[Family] | None = None
 
 

@@ -26,7 +26,7 @@ FIX = Path(__file__).resolve().parents[2] / "fixtures"
 HF, PEFT = FIX / "hf", FIX / "peft"
 FOLDERS = {"qwen3": "Qwen3ForCausalLM", "qwen3-bias": "Qwen3ForCausalLM",
            "llama-yarn": "LlamaForCausalLM", "llama-dynamic": "LlamaForCausalLM",
-           "llama-longrope": "LlamaForCausalLM"}
+           "llama-longrope": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "phi3-longrope": "Phi3ForCausalLM"}
 FOLDERS = {k: v for k, v in FOLDERS.items() if (HF / k / "config.json").exists()}
 ROPE = [n for n in FOLDERS if (n.startswith("llama-") or "longrope" in n)]
 ATOL = 1e-4
@@ -137,3 +137,33 @@ def test_transformers_and_peft_reload_embers_files(name, tmp_path):
         np.testing.assert_allclose(model(ids, attention_mask=mask).logits.numpy(), exp["logits"], rtol=0, atol=1e-5)
         pm = peft.PeftModel.from_pretrained(model, tmp_path / "adapter").eval()
         np.testing.assert_allclose(pm(ids, attention_mask=mask).logits.numpy(), pexp["logits"], rtol=0, atol=1e-5)
+
+
+def test_phi3_fused_projections_split_by_their_sizes_and_refusals():
+    from engine.models import PretrainedError
+    from engine.models.mapping import Split
+    from engine.models.phi3 import Phi3Config
+
+    qkv = np.arange(7 * 2).reshape(7, 2)
+    parts = [Split(0, i, 3, (3, 2, 2)).forward(qkv) for i in range(3)]
+    assert [p.shape for p in parts] == [(3, 2), (2, 2), (2, 2)]
+    np.testing.assert_array_equal(np.concatenate(parts), qkv)
+    with pytest.raises(ValueError, match=r"parts of \[3, 2, 2\] along axis 0 needs 7 there, found dims \[8, 2\]"):
+        Split(0, 0, 3, (3, 2, 2)).shape((8, 2))
+    cfg = json.loads((HF / "phi3-longrope" / "config.json").read_text())
+    # Phi-3's older names for longrope ("su", "yarn") are longrope, as transformers reads them
+    old = {**cfg, "rope_parameters": {**cfg["rope_parameters"], "rope_type": "su"}}
+    assert Phi3Config.from_json(old).rope_scaling == Phi3Config.from_json(cfg).rope_scaling
+    assert Phi3Config.from_json(cfg).rope_scaling["rope_type"] == "longrope"
+    partial = {**cfg, "rope_parameters": {**cfg["rope_parameters"], "partial_rotary_factor": 0.75}}
+    with pytest.raises(PretrainedError, match=r"'partial_rotary_factor' 0.75 is not supported.*Phi-4-mini"):
+        Phi3Config.from_json(partial)
+
+
+def test_qwen3_norms_are_per_head_and_follow_the_rotary_permutation():
+    model = _model("qwen3")
+    attn = model.layers[0].self_attn
+    assert tuple(attn.query_norm.gamma.shape) == tuple(attn.key_norm.gamma.shape) == (16,)
+    stored = safetensors.numpy.load_file(HF / "qwen3" / "model.safetensors")["model.layers.0.self_attn.q_norm.weight"]
+    # Ember's interleaved pairs: (w[0], w[8]), (w[1], w[9]), ... of Hugging Face's halves
+    np.testing.assert_array_equal(attn.query_norm.gamma.val().numpy(), stored.reshape(2, 8).T.reshape(-1))
