@@ -167,3 +167,17 @@ def test_qwen3_norms_are_per_head_and_follow_the_rotary_permutation():
     stored = safetensors.numpy.load_file(HF / "qwen3" / "model.safetensors")["model.layers.0.self_attn.q_norm.weight"]
     # Ember's interleaved pairs: (w[0], w[8]), (w[1], w[9]), ... of Hugging Face's halves
     np.testing.assert_array_equal(attn.query_norm.gamma.val().numpy(), stored.reshape(2, 8).T.reshape(-1))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "phi3", "llama-yarn", "phi3-longrope"])
+def test_onnx_export_equals_ember(name, tmp_path):
+    """The traced graph (q/k norms, the split projections, the scaled rope tables) run by onnx's
+    reference evaluator gives Ember's logits (Ember's export fixes the traced sequence length)."""
+    onnx_reference = pytest.importorskip("onnx.reference")
+    from engine.interop import export_onnx
+
+    model = _model(name).valid()
+    x = Tensor.from_data(np.load(HF / name / "expected.npz")["input_ids"])
+    path = export_onnx(model, tmp_path / f"{name}.onnx", x)
+    (got,) = onnx_reference.ReferenceEvaluator(str(path)).run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(got, model.forward(x).numpy(), rtol=0, atol=1e-4)
