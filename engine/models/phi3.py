@@ -12,8 +12,8 @@ LoRAs on the parts with one shared A and B's row blocks, and saves back as one (
 
 Phi-3's rope: default, or `longrope` (`rope_scaling` types "su" and "yarn" are longrope in Phi-3,
 as transformers reads them), with `original_max_position_embeddings` at the config's top level.
-`partial_rotary_factor` below 1 (Phi-4-mini) is refused; a `sliding_window` is refused past its
-size, as for Mistral.
+`partial_rotary_factor` below 1 (Phi-4-mini) is refused; a `sliding_window` (Phi-3-mini's 2047)
+is every layer's attention window, as in transformers.
 """
 from __future__ import annotations
 

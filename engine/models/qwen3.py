@@ -1,7 +1,7 @@
 """The Qwen3 family: `Qwen3ForCausalLM`, the Llama architecture with per-head q/k RMS norms.
 
     Qwen3ForCausalLM (a LlamaForCausalLM)
-      layers.{i}.self_attn     nn.MultiHeadAttention with `query_norm` / `key_norm`: RMS norms over
+      layers.{i}.self_attn     nn.MultiHeadAttention with `q_norm` / `k_norm`: RMS norms over
                                head_dim (epsilon rms_norm_eps) of each head's queries and keys, after
                                the projections and before the rotary encoding (transformers' q_norm /
                                k_norm); `attention_bias` is the bias of all four projections
@@ -9,15 +9,16 @@
 Everything else is Llama's (engine.models.llama): the blocks, the rope variants of `rope_scaling`,
 tied or untied head, the key/value cache. The norms' weights follow the rotary permutation of the
 q/k rows (Ember rotates interleaved pairs, Hugging Face the two halves of a head: a norm weight is
-one head's worth of rows). `sliding_window` counts only with `use_sliding_window` (and then from
-layer `max_window_layers` on): Ember refuses an input longer than the window, as for Mistral.
+one head's worth of rows). `sliding_window` counts only with `use_sliding_window`, then for the
+layers from `max_window_layers` on (or as `layer_types` says), as Qwen2's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import nn
 from .hf_folder import PretrainedError
-from .llama import LlamaConfig, LlamaForCausalLM
+from .llama import LlamaConfig, LlamaForCausalLM, _qwen2_layer_types
 from .llama import weight_map as llama_weight_map
 from .mapping import RopePermute, Rule, WeightMap
 from .pretrained import Family
@@ -37,9 +38,8 @@ class Qwen3Config(LlamaConfig):
     def architecture(self) -> str:
         return "Qwen3ForCausalLM"
 
-    @property
-    def qk_norm_eps(self) -> float | None:
-        return self.rms_norm_eps
+    def qk_norm(self):
+        return nn.RmsNormConfig(self.head_dim, epsilon=self.rms_norm_eps)
 
     @classmethod
     def from_json(cls, data: dict, model_type: str | None = None) -> "Qwen3Config":
@@ -52,14 +52,13 @@ class Qwen3Config(LlamaConfig):
         use = d.get("use_sliding_window", False)
         if not isinstance(use, bool):
             raise PretrainedError(f"'use_sliding_window' must be true or false, found {use!r}", where=_WHERE)
-        max_window_layers = d.get("max_window_layers", 28)
-        n_layers = d.get("num_hidden_layers")
-        if not use or (isinstance(max_window_layers, int) and isinstance(n_layers, int)
-                       and max_window_layers >= n_layers):
-            d["sliding_window"] = None  # no layer slides
-        else:
+        if use:
             d.setdefault("sliding_window", 4096)
+        else:
+            d["sliding_window"] = None  # transformers' Qwen3Config: no window without use_sliding_window
         cfg = super().from_json(d, "llama")
+        if cfg.sliding_window is not None:  # as Qwen2: sliding from layer max_window_layers on, or layer_types
+            cfg.layer_types = _qwen2_layer_types(d, cfg.num_hidden_layers)
         cfg.model_type = "qwen3"
         return cfg
 
@@ -68,8 +67,8 @@ class Qwen3Config(LlamaConfig):
         out.pop("mlp_bias", None)
         out["use_sliding_window"] = self.sliding_window is not None
         out["sliding_window"] = self.sliding_window
-        if self.sliding_window is not None:
-            out["max_window_layers"] = 0
+        if self.layer_types is not None:
+            out["layer_types"] = list(self.layer_types)
         return out
 
 
@@ -88,8 +87,8 @@ def weight_map(config: Qwen3Config) -> WeightMap:
     attn, ours = "model.layers.{i}.self_attn", "layers.{i}.self_attn"
     hd = config.head_dim
     rules = list(base.rules) + [
-        Rule(f"{attn}.q_norm.weight", f"{ours}.query_norm.gamma", [RopePermute(1, hd, axis=0)]),
-        Rule(f"{attn}.k_norm.weight", f"{ours}.key_norm.gamma", [RopePermute(1, hd, axis=0)]),
+        Rule(f"{attn}.q_norm.weight", f"{ours}.q_norm.gamma", [RopePermute(1, hd, axis=0)]),
+        Rule(f"{attn}.k_norm.weight", f"{ours}.k_norm.gamma", [RopePermute(1, hd, axis=0)]),
     ]
     return WeightMap(rules, ignore=[p.pattern for p in base.ignore])
 

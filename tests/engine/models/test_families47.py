@@ -163,10 +163,10 @@ def test_phi3_fused_projections_split_by_their_sizes_and_refusals():
 def test_qwen3_norms_are_per_head_and_follow_the_rotary_permutation():
     model = _model("qwen3")
     attn = model.layers[0].self_attn
-    assert tuple(attn.query_norm.gamma.shape) == tuple(attn.key_norm.gamma.shape) == (16,)
+    assert tuple(attn.q_norm.gamma.shape) == tuple(attn.k_norm.gamma.shape) == (16,)
     stored = safetensors.numpy.load_file(HF / "qwen3" / "model.safetensors")["model.layers.0.self_attn.q_norm.weight"]
     # Ember's interleaved pairs: (w[0], w[8]), (w[1], w[9]), ... of Hugging Face's halves
-    np.testing.assert_array_equal(attn.query_norm.gamma.val().numpy(), stored.reshape(2, 8).T.reshape(-1))
+    np.testing.assert_array_equal(attn.q_norm.gamma.val().numpy(), stored.reshape(2, 8).T.reshape(-1))
 
 
 @pytest.mark.parametrize("name", ["qwen3", "phi3", "llama-yarn", "phi3-longrope"])
