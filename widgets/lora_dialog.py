@@ -45,8 +45,9 @@ _NAME_LIST = re.compile(r"^\s*[\w.-]+(\s*,\s*[\w.-]+)*\s*$")
 
 def target_presets(module: Any) -> list[tuple[str, str]]:
     """(key, label) of the PEFT-style target presets that select something in `module`: the
-    family's usual ones (Llama's "q_proj, v_proj" and the four attention projections, GPT-2's
-    "c_attn"), "all-linear", a custom list or regex, and the parameter group."""
+    family's usual ones (Llama's, Qwen3's "q_proj, v_proj" and the four attention projections,
+    GPT-2's "c_attn", Phi-3's fused "qkv_proj" and "gate_up_proj"), "all-linear", a custom list or
+    regex, and the parameter group."""
     try:
         names = {t.module.rpartition(".")[2] for t in peft_targets(module)}
         linear = any(t.kind == "linear" for t in peft_targets(module))
@@ -61,6 +62,11 @@ def target_presets(module: Any) -> list[tuple[str, str]]:
         out.append(("c_attn", "c_attn (GPT-2's attention)"))
     if {"query", "value"} <= names:
         out.append(("query, value", "query, value (PEFT's default for BERT and ViT)"))
+    if {"qkv_proj", "o_proj"} <= names:  # Phi-3: q, k, v fused in one Linear (one LoRA over its rows, as peft)
+        out.append(("qkv_proj", "qkv_proj (Phi-3's fused attention)"))
+        out.append(("qkv_proj, o_proj", "qkv_proj, o_proj"))
+    if {"gate_up_proj", "down_proj"} <= names:
+        out.append(("gate_up_proj, down_proj", "gate_up_proj, down_proj (Phi-3's MLP)"))
     if linear:
         out.append((ALL_LINEAR, "all-linear (every Linear but the output head)"))
     out.append((CUSTOM_TARGETS, "Custom: module names or a regex"))

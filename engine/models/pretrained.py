@@ -64,7 +64,7 @@ class Family:
     layers: Callable[[Any], tuple[str, int]] | None = None
 
 
-_FAMILY_MODULES = ("llama", "gemma", "gpt2", "bert", "vit")
+_FAMILY_MODULES = ("llama", "qwen3", "phi3", "gemma", "gpt2", "bert", "vit")
 _families: list[Family] | None = None
 
 
