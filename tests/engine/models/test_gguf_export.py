@@ -183,6 +183,10 @@ def test_adapter_layout_alpha_and_refusals(tmp_path):
                                                                  from_regex(r"layers\."))))
     with pytest.raises(PretrainedError, match="token embedding"):
         gguf_lora_tensors(from_pretrained(MIXED).apply_lora(Lora(2, 4.0)))
+    tuned_norm = from_pretrained(MIXED).apply_lora(Lora(2, 4.0, param_group=ParamGroup.from_regex(r"layers\.")))
+    tuned_norm = tuned_norm.unfreeze_group(ParamGroup.from_regex(r"^norm\.gamma$"))
+    with pytest.raises(PretrainedError, match="'norm.gamma' is trainable outside the LoRA adapters"):
+        gguf_lora_tensors(tuned_norm)
     with pytest.raises(PretrainedError, match="no LoRA adapters"):
         gguf_lora_tensors(from_pretrained(MIXED))
     with pytest.raises(PretrainedError, match="adapter is for a 'llama' model, the base GGUF is 'qwen2'"):
