@@ -94,7 +94,7 @@ def test_source_types_copy_unchanged_blocks_and_the_metadata(tmp_path):
 
 
 @pytest.mark.parametrize("source", [MIXED, QWEN])
-@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_1"])
 def test_merged_lora_model_written_in_a_type_reads_back_as_its_values(tmp_path, source, qtype):
     model = _random_adapters(from_pretrained(source).apply_lora(Lora(2, 4.0, param_group=ParamGroup.from_regex(
         r"layers\.0"))), seed=3)
@@ -112,6 +112,9 @@ def test_merged_lora_model_written_in_a_type_reads_back_as_its_values(tmp_path, 
             assert np.array_equal(written, value), path  # vectors are F32
         elif qtype == "F16":
             assert np.array_equal(written, value.astype(np.float16).astype(np.float32)), path
+        elif qtype == "BF16":  # gguf's rounding to bfloat16 (a float type: read back as a plain weight)
+            bf16 = gguf.GGMLQuantizationType.BF16
+            assert np.array_equal(written, gguf.quants.dequantize(gguf.quants.quantize(value, bf16), bf16)), path
         else:
             r = p.reparameterization
             assert isinstance(r, GGUFWeight), path
