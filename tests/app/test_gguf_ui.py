@@ -92,3 +92,21 @@ def test_the_tree_inspector_and_status_line_show_the_quantization(window, qtbot,
     assert model.index(index.row(), NAME, index.parent()).data(Qt.ItemDataRole.DecorationRole) is None  # no "L"
     row = window.inspector.params.item(0, 3).text()
     assert row.startswith(f"{qtype} (")
+
+
+def test_export_gguf_from_the_menu_asks_the_type_then_the_file(window, qtbot, files, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog, QInputDialog
+
+    from app.gguf_actions import TYPE_CHOICES
+
+    _open(qtbot, window, files)
+    label = next(k for k, v in TYPE_CHOICES.items() if v == "Q4_0")
+    asked = []
+    monkeypatch.setattr(QInputDialog, "getItem", lambda *a, **k: (asked.append(a[3]) or label, True))
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(tmp_path / "out.gguf"), ""))
+    window.actions.export_gguf.trigger()
+    wait_idle(qtbot, window)
+    assert asked and set(TYPE_CHOICES) == set(asked[0])
+    with open_gguf(tmp_path / "out.gguf") as f:
+        assert f.tensors["blk.0.ffn_up.weight"].type == "Q4_0" and f.tensors["output_norm.weight"].type == "F32"
+        assert f.metadata["tokenizer.chat_template"]
