@@ -5,7 +5,8 @@
   weights kept in their blocks; a project reopens it with its edits).
 - File ▸ Export ▸ GGUF… (`ask_export`, `export_gguf`): the model merged (LoRA folded in) as a GGUF
   file of a chosen type (`engine.models.gguf_export.save_gguf`: F16, BF16, Q8_0, Q4_0, …, or each
-  weight's own type), written atomically on a worker, cancellable.
+  weight's own type), written atomically on a worker, cancellable, with an Ollama Modelfile beside it
+  (`<name>.Modelfile`: FROM the file, its template).
 - File ▸ Export ▸ GGUF LoRA Adapter… (`ask_export_lora`, `export_lora`): the LoRA adapters as a GGUF
   LoRA adapter llama.cpp applies over the GGUF the model was opened from, checked against it first,
   with an Ollama Modelfile beside it (`<name>.Modelfile`: FROM the base, ADAPTER the adapter).
@@ -125,12 +126,15 @@ class GGUFActions:
         started = time.perf_counter()
 
         def work(state):
-            return save_gguf(module, path, qtype, check=state.check_cancelled,
-                             progress=lambda done, total: state.set_progress(done / total))
+            written = save_gguf(module, path, qtype, check=state.check_cancelled,
+                                progress=lambda done, total: state.set_progress(done / total))
+            return written, write_modelfile(written.with_suffix(".Modelfile"), written, None, _chat_template(written))
 
-        def done(written) -> None:
+        def done(result) -> None:
+            written, modelfile = result
             w.status(f"Saved {written.name} ({qtype}, {written.stat().st_size / 2 ** 20:.1f} MiB, "
-                     f"{time.perf_counter() - started:.1f} s): llama.cpp and Ollama run it", 15000)
+                     f"{time.perf_counter() - started:.1f} s) and {modelfile.name}: llama-cli -m {written.name}; "
+                     f"ollama create NAME -f {modelfile.name}", 15000)
 
         w.status(f"Exporting GGUF ({qtype}) to {path}…")
         return w.tasks.start(BackgroundTask(work, title=f"Exporting {path.name}"), done,
@@ -161,13 +165,7 @@ class GGUFActions:
 
         def work(state):
             written = save_gguf_lora(module, path, check=state.check_cancelled)
-            from engine.store.gguf_file import open_gguf  # noqa: PLC0415
-
-            with open_gguf(base) as f:
-                chat = f.metadata.get("tokenizer.chat_template")
-            modelfile = write_modelfile(path.with_suffix(".Modelfile"), base, written,
-                                        chat if isinstance(chat, str) else None)
-            return written, modelfile
+            return written, write_modelfile(path.with_suffix(".Modelfile"), base, written, _chat_template(base))
 
         def done(result) -> None:
             written, modelfile = result
@@ -179,6 +177,15 @@ class GGUFActions:
                              lambda f: w.error("Export GGUF LoRA adapter failed",
                                                f"{path.name} was not written: {f.exception}", f.traceback),
                              kind="export-gguf-lora")
+
+
+def _chat_template(path) -> str | None:
+    """The chat template in a GGUF file's metadata (None without one)."""
+    from engine.store.gguf_file import open_gguf  # noqa: PLC0415
+
+    with open_gguf(path) as f:
+        chat = f.metadata.get("tokenizer.chat_template")
+    return chat if isinstance(chat, str) else None
 
 
 def quantized_summary(module) -> str:

@@ -110,3 +110,4 @@ def test_export_gguf_from_the_menu_asks_the_type_then_the_file(window, qtbot, fi
     with open_gguf(tmp_path / "out.gguf") as f:
         assert f.tensors["blk.0.ffn_up.weight"].type == "Q4_0" and f.tensors["output_norm.weight"].type == "F32"
         assert f.metadata["tokenizer.chat_template"]
+    assert (tmp_path / "out.Modelfile").read_text().startswith(f"FROM {(tmp_path / 'out.gguf').resolve()}\nTEMPLATE")
