@@ -139,20 +139,33 @@ TORCH_CHAT = textwrap.dedent("""
 """)
 
 
-def chat_main(threads=THREADS, rounds=CHAT_ROUNDS) -> int:
+def chat_main(argv=None) -> int:
     """`--smollm2`: greedy chat answers of SmolLM2-135M-Instruct, Ember against transformers."""
+    import argparse  # noqa: PLC0415
+
     from benchmarks.smollm2 import smollm2_folder  # noqa: PLC0415
 
+    ap = argparse.ArgumentParser(description="greedy chat generation on SmolLM2-135M-Instruct")
+    ap.add_argument("--smollm2", action="store_true")
+    ap.add_argument("--threads", default=",".join(map(str, THREADS)))
+    ap.add_argument("--rounds", type=int, default=CHAT_ROUNDS, help="fresh processes per side and thread count")
+    ap.add_argument("--questions", type=int, default=10, help="the first N of the ten questions")
+    args = ap.parse_args(argv)
+    threads, rounds = [int(t) for t in args.threads.split(",")], args.rounds
     print(machine_line())
     oracle = oracle_python()
     folder = smollm2_folder(oracle[0] if oracle is not None else None)
-    n_questions = len(json.loads(QUESTIONS.read_text(encoding="utf-8")))
+    questions = json.loads(QUESTIONS.read_text(encoding="utf-8"))[:args.questions]
+    n_questions = len(questions)
+    tmp = Path(tempfile.mkdtemp(prefix="ember-chat-bench-"))
+    chosen = tmp / "questions.json"
+    chosen.write_text(json.dumps(questions), encoding="utf-8")
     rows, agree = [], []
     for n in threads:
-        sides = {"Ember, KV cache": (sys.executable, EMBER_CHAT, [str(folder), str(QUESTIONS), str(CHAT_NEW)])}
+        sides = {"Ember, KV cache": (sys.executable, EMBER_CHAT, [str(folder), str(chosen), str(CHAT_NEW)])}
         if oracle is not None:
             sides[f"transformers generate (torch, transformers {oracle[1]})"] = (
-                oracle[0], TORCH_CHAT, [str(folder), str(QUESTIONS), str(CHAT_NEW), str(n)])
+                oracle[0], TORCH_CHAT, [str(folder), str(chosen), str(CHAT_NEW), str(n)])
         best: dict = {}
         for _ in range(rounds):
             for name, (python, code, args) in sides.items():
@@ -177,6 +190,7 @@ def chat_main(threads=THREADS, rounds=CHAT_ROUNDS) -> int:
           "thread count")
     if oracle is None:
         print("- transformers: not measured (no Python with torch and transformers: set EMBER_ORACLE_PYTHON)")
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
