@@ -189,10 +189,14 @@ class DesignerPanel(QWidget):
         samples.setMenu(menu)
         tb.addWidget(samples)
         tb.addSeparator()
+        # the toolbar buttons keep one word whatever the command (a growing label shifted Build and
+        # Fit under the pointer); the tooltip names the command
         self.action_undo = self.undo_stack.createUndoAction(self, "Undo")
-        self.action_undo.setToolTip("Undo the last design edit (Ctrl+Z on the canvas)")
+        self.action_undo.setIconText("Undo")
         self.action_redo = self.undo_stack.createRedoAction(self, "Redo")
-        self.action_redo.setToolTip("Redo (Ctrl+Shift+Z on the canvas)")
+        self.action_redo.setIconText("Redo")
+        self._name_commands()
+        self.undo_stack.indexChanged.connect(self._name_commands)
         tb.addAction(self.action_undo)
         tb.addAction(self.action_redo)
         tb.addSeparator()
@@ -208,6 +212,13 @@ class DesignerPanel(QWidget):
                     "on every edge) instead of the design's canvas")
         graph.setCheckable(True)
         return tb
+
+    def _name_commands(self, *_):
+        undo, redo = self.undo_stack.undoText(), self.undo_stack.redoText()
+        self.action_undo.setToolTip(f"Undo {undo} (Ctrl+Z on the canvas)" if undo else "Undo the last design edit "
+                                                                                        "(Ctrl+Z on the canvas)")
+        self.action_redo.setToolTip(f"Redo {redo} (Ctrl+Shift+Z on the canvas)" if redo else "Redo (Ctrl+Shift+Z "
+                                                                                            "on the canvas)")
 
     def show_graph(self, on: bool = True) -> None:
         """The Graph page (the open model's traced graph) or the design's canvas."""

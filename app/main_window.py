@@ -307,8 +307,12 @@ class MainWindow(QMainWindow):
         a.redo.triggered.connect(stack.redo)
         stack.canUndoChanged.connect(a.undo.setEnabled)
         stack.canRedoChanged.connect(a.redo.setEnabled)
-        stack.undoTextChanged.connect(lambda t: a.undo.setText(f"&Undo {t}".rstrip()))
-        stack.redoTextChanged.connect(lambda t: a.redo.setText(f"&Redo {t}".rstrip()))
+        # the menu and the tooltip say the whole command; the toolbar button keeps its one word, so
+        # a long command never pushes the toolbar's other buttons into the overflow
+        a.undo.setIconText("Undo")
+        a.redo.setIconText("Redo")
+        stack.undoTextChanged.connect(lambda t: _name_command(a.undo, "Undo", t))
+        stack.redoTextChanged.connect(lambda t: _name_command(a.redo, "Redo", t))
         stack.indexChanged.connect(self._on_index_changed)
         a.undo.setEnabled(False)
         a.redo.setEnabled(False)
@@ -590,29 +594,25 @@ class MainWindow(QMainWindow):
         return True
 
     # ---- drag and drop: a folder (a Hugging Face model), a project, a script or a checkpoint ---------------
+    # Ember only reads what is dropped: the drop is accepted as a copy (or a link), never as the
+    # move a file manager may propose, which would let it delete the user's folder afterwards.
     def dragEnterEvent(self, event) -> None:
-        if self.pretrained.accepts(event.mimeData()):
-            event.acceptProposedAction()
-        else:
+        if not (self.pretrained.accepts(event.mimeData()) and accept_as_copy(event)):
             super().dragEnterEvent(event)
 
     def dragMoveEvent(self, event) -> None:
-        if self.pretrained.accepts(event.mimeData()):
-            event.acceptProposedAction()
-        else:
+        if not (self.pretrained.accepts(event.mimeData()) and accept_as_copy(event)):
             super().dragMoveEvent(event)
 
     def dropEvent(self, event) -> None:
+        if not (self.pretrained.accepts(event.mimeData()) and accept_as_copy(event)):
+            super().dropEvent(event)
+            return
         dropped = self.pretrained.dropped_paths(event.mimeData())
         if dropped and dropped[0].suffix.lower() == ".onnx" and dropped[0].is_file():
-            event.acceptProposedAction()
             self.onnx.open_onnx(dropped[0])
             return
-        if self.pretrained.accepts(event.mimeData()):
-            event.acceptProposedAction()
-            self.pretrained.drop(event.mimeData())
-        else:
-            super().dropEvent(event)
+        self.pretrained.drop(event.mimeData())
 
     # ---- closing ---------------------------------------------------------------------------------------
     def closeEvent(self, event) -> None:
@@ -629,3 +629,23 @@ class MainWindow(QMainWindow):
         if asked or not self.document.is_dirty():
             self.projects.remove_autosave()
         super().closeEvent(event)
+
+
+def _name_command(action, verb: str, command: str) -> None:
+    """The Undo / Redo action's menu text and tooltip name the whole command; its toolbar text
+    (icon text) stays the one word."""
+    action.setText(f"&{verb} {command}".rstrip())
+    action.setToolTip(f"{verb} {command}".rstrip() if command else verb)
+
+
+def accept_as_copy(event) -> bool:
+    """Accept a drag or drop as a copy (else a link) of what is dragged, never as a move; False
+    when the source offers neither (the event is then ignored)."""
+    possible = event.possibleActions()
+    for action in (Qt.DropAction.CopyAction, Qt.DropAction.LinkAction):
+        if possible & action:
+            event.setDropAction(action)
+            event.accept()
+            return True
+    event.ignore()
+    return False

@@ -25,7 +25,7 @@ from .core.project import PROJECT_SUFFIX
 from .core.schema import Edit, PretrainedSource
 from .document import Document
 from .host import Host
-from .prompts import Button, ask_question
+from .prompts import Button, OutputFolderDialog, ask_question
 from .workers import BackgroundTask
 
 EXPORT_TIP = "Write the model as a Hugging Face folder (config.json + model.safetensors) that transformers loads; " \
@@ -33,8 +33,8 @@ EXPORT_TIP = "Write the model as a Hugging Face folder (config.json + model.safe
 PEFT_TIP = "Write the LoRA adapters as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) " \
            "that peft loads on the same base model"
 # what a dropped file may be (anything else is refused with this list)
-DROPPABLE = "a Hugging Face model folder, a project (.ember.json), a model script (.py) or a checkpoint " \
-            "(.bpk, .safetensors)"
+DROPPABLE = "a Hugging Face model folder, a GGUF file (.gguf), a project (.ember.json), a model script (.py) or " \
+            "a checkpoint (.bpk, .safetensors)"
 
 
 class _ReplayFailed(Exception):
@@ -182,8 +182,8 @@ class PretrainedActions:
         if why:
             self.host.status(f"Export PEFT adapter: {why}")
             return None
-        folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Export PEFT Adapter (choose or make a folder)",
-                                                  self._start_folder())
+        folder = OutputFolderDialog.choose(self.host.dialog_parent(), self.settings,
+                                           "Export PEFT Adapter (choose or make a folder)")
         return self.export_peft(folder) if folder else None
 
     def export_peft(self, folder: str | Path) -> BackgroundTask | None:
@@ -225,8 +225,8 @@ class PretrainedActions:
         if why:
             self.host.status(f"Export Hugging Face folder: {why}")
             return None
-        folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Export Hugging Face Folder (choose or make a folder)",
-                                                  self._start_folder())
+        folder = OutputFolderDialog.choose(self.host.dialog_parent(), self.settings,
+                                           "Export Hugging Face Folder (choose or make a folder)")
         return self.export_folder(folder) if folder else None
 
     def export_folder(self, folder: str | Path) -> BackgroundTask | None:

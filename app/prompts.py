@@ -63,6 +63,46 @@ def save_file(parent, settings, title: str, filters: str, name: str = "") -> str
     return path
 
 
+class OutputFolderDialog(QFileDialog):
+    """A folder to write into, existing or new: Qt's folder picker answers "Directory not found"
+    to a typed name that does not exist yet, though an export makes the folder. This one (Qt's
+    widget dialog, never the platform's) takes a typed new name inside an existing folder as the
+    answer; the export makes it. `choose(...)` is the whole exchange."""
+
+    def __init__(self, parent: QWidget | None, title: str, start: str):
+        super().__init__(parent, title, start)
+        self.setOption(QFileDialog.Option.DontUseNativeDialog, True)
+        self.setFileMode(QFileDialog.FileMode.Directory)
+        self.setOption(QFileDialog.Option.ShowDirsOnly, True)
+        self.setLabelText(QFileDialog.DialogLabel.FileName, "Folder (new or existing):")
+        self.setLabelText(QFileDialog.DialogLabel.Accept, "Choose")
+        self.chosen = ""
+        self.name_edit: QLineEdit | None = self.findChild(QLineEdit, "fileNameEdit")
+
+    def accept(self) -> None:
+        text = self.name_edit.text().strip() if self.name_edit is not None else ""
+        if text:
+            target = Path(self.directory().absolutePath()) / Path(text).expanduser()
+            if not target.exists() and target.parent.is_dir():
+                self.chosen = str(target)
+                QDialog.accept(self)  # past QFileDialog's own check, which wants an existing folder
+                return
+        super().accept()
+        if self.result() == QDialog.DialogCode.Accepted and self.selectedFiles():
+            self.chosen = self.selectedFiles()[0]
+
+    @classmethod
+    def choose(cls, parent: QWidget | None, settings, title: str) -> str:
+        """Ask for a folder to write (starting in the last used folder); '' when cancelled. The
+        folder chosen is remembered as the last used one's parent, so the next export starts beside it."""
+        dialog = cls(parent, title, _start(settings))
+        if dialog.exec() != QDialog.DialogCode.Accepted or not dialog.chosen:
+            return ""
+        if settings is not None:
+            settings.remember_folder(str(Path(dialog.chosen).parent))
+        return dialog.chosen
+
+
 SCRIPT_FILTER = "Python model scripts (*.py);;All files (*)"
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtWidgets import QFileDialog, QMessageBox
+from PySide6.QtWidgets import QMessageBox
 
 from engine.interop.training_script import CONFIG_FILE, export_training_script
 from engine.train.run_spec import CAUSAL_LM_TASK, make_data
@@ -27,7 +27,7 @@ from widgets.training.config_form import FormError
 from .core import opening
 from .document import Document
 from .host import Host
-from .prompts import Button, ask_question
+from .prompts import Button, OutputFolderDialog, ask_question
 from .workers import BackgroundTask
 
 TIP = "Write a PyTorch + transformers + peft training script (train.py, train_config.json, the token rows) for " \
@@ -89,10 +89,8 @@ class ScriptExportActions:
         if why:
             self.host.status(f"{TITLE}: {why}")
             return None
-        settings = self.host.settings
-        start = settings.last_folder() if settings is not None else str(Path.home())
-        folder = QFileDialog.getExistingDirectory(self.host.dialog_parent(), "Export Training Script (choose or make a folder)",
-                                                  start)
+        folder = OutputFolderDialog.choose(self.host.dialog_parent(), self.host.settings,
+                                           "Export Training Script (choose or make a folder)")
         return self.export(folder) if folder else None
 
     def export(self, folder: str | Path) -> BackgroundTask | None:

@@ -72,7 +72,9 @@ from widgets.training.grad_norms import GradNormTable
 from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
-from .core.schema import CheckpointSource, ExampleSource, LoadEdit, PretrainedSource, Source
+from .chat_row_dialog import ChatRowDialog, is_conversation_file
+from .core.schema import CheckpointSource, ExampleSource, LoadEdit, Source
+from .training_data_note import describe_text_file, missing_tokenizer, tokenizer_folder  # noqa: F401 - reached here
 from .training_run import GuiGate, TrainingRun
 
 # A paint of the curves calls back into Python (pyqtgraph's items) many times, and each call would
@@ -98,49 +100,6 @@ def example_task(source: Source | None) -> str | None:
     except Exception:  # noqa: BLE001 - a broken example shows up when it is opened
         return None
     return name if name in TASKS else None
-
-
-DETECT_BYTES = 1 << 20  # the data note reads at most this much of a .jsonl file (its first record)
-
-
-def tokenizer_folder(source: Source | None) -> str:
-    """The folder of a model opened from a Hugging Face folder with a tokenizer.json ('' else)."""
-    if isinstance(source, PretrainedSource):
-        folder = Path(source.path).expanduser()
-        if (folder / "tokenizer.json").is_file():
-            return str(folder)
-    return ""
-
-
-def describe_text_file(path: str, per_line: bool = True) -> str:
-    """What a causal-lm data file holds, from its first record (a bounded read, on the GUI
-    thread): text documents, or prompt/completion records whose loss is on the completions.
-    Problems are not reported here: the run names them with the file and the line."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        return ""
-    if p.suffix.lower() == ".txt":
-        return ("plain text: one document per non-blank line" if per_line else
-                "plain text: the whole file is one document")
-    if p.suffix.lower() != ".jsonl":
-        return ""
-    import json  # noqa: PLC0415
-
-    try:
-        with p.open("rb") as f:
-            head = f.read(DETECT_BYTES)
-        first = next((line for line in head.decode("utf-8", errors="replace").splitlines() if line.strip()), "")
-        record = json.loads(first)
-    except (OSError, ValueError):
-        return "jsonl: the first record could not be read (the run will say where)"
-    if not isinstance(record, dict):
-        return ""
-    if "text" in record:
-        return "jsonl with a 'text' field: each record is a document"
-    if "prompt" in record and "completion" in record:
-        return ("jsonl with 'prompt' and 'completion' fields detected: the loss is on the completions only "
-                "(the prompt's tokens are masked)")
-    return f"jsonl: expected a 'text' field, or 'prompt' and 'completion'; the first record has {sorted(record)}"
 
 
 def lm_metrics_text(history: RunHistory) -> str:
@@ -213,6 +172,7 @@ class TrainingPanel(QWidget):
         self.run_settings = RunSettings()
         self.run_settings.changed.connect(self._update_can_start)
         self.run_settings.changed.connect(self._update_data_note)
+        self.run_settings.preview_rows_button.clicked.connect(self.preview_rows)
         self._noted_file: tuple | None = None
         # the forms, as the window, the tests and the benchmarks reach them
         self.data_form = self.run_settings.data_form
@@ -348,20 +308,35 @@ class TrainingPanel(QWidget):
             devices = module.devices() if hasattr(module, "devices") else []
             if devices:
                 self.run_settings.set_device(str(devices[0]))
-            self.run_settings.set_tokenizer_folder(tokenizer_folder(source))
+            self.run_settings.set_tokenizer_folder(tokenizer_folder(source), missing_tokenizer(source))
         self._update_can_start()
         self._update_checkpoint_button()
 
     def _update_data_note(self) -> None:
-        """Say what the chosen causal-lm data file holds (prompt/completion or text)."""
+        """Say what the chosen causal-lm data file holds (text, prompt/completion or conversations)."""
         values, _errors = self.data_form.field_values()
-        key = (values.get("task"), values.get("file"), values.get("per_line"))
+        key = (values.get("task"), values.get("file"), values.get("per_line"), values.get("tokenizer"))
         if key == self._noted_file:
             return
         self._noted_file = key
         lm = values.get("task") == CAUSAL_LM_TASK and str(values.get("file") or "").strip()
-        self.run_settings.set_data_note(describe_text_file(values["file"], bool(values.get("per_line", True)))
-                                        if lm else "")
+        self.run_settings.set_data_note(describe_text_file(values["file"], bool(values.get("per_line", True)),
+                                                           str(values.get("tokenizer") or "")) if lm else "")
+        self.run_settings.preview_rows_button.setVisible(bool(lm) and is_conversation_file(values["file"]))
+
+    def preview_rows(self) -> ChatRowDialog | None:
+        """Open the rendered rows of the conversation data file (None, and the reason shown, when
+        no tokenizer folder is set)."""
+        values, _errors = self.data_form.field_values()
+        folder = str(values.get("tokenizer") or "")
+        if not folder:
+            self.error_label.show_error("Preview rows needs the tokenizer folder (with the chat template) set "
+                                        "in the data form.")
+            return None
+        dialog = ChatRowDialog(str(values["file"]), folder, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
 
     # ---- run folders ------------------------------------------------------------------------------
     def runs_dir(self) -> Path:
@@ -545,6 +520,8 @@ class TrainingPanel(QWidget):
                 self.grad_label.setText(f"Gradient norms per module at step {event.global_step} "
                                         f"(frozen modules get none)")
                 self.grad_norms_changed.emit(dict(event.norms))
+            elif isinstance(event, ev.DataInfo) and run.spec is not None and run.spec.data.task == CAUSAL_LM_TASK:
+                self.run_settings.set_data_note(event.text)  # a conversation file, as the run read it
             elif isinstance(event, ev.Started):
                 self.controls.set_state("running", f"Training {run.name}: epoch {event.start_epoch} of "
                                         f"{event.total_epochs}, {event.steps_per_epoch} steps an epoch"

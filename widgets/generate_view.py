@@ -1,10 +1,12 @@
 """The Generate panel's view: a prompt, the sampling settings (max new tokens, temperature, top-k,
-top-p, repetition penalty, seed), what to compare, Generate and Stop, and one or two output panes
-side by side.
+top-p, repetition penalty, seed), what to compare, the adapter scale, Generate and Stop, and one or
+two output panes side by side. In chat mode (`set_mode("chat")`, offered where `set_chat_available`
+says the model has a chat template) the prompt and the panes give way to a `ChatView`
+(widgets.chat_view: a system prompt, the conversation, a message box, Send / Regenerate / Clear).
 
 The widget only asks and shows: `generate_requested(settings)` with
 `{"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
-"compare"}` (top-k 0 and top-p 1 mean off: None), `stop_requested()`; `set_defaults(values)` puts
+"compare", "adapter_scale", "mode"}` (top-k 0 and top-p 1 mean off: None), `stop_requested()`; `set_defaults(values)` puts
 the sampling boxes to a model's defaults (`DEFAULTS` where it gives none); the app streams text into the panes
 (`append(column, text)`), titles them (`set_columns`) and says what is going on (`set_status`).
 """
@@ -16,6 +18,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayo
                                QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QSplitter, QVBoxLayout, QWidget)
 from PySide6.QtCore import Qt
 
+from .chat_view import ChatView
 from .common import ErrorLabel, monospace_font
 
 # the sampling boxes' values when the model gives none (greedy, 32 new tokens)
@@ -23,6 +26,8 @@ DEFAULTS = {"max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, 
 
 COMPARE = [("none", "Current model only"), ("run", "Before / after the last training run"),
            ("adapter", "Adapter off / on")]
+
+MODES = [("continue", "Continue text"), ("chat", "Chat")]
 
 
 class GenerateView(QWidget):
@@ -72,6 +77,16 @@ class GenerateView(QWidget):
         for key, label in COMPARE:
             self.compare.addItem(label, key)
         self.compare.setToolTip("Generate the same prompt with two models, side by side")
+        self.mode = QComboBox()
+        self.mode.setObjectName("generate-mode")
+        for key, label in MODES:
+            self.mode.addItem(label, key)
+        self.mode.setToolTip("Continue a text, or chat with a model that has a chat template")
+        self.mode.currentIndexChanged.connect(self._show_mode)
+        self.adapter_scale = dspin("adapter-scale", 0.0, 2.0, 1.0, 0.1,
+                                   "how strongly the LoRA adapters act: 0 the base model, 1 as trained, 2 twice")
+        self.chat = ChatView()
+        self.chat.setVisible(False)
         self.generate_button = QPushButton("Generate")
         self.generate_button.setObjectName("generate")
         self.generate_button.clicked.connect(self._on_generate)
@@ -97,7 +112,9 @@ class GenerateView(QWidget):
         grid.setColumnStretch(6, 1)  # the boxes keep their size; the row's room goes to the right
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
+        form.addRow("Mode", self.mode)
         form.addRow("Compare", self.compare)
+        form.addRow("Adapter scale", self.adapter_scale)
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
         buttons = QHBoxLayout()
         buttons.addWidget(self.generate_button)
@@ -130,7 +147,8 @@ class GenerateView(QWidget):
         top = QWidget()
         tl = QVBoxLayout(top)
         tl.setContentsMargins(0, 0, 0, 0)
-        tl.addWidget(QLabel("Prompt"))
+        self.prompt_label = QLabel("Prompt")
+        tl.addWidget(self.prompt_label)
         tl.addWidget(self.prompt, 1)
         tl.addWidget(settings)
         tl.addLayout(form)
@@ -140,8 +158,11 @@ class GenerateView(QWidget):
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(top)
         split.addWidget(self.output_split)
+        split.addWidget(self.chat)
         split.setCollapsible(0, False)
         split.setCollapsible(1, False)
+        split.setCollapsible(2, False)
+        split.setStretchFactor(2, 1)
         split.setStretchFactor(1, 1)
         split.setSizes([240, 600])  # a few lines of prompt; the outputs get the room
         self.split = split
@@ -158,7 +179,8 @@ class GenerateView(QWidget):
                 "temperature": self.temperature.value(), "top_k": top_k or None,
                 "top_p": None if top_p >= 1.0 else top_p, "repetition_penalty": self.repetition_penalty.value(),
                 "seed": self.seed.value(),
-                "compare": self.compare.currentData()}
+                "compare": self.compare.currentData(), "adapter_scale": self.adapter_scale.value(),
+                "mode": self.mode.currentData()}
 
     def set_defaults(self, values: dict) -> None:
         """The sampling boxes set to `values` (keys of `DEFAULTS`; a missing key takes `DEFAULTS`'),
@@ -168,6 +190,25 @@ class GenerateView(QWidget):
         for key, box in boxes.items():
             value = values.get(key, DEFAULTS[key])
             box.setValue(type(box.value())(min(max(value, box.minimum()), box.maximum())))
+
+    def set_mode(self, mode: str) -> None:
+        """"continue" or "chat" (where it is available)."""
+        self.mode.setCurrentIndex(self.mode.findData(mode))
+
+    def set_chat_available(self, ok: bool, why: str = "") -> None:
+        """Whether chat mode can be chosen (a model with a chat template); off, the mode goes back
+        to continuing text and the chat entry says `why`."""
+        item = self.mode.model().item(self.mode.findData("chat"))
+        item.setEnabled(bool(ok))
+        item.setToolTip("" if ok else why)
+        if not ok and self.mode.currentData() == "chat":
+            self.set_mode("continue")
+
+    def _show_mode(self) -> None:
+        chat = self.mode.currentData() == "chat"
+        for w in (self.prompt_label, self.prompt, self.generate_button, self.output_split):
+            w.setVisible(not chat)
+        self.chat.setVisible(chat)
 
     def _on_generate(self) -> None:
         self.generate_requested.emit(self.settings())
@@ -194,6 +235,7 @@ class GenerateView(QWidget):
     def set_running(self, running: bool) -> None:
         self.generate_button.setEnabled(not running and self._can_generate)
         self.stop_button.setEnabled(running)
+        self.chat.set_running(running)
 
     _can_generate = True
 
@@ -201,6 +243,7 @@ class GenerateView(QWidget):
         self._can_generate = bool(ok)
         self.generate_button.setEnabled(ok and not self.stop_button.isEnabled())
         self.generate_button.setToolTip("" if ok else why)
+        self.chat.set_can_send(ok, why)
         if not ok and why:
             self.set_status(why)
 

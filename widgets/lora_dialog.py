@@ -47,7 +47,7 @@ def target_presets(module: Any) -> list[tuple[str, str]]:
         names, linear = set(), False
     out = []
     if {"q_proj", "v_proj"} <= names:
-        out.append(("q_proj, v_proj", "q_proj, v_proj (PEFT's default for Llama)"))
+        out.append(("q_proj, v_proj", "q_proj, v_proj (PEFT's default for Llama, Mistral, Qwen2, Gemma)"))
     if {"q_proj", "k_proj", "v_proj", "o_proj"} <= names:
         out.append(("q_proj, k_proj, v_proj, o_proj", "q_proj, k_proj, v_proj, o_proj"))
     if "c_attn" in names:

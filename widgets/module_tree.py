@@ -290,7 +290,8 @@ class ModuleTreeModel(QAbstractItemModel):
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
             return HEADERS[section]
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.ToolTipRole and section == TRAINABLE:
-            return "Checked: trainable; unchecked: frozen; partly: some parameters below are frozen"
+            return ("Checked: trainable; unchecked: frozen; partly: some parameters below are frozen (a click "
+                    "freezes the rest)")
         return None
 
     def flags(self, index: QModelIndex):
@@ -390,7 +391,13 @@ class ModuleTreeModel(QAbstractItemModel):
     def setData(self, index: QModelIndex, value, role=Qt.ItemDataRole.EditRole) -> bool:
         if index.isValid() and role == Qt.ItemDataRole.CheckStateRole and index.column() == TRAINABLE:
             state = Qt.CheckState(value) if not isinstance(value, Qt.CheckState) else value
-            self.trainable_toggled.emit(self._node(index).path, state == Qt.CheckState.Checked)
+            node = self._node(index)
+            # a click on a half-checked box (Qt offers Checked next) freezes what is trainable below,
+            # as a file manager's tri-state box does: unfreezing what is already partly trainable
+            # would be no visible change the first time and a no-op every time after
+            if self.stats.get(node.path).state == "partly":
+                state = Qt.CheckState.Unchecked
+            self.trainable_toggled.emit(node.path, state == Qt.CheckState.Checked)
             return True
         return False
 

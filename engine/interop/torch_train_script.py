@@ -15,7 +15,13 @@ frozen parameters, optimizer, batches) is in train_config.json beside this file.
 
 Options: --steps N (stop after N optimizer steps), --out DIR (where the trained adapter or
 model goes; default ./trained), --losses FILE (write every step's loss as JSON), --tokenize
-(make the token rows again from the text files instead of reading tokens.safetensors).
+(make the token rows again from the text files instead of reading tokens.safetensors; not for
+conversation data, whose rows Ember rendered with the chat template and masked).
+
+tokens.safetensors holds the rows Ember trains on: input ids, labels (-100 where nothing is
+learnt: pads, prompts, and for conversations every token that is not the assistant's) and the
+attention mask (1: a real position, 0: padding), so a chat fine-tune continues on the very
+rendered rows and assistant-only masks Ember made.
 
 Every process takes its share of each batch; the loss of an optimizer step is the mean
 next-token cross entropy over all of its targets (all micro-batches, all processes), as Ember
@@ -76,10 +82,20 @@ def all_sum(x, world):
 
 # ----------------------------------------------------------------------------- data
 def load_rows(cfg, tokenize):
-    """{"train_inputs", "train_targets", maybe "valid_..."}: int64 [rows, block] each."""
-    if not tokenize:
-        return load_file(str(HERE / cfg["data"]["tokens"]))
-    return tokenize_text(cfg["data"])
+    """{"train_inputs", "train_targets", "train_attention_mask", maybe "valid_..."}: int64 [rows, block]."""
+    d = cfg["data"]
+    if tokenize and d.get("format") == "conversations":
+        raise SystemExit("--tokenize: the data are conversations, rendered with the model's chat template and "
+                         "masked to the assistant's turns by Ember; this script trains on the rows Ember wrote "
+                         f"({d['tokens']}): export again from Ember after changing the data")
+    if tokenize:
+        return tokenize_text(d)
+    rows = load_file(str(HERE / d["tokens"]))
+    found = int((rows["train_targets"] != IGNORE).sum())
+    if "train_target_tokens" in d and found != d["train_target_tokens"]:
+        raise SystemExit(f"{d['tokens']} holds {found} training targets, train_config.json says "
+                         f"{d['train_target_tokens']}: the rows are not the ones exported with this config")
+    return rows
 
 
 def tokenize_text(d):
@@ -140,15 +156,17 @@ def tokenize_text(d):
     windows = [w for w in windows if len(w[0]) >= 2 and w[1][1:].any()]
     x = np.full((len(windows), T), pad, np.int64)
     y = np.full((len(windows), T), IGNORE, np.int64)
+    m = np.zeros_like(x)  # the attention mask: 1 on the real positions
     for r, (ids, learn) in enumerate(windows):
         x[r, :len(ids) - 1] = ids[:-1]
         y[r, :len(ids) - 1] = np.where(learn[1:], ids[1:], IGNORE)
-    rows = {"train_inputs": x, "train_targets": y}
+        m[r, :len(ids) - 1] = 1
+    rows = {"train_inputs": x, "train_targets": y, "train_attention_mask": m}
     if d.get("valid_fraction"):  # Ember's seeded split: the first round(fraction * n) of a permutation train
         order = np.random.default_rng(d["split_seed"]).permutation(len(x))
         k = int(round((1.0 - d["valid_fraction"]) * len(x)))
-        rows = {"train_inputs": x[order[:k]], "train_targets": y[order[:k]],
-                "valid_inputs": x[order[k:]], "valid_targets": y[order[k:]]}
+        rows = {f"{part}_{name}": a[idx] for part, idx in (("train", order[:k]), ("valid", order[k:]))
+                for name, a in (("inputs", x), ("targets", y), ("attention_mask", m))}
     return rows
 
 
@@ -215,10 +233,39 @@ def make_optimizer(params, o):
                            nesterov=o["nesterov"], weight_decay=o["weight_decay"])
 
 
-def token_loss_sum(model, x, y):
-    """The summed cross entropy over the targets that are not IGNORE. No attention mask: rows
-    are right-padded, so under causal attention no real token sees a pad (as in Ember)."""
-    logits = model(input_ids=x).logits
+def batch_of(rows, part, idx, device):
+    """(input ids, labels, the model's other arguments) of the rows `idx` of `part` ("train" or
+    "valid"). Right-padded rows: their attention mask (under causal attention no real token sees a
+    pad, so it changes nothing at the positions with targets; passed as a transformers user would).
+    Packed rows (several conversations a row): each conversation's positions from 0 and a
+    block-diagonal causal mask, so each attends only to itself."""
+    def get(name):
+        key = f"{part}_{name}"
+        return torch.from_numpy(rows[key][idx]).to(device) if key in rows else None
+
+    x, y, extra = get("inputs"), get("targets"), {}
+    segments = get("segment_ids")
+    if segments is not None:
+        extra = {"attention_mask": packed_mask(segments), "position_ids": get("position_ids")}
+    elif get("attention_mask") is not None:
+        extra = {"attention_mask": get("attention_mask")}
+    return x, y, extra
+
+
+def packed_mask(segments):
+    """[batch, 1, T, T] additive attention mask of packed rows: a position sees the earlier
+    positions of its own sequence (segment 1, 2, ...); a pad (segment 0) sees itself alone."""
+    T = segments.shape[1]
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
+    allow = same & torch.ones(T, T, dtype=torch.bool, device=segments.device).tril()
+    allow |= torch.eye(T, dtype=torch.bool, device=segments.device)
+    blocked = torch.full(allow.shape, torch.finfo(torch.float32).min, device=segments.device)
+    return torch.where(allow, torch.zeros((), device=segments.device), blocked)[:, None]
+
+
+def token_loss_sum(model, x, y, extra):
+    """The summed cross entropy over the targets that are not IGNORE."""
+    logits = model(input_ids=x, **extra).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=IGNORE,
                            reduction="sum")
 
@@ -231,7 +278,7 @@ def main():
     t, o = cfg["training"], cfg["optimizer"]
     torch.manual_seed(t["seed"])
     rows = load_rows(cfg, args.tokenize)
-    x_all, y_all = torch.from_numpy(rows["train_inputs"]), torch.from_numpy(rows["train_targets"])
+    x_all, y_all = rows["train_inputs"], torch.from_numpy(rows["train_targets"])
     model = build_model(cfg, device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -251,12 +298,12 @@ def main():
             loss_sum = 0.0
             for k, b in enumerate(group):
                 mine = b[rank::world]  # this process's share of the batch
-                x, y = x_all[mine].to(device), y_all[mine].to(device)
+                x, y, extra = batch_of(rows, "train", mine, device)
                 last = k == len(group) - 1
                 sync = net.no_sync() if world > 1 and not last else _nothing()
                 with sync:
                     if len(mine):
-                        part = token_loss_sum(net, x, y)
+                        part = token_loss_sum(net, x, y, extra)
                         # DDP averages gradients over processes: * world makes it their sum
                         (part * (world / max(total, 1))).backward()
                         loss_sum += float(part.detach())
@@ -289,12 +336,11 @@ def main():
 
 
 def validate(net, rows, batch_size, rank, world, device, epoch):
-    x_all, y_all = torch.from_numpy(rows["valid_inputs"]), torch.from_numpy(rows["valid_targets"])
-    total, loss = 0, 0.0
+    total, loss, n = 0, 0.0, len(rows["valid_inputs"])
     with torch.no_grad():
-        for s in range(rank * batch_size, len(x_all), batch_size * world):
-            x, y = x_all[s:s + batch_size].to(device), y_all[s:s + batch_size].to(device)
-            loss += float(token_loss_sum(net, x, y))
+        for s in range(rank * batch_size, n, batch_size * world):
+            x, y, extra = batch_of(rows, "valid", np.arange(s, min(s + batch_size, n)), device)
+            loss += float(token_loss_sum(net, x, y, extra))
             total += int((y != IGNORE).sum())
     loss, total = all_sum(loss, world), all_sum(total, world)
     if rank == 0:

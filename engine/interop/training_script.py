@@ -24,17 +24,30 @@ out = export_training_script(model, "export/", data=train_rows, training_config=
   one, so every value is written out), learning rate, warm-up, global-norm clipping, gradient
   accumulation, batch size, epochs, seed, shuffling, and how the data were made (text files,
   tokenizer, block size, packing or padding, prompt masking).
-- `tokens.safetensors`: the token rows Ember trains on (`inputs`, `targets` with -100 where
-  nothing is learnt) and its validation rows, so the script sees the very batches, in the very
-  order (the script rebuilds Ember's per-epoch shuffle with NumPy from the seed). `python
-  train.py --tokenize` makes the rows again from the text files with the `tokenizers` library,
-  the way `engine.train.text` does, for data changed since the export.
+- `tokens.safetensors`: the token rows Ember trains on (`train_inputs`, `train_targets` with -100
+  where nothing is learnt, `train_attention_mask` 1 on real positions and 0 on pads; `valid_...`
+  the same for its validation rows), so the script sees the very batches, in the very order (the
+  script rebuilds Ember's per-epoch shuffle with NumPy from the seed). For conversation data
+  (`engine.train.chat_data`; told by the data file's first record, `data_file_format`) these are
+  the rows Ember rendered with the chat template, labelled on the assistant's tokens only: the
+  script trains on them as they are, so `torchrun` continues the same chat fine-tune. `python
+  train.py --tokenize` makes text rows again from the text files with the `tokenizers` library,
+  the way `engine.train.text` does, for data changed since the export (refused for conversations:
+  their rendering and masks are Ember's). Rows must be right-padded (what Ember's Learner runs
+  under plain causal attention); others are refused. Packed conversation rows also carry
+  `train_segment_ids` (1.. per conversation of a row, 0 on pads) and `train_position_ids` (each
+  conversation's positions from 0): the script gives the model those positions and a
+  block-diagonal causal mask, so each conversation attends only to itself, as in Ember.
 - `initial_adapter/`: the LoRA factors Ember initialized (`save_peft_adapter`), loaded by the
   script in place of peft's random initialization, so both start from the same weights.
 
 The script's loss is Ember's: the mean next-token cross entropy over the targets of an
 optimizer step (all its micro-batches, all processes), so a step of N accumulated batches on
 K processes has the gradient of one batch of N·B rows, as Ember's accumulation gives it.
+
+The export is one save (`engine.store.atomic.save_folder`): the script, its config, the rows and
+the adapter (and base) folders appear together, and a re-export replaces them together; a failed
+one leaves the folder as it was.
 
 Everything the export cannot express is refused before anything is written, with what was
 expected and what was found: a model of no known family, a learning-rate schedule other than a
@@ -56,18 +69,20 @@ from ..optim.decay import as_weight_decay
 from ..module import Module, ParamGroup
 from ..module.lora import DoraAdapter, Lora, LoraAdapter, QLoraAdapter
 from ..module.reparam import detach_reparameterization, iter_param_slots
-from ..store.atomic import atomic_write, atomic_write_text
+from ..store.atomic import os_error_reason, save_folder, write_new_file
 from ..store.safetensors_io import header as safetensors_header
 from ..models.hf_folder import PretrainedError
+from ..train.conversations import conversation_format
 from .torch_train_script import TRAIN_PY
 
-__all__ = ["ExportedScript", "TRAIN_PY", "export_training_script"]
+__all__ = ["ExportedScript", "TRAIN_PY", "data_file_format", "export_training_script"]
 
 CONFIG_FILE = "train_config.json"
 SCRIPT_FILE = "train.py"
 TOKENS_FILE = "tokens.safetensors"
 ADAPTER_FOLDER = "initial_adapter"
 BASE_FOLDER = "base_model"
+EXPORT_NAMES = (CONFIG_FILE, SCRIPT_FILE, TOKENS_FILE, ADAPTER_FOLDER, BASE_FOLDER)
 
 
 @dataclass
@@ -230,6 +245,30 @@ def _base_matches_folder(model: Module) -> bool:
 
 
 # ---------------------------------------------------------------------------------- data
+def data_file_format(path) -> str | None:
+    """The conversation format ("messages", "sharegpt", "alpaca") of a `.jsonl` data file (or of the
+    first `.jsonl` file of a folder), told by its first record as `engine.train.conversations` reads
+    it; None for text (`.txt`, `text` or `prompt` / `completion` records) or a file it cannot read."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".jsonl" and p.is_file())
+        if not files:
+            return None
+        path = files[0]
+    if path.suffix.lower() != ".jsonl" or not path.is_file():
+        return None
+    try:
+        with path.open("r", encoding="utf-8-sig") as fp:
+            for line in fp:
+                if line.strip():
+                    record = json.loads(line)
+                    kind = conversation_format(record) if isinstance(record, dict) else None
+                    return kind if kind in ("messages", "sharegpt", "alpaca") else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return None
+
+
 def _rows(data, settings, training):
     """(train rows, valid rows or None, description of how the rows were made)."""
     valid = None
@@ -238,28 +277,63 @@ def _rows(data, settings, training):
     if not (hasattr(data, "inputs") and hasattr(data, "targets")):
         raise ValueError(f"export_training_script: data must be the training rows (a TextDataset of "
                          f"engine.train.text) or a (train, valid) pair of them, found {type(data).__name__}")
-    desc = {"block_size": int(np.asarray(data.inputs).shape[1]), "packing": getattr(data, "packing", None)}
+    desc = {"format": "text", "block_size": int(np.asarray(data.inputs).shape[1]),
+            "packing": getattr(data, "packing", None)}
     tok = getattr(data, "tokenizer", None)
     if tok is not None and getattr(tok, "path", None):
         desc["tokenizer"] = str(Path(tok.path).resolve().parent)
-    if settings is not None:  # engine.train.run_spec.DataSettings (read by its fields: no import of engine.train)
+    if settings is not None:  # engine.train.run_spec.DataSettings, read by its fields
         desc.update({"file": str(Path(settings.file).expanduser().resolve()),
                      "tokenizer": str(Path(settings.tokenizer).expanduser().resolve()),
                      "block_size": int(settings.block_size), "packing": bool(settings.packing),
                      "per_line": bool(settings.per_line), "truncate": bool(settings.truncate), "fields": "auto",
                      "valid_fraction": float(settings.valid_fraction) if valid is not None else None,
                      "split_seed": int(training.seed)})
+        chat = data_file_format(settings.file)
+        if chat is not None:  # rendered with the chat template, the loss on the assistant's tokens only
+            desc.update({"format": "conversations", "conversation_format": chat, "assistant_only": True})
+            desc.pop("per_line")
     return data, valid, desc
 
 
-def _check_rows(inputs, targets, where: str):
-    inputs, targets = np.asarray(inputs), np.asarray(targets)
+def _check_rows(data, where: str) -> dict:
+    """{"inputs", "targets", "attention_mask"} of a dataset as int64 arrays, checked."""
+    inputs, targets = np.asarray(data.inputs), np.asarray(data.targets)
     if inputs.ndim != 2 or inputs.shape != targets.shape or inputs.dtype.kind not in "iu" or \
             targets.dtype.kind not in "iu":
         raise ValueError(f"export_training_script: {where}: expected integer token rows inputs and targets of the "
                          f"same dims [rows, block], found {inputs.dtype} {list(inputs.shape)} and {targets.dtype} "
                          f"{list(targets.shape)}")
-    return np.ascontiguousarray(inputs, dtype=np.int64), np.ascontiguousarray(targets, dtype=np.int64)
+    mask = getattr(data, "attention_mask", None)
+    mask = np.ones(inputs.shape, np.int64) if mask is None else np.asarray(mask)
+    if mask.shape != inputs.shape or mask.dtype.kind not in "iub":
+        raise ValueError(f"export_training_script: {where}: expected an attention mask of the rows' dims "
+                         f"{list(inputs.shape)} (1: a real position, 0: padding), found {mask.dtype} {list(mask.shape)}")
+    mask = mask.astype(np.int64)
+    packed = {}
+    segments, positions = getattr(data, "segment_ids", None), getattr(data, "position_ids", None)
+    if segments is not None:  # packed rows: several conversations a row, each attending only to itself
+        if positions is None:
+            raise ValueError(f"export_training_script: {where}: packed rows (segment_ids) need their position_ids "
+                             f"(each sequence's positions from 0), found none")
+        segments, positions = np.asarray(segments), np.asarray(positions)
+        for name, a in (("segment_ids", segments), ("position_ids", positions)):
+            if a.shape != inputs.shape or a.dtype.kind not in "iu":
+                raise ValueError(f"export_training_script: {where}: expected {name} of integers of the rows' dims "
+                                 f"{list(inputs.shape)}, found {a.dtype} {list(a.shape)}")
+        packed = {"segment_ids": np.ascontiguousarray(segments, dtype=np.int64),
+                  "position_ids": np.ascontiguousarray(positions, dtype=np.int64)}
+    # the script runs the model on whole rows under causal attention, as Ember's Learner does: that is
+    # the same computation only for rows whose real positions come first (right padding)
+    bad = (~np.isin(mask, (0, 1))).any(axis=1) | (np.diff(mask, axis=1) > 0).any(axis=1)
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"export_training_script: {where}: row {r}: expected an attention mask of ones then "
+                         f"zeros (right padding), found {mask[r].tolist()[:16]}...: the script reproduces rows whose "
+                         f"positions attend to every earlier position of the row")
+    return {"inputs": np.ascontiguousarray(inputs, dtype=np.int64),
+            "targets": np.ascontiguousarray(targets, dtype=np.int64),
+            "attention_mask": np.ascontiguousarray(mask), **packed}
 
 
 def _write_tokens(path: Path, arrays: dict) -> None:
@@ -270,7 +344,7 @@ def _write_tokens(path: Path, arrays: dict) -> None:
         for a in arrays.values():
             if a.nbytes:
                 fp.write(memoryview(a.reshape(-1)).cast("B"))
-    atomic_write(path, write)
+    write_new_file(path, write)
 
 
 # ---------------------------------------------------------------------------------- export
@@ -334,51 +408,33 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
     if not trainable_names:
         raise ValueError("export_training_script: nothing in the model trains (every parameter is frozen)")
     train, valid, data_desc = _rows(data, data_settings, training)
-    tx, ty = _check_rows(train.inputs, train.targets, "the training rows")
-    arrays = {"train_inputs": tx, "train_targets": ty}
+    arrays = {f"train_{k}": v for k, v in _check_rows(train, "the training rows").items()}
     if valid is not None and len(valid):
-        vx, vy = _check_rows(valid.inputs, valid.targets, "the validation rows")
-        arrays.update(valid_inputs=vx, valid_targets=vy)
+        arrays.update({f"valid_{k}": v for k, v in _check_rows(valid, "the validation rows").items()})
 
     folder = Path(os.fspath(folder)).expanduser()
     if folder.exists() and not folder.is_dir():
         raise PretrainedError("expected a folder to write the training script into, found a file", where=str(folder))
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
     info = pretrained_info(model)
+    base = None
     if base_folder is not None:
         base_ref = str(Path(base_folder).expanduser().resolve())
     elif _base_matches_folder(model):
         base_ref = str(info.folder.resolve())
     else:  # the base weights changed in Ember (or came from no folder): the script needs them as they are
         base = detach_reparameterization(model) if adapters else model
-        target = folder / BASE_FOLDER
-        tok_src = tokenizer_folder or data_desc.get("tokenizer")
-        if tok_src:
-            tok_src = Path(tok_src)
-            tok_src = tok_src.parent if tok_src.is_file() else tok_src
-        # the tokenizer's files are checked and copied as part of the one save of the folder
-        save_pretrained(base, target, extra_files_from=tok_src or None)
         base_ref = BASE_FOLDER
-        written.append(target)
-    lora_json = None
-    if adapters:
-        adapter_dir = folder / ADAPTER_FOLDER
-        save_peft_adapter(model, adapter_dir)
-        saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-        lora_json = {k: saved[k] for k in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora",
-                                           "rank_pattern", "alpha_pattern", "fan_in_fan_out")}
-        lora_json["initial_adapter"] = ADAPTER_FOLDER
-        written.append(adapter_dir)
-    tokens = folder / TOKENS_FILE
-    _write_tokens(tokens, arrays)
-    written.append(tokens)
+    tok_src = tokenizer_folder or data_desc.get("tokenizer")
+    if tok_src:
+        tok_src = Path(tok_src)
+        tok_src = tok_src.parent if tok_src.is_file() else tok_src
     if tokenizer_folder is not None:
         data_desc["tokenizer"] = str(Path(tokenizer_folder).expanduser().resolve())
+    tx, ty = arrays["train_inputs"], arrays["train_targets"]
     config = {
-        "written_by": "Ember (engine.models.export_training_script)",
+        "written_by": "Ember (engine.interop.export_training_script)",
         "model": {"base": base_ref, "family": fam.name, "dtype": "float32"},
-        "lora": lora_json,
+        "lora": None,
         "frozen_parameters": frozen_names,
         "trainable_parameters": trainable_names,
         "trainable_values": int(trainable_values),
@@ -389,11 +445,34 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
                      "shuffle": bool(training.shuffle), "drop_last": bool(training.drop_last)},
         "data": {"tokens": TOKENS_FILE, "train_rows": int(tx.shape[0]),
                  "valid_rows": int(arrays["valid_inputs"].shape[0]) if "valid_inputs" in arrays else 0,
-                 "ignore_index": -100, **data_desc},
+                 "train_target_tokens": int((ty != -100).sum()), "ignore_index": -100,
+                 "packed_sequences": "train_segment_ids" in arrays, **data_desc},
     }
-    config_path = folder / CONFIG_FILE
-    atomic_write_text(config_path, json.dumps(config, indent=2) + "\n", error=PretrainedError)
-    script = folder / SCRIPT_FILE
-    atomic_write_text(script, TRAIN_PY, error=PretrainedError)
-    written += [config_path, script]
+
+    def write(staging: Path) -> None:
+        # everything into one private folder, swapped in at once: the script, its config, the rows and
+        # the adapter always belong to the same export (a re-export replaces them together)
+        if base is not None:
+            # the tokenizer's files are checked and copied as part of the one save of the base folder
+            save_pretrained(base, staging / BASE_FOLDER, extra_files_from=tok_src or None)
+        if adapters:
+            adapter_dir = staging / ADAPTER_FOLDER
+            save_peft_adapter(model, adapter_dir)
+            saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+            lora_json = {k: saved[k] for k in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora",
+                                               "rank_pattern", "alpha_pattern", "fan_in_fan_out")}
+            config["lora"] = {**lora_json, "initial_adapter": ADAPTER_FOLDER}
+        _write_tokens(staging / TOKENS_FILE, arrays)
+        text = json.dumps(config, indent=2) + "\n"
+        write_new_file(staging / CONFIG_FILE, lambda fp: fp.write(text.encode("utf-8")))
+        write_new_file(staging / SCRIPT_FILE, lambda fp: fp.write(TRAIN_PY.encode("utf-8")))
+
+    try:
+        folder = save_folder(folder, write, lambda name: name in EXPORT_NAMES)
+    except OSError as exc:
+        raise PretrainedError(f"cannot write the training script: {os_error_reason(exc)}",
+                              where=exc.filename or str(folder)) from None
+    written = [folder / n for n in EXPORT_NAMES if (folder / n).exists() and
+               (n != BASE_FOLDER or base is not None) and (n != ADAPTER_FOLDER or adapters)]
+    config_path, script = folder / CONFIG_FILE, folder / SCRIPT_FILE
     return ExportedScript(folder, script, config_path, config, model, written)

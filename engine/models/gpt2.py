@@ -276,8 +276,9 @@ class GPT2LMHeadModel(Module):
     def config(self) -> GPT2Config:
         return self._config
 
-    def hidden_states(self, input_ids, attention_mask=None, cache=None) -> Tensor:
-        """The last block's output after `ln_f`: `[batch, seq, n_embd]` (`cache`: see `forward`)."""
+    def hidden_states(self, input_ids, attention_mask=None, cache=None, position_ids=None,
+                      segment_ids=None) -> Tensor:
+        """The last block's output after `ln_f`: `[batch, seq, n_embd]` (the arguments: see `forward`)."""
         ids = check_ids(input_ids)
         batch, seq = ids.shape
         n_positions = self.wpe.weight.shape[0]
@@ -287,9 +288,14 @@ class GPT2LMHeadModel(Module):
             positions = Tensor.arange(seq, device=ids.device).reshape(1, seq)
             mask_pad = attention_masks(attention_mask, batch, seq, ids.device)
             causal = nn.generate_autoregressive_mask(batch, seq, device=ids.device)
+            if segment_ids is not None or position_ids is not None:
+                positions, causal = _packed(ids, causal, position_ids, segment_ids)
             blocks = [(block, None) for block in self.h]
         else:
             cache = list(cache)
+            if segment_ids is not None or position_ids is not None:
+                raise ValueError("GPT2LMHeadModel: position_ids / segment_ids are for training on packed sequences, "
+                                 "not with a cache")
             if len(cache) != len(self.h):
                 raise ValueError(f"cache: expected one nn.KVCache per block ({len(self.h)}), found {len(cache)}")
             lengths = {c.length for c in cache}
@@ -314,7 +320,7 @@ class GPT2LMHeadModel(Module):
             x = block.forward(x, mask_pad, causal, block_cache)
         return self.ln_f.forward(x)
 
-    def forward(self, input_ids, attention_mask=None, cache=None) -> Tensor:
+    def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None, segment_ids=None) -> Tensor:
         """Logits `[batch, seq, vocab_size]` of int `input_ids` `[batch, seq]`; `attention_mask`
         `[batch, seq]` (1 = token, 0 = padding) hides padding keys.
 
@@ -323,11 +329,24 @@ class GPT2LMHeadModel(Module):
         far. `input_ids` are then the next positions only, the caches grow by them, and
         `attention_mask`, when given, covers the cached positions and the new ones
         (`[batch, cache length + seq]`); with it a row's positions count its real tokens, as
-        transformers' `generate` numbers a left-padded row."""
-        x = self.hidden_states(input_ids, attention_mask, cache)
+        transformers' `generate` numbers a left-padded row.
+
+        Packed sequences (training, no cache): `segment_ids` `[batch, seq]` confines each position's
+        attention to its own sequence, `position_ids` `[batch, seq]` (default: restarting at 0 with
+        each run of equal segment ids) index the position embeddings: each sequence's logits are
+        those it has alone."""
+        x = self.hidden_states(input_ids, attention_mask, cache, position_ids, segment_ids)
         if self.lm_head is None:
             return x.matmul(self.wte.weight.val().transpose())
         return self.lm_head.forward(x)
+
+
+def _packed(ids, causal, position_ids, segment_ids):
+    """(positions, mask) of packed sequences: the causal mask joined by the segments' block-diagonal one."""
+    mask, pos = nn.packed_attention(ids.shape, position_ids, segment_ids, ids.device)
+    if not isinstance(pos, Tensor):
+        pos = Tensor.from_data(np.asarray(pos, dtype=np.int64), device=ids.device)
+    return pos, (causal if mask is None else causal.bool_or(mask))
 
 
 def _block(c: GPT2Config, device) -> GPT2Block:

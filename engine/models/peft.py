@@ -58,7 +58,7 @@ from .. import nn
 from ..module import Module, Param, ParamGroup
 from ..module.group import MATCH_TIMEOUT_S
 from ..module.lora import DoraAdapter, Lora, LoraAdapter, RsLoraAdapter, pattern_key
-from ..module.reparam import Reparameterizer, apply_reparameterization, iter_param_slots
+from ..module.reparam import Reparameterizer, adapters_of, apply_reparameterization
 from ..module.tree import FieldKind, walk
 from ..store import safetensors_io
 from ..store.atomic import os_error_reason, save_folder, write_new_file
@@ -577,7 +577,7 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
     `PeftModel.from_pretrained(base, folder)` loads (see this file's doc). Returns the folder."""
     if not isinstance(model, Module):
         raise TypeError(f"save_peft_adapter expects a Module, got {type(model).__name__}")
-    adapters = {path: p.reparameterization for path, p in iter_param_slots(model) if p.reparameterization is not None}
+    adapters = adapters_of(model)  # a GGUF weight kept in its blocks is the base, not an adapter
     if not adapters:
         raise PretrainedError(f"this {type(model).__name__} has no LoRA adapters to save: attach them with "
                               f"apply_lora first")

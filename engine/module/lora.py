@@ -65,10 +65,10 @@ from .group import MATCH_TIMEOUT_S, ParamGroup
 from .module import Module
 from .nf4 import DEFAULT_BLOCK_SIZE, DoubleQuantized, NF4Packed, quantize_nf4
 from .param import Param
-from .reparam import Reparameterization, Reparameterizer, apply_reparameterization
+from .reparam import Reparameterization, Reparameterizer, apply_reparameterization, iter_param_slots
 
 __all__ = ["DoraAdapter", "Lora", "LoraAdapter", "LoraPreview", "NF4Weight", "QLora", "QLoraAdapter", "RsLoraAdapter",
-           "apply_lora", "apply_qlora", "pattern_key"]
+           "apply_lora", "apply_qlora", "pattern_key", "scale_adapters"]
 
 
 @dataclass(frozen=True)
@@ -407,10 +407,13 @@ class Lora(Reparameterizer):
         def below_owner(path: str) -> bool:
             return any(prefix in owners for prefix in _prefixes(path))
 
+        # a weight whose reparameterization is only its stored base (a GGUF weight's blocks) takes LoRA
+        stored = set() if stats is None else {
+            path for path, p in iter_param_slots(model) if getattr(p.reparameterization, "TAKES_ADAPTER", False)}
         selected = [(path, p) for path, p in params
                     if p.kind == "float" and not below_owner(path) and self.adapts(path, p)]
-        targets = [(path, p) for path, p in selected if path not in owners]
-        nested = [(path, p) for path, p in selected if path in owners]
+        targets = [(path, p) for path, p in selected if path not in owners or path in stored]
+        nested = [(path, p) for path, p in selected if path in owners and path not in stored]
         added = sum(self.factor_count(p, path) for path, p in targets)
         if stats is not None:
             total = stats.total.numel
@@ -515,3 +518,28 @@ def apply_qlora(module: Module, qlora) -> Module:
     if not isinstance(qlora, QLora):
         raise TypeError(f"apply_qlora expects a QLora, got {type(qlora).__name__}")
     return apply_reparameterization(module, qlora)
+
+
+def scale_adapters(module: Module, scale: float) -> Module:
+    """A model whose every LoRA adapter's delta is `scale` times its own (llama.cpp's `--lora-scaled`):
+    0 gives the base weights, 1 the adapted model, 2 twice the fine-tune's change. Nothing is
+    copied but the adapters' small records (the factors and weights are shared) and `module` is
+    unchanged, so a panel can generate at any strength without touching the document's model. For
+    DoRA the low-rank delta is scaled and the learned magnitudes kept (scale 0 is then the base's
+    direction at the adapter's magnitudes, not the base). A module without adapters, or a scale that
+    is not a finite number, is a ValueError."""
+    if not isinstance(module, Module):
+        raise TypeError(f"scale_adapters expects a Module, got {type(module).__name__}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scale_adapters: expected the adapter scale to be a finite number, found {scale!r}")
+    adapted = [(path, p) for path, p in iter_param_slots(module) if isinstance(p.reparameterization, LoraAdapter)]
+    if not adapted:
+        raise ValueError(f"scale_adapters: expected a model with LoRA adapters, found a {type(module).__name__} "
+                         f"without any")
+    out = module.clone()
+    for path, p in adapted:
+        r = object.__new__(type(p.reparameterization))  # the adapter's fields shared, its scale its own
+        r.__dict__.update(p.reparameterization.__dict__)
+        r.scale = p.reparameterization.scale * float(scale)
+        out = out.with_child(path, p.with_reparameterization(r))
+    return out

@@ -63,7 +63,7 @@ class ParamStats:
     trainable: int = 0
     tensors: int = 0  # parameters (each a tensor), packed storage included on its own nodes
     initialized: int = 0  # of those, how many hold a value (the rest are lazy)
-    floats: int = 0  # float tensors
+    floats: int = 0  # float tensors that can train (running state, such as BatchNorm's statistics, is not)
     trainable_floats: int = 0
     devices: list = field(default_factory=list)  # device names, in traversal order
     reparameterized: int = 0  # parameters below with a reparameterization
@@ -107,9 +107,9 @@ class ModelStats:
                 continue  # flags and constants hold no parameters
             p = join(path, seg)
             s = self._get(p)
-            if isinstance(v, NF4Weight):
-                # QLoRA's packed bytes stand for the base weight, which is counted already:
-                # their numbers stay on their own nodes
+            if isinstance(v, NF4Weight) or getattr(type(v), "PACKED_STORAGE", False):
+                # QLoRA's packed bytes (or a GGUF weight's blocks) stand for the base weight, which
+                # is counted already: their numbers stay on their own nodes
                 self._walk(v, p, [s])
                 continue
             chain.append(s)
@@ -127,7 +127,9 @@ class ModelStats:
     def _add_param(p: Param, chain: list[ParamStats]) -> None:
         n = p.numel()
         trainable = param_trainable(p)
-        is_float = p.kind == "float"
+        # running state (BatchNorm's statistics) is saved and counted, never trained, never frozen: it
+        # is no float tensor of the trainable state, or a block with it could never read "trainable"
+        is_float = p.kind == "float" and not p.is_running_state()
         dev = str(p.lazy_device())
         init = p.is_initialized()
         for s in chain:

@@ -9,6 +9,7 @@ attended to, never recomputed).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -26,7 +27,8 @@ from .spec import Burn, declare
 
 __all__ = [
     "MultiHeadAttentionConfig", "MultiHeadAttention", "MhaInput", "MhaOutput", "KVCache",
-    "generate_autoregressive_mask", "generate_padding_mask",
+    "generate_autoregressive_mask", "generate_padding_mask", "generate_segment_mask", "segment_positions",
+    "packed_attention",
 ]
 
 
@@ -49,6 +51,47 @@ def generate_padding_mask(lengths, max_length: int | None = None, device=None) -
     lengths = [int(n) for n in lengths]
     n = max(lengths) if max_length is None else int(max_length)
     return Tensor.from_data(np.arange(n)[None, :] >= np.asarray(lengths)[:, None], device=device)
+
+
+def generate_segment_mask(segment_ids, device=None) -> Tensor:
+    """`[batch_size, seq_length, seq_length]` bool mask, true where query `i` and key `j` lie in
+    different segments of their row (`segment_ids` int `[batch_size, seq_length]`, a Tensor or
+    array): sequences packed into one row attend only to themselves (a block-diagonal mask; the
+    causal mask is the layer's own)."""
+    import numpy as np  # noqa: PLC0415
+
+    seg = np.asarray(segment_ids.numpy() if isinstance(segment_ids, Tensor) else segment_ids)
+    if seg.ndim != 2 or seg.dtype.kind not in "iu":
+        raise ValueError(f"segment_ids: expected int [batch_size, seq_length], found {seg.dtype} {list(seg.shape)}")
+    if device is None and isinstance(segment_ids, Tensor):
+        device = segment_ids.device
+    return Tensor.from_data(seg[:, :, None] != seg[:, None, :], device=device)
+
+
+def segment_positions(segment_ids):
+    """Each position's index within its segment (int64 `[batch_size, seq_length]`, numpy), for
+    segments that are runs of equal ids along the row: positions restart at 0 with each one."""
+    import numpy as np  # noqa: PLC0415
+
+    seg = np.asarray(segment_ids.numpy() if isinstance(segment_ids, Tensor) else segment_ids)
+    idx = np.broadcast_to(np.arange(seg.shape[-1]), seg.shape)
+    starts = np.ones(seg.shape, dtype=bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    first = np.maximum.accumulate(np.where(starts, idx, 0), axis=-1)
+    return (idx - first).astype(np.int64)
+
+
+def packed_attention(input_dims, position_ids=None, segment_ids=None, device=None):
+    """(mask_attn or None, positions) for packed sequences of input `[batch_size, seq_length]`:
+    `generate_segment_mask(segment_ids)` and `position_ids`, or without them `segment_positions`;
+    each checked to have the input's dims."""
+    dims = list(input_dims)
+    for name, a in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+        if a is not None and list(a.shape) != dims:
+            raise ValueError(f"{name}: expected dims {dims} (those of input_ids), found {list(a.shape)}")
+    mask = None if segment_ids is None else generate_segment_mask(segment_ids, device)
+    positions = position_ids if position_ids is not None else segment_positions(segment_ids)
+    return mask, positions
 
 
 class MhaInput:
@@ -197,6 +240,14 @@ class MultiHeadAttentionConfig(Config):
     `output_bias` that of the output map (default: `bias`). `causal` masks every key after the
     query's position. `rotary` (a `RotaryEncodingConfig` with `d_model` = `head_dim`) is held by the
     layer and applied to the queries and keys per head.
+
+    Decoder variants: `scale` replaces the scores' `1 / sqrt(head_dim)` (Gemma 2/3's
+    `query_pre_attn_scalar ** -0.5`); `softcap` caps the scaled scores as `tanh(s / c) * c` before
+    the masks (Gemma 2); `window` (causal only) is sliding-window attention: query `i` sees the keys
+    `j` with `i - window < j <= i` (Mistral, Qwen2, Gemma 2/3's local layers; positions count
+    every row index, padding included, as transformers' masks do); `qk_norm` (a norm config over
+    `head_dim`, e.g. `RmsNormConfig`) adds `q_norm` / `k_norm`, applied to each head's queries and
+    keys before the rotary encoding (Gemma 3, Qwen3).
     """
 
     d_model: int
@@ -211,6 +262,10 @@ class MultiHeadAttentionConfig(Config):
     output_bias: bool | None = None
     causal: bool = False
     rotary: RotaryEncodingConfig | None = None
+    scale: float | None = None
+    softcap: float | None = None
+    window: int | None = None
+    qk_norm: object = None
 
     def init(self, device=None) -> "MultiHeadAttention":
         n_kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
@@ -235,10 +290,27 @@ class MultiHeadAttentionConfig(Config):
         value = LinearConfig(self.d_model, kv_dim, self.bias, init).init(device)
         output = LinearConfig(q_dim, self.d_model, out_bias, init).init(device)
         rotary = self.rotary.init(device) if self.rotary is not None else None
-        return MultiHeadAttention(
+        for name, num in (("scale", self.scale), ("softcap", self.softcap)):
+            if num is not None and (isinstance(num, bool) or not isinstance(num, (int, float)) or not num > 0):
+                raise ValueError(f"MultiHeadAttentionConfig.{name} must be a positive number or None, got {num!r}")
+        if self.window is not None:
+            if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+                raise ValueError(f"MultiHeadAttentionConfig.window must be a positive int or None, got {self.window!r}")
+            if not self.causal:
+                raise ValueError("MultiHeadAttentionConfig: a sliding window needs causal=True")
+        mha = MultiHeadAttention(
             query, key, value, output, DropoutConfig(self.dropout).init(), Gelu(), self.d_model, self.n_heads,
             head_dim, self.min_float, self.quiet_softmax, n_kv_heads=n_kv, causal=self.causal, rotary=rotary,
         )
+        mha.scale = None if self.scale is None else float(self.scale)
+        mha.softcap = None if self.softcap is None else float(self.softcap)
+        mha.window = self.window
+        if self.qk_norm is not None:
+            if getattr(self.qk_norm, "d_model", head_dim) != head_dim:
+                raise ValueError(f"MultiHeadAttentionConfig: qk_norm's d_model ({self.qk_norm.d_model}) must equal "
+                                 f"head_dim ({head_dim})")
+            mha.q_norm, mha.k_norm = self.qk_norm.init(device), self.qk_norm.init(device)
+        return mha
 
 
 class MultiHeadAttention(Layer):
@@ -269,14 +341,21 @@ class MultiHeadAttention(Layer):
         self.n_kv_heads = int(n_heads if n_kv_heads is None else n_kv_heads)
         self.causal = bool(causal)
         self.rotary = rotary
+        self.q_norm = self.k_norm = None  # MultiHeadAttentionConfig.qk_norm
+        self.scale = self.softcap = self.window = None  # the decoder variants (see MultiHeadAttentionConfig)
 
-    def forward(self, input: MhaInput, rotary=None, start: int | None = None, cache: KVCache | None = None) -> MhaOutput:
+    def forward(self, input: MhaInput, rotary=None, start: int | None = None, cache: KVCache | None = None,
+                positions=None) -> MhaOutput:
         """Applies the forward pass on the input tensors.
 
         `rotary` (an `nn.RotaryEncoding` with `d_model` = `d_k`) is used instead of the layer's own;
         the queries and keys of this call take positions `start .. start + seq_length - 1` (default:
         0, or with a cache the number of positions it holds). The causal mask aligns the last query
         with the last key: query `i` sees keys `j <= i + seq_length_2 - seq_length_1`.
+
+        `positions` (int `[batch_size, seq_length]`, without a cache): each row's own positions for
+        the rotary encoding instead of `start ..` (packed sequences restarting at 0; with a
+        `mask_attn` from `generate_segment_mask` each attends only to itself).
 
         `cache` (a `KVCache`, self-attention): this call's keys and values are appended to the
         cache's and the queries attend over all of them, so `seq_length_2` (the masks' last dim)
@@ -315,24 +394,34 @@ class MultiHeadAttention(Layer):
         query = self._heads(input.query, self.query, self.n_heads)
         key = self._heads(input.key, self.key, self.n_kv_heads)
         value = self._heads(input.value, self.value, self.n_kv_heads)
+        if self.q_norm is not None:
+            query, key = self.q_norm.forward(query), self.k_norm.forward(key)
+        if positions is not None and (cache is not None or seq_new != seq_length_1):
+            raise ValueError("MultiHeadAttention: positions are for self-attention without a cache")
         if rope is not None:
-            query = rope.apply(query, start)
-            key = rope.apply(key, start)
+            query = rope.apply(query, start, positions)
+            key = rope.apply(key, start, positions)
         if cache is not None:
             key, value = cache.append(key, value)
-        scale = 1.0 / math.sqrt(self.d_k)
+        scale = 1.0 / math.sqrt(self.d_k) if self.scale is None else self.scale
         causal_offset = seq_length_2 - seq_length_1 if self.causal else None
         p = max(self.dropout.rate_for(query), self.dropout.rate_for(key))  # the scores' rate
-        if _trace.is_active():  # a trace (ONNX export, the graph view) records the op chain
-            weights, context = self._attend_ops(query, key, value, input, scale, causal_offset)
+        window = None
+        if self.window is not None and causal_offset is not None and seq_length_2 > self.window:
+            window = _window_mask(seq_length_1, seq_length_2, causal_offset, self.window, query.device)
+        if _trace.is_active() or self.softcap is not None:  # a trace (ONNX export, the graph view) records the op chain
+            weights, context = self._attend_ops(query, key, value, input, scale, causal_offset, window)
         else:
+            mask = _one_mask(input, batch_size, seq_length_1, seq_length_2)
+            if window is not None:
+                mask = raw.array(window) if mask is None else (mask | raw.array(window))
             weights, context = _sdpa.scaled_dot_product_attention(
-                query, key, value, scale, mask=_one_mask(input, batch_size, seq_length_1, seq_length_2),
+                query, key, value, scale, mask=mask,
                 causal_offset=causal_offset, min_float=self.min_float, quiet=self.quiet_softmax, dropout=p)
         context = context.swap_dims(1, 2).reshape(batch_size, seq_length_1, self.n_heads * self.d_k)
         return MhaOutput(weights, self.output.forward(context))
 
-    def _attend_ops(self, query, key, value, input, scale, causal_offset):
+    def _attend_ops(self, query, key, value, input, scale, causal_offset, window=None):
         """The attention as a chain of tensor ops, what a trace records (ONNX export writes each
         op): the numbers of `_sdpa.scaled_dot_product_attention`, one node per op."""
         batch_size, _, seq_length_1, _ = query.shape
@@ -345,6 +434,8 @@ class MultiHeadAttention(Layer):
             scores = (q5 @ key.unsqueeze(2).transpose()).reshape(batch_size, self.n_heads, seq_length_1,
                                                                  seq_length_2)
         scores = scores * scale
+        if self.softcap is not None:
+            scores = (scores * (1.0 / self.softcap)).tanh() * self.softcap
         scores = self.dropout.forward(scores)
         if input.mask_pad_ is not None:
             scores = scores.mask_fill(input.mask_pad_.reshape(batch_size, 1, 1, seq_length_2), self.min_float)
@@ -354,6 +445,8 @@ class MultiHeadAttention(Layer):
             )
         if causal_offset is not None:
             scores = scores.mask_fill(_causal_mask(seq_length_1, seq_length_2, scores.device), self.min_float)
+        if window is not None:
+            scores = scores.mask_fill(window, self.min_float)
         weights = scores.quiet_softmax(3) if self.quiet_softmax else scores.softmax(3)
         if groups == 1:
             context = weights @ value
@@ -381,6 +474,9 @@ class MultiHeadAttention(Layer):
         )
         if self.causal:
             content = content.add("causal", self.causal)
+        for name in ("scale", "softcap", "window"):
+            if getattr(self, name) is not None:
+                content = content.add(name, getattr(self, name))
         return content.optional()
 
 
@@ -401,6 +497,17 @@ def _causal_mask(seq_length_1: int, seq_length_2: int, device) -> Tensor:
     import numpy as np  # noqa: PLC0415
 
     m = np.triu(np.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + seq_length_2 - seq_length_1)
+    return Tensor.from_data(m.reshape(1, 1, seq_length_1, seq_length_2), device=device)
+
+
+@functools.lru_cache(maxsize=4)  # a few shapes: a long row's mask is seq_length_1 * seq_length_2 bytes
+def _window_mask(seq_length_1: int, seq_length_2: int, offset: int, window: int, device) -> Tensor:
+    """`[1, 1, seq_length_1, seq_length_2]` bool, true where key `j` lies `window` or more positions
+    before query `i` (at `i + offset`, the last query aligned with the last key): `j <= i + offset - window`.
+    Made once per shape (every sliding layer of a forward, and every training step, share it)."""
+    import numpy as np  # noqa: PLC0415
+
+    m = np.tril(np.ones((seq_length_1, seq_length_2), dtype=bool), k=offset - window)
     return Tensor.from_data(m.reshape(1, 1, seq_length_1, seq_length_2), device=device)
 
 

@@ -228,11 +228,16 @@ class RotaryEncoding(Layer):
         """
         return self.apply(x, 0)
 
-    def apply(self, x, start: int = 0):
-        """Rotary encoding of positions `start .. start + seq_length`."""
+    def apply(self, x, start: int = 0, positions=None):
+        """Rotary encoding of positions `start .. start + seq_length`, or of each row's own
+        `positions` (int `[batch_size, seq_length]`, a Tensor or array: packed sequences whose
+        positions restart at 0) for `x` `[batch_size, seq_length, d_model]` or
+        `[batch_size, heads, seq_length, d_model]`."""
         assert_shape(x, [..., None, self.d_model])
         check_float(self, x, name="x")
         seq_length = x.dims()[-2]
+        if positions is not None:
+            return self._apply_positions(x, positions)
         if start + seq_length > self.max_sequence_length:
             raise ValueError(
                 f"RotaryEncoding: positions {start}..{start + seq_length} exceed max_sequence_length "
@@ -240,6 +245,24 @@ class RotaryEncoding(Layer):
             )
         cos, sin = self.frequencies(x.device, start + seq_length)
         return _ops.rotary(x, cos[start:start + seq_length], sin[start:start + seq_length])
+
+    def _apply_positions(self, x, positions):
+        pos = np.asarray(positions.numpy() if isinstance(positions, Tensor) else positions)
+        batch_size, seq_length = x.dims()[0], x.dims()[-2]
+        if x.rank not in (3, 4) or pos.shape != (batch_size, seq_length) or pos.dtype.kind not in "iu":
+            raise ValueError(f"RotaryEncoding: positions must be int [batch_size {batch_size}, seq_length "
+                             f"{seq_length}] for x [batch_size, (heads,) seq_length, d_model], found "
+                             f"{pos.dtype} {list(pos.shape)} for x {list(x.dims())}")
+        top = int(pos.max()) + 1 if pos.size else 0
+        if pos.size and (int(pos.min()) < 0 or top > self.max_sequence_length):
+            raise ValueError(f"RotaryEncoding: positions {int(pos.min())}..{top - 1} are outside 0.."
+                             f"{self.max_sequence_length - 1} (max_sequence_length {self.max_sequence_length})")
+        cos, sin = self.frequencies(x.device, top)
+        idx = x.device.xp.asarray(pos.astype(np.int64))
+        c, s = cos[idx], sin[idx]  # [batch_size, seq_length, d_model / 2]
+        if x.rank == 4:  # one angle per position for every head
+            c, s = c[:, None], s[:, None]
+        return _ops.rotary(x, c, s)
 
     def custom_content(self, content):
         return content.add("d_model", self.d_model).add("max_sequence_length", self.max_sequence_length).optional()

@@ -15,8 +15,9 @@ progress) is never removed. Where there are no locks (Windows, some network file
 pid and age rules alone decide; Windows also refuses to delete a file that is still open.
 
 A save of several files that must take effect together (a Hugging Face folder: config.json,
-the weights, the tokenizer files; a PEFT adapter: its config and its tensors) uses
-`save_folder(folder, write, owned)`:
+the weights, the tokenizer files; a PEFT adapter: its config and its tensors; a training-script
+export with its sub-folders) uses `save_folder(folder, write, owned)` (a sub-folder the save
+writes replaces the old one of that name, as a file does, when `owned` claims the name):
 
 1. `write(staging)` writes the new files into a fresh private folder beside `folder` (its
    parent, so the same file system), `.<name>.<pid>.<random>.save.d`; each file is fsync'ed;
@@ -350,6 +351,13 @@ def _read_state(path) -> dict | None:
     return state
 
 
+def _replaces_folder(staging: Path, name: str, owned) -> bool:
+    """Whether the save's new entry `name` may replace the folder's sub-folder of that name: the
+    save owns the name and writes a sub-folder there too (a file never replaces a folder)."""
+    new = staging / name
+    return bool(owned(name)) and new.is_dir() and not new.is_symlink()
+
+
 def _carry_over(folder: Path, staging: Path, written: set, owned) -> tuple[list, dict]:
     """Hard-link (or re-create, for symbolic links) into `staging` the entries of `folder` that
     are not part of the save. Returns the names of the save's old files and {name: inode} of
@@ -359,7 +367,7 @@ def _carry_over(folder: Path, staging: Path, written: set, owned) -> tuple[list,
         name = entry.name
         is_dir = entry.is_dir(follow_symlinks=False)
         if name in written:
-            if is_dir:
+            if is_dir and not _replaces_folder(staging, name, owned):
                 raise IsADirectoryError(errno.EISDIR, "a folder has the name of a file this save writes",
                                         entry.path)
             replaced.append(name)
@@ -395,8 +403,11 @@ def _finish(old: Path, folder: Path, state: dict) -> bool:
         src, dst = entry.path, folder / entry.name
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
-            if entry.name in replaced and not is_dir:
-                os.unlink(src)
+            if entry.name in replaced:
+                if is_dir:
+                    shutil.rmtree(src)  # a sub-folder of the save, written anew
+                else:
+                    os.unlink(src)
                 continue
             try:
                 now = os.lstat(dst)
@@ -477,12 +488,18 @@ def _can_swap(folder: Path, parent: Path) -> bool:
 def _replace_each(staging: Path, folder: Path, written, owned) -> None:
     """The files of the save renamed over the old ones one by one (where the folder cannot be
     swapped), then the old save's other files removed."""
+    def is_folder(path):
+        return os.path.isdir(path) and not os.path.islink(path)
+
     for name in written:
         dst = folder / name
-        if os.path.isdir(dst) and not os.path.islink(dst):
+        if is_folder(dst) and not _replaces_folder(staging, name, owned):
             raise IsADirectoryError(errno.EISDIR, "a folder has the name of a file this save writes", str(dst))
     for name in written:
-        os.replace(staging / name, folder / name)  # replaces a link itself, never its target
+        dst = folder / name
+        if is_folder(dst):  # the save's old sub-folder goes into the staging folder, removed with it
+            os.rename(dst, tempfile.mkdtemp(prefix=".replaced.", dir=staging) + "/" + name)
+        os.replace(staging / name, dst)  # replaces a link itself, never its target
     for entry in os.scandir(folder):
         if entry.name not in written and owned(entry.name) and not entry.is_dir(follow_symlinks=False):
             os.unlink(entry.path)

@@ -23,6 +23,7 @@ ordinary text.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,9 @@ from .conversations import read_conversations
 from .text import TextDataError, TextDataset, Tokens, check_rows_fit, padded_rows
 from .chat_template import _CLOSE, _OPEN, ChatTemplate, ChatTemplateError, _encode_marked, _mark_specials
 
-__all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data"]
+__all__ = ["ConversationTokens", "assistant_spans", "conversation_tokens", "load_conversation_data", "pack_rows",
+           "describe_conversation_data",
+           "packed_conversation_rows"]
 
 
 @dataclass
@@ -111,12 +114,22 @@ def conversation_tokens(conv, template: ChatTemplate, tokenizer, **variables) ->
 
 def load_conversation_data(path, template: ChatTemplate, tokenizer, block_size: int | None = None,
                            truncate: bool = False, vocab_size: int | None = None,
-                           max_positions: int | None = None, **variables) -> TextDataset:
-    """One padded row per conversation (no packing), targets IGNORE_INDEX but on the assistant's
-    tokens: a `TextDataset` as `engine.train.text.load_text_data` makes. `block_size`: positions per
-    row (without: the longest conversation's). A conversation longer than the block is refused
-    unless `truncate`; then it is cut at the block and the dataset's `truncated` counts the rows cut
-    (the app says so). `vocab_size` / `max_positions`: the model's limits, refused past."""
+                           max_positions: int | None = None, packing: bool = False, **variables) -> TextDataset:
+    """Token rows of a conversation file, targets IGNORE_INDEX but on the assistant's tokens: a
+    `TextDataset` as `engine.train.text.load_text_data` makes.
+
+    Without `packing`, one right-padded row per conversation. With `packing` (needs `block_size`),
+    whole conversations are packed into rows of `block_size` positions (best fit, longest first;
+    a conversation is never split across rows): the dataset's `segment_ids` (1.. per conversation
+    of a row, 0 on pads) and `position_ids` (from 0 in each conversation) make each conversation
+    attend only to itself, so a packed row's loss is the sum of its conversations' unpacked ones.
+
+    `block_size`: positions per row (without: the longest conversation's). A conversation longer
+    than the block is refused unless `truncate`; then it is cut at the block and the dataset's
+    `truncated` counts the conversations cut (the app says so). `vocab_size` / `max_positions`:
+    the model's limits, refused past. The dataset's `target_tokens` counts the assistant tokens learnt."""
+    if packing and block_size is None:
+        raise ValueError("load_conversation_data: packing needs a block size (positions per row)")
     rows = [(conv, conversation_tokens(conv, template, tokenizer, **variables)) for conv in read_conversations(path)]
     if vocab_size is not None:
         for conv, row in rows:
@@ -144,10 +157,78 @@ def load_conversation_data(path, template: ChatTemplate, tokenizer, block_size: 
         raise TextDataError(path, f"expected conversations with assistant tokens to learn within the block size "
                                   f"{T}, found none")
     pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else (tokenizer.eos_id or 0)
+    bins = pack_rows([len(w[0]) - 1 for w in windows], T) if packing else [[i] for i in range(len(windows))]
     all_ids = np.concatenate([w[0] for w in windows]).astype(np.uint32)
     check_rows_fit(path, Tokens(all_ids, np.concatenate([w[1] for w in windows]),
-                             np.cumsum([len(w[0]) for w in windows])), len(windows), T)
-    inputs, targets, mask = padded_rows(windows, T, pad_id)
-    data = TextDataset(inputs, targets, mask, T, False, Path(path).name, len(rows), tokenizer)
+                             np.cumsum([len(w[0]) for w in windows])), len(bins), T)
+    if packing:
+        inputs, targets, mask, segments, positions = packed_conversation_rows(windows, bins, T, pad_id)
+        extra = {"segment_ids": segments, "position_ids": positions}
+    else:
+        inputs, targets, mask = padded_rows(windows, T, pad_id)
+        extra = {}
+    data = TextDataset(inputs, targets, mask, T, packing, Path(path).name, len(rows), tokenizer, **extra)
     data.truncated = truncated
     return data
+
+
+def describe_conversation_data(data: TextDataset, chat_format: str) -> str:
+    """What a conversation dataset holds, for the user: its format, conversations, the assistant
+    tokens learnt, the rows, and how many conversations were cut at the block size."""
+    def n(count, what):
+        return f"{count} {what}" + ("" if count == 1 else "s")
+
+    rows = (f"packed into {n(len(data), 'row')}" if data.packing else n(len(data), "padded row")) + \
+        f" of {data.block_size} positions"
+    cut = getattr(data, "truncated", 0)
+    return (f"conversation data ({chat_format} format): {n(data.documents, 'conversation')}, "
+            f"{n(data.target_tokens, 'assistant token')} learnt, {rows}"
+            + (f"; {n(cut, 'conversation')} truncated at the block size, the rest of their turns not learnt"
+               if cut else ""))
+
+
+def pack_rows(lengths, block_size: int) -> list[list[int]]:
+    """Indices of sequences of `lengths` (each at most `block_size`) grouped into rows of at most
+    `block_size` positions: best fit, longest first (each sequence goes to the fullest row it
+    fits in, else a new row); each row's indices in file order."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    free: list[tuple[int, int]] = []  # (room left, row), sorted
+    bins: list[list[int]] = []
+    for i in order:
+        n = int(lengths[i])
+        if n > block_size:
+            raise ValueError(f"pack_rows: a sequence of {n} positions does not fit a row of {block_size}")
+        k = bisect.bisect_left(free, (n, -1))
+        if k < len(free):
+            room, row = free.pop(k)
+        else:
+            room, row = block_size, len(bins)
+            bins.append([])
+        bins[row].append(i)
+        if room - n > 0:
+            bisect.insort(free, (room - n, row))
+    return [sorted(b) for b in bins]
+
+
+def packed_conversation_rows(windows, bins, block_size: int, pad_id: int):
+    """(inputs, targets, attention_mask, segment_ids, position_ids) `[rows, block_size]` int64 of
+    (ids, learn) `windows` packed as `bins` says: each window shifted (inputs ids[:-1], targets
+    ids[1:], IGNORE_INDEX where not learnt), its segment 1.. in its row, its positions from 0."""
+    shape = (len(bins), block_size)
+    inputs = np.full(shape, pad_id, dtype=np.int64)
+    targets = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+    mask = np.zeros(shape, dtype=np.int64)
+    segments = np.zeros(shape, dtype=np.int64)
+    positions = np.zeros(shape, dtype=np.int64)
+    for r, members in enumerate(bins):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            ids, learn = windows[i]
+            k = len(ids) - 1
+            inputs[r, at:at + k] = ids[:-1]
+            targets[r, at:at + k] = np.where(learn[1:], ids[1:], IGNORE_INDEX)
+            mask[r, at:at + k] = 1
+            segments[r, at:at + k] = seg
+            positions[r, at:at + k] = np.arange(k)
+            at += k
+    return inputs, targets, mask, segments, positions

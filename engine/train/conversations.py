@@ -22,7 +22,10 @@ from pathlib import Path
 from .text import TextDataError, _decode, _json_excerpt, _text_files
 from .tokenizer import _SURROGATE, _json_value
 
-__all__ = ["Conversation", "CONVERSATION_FORMATS", "read_conversations", "conversation_format"]
+__all__ = ["Conversation", "CONVERSATION_FORMATS", "read_conversations", "conversation_format",
+           "conversation_file_format"]
+
+DETECT_BYTES = 1 << 20  # conversation_file_format reads at most this much of a file (its first record)
 
 CONVERSATION_FORMATS = {
     "messages": ("messages",),
@@ -47,6 +50,29 @@ def conversation_format(record: dict) -> str | None:
     """The conversation format a JSON record's keys say ("messages", "sharegpt", "alpaca"), or None."""
     found = [name for name, keys in CONVERSATION_FORMATS.items() if all(k in record for k in keys)]
     return found[0] if len(found) == 1 else (None if not found else "mixed")
+
+
+def conversation_file_format(path) -> str | None:
+    """The conversation format of a `.jsonl` file (or of a folder's first `.jsonl` file) from its
+    first record ("messages", "sharegpt", "alpaca"), or None: not a .jsonl file, a first record
+    that is not a conversation or cannot be read (reading the whole file says why). Reads at most
+    `DETECT_BYTES` (1 MiB)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = next(iter(sorted(q for q in p.iterdir() if q.is_file() and q.suffix.lower() == ".jsonl")), p)
+    if not p.is_file() or p.suffix.lower() != ".jsonl":
+        return None
+    try:
+        with p.open("rb") as f:
+            head = f.read(DETECT_BYTES)
+        first = next((line for line in head.decode("utf-8-sig", errors="replace").split("\n") if line.strip()), "")
+        record = _json_value(first)
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or "text" in record or ("prompt" in record and "completion" in record):
+        return None
+    found = conversation_format(record)
+    return found if found in CONVERSATION_FORMATS else None
 
 
 def read_conversations(path) -> list[Conversation]:

@@ -36,6 +36,12 @@ class Dataset:
         """The whole data as a tuple of arrays when it is held in memory, else None."""
         return None
 
+    def extras(self) -> dict:
+        """Arrays besides inputs and targets, by the `Batch` field they fill (`segment_ids`,
+        `position_ids` of packed token rows), with the same first axis; gathered into each
+        batch as int64 tensors (never autodiff). Only in-memory data sets have them."""
+        return {}
+
 
 class InMemoryDataset(Dataset):
     """Inputs and targets as arrays with the same first axis."""
@@ -85,6 +91,8 @@ class InMemoryDataset(Dataset):
 class Batch:
     inputs: object  # Tensor
     targets: object  # Tensor
+    segment_ids: object = None  # Tensor [batch, seq]: packed sequences (see engine.train.text.TextDataset)
+    position_ids: object = None  # Tensor [batch, seq]: each packed sequence's positions from 0
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
@@ -149,7 +157,11 @@ class DataLoader:
                 x = np.stack([np.asarray(it[0]) for it in items])
                 y = np.stack([np.asarray(it[1]) for it in items])
             ad = self.autodiff
-            yield Batch(_to_tensor(Tensor, x, self.device, ad), _to_tensor(Tensor, y, self.device, ad))
+            extra = {}
+            if arrays is not None:
+                rows = slice(start, start + len(idx)) if contiguous else idx
+                extra = {k: _to_tensor(Tensor, a[rows], self.device) for k, a in self.dataset.extras().items()}
+            yield Batch(_to_tensor(Tensor, x, self.device, ad), _to_tensor(Tensor, y, self.device, ad), **extra)
 
 
 def _to_tensor(Tensor, arr, device, autodiff: bool = False):

@@ -150,7 +150,10 @@ def default_step(kind: str, pad_token: int | None = None):
         def lm_step(model, batch) -> StepOutput:
             # rows are right-padded: under causal attention no real token attends to a pad, so the
             # logits at real positions need no attention mask; pad targets are IGNORE_INDEX
-            output = model.forward(batch.inputs)
+            if batch.segment_ids is not None:  # packed sequences: each attends to itself, positions from 0
+                output = model.forward(batch.inputs, position_ids=batch.position_ids, segment_ids=batch.segment_ids)
+            else:
+                output = model.forward(batch.inputs)
             return StepOutput(causal_lm_loss(output, batch.targets), output, batch.targets)
 
         return lm_step

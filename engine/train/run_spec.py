@@ -2,8 +2,11 @@
 learning-rate schedule and the training config (`RunSpec`, saved in the run folder as
 `run.json`), and what they make: the data sets (`make_data`) and the training step of a
 chosen loss (`make_step`). The task `"causal-lm"` reads a text file with a folder's tokenizer
-(`DataSettings.tokenizer`, `block_size`, `packing`, `per_line`, `truncate`; `engine.train.text`)
-and trains with the Learner's `"causal-lm"` kind; `make_data(settings, seed, model)` checks the
+(`DataSettings.tokenizer`, `block_size`, `packing`, `per_line`, `truncate`; `engine.train.text`),
+or a conversation file (OpenAI `messages`, ShareGPT, Alpaca `.jsonl`, told from its first record)
+rendered with the chat template of the tokenizer's folder, the loss on the assistant's tokens
+(`engine.train.chat_data`; packed conversations attend only to themselves), and trains with the
+Learner's `"causal-lm"` kind; `make_data(settings, seed, model)` checks the
 text against the model's vocabulary and positions.
 
     spec = RunSpec(DataSettings("spirals"), "Adam", optim.AdamConfig(), "constant", ConstantLrConfig(1e-2),
@@ -161,16 +164,24 @@ def make_data(settings: DataSettings, seed: int, model=None):
     """(train, valid, kind, description) for the data settings. For causal-lm, `model` (when
     given) sets the limits the text is checked against: its vocabulary and positions."""
     if settings.task == CAUSAL_LM_TASK:
+        from .conversations import conversation_file_format
         from .text import load_text_data, load_tokenizer, model_limits
 
         path = Path(settings.file).expanduser()
         vocab, positions = model_limits(model) if model is not None else (None, None)
-        data = load_text_data(path, load_tokenizer(settings.tokenizer), int(settings.block_size),
-                              packing=settings.packing, per_line=settings.per_line, truncate=settings.truncate,
-                              vocab_size=vocab, max_positions=positions)
+        tokenizer = load_tokenizer(settings.tokenizer)
+        chat = conversation_file_format(path)
+        if chat is not None:
+            data = _conversation_data(path, chat, settings, tokenizer, vocab, positions)
+        else:
+            data = load_text_data(path, tokenizer, int(settings.block_size), packing=settings.packing,
+                                  per_line=settings.per_line, truncate=settings.truncate, vocab_size=vocab,
+                                  max_positions=positions)
         if len(data) < 2:
             return data, None, CAUSAL_LM_TASK, path.name
         train, valid = data.split(1.0 - settings.valid_fraction, seed=seed)
+        if getattr(data, "note", ""):  # what a conversation file held, before the split
+            train.note = data.note
         return train, valid, CAUSAL_LM_TASK, path.name
     if settings.task == FILE_TASK:
         path = Path(settings.file).expanduser()
@@ -181,6 +192,28 @@ def make_data(settings: DataSettings, seed: int, model=None):
         return train, valid, kind, path.name
     task = build_task(settings.task, seed=seed)
     return task.train, task.valid, task.kind, task.name
+
+
+def _conversation_data(path: Path, chat: str, settings: DataSettings, tokenizer, vocab, positions):
+    """A conversation file (`chat`: its format) rendered with the chat template of the tokenizer's
+    folder: padded or packed as `settings.packing` says. The dataset's `note` says what it holds."""
+    from .chat_data import describe_conversation_data, load_conversation_data
+    from .chat_template import ChatTemplateError, read_chat_template
+    from .text import TextDataError
+
+    folder = Path(settings.tokenizer).expanduser()
+    folder = folder.parent if folder.is_file() else folder
+    try:
+        template = read_chat_template(folder)
+    except ChatTemplateError as e:
+        raise TextDataError(path, f"the file is conversation data ({chat} format), rendered with the model's chat "
+                                  f"template, but the tokenizer folder {folder} has none ({e}): choose the folder "
+                                  f"of a model with a chat template (an instruct model), or use text or "
+                                  f"prompt/completion data") from None
+    data = load_conversation_data(path, template, tokenizer, int(settings.block_size), truncate=settings.truncate,
+                                  vocab_size=vocab, max_positions=positions, packing=settings.packing)
+    data.note = describe_conversation_data(data, chat)
+    return data
 
 
 def _as_regression(ds):

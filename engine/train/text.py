@@ -422,16 +422,26 @@ def padded_rows(windows, block_size: int, pad_id: int):
 
 class TextDataset(InMemoryDataset):
     """Rows of token ids: `inputs` and `targets` int64 `[rows, block_size]` (targets shifted by
-    one, `IGNORE_INDEX` where nothing is learnt), `attention_mask` (1: a real input position)."""
+    one, `IGNORE_INDEX` where nothing is learnt), `attention_mask` (1: a real input position).
+    Rows holding several sequences each attending only to itself (packed conversations) also
+    have `segment_ids` (int64, 1.. per sequence of the row, 0 on pads) and `position_ids` (each
+    sequence's positions from 0): the DataLoader puts them in its batches for the model."""
 
     def __init__(self, inputs, targets, attention_mask, block_size: int, packing: bool, name: str = "text",
-                 documents: int = 0, tokenizer: TextTokenizer | None = None):
+                 documents: int = 0, tokenizer: TextTokenizer | None = None, segment_ids=None, position_ids=None):
         super().__init__(inputs, targets, name)
+        self.segment_ids = None if segment_ids is None else np.asarray(segment_ids)
+        self.position_ids = None if position_ids is None else np.asarray(position_ids)
         self.attention_mask = np.asarray(attention_mask)
         self.block_size = int(block_size)
         self.packing = bool(packing)
         self.documents = int(documents)
         self.tokenizer = tokenizer
+
+    def extras(self) -> dict:
+        if self.segment_ids is None:
+            return {}
+        return {"segment_ids": self.segment_ids, "position_ids": self.position_ids}
 
     @property
     def target_tokens(self) -> int:
@@ -445,8 +455,9 @@ class TextDataset(InMemoryDataset):
         k = int(round(fraction * len(self)))
         parts = []
         for idx, label in ((order[:k], f"[:{k}]"), (order[k:], f"[{k}:]")):
+            extra = {k: v[idx] for k, v in self.extras().items()}
             parts.append(TextDataset(self.inputs[idx], self.targets[idx], self.attention_mask[idx], self.block_size,
-                                     self.packing, self.name + label, self.documents, self.tokenizer))
+                                     self.packing, self.name + label, self.documents, self.tokenizer, **extra))
         return parts[0], parts[1]
 
     def __repr__(self) -> str:
@@ -557,6 +568,17 @@ def text_data_for_model(model, path, tokenizer: TextTokenizer, **options) -> Tex
     return load_text_data(path, tokenizer, **options)
 
 
+def takes_packed(model) -> bool:
+    """Whether `model.forward` takes packed sequences (`segment_ids`, `position_ids`)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "segment_ids" in params and "position_ids" in params
+
+
 def check_fits(model, dataset, name: str | None = None) -> None:
     """Refuse token rows the model cannot take, before anything trains: an id (input or
     target) at or past its vocabulary, rows longer than its positions. The `"causal-lm"`
@@ -569,6 +591,10 @@ def check_fits(model, dataset, name: str | None = None) -> None:
     if inputs.dtype.kind not in "iu" or targets.dtype.kind not in "iu":
         raise TextDataError(name, f"expected integer token ids as inputs and targets, found {inputs.dtype} and "
                                   f"{targets.dtype}")
+    if getattr(dataset, "segment_ids", None) is not None and not takes_packed(model):
+        raise TextDataError(name, f"the rows pack several sequences, each attending only to itself, which needs a "
+                                  f"model whose forward takes segment_ids and position_ids (the Llama family, "
+                                  f"GPT-2); {type(model).__name__} does not: turn packing off")
     if positions is not None and inputs.ndim == 2 and inputs.shape[1] > positions:
         raise TextDataError(name, f"rows of {inputs.shape[1]} positions are longer than the model's {positions} "
                                   f"positions (max_position_embeddings): choose a block size of at most {positions}")

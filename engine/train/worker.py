@@ -200,8 +200,8 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
     if spec.data.task == FILE_TASK:
         train, valid, kind, data_note = fit_file_data(fork, train, valid, spec.data, devices[0] if devices else None)
         forwarder_note = ev.DataInfo(data_note)
-    else:
-        forwarder_note = None
+    else:  # a conversation file: its format, conversations, assistant tokens learnt, rows truncated
+        forwarder_note = ev.DataInfo(train.note) if getattr(train, "note", "") else None
     if spec.data.loss == "mse":
         kind = "regression"
     elif spec.data.loss == "cross-entropy":

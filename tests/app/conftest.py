@@ -64,8 +64,18 @@ def _answering(monkeypatch, method: str, what: str, shape) -> list:
 
 @pytest.fixture
 def folders(monkeypatch):
-    """QFileDialog.getExistingDirectory answers with the folders put in this list, in order."""
-    return _answering(monkeypatch, "getExistingDirectory", "folder", lambda path: path)
+    """QFileDialog.getExistingDirectory and the folder-to-write dialog (OutputFolderDialog.choose)
+    answer with the folders put in this list, in order."""
+    from app.prompts import OutputFolderDialog
+
+    answers = _answering(monkeypatch, "getExistingDirectory", "folder", lambda path: path)
+
+    def choose(*_args, **_kwargs):
+        assert answers, "a folder dialog was opened that the test did not expect"
+        return str(answers.pop(0))
+
+    monkeypatch.setattr(OutputFolderDialog, "choose", choose)
+    return answers
 
 
 @pytest.fixture

@@ -108,10 +108,38 @@ def test_checkbox_freezes_a_subtree_and_ctrl_z_undoes_it(opened, qtbot):
     assert opened.summary_label.text().endswith("trainable%: 100.0000")
     qtbot.keyClick(opened, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
     assert "blocks.0.linear.weight" not in trainable(doc.module)
-    # a click on the partly checked parent makes all of it trainable again
+    # a click on the partly checked parent freezes the rest of it (issue 48, item 2: Qt offers
+    # Checked next, which unfroze; a block that could never be fully trainable stayed half-checked)
     click_checkbox(qtbot, opened, "blocks")
+    assert trainable(doc.module) == all_float(doc.module) - {p for p in all_float(doc.module) if p.startswith("blocks.")}
+    assert doc.undo_stack.count() == 2 and doc.undo_stack.undoText() == "Freeze blocks"
+    click_checkbox(qtbot, opened, "blocks")  # then a click makes all of it trainable again
     assert trainable(doc.module) == all_float(doc.module)
-    assert doc.undo_stack.count() == 2 and doc.undo_stack.undoText() == "Unfreeze blocks"
+    assert doc.undo_stack.undoText() == "Unfreeze blocks"
+
+
+def test_batchnorm_statistics_leave_a_block_checked_and_a_click_freezes_it(window, qtbot):
+    """Issue 48, item 2: in digits, conv1 and conv2 were always half-checked (BatchNorm's running
+    statistics never train) and a click ran "Unfreeze conv1", a no-op, every time."""
+    assert window.open_example("digits")
+    doc = window.document
+    model = window.tree.model
+    stats = [p for p, v in doc.module.named_params() if v.is_running_state()]
+    assert stats  # conv1's BatchNorm has running statistics
+    for path in ("conv1", ""):
+        state = model.index_of(path).siblingAtColumn(TRAINABLE).data(Qt.ItemDataRole.CheckStateRole)
+        assert state == Qt.CheckState.Checked, (path, state, stats)
+    click_checkbox(qtbot, window, "conv1")
+    assert not any(p.startswith("conv1.") for p in trainable(doc.module))
+    assert doc.undo_stack.undoText() == "Freeze conv1"
+    assert model.index_of("conv1").siblingAtColumn(TRAINABLE).data(Qt.ItemDataRole.CheckStateRole) \
+        == Qt.CheckState.Unchecked
+    assert model.index_of("").siblingAtColumn(TRAINABLE).data(Qt.ItemDataRole.CheckStateRole) \
+        == Qt.CheckState.PartiallyChecked
+    click_checkbox(qtbot, window, "")  # the half-checked root: a click freezes the whole model
+    assert trainable(doc.module) == set()
+    click_checkbox(qtbot, window, "")
+    assert trainable(doc.module) == all_float(doc.module) - set(stats)
 
 
 def test_context_menu_and_shortcuts_act_on_the_selection(opened, qtbot):

@@ -95,3 +95,106 @@ def test_file_dialogs_start_in_the_last_folder_used(window, tmp_path, monkeypatc
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda parent, title, start, filters: (starts.append(start), ("", ""))[1])
     window.designer.action_save_as.trigger()
     assert starts[2] == str(folder)
+
+
+def _toolbar_button(toolbar, action):
+    return toolbar.widgetForAction(action)
+
+
+def test_a_long_undo_command_keeps_the_toolbar_button_one_word_and_names_it_in_the_menu_and_tooltip(opened, qtbot):
+    """Issue 48, item 3: the Undo button grew to the whole command and pushed the toolbar's
+    other buttons into the overflow."""
+    w = opened
+    button = _toolbar_button(w.toolbar, w.actions.undo)
+    width = button.sizeHint().width()
+    long = "Attach LoRA (rank 8, alpha 16) to " + ", ".join(f"layers.{i}.self_attn.query.weight" for i in range(6))
+    w.document.push_module(long, w.document.module)
+    qtbot.wait(10)
+    assert w.actions.undo.text() == f"&Undo {long}"  # the Edit menu says the whole command
+    assert long in w.actions.undo.toolTip()
+    assert button.text() == "Undo" and button.sizeHint().width() == width
+    w.actions.undo.trigger()
+    assert w.actions.redo.text() == f"&Redo {long}" and _toolbar_button(w.toolbar, w.actions.redo).text() == "Redo"
+
+
+def test_the_designers_undo_button_does_not_change_size_with_the_command(window, qtbot):
+    from PySide6.QtGui import QUndoCommand
+
+    designer = window.designer
+    toolbars = [o for o in designer.action_undo.associatedObjects() if hasattr(o, "widgetForAction")]
+    assert toolbars, "the designer's Undo action is on a toolbar"
+    button = toolbars[0].widgetForAction(designer.action_undo)
+    width = button.sizeHint().width()
+    designer.undo_stack.push(QUndoCommand("Connect a very long node name output 0 to another very long node input 1"))
+    qtbot.wait(10)
+    assert button.text() == "Undo" and button.sizeHint().width() == width
+    assert "another very long node input 1" in designer.action_undo.toolTip()
+    assert "another very long node input 1" in designer.action_undo.text()
+
+
+def test_a_drop_is_accepted_as_a_copy_never_as_the_proposed_move(window, qtbot, tmp_path):
+    """Issue 48, item 4: a drop accepted as the proposed MoveAction lets a file manager delete
+    the user's folder afterwards."""
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDragEnterEvent, QDropEvent
+
+    script = tmp_path / "net.py"
+    script.write_text("import engine.nn as nn\n\ndef build():\n    return nn.LinearConfig(2, 2).init()\n")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(script))])
+    both = Qt.DropAction.MoveAction | Qt.DropAction.CopyAction
+    enter = QDragEnterEvent(window.rect().center(), both, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    window.dragEnterEvent(enter)
+    assert enter.isAccepted() and enter.dropAction() == Qt.DropAction.CopyAction
+    drop = QDropEvent(QPointF(20, 20), both, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    drop.setDropAction(Qt.DropAction.MoveAction)  # what a file manager that proposes a move sets
+    window.dropEvent(drop)
+    assert drop.isAccepted() and drop.dropAction() == Qt.DropAction.CopyAction
+    assert script.exists()
+    link_only = QDropEvent(QPointF(20, 20), Qt.DropAction.LinkAction, mime, Qt.MouseButton.LeftButton,
+                           Qt.KeyboardModifier.NoModifier)
+    window.dropEvent(link_only)
+    assert link_only.isAccepted() and link_only.dropAction() == Qt.DropAction.LinkAction
+    move_only = QDropEvent(QPointF(20, 20), Qt.DropAction.MoveAction, mime, Qt.MouseButton.LeftButton,
+                           Qt.KeyboardModifier.NoModifier)
+    window.dropEvent(move_only)
+    assert not move_only.isAccepted()
+
+
+def _answer_folder_dialog(qtbot, text: str):
+    """Type `text` into the folder-to-write dialog when it shows, and press Choose."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.prompts import OutputFolderDialog
+
+    def answer():
+        dialog = next((w for w in QApplication.topLevelWidgets()
+                       if isinstance(w, OutputFolderDialog) and w.isVisible()), None)
+        if dialog is None:
+            QTimer.singleShot(20, answer)
+            return
+        dialog.name_edit.setText(text)
+        dialog.accept()
+        if dialog.isVisible():  # refused: leave rather than hang the test
+            dialog.reject()
+
+    QTimer.singleShot(20, answer)
+
+
+def test_a_folder_to_write_may_be_typed_new_or_picked_existing(qtbot, tmp_path):
+    """Issue 48, item 8: pickers titled "choose or make a folder" rejected a typed new folder
+    ("Directory not found")."""
+    from app.prompts import OutputFolderDialog
+    from app.settings import Settings
+
+    settings = Settings.at(tmp_path / "settings.ini")
+    settings.remember_folder(str(tmp_path))
+    _answer_folder_dialog(qtbot, "new-export")
+    assert OutputFolderDialog.choose(None, settings, "Export (choose or make a folder)") == str(tmp_path / "new-export")
+    assert not (tmp_path / "new-export").exists()  # the export makes it, not the dialog
+    (tmp_path / "old").mkdir()
+    _answer_folder_dialog(qtbot, "old")
+    assert OutputFolderDialog.choose(None, settings, "Export") == str(tmp_path / "old")
+    _answer_folder_dialog(qtbot, "no-such-parent/child")  # a new folder inside a missing one: refused
+    assert OutputFolderDialog.choose(None, settings, "Export") == ""

@@ -46,17 +46,22 @@ class RunSettings(QScrollArea):
                                  tooltip="A built-in task, 'file' for your own data, or 'causal-lm': next-token "
                                          "prediction on a .txt / .jsonl file with the model folder's tokenizer"),
             "file": FieldOptions(label="data file", tooltip=".npz with arrays x and y, or .csv with the target last; "
-                                                            "for causal-lm a .txt or .jsonl file (text, or "
-                                                            "prompt and completion)"),
+                                                            "for causal-lm a .txt or .jsonl file (text, "
+                                                            "prompt and completion, or conversations: "
+                                                            "messages, ShareGPT, Alpaca)"),
             "tokenizer": FieldOptions(label="tokenizer folder", tooltip="the folder holding tokenizer.json (the "
-                                                                        "model's Hugging Face folder)"),
+                                                                        "model's Hugging Face folder; its chat "
+                                                                        "template renders conversations)"),
             "block_size": FieldOptions(label="block size", tooltip="positions per row (at most the model's)"),
-            "packing": FieldOptions(label="packing", tooltip="on: documents joined and cut into blocks; off: one "
-                                                             "row a document, padded (the pads get no loss)"),
+            "packing": FieldOptions(label="packing", tooltip="on: documents joined and cut into blocks, "
+                                                             "conversations packed whole into blocks, each "
+                                                             "attending only to itself; off: one row a document "
+                                                             "or conversation, padded (the pads get no loss)"),
             "per_line": FieldOptions(label="one document per line", tooltip="a .txt file: each non-blank line is "
                                                                             "a document (off: the whole file)"),
-            "truncate": FieldOptions(label="truncate long documents",
-                                     tooltip="padding: cut a document longer than the block (off: refuse it)"),
+            "truncate": FieldOptions(label="truncate long documents / conversations",
+                                     tooltip="cut a document (padding) or a conversation longer than the block, "
+                                             "the count reported (off: refuse it, naming its line)"),
             "valid_fraction": FieldOptions(label="validation fraction"),
             "loss": FieldOptions(choices=list(LOSSES)),
             "kind": FieldOptions(label="targets", choices=list(KINDS),
@@ -65,6 +70,16 @@ class RunSettings(QScrollArea):
         })
         self.data_form.setObjectName("form:data")
         self.tokenizer_folder = ""  # the open model's folder when it has a tokenizer (set_tokenizer_folder)
+        self.tokenizer_missing = ""  # what to say when the open model's folder has no tokenizer.json
+        self.tokenizer_note = QLabel("")
+        self.tokenizer_note.setObjectName("tokenizer-note")
+        self.tokenizer_note.setWordWrap(True)
+        self.tokenizer_note.hide()
+        self.tokenizer_button = QPushButton("Choose tokenizer folder…")
+        self.tokenizer_button.setObjectName("choose-tokenizer")
+        self.tokenizer_button.setToolTip("a Hugging Face folder holding tokenizer.json (and, for conversations, "
+                                         "a chat template)")
+        self.tokenizer_button.clicked.connect(self._browse_tokenizer)
         self.data_note = QLabel("")
         self.data_note.setObjectName("data-note")
         self.data_note.setWordWrap(True)
@@ -143,9 +158,16 @@ class RunSettings(QScrollArea):
             return box
 
         browse_row = QHBoxLayout()
+        self.preview_rows_button = QPushButton("Preview rows…")  # conversation data: the rendered rows
+        self.preview_rows_button.setObjectName("preview-rows")
+        self.preview_rows_button.setToolTip("Each conversation as training renders it, token by token: what the "
+                                            "loss trains on, and what the model is given at inference")
+        self.preview_rows_button.hide()
+        browse_row.addWidget(self.preview_rows_button)
         browse_row.addStretch(1)
+        browse_row.addWidget(self.tokenizer_button)
         browse_row.addWidget(self.browse_button)
-        group("Data and loss", self.data_form, self.data_note, browse_row)
+        group("Data and loss", self.data_form, self.tokenizer_note, self.data_note, browse_row)
         group("Optimizer", self.optimizer_combo, self.optimizer_stack)
         group("Learning-rate schedule", self.schedule_combo, self.schedule_stack)
         group("Training", self.training_form)
@@ -168,13 +190,38 @@ class RunSettings(QScrollArea):
         for name in _FILE_FIELDS:
             self.data_form.set_row_visible(name, not lm)
         self.data_note.setVisible(bool(self.data_note.text()))
+        self.tokenizer_button.setVisible(lm)
+        self.tokenizer_note.setVisible(lm and bool(self.tokenizer_note.text()))
 
-    def set_tokenizer_folder(self, folder: str) -> None:
+    def set_tokenizer_folder(self, folder: str, missing: str = "") -> None:
         """The open model's folder holds a tokenizer: a .txt / .jsonl data file trains causal-lm
-        with it ('' when the model has none)."""
+        with it ('' when the model has none). `missing`: the model is a language model whose folder
+        has no tokenizer.json, said where the tokenizer is chosen (a text file still trains
+        causal-lm, with the tokenizer folder the user picks)."""
         self.tokenizer_folder = folder
+        self.tokenizer_missing = "" if folder else missing
+        self.tokenizer_note.setText(self.tokenizer_missing)
         if folder and self.data_form.field_widget("task").currentText() == CAUSAL_LM_TASK:
             self.data_form.set_field("tokenizer", folder)
+        self._show_task_fields()
+
+    def choose_tokenizer_folder(self, folder: str) -> None:
+        """Tokenize causal-lm data with `folder`'s tokenizer.json (the user's choice): said under
+        the form when it has none."""
+        folder = str(Path(folder).expanduser())
+        self.data_form.set_field("tokenizer", folder)
+        if not (Path(folder) / "tokenizer.json").is_file():
+            self.tokenizer_note.setText(f"{folder} has no tokenizer.json: choose a Hugging Face folder that holds "
+                                        f"one.")
+        else:
+            self.tokenizer_note.setText(f"Tokenizer: {folder}" if self.tokenizer_missing else "")
+        self._show_task_fields()
+        self.changed.emit()
+
+    def _browse_tokenizer(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Tokenizer folder (with tokenizer.json)")
+        if folder:
+            self.choose_tokenizer_folder(folder)
 
     def set_data_note(self, text: str) -> None:
         """What was detected in the data file (shown under the data form)."""
@@ -184,9 +231,10 @@ class RunSettings(QScrollArea):
     def choose_data_file(self, path: str) -> None:
         """Train on `path`: a .txt / .jsonl file of a model with a tokenizer is causal-lm (the
         tokenizer from the model's folder), any other file the 'file' task."""
-        if Path(path).suffix.lower() in TEXT_SUFFIXES and self.tokenizer_folder:
-            self.data_form.set_field("task", CAUSAL_LM_TASK)
-            self.data_form.set_field("tokenizer", self.tokenizer_folder)
+        if Path(path).suffix.lower() in TEXT_SUFFIXES and (self.tokenizer_folder or self.tokenizer_missing):
+            self.data_form.set_field("task", CAUSAL_LM_TASK)  # without a tokenizer: the user picks its folder
+            if self.tokenizer_folder:
+                self.data_form.set_field("tokenizer", self.tokenizer_folder)
         elif self.data_form.field_widget("task").currentText() != CAUSAL_LM_TASK:
             self.data_form.set_field("task", FILE_TASK)
         self.data_form.set_field("file", path)
@@ -244,10 +292,11 @@ class RunSettings(QScrollArea):
         task = self.data_form.field_widget("task").currentText()
         if not text.strip():
             return
-        if Path(text.strip()).suffix.lower() in TEXT_SUFFIXES and self.tokenizer_folder:
+        if Path(text.strip()).suffix.lower() in TEXT_SUFFIXES and (self.tokenizer_folder or self.tokenizer_missing):
             if task != CAUSAL_LM_TASK:
                 self.data_form.set_field("task", CAUSAL_LM_TASK)
-                self.data_form.set_field("tokenizer", self.tokenizer_folder)
+                if self.tokenizer_folder:
+                    self.data_form.set_field("tokenizer", self.tokenizer_folder)
         elif task not in (FILE_TASK, CAUSAL_LM_TASK):
             self.data_form.set_field("task", FILE_TASK)
 

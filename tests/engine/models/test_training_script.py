@@ -8,21 +8,25 @@ batches); the initial adapter is the one Ember initialized; the token rows are E
 whose weights changed in Ember is written beside the script, an unchanged one is referred to;
 what the script cannot express is refused before anything is written.
 
-Optional (skipped visibly without torch + transformers + peft): the script runs 5 steps on CPU
+Conversation data (issue 45 item 5): the export writes the rows Ember rendered with the chat
+template (input ids, labels -100 but on the assistant's tokens, attention mask) and the script
+trains on them, so `torchrun` continues the same chat fine-tune; the export is one atomic save.
+
+Optional (skipped visibly without a Python that has torch + transformers + peft: this one, else
+$EMBER_ORACLE_PYTHON, else /work/oracle-venv/bin/python): the script runs 5 steps on CPU
 in a subprocess and its per-step losses equal Ember's Learner's on the same rows and initial
 weights — step 1 to <= 1e-4, later steps to <= 1e-3 (both sides compute in float32, so sums
 taken in another order differ by ~1e-7 relative; Adam's update divides by sqrt(v) and carries
 those differences into the weights, then into later losses, but over 5 steps they stay near
 1e-6: the tolerance leaves room for other BLAS builds). Also under `torchrun --nproc_per_node 2`
 (DDP on CPU, gloo) and for DoRA + rsLoRA on prompt/completion data re-tokenized by the script.
-Run them with the oracle venv, without the app's conftest:
-
-    PYTHONPATH=. /tmp/torchvenv/bin/python -m pytest -q -p no:cacheprovider --noconftest \\
-        tests/engine/models/test_training_script.py
+The conversation run compares 5 steps to the same tolerances. The script runs in a subprocess of
+that Python; Ember runs here.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import shutil
@@ -41,9 +45,15 @@ from engine.module.lora import Lora, QLora
 from engine.module.reparam import iter_param_slots
 from engine.store import safetensors_io
 from engine.train import Learner, TrainingConfig
+from engine.train.chat_data import conversation_tokens, load_conversation_data
+from engine.train.chat_template import ChatTemplate
+from engine.train.conversations import read_conversations
+from engine.train.run_spec import DataSettings
 from engine.train.text import load_tokenizer, text_data_for_model
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-gqa"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURE = FIXTURES / "hf" / "llama-gqa"
+CONVERSATIONS = FIXTURES / "conversations"  # OpenAI messages, ShareGPT and Alpaca records
 QV = ParamGroup.from_regex(r"self_attn\.(query|value)\.weight$")
 FIRST_STEP_TOL = 1e-4
 LATER_TOL = 1e-3
@@ -214,10 +224,24 @@ def _run_script(cmd, cwd, timeout=600):
     return proc
 
 
-def _torch_side():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
+@functools.lru_cache(maxsize=1)
+def _find_torch_python() -> str | None:
+    for python in (sys.executable, os.environ.get("EMBER_ORACLE_PYTHON"), "/work/oracle-venv/bin/python"):
+        if python and Path(python).is_file():
+            probe = subprocess.run([python, "-c", "import torch, transformers, peft, safetensors"],
+                                   capture_output=True, timeout=300, env=dict(os.environ, PYTHONPATH=""))
+            if probe.returncode == 0:
+                return python
+    return None
+
+
+def _torch_side() -> str:
+    """A Python with torch + transformers + peft to run the script with (skips visibly without one)."""
+    python = _find_torch_python()
+    if python is None:
+        pytest.skip("no Python with torch + transformers + peft (this one, $EMBER_ORACLE_PYTHON or "
+                    "/work/oracle-venv/bin/python): the exported script cannot run")
+    return python
 
 
 def _compare(ember, script, steps):
@@ -229,12 +253,12 @@ def _compare(ember, script, steps):
 
 
 def test_the_script_reproduces_embers_first_five_steps(exported, tmp_path):
-    _torch_side()
+    python = _torch_side()
     out, data = exported
     result = Learner(out.model, ADAMW.init(), lr=1e-2, train=data, kind="causal-lm", config=CONFIG).run()
     assert result.status == "finished", result.error
     losses = tmp_path / "losses.json"
-    _run_script([sys.executable, str(out.script), "--steps", "5", "--losses", str(losses), "--out",
+    _run_script([python, str(out.script), "--steps", "5", "--losses", str(losses), "--out",
                  str(tmp_path / "trained")], tmp_path)
     diffs = _compare(result.step_losses, json.loads(losses.read_text()), 5)
     print(f"Ember vs the exported script, 5 steps: |loss difference| {['%.1e' % d for d in diffs]}")
@@ -242,10 +266,10 @@ def test_the_script_reproduces_embers_first_five_steps(exported, tmp_path):
 
 
 def test_the_script_under_torchrun_with_two_processes_gives_the_same_losses(exported, tmp_path):
-    _torch_side()
-    torchrun = Path(sys.executable).with_name("torchrun")
+    python = _torch_side()
+    torchrun = Path(python).with_name("torchrun")
     if not torchrun.is_file():
-        pytest.skip(f"no torchrun beside {sys.executable}")
+        pytest.skip(f"no torchrun beside {python}")
     out, data = exported
     result = Learner(out.model, ADAMW.init(), lr=1e-2, train=data, kind="causal-lm", config=CONFIG).run()
     losses = tmp_path / "losses.json"
@@ -255,7 +279,7 @@ def test_the_script_under_torchrun_with_two_processes_gives_the_same_losses(expo
 
 
 def test_dora_rslora_on_prompt_completion_rows_tokenized_by_the_script(tmp_path):
-    _torch_side()
+    python = _torch_side()
     rng = np.random.default_rng(4)
     lines = [json.dumps({"prompt": f"Q: {rng.choice(['cat', 'dog', 'bird'])}?",
                          "completion": f" A: the {rng.choice(['mat', 'box', 'log'])}."}) for _ in range(24)]
@@ -280,8 +304,230 @@ def test_dora_rslora_on_prompt_completion_rows_tokenized_by_the_script(tmp_path)
     assert result.status == "finished", result.error
     steps = len(result.step_losses)
     losses = tmp_path / "losses.json"
-    proc = _run_script([sys.executable, str(out.script), "--tokenize", "--losses", str(losses), "--out",
+    proc = _run_script([python, str(out.script), "--tokenize", "--losses", str(losses), "--out",
                         str(tmp_path / "trained")], tmp_path)
     _compare(result.step_losses, json.loads(losses.read_text()), steps)
     assert "validation loss" in proc.stdout
     shutil.rmtree(tmp_path / "trained")
+
+
+# ---------------------------------------------------------------------------------- conversations
+CHAT_CONFIG = TrainingConfig(num_epochs=2, batch_size=3, seed=7, warmup_steps=1, max_grad_norm=1.0)
+
+
+@pytest.fixture
+def chat_export(tmp_path):
+    """The fixture Llama (its positions raised to 512: the conversations render to up to 245 tokens
+    with its tiny tokenizer, and packed rows hold several) with LoRA on q/v, and the committed conversations of the three formats
+    rendered with SmolLM2's chat template: one padded row each, the loss on the assistant's turns."""
+    folder = tmp_path / "llama"
+    shutil.copytree(FIXTURE, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 512}))
+    template = ChatTemplate((FIXTURES / "chat_templates" / "smollm2-instruct.jinja").read_text(), where="smollm2")
+    tokenizer = load_tokenizer(folder)
+    data = load_conversation_data(CONVERSATIONS, template, tokenizer, block_size=248)
+    Device("cpu").seed(5)
+    model = from_pretrained(folder).apply_lora(Lora(8, 16.0, param_group=QV))
+    settings = DataSettings("causal-lm", str(CONVERSATIONS), tokenizer=str(folder), block_size=248, packing=False)
+    out = export_training_script(model, tmp_path / "export", data=data, data_settings=settings,
+                                 training_config=CHAT_CONFIG, optimizer=ADAMW, lr=5e-3)
+    return out, data, template, tokenizer
+
+
+def _tokens(folder: Path) -> dict[str, np.ndarray]:
+    buf = (folder / "tokens.safetensors").read_bytes()
+    out = {}
+    for t in safetensors_io.plan(buf, len(buf), "tokens").tensors:
+        assert t.dtype == "I64"
+        out[t.name] = np.frombuffer(buf, np.int64, count=int(np.prod(t.shape)), offset=t.offset).reshape(t.shape)
+    return out
+
+
+def test_conversation_rows_are_written_with_their_assistant_masks_and_attention_masks(chat_export):
+    out, data, template, tokenizer = chat_export
+    d = out.config["data"]
+    assert d["format"] == "conversations" and d["assistant_only"] is True
+    assert d["conversation_format"] == "alpaca"  # the folder's first file, told by its first record
+    assert d["train_rows"] == len(data) == 8 and d["block_size"] == 248 and d["packing"] is False
+    assert d["train_target_tokens"] == data.target_tokens
+    rows = _tokens(out.folder)
+    assert sorted(rows) == ["train_attention_mask", "train_inputs", "train_targets"]
+    np.testing.assert_array_equal(rows["train_inputs"], data.inputs)
+    np.testing.assert_array_equal(rows["train_targets"], data.targets)
+    np.testing.assert_array_equal(rows["train_attention_mask"], data.attention_mask)
+    # row by row: the labels are the next tokens where the assistant speaks and -100 everywhere else
+    # (system, user, the templates' headers, pads); the mask is 1 on the rendered conversation
+    convs = read_conversations(CONVERSATIONS)
+    for r, conv in enumerate(convs):
+        row = conversation_tokens(conv, template, tokenizer)
+        n = len(row.ids) - 1
+        np.testing.assert_array_equal(rows["train_inputs"][r, :n], row.ids[:-1])
+        want = np.where(row.learn[1:], row.ids[1:], -100)
+        np.testing.assert_array_equal(rows["train_targets"][r, :n], want)
+        assert (rows["train_targets"][r, n:] == -100).all() and 0 < (want != -100).sum() < n
+        assert rows["train_attention_mask"][r].tolist() == [1] * n + [0] * (248 - n)
+
+
+def test_plain_text_is_not_taken_for_conversations(exported, tmp_path):
+    out, _ = exported
+    assert out.config["data"]["format"] == "text" and "conversation_format" not in out.config["data"]
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"prompt": "Q", "completion": "A"}) + "\n")
+    from engine.interop.training_script import data_file_format
+    assert data_file_format(qa) is None and data_file_format(tmp_path / "corpus.txt") is None
+    assert [data_file_format(CONVERSATIONS / f) for f in ("messages.jsonl", "sharegpt.jsonl", "alpaca.jsonl")] == [
+        "messages", "sharegpt", "alpaca"]
+
+
+def test_rows_the_script_cannot_run_as_ember_does_are_refused_before_writing(chat_export, tmp_path):
+    out, data, _, _ = chat_export
+    from engine.train.text import TextDataset
+    mask = data.attention_mask[:, ::-1].copy()  # left padding: real positions after pads
+    bad = TextDataset(data.inputs, data.targets, mask, data.block_size, False, "left", len(data))
+    with pytest.raises(ValueError, match=r"row 0: expected an attention mask of ones then zeros \(right padding\)"):
+        export_training_script(out.model, tmp_path / "bad", data=bad, training_config=CHAT_CONFIG, lr=1e-3)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_second_export_replaces_the_first_whole_and_a_failed_one_leaves_it(chat_export, tmp_path, monkeypatch):
+    out, data, _, _ = chat_export
+    before = {p.relative_to(out.folder): p.read_bytes() for p in out.folder.rglob("*") if p.is_file()}
+    from engine.interop import training_script
+
+    def full_disk(path, arrays):
+        raise OSError(28, "No space left on device", str(path))
+    monkeypatch.setattr(training_script, "_write_tokens", full_disk)
+    with pytest.raises(PretrainedError, match="cannot write the training script: .*No space left"):
+        export_training_script(out.model, out.folder, data=data, training_config=CHAT_CONFIG, lr=1e-3)
+    after = {p.relative_to(out.folder): p.read_bytes() for p in out.folder.rglob("*") if p.is_file()}
+    assert after == before  # the old export, untouched
+    assert not [p for p in out.folder.parent.iterdir() if p.name.startswith(".export.")]
+    monkeypatch.undo()
+    Device("cpu").seed(9)
+    other = from_pretrained(out.folder.parent / "llama").apply_lora(Lora(4, 8.0, param_group=QV))
+    again = export_training_script(other, out.folder, data=data, training_config=CHAT_CONFIG, lr=1e-3)
+    assert again.config["lora"]["r"] == 4
+    saved = json.loads((out.folder / "initial_adapter" / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and sorted(p.name for p in (out.folder / "initial_adapter").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"]
+    assert json.loads((out.folder / "train_config.json").read_text()) == again.config
+    assert not [p.name for p in out.folder.iterdir() if p.name.startswith(".")]
+
+
+def test_the_script_continues_embers_chat_fine_tune_on_the_same_rows(chat_export, tmp_path):
+    python = _torch_side()
+    out, data, _, _ = chat_export
+    result = Learner(out.model, ADAMW.init(), lr=5e-3, train=data, kind="causal-lm", config=CHAT_CONFIG).run()
+    assert result.status == "finished", result.error
+    losses = tmp_path / "losses.json"
+    proc = _run_script([python, str(out.script), "--steps", "5", "--losses", str(losses), "--out",
+                        str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 5)
+    print(f"Ember vs the exported script on conversations, 5 steps: |loss difference| {['%.1e' % d for d in diffs]}")
+    assert "8 training rows of 248 tokens" in proc.stdout
+    # the rows are Ember's rendering: the script refuses to make them again itself
+    env = dict(os.environ, PYTHONPATH="", HF_HUB_OFFLINE="1")
+    again = subprocess.run([python, str(out.script), "--tokenize", "--steps", "1"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=600, env=env)
+    assert again.returncode != 0 and "--tokenize: the data are conversations" in again.stderr
+    # the adapter Ember exported says task_type CAUSAL_LM: peft opens it as a causal LM's adapter
+    assert json.loads((out.folder / "initial_adapter" / "adapter_config.json").read_text())["task_type"] == "CAUSAL_LM"
+    code = ("import sys; from transformers import AutoModelForCausalLM; from peft import PeftModel; "
+            "m = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(sys.argv[1]), sys.argv[2]); "
+            "print(type(m).__name__, m.peft_config['default'].task_type)")
+    peft = _run_script([python, "-c", code, out.config["model"]["base"], str(out.folder / "initial_adapter")],
+                       tmp_path)
+    assert peft.stdout.split()[-2:] == ["PeftModelForCausalLM", "CAUSAL_LM"]
+
+
+def _packed_rows(template, tokenizer, block: int):
+    """The committed conversations packed first-fit into rows of `block` positions, each attending
+    only to itself: `segment_ids` 1.. per conversation of a row, `position_ids` from 0 in each (the
+    arrays Ember's packed conversation rows carry)."""
+    from engine.train.text import TextDataset
+
+    convs = [conversation_tokens(c, template, tokenizer) for c in read_conversations(CONVERSATIONS)]
+    bins, room = [], []
+    for i, row in enumerate(convs):
+        k = len(row.ids) - 1
+        at = next((b for b, r in enumerate(room) if r >= k), None)
+        if at is None:
+            bins.append([]), room.append(block)
+            at = len(bins) - 1
+        bins[at].append(i)
+        room[at] -= k
+    shape = (len(bins), block)
+    x, y = np.zeros(shape, np.int64), np.full(shape, -100, np.int64)
+    mask, seg, pos = np.zeros(shape, np.int64), np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+    for r, members in enumerate(bins):
+        at = 0
+        for s, i in enumerate(members, start=1):
+            row = convs[i]
+            k = len(row.ids) - 1
+            x[r, at:at + k], y[r, at:at + k] = row.inputs, row.targets
+            mask[r, at:at + k], seg[r, at:at + k], pos[r, at:at + k] = 1, s, np.arange(k)
+            at += k
+    data = TextDataset(x, y, mask, block, True, "packed", len(convs), tokenizer)
+    data.segment_ids, data.position_ids = seg, pos
+    return data
+
+
+def test_packed_conversations_train_in_the_script_as_each_on_its_own(chat_export, tmp_path):
+    """Packed rows (several conversations a row, each attending only to itself) go to the script
+    with their segments and positions. With the whole data set in every step, the loss and the
+    gradient of a step are the same sums over the same targets whether the conversations are
+    packed or one a row: the script on the packed rows takes Ember's steps on the padded ones."""
+    out, data, template, tokenizer = chat_export
+    packed = _packed_rows(template, tokenizer, 512)
+    assert len(packed) < len(data) and packed.segment_ids.max() >= 3  # rows of several conversations
+    assert packed.target_tokens == data.target_tokens
+    whole = TrainingConfig(num_epochs=4, batch_size=len(packed), seed=7, warmup_steps=1, max_grad_norm=1.0)
+    exp = export_training_script(out.model, tmp_path / "packed", data=packed, training_config=whole, optimizer=ADAMW,
+                                 lr=5e-3)
+    rows = _tokens(exp.folder)
+    assert exp.config["data"]["packed_sequences"] is True
+    np.testing.assert_array_equal(rows["train_segment_ids"], packed.segment_ids)
+    np.testing.assert_array_equal(rows["train_position_ids"], packed.position_ids)
+    python = _torch_side()
+    ember = TrainingConfig(num_epochs=4, batch_size=len(data), seed=7, warmup_steps=1, max_grad_norm=1.0)
+    result = Learner(exp.model, ADAMW.init(), lr=5e-3, train=data, kind="causal-lm", config=ember).run()
+    assert result.status == "finished", result.error
+    losses = tmp_path / "losses.json"
+    _run_script([python, str(exp.script), "--losses", str(losses), "--out", str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 4)
+    print(f"Ember (one conversation a row) vs the script on packed rows, 4 steps: {['%.1e' % d for d in diffs]}")
+
+
+def test_torchrun_with_two_processes_continues_the_chat_fine_tune(chat_export, tmp_path):
+    python = _torch_side()
+    torchrun = Path(python).with_name("torchrun")
+    if not torchrun.is_file():
+        pytest.skip(f"no torchrun beside {python}")
+    out, data, _, _ = chat_export
+    result = Learner(out.model, ADAMW.init(), lr=5e-3, train=data, kind="causal-lm", config=CHAT_CONFIG).run()
+    losses = tmp_path / "losses.json"
+    _run_script([str(torchrun), "--nproc_per_node", "2", str(out.script), "--steps", "3", "--losses", str(losses),
+                 "--out", str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 3)
+    print(f"Ember vs torchrun --nproc_per_node 2 on conversations, 3 steps: {['%.1e' % d for d in diffs]}")
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_the_script_trains_a_gemma_as_ember_does(name, tmp_path):
+    """Gemma 2 (soft-capped attention and logits, a sliding layer) and Gemma 3 (q/k norms, two rope bases):
+    rows of 16 positions, past the fixtures' window of 4 (issue 47)."""
+    python = _torch_side()
+    Device("cpu").seed(0)
+    model = from_pretrained(FIXTURES / "hf" / name).apply_lora(Lora(8, 16.0, param_group=QV))
+    data = text_data_for_model(model, corpus(tmp_path / "corpus.txt"), load_tokenizer(FIXTURE), block_size=16,
+                               per_line=True)
+    out = export_training_script(model, tmp_path / "export", data=data, training_config=CONFIG, optimizer=ADAMW,
+                                 lr=1e-2)
+    result = Learner(out.model, ADAMW.init(), lr=1e-2, train=data, kind="causal-lm", config=CONFIG).run()
+    assert result.status == "finished", result.error
+    losses = tmp_path / "losses.json"
+    _run_script([python, str(out.script), "--steps", "5", "--losses", str(losses), "--out",
+                 str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 5)
+    print(f"{name}: Ember vs the exported script, 5 steps: |loss difference| {['%.1e' % d for d in diffs]}")

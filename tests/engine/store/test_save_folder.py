@@ -192,3 +192,71 @@ def test_the_folder_keeps_its_mode(folder):
     os.chmod(folder, 0o710)
     atomic.save_folder(folder, _writer(NEW), _owned)
     assert folder.stat().st_mode & 0o777 == 0o710 and _listing(folder) == WANT
+
+
+def _refuse_exchange(a, b):
+    raise PermissionError(errno.EPERM, "Operation not permitted", str(b))
+
+
+@pytest.mark.parametrize("way", ["swap", "rename aside", "in place", "cannot be moved"])
+def test_a_sub_folder_of_the_save_replaces_the_old_one_and_the_users_stays(folder, monkeypatch, way):
+    """A save that writes a sub-folder (an export's adapter folder) replaces the old sub-folder of
+    that name whole: no file of the old one is left in it; the user's own sub-folder stays."""
+    def write(files):
+        def go(staging):
+            _writer(NEW)(staging)
+            (staging / "part-adapter").mkdir()
+            _writer(files)(staging / "part-adapter")
+        return go
+    atomic.save_folder(folder, write({"a.json": b"old a", "old-only": b"x"}), _owned)
+    if way == "rename aside":
+        monkeypatch.setattr(atomic, "exchange", lambda a, b: False)
+    elif way == "in place":
+        monkeypatch.setattr(atomic, "_can_swap", lambda folder, parent: False)
+    elif way == "cannot be moved":
+        monkeypatch.setattr(atomic, "exchange", _refuse_exchange)
+    atomic.save_folder(folder, write({"a.json": b"new a"}), _owned)
+    assert _listing(folder) == {**WANT, "part-adapter": ["a.json"]}
+    assert (folder / "part-adapter" / "a.json").read_bytes() == b"new a"
+    assert _beside(folder) == [] and not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_a_file_of_the_save_never_replaces_a_folder_and_a_folder_never_replaces_a_file(folder):
+    (folder / "part-1").unlink()
+    (folder / "part-1").mkdir()  # the save writes a file part-1: refused, as before
+    before = _listing(folder)
+
+    def write(staging):
+        _writer(NEW)(staging)
+    with pytest.raises(IsADirectoryError):
+        atomic.save_folder(folder, write, _owned)
+    assert _listing(folder) == before and _beside(folder) == []
+    # a sub-folder the save does not own is the user's: a save writing one of that name is refused too
+    (folder / "part-1").rmdir()
+
+    def write_runs(staging):
+        _writer(NEW)(staging)
+        (staging / "runs").mkdir()
+    before = _listing(folder)
+    with pytest.raises(IsADirectoryError):
+        atomic.save_folder(folder, write_runs, _owned)
+    assert _listing(folder) == before and _beside(folder) == []
+
+
+def test_a_save_of_a_sub_folder_stopped_after_its_swap_is_finished_by_the_next_one(folder, monkeypatch):
+    def write(files):
+        def go(staging):
+            _writer(NEW)(staging)
+            (staging / "part-adapter").mkdir()
+            _writer(files)(staging / "part-adapter")
+        return go
+    atomic.save_folder(folder, write({"a.json": b"old a", "old-only": b"x"}), _owned)
+    real = atomic._finish
+    monkeypatch.setattr(atomic, "_finish", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        atomic.save_folder(folder, write({"a.json": b"new a"}), _owned)
+    assert sorted(p.name for p in (folder / "part-adapter").iterdir()) == ["a.json"]  # in effect already
+    monkeypatch.setattr(atomic, "_finish", real)
+    later = time.time() + atomic.STALE_TEMP_S + 1
+    assert len(atomic.remove_stale_folder_saves(folder, now=later)) == 1
+    assert _listing(folder) == {**WANT, "part-adapter": ["a.json"]} and _beside(folder) == []

@@ -91,6 +91,27 @@ def test_the_assistant_mask_equals_the_reference(name, file, tokenizer):
         assert (row.targets[~reference[1:]] == IGNORE_INDEX).all()
 
 
+TRANSFORMERS_MASKS = json.loads((FIXTURES / "chat_templates" / "assistant_masks.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMERS_MASKS["expected"]))
+@pytest.mark.parametrize("file", ["messages.jsonl", "sharegpt.jsonl", "alpaca.jsonl"])
+def test_the_assistant_mask_equals_transformers_and_trls(name, file, tokenizer):
+    """The learn flags equal transformers' `return_assistant_tokens_mask` (the mask TRL's
+    assistant_only_loss trains on; tests/fixtures/chat_templates/make_assistant_masks.py) for the
+    templates with {% generation %} blocks, on the same token ids."""
+    assert TRANSFORMERS_MASKS["tokenizer"] == TOKENIZER.relative_to(FIXTURES.parents[1]).as_posix()
+    expected = {row["line"]: row for row in TRANSFORMERS_MASKS["expected"][name][file]}
+    template = ChatTemplate((FIXTURES / "chat_templates" / name).read_text(), where=name)
+    conversations = read_conversations(CONVERSATIONS / file)
+    assert sorted(expected) == [c.line for c in conversations]
+    for conv in conversations:
+        row = conversation_tokens(conv, template, tokenizer)
+        theirs = expected[conv.line]
+        assert row.ids.tolist() == theirs["input_ids"], (file, conv.line)
+        assert row.learn.astype(int).tolist() == theirs["assistant_masks"], (file, conv.line)
+
+
 def _write(tmp_path, *records):
     p = tmp_path / "chats.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in records) + "\n")
