@@ -145,7 +145,9 @@ def smollm2_folder(python: str | None = None) -> Path:
             raise SmolLM2Unavailable(f"converting {gguf}: expected {list(DONE_FILES)} in the folder, "
                                      f"{missing} missing (found {sorted(p.name for p in tmp.iterdir())})")
         final = root / FOLDER_NAME
-        if final.exists():  # an unfinished folder from an older layout: replaced
+        if cached_folder() is not None:  # another process finished first: its folder stays, ours goes
+            return final
+        if final.exists():  # an unfinished folder (files missing): replaced
             shutil.rmtree(final)
         os.replace(tmp, final)
     finally:
