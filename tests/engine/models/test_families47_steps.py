@@ -14,15 +14,19 @@ same 20 steps with `torch.optim.AdamW` in a plain loop (not through the exported
 losses and `save_pretrained`s the final adapter. Every loss and every tensor of the two final adapters
 (peft's names and layouts: Ember's save undoes its rope permutation and transposes) agree to 1e-5.
 
-Phi-3's fused `qkv_proj` / `gate_up_proj` take a LoRA on `o_proj` / `down_proj` only: Ember trains one
-LoRA per part of a fused module (q, k, v each with its own A), peft one over the fused module (one A),
-so the two trainings are different models from the first step (the exported script refuses that case
-for the same reason, see test_families47_script.py).
+Phi-3's fused `qkv_proj` / `gate_up_proj` take a LoRA on `o_proj` / `down_proj` only in the main runs:
+Ember trains one LoRA per part of a fused module (q, k, v each with its own copy of A), peft one over
+the fused module (one A), so the two trainings part after the first step (the exported script refuses
+that case for the same reason, see test_families47_script.py). `phi3-fused` starts both sides from
+peft's own all-linear adapter (tests/fixtures/peft/phi3-all-linear): the first loss agrees, the later
+ones do not (0.06 at step 2, 0.2 by step 20, measured): a strict xfail, so that tying the parts' A
+shows up here.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,7 +34,7 @@ import numpy as np
 import pytest
 
 from engine import Device, Tensor, optim
-from engine.models import from_pretrained, save_peft_adapter
+from engine.models import from_pretrained, load_peft_adapter, save_peft_adapter
 from engine.models.peft import peft_lora
 from engine.train.losses import cross_entropy
 from tests.engine.models.test_peft import _tensors
@@ -44,6 +48,8 @@ FAMILIES = {"qwen3": "all-linear", "qwen3-bias": "all-linear", "phi3": PHI3_TARG
             "llama-yarn": "all-linear", "llama-dynamic": "all-linear", "llama-longrope": "all-linear",
             "gemma": "all-linear", "gemma2": "all-linear", "gemma3": "all-linear", "mistral-swa": "all-linear",
             "qwen2-swa": "all-linear"}
+# runs that start from a peft-written adapter: {run: (base fixture, adapter folder)}
+FROM_PEFT = {"phi3-fused": ("phi3", HF.parent / "peft" / "phi3-all-linear")}
 
 TORCH_SIDE = """
 import json, sys
@@ -77,12 +83,17 @@ def _ids(vocab: int) -> np.ndarray:
     return np.random.default_rng(47).integers(3, vocab, size=(3, 24)).astype(np.int64)
 
 
-def _ember_run(name: str, targets, folder: Path) -> list[float]:
-    """Ember's 20 steps: the initial adapter saved to folder/init, the final one to folder/final."""
+def _ember_run(name: str, targets, folder: Path, adapter: Path | None = None) -> list[float]:
+    """Ember's 20 steps: the initial adapter saved to folder/init (or `adapter`, peft's, copied there and
+    loaded), the final one to folder/final."""
     base = from_pretrained(HF / name)
-    Device("cpu").seed(0)
-    model = base.apply_lora(peft_lora(base, r=4, lora_alpha=8, target_modules=targets))
-    save_peft_adapter(model, folder / "init")
+    if adapter is None:
+        Device("cpu").seed(0)
+        model = base.apply_lora(peft_lora(base, r=4, lora_alpha=8, target_modules=targets))
+        save_peft_adapter(model, folder / "init")
+    else:
+        shutil.copytree(adapter, folder / "init")
+        model = load_peft_adapter(base, folder / "init")
     ids = _ids(json.loads((HF / name / "config.json").read_text())["vocab_size"])
     np.save(folder / "ids.npy", ids)
     x, y = Tensor.from_data(ids[:, :-1]), Tensor.from_data(ids[:, 1:])
@@ -106,10 +117,12 @@ def runs(tmp_path_factory):
                     "/work/oracle-venv/bin/python): PyTorch + peft cannot run the 20 steps")
     root = tmp_path_factory.mktemp("steps47")
     out, jobs = {}, []
-    for name, targets in FAMILIES.items():
-        folder = root / name
+    runs = [(name, name, targets, None) for name, targets in FAMILIES.items()]
+    runs += [(run, base, None, adapter) for run, (base, adapter) in FROM_PEFT.items()]
+    for run, name, targets, adapter in runs:
+        folder = root / run
         folder.mkdir()
-        out[name] = (_ember_run(name, targets, folder), folder)
+        out[run] = (_ember_run(name, targets, folder, adapter), folder)
         jobs.append({"base": str(HF / name), "init": str(folder / "init"), "ids": str(folder / "ids.npy"),
                      "final": str(folder / "torch"), "losses": str(folder / "torch_losses.json"), "steps": STEPS,
                      "lr": LR, "eps": EPS, "weight_decay": WEIGHT_DECAY})
@@ -120,21 +133,22 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", [*FAMILIES, pytest.param("phi3-fused", marks=pytest.mark.xfail(
+    strict=True, reason="Ember gives q, k, v (gate, up) each its own copy of a fused module's A; peft trains one"))])
 def test_twenty_lora_adamw_steps_match_pytorch_and_peft(runs, name):
     ember, folder = runs[name]
     theirs = json.loads((folder / "torch_losses.json").read_text())
     assert len(ember) == len(theirs) == STEPS
     loss_diff = max(abs(a - b) for a, b in zip(ember, theirs))
+    print(f"{name}: 20 steps, loss {ember[0]:.4f} -> {ember[-1]:.4f}; max |loss difference| {loss_diff:.1e}")
+    assert ember[-1] < ember[0] - 0.05  # the steps trained
+    assert loss_diff <= TOL, list(zip(ember, theirs))
     mine = _tensors(folder / "final" / "adapter_model.safetensors")
     ref = _tensors(folder / "torch" / "adapter_model.safetensors")
     start = _tensors(folder / "init" / "adapter_model.safetensors")
     assert sorted(mine) == sorted(ref) == sorted(start)
     weight_diff = max(float(np.abs(mine[k] - ref[k]).max()) for k in ref)
     moved = min(float(np.abs(ref[k] - start[k]).max()) for k in ref)
-    print(f"{name}: 20 steps, loss {ember[0]:.4f} -> {ember[-1]:.4f}; max |loss difference| {loss_diff:.1e}, "
-          f"max |adapter difference| {weight_diff:.1e} ({len(ref)} tensors, each moved >= {moved:.1e})")
-    assert ember[-1] < ember[0] - 0.05  # the steps trained
+    print(f"{name}: max |adapter difference| {weight_diff:.1e} ({len(ref)} tensors, each moved >= {moved:.1e})")
     assert moved > 1e-3  # every factor (B from zero too) moved: the comparison is not of untouched tensors
-    assert loss_diff <= TOL, list(zip(ember, theirs))
     assert weight_diff <= TOL
