@@ -26,7 +26,8 @@ from ..module import Module, Param
 from ..module.lora import DoraAdapter, LoraAdapter, RsLoraAdapter
 from ..module.reparam import Reparameterization, ReparameterizationError, iter_param_slots
 from ..tensor import Tensor
-from ..tensor.raw import array
+from ..autodiff import no_recording
+from ..tensor.raw import array, recomputable
 
 __all__ = ["GGUFBlocks", "GGUFDoraAdapter", "GGUFLoraAdapter", "GGUFRsLoraAdapter", "GGUFWeight",
            "dequantize_blocks", "dequantized_bases"]
@@ -85,11 +86,20 @@ class GGUFWeight(Reparameterization):
         return Tensor.from_data(self.dequantized(), device=data.device, dtype=self.dtype)
 
     def apply(self, base: Tensor) -> Tensor:
-        dense = self.base()
+        dense = self._recomputed(self.base)
         if base is not None and tuple(base.shape) != tuple(dense.shape):
             raise ValueError(f"GGUFWeight.apply: the parameter's base has dims {list(base.shape)}, the stored "
                              f"weight {list(dense.shape)}")
         return dense
+
+    @staticmethod
+    def _recomputed(value) -> Tensor:
+        """`value()`, marked as computed again from the blocks in the backward rather than kept by the
+        graph until then (engine.tensor.recompute): the tape holds the blocks, not a float copy."""
+        def again():
+            with no_recording():
+                return array(value())
+        return recomputable(value(), again)
 
     # LoRA attaches over it (engine.module.reparam: the stored base takes an adapter)
     TAKES_ADAPTER = True
@@ -118,7 +128,8 @@ class _OverGGUF:
         return self.gguf.base()
 
     def apply(self, base: Tensor) -> Tensor:
-        return super().apply(self.gguf.base())
+        # the adapted weight is computed again (the blocks dequantized, the factors' change added)
+        return self.gguf._recomputed(lambda: super(_OverGGUF, self).apply(self.gguf.base()))
 
 
 class GGUFLoraAdapter(_OverGGUF, LoraAdapter):

@@ -1,0 +1,80 @@
+"""The tape of a fine-tune over GGUF weights keeps their blocks, not float copies (issue 46): every
+dequantized weight is freed when the forward is done with it and computed again in the backward,
+and the gradients are those of the same fine-tune over the dequantized (float32) weights."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from engine import optim  # noqa: E402
+from engine.models import from_pretrained  # noqa: E402
+from engine.models import gguf_weight  # noqa: E402
+from engine.models.gguf_weight import GGUFLoraAdapter, GGUFWeight, dequantized_bases  # noqa: E402
+from engine.module import Lora, Param, ParamGroup  # noqa: E402
+from engine.module.tree import params as tree_params  # noqa: E402
+from engine.tensor import Tensor  # noqa: E402
+from tests.engine.models.test_gguf import IDS, MIXED  # noqa: E402
+
+
+def _tuned(model, dora=False):
+    """`model` with LoRA on q and v whose factors are both non-zero (as after training)."""
+    out = model.apply_lora(Lora(2, 4.0, use_dora=dora,
+                                param_group=ParamGroup.from_regex(r"self_attn\.(query|value)\.weight$")))
+    rng = np.random.default_rng(4)
+    for _, p in tree_params(out):
+        r = p.reparameterization
+        if hasattr(r, "b") and hasattr(r, "a"):
+            r.a = Param(Tensor.from_data((rng.standard_normal(r.a.shape) * 0.1).astype(np.float32)), require_grad=True)
+            r.b = Param(Tensor.from_data((rng.standard_normal(r.b.shape) * 0.1).astype(np.float32)), require_grad=True)
+    return out
+
+
+def _loss(model):
+    m = model.train()
+    out = m.forward(Tensor.from_data(IDS, dtype="int64"))
+    return m, (out * out).mean()
+
+
+def _grads(model) -> dict:
+    m, loss = _loss(model)
+    grads = optim.GradientsParams.from_grads(loss.backward(), m)
+    return {path: grads.get(p.id).numpy() for path, p in tree_params(m) if p.is_require_grad()}
+
+
+def test_the_forward_frees_every_dequantized_weight_and_the_backward_computes_them_again(monkeypatch):
+    made = []
+    real = gguf_weight.dequantize_blocks
+
+    def counted(blocks, qtype):
+        out = real(blocks, qtype)
+        made.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(gguf_weight, "dequantize_blocks", counted)
+    model = _tuned(from_pretrained(MIXED))
+    gguf = [p for _, p in tree_params(model) if isinstance(p.reparameterization, (GGUFWeight, GGUFLoraAdapter))]
+    assert any(isinstance(p.reparameterization, GGUFLoraAdapter) for p in gguf) and len(gguf) >= 10
+    _m, loss = _loss(model)
+    gc.collect()
+    forward = len(made)
+    assert forward >= len(gguf)
+    alive = [r for r in made if r() is not None]
+    assert alive == [], f"{len(alive)} of {forward} dequantized weights are kept by the graph until the backward"
+    loss.backward()
+    assert len(made) > forward  # the input gradients computed them again from the blocks
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_gradients_over_the_blocks_are_those_over_the_dequantized_weights(dora):
+    quantized = _tuned(from_pretrained(MIXED), dora)
+    dense = _tuned(dequantized_bases(from_pretrained(MIXED)), dora)
+    ours, theirs = _grads(quantized), _grads(dense)
+    assert sorted(ours) == sorted(theirs) and ours
+    for path in ours:
+        assert np.allclose(ours[path], theirs[path], rtol=1e-5, atol=1e-7), path
+        assert np.abs(ours[path]).max() > 0, path
