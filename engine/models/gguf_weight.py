@@ -40,8 +40,21 @@ def dequantize_blocks(blocks: np.ndarray, qtype: str) -> np.ndarray:
 
     if not isinstance(blocks, np.ndarray) and hasattr(blocks, "get"):  # CuPy: gguf's reference runs on the host
         blocks = blocks.get()
-    out = gguf.quants.dequantize(np.asarray(blocks), gguf.GGMLQuantizationType[qtype])
-    return out if out.dtype == np.float32 else out.astype(np.float32)
+    blocks, kind = np.asarray(blocks), gguf.GGMLQuantizationType[qtype]
+    if blocks.ndim != 2 or blocks.shape[0] * blocks.shape[1] <= _CHUNK_BYTES:
+        out = gguf.quants.dequantize(blocks, kind)
+        return out if out.dtype == np.float32 else out.astype(np.float32)
+    # in slices of rows: the reference's temporaries (several arrays of the values' size) stay small
+    step = max(1, _CHUNK_BYTES // blocks.shape[1])
+    first = gguf.quants.dequantize(blocks[:step], kind)
+    out = np.empty((blocks.shape[0],) + first.shape[1:], np.float32)
+    out[:step] = first
+    for start in range(step, blocks.shape[0], step):
+        out[start:start + step] = gguf.quants.dequantize(blocks[start:start + step], kind)
+    return out
+
+
+_CHUNK_BYTES = 1 << 20  # bytes of blocks dequantized at once
 
 
 class GGUFBlocks(Module):

@@ -78,3 +78,23 @@ def test_gradients_over_the_blocks_are_those_over_the_dequantized_weights(dora):
     for path in ours:
         assert np.allclose(ours[path], theirs[path], rtol=1e-5, atol=1e-7), path
         assert np.abs(ours[path]).max() > 0, path
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_dequantizing_in_slices_of_rows_gives_the_references_values(qtype, monkeypatch):
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    monkeypatch.setattr(gguf_weight, "_CHUNK_BYTES", 1000)  # slices of a few rows, the last one shorter
+    rows, per_row = 701, 8 * size  # 8 blocks of `block` values a row
+    raw = np.random.default_rng(5).integers(0, 256, (rows, per_row), dtype=np.uint8)
+    # finite scales: the f16 scale (and min) bytes of every block set to a small normal number
+    view = raw.reshape(rows, 8, size)
+    view[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    if qtype == "Q4_1":
+        view[:, :, 2:4] = np.frombuffer(np.float16(-0.5).tobytes(), np.uint8)
+    assert raw.nbytes > gguf_weight._CHUNK_BYTES
+    want = gguf.quants.dequantize(raw, kind)
+    got = gguf_weight.dequantize_blocks(raw, qtype)
+    assert got.shape == want.shape == (rows, 8 * block) and np.array_equal(got, want)
