@@ -50,7 +50,8 @@ def test_open_attach_train_chat_and_export_a_gguf_fine_tune_that_llama_cpp_runs(
     qtbot.mouseClick(training.browse_button, Qt.MouseButton.LeftButton)
     form = training.data_form
     assert form.field_widget("tokenizer").text() == str(FILE)  # the file's own tokenizer and template
-    assert "conversations" in training.run_settings.data_note.text(), training.run_settings.data_note.text()
+    note = training.run_settings.data_note.text()
+    assert "conversations (OpenAI messages format) detected" in note and f"chat template of {FILE.name}" in note, note
     form.set_field("block_size", 128)
     for name, value in (("num_epochs", 4), ("batch_size", 2), ("checkpoint_every", 0)):
         training.training_form.set_field(name, value)
