@@ -17,8 +17,7 @@ import math
 import numpy as np
 
 from ..tensor import Tensor, TensorError
-from ..tensor.raw import (array, check_same_device, recompute_of, record, sum_leading, tracking, unbroadcast,
-                          untracked)
+from ..tensor.raw import array, check_same_device, recompute_of, record, sum_leading, tracking, unbroadcast, untracked
 from ..tensor import cpu
 
 _SQRT_2 = math.sqrt(2.0)
@@ -340,8 +339,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     need_x, need_w = _needs(x), _needs(weight)
     need_b = bias is not None and _needs(bias)
     xshape, d_output = xd.shape, wd.shape[1]
-    # the weight the input's gradient needs: kept, or computed again when that is cheaper to hold
-    # (a GGUF weight's blocks: engine.tensor.recompute); the input only for the weight's gradient
+    # the weight for the input's gradient: kept, or computed again (GGUF blocks: engine.tensor.recompute)
     again = recompute_of(wd) if need_x else None
     kept_w = wd if need_x and again is None else None
     kept_x = x2 if need_w else None
