@@ -151,6 +151,19 @@ class KVCache:
         """One empty cache per layer."""
         return [KVCache(capacity) for _ in range(int(n_layers))]
 
+    @staticmethod
+    def holding(keys: Tensor, values: Tensor) -> "KVCache":
+        """A cache that holds `keys` and `values` (`[batch_size, n_kv_heads, length, head_dim]`,
+        length 0 allowed) as they are: what it is given next is joined to them by concatenation,
+        so a trace records the join (the ONNX export's `past_key_values` inputs)."""
+        if keys.rank != 4 or tuple(keys.shape) != tuple(values.shape):
+            raise ValueError(f"KVCache.holding: expected keys and values of the same dims [batch_size, n_kv_heads, "
+                             f"length, head_dim], found {list(keys.shape)} and {list(values.shape)}")
+        c = KVCache()
+        c._k, c._v, c._dev, c._dt = keys, values, keys.device, keys.dtype
+        c.length = int(keys.shape[2])
+        return c
+
     def reset(self) -> None:
         """Forget every position (the buffer is released)."""
         self._k = self._v = None
