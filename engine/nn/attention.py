@@ -421,7 +421,8 @@ class MultiHeadAttention(Layer):
         causal_offset = seq_length_2 - seq_length_1 if self.causal else None
         p = max(self.dropout.rate_for(query), self.dropout.rate_for(key))  # the scores' rate
         window = None
-        if self.window is not None and causal_offset is not None and seq_length_2 > self.window:
+        if self.window is not None and causal_offset is not None and (seq_length_2 > self.window or _trace.is_active()):
+            # a trace records the window at every length (all false within it): the ONNX export's ops do not change
             window = _window_mask(seq_length_1, seq_length_2, causal_offset, self.window, query.device)
         if _trace.is_active() or self.softcap is not None:  # a trace (ONNX export, the graph view) records the op chain
             weights, context = self._attend_ops(query, key, value, input, scale, causal_offset, window)

@@ -17,6 +17,24 @@ def _causal(value: np.ndarray) -> bool:
     return bool(np.array_equal(value, np.broadcast_to(want, value.shape)))
 
 
+def _windowed(value: np.ndarray, window: int | None) -> bool:
+    """`value` is `[.., S, T]` bool, true where key `j` lies `window` or more positions before query
+    `i` (`j - (T - S) <= i - window`): a sliding window's mask."""
+    if window is None or value.dtype != np.bool_ or value.ndim < 2:
+        return False
+    s, t = value.shape[-2:]
+    want = np.arange(t)[None, :] - (t - s) <= np.arange(s)[:, None] - window
+    return bool(np.array_equal(value, np.broadcast_to(want, value.shape)))
+
+
+def _key_offsets(g, s_form, t_form):
+    """(rows `[S, 1]`, columns less the causal offset `[1, T]`) as run-time int64 ranges."""
+    rows = g.node("Range", [g.const(np.int64(0)), scalar(g, s_form), g.const(np.int64(1))])
+    cols = g.node("Range", [g.const(np.int64(0)), scalar(g, t_form), g.const(np.int64(1))])
+    offset = g.node("Sub", [g.dim_value(t_form), g.dim_value(s_form)])
+    return g.node("Unsqueeze", [rows, g.ints([1])]), g.node("Unsqueeze", [g.node("Sub", [cols, offset]), g.ints([0])])
+
+
 def _arange_start(value: np.ndarray):
     """The first value of `value` when each of its rows `[.., N]` counts up by one from it, else None."""
     if value.dtype.kind not in "iu" or value.ndim < 1 or value.size == 0:
@@ -38,13 +56,15 @@ def dynamic_constant(g, tid: int, value: np.ndarray, n: str) -> str:
     variants = g.variant_values(tid)
     saved = g.scope
     if _causal(value) and all(_causal(v) for v in variants):
-        s_form, t_form = forms[-2], forms[-1]
-        rows = g.node("Range", [g.const(np.int64(0)), scalar(g, s_form), g.const(np.int64(1))])
-        cols = g.node("Range", [g.const(np.int64(0)), scalar(g, t_form), g.const(np.int64(1))])
-        offset = g.node("Sub", [g.dim_value(t_form), g.dim_value(s_form)])
-        later = g.node("Greater", [g.node("Unsqueeze", [g.node("Sub", [cols, offset]), g.ints([0])]),
-                                   g.node("Unsqueeze", [rows, g.ints([1])])])
-        out = g.node("Expand", [later, g.shape_value(forms)])
+        rows, cols = _key_offsets(g, forms[-2], forms[-1])
+        out = g.node("Expand", [g.node("Greater", [cols, rows]), g.shape_value(forms)])
+        g.scope = saved
+        return out
+    window = g.windows.get(g.scope)
+    if _windowed(value, window) and all(_windowed(v, window) for v in variants):
+        rows, cols = _key_offsets(g, forms[-2], forms[-1])
+        far = g.node("LessOrEqual", [cols, g.node("Sub", [rows, g.const(np.int64(window))])])
+        out = g.node("Expand", [far, g.shape_value(forms)])
         g.scope = saved
         return out
     start = _arange_start(value)
@@ -73,7 +93,7 @@ def dynamic_constant(g, tid: int, value: np.ndarray, n: str) -> str:
     if not axes or not same:
         raise OnnxExportError(
             f"a constant of dims {list(value.shape)} read in module '{g.scope or '(model)'}' depends on the "
-            f"{' / '.join(g.syms)} size and is neither a causal mask, positions counting up, nor rows that are all "
+            f"{' / '.join(g.syms)} size and is neither a causal or sliding-window mask, positions counting up, nor rows that are all "
             "the same; export with fixed sizes (dynamic_batch=False, dynamic_sequence=False)")
     g.inits.append(g.onnx.numpy_helper.from_array(np.ascontiguousarray(row), n))
     out = g.node("Expand", [n, g.shape_value(forms)])

@@ -44,7 +44,7 @@ class Graph:
     form `(size, deltas)`), and is computed in the graph when a delta is not 0."""
 
     def __init__(self, trace: Trace, other: Trace | None = None, others: dict | None = None,
-                 symbols: dict | None = None, tables=None):
+                 symbols: dict | None = None, tables=None, windows=None):
         self.onnx = onnx_module()
         self.h = self.onnx.helper
         self.trace = trace
@@ -56,6 +56,7 @@ class Graph:
         self.syms = list(self.others)
         self.base = {s: trace.tensors[trace.inputs[self.symbols[s][0]]].shape[self.symbols[s][1]] for s in self.syms}
         self.tables = list(tables or [])  # (cos, sin) rotary tables to slice by run-time positions
+        self.windows = dict(windows or {})  # module path -> its sliding attention window
         self.nodes: list = []
         self.inits: list = []
         self.names: dict[int, str] = {}
@@ -115,7 +116,9 @@ class Graph:
         if not any(deltas):
             return d
         c = d - sum(dl * self.base[s] for dl, s in zip(deltas, self.syms))
-        terms = [s if dl == 1 else f"{dl}*{s}" for dl, s in zip(deltas, self.syms) if dl]
+        order = ("batch", "past_sequence", "sequence")  # the past before the new positions, as they are joined
+        pairs = sorted(zip(deltas, self.syms), key=lambda p: order.index(p[1]) if p[1] in order else len(order))
+        terms = [s if dl == 1 else f"{dl}*{s}" for dl, s in pairs if dl]
         if c:
             terms.append(str(c))
         return " + ".join(terms) if all(dl >= 0 for dl in deltas) else fallback

@@ -122,5 +122,6 @@ def trace_language_model(model, example_input=None, dynamic_batch: bool = True, 
         others["sequence"], symbols["sequence"] = trace(ds=1), (0, 1)
         if with_cache:
             others["past_sequence"], symbols["past_sequence"] = trace(dp=1), (2, 2)
-    return dict(trace=trace(), others=others, symbols=symbols, output_names=outs,
+    windows = {path: m.window for path, m in model.named_modules() if isinstance(getattr(m, "window", None), int)}
+    return dict(trace=trace(), others=others, symbols=symbols, output_names=outs, windows=windows,
                 tables=rotary_tables(model, max_length) if dynamic_sequence else [])
