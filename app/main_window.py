@@ -584,7 +584,16 @@ class MainWindow(QMainWindow):
         lost). True when the caller may go on; False (Cancel, or a save that did not happen) and
         the caller changes nothing. Every path that replaces either asks here, Quit included."""
         doc = self.document
-        if document and doc.module is not None and doc.is_dirty():
+        ask_document = document and doc.module is not None and doc.is_dirty()
+        if ask_document and design and self.designer.is_dirty():
+            # one question for both (Quit, Open ONNX, Open Design): Discard means all of it
+            model = ("The model built from a design" if isinstance(doc.source, DesignSource)
+                     else doc.title.rstrip(" *"))
+            return ask_save_discard(self, "Unsaved changes",
+                                    f"{model} and the design {self.designer.design.name!r} have unsaved changes. "
+                                    f"Save them first (the project, then the design)?",
+                                    lambda: self.projects.save_project() and self.designer.save_or_ask())
+        if ask_document:
             if not ask_save_discard(self, "Unsaved changes",
                                     f"{doc.title.rstrip(' *')} has unsaved changes. Save the project first?",
                                     self.projects.save_project):
