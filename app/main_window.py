@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
 from shiboken6 import isValid
 from PySide6.QtGui import QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QSizePolicy, QTabWidget,
@@ -465,7 +465,19 @@ class MainWindow(QMainWindow):
     def status(self, text: str, ms: int = 8000) -> None:
         """A passing note on the right of the status bar (the trainable summary stays on the left)."""
         self.message_label.setText(text)
+        self._status_text = text
         self.message_timer.start(ms)
+
+    def event(self, event) -> bool:
+        """A hovered action's status tip goes where the passing notes go (QMainWindow would show it
+        as the status bar's temporary message, which hides the trainable summary); leaving it
+        brings back the note it covered, while that note lasts."""
+        label, timer = getattr(self, "message_label", None), getattr(self, "message_timer", None)
+        if event.type() == QEvent.Type.StatusTip and label is not None and timer is not None:
+            note = getattr(self, "_status_text", "") if timer.isActive() else ""
+            label.setText(event.tip() or note)
+            return True
+        return super().event(event)
 
     def dialog_parent(self) -> QMainWindow:
         """The parent of the controllers' file pickers, questions and dialogs (app/host.py)."""

@@ -31,3 +31,22 @@ def test_a_vit_starts_with_an_example_image_batch_from_its_config(window, qtbot,
     window.checks.run_check(window.contract_editor.input.text())
     wait_idle(qtbot, window, 60_000)
     assert window.document.check_result.ok, window.document.check_result.error
+
+
+def test_hovering_a_toolbar_button_keeps_the_trainable_summary(opened, qtbot):
+    from PySide6.QtGui import QStatusTipEvent
+    from PySide6.QtWidgets import QApplication
+
+    w = opened
+    summary = w.summary_label.text()
+    assert summary and w.summary_label.isVisible()
+    button = w.toolbar.widgetForAction(w.actions.freeze)
+    assert button is not None
+    tip = w.actions.freeze.statusTip() or "Freeze the selection"
+    QApplication.sendEvent(button, QStatusTipEvent(tip))  # what Qt sends when the pointer enters it
+    assert w.summary_label.isVisible() and w.summary_label.text() == summary
+    assert w.statusBar().currentMessage() == "" and w.message_label.text() == tip
+    w.status("Saved p.ember.json")
+    QApplication.sendEvent(button, QStatusTipEvent(tip))
+    QApplication.sendEvent(button, QStatusTipEvent(""))  # the pointer leaves: the note comes back
+    assert w.message_label.text() == "Saved p.ember.json" and w.summary_label.isVisible()
