@@ -576,6 +576,17 @@ class MainWindow(QMainWindow):
             self._layout_restored = True
             QTimer.singleShot(0, self.default_dock_sizes)
 
+    def resizeEvent(self, event) -> None:
+        """The docks keep their share of the width as the window grows or shrinks (Qt gives it
+        all to the central tabs: at 1600 px the inspector kept the 190 px of a smaller window)."""
+        super().resizeEvent(event)
+        old, new = event.oldSize().width(), event.size().width()
+        if old <= 0 or new == old or not self.isVisible():
+            return
+        docks = [d for d in (self.tree_dock, self.inspector_dock) if d.isVisible() and not d.isFloating()]
+        if docks:
+            self.resizeDocks(docks, [max(1, round(d.width() * new / old)) for d in docks], Qt.Orientation.Horizontal)
+
     def default_dock_sizes(self) -> None:
         """The first-start layout: wide docks around the display, narrow ones around the canvas."""
         w = self.width()

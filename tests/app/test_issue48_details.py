@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from widgets.module_tree import HF_NAME
 from tests.app.window_helpers import LLAMA, open_llama, wait_idle
 
@@ -50,3 +52,20 @@ def test_hovering_a_toolbar_button_keeps_the_trainable_summary(opened, qtbot):
     QApplication.sendEvent(button, QStatusTipEvent(tip))
     QApplication.sendEvent(button, QStatusTipEvent(""))  # the pointer leaves: the note comes back
     assert w.message_label.text() == "Saved p.ember.json" and w.summary_label.isVisible()
+
+
+def test_the_docks_keep_their_share_of_a_wider_window(opened, qtbot):
+    from PySide6.QtWidgets import QApplication
+
+    w = opened
+    w.resize(1024, 640)
+    qtbot.waitUntil(lambda: w.width() == 1024)
+    w.default_dock_sizes()
+    QApplication.processEvents()
+    share = w.inspector_dock.width() / w.width()
+    tree_share = w.tree_dock.width() / w.width()
+    w.resize(1600, 1000)
+    qtbot.waitUntil(lambda: w.width() == 1600)
+    QApplication.processEvents()
+    assert w.inspector_dock.width() / 1600 == pytest.approx(share, abs=0.02), w.inspector_dock.width()
+    assert w.tree_dock.width() / 1600 == pytest.approx(tree_share, abs=0.02)
