@@ -150,6 +150,9 @@ class ModelGraphView(QGraphicsView):
             self.fitInView(rect.adjusted(-20, -20, 20, 20), Qt.AspectRatioMode.KeepAspectRatio)
             if self.transform().m11() < 0.55:  # a long graph: readable at the top, scroll down
                 self.resetTransform()
+            elif self.transform().m11() > 1.0:  # a short graph (BERT's three boxes): never larger than life
+                self.resetTransform()
+                self.centerOn(rect.center())
                 self.scale(0.8, 0.8)
                 self.centerOn(rect.center().x(), rect.top() + self.viewport().height() / 1.6)
 

@@ -33,3 +33,16 @@ def test_edge_shapes_and_messages_contrast_with_the_background_in_both_themes(qt
         assert _contrast(view, "Tracing the model…") > 100
     finally:
         apply_theme(QApplication.instance(), "light")
+
+
+def test_fit_never_zooms_a_short_graph_past_its_own_size(qtbot):
+    """Issue 48, item 9: BERT's few boxes were fitted into the view at several times their size."""
+    view = ModelGraphView()
+    qtbot.addWidget(view)
+    view.resize(1400, 1000)
+    view.show()
+    view.set_trace(trace_model(Mlp(), [Tensor.ones([2, 8])]))
+    view.fit()
+    assert 0.55 <= view.transform().m11() <= 1.0
+    centre = view.mapFromScene(view.scene().itemsBoundingRect().center())
+    assert view.viewport().rect().contains(centre)  # still in view
