@@ -136,3 +136,23 @@ def test_the_block_size_defaults_within_the_models_positions_and_more_is_refused
     assert panel.active is not None
     panel.stop()
     qtbot.waitUntil(lambda: panel.active is None, timeout=TIMEOUT)
+
+
+# ---- item 9: a run stopped, then resumed, keeps each applied model's weights ----------------------
+def test_a_resumed_run_writes_its_weights_beside_those_applied_before(window, panel, qtbot):
+    assert window.open_example("spirals")
+    panel.training_form.set_field("num_epochs", 300)
+    panel.training_form.set_field("checkpoint_every", 1)
+    run = panel.start()
+    qtbot.waitUntil(lambda: len(run.history.checkpoints) >= 1, timeout=TIMEOUT)
+    panel.stop()
+    qtbot.waitUntil(lambda: panel.active is None, timeout=TIMEOUT)
+    first = window.document.edits[-1].to_json()
+    assert first["op"] == "load", first
+    first_bytes = open(first["path"], "rb").read()
+    resumed = panel.resume_from_checkpoint(max_steps=3)
+    assert resumed is not None, panel.last_error
+    qtbot.waitUntil(lambda: panel.active is None, timeout=TIMEOUT)
+    loads = [e.to_json()["path"] for e in window.document.edits if e.to_json()["op"] == "load"]
+    assert len(loads) == 2 and loads[0] == first["path"] and loads[1] != loads[0], loads
+    assert open(loads[0], "rb").read() == first_bytes  # the first edit still loads what it applied
