@@ -50,6 +50,7 @@ from .edit_actions import EditActions
 from .generate_panel import GeneratePanel
 from .hub_open import HubOpen
 from .onnx_actions import OnnxActions
+from .gguf_actions import GGUFActions, quantized_summary
 from .peft_import import PeftImportActions
 from .pretrained_actions import PretrainedActions
 from .script_export_actions import ScriptExportActions
@@ -124,6 +125,9 @@ class MainWindow(QMainWindow):
                                 show_designer=lambda: self.tabs.setCurrentWidget(self.designer))
         self.pretrained = PretrainedActions(doc, self, export_action=a.export_pretrained, peft_action=a.export_peft,
                                             hf_names=lambda: self.hf_names, open_path=self.open_path)
+        # File > Open GGUF, Export > GGUF / GGUF LoRA adapter (issue 46)
+        self.gguf = GGUFActions(doc, self, open_path=lambda path: self.pretrained.open_folder(path),
+                                export_action=a.export_gguf, lora_action=a.export_gguf_lora)
         self.hub_open = HubOpen(doc, self, open_folder=self.pretrained.open_folder)  # issue 48
         self.projects = ProjectIO(doc, self, examples_menu=self.examples_menu, recent_menu=self.recent_menu,
                                   pretrained=self.pretrained, onnx=self.onnx, open_design=self.open_design)
@@ -244,6 +248,7 @@ class MainWindow(QMainWindow):
         m.addAction(a.open_checkpoint)
         m.addAction(a.open_project)
         m.addAction(a.open_pretrained)
+        m.addAction(a.open_gguf)
         m.addAction(a.open_hub)
         m.addAction(a.open_onnx)
         self.recent_menu = m.addMenu("Open &Recent")
@@ -264,6 +269,8 @@ class MainWindow(QMainWindow):
         export.addSeparator()
         export.addAction(a.export_pretrained)
         export.addAction(a.export_peft)
+        export.addAction(a.export_gguf)
+        export.addAction(a.export_gguf_lora)
         export.addAction(a.export_onnx)
         export.addAction(a.export_training_script)
         m.addSeparator()
@@ -348,6 +355,9 @@ class MainWindow(QMainWindow):
         a.export_pretrained.triggered.connect(self.pretrained.ask_export)
         a.export_peft.triggered.connect(self.pretrained.ask_export_peft)
         a.open_onnx.triggered.connect(self.onnx.ask_open)
+        a.open_gguf.triggered.connect(self.gguf.ask_open)
+        a.export_gguf.triggered.connect(self.gguf.ask_export)
+        a.export_gguf_lora.triggered.connect(self.gguf.ask_export_lora)
         a.export_onnx.triggered.connect(self.onnx.ask_export)
         a.export_training_script.triggered.connect(self.script_export.ask_export)
         # the Training tab's data decide whether a training script can be exported
@@ -406,7 +416,9 @@ class MainWindow(QMainWindow):
         self.hf_names = hugging_face_names(doc.module)  # {} unless a Hugging Face family's model
         self.tree.set_module(doc.module, names=self.hf_names)
         has = doc.module is not None
-        self.summary_label.setText(str(doc.stats.total.counts) if has else "No model open.")
+        gguf = quantized_summary(doc.module) if has else ""
+        self.summary_label.setText((str(doc.stats.total.counts) + (f"  ·  {gguf}" if gguf else "")) if has
+                                   else "No model open.")
         self.device_selector.set_model_devices(doc.stats.total.devices if has else [])
         self._show_selection(self.tree.selected_path())
         self._update_actions()
@@ -432,6 +444,8 @@ class MainWindow(QMainWindow):
         self.actions.export_adapters.setEnabled(reparameterized)
         self.actions.detach_lora.setEnabled(reparameterized)
         self.pretrained.update_action()
+        if hasattr(self, "gguf"):
+            self.gguf.update_actions()
         if hasattr(self, "script_export"):
             self.script_export.update_action()
 
