@@ -130,7 +130,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._visible: set[str] | None = None  # paths shown while filtering
         self._contracts: ContractProvider | None = None
         self._grad_norms: dict | None = None  # module path -> live gradient norm (None: frozen)
-        self._names: dict[str, str] = {}  # path -> the Hugging Face name, where it differs
+        self._names: dict[str, str] = {}  # path -> the Hugging Face name
         self._mono = monospace_font()
 
     # ---- content -------------------------------------------------------------------------
@@ -147,7 +147,7 @@ class ModuleTreeModel(QAbstractItemModel):
     def set_names(self, names: dict[str, str] | None) -> None:
         """Other names of the nodes ({path: Hugging Face name}), shown in their own column and in
         the name's tooltip, and matched by the filter; takes effect at the next `set_module`."""
-        self._names = {k: v for k, v in (names or {}).items() if v and v != k}
+        self._names = {k: v for k, v in (names or {}).items() if v}  # the same name too (lm_head)
 
     def names(self) -> dict[str, str]:
         return dict(self._names)

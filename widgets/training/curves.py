@@ -460,6 +460,8 @@ class TrainingCurves(QWidget):
             self.choose_plot(SPEED, False)
         self._follow = True
         self._ranges.clear()
+        for key in PLOTS:  # no run: the y axes of the runs before do not stay
+            self._set_range(key, "y", (0.0, 1.0))
         self._update_ranges()
         self._update_readout()
 
@@ -611,6 +613,15 @@ class TrainingCurves(QWidget):
         if self.metric_combo.findText(name) < 0:
             self.metric_combo.addItem(name)
         self.metric_combo.setCurrentText(name)
+
+    def reset_metric(self, name: str) -> None:
+        """Offer `name` only (the runs shown add theirs when drawn) and plot it: another model."""
+        self.metric_combo.blockSignals(True)
+        self.metric_combo.clear()
+        self.metric_combo.addItem(name)
+        self.metric_combo.blockSignals(False)
+        self._on_metric(name)
+        self.redraw()
 
     def _on_metric(self, name: str) -> None:
         if name:
