@@ -151,6 +151,19 @@ class KVCache:
         """One empty cache per layer."""
         return [KVCache(capacity) for _ in range(int(n_layers))]
 
+    @staticmethod
+    def holding(keys: Tensor, values: Tensor) -> "KVCache":
+        """A cache that holds `keys` and `values` (`[batch_size, n_kv_heads, length, head_dim]`,
+        length 0 allowed) as they are: what it is given next is joined to them by concatenation,
+        so a trace records the join (the ONNX export's `past_key_values` inputs)."""
+        if keys.rank != 4 or tuple(keys.shape) != tuple(values.shape):
+            raise ValueError(f"KVCache.holding: expected keys and values of the same dims [batch_size, n_kv_heads, "
+                             f"length, head_dim], found {list(keys.shape)} and {list(values.shape)}")
+        c = KVCache()
+        c._k, c._v, c._dev, c._dt = keys, values, keys.device, keys.dtype
+        c.length = int(keys.shape[2])
+        return c
+
     def reset(self) -> None:
         """Forget every position (the buffer is released)."""
         self._k = self._v = None
@@ -408,7 +421,8 @@ class MultiHeadAttention(Layer):
         causal_offset = seq_length_2 - seq_length_1 if self.causal else None
         p = max(self.dropout.rate_for(query), self.dropout.rate_for(key))  # the scores' rate
         window = None
-        if self.window is not None and causal_offset is not None and seq_length_2 > self.window:
+        if self.window is not None and causal_offset is not None and (seq_length_2 > self.window or _trace.is_active()):
+            # a trace records the window at every length (all false within it): the ONNX export's ops do not change
             window = _window_mask(seq_length_1, seq_length_2, causal_offset, self.window, query.device)
         if _trace.is_active() or self.softcap is not None:  # a trace (ONNX export, the graph view) records the op chain
             weights, context = self._attend_ops(query, key, value, input, scale, causal_offset, window)
