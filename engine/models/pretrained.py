@@ -62,9 +62,12 @@ class Family:
     # (config.json key, count) of the layer stack: checked against the layers the folder holds
     # tensors of before anything is built (the build is linear in the count)
     layers: Callable[[Any], tuple[str, int]] | None = None
+    # (config, stored tensor names) -> the weight map to load with, where a family reads more than one
+    # layout (the experts of a mixture, fused or one per expert); saving uses `weight_map`
+    stored_weight_map: Callable[[Any, Any], WeightMap] | None = None
 
 
-_FAMILY_MODULES = ("llama", "gemma", "gpt2", "bert", "vit")
+_FAMILY_MODULES = ("llama", "gemma", "moe", "gpt2", "bert", "vit")
 _families: list[Family] | None = None
 
 
@@ -414,7 +417,7 @@ def _open(ckpt: Checkpoint, device, dtype, check: Callable[[], None]) -> Module:
         if exc.where in (None, "config.json"):
             raise PretrainedError(exc.reason, where=config_where) from None
         raise
-    wmap = fam.weight_map(cfg)
+    wmap = fam.weight_map(cfg) if fam.stored_weight_map is None else fam.stored_weight_map(cfg, list(ckpt.tensors))
     try:
         canonical = wmap.canonical(list(ckpt.tensors))
     except RecordError as exc:
