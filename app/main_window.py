@@ -34,6 +34,7 @@ from engine.module.tree import find
 from widgets.contract_editor import ContractEditor
 from widgets.device_selector import DeviceSelector
 from widgets.display_panel import DisplayPanel
+from widgets.guide_view import GuideDialog
 from widgets.inspector import Inspector
 from widgets.module_tree import ModuleTree
 from widgets.task_progress import TaskProgress
@@ -47,7 +48,9 @@ from .document import Document
 from .core.opening import hugging_face_names
 from .edit_actions import EditActions
 from .generate_panel import GeneratePanel
+from .hub_open import HubOpen
 from .onnx_actions import OnnxActions
+from .peft_import import PeftImportActions
 from .pretrained_actions import PretrainedActions
 from .script_export_actions import ScriptExportActions
 from .project_io import ProjectIO
@@ -64,6 +67,7 @@ DEFAULT_TAB_DOCKS = {"display": ("dock.tree", "dock.inspector", "dock.contract")
 
 
 ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons" / "app"
+USER_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "user-guide.md"
 
 
 def app_icon() -> QIcon:
@@ -113,12 +117,14 @@ class MainWindow(QMainWindow):
         doc, a = self.document, self.actions
         self.edit_actions = EditActions(doc, self, current_path=self.current_path)
         self.checkpoints = CheckpointActions(doc, self)
+        self.peft_import = PeftImportActions(doc, self)  # File > Import > PEFT Adapter (issue 48)
         # File > Open ONNX, Export > ONNX, the Graph page (app/onnx_actions.py)
         self.onnx = OnnxActions(doc, self, designer=self.designer, contract_editor=self.contract_editor,
                                 contract_dock=self.contract_dock, selected_path=self.tree.selected_path,
                                 show_designer=lambda: self.tabs.setCurrentWidget(self.designer))
         self.pretrained = PretrainedActions(doc, self, export_action=a.export_pretrained, peft_action=a.export_peft,
                                             hf_names=lambda: self.hf_names, open_path=self.open_path)
+        self.hub_open = HubOpen(doc, self, open_folder=self.pretrained.open_folder)  # issue 48
         self.projects = ProjectIO(doc, self, examples_menu=self.examples_menu, recent_menu=self.recent_menu,
                                   pretrained=self.pretrained, onnx=self.onnx, open_design=self.open_design)
         # File > Export > Training script (issue 20)
@@ -238,6 +244,7 @@ class MainWindow(QMainWindow):
         m.addAction(a.open_checkpoint)
         m.addAction(a.open_project)
         m.addAction(a.open_pretrained)
+        m.addAction(a.open_hub)
         m.addAction(a.open_onnx)
         self.recent_menu = m.addMenu("Open &Recent")
         self.recent_menu.aboutToShow.connect(lambda: self.projects.fill_recent_menu())
@@ -245,7 +252,10 @@ class MainWindow(QMainWindow):
         m.addAction(a.save_project)
         m.addAction(a.save_project_as)
         m.addSeparator()
-        m.addAction(a.import_checkpoint)
+        imports = m.addMenu("&Import")
+        imports.setObjectName("menu.import")
+        imports.addAction(a.import_checkpoint)
+        imports.addAction(a.import_peft)  # issue 48 (app/peft_import.py)
         export = m.addMenu("E&xport")
         export.setObjectName("menu.export")
         export.setToolTipsVisible(True)  # a disabled Hugging Face export says why
@@ -295,6 +305,7 @@ class MainWindow(QMainWindow):
             m.addAction(dock.toggleViewAction())
         m.addAction(self.toolbar.toggleViewAction())
         m = bar.addMenu("&Help")
+        m.addAction(a.user_guide)
         m.addAction(a.shortcuts)
         m.addAction(a.about)
 
@@ -325,6 +336,7 @@ class MainWindow(QMainWindow):
         a.generate_show.triggered.connect(lambda: self.tabs.setCurrentWidget(self.generate_panel))
         a.shortcuts.triggered.connect(self.show_shortcuts)
         a.about.triggered.connect(self.show_about)
+        a.user_guide.triggered.connect(self.show_user_guide)
         a.find.triggered.connect(self._focus_filter)
         a.expand_all.triggered.connect(self.tree.expand_all)
         a.collapse_all.triggered.connect(self.tree.view.collapseAll)
@@ -348,6 +360,8 @@ class MainWindow(QMainWindow):
         a.save_project.triggered.connect(projects.save_project)
         a.save_project_as.triggered.connect(projects.save_project_as)
         a.import_checkpoint.triggered.connect(checkpoints.ask_import)
+        a.import_peft.triggered.connect(self.peft_import.ask_import)
+        a.open_hub.triggered.connect(self.hub_open.ask)
         a.export_whole.triggered.connect(lambda: checkpoints.ask_export("whole"))
         a.export_adapters.triggered.connect(lambda: checkpoints.ask_export("adapters"))
         a.export_materialized.triggered.connect(lambda: checkpoints.ask_export("materialized"))
@@ -552,6 +566,10 @@ class MainWindow(QMainWindow):
     def show_shortcuts(self) -> None:
         rows = "".join(f"<tr><td>{name}</td><td><b>{keys}</b></td></tr>" for name, keys in self.shortcut_table())
         self.message(QMessageBox.Icon.Information, "Keyboard Shortcuts", f"<table cellspacing=6>{rows}</table>")
+
+    def show_user_guide(self) -> GuideDialog:
+        """Help > User Guide: docs/user-guide.md (beside the packages, in a checkout and in the bundle)."""
+        return self.open_dialog(GuideDialog(USER_GUIDE, self, title="Ember User Guide"))
 
     def show_about(self) -> None:
         self.message(QMessageBox.Icon.Information, "About Ember",

@@ -78,14 +78,33 @@ class OutputFolderDialog(QFileDialog):
         self.setLabelText(QFileDialog.DialogLabel.Accept, "Choose")
         self.chosen = ""
         self.name_edit: QLineEdit | None = self.findChild(QLineEdit, "fileNameEdit")
+        self.problem = QLabel("")
+        self.problem.setObjectName("folder-problem")
+        self.problem.setWordWrap(True)
+        self.problem.setStyleSheet("color: #c62828;")
+        self.problem.hide()
+        grid = self.layout()
+        if grid is not None and hasattr(grid, "rowCount"):
+            grid.addWidget(self.problem, grid.rowCount(), 0, 1, -1)
+        if self.name_edit is not None:
+            self.name_edit.textEdited.connect(lambda _text: self.problem.hide())
 
     def accept(self) -> None:
         text = self.name_edit.text().strip() if self.name_edit is not None else ""
         if text:
             target = Path(self.directory().absolutePath()) / Path(text).expanduser()
-            if not target.exists() and target.parent.is_dir():
+            if not target.exists():
+                if not target.parent.is_dir():
+                    # said here, in the dialog: Qt's own check would open a modal "Directory not found"
+                    self.problem.setText(f"No folder {target.parent}: a new folder is made inside an existing one")
+                    self.problem.show()
+                    return
                 self.chosen = str(target)
                 QDialog.accept(self)  # past QFileDialog's own check, which wants an existing folder
+                return
+            if not target.is_dir():
+                self.problem.setText(f"{target} is a file: choose a folder, or type a new folder's name")
+                self.problem.show()
                 return
         super().accept()
         if self.result() == QDialog.DialogCode.Accepted and self.selectedFiles():

@@ -73,6 +73,7 @@ from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
 from .chat_row_dialog import ChatRowDialog, is_conversation_file
+from .run_overlay import RunOverlay
 from .core.schema import CheckpointSource, ExampleSource, LoadEdit, Source
 from .training_data_note import describe_text_file, missing_tokenizer, tokenizer_folder  # noqa: F401 - reached here
 from .training_run import GuiGate, TrainingRun
@@ -208,6 +209,8 @@ class TrainingPanel(QWidget):
         apply_row.addWidget(self.apply_button)
 
         self.curves = TrainingCurves()
+        # "Overlay run…": another run folder's curves beside these (app/run_overlay.py, issue 48)
+        self.overlay = RunOverlay(self.curves, start_folder=self.runs_dir, show_error=self._show_error)
         if self.wait_for_paint:
             self.curves.graphics.paint_began.connect(self.gui_gate.hold)
             self.curves.graphics.paint_ended.connect(self.gui_gate.release)

@@ -67,7 +67,7 @@ class Family:
     stored_weight_map: Callable[[Any, Any], WeightMap] | None = None
 
 
-_FAMILY_MODULES = ("llama", "gemma", "moe", "gpt2", "bert", "vit")
+_FAMILY_MODULES = ("llama", "qwen3", "phi3", "gemma", "moe", "gpt2", "bert", "vit")
 _families: list[Family] | None = None
 
 
@@ -291,13 +291,14 @@ def _resolve(source, *, revision=None, token=None, cache_dir=None, local_files_o
         return p
     if exists:
         raise PretrainedError("expected a model folder (config.json plus weights), found a file", where=text)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", text) or ".." in text:
+    from . import hub  # noqa: PLC0415
+
+    if not hub.is_hub_id(text):
         raise PretrainedError("no such folder (and not a Hugging Face Hub model id like 'org/name')", where=text)
     try:
         from huggingface_hub import snapshot_download  # noqa: PLC0415
     except ImportError:  # pragma: no cover - a dependency
         raise PretrainedError("downloading from the Hub needs the huggingface_hub package", where=text) from None
-    from . import hub  # noqa: PLC0415
 
     return hub.download(snapshot_download, text, revision=revision, token=token, cache_dir=cache_dir,
                         local_files_only=local_files_only)
