@@ -1,22 +1,23 @@
-"""Mixtures of experts: `MixtralForCausalLM` and `Qwen2MoeForCausalLM`.
+"""Mixtures of experts: `MixtralForCausalLM`, `Qwen2MoeForCausalLM` and `Qwen3MoeForCausalLM`.
 
 The Llama decoder (engine.models.llama) whose feed-forward block is an `nn.SparseMoe`:
 
     MixtralForCausalLM / Qwen2MoeForCausalLM
       embed_tokens, rotary_emb, norm, lm_head   as Llama's
       layers.{i}
-        input_layernorm, self_attn, post_attention_layernorm   as Mistral's (Mixtral) / Qwen2's
+        input_layernorm, self_attn, post_attention_layernorm   as Mistral's (Mixtral) / Qwen2's /
+                               Qwen3's (per-head q/k RMS norms before rope: `q_norm`, `k_norm`)
         mlp                    nn.SparseMoe: gate (the router), experts.{e} (gate_proj, up_proj,
                                down_proj); Qwen2-MoE adds shared_expert and shared_expert_gate
-                               (sigmoid). Qwen2-MoE layers in `mlp_only_layers`, or not on the
+                               (sigmoid). Qwen layers in `mlp_only_layers`, or not on the
                                `decoder_sparse_step`, have a dense LlamaMlp of `intermediate_size`.
 
 Routing: softmax over the experts, top `num_experts_per_tok`; Mixtral always renormalises the
-chosen weights, Qwen2-MoE when `norm_topk_prob`. Every fact is transformers' modeling_mixtral.py /
-modeling_qwen2_moe.py (5.x).
+chosen weights, Qwen2-MoE and Qwen3-MoE when `norm_topk_prob`. Every fact is transformers'
+modeling_mixtral.py / modeling_qwen2_moe.py / modeling_qwen3_moe.py (5.x).
 
 Two stored layouts load: the per-expert one transformers saves (`block_sparse_moe.experts.{e}.w1 /
-w2 / w3` for Mixtral, `mlp.experts.{e}.gate_proj / up_proj / down_proj` for Qwen2-MoE), and the
+w2 / w3` for Mixtral, `mlp.experts.{e}.gate_proj / up_proj / down_proj` for the Qwens), and the
 fused one of transformers 5's modules (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`
 [E, H, I]). Saving writes the per-expert layout (what transformers 5.25 writes and reloads).
 """
@@ -30,14 +31,15 @@ from .. import nn
 from .hf_folder import PretrainedError
 from .llama import (LlamaConfig, LlamaDecoderLayer, LlamaForCausalLM, LlamaMlp, _bool, _positive_int,
                     weight_map as _llama_weight_map)
-from .mapping import Rule, Transform, Transpose, WeightMap
+from .mapping import RopePermute, Rule, Transform, Transpose, WeightMap
 from .pretrained import Family, layer_range
 
-__all__ = ["MoeConfig", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "MoeDecoderLayer", "ExpertPart", "FAMILIES"]
+__all__ = ["MoeConfig", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MoeDecoderLayer", "ExpertPart", "FAMILIES"]
 
 _WHERE = "config.json"
-_ARCHITECTURE = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
-_BASE = {"mixtral": "mistral", "qwen2_moe": "qwen2"}  # the attention of the Llama family it shares
+_ARCHITECTURE = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+_BASE = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "llama"}  # the attention of the Llama family it shares
 
 
 @dataclass
@@ -63,6 +65,11 @@ class MoeConfig(LlamaConfig):
     def architecture(self) -> str:
         return _ARCHITECTURE[self.model_type]
 
+    def qk_norm(self):
+        if self.model_type == "qwen3_moe":
+            return nn.RmsNormConfig(self.head_dim, epsilon=self.rms_norm_eps)
+        return None
+
     def is_sparse(self, i: int) -> bool:
         """Whether layer `i`'s feed-forward block is the mixture (else a dense LlamaMlp)."""
         return (i not in self.mlp_only_layers and self.num_experts > 0
@@ -82,22 +89,31 @@ class MoeConfig(LlamaConfig):
             data.setdefault("sliding_window", None)
             if "rope_parameters" not in data:
                 data.setdefault("rope_theta", 1e6)
+        elif mt == "qwen3_moe":  # Qwen3MoeConfig: all four projections' bias is attention_bias; no window
+            data.pop("mlp_bias", None)  # without use_sliding_window, else every layer's
+            data.setdefault("max_position_embeddings", 32768)
+            use = data.get("use_sliding_window", False)
+            if not isinstance(use, bool):
+                raise PretrainedError(f"'use_sliding_window' must be true or false, found {use!r}", where=_WHERE)
+            data["sliding_window"] = data.get("sliding_window", 4096) if use else None
         base = LlamaConfig.from_json(data, _BASE[mt])
         kw = asdict(base)
         kw["model_type"] = mt
         if mt == "mixtral":
-            kw["num_experts"] = _positive_int(data, "num_local_experts", 8)
+            kw["num_experts"] = _n_experts(data, 8)
             kw["num_experts_per_tok"] = _positive_int(data, "num_experts_per_tok", 2)
             kw["norm_topk_prob"] = True
             if data.get("router_jitter_noise"):  # training-time noise transformers adds: not reproduced
                 raise PretrainedError(f"'router_jitter_noise' {data['router_jitter_noise']!r} is not supported: "
                                       f"expected 0", where=_WHERE)
         else:
-            kw["attention_bias"] = _bool(data, "qkv_bias", True)
-            kw["num_experts"] = _positive_int(data, "num_experts", 60)
-            kw["num_experts_per_tok"] = _positive_int(data, "num_experts_per_tok", 4)
-            kw["moe_intermediate_size"] = _positive_int(data, "moe_intermediate_size", 1408)
-            kw["shared_expert_intermediate_size"] = _positive_int(data, "shared_expert_intermediate_size", 5632)
+            qwen2 = mt == "qwen2_moe"
+            if qwen2:
+                kw["attention_bias"] = _bool(data, "qkv_bias", True)
+                kw["shared_expert_intermediate_size"] = _positive_int(data, "shared_expert_intermediate_size", 5632)
+            kw["num_experts"] = _n_experts(data, 60 if qwen2 else 128)
+            kw["num_experts_per_tok"] = _positive_int(data, "num_experts_per_tok", 4 if qwen2 else 8)
+            kw["moe_intermediate_size"] = _positive_int(data, "moe_intermediate_size", 1408 if qwen2 else 768)
             kw["norm_topk_prob"] = _bool(data, "norm_topk_prob", False)
             kw["decoder_sparse_step"] = _positive_int(data, "decoder_sparse_step", 1)
             only = data.get("mlp_only_layers") or []
@@ -124,10 +140,13 @@ class MoeConfig(LlamaConfig):
             out["sliding_window"] = self.sliding_window
             out["router_jitter_noise"] = 0.0
         else:
-            out["num_experts"] = self.num_experts
-            out["qkv_bias"] = self.attention_bias
+            out["num_experts" if self.model_type == "qwen2_moe" else "num_local_experts"] = self.num_experts
+            if self.model_type == "qwen2_moe":
+                out["qkv_bias"] = self.attention_bias
+                out["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
+            else:
+                out["attention_bias"] = self.attention_bias
             out["moe_intermediate_size"] = self.moe_intermediate_size
-            out["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
             out["norm_topk_prob"] = self.norm_topk_prob
             out["decoder_sparse_step"] = self.decoder_sparse_step
             out["mlp_only_layers"] = list(self.mlp_only_layers)
@@ -136,6 +155,13 @@ class MoeConfig(LlamaConfig):
             if self.layer_types is not None:
                 out["layer_types"] = list(self.layer_types)
         return out
+
+
+def _n_experts(data: dict, default: int) -> int:
+    """The number of experts: `num_local_experts` (Mixtral's name, and what transformers 5 writes
+    for Qwen3-MoE) or `num_experts`."""
+    key = "num_local_experts" if "num_local_experts" in data else "num_experts"
+    return _positive_int(data, key, default)
 
 
 # ---------------------------------------------------------------------------------- the model
@@ -167,7 +193,11 @@ class Qwen2MoeForCausalLM(_MoeForCausalLM):
     """Qwen2-MoE: Qwen2's attention, experts plus a sigmoid-gated shared expert."""
 
 
-_CLASSES = {"mixtral": MixtralForCausalLM, "qwen2_moe": Qwen2MoeForCausalLM}
+class Qwen3MoeForCausalLM(_MoeForCausalLM):
+    """Qwen3-MoE: Qwen3's attention (per-head q/k norms), experts without a shared one."""
+
+
+_CLASSES = {"mixtral": MixtralForCausalLM, "qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
 
 
 def build(config: MoeConfig, device=None):
@@ -203,13 +233,18 @@ class ExpertPart(Transform):
         raise NotImplementedError("a fused experts tensor is saved in the per-expert layout")
 
 
+_QWEN_EXPERT = ("mlp", {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"})
 _PER_EXPERT = {"mixtral": ("block_sparse_moe", {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}),
-               "qwen2_moe": ("mlp", {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"})}
+               "qwen2_moe": _QWEN_EXPERT, "qwen3_moe": _QWEN_EXPERT}
 
 
 def _common_rules(config: MoeConfig, block: str) -> list:
     rules = list(_llama_weight_map(config).rules)  # attention, norms, head, and the dense layers' mlp
     rules.append(Rule(f"model.layers.{{i}}.{block}.gate.weight", "layers.{i}.mlp.gate.weight", [Transpose()]))
+    if config.qk_norm() is not None:  # Qwen3-MoE: one head's rows, rotary-permuted as the q/k rows
+        attn, ours, hd = "model.layers.{i}.self_attn", "layers.{i}.self_attn", config.head_dim
+        rules += [Rule(f"{attn}.q_norm.weight", f"{ours}.q_norm.gamma", [RopePermute(1, hd, axis=0)]),
+                  Rule(f"{attn}.k_norm.weight", f"{ours}.k_norm.gamma", [RopePermute(1, hd, axis=0)])]
     if config.shared_expert_intermediate_size is not None:
         for n in ("gate_proj", "up_proj", "down_proj"):
             rules.append(Rule(f"model.layers.{{i}}.mlp.shared_expert.{n}.weight",
@@ -271,4 +306,4 @@ def _family(name: str) -> Family:
     )
 
 
-FAMILIES = [_family("mixtral"), _family("qwen2_moe")]
+FAMILIES = [_family("mixtral"), _family("qwen2_moe"), _family("qwen3_moe")]
