@@ -23,6 +23,7 @@ fused one of transformers 5's modules (`mlp.experts.gate_up_proj` [E, 2I, H], `m
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -292,6 +293,49 @@ def stored_weight_map(config: MoeConfig, names) -> WeightMap:
     return weight_map(config)
 
 
+_ROUTER = re.compile(r"\.(block_sparse_moe|mlp)\.gate\Z")
+
+
+_EXPERT = re.compile(r"\.experts\.[0-9]+\.")
+
+
+def peft_name(config: MoeConfig, module: str) -> tuple[str, bool, bool]:
+    """peft's name of a stored module (transformers 5's modules: Mixtral's router is `mlp.gate`),
+    whether peft adapts it as a parameter (the router: `target_parameters` "...gate.weight"), and whether
+    an adapter whose `target_modules` select it may hold nothing for it (an expert: peft on transformers 5
+    has no per-expert modules). The experts keep their per-expert names, which transformers 5 converts
+    to its fused experts when it loads an adapter."""
+    if _ROUTER.search(module):
+        return _ROUTER.sub(".mlp.gate", module), True, False
+    return module, False, bool(_EXPERT.search(module))
+
+
+def check_peft_adapter(config: MoeConfig, modules: set) -> None:
+    """Refuse a LoRA on experts that transformers 5.25 + peft 0.21 would not load as Ember computes it
+    (checked against them): Mixtral's per-expert LoRA loads exactly (transformers fuses it) when every
+    adapted expert has w1, w2 and w3 adapted; a Qwen mixture's per-expert LoRA does not load right."""
+    experts: dict[str, set] = {}
+    for m in modules:
+        hit = _EXPERT.search(m)
+        if hit:
+            experts.setdefault(m[:hit.end()], set()).add(m[hit.end():])
+    if not experts:
+        return
+    first = sorted(experts)[0]
+    first += sorted(experts[first])[0]
+    if config.model_type != "mixtral":
+        raise PretrainedError(f"LoRA on the experts ('{first}', ...) cannot be written for a {config.architecture}: "
+                              f"transformers 5.25 does not load a per-expert adapter of this family as it is "
+                              f"computed, and peft's LoRA on the fused experts (target_parameters) is not written "
+                              f"yet; adapt the attention, the shared expert and the router (exclude "
+                              f"'experts')")
+    for prefix, names in sorted(experts.items()):
+        if names != {"w1", "w2", "w3"}:
+            raise PretrainedError(f"LoRA on '{prefix}' adapts {', '.join(sorted(names))}: a Mixtral expert's "
+                                  f"adapter is written with w1, w2 and w3 all adapted (transformers 5.25 fuses "
+                                  f"w1 and w3 into gate_up_proj and loads the parts alone wrongly)")
+
+
 def _family(name: str) -> Family:
     return Family(
         name=name,
@@ -303,6 +347,8 @@ def _family(name: str) -> Family:
         weight_map=weight_map,
         layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
         stored_weight_map=stored_weight_map,
+        peft_name=peft_name,
+        check_peft_adapter=check_peft_adapter,
     )
 
 

@@ -65,6 +65,12 @@ class Family:
     # (config, stored tensor names) -> the weight map to load with, where a family reads more than one
     # layout (the experts of a mixture, fused or one per expert); saving uses `weight_map`
     stored_weight_map: Callable[[Any, Any], WeightMap] | None = None
+    # (config, stored module name) -> (the name peft gives that module, whether peft adapts it as a
+    # parameter, `target_parameters`): where transformers' modules are not its checkpoint's names (a router)
+    peft_name: Callable[[Any, str], tuple[str, bool, bool]] | None = None
+    # (config, the peft module names a LoRA adapts) -> None, or a PretrainedError where transformers and
+    # peft would not load the adapter as Ember computes it
+    check_peft_adapter: Callable[[Any, set], None] | None = None
 
 
 _FAMILY_MODULES = ("llama", "qwen3", "phi3", "gemma", "moe", "gpt2", "bert", "vit")

@@ -269,3 +269,124 @@ def test_a_fused_tensor_of_the_wrong_expert_count_is_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(PretrainedError, match=r"mlp.gate.weight' has dims \[4, 32\].*dims \[32, 3\]"):
         from_pretrained(folder)
+
+
+# ---------------------------------------------------------------------------------- LoRA / peft
+PEFT = HF.parent / "peft"
+
+
+def _adapted(model):
+    from engine.module.reparam import iter_param_slots  # noqa: PLC0415
+
+    return sorted(p for p, s in iter_param_slots(model) if s.reparameterization is not None)
+
+
+def _trained(model, lora, steps=3):
+    from engine import optim  # noqa: PLC0415
+
+    Device("cpu").seed(0)
+    tuned = model.apply_reparameterization(lora).valid().train()
+    ids = Tensor.from_data(_exp("mixtral")["input_ids"])
+    target = Tensor.from_data(np.random.default_rng(0).standard_normal((2, 12, 128)).astype(np.float32))
+    opt = optim.AdamConfig().init()
+    for _ in range(steps):
+        d = tuned.forward(ids) - target
+        tuned = opt.step(0.05, tuned, optim.GradientsParams.from_grads(((d * d).mean()).backward(), tuned))
+    return tuned
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])
+def test_a_peft_adapter_made_on_transformers_5_loads_with_peft_logits(name):
+    """peft 0.21 adapts Mixtral's router as a parameter (target_parameters 'gate.weight'); the Qwen2-MoE
+    adapter's gate_proj / up_proj / down_proj are the shared expert's and the dense layer's."""
+    from engine.models import load_peft_adapter  # noqa: PLC0415
+
+    adapter = PEFT / f"{name}-lora-moe"
+    tuned = load_peft_adapter(from_pretrained(HF / name), adapter)
+    e = np.load(adapter / "expected.npz")
+    np.testing.assert_allclose(_logits(tuned, e), e["logits"], rtol=0, atol=ATOL)
+    assert np.abs(e["logits"] - _exp(name)["logits"]).max() > 0.5
+    paths = _adapted(tuned)
+    assert not any(".experts." in p for p in paths)
+    if name == "mixtral":
+        assert json.loads((adapter / "adapter_config.json").read_text())["target_parameters"] == ["gate.weight"]
+        assert "layers.0.mlp.gate.weight" in paths
+    else:
+        assert "layers.0.mlp.shared_expert.gate_proj.weight" in paths and "layers.1.mlp.gate_proj.weight" in paths
+
+
+def test_an_ember_lora_on_mixtrals_experts_and_router_saves_and_loads_in_peft(tmp_path):
+    """all-linear: attention, the router (written as target_parameters, as peft names it) and every expert's
+    w1 / w2 / w3 (which transformers 5 fuses when it loads the adapter). Optional part: peft's logits."""
+    from engine.models import load_peft_adapter, save_peft_adapter  # noqa: PLC0415
+    from engine.models.peft import peft_lora  # noqa: PLC0415
+
+    model = from_pretrained(HF / "mixtral")
+    tuned = _trained(model, peft_lora(model, 4, 8.0, target_modules="all-linear"))
+    assert "layers.1.mlp.experts.3.down_proj.weight" in _adapted(tuned) and "layers.0.mlp.gate.weight" in _adapted(tuned)
+    e = _exp("mixtral")
+    ours = _logits(tuned, e)
+    assert np.abs(ours - e["logits"]).max() > 0.05
+    out = save_peft_adapter(tuned, tmp_path / "a")
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["target_parameters"] == ["model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"]
+    assert "model.layers.0.block_sparse_moe.experts.2.w3" in cfg["target_modules"]
+    np.testing.assert_allclose(_logits(load_peft_adapter(model, out), e), ours, rtol=0, atol=ATOL)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    base = transformers.MixtralForCausalLM.from_pretrained(HF / "mixtral", dtype=torch.float32,
+                                                           attn_implementation="eager")
+    theirs = peft.PeftModel.from_pretrained(base, out).eval()
+    with torch.no_grad():
+        got = theirs(input_ids=torch.from_numpy(e["input_ids"]),
+                     attention_mask=torch.from_numpy(e["attention_mask"])).logits.numpy()
+    np.testing.assert_allclose(got[0], ours[0], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got[1, 3:], ours[1, 3:], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("name, targets, message", [
+    ("qwen2-moe", "all-linear", r"LoRA on the experts \('model.layers.0.mlp.experts.0.down_proj', ...\) cannot be "
+                                r"written for a Qwen2MoeForCausalLM"),
+    ("qwen3-moe", ["gate_proj"], r"cannot be written for a Qwen3MoeForCausalLM"),
+    ("mixtral", ["w1", "w3"], r"'model.layers.0.block_sparse_moe.experts.0.' adapts w1, w3: a Mixtral expert's "
+                              r"adapter is written with w1, w2 and w3"),
+])
+def test_expert_loras_transformers_would_load_wrongly_are_refused(name, targets, message, tmp_path):
+    from engine.models import save_peft_adapter  # noqa: PLC0415
+    from engine.models.peft import peft_lora  # noqa: PLC0415
+
+    model = from_pretrained(HF / name)
+    tuned = model.apply_reparameterization(peft_lora(model, 2, 4.0, target_modules=targets))
+    with pytest.raises(PretrainedError, match=message):
+        save_peft_adapter(tuned, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_qwen_router_and_shared_expert_lora_round_trips(tmp_path):
+    from engine.models import load_peft_adapter, save_peft_adapter  # noqa: PLC0415
+    from engine.models.peft import peft_lora  # noqa: PLC0415
+
+    model = from_pretrained(HF / "qwen2-moe")
+    tuned = _trained(model, peft_lora(model, 4, 8.0, target_modules="all-linear", exclude_modules=r".*experts\..*"))
+    assert "layers.0.mlp.gate.weight" in _adapted(tuned) and not any(".experts." in p for p in _adapted(tuned))
+    out = save_peft_adapter(tuned, tmp_path / "a")
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["target_parameters"] == ["model.layers.0.mlp.gate.weight", "model.layers.2.mlp.gate.weight"]
+    e = _exp("qwen2-moe")
+    np.testing.assert_allclose(_logits(load_peft_adapter(model, out), e), _logits(tuned, e), rtol=0, atol=ATOL)
+
+
+def test_lora_on_fused_expert_parameters_is_refused_by_name(tmp_path):
+    import shutil  # noqa: PLC0415
+
+    from engine.models import load_peft_adapter  # noqa: PLC0415
+
+    folder = tmp_path / "a"
+    shutil.copytree(PEFT / "mixtral-lora-moe", folder)
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    cfg["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(PretrainedError, match=r"LoRA on parameter 'mlp.experts.gate_up_proj' \(target_parameters\) "
+                                              r"is not supported"):
+        load_peft_adapter(from_pretrained(HF / "mixtral"), folder)
