@@ -152,7 +152,8 @@ class MoeConfig(LlamaConfig):
             out["decoder_sparse_step"] = self.decoder_sparse_step
             out["mlp_only_layers"] = list(self.mlp_only_layers)
             out["use_sliding_window"] = self.sliding_window is not None
-            out["sliding_window"] = self.sliding_window
+            if self.sliding_window is not None:  # else the file's own value stays (Qwen2-MoE writes 0)
+                out["sliding_window"] = self.sliding_window
             if self.layer_types is not None:
                 out["layer_types"] = list(self.layer_types)
         return out
