@@ -337,6 +337,21 @@ def check_peft_adapter(config: MoeConfig, modules: set) -> None:
                                   f"w1 and w3 into gate_up_proj and loads the parts alone wrongly)")
 
 
+_STORED_EXPERT = re.compile(r"\.(block_sparse_moe|mlp)\.experts\.[0-9]+\.(w1|w3|w2|gate_proj|up_proj|down_proj)"
+                            r"\.weight\Z")
+_FUSED = {"w1": "gate_up_proj", "w3": "gate_up_proj", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+          "w2": "down_proj", "down_proj": "down_proj"}
+
+
+def torch_name(config: MoeConfig, stored: str) -> str:
+    """transformers 5's parameter of a stored tensor: an expert's weight is part of the fused
+    `mlp.experts.gate_up_proj` / `down_proj`, Mixtral's router is `mlp.gate.weight`."""
+    m = _STORED_EXPERT.search(stored)
+    if m:
+        return f"{stored[:m.start()]}.mlp.experts.{_FUSED[m.group(2)]}"
+    return stored.replace(".block_sparse_moe.gate.weight", ".mlp.gate.weight")
+
+
 def _family(name: str) -> Family:
     return Family(
         name=name,
@@ -350,6 +365,7 @@ def _family(name: str) -> Family:
         stored_weight_map=stored_weight_map,
         peft_name=peft_name,
         check_peft_adapter=check_peft_adapter,
+        torch_name=torch_name,
     )
 
 

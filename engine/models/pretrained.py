@@ -71,6 +71,9 @@ class Family:
     # (config, the peft module names a LoRA adapts) -> None, or a PretrainedError where transformers and
     # peft would not load the adapter as Ember computes it
     check_peft_adapter: Callable[[Any, set], None] | None = None
+    # (config, stored tensor name) -> the parameter's name in transformers' module (the fused experts of a
+    # mixture, `mlp.experts.gate_up_proj`), where it is not the stored name (the PyTorch training script)
+    torch_name: Callable[[Any, str], str] | None = None
 
 
 _FAMILY_MODULES = ("llama", "qwen3", "phi3", "gemma", "moe", "gpt2", "bert", "vit")
