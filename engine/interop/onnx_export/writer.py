@@ -74,6 +74,19 @@ def _is_design(value) -> bool:
     return type(value).__name__ == "Design" and hasattr(value, "add_node")
 
 
+def _refuse_mixtures(model) -> None:
+    """A mixture of experts chooses its experts per token on the host: a trace would fix the
+    example's choice in the graph, so the export refuses it by name."""
+    from engine.module.tree import FieldKind, walk  # noqa: PLC0415
+    from engine.nn import SparseMoe  # noqa: PLC0415
+
+    for path, kind, value in walk(model):
+        if kind == FieldKind.MODULE and isinstance(value, SparseMoe):
+            raise OnnxExportError(f"'{path}' is a mixture of experts (SparseMoe): its top-k choice of experts per "
+                                  f"token is not exported to ONNX (a trace would fix the example's choice); "
+                                  f"export a model without one")
+
+
 def export_onnx(model_or_design, path, example_input, dynamic_batch: bool = True, opset: int = 17) -> Path:
     """Trace `model_or_design` on `example_input` (a tensor, an array, or a list of them) and
     write the ONNX model to `path` atomically; returns the path (see the module docstring)."""
@@ -88,6 +101,7 @@ def export_onnx(model_or_design, path, example_input, dynamic_batch: bool = True
         model = model_or_design
     else:
         raise OnnxExportError(f"export_onnx expects a Module or a Design, got {type(model_or_design).__name__}")
+    _refuse_mixtures(model)
     for _, prm in model.named_params():
         if not prm.is_initialized():
             prm.base()  # a lazy parameter is allocated as a forward would (in place, once)

@@ -390,3 +390,12 @@ def test_lora_on_fused_expert_parameters_is_refused_by_name(tmp_path):
     with pytest.raises(PretrainedError, match=r"LoRA on parameter 'mlp.experts.gate_up_proj' \(target_parameters\) "
                                               r"is not supported"):
         load_peft_adapter(from_pretrained(HF / "mixtral"), folder)
+
+
+def test_onnx_export_refuses_the_routing_by_name(tmp_path):
+    from engine.interop.onnx_export import OnnxExportError, export_onnx  # noqa: PLC0415
+
+    model = from_pretrained(HF / "mixtral")
+    with pytest.raises(OnnxExportError, match=r"'layers\.0\.mlp' is a mixture of experts \(SparseMoe\)"):
+        export_onnx(model, tmp_path / "m.onnx", Tensor.from_data(np.zeros((1, 4), dtype=np.int64)))
+    assert not (tmp_path / "m.onnx").exists()
