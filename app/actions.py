@@ -34,6 +34,9 @@ class Actions:
         make("open_pretrained", "Open Pre&trained…", "Ctrl+Shift+P",
              "Open a Hugging Face model folder (config.json + safetensors or pytorch_model.bin): Llama, Mistral, "
              "Qwen2, GPT-2, BERT, ViT; read lazily")
+        make("open_gguf", "Open &GGUF…", None,
+             "Open a .gguf file (llama.cpp, Ollama, LM Studio): Llama, Mistral, Qwen2; the weights kept in their "
+             "quantized blocks")
         make("open_hub", "Open from the Hugging Face &Hub…", None,
              "Download a model by its Hub id (org/name) into the Hugging Face cache, with progress and Cancel, "
              "then open it as Open Pretrained does")
@@ -56,6 +59,9 @@ class Actions:
         make("export_peft", "&PEFT Adapter…", None,
              "Write the LoRA / rsLoRA / DoRA adapters as a PEFT adapter folder (adapter_config.json + "
              "adapter_model.safetensors) that peft's PeftModel.from_pretrained loads on the same base")
+        make("export_gguf", "&GGUF…", None, "Write the model (LoRA merged) as a GGUF file llama.cpp and Ollama run")
+        make("export_gguf_lora", "GGUF &LoRA Adapter…", None,
+             "Write the LoRA adapters as a GGUF LoRA adapter llama.cpp applies over the original .gguf")
         make("export_onnx", "&ONNX…", None,
              "Trace the model with the Shape Contract dock's example input and write an .onnx file (LoRA / QLoRA "
              "materialized on a copy)")
