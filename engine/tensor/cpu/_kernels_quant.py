@@ -157,3 +157,72 @@ def gather_rows(code, blocks, lut, idx, out):
     """`out[i] = the values of row idx[i]` (an embedding's lookup)."""
     for i in range(idx.size):
         decode_row(code, blocks[idx[i]], lut, out[i])
+
+
+# ---------------------------------------------------------------------- fused dots (few rows)
+# For the 32-value types the activations come laid out as a row's bytes (`xlo[r, p]`, `xhi[r, p]`:
+# the activation that byte p's low / high nibble multiplies, 0 under the block's scales), so that
+# the dot runs as one long loop over the row's bytes that LLVM vectorizes, the block's scale d
+# spread over its bytes (`dexp`, zero under the scales) and Q4_1's offsets (Q4_0's -8 d) added per
+# block from `xsum[r, b]`, the activations' sum over block b. Nibbles are taken apart in float32
+# (v - 16 floor(v / 16), exact): numba's integer arithmetic on bytes widens to int64, whose
+# conversions to float do not vectorize. The value is d q (+ m) summed as x (d q + m): equal to
+# the decoded row's dot up to float32 rounding.
+_INV16 = f32(0.0625)
+
+
+@njit(types.void(types.int64, R2, R2, R2, U2, R1, F2, types.int64, types.int64, F1), fastmath=_SUMS, **_OPTS)
+def dots_nibbles(code, xlo, xhi, xsum, blocks, lut, out, n0, n1, dexp):
+    """`out[:, n] = x @ row n` for n in n0..n1, Q4_0 (code 1) or Q4_1 (code 2); `dexp`: a scratch
+    row of the row's byte count, zero on entry."""
+    m, rb = xlo.shape
+    size = 18 if code == Q4_0 else 20
+    head = size - 16
+    nb = rb // size
+    acc = np.zeros(m, dtype=np.float32)
+    for n in range(n0, n1):
+        row = blocks[n]
+        acc[:] = f32(0.0)
+        for b in range(nb):
+            o = np.uint64(b * size)
+            d = lut[np.uint64(row[o]) | (np.uint64(row[o + np.uint64(1)]) << np.uint64(8))]
+            if code == Q4_0:
+                mn = f32(-8.0) * d
+            else:
+                mn = lut[np.uint64(row[o + np.uint64(2)]) | (np.uint64(row[o + np.uint64(3)]) << np.uint64(8))]
+            for r in range(m):
+                acc[r] += mn * xsum[r, b]
+            for j in range(np.uint64(head), np.uint64(size)):
+                dexp[o + j] = d
+        for r in range(m):
+            lo_x, hi_x = xlo[r], xhi[r]
+            s = f32(0.0)
+            for p in range(rb):
+                vf = f32(row[p])
+                hi = np.floor(vf * _INV16)
+                s += dexp[p] * (lo_x[p] * (vf - f32(16.0) * hi) + hi_x[p] * hi)
+            out[r, n] = acc[r] + s
+
+
+I2 = types.Array(types.int8, 2, "C", readonly=True)
+
+
+@njit(types.void(R2, U2, I2, R1, F2, types.int64, types.int64, F1), fastmath=_SUMS, **_OPTS)
+def dots_q8_0(xexp, blocks, signed, lut, out, n0, n1, dexp):
+    """`out[:, n] = x @ row n` for n in n0..n1, Q8_0: `xexp` the activations laid out as the row's
+    bytes (0 under the scales), `signed` the blocks read as int8, `dexp` as `dots_nibbles`'."""
+    m, rb = xexp.shape
+    nb = rb // 34
+    for n in range(n0, n1):
+        row, srow = blocks[n], signed[n]
+        for b in range(nb):
+            o = np.uint64(b * 34)
+            d = lut[np.uint64(row[o]) | (np.uint64(row[o + np.uint64(1)]) << np.uint64(8))]
+            for j in range(np.uint64(2), np.uint64(34)):
+                dexp[o + j] = d
+        for r in range(m):
+            xr = xexp[r]
+            s = f32(0.0)
+            for p in range(rb):
+                s += dexp[p] * (xr[p] * f32(srow[p]))
+            out[r, n] = s

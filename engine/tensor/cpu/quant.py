@@ -7,8 +7,9 @@ the compiled kernels off, a CuPy array): the caller then dequantizes with `gguf`
 
 - `rows_product(x2, blocks, qtype, k)`: `x2 @ values.T` (`[m, k]` -> `[m, rows]`), a Linear's
   forward over its `[out, in]` rows and the tied head. For a few activation rows (generation)
-  each weight row is decoded into a scratch row in the L1 cache and dotted with the activations
-  there, blocks of rows over the kernel threads; for many rows (a prompt, a training batch)
+  the 32-value types (Q8_0, Q4_0, Q4_1) dot each block's integers with the activations and scale
+  the sum once per block, the K-quants decode each weight row into a scratch row in the L1 cache
+  and dot it there; blocks of rows over the kernel threads; for many rows (a prompt, a training batch)
   `values` is decoded a tile of rows at a time and multiplied by BLAS.
 - `product(x2, blocks, qtype, k)`: `x2 @ values` (`[m, rows]` -> `[m, k]`), the gradient of a
   Linear's input, a tile at a time.
@@ -104,13 +105,49 @@ def rows_product(x2, blocks, qtype: str, k: int):
         return out
     row_blocks = [(i, min(rows, i + ROW_BLOCK)) for i in range(0, rows, ROW_BLOCK)]
 
+    dots = _fused_dots(kq, qtype, x2, blocks)
     def chunk(parts):
         scratch = np.empty(k, dtype=np.float32)
+        spread = np.zeros(blocks.shape[1], dtype=np.float32)
         for n0, n1 in parts:
-            kq.rows_product(code, x2, blocks, _lut, out, n0, n1, scratch)
+            if dots is not None:
+                dots(n0, n1, spread, out)
+            else:
+                kq.rows_product(code, x2, blocks, _lut, out, n0, n1, scratch)
 
     run_chunks(chunk, row_blocks, min_blocks=min_blocks(ROW_BLOCK * blocks.shape[1], DOT_COST))
     return out
+
+
+def _as_row_bytes(values, size: int):
+    """`values` `[m, blocks, per]` laid out as a row's bytes (`[m, blocks * size]`): each block's
+    `per` values at its last `per` bytes, zero under its scales."""
+    m, nb, per = values.shape
+    out = np.zeros((m, nb, size), dtype=np.float32)
+    out[:, :, size - per:] = values
+    return out.reshape(m, -1)
+
+
+def _fused_dots(kq, qtype: str, x2, blocks):
+    """`dots(n0, n1, spread)` for the 32-value types (`_kernels_quant`'s fused dots), else None."""
+    m, k = x2.shape
+    if qtype == "Q8_0":
+        xexp, signed = _as_row_bytes(x2.reshape(m, k // 32, 32), 34), blocks.view(np.int8)
+
+        def dots_q8(n0, n1, spread, out):
+            kq.dots_q8_0(xexp, blocks, signed, _lut, out, n0, n1, spread)
+        return dots_q8
+    if qtype not in ("Q4_0", "Q4_1"):
+        return None
+    size = 18 if qtype == "Q4_0" else 20
+    halves = x2.reshape(m, k // 32, 2, 16)  # a byte's low nibble is value j, its high one j + 16
+    xlo, xhi = _as_row_bytes(halves[:, :, 0, :], size), _as_row_bytes(halves[:, :, 1, :], size)
+    xsum = np.ascontiguousarray(x2.reshape(m, k // 32, 32).sum(axis=2, dtype=np.float32))
+    code = CODES[qtype]
+
+    def dots_nib(n0, n1, spread, out):
+        kq.dots_nibbles(code, xlo, xhi, xsum, blocks, _lut, out, n0, n1, spread)
+    return dots_nib
 
 
 def product(x2, blocks, qtype: str, k: int):
