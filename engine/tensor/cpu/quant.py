@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit as _jit
-from .threads import matmul, min_blocks, run_chunks
+from .threads import matmul, min_blocks, num_threads, run_chunks
 
 __all__ = ["CODES", "supported", "rows_product", "product", "dequantize",
            "ROW_BLOCK", "DOT_COST", "MANY_ROWS", "TILE_BYTES"]
@@ -104,6 +104,9 @@ def rows_product(x2, blocks, qtype: str, k: int):
             out[:, s] = matmul(x2, _decode_tile(kq, code, blocks, k, s).T)
         return out
     row_blocks = [(i, min(rows, i + ROW_BLOCK)) for i in range(0, rows, ROW_BLOCK)]
+    least = min_blocks(ROW_BLOCK * blocks.shape[1], DOT_COST)
+    if num_threads() < 2 or len(row_blocks) < least:
+        row_blocks = [(0, rows)]  # one call: a kernel call's dispatch costs microseconds
 
     dots = _fused_dots(kq, qtype, x2, blocks)
     def chunk(parts):
@@ -115,7 +118,7 @@ def rows_product(x2, blocks, qtype: str, k: int):
             else:
                 kq.rows_product(code, x2, blocks, _lut, out, n0, n1, scratch)
 
-    run_chunks(chunk, row_blocks, min_blocks=min_blocks(ROW_BLOCK * blocks.shape[1], DOT_COST))
+    run_chunks(chunk, row_blocks, min_blocks=least)
     return out
 
 
