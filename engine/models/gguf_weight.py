@@ -17,6 +17,15 @@ weight (`Module.apply_lora`: `TAKES_ADAPTER`): the adapter keeps the blocks (`â€
 and its value is the dequantized weight with the adapter's change, the factors trained in float32
 and the blocks left as the file had them. A transposed rule (a Linear's `[in, out]` from the stored `[out, in]`) gives a
 transposed view of the dequantized rows.
+
+Computing with it (`MULTIPLIES`): a Linear, the tied head and generation's head ask the weight
+for `matmul(x)` and an Embedding for `rows(indices)` (engine.nn's `multiplied`, `looked_up`)
+before they ask for its value, and the weight multiplies in its blocks with the CPU door's
+compiled kernels (`engine.tensor.cpu.quant`: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), equal to
+dequantize-then-multiply within float32 rounding; the input's gradient is the blocks' product too.
+LoRA and rsLoRA over it add the factors' product (`(x a) b scale`); DoRA, the other types and a
+GPU read the value (dequantized per use). Generation keeps these weights as they are (it folds
+the other adapters), so no float32 copy of a weight is held.
 """
 from __future__ import annotations
 

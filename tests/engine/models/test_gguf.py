@@ -100,14 +100,14 @@ def test_float32_gguf_gives_the_logits_of_its_hugging_face_folder(tmp_path, mode
 def test_quantized_gguf_gives_the_logits_of_gguf_dequantized_weights(tmp_path, path, model_type, layers):
     config = maker.tiny_config(model_type, layers, 300)
     folder = _save_hf_folder(tmp_path / "hf", config, _reference_tensors(path, config, model_type))
-    theirs = _logits(from_pretrained(folder))
     old = jit.set_enabled(False)  # dequantized per use: the dequantized weights' bits exactly
     try:
-        exact = _logits(from_pretrained(path))
+        exact, theirs = _logits(from_pretrained(path)), _logits(from_pretrained(folder))
     finally:
         jit.set_enabled(old)
     assert np.isfinite(exact).all()
     assert np.array_equal(exact, theirs)
+    theirs = _logits(from_pretrained(folder))
     # multiplied in the blocks by the compiled kernels (engine.tensor.cpu.quant): float32 rounding
     ours = _logits(from_pretrained(path))
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5 * np.abs(theirs).max())

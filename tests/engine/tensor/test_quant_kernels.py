@@ -163,7 +163,17 @@ def test_lora_over_a_gguf_weight_multiplies_in_the_blocks_with_the_adapters_chan
     from engine.models import from_pretrained
     from engine.module.lora import Lora
 
+    from engine.models.gguf_weight import GGUFLoraAdapter
+    from engine.module import Param
+    from engine.module.reparam import iter_param_slots
+
     model = from_pretrained(MIXED).apply_lora(Lora(4, 8.0))
+    rng = np.random.default_rng(4)
+    adapters = [p.reparameterization for _path, p in iter_param_slots(model)
+                if isinstance(p.reparameterization, GGUFLoraAdapter)]
+    assert adapters
+    for r in adapters:  # B starts at zero: give the adapters a change to carry
+        r.b = Param.initialized(Tensor.from_data((rng.standard_normal(tuple(r.b.shape)) * 0.1).astype(np.float32)))
     ours = _forward(model)
     # the same adapters, their values read whole (the value path every layer used before the kernels)
     old = jit.set_enabled(False)
@@ -176,8 +186,10 @@ def test_lora_over_a_gguf_weight_multiplies_in_the_blocks_with_the_adapters_chan
 
 @needs_numba
 def test_generation_keeps_the_weights_in_their_blocks():
+    import importlib
+
     from engine.models import from_pretrained
-    from engine.models import generate as gen
+    gen = importlib.import_module("engine.models.generate")
     from engine.models.gguf_weight import GGUFWeight
     from engine.module.reparam import iter_param_slots
 
