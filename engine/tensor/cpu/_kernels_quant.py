@@ -171,10 +171,16 @@ def gather_rows(code, blocks, lut, idx, out):
 _INV16 = f32(0.0625)
 
 
-@njit(types.void(types.int64, R2, R2, R2, U2, R1, F2, types.int64, types.int64, F1), fastmath=_SUMS, **_OPTS)
-def dots_nibbles(code, xlo, xhi, xsum, blocks, lut, out, n0, n1, dexp):
+W1 = types.Array(types.uint64, 1, "C")
+B1 = types.Array(types.uint32, 1, "C", readonly=True)
+
+
+@njit(types.void(types.int64, R2, R2, R2, U2, R1, B1, F2, types.int64, types.int64, F1, W1), fastmath=_SUMS, **_OPTS)
+def dots_nibbles(code, xlo, xhi, xsum, blocks, lut, lut_bits, out, n0, n1, dexp, pairs):
     """`out[:, n] = x @ row n` for n in n0..n1, Q4_0 (code 1) or Q4_1 (code 2); `dexp`: a scratch
-    row of the row's byte count, zero on entry."""
+    row of the row's byte count, zero on entry, `pairs` the same memory as uint64 (the scale is
+    spread two floats a store: LLVM writes the short loop as scalar stores, one a cycle);
+    `lut_bits`: `lut`'s bits."""
     m, rb = xlo.shape
     size = 18 if code == Q4_0 else 20
     head = size - 16
@@ -185,15 +191,19 @@ def dots_nibbles(code, xlo, xhi, xsum, blocks, lut, out, n0, n1, dexp):
         acc[:] = f32(0.0)
         for b in range(nb):
             o = np.uint64(b * size)
-            d = lut[np.uint64(row[o]) | (np.uint64(row[o + np.uint64(1)]) << np.uint64(8))]
+            at = np.uint64(row[o]) | (np.uint64(row[o + np.uint64(1)]) << np.uint64(8))
+            d = lut[at]
             if code == Q4_0:
                 mn = f32(-8.0) * d
             else:
                 mn = lut[np.uint64(row[o + np.uint64(2)]) | (np.uint64(row[o + np.uint64(3)]) << np.uint64(8))]
             for r in range(m):
                 acc[r] += mn * xsum[r, b]
-            for j in range(np.uint64(head), np.uint64(size)):
-                dexp[o + j] = d
+            bits = np.uint64(lut_bits[at])
+            pair = bits | (bits << np.uint64(32))
+            first = (o + np.uint64(head)) >> np.uint64(1)
+            for j in range(np.uint64(8)):
+                pairs[first + j] = pair
         for r in range(m):
             lo_x, hi_x = xlo[r], xhi[r]
             s = f32(0.0)
@@ -207,8 +217,8 @@ def dots_nibbles(code, xlo, xhi, xsum, blocks, lut, out, n0, n1, dexp):
 I2 = types.Array(types.int8, 2, "C", readonly=True)
 
 
-@njit(types.void(R2, U2, I2, R1, F2, types.int64, types.int64, F1), fastmath=_SUMS, **_OPTS)
-def dots_q8_0(xexp, blocks, signed, lut, out, n0, n1, dexp):
+@njit(types.void(R2, U2, I2, R1, B1, F2, types.int64, types.int64, F1, W1), fastmath=_SUMS, **_OPTS)
+def dots_q8_0(xexp, blocks, signed, lut, lut_bits, out, n0, n1, dexp, pairs):
     """`out[:, n] = x @ row n` for n in n0..n1, Q8_0: `xexp` the activations laid out as the row's
     bytes (0 under the scales), `signed` the blocks read as int8, `dexp` as `dots_nibbles`'."""
     m, rb = xexp.shape
@@ -217,9 +227,11 @@ def dots_q8_0(xexp, blocks, signed, lut, out, n0, n1, dexp):
         row, srow = blocks[n], signed[n]
         for b in range(nb):
             o = np.uint64(b * 34)
-            d = lut[np.uint64(row[o]) | (np.uint64(row[o + np.uint64(1)]) << np.uint64(8))]
-            for j in range(np.uint64(2), np.uint64(34)):
-                dexp[o + j] = d
+            bits = np.uint64(lut_bits[np.uint64(row[o]) | (np.uint64(row[o + np.uint64(1)]) << np.uint64(8))])
+            pair = bits | (bits << np.uint64(32))
+            first = (o + np.uint64(2)) >> np.uint64(1)
+            for j in range(np.uint64(16)):
+                pairs[first + j] = pair
         for r in range(m):
             xr = xexp[r]
             s = f32(0.0)

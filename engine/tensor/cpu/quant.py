@@ -46,14 +46,14 @@ MANY_ROWS = 8
 # weight): within the L2 cache, while BLAS's product over it is still large.
 TILE_BYTES = 1 << 20
 
-_lut = None
+_lut = _lut_bits = None
 _mod = None
 _failed = False
 
 
 def _kernels():
     """`_kernels_quant`, or None when the compiled kernels are off or failed to build."""
-    global _mod, _failed, _lut
+    global _mod, _failed, _lut, _lut_bits
     if _mod is not None or _failed:
         return _mod
     if _jit.kernels() is None:
@@ -64,6 +64,7 @@ def _kernels():
         _failed = True
         return None
     _lut = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    _lut_bits = _lut.view(np.uint32)
     _mod = _kernels_quant
     return _mod
 
@@ -114,7 +115,7 @@ def rows_product(x2, blocks, qtype: str, k: int):
         spread = np.zeros(blocks.shape[1], dtype=np.float32)
         for n0, n1 in parts:
             if dots is not None:
-                dots(n0, n1, spread, out)
+                dots(n0, n1, spread, spread.view(np.uint64), out)
             else:
                 kq.rows_product(code, x2, blocks, _lut, out, n0, n1, scratch)
 
@@ -132,13 +133,13 @@ def _as_row_bytes(values, size: int):
 
 
 def _fused_dots(kq, qtype: str, x2, blocks):
-    """`dots(n0, n1, spread)` for the 32-value types (`_kernels_quant`'s fused dots), else None."""
+    """`dots(n0, n1, spread, pairs, out)` for the 32-value types (`_kernels_quant`'s fused dots), else None."""
     m, k = x2.shape
     if qtype == "Q8_0":
         xexp, signed = _as_row_bytes(x2.reshape(m, k // 32, 32), 34), blocks.view(np.int8)
 
-        def dots_q8(n0, n1, spread, out):
-            kq.dots_q8_0(xexp, blocks, signed, _lut, out, n0, n1, spread)
+        def dots_q8(n0, n1, spread, pairs, out):
+            kq.dots_q8_0(xexp, blocks, signed, _lut, _lut_bits, out, n0, n1, spread, pairs)
         return dots_q8
     if qtype not in ("Q4_0", "Q4_1"):
         return None
@@ -148,8 +149,8 @@ def _fused_dots(kq, qtype: str, x2, blocks):
     xsum = np.ascontiguousarray(x2.reshape(m, k // 32, 32).sum(axis=2, dtype=np.float32))
     code = CODES[qtype]
 
-    def dots_nib(n0, n1, spread, out):
-        kq.dots_nibbles(code, xlo, xhi, xsum, blocks, _lut, out, n0, n1, spread)
+    def dots_nib(n0, n1, spread, pairs, out):
+        kq.dots_nibbles(code, xlo, xhi, xsum, blocks, _lut, _lut_bits, out, n0, n1, spread, pairs)
     return dots_nib
 
 
