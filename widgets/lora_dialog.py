@@ -2,7 +2,9 @@
 (PEFT-style presets for the model's family: "q_proj, v_proj", "all-linear", a custom list of
 module names or a regex, matched by `engine.models.peft`'s target rules; or a parameter group),
 and QLoRA's block size and double quantization, with a live preview of the parameters LoRA adds
-and of what stays trainable.
+and of what stays trainable. "Also train fully" offers peft's `modules_to_save` for the embedding
+and output head (as LLaMA-Factory does for a resized vocabulary) and peft's `bias` ("lora_only",
+"all"), resolved by `engine.models.peft.peft_full_paths` to the exact parameters that then train.
 
 LoRA (Burn's): every float parameter is frozen; each rank-2 float parameter in the group gets
 factors `a` [d_in, rank] and `b` [rank, d_out], trainable (DoRA adds a magnitude per output
@@ -23,7 +25,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from engine.module import Lora, ParamGroup
 from engine.module.nf4 import bits_per_weight
-from engine.models.peft import peft_targets, target_group
+from engine.models import PretrainedError
+from engine.models.peft import full_candidates, peft_full_paths, peft_targets, target_group
 
 from .common import ErrorLabel, count, monospace_font
 from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
@@ -31,15 +34,20 @@ from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
 
 VARIANTS = [("lora", "LoRA"), ("rslora", "rsLoRA (alpha / √rank)"), ("dora", "DoRA (+ magnitude per column)"),
             ("qlora", "QLoRA (4-bit NF4 base)")]
+ALL_LINEAR = "all-linear"
 GROUP_TARGETS = "group"  # the targets are the parameter group below
 CUSTOM_TARGETS = "custom"
+# the modules LLaMA-Factory trains whole for a resized vocabulary (input embedding, output head)
+FULL_MODULES = ("embed_tokens", "wte", "word_embeddings", "lm_head")
+BIAS_CHOICES = [("none", "none"), ("lora_only", "of the adapted modules (lora_only)"), ("all", "every bias (all)")]
 _NAME_LIST = re.compile(r"^\s*[\w.-]+(\s*,\s*[\w.-]+)*\s*$")
 
 
 def target_presets(module: Any) -> list[tuple[str, str]]:
     """(key, label) of the PEFT-style target presets that select something in `module`: the
-    family's usual ones (Llama's "q_proj, v_proj" and the four attention projections, GPT-2's
-    "c_attn"), "all-linear", a custom list or regex, and the parameter group."""
+    family's usual ones (Llama's, Qwen3's "q_proj, v_proj" and the four attention projections,
+    GPT-2's "c_attn", Phi-3's fused "qkv_proj" and "gate_up_proj"), "all-linear", a custom list or
+    regex, and the parameter group."""
     try:
         names = {t.module.rpartition(".")[2] for t in peft_targets(module)}
         linear = any(t.kind == "linear" for t in peft_targets(module))
@@ -52,8 +60,15 @@ def target_presets(module: Any) -> list[tuple[str, str]]:
         out.append(("q_proj, k_proj, v_proj, o_proj", "q_proj, k_proj, v_proj, o_proj"))
     if "c_attn" in names:
         out.append(("c_attn", "c_attn (GPT-2's attention)"))
+    if {"query", "value"} <= names:
+        out.append(("query, value", "query, value (PEFT's default for BERT and ViT)"))
+    if {"qkv_proj", "o_proj"} <= names:  # Phi-3: q, k, v fused in one Linear (one LoRA over its rows, as peft)
+        out.append(("qkv_proj", "qkv_proj (Phi-3's fused attention)"))
+        out.append(("qkv_proj, o_proj", "qkv_proj, o_proj"))
+    if {"gate_up_proj", "down_proj"} <= names:
+        out.append(("gate_up_proj, down_proj", "gate_up_proj, down_proj (Phi-3's MLP)"))
     if linear:
-        out.append(("all-linear", "all-linear (every Linear but the output head)"))
+        out.append((ALL_LINEAR, "all-linear (every Linear but the output head)"))
     out.append((CUSTOM_TARGETS, "Custom: module names or a regex"))
     out.append((GROUP_TARGETS, "Parameter group (below)"))
     return out
@@ -102,8 +117,12 @@ class LoraDialog(QDialog):
         self.custom_targets.setFont(monospace_font())
         self.custom_targets.setPlaceholderText(r"q_proj, k_proj   or   .*\.layers\.0\..*_proj")
         self.targets_error = ErrorLabel()
-        # the dialog starts on the parameter group, as it always did (the tree's selection, or all)
-        self.targets.setCurrentIndex(self.targets.count() - 1)
+        # a subtree selected in the tree: the dialog starts on that parameter group; the whole
+        # model: on the family's preset (PEFT's default targets) where it has one, for the group
+        # "all" would adapt every rank-2 weight, the embeddings and the output head included
+        family = self.targets.itemData(0) not in (ALL_LINEAR, CUSTOM_TARGETS, GROUP_TARGETS)
+        whole = group_mode == "all" and not group_text.strip()
+        self.targets.setCurrentIndex(0 if family and whole else self.targets.count() - 1)
         self.rank = self._field("rank", "8", "the adapters' inner dimension, an integer ≥ 1")
         self.rank_error = ErrorLabel()
         # a rank that is not below a target's smaller side makes no low-rank update: warned, allowed
@@ -125,6 +144,25 @@ class LoraDialog(QDialog):
         self.double_quant = QCheckBox("Double quantization of the block scales")
         self.double_quant.setObjectName("double_quant")
         self.double_quant.setChecked(True)
+        try:
+            leaves, has_bias = full_candidates(module)
+        except Exception:  # noqa: BLE001 - a model the weight map cannot name offers nothing to train fully
+            leaves, has_bias = [], False
+        self.full_modules: dict[str, QCheckBox] = {}
+        for leaf in (n for n in FULL_MODULES if n in leaves):
+            box = QCheckBox(leaf)
+            box.setObjectName(f"train-fully-{leaf}")
+            box.setToolTip(f"train '{leaf}' whole beside the adapters (peft's modules_to_save), e.g. for a resized "
+                           f"vocabulary")
+            self.full_modules[leaf] = box
+        self.bias = QComboBox()
+        self.bias.setObjectName("bias")
+        for key, label in BIAS_CHOICES:
+            self.bias.addItem(label, key)
+        self.bias.setEnabled(has_bias)
+        self.bias.setToolTip("which biases train beside the adapters (peft's bias)" if has_bias else
+                             "this model has no biases")
+        self.full_error = ErrorLabel()
         self.summary = QLabel("")
         self.summary.setObjectName("summary")
         self.summary.setWordWrap(True)
@@ -150,8 +188,16 @@ class LoraDialog(QDialog):
         qform.addRow("Block size", self.block_size)
         qform.addRow("", self.block_size_error)
         qform.addRow(self.double_quant)
+        fbox = QGroupBox("Also train fully (PEFT modules_to_save and bias)")
+        fbox.setObjectName("train-fully")
+        fform = QFormLayout(fbox)
+        for box in self.full_modules.values():
+            fform.addRow(box)
+        fform.addRow("Biases", self.bias)
+        fform.addRow("", self.full_error)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(fbox)
         layout.addWidget(qbox)
         layout.addWidget(self.summary)
         layout.addWidget(self.preview, 1)
@@ -165,6 +211,9 @@ class LoraDialog(QDialog):
         self.targets.currentIndexChanged.connect(self._update)
         self.custom_targets.textChanged.connect(self._update)
         self.double_quant.toggled.connect(self._update)
+        for box in self.full_modules.values():
+            box.toggled.connect(self._update)
+        self.bias.currentIndexChanged.connect(self._update)
         self.buttons.accepted.connect(self._accept)
         self.buttons.rejected.connect(self.reject)
         self._edit: dict | None = None
@@ -313,6 +362,8 @@ class LoraDialog(QDialog):
             self.group.error.show_error("none of the selected parameters is a rank-2 float weight; "
                                         "LoRA attaches to matrices")
         ok &= bool(targets)
+        full_spec, full_values = self._train_fully(targets)
+        ok &= not self.full_error.error()
         self.ok_button().setEnabled(ok)
         self._warn_rank(rank, targets)
         if rank is not None and targets:
@@ -324,6 +375,9 @@ class LoraDialog(QDialog):
             if quant and block is not None:
                 bits = bits_per_weight(block, self.double_quant.isChecked())
                 text += f". Base weights packed to NF4, about {bits:.3f} bits per weight."
+            if full_spec is not None:
+                text += (f". Trained fully beside the adapters: {len(full_spec['paths'])} parameter(s), "
+                         f"{count(full_values)} values.")
             self.summary.setText(text)
             fill_preview(self.preview, [(p, shape_text(v.shape), shape_text([v.shape[0], rank]),
                                          shape_text([rank, v.shape[1]]), count(lora.factor_count(v, p)))
@@ -338,8 +392,29 @@ class LoraDialog(QDialog):
         self._edit = {"op": "lora", "rank": rank, "alpha": alpha, "init_std": init_std,
                       "group": group_spec,
                       "qlora": {"block_size": block, "double_quant": self.double_quant.isChecked()} if quant else None,
-                      **({"variant": variant} if variant in ("rslora", "dora") else {})
+                      **({"variant": variant} if variant in ("rslora", "dora") else {}),
+                      **({"train_fully": full_spec} if full_spec is not None else {})
                       } if ok else None
+
+    def _train_fully(self, targets) -> tuple[dict | None, int]:
+        """(the group of the parameters "Also train fully" selects, their value count), the engine's
+        selection for these targets (`peft_full_paths`); a refusal (a tied head) shown beside it."""
+        chosen = [leaf for leaf, box in self.full_modules.items() if box.isChecked()]
+        bias = self.bias.currentData()
+        if not chosen and bias == "none":
+            self.full_error.show_error(None)
+            return None, 0
+        try:
+            paths = peft_full_paths(self.module, chosen, bias, [p for p, _ in targets or []])
+        except (PretrainedError, ValueError) as e:
+            self.full_error.show_error(str(e))
+            return None, 0
+        if not paths:
+            self.full_error.show_error(f"bias {bias!r}: the adapted modules have no biases")
+            return None, 0
+        self.full_error.show_error(None)
+        shapes = dict(self.params)
+        return {"kind": "paths", "paths": paths}, sum(math.prod(shapes[p].shape) for p in paths if p in shapes)
 
     def _warn_rank(self, rank: int | None, targets) -> None:
         """Warn when the rank is at least min(d_in, d_out) of a target: its factors hold as many
@@ -361,7 +436,7 @@ class LoraDialog(QDialog):
 
     def errors(self) -> list[str]:
         return [e.error() for e in (self.rank_error, self.alpha_error, self.init_std_error, self.block_size_error,
-                                    self.targets_error, self.group.error) if e.error()]
+                                    self.targets_error, self.group.error, self.full_error) if e.error()]
 
     def _accept(self) -> None:
         if self._edit is None:

@@ -67,6 +67,20 @@ def type_name(kind: FieldKind, value: Any) -> str:
 
 
 
+def quantization(p) -> tuple[str, int] | None:
+    """(the stored type such as "Q4_1", its bytes) of a parameter kept in quantized blocks (a GGUF
+    weight, or an adapter over one); None for any other."""
+    r = getattr(p, "reparameterization", None)
+    stored = r if getattr(r, "TAKES_ADAPTER", False) else getattr(r, "gguf", None)
+    if stored is None or not hasattr(stored, "qtype"):
+        return None
+    return str(stored.qtype), int(stored.nbytes())
+
+
+def byte_text(n: int) -> str:
+    return f"{n / 2 ** 20:.1f} MiB" if n >= 2 ** 20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
 def lora_badge() -> QIcon:
     """A small rounded 'L' badge marking nodes with LoRA (any reparameterization) below."""
     global _badge
@@ -116,7 +130,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._visible: set[str] | None = None  # paths shown while filtering
         self._contracts: ContractProvider | None = None
         self._grad_norms: dict | None = None  # module path -> live gradient norm (None: frozen)
-        self._names: dict[str, str] = {}  # path -> the Hugging Face name, where it differs
+        self._names: dict[str, str] = {}  # path -> the Hugging Face name
         self._mono = monospace_font()
 
     # ---- content -------------------------------------------------------------------------
@@ -133,7 +147,7 @@ class ModuleTreeModel(QAbstractItemModel):
     def set_names(self, names: dict[str, str] | None) -> None:
         """Other names of the nodes ({path: Hugging Face name}), shown in their own column and in
         the name's tooltip, and matched by the filter; takes effect at the next `set_module`."""
-        self._names = {k: v for k, v in (names or {}).items() if v and v != k}
+        self._names = {k: v for k, v in (names or {}).items() if v}  # the same name too (lm_head)
 
     def names(self) -> dict[str, str]:
         return dict(self._names)
@@ -323,6 +337,11 @@ class ModuleTreeModel(QAbstractItemModel):
             if col == NAME:
                 return node.seg or type(node.value).__name__
             if col == TYPE:
+                q = quantization(node.value if node.kind is FieldKind.PARAM else getattr(node.value, "weight", None))
+                if q is not None:
+                    return f"{type_name(node.kind, node.value)} · {q[0]}, {byte_text(q[1])}"
+                if st.quantized and node.kind is not FieldKind.PARAM:
+                    return f"{type_name(node.kind, node.value)} · {st.quantized} quantized"
                 return type_name(node.kind, node.value)
             if col == PARAMS:
                 return count(st.numel)
@@ -386,6 +405,9 @@ class ModuleTreeModel(QAbstractItemModel):
                 lines.append(message)
         elif col == NAME and st.reparameterized:
             lines.append(f"LoRA: {st.reparameterized} reparameterized parameter(s) below")
+        if st.quantized:
+            lines.append(f"quantized: {st.quantized} weight(s) kept in their GGUF blocks, "
+                         f"{byte_text(st.stored_bytes)} as stored")
         return "\n".join(lines)
 
     def setData(self, index: QModelIndex, value, role=Qt.ItemDataRole.EditRole) -> bool:

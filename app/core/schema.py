@@ -231,7 +231,7 @@ class GroupSpec:
 
 # ---- edits ------------------------------------------------------------------------------------
 GROUP_OPS = ("freeze", "unfreeze", "no_grad")
-EDIT_OPS = GROUP_OPS + ("lora", "materialize", "detach", "fork", "to_device", "load")
+EDIT_OPS = GROUP_OPS + ("lora", "materialize", "detach", "fork", "to_device", "load", "peft")
 
 
 @dataclass(frozen=True)
@@ -265,12 +265,16 @@ class LoraEdit:
     group: GroupSpec = field(default_factory=GroupSpec)
     qlora: QLoraSettings | None = None
     variant: str = "lora"  # LORA_VARIANTS: plain LoRA, rsLoRA (alpha / sqrt(rank)) or DoRA (magnitudes)
+    # parameters trained whole beside the adapters (peft's modules_to_save and bias), unfrozen after attaching
+    train_fully: GroupSpec | None = None
 
     def to_json(self) -> dict:
         out = {"op": "lora", "rank": self.rank, "alpha": self.alpha, "init_std": self.init_std,
                "group": self.group.to_json(), "qlora": None if self.qlora is None else self.qlora.to_json()}
         if self.variant != "lora":  # a plain LoRA edit reads as it always did
             out["variant"] = self.variant
+        if self.train_fully is not None:
+            out["train_fully"] = self.train_fully.to_json()
         return out
 
 
@@ -323,7 +327,19 @@ class LoadEdit:
         return {"op": "load", "path": self.path, "allow_partial": self.allow_partial}
 
 
-Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, DetachEdit, MoveEdit, LoadEdit]
+@dataclass(frozen=True)
+class PeftEdit:
+    """Attach the LoRA adapters of a PEFT adapter folder (adapter_config.json +
+    adapter_model.safetensors) to the model (`engine.models.peft.load_peft_adapter`)."""
+
+    op: ClassVar[str] = "peft"
+    path: str
+
+    def to_json(self) -> dict:
+        return {"op": "peft", "path": self.path}
+
+
+Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, DetachEdit, MoveEdit, LoadEdit, PeftEdit]
 
 
 LORA_VARIANTS = ("lora", "rslora", "dora")
@@ -355,7 +371,9 @@ def edit_from_json(data: Any, where: str = "edit") -> Edit:
                         _number(data, "alpha", where, "a finite number (LoRA alpha)"),
                         init_std,
                         GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"),
-                        q or None, _lora_variant(data, where, bool(q)))
+                        q or None, _lora_variant(data, where, bool(q)),
+                        None if data.get("train_fully") is None else GroupSpec.from_json(
+                            _get(data, "train_fully", dict, where, "a group object or null"), f"{where}.train_fully"))
     if op == "materialize":
         return MaterializeEdit()
     if op == "detach":
@@ -365,6 +383,8 @@ def edit_from_json(data: Any, where: str = "edit") -> Edit:
     if op == "load":
         return LoadEdit(_path(data, "path", where, "a checkpoint path (string)"),
                         _get(data, "allow_partial", bool, where, "true or false", False))
+    if op == "peft":
+        return PeftEdit(_path(data, "path", where, "a PEFT adapter folder (string)"))
     raise SchemaError(f"{where}.op", "one of " + ", ".join(EDIT_OPS), _kind_found(op))
 
 

@@ -111,6 +111,11 @@ def _adapter_names(model: Module) -> dict[str, str]:
         if r is None or path not in targets:
             continue
         t = targets[path]
+        if t.split is not None:
+            raise PretrainedError(f"'{path}' has a LoRA on one part of the fused module '{t.module}' (Phi-3's "
+                                  f"qkv_proj / gate_up_proj, GPT-2's c_attn): Ember trains one LoRA per part, peft "
+                                  f"one over the whole module, so the script cannot train it; leave the fused "
+                                  f"modules out of the targets (o_proj, down_proj train in the script)")
         if t.kind == "embedding":
             out[f"{path}.lora.a"], out[f"{path}.lora.b"] = (f"{t.module}.lora_embedding_A",
                                                             f"{t.module}.lora_embedding_B")
@@ -460,7 +465,8 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
             save_peft_adapter(model, adapter_dir)
             saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
             lora_json = {k: saved[k] for k in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora",
-                                               "rank_pattern", "alpha_pattern", "fan_in_fan_out")}
+                                               "rank_pattern", "alpha_pattern", "fan_in_fan_out", "bias",
+                                               "modules_to_save")}
             config["lora"] = {**lora_json, "initial_adapter": ADAPTER_FOLDER}
         _write_tokens(staging / TOKENS_FILE, arrays)
         text = json.dumps(config, indent=2) + "\n"

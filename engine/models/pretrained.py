@@ -41,6 +41,7 @@ from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
 from .hf_folder import MAX_CONFIG_BYTES, Checkpoint, PretrainedError, open_checkpoint, read_json
 from .mapping import Rule, WeightMap
+from .refusals import closest_family, refuse_quantized
 
 __all__ = [
     "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "peft_task_type", "pretrained_info",
@@ -63,7 +64,7 @@ class Family:
     layers: Callable[[Any], tuple[str, int]] | None = None
 
 
-_FAMILY_MODULES = ("llama", "gemma", "gpt2", "bert", "vit")
+_FAMILY_MODULES = ("llama", "qwen3", "phi3", "gemma", "gpt2", "bert", "vit")
 _families: list[Family] | None = None
 
 
@@ -112,6 +113,7 @@ def _choose_family(config: dict, where: str) -> Family:
     model_type = config.get("model_type")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise PretrainedError(f"'architectures' must be a list of names, found {archs!r}", where=where)
+    refuse_quantized(config, where)  # before the architecture: a quantized Llama is refused as such
     for arch in archs or []:
         for fam in FAMILIES:
             if arch in fam.architectures:
@@ -123,8 +125,8 @@ def _choose_family(config: dict, where: str) -> Family:
     found = ", ".join(archs) if archs else (f"model_type {model_type!r}" if model_type else "no 'architectures' "
                                                                                           "or 'model_type'")
     raise PretrainedError(
-        f"unsupported architecture: found {found}; supported: {', '.join(supported_architectures())}", where=where
-    )
+        f"unsupported architecture: found {found}{closest_family(archs, model_type, supported_architectures())}; "
+        f"supported: {', '.join(supported_architectures())}", where=where)
 
 
 # ---------------------------------------------------------------------------------- model info
@@ -286,13 +288,14 @@ def _resolve(source, *, revision=None, token=None, cache_dir=None, local_files_o
         return p
     if exists:
         raise PretrainedError("expected a model folder (config.json plus weights), found a file", where=text)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", text) or ".." in text:
+    from . import hub  # noqa: PLC0415
+
+    if not hub.is_hub_id(text):
         raise PretrainedError("no such folder (and not a Hugging Face Hub model id like 'org/name')", where=text)
     try:
         from huggingface_hub import snapshot_download  # noqa: PLC0415
     except ImportError:  # pragma: no cover - a dependency
         raise PretrainedError("downloading from the Hub needs the huggingface_hub package", where=text) from None
-    from . import hub  # noqa: PLC0415
 
     return hub.download(snapshot_download, text, revision=revision, token=token, cache_dir=cache_dir,
                         local_files_only=local_files_only)

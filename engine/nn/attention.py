@@ -353,9 +353,10 @@ class MultiHeadAttention(Layer):
         0, or with a cache the number of positions it holds). The causal mask aligns the last query
         with the last key: query `i` sees keys `j <= i + seq_length_2 - seq_length_1`.
 
-        `positions` (int `[batch_size, seq_length]`, without a cache): each row's own positions for
+        `positions` (int `[batch_size, seq_length]`, self-attention): each row's own positions for
         the rotary encoding instead of `start ..` (packed sequences restarting at 0; with a
-        `mask_attn` from `generate_segment_mask` each attends only to itself).
+        `mask_attn` from `generate_segment_mask` each attends only to itself; with a cache, a
+        left-padded row's positions counted from its first real token).
 
         `cache` (a `KVCache`, self-attention): this call's keys and values are appended to the
         cache's and the queries attend over all of them, so `seq_length_2` (the masks' last dim)
@@ -396,8 +397,8 @@ class MultiHeadAttention(Layer):
         value = self._heads(input.value, self.value, self.n_kv_heads)
         if self.q_norm is not None:
             query, key = self.q_norm.forward(query), self.k_norm.forward(key)
-        if positions is not None and (cache is not None or seq_new != seq_length_1):
-            raise ValueError("MultiHeadAttention: positions are for self-attention without a cache")
+        if positions is not None and seq_new != seq_length_1:
+            raise ValueError("MultiHeadAttention: positions are for self-attention")
         if rope is not None:
             query = rope.apply(query, start, positions)
             key = rope.apply(key, start, positions)
