@@ -173,7 +173,7 @@ def test_lora_over_a_gguf_weight_multiplies_in_the_blocks_with_the_adapters_chan
                 if isinstance(p.reparameterization, GGUFLoraAdapter)]
     assert adapters
     for r in adapters:  # B starts at zero: give the adapters a change to carry
-        r.b = Param.initialized(Tensor.from_data((rng.standard_normal(tuple(r.b.shape)) * 0.1).astype(np.float32)))
+        r.b = Param.initialized(Tensor.from_data((rng.standard_normal(tuple(r.b.shape)) * 0.02).astype(np.float32)))
     ours = _forward(model)
     # the same adapters, their values read whole (the value path every layer used before the kernels)
     old = jit.set_enabled(False)
@@ -181,7 +181,10 @@ def test_lora_over_a_gguf_weight_multiplies_in_the_blocks_with_the_adapters_chan
         theirs = _forward(model)
     finally:
         jit.set_enabled(old)
-    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5 * np.abs(theirs).max())
+    # two layers of float32 rounding, amplified by the norms and the attention: 1e-4 of the largest logit
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * np.abs(theirs).max())
+    base = from_pretrained(MIXED)
+    assert np.abs(ours - _forward(base)).max() > 100 * 1e-4 * np.abs(theirs).max()  # the adapters changed it
 
 
 @needs_numba
