@@ -17,7 +17,7 @@ from ..tensor import Tensor
 from ..tensor import raw
 from ..tensor import trace as _trace
 from . import _sdpa
-from ._base import Config, Layer, assert_shape, check_dtype, initializers
+from ._base import Config, Layer, assert_shape, check_dtype, dtype_value, initializers
 from .activation import Gelu
 from .dropout import DropoutConfig
 from .linear import LinearConfig
@@ -399,7 +399,7 @@ class MultiHeadAttention(Layer):
             assert_shape(input.mask_pad_, [batch_size, seq_length_2])
         if input.mask_attn_ is not None:
             assert_shape(input.mask_attn_, [batch_size, seq_length_1, seq_length_2])
-        weight = self.query.weight.val()
+        weight = dtype_value(self.query.weight)
         check_dtype(self, input.query, weight, name="query", param_name="query weight")
         check_dtype(self, input.key, weight, name="key", param_name="query weight")
         check_dtype(self, input.value, weight, name="value", param_name="query weight")
