@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
 from shiboken6 import isValid
 from PySide6.QtGui import QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QSizePolicy, QTabWidget,
@@ -493,7 +493,19 @@ class MainWindow(QMainWindow):
     def status(self, text: str, ms: int = 8000) -> None:
         """A passing note on the right of the status bar (the trainable summary stays on the left)."""
         self.message_label.setText(text)
+        self._status_text = text
         self.message_timer.start(ms)
+
+    def event(self, event) -> bool:
+        """A hovered action's status tip goes where the passing notes go (QMainWindow would show it
+        as the status bar's temporary message, which hides the trainable summary); leaving it
+        brings back the note it covered, while that note lasts."""
+        label, timer = getattr(self, "message_label", None), getattr(self, "message_timer", None)
+        if event.type() == QEvent.Type.StatusTip and label is not None and timer is not None:
+            note = getattr(self, "_status_text", "") if timer.isActive() else ""
+            label.setText(event.tip() or note)
+            return True
+        return super().event(event)
 
     def dialog_parent(self) -> QMainWindow:
         """The parent of the controllers' file pickers, questions and dialogs (app/host.py)."""
@@ -596,6 +608,17 @@ class MainWindow(QMainWindow):
             self._layout_restored = True
             QTimer.singleShot(0, self.default_dock_sizes)
 
+    def resizeEvent(self, event) -> None:
+        """The docks keep their share of the width as the window grows or shrinks (Qt gives it
+        all to the central tabs: at 1600 px the inspector kept the 190 px of a smaller window)."""
+        super().resizeEvent(event)
+        old, new = event.oldSize().width(), event.size().width()
+        if old <= 0 or new == old or not self.isVisible():
+            return
+        docks = [d for d in (self.tree_dock, self.inspector_dock) if d.isVisible() and not d.isFloating()]
+        if docks:
+            self.resizeDocks(docks, [max(1, round(d.width() * new / old)) for d in docks], Qt.Orientation.Horizontal)
+
     def default_dock_sizes(self) -> None:
         """The first-start layout: wide docks around the display, narrow ones around the canvas."""
         w = self.width()
@@ -616,7 +639,16 @@ class MainWindow(QMainWindow):
         lost). True when the caller may go on; False (Cancel, or a save that did not happen) and
         the caller changes nothing. Every path that replaces either asks here, Quit included."""
         doc = self.document
-        if document and doc.module is not None and doc.is_dirty():
+        ask_document = document and doc.module is not None and doc.is_dirty()
+        if ask_document and design and self.designer.is_dirty():
+            # one question for both (Quit, Open ONNX, Open Design): Discard means all of it
+            model = ("The model built from a design" if isinstance(doc.source, DesignSource)
+                     else doc.title.rstrip(" *"))
+            return ask_save_discard(self, "Unsaved changes",
+                                    f"{model} and the design {self.designer.design.name!r} have unsaved changes. "
+                                    f"Save them first (the project, then the design)?",
+                                    lambda: self.projects.save_project() and self.designer.save_or_ask())
+        if ask_document:
             if not ask_save_discard(self, "Unsaved changes",
                                     f"{doc.title.rstrip(' *')} has unsaved changes. Save the project first?",
                                     self.projects.save_project):

@@ -7,7 +7,10 @@ chat exchange that teaches a new answer, the same ids, seed and steps on both si
 
     .venv/bin/python benchmarks/gguf_finetune_memory.py [--file F.gguf] [--steps 3] [--threads 2]
 
-Prints a table: the path, the file's size, the peak resident memory (MiB) and the last loss.
+Prints a table: the path, the peak resident memory (MiB) and the last loss. Three paths: the GGUF
+weights multiplied in their blocks (the compiled kernels), the GGUF weights read as dequantized
+values (what a type without a kernel, a GPU or DoRA does: the graph keeps the blocks and the
+backward dequantizes again), and the float32 dequantization of the same file.
 """
 from __future__ import annotations
 
@@ -54,6 +57,10 @@ Device("cpu").seed(0)
 model = from_pretrained(path)
 if mode == "float32":
     model = dequantized_bases(model)
+elif mode == "gguf-values":  # the weights read as values, as without a compiled kernel (a GPU, DoRA, other types)
+    from engine.models import gguf_weight
+    for cls in (gguf_weight.GGUFWeight, gguf_weight.GGUFLoraAdapter):
+        cls.MULTIPLIES = False
 model = model.apply_lora(Lora(8, 16.0, param_group=ParamGroup.from_regex(r"self_attn\.(query|value)\.weight$")))
 x = Tensor.from_data(np.array([full[:-1]]), dtype="int64")
 y = np.array([full[1:]])
@@ -90,11 +97,11 @@ def main(argv=None) -> int:
     size = Path(args.file).stat().st_size / 2**20
     print(f"CPU: {cpu_name()}, threads: {threads or 'default'}; file: {Path(args.file).name} ({size:.0f} MiB); "
           f"LoRA r8 on q/v, Adam, {args.steps} steps")
-    print(f"{'path':<22}{'peak MiB':>10}{'before steps':>14}{'last loss':>11}")
-    for mode in ("gguf", "float32"):
+    print(f"{'path':<24}{'peak MiB':>10}{'before steps':>14}{'last loss':>11}")
+    labels = {"gguf": "GGUF, blocks' kernels", "gguf-values": "GGUF, values read", "float32": "float32 dequantized"}
+    for mode, label in labels.items():
         r = run(args.file, mode, args.steps)
-        label = "quantized (GGUF)" if mode == "gguf" else "float32 dequantized"
-        print(f"{label:<22}{r['peak_mib']:>10.0f}{r['start_mib']:>14.0f}{r['loss']:>11.4f}")
+        print(f"{label:<24}{r['peak_mib']:>10.0f}{r['start_mib']:>14.0f}{r['loss']:>11.4f}")
     return 0
 
 

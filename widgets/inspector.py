@@ -34,8 +34,8 @@ def param_row(path: str, p: Param, hf_name: str = "") -> list[str]:
     if p.is_initialized():
         dtype = str(p.base().dtype)
         state = "initialized"
-    else:
-        dtype = p.kind
+    else:  # the dtype it will have when read: a float parameter its device's default
+        dtype = str(p.lazy_device().default_float_dtype) if p.kind == "float" else p.kind
         state = "lazy"
     r = p.reparameterization
     reparam = type(r).__name__ if r is not None else ""

@@ -46,7 +46,8 @@ _NAME_LIST = re.compile(r"^\s*[\w.-]+(\s*,\s*[\w.-]+)*\s*$")
 def target_presets(module: Any) -> list[tuple[str, str]]:
     """(key, label) of the PEFT-style target presets that select something in `module`: the
     family's usual ones (Llama's, Qwen3's "q_proj, v_proj" and the four attention projections,
-    GPT-2's "c_attn", Phi-3's fused "qkv_proj" and "gate_up_proj"), "all-linear", a custom list or
+    GPT-2's "c_attn", Phi-3's fused "qkv_proj" and "gate_up_proj", a mixture's router "gate" and
+    Mixtral's experts "w1, w2, w3"), "all-linear", a custom list or
     regex, and the parameter group."""
     try:
         names = {t.module.rpartition(".")[2] for t in peft_targets(module)}
@@ -67,6 +68,11 @@ def target_presets(module: Any) -> list[tuple[str, str]]:
         out.append(("qkv_proj, o_proj", "qkv_proj, o_proj"))
     if {"gate_up_proj", "down_proj"} <= names:
         out.append(("gate_up_proj, down_proj", "gate_up_proj, down_proj (Phi-3's MLP)"))
+    if {"q_proj", "k_proj", "v_proj", "o_proj", "gate"} <= names:  # a mixture of experts' router
+        out.append(("q_proj, k_proj, v_proj, o_proj, gate", "q_proj, k_proj, v_proj, o_proj, gate (the attention "
+                                                            "and the experts' router)"))
+    if {"w1", "w2", "w3"} <= names:
+        out.append(("w1, w2, w3", "w1, w2, w3 (Mixtral's experts)"))
     if linear:
         out.append((ALL_LINEAR, "all-linear (every Linear but the output head)"))
     out.append((CUSTOM_TARGETS, "Custom: module names or a regex"))

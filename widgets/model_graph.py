@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import QPointF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainterPath, QPen
+from PySide6.QtCore import QEvent, QPointF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import (QGraphicsItem, QGraphicsPathItem, QGraphicsRectItem, QGraphicsScene,
                                QGraphicsSimpleTextItem, QGraphicsView)
 
@@ -91,6 +91,18 @@ class ModelGraphView(QGraphicsView):
         self.boxes: dict[str, _Box] = {}
         self._message = ""
 
+    def text_color(self) -> QColor:
+        """The colour of what is drawn on the view's background (edge shapes, messages): slate on
+        a light background, the palette's text colour on a dark one."""
+        if self.palette().color(QPalette.ColorRole.Base).lightness() < 128:
+            return self.palette().color(QPalette.ColorRole.Text)
+        return QColor("#3b4a5e")
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:  # the theme changed: the labels follow it
+            self.redraw()
+
     # ---- what is shown ----------------------------------------------------------------------------
     def set_trace(self, trace, title: str = "") -> None:
         self.trace = trace
@@ -146,6 +158,9 @@ class ModelGraphView(QGraphicsView):
             self.fitInView(rect.adjusted(-20, -20, 20, 20), Qt.AspectRatioMode.KeepAspectRatio)
             if self.transform().m11() < 0.55:  # a long graph: readable at the top, scroll down
                 self.resetTransform()
+            elif self.transform().m11() > 1.0:  # a short graph (BERT's three boxes): never larger than life
+                self.resetTransform()
+                self.centerOn(rect.center())
                 self.scale(0.8, 0.8)
                 self.centerOn(rect.center().x(), rect.top() + self.viewport().height() / 1.6)
 
@@ -271,6 +286,7 @@ class ModelGraphView(QGraphicsView):
         self.boxes = {}
         if self.trace is None:
             item = scene.addSimpleText(self._message or "No model open.")
+            item.setBrush(QBrush(self.text_color()))
             item.setPos(0, 0)
             return
         tr = self.trace
@@ -340,7 +356,7 @@ class ModelGraphView(QGraphicsView):
         font = QFont()
         font.setPointSizeF(8.0)
         text.setFont(font)
-        text.setBrush(QBrush(QColor("#3b4a5e")))
+        text.setBrush(QBrush(self.text_color()))
         text.setPos(text_at)
 
     def _paint_selection(self) -> None:

@@ -52,6 +52,17 @@ def has_tree_children(value: Any) -> bool:
     return any(k in TREE_KINDS for _, k, _ in children(value))
 
 
+GROUP_MIN = 8  # a list below the top level with more modules than this is a group (a layer's experts)
+
+
+def is_group(kind: FieldKind, value: Any, path: str) -> bool:
+    """A list of more than GROUP_MIN modules below the model's own fields (`layers.0.mlp.experts` of a
+    mixture of experts): named with its count ("experts (64)") and left collapsed when the tree is
+    expanded to a depth or in full (a filter still opens it to show what matches)."""
+    return (kind == FieldKind.CONTAINER and "." in path and isinstance(value, (list, tuple))
+            and len(value) > GROUP_MIN and all(k == FieldKind.MODULE for _, k, _ in children(value)))
+
+
 def type_name(kind: FieldKind, value: Any) -> str:
     """The Type column: the class name, `Param float[4, 3]`, `Vec[2]`, `Tensor int[4]`."""
     if kind in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION):
@@ -130,7 +141,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._visible: set[str] | None = None  # paths shown while filtering
         self._contracts: ContractProvider | None = None
         self._grad_norms: dict | None = None  # module path -> live gradient norm (None: frozen)
-        self._names: dict[str, str] = {}  # path -> the Hugging Face name, where it differs
+        self._names: dict[str, str] = {}  # path -> the Hugging Face name
         self._mono = monospace_font()
 
     # ---- content -------------------------------------------------------------------------
@@ -147,7 +158,7 @@ class ModuleTreeModel(QAbstractItemModel):
     def set_names(self, names: dict[str, str] | None) -> None:
         """Other names of the nodes ({path: Hugging Face name}), shown in their own column and in
         the name's tooltip, and matched by the filter; takes effect at the next `set_module`."""
-        self._names = {k: v for k, v in (names or {}).items() if v and v != k}
+        self._names = {k: v for k, v in (names or {}).items() if v}  # the same name too (lm_head)
 
     def names(self) -> dict[str, str]:
         return dict(self._names)
@@ -335,6 +346,8 @@ class ModuleTreeModel(QAbstractItemModel):
             return st.state
         if role == Qt.ItemDataRole.DisplayRole:
             if col == NAME:
+                if is_group(node.kind, node.value, node.path):
+                    return f"{node.seg} ({len(node.value)})"
                 return node.seg or type(node.value).__name__
             if col == TYPE:
                 q = quantization(node.value if node.kind is FieldKind.PARAM else getattr(node.value, "weight", None))
@@ -583,7 +596,7 @@ class ModuleTree(QWidget):
             for _ in range(depth + 1):
                 nxt = []
                 for index in level:
-                    if self.model.hasChildren(index):
+                    if self.model.hasChildren(index) and not self._is_group(index):
                         self._expand(index)
                         nxt.extend(self.model.index(r, 0, index) for r in range(self.model.rowCount(index)))
                 level = nxt
@@ -592,13 +605,17 @@ class ModuleTree(QWidget):
             self.depth_spin.setValue(depth)
             self.depth_spin.blockSignals(False)
 
+    def _is_group(self, index: QModelIndex) -> bool:
+        node = index.internalPointer()
+        return node is not None and is_group(node.kind, node.value, node.path)
+
     def expand_all(self) -> None:
         """Expand every branch (fetching all of it: meant for filtered or small trees)."""
         stack = [(self.model.index(0, 0), 0)] if self.model.rowCount() else []
         deepest = 0
         while stack:
             index, depth = stack.pop()
-            if self.model.hasChildren(index):
+            if self.model.hasChildren(index) and not (self._is_group(index) and not self.model.filter_text()):
                 self._expand(index)
                 deepest = max(deepest, depth)
                 stack.extend((self.model.index(r, 0, index), depth + 1) for r in range(self.model.rowCount(index)))

@@ -264,7 +264,8 @@ def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_t
     itemsize = 4
     for _path, p in tree_params(model):
         size = memory.param_bytes(p)
-        if p.reparameterization is not None and not isinstance(p.reparameterization, QLoraAdapter):
+        r = p.reparameterization
+        if r is not None and not isinstance(r, QLoraAdapter) and not getattr(r, "MULTIPLIES", False):
             folded += size
         if p.kind == "float" and p.numel():
             itemsize = size // p.numel()  # the activations' dtype is the weights'
@@ -283,14 +284,16 @@ def _inference_model(model):
     """The model generation runs: `valid()`, with every LoRA / DoRA adapter folded into its weight
     once (`materialized_param`), so that a step multiplies by one weight instead of merging the
     factors again; the same values as `val()` gives each step. QLoRA weights stay packed (folding
-    them in would hold a full-precision copy of each)."""
+    them in would hold a full-precision copy of each), and so do the weights whose
+    reparameterization multiplies by itself (`MULTIPLIES`: a GGUF weight kept in its blocks, and
+    LoRA over one), which the layers multiply in their blocks."""
     from ..module.lora import QLoraAdapter  # noqa: PLC0415
     from ..module.reparam import iter_param_slots, materialized_param  # noqa: PLC0415
 
     m = model.valid()
     for path, p in list(iter_param_slots(m)):
         r = p.reparameterization
-        if r is not None and not isinstance(r, QLoraAdapter):
+        if r is not None and not isinstance(r, QLoraAdapter) and not getattr(r, "MULTIPLIES", False):
             m = m.with_child(path, materialized_param(p))
     return m
 
@@ -313,10 +316,19 @@ class _Head:
         llama = hasattr(model, "rotary_emb")
         head = model.lm_head
         table = model.embed_tokens if llama else model.wte
-        value = head.weight.val() if head is not None else table.weight.val()
-        stored = _raw.array(value)
-        bias = head.bias.val() if head is not None and getattr(head, "bias", None) is not None else None
+        weight = head.weight if head is not None else table.weight
+        # a weight kept quantized multiplies in its blocks (a GGUF head or tied embedding): its
+        # value is read only if it has no kernel
+        self.quantized = weight.reparameterization if getattr(weight.reparameterization, "MULTIPLIES", False) else None
+        self.tied = head is None
+        self.quantized_param = weight
         self.weight = self.bias = None
+        bias = head.bias.val() if head is not None and getattr(head, "bias", None) is not None else None
+        if self.quantized is not None and bias is None:
+            return
+        self.quantized = None
+        value = weight.val()
+        stored = _raw.array(value)
         if isinstance(stored, np.ndarray):
             self.weight = stored if head is not None else stored.T
             if bias is not None:
@@ -328,6 +340,14 @@ class _Head:
                 self.bias = bias.numpy()
 
     def __call__(self, ids, mask, cache, positions=None) -> np.ndarray:
+        if self.quantized is not None:
+            h = self.model.hidden_states(ids, mask, cache, positions)
+            last = h.narrow(1, h.shape[1] - 1, 1)
+            out = self.quantized.matmul(last, self.tied)
+            if out is None:  # no kernel for its type: its dequantized value, each call
+                value = self.quantized_param.val()
+                out = last @ (value.transpose() if self.tied else value)
+            return self._capped(out.numpy()[:, 0, :])
         if self.weight is None:
             return self.model.forward(ids, attention_mask=mask, cache=cache, position_ids=positions).numpy()[:, -1, :]
         h = self.model.hidden_states(ids, mask, cache, positions)
@@ -335,6 +355,9 @@ class _Head:
         w = self.weight if self.weight.dtype == last.dtype else self.weight.astype(last.dtype)
         out = cpu.matmul(last, w)
         out = out if self.bias is None else out + self.bias
+        return self._capped(out)
+
+    def _capped(self, out):
         cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2: forward's tanh(x / c) * c
         return out if cap is None else np.tanh(out / cap) * cap
 

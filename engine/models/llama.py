@@ -365,7 +365,9 @@ class LlamaForCausalLM(Module):
         """
         x = self.hidden_states(input_ids, attention_mask, cache, position_ids, segment_ids)
         if self.lm_head is None:
-            return x @ self.embed_tokens.weight.val().transpose()
+            r = self.embed_tokens.weight.reparameterization
+            out = r.matmul(x, True) if getattr(r, "MULTIPLIES", False) else None  # a GGUF table kept quantized
+            return out if out is not None else x @ self.embed_tokens.weight.val().transpose()
         return self.lm_head.forward(x)
 
     def hidden_states(self, input_ids, attention_mask=None, cache=None, position_ids=None,

@@ -306,20 +306,26 @@ class TrainingCurves(QWidget):
         self.run_list.setToolTip("Runs: tick to overlay, untick to hide")
         self.run_list.itemChanged.connect(self._on_run_item)
 
-        controls = QHBoxLayout()
-        controls.addWidget(QLabel("Plots"))
+        # two rows: in one, the plot buttons, smoothing, log scale and metric were squeezed and
+        # clipped at 1024 px once the Tokens/s plot joined them
+        plots_row = QHBoxLayout()
+        plots_row.addWidget(QLabel("Plots"))
         for key in PLOTS:
-            controls.addWidget(self.plot_buttons[key])
-        controls.addSpacing(12)
-        controls.addWidget(QLabel("Smoothing"))
-        controls.addWidget(self.smoothing_slider)
-        controls.addWidget(self.smoothing_label)
-        controls.addSpacing(12)
-        controls.addWidget(self.log_check)
-        controls.addSpacing(12)
-        controls.addWidget(QLabel("Metric"))
-        controls.addWidget(self.metric_combo)
-        controls.addStretch(1)
+            plots_row.addWidget(self.plot_buttons[key])
+        plots_row.addStretch(1)
+        plots_row.addWidget(QLabel("Metric"))
+        plots_row.addWidget(self.metric_combo)
+        view_row = QHBoxLayout()
+        view_row.addWidget(QLabel("Smoothing"))
+        view_row.addWidget(self.smoothing_slider)
+        view_row.addWidget(self.smoothing_label)
+        view_row.addSpacing(12)
+        view_row.addWidget(self.log_check)
+        view_row.addStretch(1)
+        controls = QVBoxLayout()
+        controls.setSpacing(2)
+        controls.addLayout(plots_row)
+        controls.addLayout(view_row)
         split = QSplitter(Qt.Orientation.Horizontal)
         side = QWidget()
         side_layout = QVBoxLayout(side)
@@ -460,6 +466,8 @@ class TrainingCurves(QWidget):
             self.choose_plot(SPEED, False)
         self._follow = True
         self._ranges.clear()
+        for key in PLOTS:  # no run: the y axes of the runs before do not stay
+            self._set_range(key, "y", (0.0, 1.0))
         self._update_ranges()
         self._update_readout()
 
@@ -611,6 +619,15 @@ class TrainingCurves(QWidget):
         if self.metric_combo.findText(name) < 0:
             self.metric_combo.addItem(name)
         self.metric_combo.setCurrentText(name)
+
+    def reset_metric(self, name: str) -> None:
+        """Offer `name` only (the runs shown add theirs when drawn) and plot it: another model."""
+        self.metric_combo.blockSignals(True)
+        self.metric_combo.clear()
+        self.metric_combo.addItem(name)
+        self.metric_combo.blockSignals(False)
+        self._on_metric(name)
+        self.redraw()
 
     def _on_metric(self, name: str) -> None:
         if name:

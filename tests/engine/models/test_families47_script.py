@@ -23,7 +23,9 @@ CONFIG = TrainingConfig(num_epochs=1, batch_size=4, seed=3, grad_accumulation=1,
 ADAMW = optim.AdamWConfig(weight_decay=0.01)
 
 
-@pytest.mark.parametrize("name, targets", [("qwen3", "all-linear"), ("phi3", ["o_proj", "down_proj"])])
+@pytest.mark.parametrize("name, targets", [("qwen3", "all-linear"), ("phi3", ["o_proj", "down_proj"]),
+                                           ("mixtral", ["q_proj", "v_proj", "gate"]),
+                                           ("qwen2-moe", ["q_proj", "v_proj", "shared_expert_gate", "gate"])])
 def test_the_script_trains_a_lora_with_embers_losses(name, targets, tmp_path):
     python = _torch_side()
     base = from_pretrained(HF / name)
@@ -37,6 +39,8 @@ def test_the_script_trains_a_lora_with_embers_losses(name, targets, tmp_path):
     cfg = json.loads((tmp_path / "export" / "train_config.json").read_text())
     text = json.dumps(cfg)
     assert ("o_proj" in text and "qkv_proj" in text) if name == "phi3" else ("q_proj" in text)
+    if name in ("mixtral", "qwen2-moe"):  # the router's LoRA trains through the routing in the script too
+        assert "mlp.gate.weight" in cfg["lora"]["target_parameters"][0]
     result = Learner(out.model, ADAMW.init(), lr=1e-2, train=data, kind="causal-lm", config=CONFIG).run()
     assert result.status == "finished", result.error
     losses = tmp_path / "losses.json"
@@ -44,6 +48,19 @@ def test_the_script_trains_a_lora_with_embers_losses(name, targets, tmp_path):
                 tmp_path)
     diffs = _compare(result.step_losses, json.loads(losses.read_text()), 5)
     print(f"{name}: Ember vs the exported script, 5 steps: |loss difference| {['%.1e' % d for d in diffs]}")
+
+
+def test_a_lora_on_a_mixtures_experts_is_refused_before_writing(tmp_path):
+    from engine.models import PretrainedError
+
+    base = from_pretrained(HF / "mixtral")
+    model = base.apply_lora(peft_lora(base, r=4, lora_alpha=8, target_modules="all-linear"))
+    data = text_data_for_model(model, corpus(tmp_path / "corpus.txt"), load_tokenizer(HF / "llama-gqa"),
+                               block_size=16, per_line=True)
+    with pytest.raises(PretrainedError, match=r"a LoRA on one expert of a mixture \('model\.layers\.0\.block_sparse_moe"):
+        export_training_script(model, tmp_path / "export", data=data, training_config=CONFIG, optimizer=ADAMW,
+                               lr=1e-2)
+    assert not (tmp_path / "export").exists()
 
 
 def test_a_lora_on_a_fused_module_is_refused_before_writing(tmp_path):

@@ -46,7 +46,14 @@ def _grads(model) -> dict:
     return {path: grads.get(p.id).numpy() for path, p in tree_params(m) if p.is_require_grad()}
 
 
+def _value_path(monkeypatch):
+    """The weights read as values (what a type without a compiled kernel, a GPU or DoRA does)."""
+    for cls in (GGUFWeight, GGUFLoraAdapter):
+        monkeypatch.setattr(cls, "MULTIPLIES", False)
+
+
 def test_the_forward_frees_every_dequantized_weight_and_the_backward_computes_them_again(monkeypatch):
+    _value_path(monkeypatch)
     made = []
     real = gguf_weight.dequantize_blocks
 
@@ -70,13 +77,17 @@ def test_the_forward_frees_every_dequantized_weight_and_the_backward_computes_th
 
 
 @pytest.mark.parametrize("dora", [False, True])
-def test_gradients_over_the_blocks_are_those_over_the_dequantized_weights(dora):
+@pytest.mark.parametrize("values", [False, True])
+def test_gradients_over_the_blocks_are_those_over_the_dequantized_weights(dora, values, monkeypatch):
+    if values:
+        _value_path(monkeypatch)
     quantized = _tuned(from_pretrained(MIXED), dora)
     dense = _tuned(dequantized_bases(from_pretrained(MIXED)), dora)
     ours, theirs = _grads(quantized), _grads(dense)
     assert sorted(ours) == sorted(theirs) and ours
     for path in ours:
-        assert np.allclose(ours[path], theirs[path], rtol=1e-5, atol=1e-7), path
+        err = np.linalg.norm(ours[path] - theirs[path]) / np.linalg.norm(theirs[path])
+        assert err <= (1e-6 if values else 1e-4), (path, err)  # the kernels round in their own order
         assert np.abs(ours[path]).max() > 0, path
 
 
