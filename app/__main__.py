@@ -1,7 +1,8 @@
 """`python -m app [--example NAME | --open FILE] [--screenshot PATH]`.
 
 `--open` takes a project (`.ember.json`), a model script (`net.py` or `net.py:factory`), a Hugging
-Face model folder (config.json plus its weights: Llama, Mistral, Qwen2, GPT-2, BERT, ViT), or a
+Face model folder (config.json plus its weights: Llama, Mistral, Qwen2, GPT-2, BERT, ViT), a GGUF file
+(`.gguf`: Llama, Mistral, Qwen2, its quantized weights kept quantized), or a
 checkpoint (`.bpk`, `.safetensors`) together with `--example NAME` as its architecture, or an
 ONNX file (`.onnx`, imported into the designer with its weights).
 With `--screenshot` the window renders once with default settings, is saved as PNG, and the
@@ -32,7 +33,7 @@ def window_size(text: str) -> tuple[int, int]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="ember", description="Ember: design, inspect and fine-tune neural networks.")
     p.add_argument("--example", help="open a built-in example model by name")
-    p.add_argument("--open", dest="open_path", help="open a project, model script (path.py[:factory]), Hugging Face model folder, checkpoint "
+    p.add_argument("--open", dest="open_path", help="open a project, model script (path.py[:factory]), Hugging Face model folder, GGUF file, checkpoint "
                    "or ONNX file (.onnx, imported into the designer)")
     p.add_argument("--screenshot", help="render the window once, save it as PNG, and exit")
     p.add_argument("--train-steps", type=int, metavar="N",

@@ -33,8 +33,8 @@ EXPORT_TIP = "Write the model as a Hugging Face folder (config.json + model.safe
 PEFT_TIP = "Write the LoRA adapters as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) " \
            "that peft loads on the same base model"
 # what a dropped file may be (anything else is refused with this list)
-DROPPABLE = "a Hugging Face model folder, a project (.ember.json), a model script (.py) or a checkpoint " \
-            "(.bpk, .safetensors)"
+DROPPABLE = "a Hugging Face model folder, a GGUF file (.gguf), a project (.ember.json), a model script (.py) or " \
+            "a checkpoint (.bpk, .safetensors)"
 
 
 class _ReplayFailed(Exception):

@@ -123,11 +123,11 @@ class ProjectIO:
 
     def open_path(self, entry: str) -> bool:
         """Open what a recent-files entry or `--open` names: a project, a script, a Hugging Face
-        model folder, or a checkpoint (which needs an architecture: the dialog asks)."""
+        model folder, a GGUF file, or a checkpoint (which needs an architecture: the dialog asks)."""
         text = str(entry)
         if text.endswith(PROJECT_SUFFIX):
             return self.open_project(text)
-        if opening.is_pretrained_folder(text):  # a Hugging Face folder: opened on a worker
+        if opening.is_pretrained_folder(text) or opening.is_gguf_file(text):  # a HF folder or GGUF: on a worker
             return self.pretrained.open_folder(text) is not None
         path, _factory = opening.split_script_spec(text)
         if path.suffix.lower() in (".bpk", ".safetensors"):

@@ -18,10 +18,11 @@ FORMAT_NAMES = {"messages": "OpenAI messages", "sharegpt": "ShareGPT", "alpaca":
 
 
 def tokenizer_folder(source: Source | None) -> str:
-    """The folder of a model opened from a Hugging Face folder with a tokenizer.json ('' else)."""
+    """The folder of a model opened from a Hugging Face folder with a tokenizer.json, or the GGUF
+    file a model was opened from (its metadata holds the tokenizer); '' else."""
     if isinstance(source, PretrainedSource):
         folder = Path(source.path).expanduser()
-        if (folder / "tokenizer.json").is_file():
+        if (folder / "tokenizer.json").is_file() or (folder.suffix.lower() == ".gguf" and folder.is_file()):
             return str(folder)
     return ""
 

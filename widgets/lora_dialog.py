@@ -2,7 +2,9 @@
 (PEFT-style presets for the model's family: "q_proj, v_proj", "all-linear", a custom list of
 module names or a regex, matched by `engine.models.peft`'s target rules; or a parameter group),
 and QLoRA's block size and double quantization, with a live preview of the parameters LoRA adds
-and of what stays trainable.
+and of what stays trainable. "Also train fully" offers peft's `modules_to_save` for the embedding
+and output head (as LLaMA-Factory does for a resized vocabulary) and peft's `bias` ("lora_only",
+"all"), resolved by `engine.models.peft.peft_full_paths` to the exact parameters that then train.
 
 LoRA (Burn's): every float parameter is frozen; each rank-2 float parameter in the group gets
 factors `a` [d_in, rank] and `b` [rank, d_out], trainable (DoRA adds a magnitude per output
@@ -23,7 +25,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from engine.module import Lora, ParamGroup
 from engine.module.nf4 import bits_per_weight
-from engine.models.peft import peft_targets, target_group
+from engine.models import PretrainedError
+from engine.models.peft import full_candidates, peft_full_paths, peft_targets, target_group
 
 from .common import ErrorLabel, count, monospace_font
 from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
@@ -33,6 +36,9 @@ VARIANTS = [("lora", "LoRA"), ("rslora", "rsLoRA (alpha / √rank)"), ("dora", "
             ("qlora", "QLoRA (4-bit NF4 base)")]
 GROUP_TARGETS = "group"  # the targets are the parameter group below
 CUSTOM_TARGETS = "custom"
+# the modules LLaMA-Factory trains whole for a resized vocabulary (input embedding, output head)
+FULL_MODULES = ("embed_tokens", "wte", "word_embeddings", "lm_head")
+BIAS_CHOICES = [("none", "none"), ("lora_only", "of the adapted modules (lora_only)"), ("all", "every bias (all)")]
 _NAME_LIST = re.compile(r"^\s*[\w.-]+(\s*,\s*[\w.-]+)*\s*$")
 
 
@@ -47,7 +53,7 @@ def target_presets(module: Any) -> list[tuple[str, str]]:
         names, linear = set(), False
     out = []
     if {"q_proj", "v_proj"} <= names:
-        out.append(("q_proj, v_proj", "q_proj, v_proj (PEFT's default for Llama)"))
+        out.append(("q_proj, v_proj", "q_proj, v_proj (PEFT's default for Llama, Mistral, Qwen2, Gemma)"))
     if {"q_proj", "k_proj", "v_proj", "o_proj"} <= names:
         out.append(("q_proj, k_proj, v_proj, o_proj", "q_proj, k_proj, v_proj, o_proj"))
     if "c_attn" in names:
@@ -125,6 +131,25 @@ class LoraDialog(QDialog):
         self.double_quant = QCheckBox("Double quantization of the block scales")
         self.double_quant.setObjectName("double_quant")
         self.double_quant.setChecked(True)
+        try:
+            leaves, has_bias = full_candidates(module)
+        except Exception:  # noqa: BLE001 - a model the weight map cannot name offers nothing to train fully
+            leaves, has_bias = [], False
+        self.full_modules: dict[str, QCheckBox] = {}
+        for leaf in (n for n in FULL_MODULES if n in leaves):
+            box = QCheckBox(leaf)
+            box.setObjectName(f"train-fully-{leaf}")
+            box.setToolTip(f"train '{leaf}' whole beside the adapters (peft's modules_to_save), e.g. for a resized "
+                           f"vocabulary")
+            self.full_modules[leaf] = box
+        self.bias = QComboBox()
+        self.bias.setObjectName("bias")
+        for key, label in BIAS_CHOICES:
+            self.bias.addItem(label, key)
+        self.bias.setEnabled(has_bias)
+        self.bias.setToolTip("which biases train beside the adapters (peft's bias)" if has_bias else
+                             "this model has no biases")
+        self.full_error = ErrorLabel()
         self.summary = QLabel("")
         self.summary.setObjectName("summary")
         self.summary.setWordWrap(True)
@@ -150,8 +175,16 @@ class LoraDialog(QDialog):
         qform.addRow("Block size", self.block_size)
         qform.addRow("", self.block_size_error)
         qform.addRow(self.double_quant)
+        fbox = QGroupBox("Also train fully (PEFT modules_to_save and bias)")
+        fbox.setObjectName("train-fully")
+        fform = QFormLayout(fbox)
+        for box in self.full_modules.values():
+            fform.addRow(box)
+        fform.addRow("Biases", self.bias)
+        fform.addRow("", self.full_error)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(fbox)
         layout.addWidget(qbox)
         layout.addWidget(self.summary)
         layout.addWidget(self.preview, 1)
@@ -165,6 +198,9 @@ class LoraDialog(QDialog):
         self.targets.currentIndexChanged.connect(self._update)
         self.custom_targets.textChanged.connect(self._update)
         self.double_quant.toggled.connect(self._update)
+        for box in self.full_modules.values():
+            box.toggled.connect(self._update)
+        self.bias.currentIndexChanged.connect(self._update)
         self.buttons.accepted.connect(self._accept)
         self.buttons.rejected.connect(self.reject)
         self._edit: dict | None = None
@@ -313,6 +349,8 @@ class LoraDialog(QDialog):
             self.group.error.show_error("none of the selected parameters is a rank-2 float weight; "
                                         "LoRA attaches to matrices")
         ok &= bool(targets)
+        full_spec, full_values = self._train_fully(targets)
+        ok &= not self.full_error.error()
         self.ok_button().setEnabled(ok)
         self._warn_rank(rank, targets)
         if rank is not None and targets:
@@ -324,6 +362,9 @@ class LoraDialog(QDialog):
             if quant and block is not None:
                 bits = bits_per_weight(block, self.double_quant.isChecked())
                 text += f". Base weights packed to NF4, about {bits:.3f} bits per weight."
+            if full_spec is not None:
+                text += (f". Trained fully beside the adapters: {len(full_spec['paths'])} parameter(s), "
+                         f"{count(full_values)} values.")
             self.summary.setText(text)
             fill_preview(self.preview, [(p, shape_text(v.shape), shape_text([v.shape[0], rank]),
                                          shape_text([rank, v.shape[1]]), count(lora.factor_count(v, p)))
@@ -338,8 +379,29 @@ class LoraDialog(QDialog):
         self._edit = {"op": "lora", "rank": rank, "alpha": alpha, "init_std": init_std,
                       "group": group_spec,
                       "qlora": {"block_size": block, "double_quant": self.double_quant.isChecked()} if quant else None,
-                      **({"variant": variant} if variant in ("rslora", "dora") else {})
+                      **({"variant": variant} if variant in ("rslora", "dora") else {}),
+                      **({"train_fully": full_spec} if full_spec is not None else {})
                       } if ok else None
+
+    def _train_fully(self, targets) -> tuple[dict | None, int]:
+        """(the group of the parameters "Also train fully" selects, their value count), the engine's
+        selection for these targets (`peft_full_paths`); a refusal (a tied head) shown beside it."""
+        chosen = [leaf for leaf, box in self.full_modules.items() if box.isChecked()]
+        bias = self.bias.currentData()
+        if not chosen and bias == "none":
+            self.full_error.show_error(None)
+            return None, 0
+        try:
+            paths = peft_full_paths(self.module, chosen, bias, [p for p, _ in targets or []])
+        except (PretrainedError, ValueError) as e:
+            self.full_error.show_error(str(e))
+            return None, 0
+        if not paths:
+            self.full_error.show_error(f"bias {bias!r}: the adapted modules have no biases")
+            return None, 0
+        self.full_error.show_error(None)
+        shapes = dict(self.params)
+        return {"kind": "paths", "paths": paths}, sum(math.prod(shapes[p].shape) for p in paths if p in shapes)
 
     def _warn_rank(self, rank: int | None, targets) -> None:
         """Warn when the rank is at least min(d_in, d_out) of a target: its factors hold as many
@@ -361,7 +423,7 @@ class LoraDialog(QDialog):
 
     def errors(self) -> list[str]:
         return [e.error() for e in (self.rank_error, self.alpha_error, self.init_std_error, self.block_size_error,
-                                    self.targets_error, self.group.error) if e.error()]
+                                    self.targets_error, self.group.error, self.full_error) if e.error()]
 
     def _accept(self) -> None:
         if self._edit is None:

@@ -35,7 +35,8 @@ def describe(edit: Edit) -> str:
         return f"{OP_TEXT[edit.op]} {edit.group.describe()}"
     if isinstance(edit, LoraEdit):
         kind = "QLoRA" if edit.qlora else {"rslora": "rsLoRA", "dora": "DoRA"}.get(edit.variant, "LoRA")
-        return f"Attach {kind} (rank {edit.rank}, alpha {edit.alpha:g}) to {edit.group.describe()}"
+        fully = f", training {edit.train_fully.describe()} fully" if edit.train_fully is not None else ""
+        return f"Attach {kind} (rank {edit.rank}, alpha {edit.alpha:g}) to {edit.group.describe()}{fully}"
     if isinstance(edit, MaterializeEdit):
         return "Materialize adapters"
     if isinstance(edit, DetachEdit):
@@ -61,7 +62,10 @@ def apply_edit(module: Any, edit: Edit) -> Any:
         return getattr(module, f"{edit.op}_group")(make_group(edit.group))
     if isinstance(edit, LoraEdit):
         config = lora_config(edit)
-        return module.apply_qlora(config) if edit.qlora else module.apply_lora(config)
+        module = module.apply_qlora(config) if edit.qlora else module.apply_lora(config)
+        if edit.train_fully is not None:  # peft's modules_to_save / bias: trainable beside the adapters
+            module = module.unfreeze_group(make_group(edit.train_fully))
+        return module
     if isinstance(edit, MaterializeEdit):
         return module.materialize()
     if isinstance(edit, DetachEdit):

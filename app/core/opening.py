@@ -271,11 +271,20 @@ def is_pretrained_folder(path: str | Path) -> bool:
         return False
 
 
+def is_gguf_file(path: str | Path) -> bool:
+    """Whether `path` is a GGUF file (llama.cpp's models: `from_pretrained` opens it, quantized)."""
+    try:
+        p = Path(path)
+        return p.suffix.lower() == ".gguf" and p.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def pretrained_folder_of(path: str | Path) -> Path | None:
-    """The model folder a dropped or named file stands for: a folder itself, or the folder of its
-    `config.json` or `model.safetensors.index.json`; None for anything else."""
+    """The model a dropped or named file stands for: a folder itself, or the folder of its
+    `config.json` or `model.safetensors.index.json`, or a GGUF file itself; None for anything else."""
     p = Path(path)
-    if is_pretrained_folder(p):
+    if is_pretrained_folder(p) or is_gguf_file(p):
         return p
     if p.name == "config.json" or p.name.endswith(".safetensors.index.json"):
         return p.parent
@@ -283,7 +292,8 @@ def pretrained_folder_of(path: str | Path) -> Path | None:
 
 
 def load_pretrained(path: str | Path, device=None, check: Callable[[], None] | None = None) -> Any:
-    """Open a Hugging Face folder with `engine.models.from_pretrained` (lazy: only headers are read).
+    """Open a Hugging Face folder (or a GGUF file) with `engine.models.from_pretrained` (lazy: only
+    headers are read; a GGUF's quantized weights stay quantized).
     A folder that holds no supported model raises `OpenError` with the engine's message (which
     names the file, the architecture found and the supported ones). `check()` (a worker's
     cancellation check) runs between the layers built; what it raises propagates."""
@@ -291,9 +301,9 @@ def load_pretrained(path: str | Path, device=None, check: Callable[[], None] | N
     from engine.store.errors import RecordError  # noqa: PLC0415
 
     path = Path(path)
-    if not path.is_dir():
+    if not path.is_dir() and not is_gguf_file(path):
         raise OpenError(f"{path}: no such folder (expected a Hugging Face model folder with config.json and "
-                        "its weights)")
+                        "its weights, or a .gguf file)")
     try:
         return from_pretrained(path, device, check=check)
     except RecordError as e:  # PretrainedError: what was expected, what was found, where

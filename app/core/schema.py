@@ -265,12 +265,16 @@ class LoraEdit:
     group: GroupSpec = field(default_factory=GroupSpec)
     qlora: QLoraSettings | None = None
     variant: str = "lora"  # LORA_VARIANTS: plain LoRA, rsLoRA (alpha / sqrt(rank)) or DoRA (magnitudes)
+    # parameters trained whole beside the adapters (peft's modules_to_save and bias), unfrozen after attaching
+    train_fully: GroupSpec | None = None
 
     def to_json(self) -> dict:
         out = {"op": "lora", "rank": self.rank, "alpha": self.alpha, "init_std": self.init_std,
                "group": self.group.to_json(), "qlora": None if self.qlora is None else self.qlora.to_json()}
         if self.variant != "lora":  # a plain LoRA edit reads as it always did
             out["variant"] = self.variant
+        if self.train_fully is not None:
+            out["train_fully"] = self.train_fully.to_json()
         return out
 
 
@@ -355,7 +359,9 @@ def edit_from_json(data: Any, where: str = "edit") -> Edit:
                         _number(data, "alpha", where, "a finite number (LoRA alpha)"),
                         init_std,
                         GroupSpec.from_json(_get(data, "group", dict, where, "a group object"), f"{where}.group"),
-                        q or None, _lora_variant(data, where, bool(q)))
+                        q or None, _lora_variant(data, where, bool(q)),
+                        None if data.get("train_fully") is None else GroupSpec.from_json(
+                            _get(data, "train_fully", dict, where, "a group object or null"), f"{where}.train_fully"))
     if op == "materialize":
         return MaterializeEdit()
     if op == "detach":

@@ -42,7 +42,7 @@ _PLAIN_IN_BURN = {("MaxPool2d", "strides"), ("AvgPool2d", "strides"), ("MaxPool1
 _TENSOR_KIND = {"float": "", "int": ", Int", "bool": ", Bool"}
 # Engine fields Burn's config does not have: exported only at their default (Burn's behaviour).
 _ENGINE_ONLY = {("MultiHeadAttention", "bias"), ("MultiHeadAttention", "output_bias"),
-                ("MultiHeadAttention", "causal")}
+                ("MultiHeadAttention", "causal"), ("RmsNorm", "offset")}
 
 
 def _float(v: float) -> str:

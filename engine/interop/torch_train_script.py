@@ -195,7 +195,8 @@ def build_model(cfg, device):
         config = LoraConfig(r=lora["r"], lora_alpha=lora["lora_alpha"], target_modules=lora["target_modules"],
                             use_rslora=lora["use_rslora"], use_dora=lora["use_dora"],
                             rank_pattern=lora["rank_pattern"], alpha_pattern=lora["alpha_pattern"],
-                            fan_in_fan_out=lora["fan_in_fan_out"], lora_dropout=0.0, bias="none",
+                            fan_in_fan_out=lora["fan_in_fan_out"], lora_dropout=0.0,
+                            bias=lora.get("bias", "none"), modules_to_save=lora.get("modules_to_save"),
                             task_type="CAUSAL_LM")
         model = get_peft_model(model, config)
         # start from the adapter Ember initialized, not peft's random one
@@ -205,8 +206,8 @@ def build_model(cfg, device):
             raise SystemExit(f"the initial adapter has tensors the model lacks: {result.unexpected_keys[:3]}")
     # trainability as in Ember: the frozen parameters by their Hugging Face / peft names
     frozen = set(cfg["frozen_parameters"])
-    for name, p in model.named_parameters():
-        p.requires_grad_(plain_name(name) not in frozen)
+    for name, p in model.named_parameters():  # a module of modules_to_save trains its copy, not the original
+        p.requires_grad_(".original_module." not in name and plain_name(name) not in frozen)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if trainable != cfg["trainable_values"]:
         raise SystemExit(f"{trainable} trainable values, Ember trains {cfg['trainable_values']}: the names in "
@@ -216,10 +217,11 @@ def build_model(cfg, device):
 
 def plain_name(name):
     """A torch parameter name without peft's wrapping: base_model.model.X.base_layer.weight -> X.weight,
-    X.lora_A.default.weight -> X.lora_A.weight."""
+    X.lora_A.default.weight -> X.lora_A.weight, X.modules_to_save.default.weight -> X.weight."""
     if name.startswith("base_model.model."):
         name = name[len("base_model.model."):]
-    return name.replace(".base_layer.", ".").replace(".default.", ".").removesuffix(".default")
+    name = name.replace(".base_layer.", ".").replace(".default.", ".").removesuffix(".default")
+    return name.replace(".modules_to_save.", ".")
 
 
 def make_optimizer(params, o):

@@ -460,7 +460,8 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
             save_peft_adapter(model, adapter_dir)
             saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
             lora_json = {k: saved[k] for k in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora",
-                                               "rank_pattern", "alpha_pattern", "fan_in_fan_out")}
+                                               "rank_pattern", "alpha_pattern", "fan_in_fan_out", "bias",
+                                               "modules_to_save")}
             config["lora"] = {**lora_json, "initial_adapter": ADAPTER_FOLDER}
         _write_tokens(staging / TOKENS_FILE, arrays)
         text = json.dumps(config, indent=2) + "\n"

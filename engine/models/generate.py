@@ -334,7 +334,9 @@ class _Head:
         last = h.narrow(1, h.shape[1] - 1, 1).numpy()[:, 0, :]
         w = self.weight if self.weight.dtype == last.dtype else self.weight.astype(last.dtype)
         out = cpu.matmul(last, w)
-        return out if self.bias is None else out + self.bias
+        out = out if self.bias is None else out + self.bias
+        cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2: forward's tanh(x / c) * c
+        return out if cap is None else np.tanh(out / cap) * cap
 
 
 def _encode(tokenizer, text: str) -> list[int]:

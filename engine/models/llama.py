@@ -61,7 +61,9 @@ class LlamaConfig:
     "linear" (`factor`) or "llama3" (`factor`, `low_freq_factor`, `high_freq_factor`,
     `original_max_position_embeddings`). `attention_bias` is the bias of q/k/v (and of o_proj unless
     `attention_output_bias` says otherwise: Qwen2 has q/k/v biases and none on o_proj).
-    `sliding_window` (Mistral) is not implemented: a longer input than the window is refused.
+    `sliding_window` (Mistral; Qwen2 with `use_sliding_window`) is the attention window of the layers
+    `layer_types` marks "sliding_attention" (None: every layer when there is a window; Qwen2's are the
+    layers from `max_window_layers` on, as transformers numbers them).
     """
 
     vocab_size: int = 32000
@@ -81,6 +83,7 @@ class LlamaConfig:
     mlp_bias: bool = False
     sliding_window: int | None = None
     model_type: str = "llama"
+    layer_types: list | None = None
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
@@ -92,6 +95,14 @@ class LlamaConfig:
     @property
     def architecture(self) -> str:
         return _ARCHITECTURE.get(self.model_type, "LlamaForCausalLM")
+
+    def layer_window(self, i: int) -> int | None:
+        """The attention window of layer `i` (None: full causal attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is not None and self.layer_types[i] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def output_bias(self) -> bool:
@@ -155,6 +166,8 @@ class LlamaConfig:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise PretrainedError(f"'sliding_window' must be a positive int or null, found {window!r}", where=_WHERE)
         kw["sliding_window"] = window
+        if mt == "qwen2" and window is not None:
+            kw["layer_types"] = _qwen2_layer_types(data, kw["num_hidden_layers"])
         kw["model_type"] = mt
         return cls(**kw)
 
@@ -181,8 +194,10 @@ class LlamaConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
         }
         if self.model_type == "qwen2":  # q/k/v biases always, none on o_proj: no keys for them
-            out["use_sliding_window"] = False
-            out["sliding_window"] = None
+            out["use_sliding_window"] = self.sliding_window is not None
+            out["sliding_window"] = self.sliding_window
+            if self.layer_types is not None:
+                out["layer_types"] = list(self.layer_types)
         elif self.model_type == "mistral":  # no bias keys in MistralConfig
             out["sliding_window"] = self.sliding_window
         else:
@@ -191,6 +206,21 @@ class LlamaConfig:
         if self.rope_scaling:
             out["rope_scaling"] = dict(self.rope_scaling)
         return out
+
+
+def _qwen2_layer_types(data: dict, n_layers: int) -> list:
+    """Qwen2's "sliding_attention" / "full_attention" per layer: `layer_types` as stored, else
+    sliding from layer `max_window_layers` (default 28) on."""
+    types = data.get("layer_types")
+    if types is None:
+        first = data.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise PretrainedError(f"'max_window_layers' must be a non-negative int, found {first!r}", where=_WHERE)
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    kinds = ("sliding_attention", "full_attention")
+    if not isinstance(types, list) or len(types) != n_layers or any(t not in kinds for t in types):
+        raise PretrainedError(f"'layer_types' must list {n_layers} of {kinds}, found {types!r}", where=_WHERE)
+    return list(types)
 
 
 def _positive_int(data, key, default=None):
@@ -283,12 +313,13 @@ class LlamaMlp(Module):
 class LlamaDecoderLayer(Module):
     """Pre-norm block: `h = x + attn(norm(x))`, `h + mlp(norm(h))`."""
 
-    def __init__(self, config: LlamaConfig, device=None):
+    def __init__(self, config: LlamaConfig, device=None, window: int | None = None):
         d = config.hidden_size
         self.input_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
         self.self_attn = nn.MultiHeadAttentionConfig(
             d, config.num_attention_heads, dropout=0.0, n_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim, bias=config.attention_bias, output_bias=config.output_bias, causal=True,
+            window=window,
         ).init(device)
         self.post_attention_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
         self.mlp = LlamaMlp(config, device)
@@ -323,7 +354,8 @@ class LlamaForCausalLM(Module):
         self._config = config  # not a field (the display shows the layers); read as `config`
         self.embed_tokens = nn.EmbeddingConfig(config.vocab_size, config.hidden_size).init(device)
         self.rotary_emb = config.rope().init(device)
-        self.layers = [LlamaDecoderLayer(config, device) for _ in layer_range(config.num_hidden_layers)]
+        self.layers = [LlamaDecoderLayer(config, device, config.layer_window(i))
+                       for i in layer_range(config.num_hidden_layers)]
         self.norm = nn.RmsNormConfig(config.hidden_size, epsilon=config.rms_norm_eps).init(device)
         self.lm_head = (None if config.tie_word_embeddings
                         else nn.LinearConfig(config.hidden_size, config.vocab_size, bias=False).init(device))
@@ -371,10 +403,6 @@ class LlamaForCausalLM(Module):
         if cache is not None:
             cache = list(cache)
         past = _cache_length(cache, len(self.layers))
-        window = self.config.sliding_window
-        if window is not None and past + seq_length > window:
-            raise ValueError(f"{type(self).__name__}: sliding-window attention is not implemented: the input's "
-                             f"{past + seq_length} positions exceed sliding_window {window}")
         mask_pad = None
         if attention_mask is not None:
             if not isinstance(attention_mask, Tensor):
@@ -387,14 +415,22 @@ class LlamaForCausalLM(Module):
                 raise ValueError(f"{type(self).__name__}: position_ids / segment_ids are for training on packed "
                                  f"sequences, not with a cache")
             mask_attn, positions = nn.packed_attention(input_ids.dims(), position_ids, segment_ids, input_ids.device)
-        x = self.embed_tokens.forward(input_ids)
+        x = self.embed(input_ids)
         if cache is None:
-            for layer in self.layers:
-                x = layer.forward(x, self.rotary_emb, mask_pad, mask_attn=mask_attn, positions=positions)
+            for i, layer in enumerate(self.layers):
+                x = layer.forward(x, self.layer_rotary(i), mask_pad, mask_attn=mask_attn, positions=positions)
         else:
-            for layer, layer_cache in zip(self.layers, cache):
-                x = layer.forward(x, self.rotary_emb, mask_pad, past, layer_cache)
+            for i, (layer, layer_cache) in enumerate(zip(self.layers, cache)):
+                x = layer.forward(x, self.layer_rotary(i), mask_pad, past, layer_cache)
         return self.norm.forward(x)
+
+    def embed(self, input_ids) -> Tensor:
+        """The input embeddings of `input_ids` (a family may scale them: Gemma)."""
+        return self.embed_tokens.forward(input_ids)
+
+    def layer_rotary(self, i: int):
+        """The rotary encoding layer `i` uses (Gemma 3 has one for its local layers, one for its global)."""
+        return self.rotary_emb
 
 
 def _cache_length(cache, n_layers: int) -> int:
@@ -413,7 +449,7 @@ def _cache_length(cache, n_layers: int) -> int:
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: the Llama architecture (grouped-query attention; sliding window refused past its size)."""
+    """Mistral: the Llama architecture (grouped-query attention, sliding-window attention)."""
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -41,6 +41,7 @@ from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
 from .hf_folder import MAX_CONFIG_BYTES, Checkpoint, PretrainedError, open_checkpoint, read_json
 from .mapping import Rule, WeightMap
+from .refusals import closest_family, refuse_quantized
 
 __all__ = [
     "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "peft_task_type", "pretrained_info",
@@ -63,7 +64,7 @@ class Family:
     layers: Callable[[Any], tuple[str, int]] | None = None
 
 
-_FAMILY_MODULES = ("llama", "gpt2", "bert", "vit")
+_FAMILY_MODULES = ("llama", "gemma", "gpt2", "bert", "vit")
 _families: list[Family] | None = None
 
 
@@ -112,6 +113,7 @@ def _choose_family(config: dict, where: str) -> Family:
     model_type = config.get("model_type")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise PretrainedError(f"'architectures' must be a list of names, found {archs!r}", where=where)
+    refuse_quantized(config, where)  # before the architecture: a quantized Llama is refused as such
     for arch in archs or []:
         for fam in FAMILIES:
             if arch in fam.architectures:
@@ -123,8 +125,8 @@ def _choose_family(config: dict, where: str) -> Family:
     found = ", ".join(archs) if archs else (f"model_type {model_type!r}" if model_type else "no 'architectures' "
                                                                                           "or 'model_type'")
     raise PretrainedError(
-        f"unsupported architecture: found {found}; supported: {', '.join(supported_architectures())}", where=where
-    )
+        f"unsupported architecture: found {found}{closest_family(archs, model_type, supported_architectures())}; "
+        f"supported: {', '.join(supported_architectures())}", where=where)
 
 
 # ---------------------------------------------------------------------------------- model info
@@ -136,11 +138,14 @@ class PretrainedInfo:
     config: Any                           # the family's config dataclass
     raw_config: dict                      # config.json as read (unknown keys kept for saving)
     folder: Path | None
-    names: dict[str, str] = field(default_factory=dict)          # Ember path -> stored name
-    stored_dtypes: dict[str, str] = field(default_factory=dict)  # stored name -> dtype in the file
+    names: dict[str, str] = field(default_factory=dict)          # Ember path -> stored (HF) name
+    stored_dtypes: dict[str, str] = field(default_factory=dict)  # stored name -> dtype in the file (GGUF: its name)
     order: list[str] = field(default_factory=list)               # stored names in file order
     sources: dict = field(default_factory=dict)                  # ParamId -> (lazy state, StoredTensor, rule)
     generation_config: dict | None = None                        # generation_config.json as read (None: no file)
+    gguf: Path | None = None                                     # the GGUF file it was opened from (None: a folder)
+    gguf_names: dict[str, str] = field(default_factory=dict)     # Ember path -> GGUF tensor name (GGUF)
+    stored_bytes: dict[str, int] = field(default_factory=dict)   # GGUF tensor name -> bytes in the file (GGUF)
 
 
 def pretrained_info(model) -> PretrainedInfo | None:
@@ -255,6 +260,21 @@ def _initializer(stored, rule: Rule, dtype):
     return init
 
 
+def _is_gguf(source) -> bool:
+    """Whether `source` names a GGUF file: a file whose name ends in .gguf or that starts with the
+    GGUF magic bytes."""
+    try:
+        p = Path(os.fspath(source)).expanduser()
+        if not p.is_file():
+            return False
+        if p.suffix.lower() == ".gguf":
+            return True
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except (OSError, TypeError, ValueError):
+        return False
+
+
 def _resolve(source, *, revision=None, token=None, cache_dir=None, local_files_only=False) -> Path:
     """A local folder for `source`: itself when it is a folder, else a Hugging Face Hub model id
     downloaded (or found in the cache) through `huggingface_hub`."""
@@ -282,7 +302,8 @@ def _resolve(source, *, revision=None, token=None, cache_dir=None, local_files_o
 
 def from_pretrained(source, device=None, dtype="float32", *, revision=None, token=None, cache_dir=None,
                     local_files_only=False, check: Callable[[], None] | None = None) -> Module:
-    """Open a Hugging Face checkpoint folder (or Hub model id) as an Ember model, lazily.
+    """Open a Hugging Face checkpoint folder (or Hub model id), or a GGUF file (`engine.models.gguf_model`:
+    quantized weights kept quantized), as an Ember model, lazily.
 
     `dtype`: the float dtype of the parameters ("float32" by default; "float64" or "float16").
     `check()` (optional; a worker's cancellation check) runs before each layer is built and
@@ -292,6 +313,14 @@ def from_pretrained(source, device=None, dtype="float32", *, revision=None, toke
     anything is built, so a config that claims 10**12 layers is refused in the time its header
     takes to read.
     """
+    if _is_gguf(source):
+        from .gguf_model import from_gguf  # noqa: PLC0415 - gguf_model imports this module
+
+        token_ = _CHECK.set(check)
+        try:
+            return from_gguf(source, device, dtype, check)
+        finally:
+            _CHECK.reset(token_)
     folder = _resolve(source, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
     ckpt = open_checkpoint(folder, check_config=lambda c: _choose_family(c, str(Path(folder) / "config.json")))
     token_ = _CHECK.set(check)

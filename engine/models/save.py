@@ -36,9 +36,11 @@ import numpy as np
 
 from ..module import Param
 from ..module.memory import size_text
+from ..module.reparam import iter_param_slots
 from ..store.atomic import os_error_reason, save_folder, write_new_file
 from ..store.burnpack import float32_to_bf16, storage_dtype
 from ..store.safetensors_io import header as safetensors_header
+from .gguf_weight import dequantized_bases
 from .hf_folder import PretrainedError
 from .pretrained import Family, PretrainedInfo, _stored_kind, family_of, pretrained_info
 
@@ -103,7 +105,8 @@ def _plan_save(model, dtype) -> tuple[list[_Out], PretrainedInfo | None, Family,
         raise PretrainedError(f"save_pretrained needs a model opened by from_pretrained or built by engine.models; "
                               f"found a {type(model).__name__}")
     info = pretrained_info(model)
-    reparam = [path for path, p in model.named_params() if p.reparameterization is not None]
+    model = dequantized_bases(model)  # a GGUF weight kept quantized is saved as its values
+    reparam = [path for path, p in iter_param_slots(model) if p.reparameterization is not None]
     if reparam:
         raise PretrainedError(
             f"{len(reparam)} parameter(s) carry a reparameterization (LoRA/QLoRA), e.g. '{reparam[0]}': a Hugging "

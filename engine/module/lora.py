@@ -407,10 +407,13 @@ class Lora(Reparameterizer):
         def below_owner(path: str) -> bool:
             return any(prefix in owners for prefix in _prefixes(path))
 
+        # a weight whose reparameterization is only its stored base (a GGUF weight's blocks) takes LoRA
+        stored = set() if stats is None else {
+            path for path, p in iter_param_slots(model) if getattr(p.reparameterization, "TAKES_ADAPTER", False)}
         selected = [(path, p) for path, p in params
                     if p.kind == "float" and not below_owner(path) and self.adapts(path, p)]
-        targets = [(path, p) for path, p in selected if path not in owners]
-        nested = [(path, p) for path, p in selected if path in owners]
+        targets = [(path, p) for path, p in selected if path not in owners or path in stored]
+        nested = [(path, p) for path, p in selected if path in owners and path not in stored]
         added = sum(self.factor_count(p, path) for path, p in targets)
         if stats is not None:
             total = stats.total.numel

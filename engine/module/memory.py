@@ -151,6 +151,8 @@ def _itemsize(p: Param) -> int:
     """Bytes per element of `p`'s stored value (what a lazy one will be when initialized)."""
     if p.is_initialized() and not _stores_base(p):
         return p.base().dtype.itemsize  # the value exists: no initializer runs
+    if p.kind != "float" and p.lazy_itemsize() is not None:
+        return p.lazy_itemsize()  # the initializer said what it makes (a GGUF weight's uint8 blocks)
     if p.kind == "float":
         return p.lazy_device().default_float_dtype.itemsize
     return _KIND_ITEMSIZE.get(p.kind, 4)

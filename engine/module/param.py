@@ -114,13 +114,14 @@ class _Lazy:
     gets the same values converted as its own initializer would have made them.
     """
 
-    __slots__ = ("init", "device", "shape", "kind", "value", "ran_on", "default_dtype")
+    __slots__ = ("init", "device", "shape", "kind", "value", "ran_on", "default_dtype", "itemsize")
 
-    def __init__(self, init, device: Device, shape: tuple, kind: str):
+    def __init__(self, init, device: Device, shape: tuple, kind: str, itemsize: int | None = None):
         self.init = init
         self.device = device
         self.shape = shape
         self.kind = kind
+        self.itemsize = itemsize  # bytes per element the initializer will make, when it said so
         self.value: Tensor | None = None
         self.ran_on: Device | None = None
         self.default_dtype = None
@@ -250,11 +251,12 @@ class Param:
 
     @classmethod
     def uninitialized(cls, init, device=None, require_grad: bool = True, shape=(), *, kind: str = "float",
-                      id: ParamId | None = None) -> "Param":
+                      id: ParamId | None = None, itemsize: int | None = None) -> "Param":
         """A lazy parameter: `init(device, require_grad) -> Tensor` runs on first use.
 
         `shape` (and `kind`: "float", "int" or "bool") describe the tensor `init` will return, so
-        that counting, display and shape queries never initialize.
+        that counting, display and shape queries never initialize; `itemsize`, when given, its
+        bytes per element (memory estimates otherwise assume the kind's widest: int64 for ints).
         """
         if not callable(init):
             raise TypeError(f"Param.uninitialized: init must be callable, got {type(init).__name__}")
@@ -265,7 +267,7 @@ class Param:
         except TypeError:
             raise TypeError(f"Param.uninitialized: shape must be a sequence of ints, got {shape!r}") from None
         active = bool(require_grad) and kind == "float"
-        lazy = _Lazy(init, as_device(device), dims, kind)
+        lazy = _Lazy(init, as_device(device), dims, kind, None if itemsize is None else int(itemsize))
         return cls._make(ParamId() if id is None else ParamId(id), None, lazy, active, True, None)
 
     # ------------------------------------------------------------------ values
@@ -307,6 +309,11 @@ class Param:
         initializer as when it was made (`from_pretrained` records it, so a save copies a weight
         never read since from its file). Never initializes."""
         return self._lazy
+
+    def lazy_itemsize(self) -> int | None:
+        """Bytes per element of the value a lazy parameter's initializer will make, when it was
+        given (`Param.uninitialized(..., itemsize=)`); None otherwise. Never initializes."""
+        return self._lazy.itemsize if self._value is None and self._lazy is not None else None
 
     def lazy_shape(self) -> tuple[int, ...]:
         """The shape, without initializing."""
@@ -401,7 +408,7 @@ class Param:
         to an id)."""
         lazy = self._lazy
         if lazy is not None and lazy.value is None:
-            lazy = _Lazy(lazy.init, self._dev, lazy.shape, lazy.kind)
+            lazy = _Lazy(lazy.init, self._dev, lazy.shape, lazy.kind, lazy.itemsize)
         elif lazy is not None:
             return Param._make(ParamId(id), self.base(), None, self._active, self._ad, self.reparameterization,
                                None, self._state)

@@ -36,6 +36,7 @@ __all__ = [
     "Reparameterization",
     "ReparameterizationError",
     "Reparameterizer",
+    "adapters_of",
     "apply_reparameterization",
     "detach_reparameterization",
     "detached_param",
@@ -91,6 +92,14 @@ def iter_param_slots(module: Module, skip=None) -> Iterator[tuple[str, Param]]:
     """
     prune = None if skip is None else (lambda v: isinstance(v, Module) and skip(v))
     return params(module, prune=prune)
+
+
+def adapters_of(module: Module) -> dict:
+    """{path: reparameterization} of the parameters that carry an adapter (LoRA, DoRA, QLoRA, ...):
+    a reparameterization that is only a stored base (`TAKES_ADAPTER`: a GGUF weight kept in its
+    quantized blocks) is the parameter's base, not an adapter, and is left out."""
+    return {path: p.reparameterization for path, p in iter_param_slots(module)
+            if p.reparameterization is not None and not getattr(p.reparameterization, "TAKES_ADAPTER", False)}
 
 
 def _reparameterized(module: Module) -> list[tuple[str, Param]]:
@@ -181,10 +190,32 @@ def apply_reparameterization(module: Module, reparameterizer) -> Module:
             f"got {type(reparameterizer).__name__}"
         )
     attached = dict(_reparameterized(module))  # nesting is refused per parameter, in map_float
+    adapted = _adapt_stored_bases(module, reparameterizer, attached)
+    if adapted is not module:
+        module = adapted
+        attached = dict(_reparameterized(module))
     stateful = frozenset()
     if getattr(reparameterizer, "FREEZES_RUNNING_STATE", False):
         stateful = frozenset(path.rpartition(".")[0] for path, p in module.named_params() if p.is_running_state())
     return module.map(_ApplyReparameterization(reparameterizer, stateful, attached))
+
+
+def _adapt_stored_bases(module: Module, reparameterizer, attached: dict) -> Module:
+    """`module` with the reparameterizer's adapter attached over each stored base that takes one.
+
+    A reparameterization that is only a stored base (`TAKES_ADAPTER = True`: a GGUF weight kept in
+    its quantized blocks) is no adapter of its own, so LoRA may go over it, as QLoRA's factors go
+    over its NF4 weight: the reparameterizer is offered the parameter (its value is the stored
+    base's), and the adapter it returns is combined with the base by `with_adapter(adapter)`."""
+    out = module
+    for path, p in attached.items():
+        r = p.reparameterization
+        if not getattr(r, "TAKES_ADAPTER", False):
+            continue
+        _base, adapter = reparameterizer.reparameterize(path, p)
+        if adapter is not None:
+            out = out.with_child(path, p.with_reparameterization(r.with_adapter(adapter)))
+    return out
 
 
 # ---------------------------------------------------------------------------------- detaching

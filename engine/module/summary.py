@@ -107,9 +107,9 @@ class ModelStats:
                 continue  # flags and constants hold no parameters
             p = join(path, seg)
             s = self._get(p)
-            if isinstance(v, NF4Weight):
-                # QLoRA's packed bytes stand for the base weight, which is counted already:
-                # their numbers stay on their own nodes
+            if isinstance(v, NF4Weight) or getattr(type(v), "PACKED_STORAGE", False):
+                # QLoRA's packed bytes (or a GGUF weight's blocks) stand for the base weight, which
+                # is counted already: their numbers stay on their own nodes
                 self._walk(v, p, [s])
                 continue
             chain.append(s)

@@ -9,6 +9,7 @@ attended to, never recomputed).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -239,6 +240,14 @@ class MultiHeadAttentionConfig(Config):
     `output_bias` that of the output map (default: `bias`). `causal` masks every key after the
     query's position. `rotary` (a `RotaryEncodingConfig` with `d_model` = `head_dim`) is held by the
     layer and applied to the queries and keys per head.
+
+    Decoder variants: `scale` replaces the scores' `1 / sqrt(head_dim)` (Gemma 2/3's
+    `query_pre_attn_scalar ** -0.5`); `softcap` caps the scaled scores as `tanh(s / c) * c` before
+    the masks (Gemma 2); `window` (causal only) is sliding-window attention: query `i` sees the keys
+    `j` with `i - window < j <= i` (Mistral, Qwen2, Gemma 2/3's local layers; positions count
+    every row index, padding included, as transformers' masks do); `qk_norm` (a norm config over
+    `head_dim`, e.g. `RmsNormConfig`) adds `q_norm` / `k_norm`, applied to each head's queries and
+    keys before the rotary encoding (Gemma 3, Qwen3).
     """
 
     d_model: int
@@ -253,6 +262,10 @@ class MultiHeadAttentionConfig(Config):
     output_bias: bool | None = None
     causal: bool = False
     rotary: RotaryEncodingConfig | None = None
+    scale: float | None = None
+    softcap: float | None = None
+    window: int | None = None
+    qk_norm: object = None
 
     def init(self, device=None) -> "MultiHeadAttention":
         n_kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
@@ -277,10 +290,27 @@ class MultiHeadAttentionConfig(Config):
         value = LinearConfig(self.d_model, kv_dim, self.bias, init).init(device)
         output = LinearConfig(q_dim, self.d_model, out_bias, init).init(device)
         rotary = self.rotary.init(device) if self.rotary is not None else None
-        return MultiHeadAttention(
+        for name, num in (("scale", self.scale), ("softcap", self.softcap)):
+            if num is not None and (isinstance(num, bool) or not isinstance(num, (int, float)) or not num > 0):
+                raise ValueError(f"MultiHeadAttentionConfig.{name} must be a positive number or None, got {num!r}")
+        if self.window is not None:
+            if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+                raise ValueError(f"MultiHeadAttentionConfig.window must be a positive int or None, got {self.window!r}")
+            if not self.causal:
+                raise ValueError("MultiHeadAttentionConfig: a sliding window needs causal=True")
+        mha = MultiHeadAttention(
             query, key, value, output, DropoutConfig(self.dropout).init(), Gelu(), self.d_model, self.n_heads,
             head_dim, self.min_float, self.quiet_softmax, n_kv_heads=n_kv, causal=self.causal, rotary=rotary,
         )
+        mha.scale = None if self.scale is None else float(self.scale)
+        mha.softcap = None if self.softcap is None else float(self.softcap)
+        mha.window = self.window
+        if self.qk_norm is not None:
+            if getattr(self.qk_norm, "d_model", head_dim) != head_dim:
+                raise ValueError(f"MultiHeadAttentionConfig: qk_norm's d_model ({self.qk_norm.d_model}) must equal "
+                                 f"head_dim ({head_dim})")
+            mha.q_norm, mha.k_norm = self.qk_norm.init(device), self.qk_norm.init(device)
+        return mha
 
 
 class MultiHeadAttention(Layer):
@@ -311,6 +341,8 @@ class MultiHeadAttention(Layer):
         self.n_kv_heads = int(n_heads if n_kv_heads is None else n_kv_heads)
         self.causal = bool(causal)
         self.rotary = rotary
+        self.q_norm = self.k_norm = None  # MultiHeadAttentionConfig.qk_norm
+        self.scale = self.softcap = self.window = None  # the decoder variants (see MultiHeadAttentionConfig)
 
     def forward(self, input: MhaInput, rotary=None, start: int | None = None, cache: KVCache | None = None,
                 positions=None) -> MhaOutput:
@@ -362,6 +394,8 @@ class MultiHeadAttention(Layer):
         query = self._heads(input.query, self.query, self.n_heads)
         key = self._heads(input.key, self.key, self.n_kv_heads)
         value = self._heads(input.value, self.value, self.n_kv_heads)
+        if self.q_norm is not None:
+            query, key = self.q_norm.forward(query), self.k_norm.forward(key)
         if positions is not None and (cache is not None or seq_new != seq_length_1):
             raise ValueError("MultiHeadAttention: positions are for self-attention without a cache")
         if rope is not None:
@@ -369,19 +403,25 @@ class MultiHeadAttention(Layer):
             key = rope.apply(key, start, positions)
         if cache is not None:
             key, value = cache.append(key, value)
-        scale = 1.0 / math.sqrt(self.d_k)
+        scale = 1.0 / math.sqrt(self.d_k) if self.scale is None else self.scale
         causal_offset = seq_length_2 - seq_length_1 if self.causal else None
         p = max(self.dropout.rate_for(query), self.dropout.rate_for(key))  # the scores' rate
-        if _trace.is_active():  # a trace (ONNX export, the graph view) records the op chain
-            weights, context = self._attend_ops(query, key, value, input, scale, causal_offset)
+        window = None
+        if self.window is not None and causal_offset is not None and seq_length_2 > self.window:
+            window = _window_mask(seq_length_1, seq_length_2, causal_offset, self.window, query.device)
+        if _trace.is_active() or self.softcap is not None:  # a trace (ONNX export, the graph view) records the op chain
+            weights, context = self._attend_ops(query, key, value, input, scale, causal_offset, window)
         else:
+            mask = _one_mask(input, batch_size, seq_length_1, seq_length_2)
+            if window is not None:
+                mask = raw.array(window) if mask is None else (mask | raw.array(window))
             weights, context = _sdpa.scaled_dot_product_attention(
-                query, key, value, scale, mask=_one_mask(input, batch_size, seq_length_1, seq_length_2),
+                query, key, value, scale, mask=mask,
                 causal_offset=causal_offset, min_float=self.min_float, quiet=self.quiet_softmax, dropout=p)
         context = context.swap_dims(1, 2).reshape(batch_size, seq_length_1, self.n_heads * self.d_k)
         return MhaOutput(weights, self.output.forward(context))
 
-    def _attend_ops(self, query, key, value, input, scale, causal_offset):
+    def _attend_ops(self, query, key, value, input, scale, causal_offset, window=None):
         """The attention as a chain of tensor ops, what a trace records (ONNX export writes each
         op): the numbers of `_sdpa.scaled_dot_product_attention`, one node per op."""
         batch_size, _, seq_length_1, _ = query.shape
@@ -394,6 +434,8 @@ class MultiHeadAttention(Layer):
             scores = (q5 @ key.unsqueeze(2).transpose()).reshape(batch_size, self.n_heads, seq_length_1,
                                                                  seq_length_2)
         scores = scores * scale
+        if self.softcap is not None:
+            scores = (scores * (1.0 / self.softcap)).tanh() * self.softcap
         scores = self.dropout.forward(scores)
         if input.mask_pad_ is not None:
             scores = scores.mask_fill(input.mask_pad_.reshape(batch_size, 1, 1, seq_length_2), self.min_float)
@@ -403,6 +445,8 @@ class MultiHeadAttention(Layer):
             )
         if causal_offset is not None:
             scores = scores.mask_fill(_causal_mask(seq_length_1, seq_length_2, scores.device), self.min_float)
+        if window is not None:
+            scores = scores.mask_fill(window, self.min_float)
         weights = scores.quiet_softmax(3) if self.quiet_softmax else scores.softmax(3)
         if groups == 1:
             context = weights @ value
@@ -430,6 +474,9 @@ class MultiHeadAttention(Layer):
         )
         if self.causal:
             content = content.add("causal", self.causal)
+        for name in ("scale", "softcap", "window"):
+            if getattr(self, name) is not None:
+                content = content.add(name, getattr(self, name))
         return content.optional()
 
 
@@ -450,6 +497,17 @@ def _causal_mask(seq_length_1: int, seq_length_2: int, device) -> Tensor:
     import numpy as np  # noqa: PLC0415
 
     m = np.triu(np.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + seq_length_2 - seq_length_1)
+    return Tensor.from_data(m.reshape(1, 1, seq_length_1, seq_length_2), device=device)
+
+
+@functools.lru_cache(maxsize=4)  # a few shapes: a long row's mask is seq_length_1 * seq_length_2 bytes
+def _window_mask(seq_length_1: int, seq_length_2: int, offset: int, window: int, device) -> Tensor:
+    """`[1, 1, seq_length_1, seq_length_2]` bool, true where key `j` lies `window` or more positions
+    before query `i` (at `i + offset`, the last query aligned with the last key): `j <= i + offset - window`.
+    Made once per shape (every sliding layer of a forward, and every training step, share it)."""
+    import numpy as np  # noqa: PLC0415
+
+    m = np.tril(np.ones((seq_length_1, seq_length_2), dtype=bool), k=offset - window)
     return Tensor.from_data(m.reshape(1, 1, seq_length_1, seq_length_2), device=device)
 
 

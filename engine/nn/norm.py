@@ -284,24 +284,36 @@ class InstanceNorm(Layer):
 # ---------------------------------------------------------------------- RmsNorm
 @dataclass
 class RmsNormConfig(Config):
-    """Configuration of an [`RmsNorm`] layer."""
+    """Configuration of an [`RmsNorm`] layer.
+
+    `offset` (default 0) is added to `gamma` as the norm scales: `Y = X / rms(X) * (offset + gamma)`.
+    Gemma's norms are `offset=1` (the stored weight is `gamma`, initialised to 0)."""
 
     d_model: int
     epsilon: float = 1e-5
+    offset: float = 0.0
 
     def init(self, device=None) -> "RmsNorm":
         if not self.epsilon > 0.0:
             raise ValueError(f"epsilon must be positive, got {f64(self.epsilon)}")
+        if isinstance(self.offset, bool) or not isinstance(self.offset, (int, float)):
+            raise ValueError(f"offset must be a number, got {self.offset!r}")
+        if self.offset == 1.0:
+            return RmsNorm(_zeros(self.d_model, device), self.epsilon, offset=1.0)
+        if self.offset:
+            raise ValueError(f"offset must be 0 or 1 (Gemma's (1 + w)), got {self.offset!r}")
         return RmsNorm(_ones(self.d_model, device), self.epsilon)
 
 
 class RmsNorm(Layer):
-    """RMS normalization over the last dim: `Y = X / sqrt(mean(X^2) + eps) * gamma`."""
+    """RMS normalization over the last dim: `Y = X / sqrt(mean(X^2) + eps) * gamma`, or with
+    `offset` 1 (Gemma) `* (1 + gamma)`."""
 
-    def __init__(self, gamma, epsilon: float):
+    def __init__(self, gamma, epsilon: float, offset: float = 0.0):
         super().__init__()
         self.gamma = gamma
         self.epsilon = float(epsilon)
+        self.offset = float(offset)
 
     def forward(self, input):
         """Applies the forward pass on the input tensor.
@@ -315,11 +327,16 @@ class RmsNorm(Layer):
         assert_shape(input, [..., d_model])
         gamma = self.gamma.val()
         check_dtype(self, input, gamma, param_name="gamma")
+        if self.offset:
+            gamma = gamma + self.offset
         return _ops.rms_norm(input, gamma, self.epsilon)
 
     def custom_content(self, content):
         (d_model,) = self.gamma.shape
-        return content.add("d_model", d_model).add("epsilon", f64(self.epsilon)).optional()
+        content = content.add("d_model", d_model).add("epsilon", f64(self.epsilon))
+        if self.offset:
+            content = content.add("offset", f64(self.offset))
+        return content.optional()
 
 
 # ---------------------------------------------------------------------- LocalResponseNorm

@@ -487,8 +487,16 @@ def read_chat_template(folder, name: str | None = None) -> ChatTemplate:
 
     `chat_template.jinja` (and `additional_chat_templates/<name>.jinja`) take precedence over
     tokenizer_config.json's `chat_template`, as in transformers; of several named templates the one
-    called `name`, else "default"."""
+    called `name`, else "default". A GGUF file's is its metadata's `tokenizer.chat_template`."""
     folder = Path(folder).expanduser()
+    if folder.suffix.lower() == ".gguf" and folder.is_file():
+        from .gguf_tokenizer import gguf_chat_template  # noqa: PLC0415 - it builds on this module
+
+        template = gguf_chat_template(folder)
+        if template is None:
+            raise ChatTemplateError(folder, "expected a chat template (tokenizer.chat_template in the GGUF "
+                                            "metadata), found none: is this a base model?")
+        return template
     config_path = folder / "tokenizer_config.json"
     config = {}
     if config_path.is_file():

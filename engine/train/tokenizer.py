@@ -156,10 +156,15 @@ def tokenizer_memory(action: str, size: int, working: bool) -> memory.MemoryEsti
 
 
 def load_tokenizer(folder) -> TextTokenizer:
-    """The tokenizer of a model folder (or a `tokenizer.json` path), through `tokenizers`."""
+    """The tokenizer of a model folder (or a `tokenizer.json` path, or a GGUF file: its metadata's,
+    `engine.train.gguf_tokenizer`), through `tokenizers`."""
     from tokenizers import Tokenizer
 
     p = Path(folder).expanduser()
+    if p.suffix.lower() == ".gguf" and p.is_file():
+        from .gguf_tokenizer import load_gguf_tokenizer  # noqa: PLC0415 - it builds on this module
+
+        return load_gguf_tokenizer(p)
     path = p if p.is_file() else p / "tokenizer.json"
     folder = path.parent
     if not path.is_file():

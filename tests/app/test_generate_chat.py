@@ -298,3 +298,23 @@ def test_compare_before_and_after_a_training_run_in_chat_form(window, qtbot, fol
     assert [r.token_ids for r in panel.last_results] == [before.token_ids, after.token_ids]
     assert chat.conversation.turns[-1]["answers"] == [before.text, after.text]
     assert chat.titles[0].text().startswith("Before") and chat.titles[1].text().startswith("After")
+
+
+def test_a_gguf_model_chats_with_its_own_tokenizer_and_template(window, qtbot):
+    """A GGUF file carries its tokenizer and chat template in its metadata (issue 46): opened with
+    --open, the Generate tab chats with them, the answer the greedy generation of encode_chat's ids."""
+    from pathlib import Path
+
+    from app.__main__ import open_requested, parse_args
+
+    gguf_file = Path(__file__).resolve().parents[1] / "fixtures" / "gguf" / "tiny-qwen2-q8.gguf"
+    assert open_requested(window, parse_args(["--open", str(gguf_file)]))
+    wait_idle(qtbot, window, 60_000)
+    panel = window.generate_panel
+    window.tabs.setCurrentWidget(panel)
+    panel.view.max_new_tokens.setValue(NEW)
+    assert panel.view.mode.currentData() == "chat"
+    _send(qtbot, panel, "hello")
+    ids, want = _want(window.document.module, gguf_file, [{"role": "user", "content": "hello"}])
+    assert panel.last_results[0].prompt_ids[0] == ids and panel.last_results[0].token_ids == want.token_ids
+    assert ids[0] == 1  # "<|im_start|>": the template's, from the file

@@ -56,7 +56,7 @@ def freeze_layers_through_the_group_dialog(qtbot, window):
     d.ok_button().click()
 
 
-def lora_on_query_value_through_the_dialog(qtbot, window):
+def lora_on_query_value_through_the_dialog(qtbot, window, targets=4):
     qtbot.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
     d = window.dialog
     assert isinstance(d, LoraDialog)
@@ -66,8 +66,8 @@ def lora_on_query_value_through_the_dialog(qtbot, window):
     type_into(qtbot, d.group.pattern, QUERY_VALUE)
     button = d.buttons.button(QDialogButtonBox.StandardButton.Ok)
     assert button.isEnabled(), d.errors()
-    # q and v of both layers
-    assert d.preview_counts["targets"] == 4
+    # q and v of every layer (two layers: 4)
+    assert d.preview_counts["targets"] == targets
     button.click()
 
 
@@ -365,3 +365,54 @@ def test_a_model_edited_while_the_folder_opens_is_kept(opened, qtbot, folders):
     wait_idle(qtbot, opened)
     assert opened.document.module is edited and isinstance(opened.document.source, ScriptSource)
     assert "was not opened" in opened.message_label.text()
+
+
+GGUF = ROOT / "tests" / "fixtures" / "gguf" / "tiny-qwen2-q8.gguf"
+
+
+def test_a_gguf_file_opens_from_the_command_line_and_when_dropped(window, qtbot):
+    """A .gguf file opens as a pretrained model (issue 46): `--open`, a drop, the recent files."""
+    from app.__main__ import open_requested, parse_args
+    from engine.models.gguf_weight import GGUFWeight
+
+    assert open_requested(window, parse_args(["--open", str(GGUF)]))
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(GGUF.resolve()))
+    assert str(GGUF.resolve()) in window.settings.recent_files()
+    weight = dict(params(window.document.module))["layers.0.mlp.up_proj.weight"]
+    assert isinstance(weight.reparameterization, GGUFWeight) and weight.reparameterization.qtype == "Q4_0"
+    window.document.set_model(from_pretrained(LLAMA), PretrainedSource(str(LLAMA.resolve())))
+    drop(window, GGUF)
+    wait_idle(qtbot, window)
+    assert window.document.source == PretrainedSource(str(GGUF.resolve()))
+
+
+def test_lora_through_the_dialog_goes_over_a_gguf_models_quantized_weights(window, qtbot):
+    from app.__main__ import open_requested, parse_args
+    from engine.models.gguf_weight import GGUFLoraAdapter
+
+    assert open_requested(window, parse_args(["--open", str(GGUF)]))
+    wait_idle(qtbot, window)
+    lora_on_query_value_through_the_dialog(qtbot, window, targets=2)  # q and v of the one layer, both Q8_0
+    adapted = [path for path, p in params(window.document.module) if isinstance(p.reparameterization, GGUFLoraAdapter)]
+    assert sorted(adapted) == ["layers.0.self_attn.query.weight", "layers.0.self_attn.value.weight"]
+
+
+def test_a_project_of_a_gguf_model_reopens_it_with_its_edits(window, qtbot, tmp_path, settings):
+    from app.__main__ import open_requested, parse_args
+    from app.main_window import MainWindow
+
+    assert open_requested(window, parse_args(["--open", str(GGUF)]))
+    wait_idle(qtbot, window)
+    lora_on_query_value_through_the_dialog(qtbot, window, targets=2)
+    project = tmp_path / "q.ember.json"
+    window.document.save_project(project)
+    w2 = MainWindow(settings=settings)
+    qtbot.addWidget(w2)
+    assert w2.open_project(project)
+    wait_idle(qtbot, w2)
+    assert w2.document.source == PretrainedSource(str(GGUF.resolve()))
+    assert sorted(path for path, p in params(w2.document.module) if p.reparameterization is not None
+                  and ".lora." not in path and type(p.reparameterization).__name__ == "GGUFLoraAdapter") == \
+        ["layers.0.self_attn.query.weight", "layers.0.self_attn.value.weight"]
+

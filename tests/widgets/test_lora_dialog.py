@@ -103,3 +103,22 @@ def test_the_preview_counts_the_adapters_a_model_has_already(qtbot, variant):
     added = 4 * (8 + 16) + 4 * (16 + 16) + (16 + 16 if variant == "dora" else 0)
     assert pv["added"] == added and pv["trainable"] == added + 2 * (16 + 3)  # the head's factors train too
     assert f"adds {added:,} parameters. After: {after}" in d.summary.text()
+
+
+@pytest.mark.parametrize("name, layers", [("gemma", 2), ("gemma2", 2), ("gemma3", 3), ("qwen2-swa", 2)])
+def test_the_gemma_and_sliding_window_families_get_peft_presets(qtbot, name, layers):
+    """Issue 47: the family's presets (peft's default q_proj, v_proj for Gemma 1-3), and all-linear takes the
+    7 projections of each layer, never Gemma 3's q/k norms or the tied head."""
+    from pathlib import Path
+
+    from engine.models import from_pretrained
+
+    model = from_pretrained(Path(__file__).resolve().parents[1] / "fixtures" / "hf" / name)
+    d = LoraDialog(model)
+    qtbot.addWidget(d)
+    keys = [d.targets.itemData(i) for i in range(d.targets.count())]
+    assert keys[:3] == ["q_proj, v_proj", "q_proj, k_proj, v_proj, o_proj", "all-linear"]
+    d.set_targets("all-linear")
+    assert d.preview_counts["targets"] == 7 * layers
+    d.set_targets("q_proj, v_proj")
+    assert d.preview_counts["targets"] == 2 * layers

@@ -70,7 +70,8 @@ def test_two_spellings_of_one_tensor_are_refused(tmp_path):
 
 def test_an_unsupported_architecture_is_named_before_missing_weights(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["MambaForCausalLM"], "model_type": "mamba"}')
-    with pytest.raises(PretrainedError, match="unsupported architecture: found MambaForCausalLM; supported: "
+    with pytest.raises(PretrainedError, match="unsupported architecture: found MambaForCausalLM; mamba is a state-space model, and "
+                                              "no supported family is close to it; supported: "
                                               ".*LlamaForCausalLM.*GPT2LMHeadModel"):
         from_pretrained(tmp_path)
 

@@ -291,11 +291,19 @@ def test_unsupported_peft_type_and_options_are_refused(tmp_path):
     _edit_config(folder, peft_type="IA3")
     with pytest.raises(PretrainedError, match=r"adapter_config.json: unsupported peft_type 'IA3': expected 'LORA'"):
         load_peft_adapter(model, folder)
-    _edit_config(folder, peft_type="LORA", bias="all")
-    with pytest.raises(PretrainedError, match=r"trained biases .* found bias = 'all'"):
+    _edit_config(folder, peft_type="LORA", bias="some")
+    with pytest.raises(PretrainedError, match=r"'bias' must be one of none, lora_only, all, found 'some'"):
         load_peft_adapter(model, folder)
     _edit_config(folder, bias="none", modules_to_save=["lm_head"])
-    with pytest.raises(PretrainedError, match="modules_to_save"):
+    with pytest.raises(PretrainedError, match=r"tensor 'base_model.model.lm_head.weight' is missing: "
+                                              r"adapter_config.json's modules_to_save \['lm_head'\] needs it"):
+        load_peft_adapter(model, folder)
+    _edit_config(folder, modules_to_save=["wte"])
+    with pytest.raises(PretrainedError, match=r"modules_to_save entry 'wte' matches no module of this LlamaForCausalLM"):
+        load_peft_adapter(model, folder)
+    _edit_config(folder, modules_to_save=["q_proj"])
+    with pytest.raises(PretrainedError, match=r"'model.layers.0.self_attn.q_proj' is both a LoRA target and in "
+                                              r"modules_to_save"):
         load_peft_adapter(model, folder)
     _edit_config(folder, modules_to_save=None, target_modules=r"(.|\.|[a-z_.0-9])*\d\d\d")
     with pytest.raises(PretrainedError, match=r"adapter_config.json: the regex .* took longer than"):

@@ -30,6 +30,7 @@ import functools
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -311,6 +312,40 @@ def test_dora_rslora_on_prompt_completion_rows_tokenized_by_the_script(tmp_path)
     shutil.rmtree(tmp_path / "trained")
 
 
+def test_modules_to_save_train_in_the_script_as_in_ember_for_20_adamw_steps(tmp_path):
+    """Issue 47: LoRA on q/v with embed_tokens and lm_head trained whole (peft's modules_to_save),
+    20 AdamW steps: the script's losses are Ember's, and its adapter carries the trained modules."""
+    from engine.models.peft import peft_train_fully
+
+    python = _torch_side()
+    base = from_pretrained(FIXTURE)
+    Device("cpu").seed(5)
+    model = peft_train_fully(base.apply_lora(Lora(4, 8.0, param_group=QV)), ["embed_tokens", "lm_head"])
+    data = text_data_for_model(model, corpus(tmp_path / "corpus.txt", n=200), load_tokenizer(FIXTURE), block_size=16,
+                               per_line=True)
+    cfg = TrainingConfig(num_epochs=2, batch_size=4, seed=3, warmup_steps=2, max_grad_norm=1.0)
+    out = export_training_script(model, tmp_path / "export", data=data, training_config=cfg, optimizer=ADAMW,
+                                 lr=5e-3)
+    assert out.config["lora"]["modules_to_save"] == ["lm_head", "model.embed_tokens"]
+    assert {"lm_head.weight", "model.embed_tokens.weight"} <= set(out.config["trainable_parameters"])
+    result = Learner(out.model, ADAMW.init(), lr=5e-3, train=data, kind="causal-lm", config=cfg).run()
+    assert result.status == "finished", result.error
+    losses = tmp_path / "losses.json"
+    _run_script([python, str(out.script), "--steps", "20", "--losses", str(losses), "--out",
+                 str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 20)
+    print(f"modules_to_save, Ember vs the exported script, 20 AdamW steps: max |loss difference| {max(diffs):.1e}")
+    assert max(diffs) <= 1e-5  # measured 7.2e-7
+    names = set(_safetensor_names(tmp_path / "trained" / "adapter_model.safetensors"))
+    assert {"base_model.model.lm_head.weight", "base_model.model.model.embed_tokens.weight"} <= names
+
+
+def _safetensor_names(path: Path) -> list[str]:
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        return [k for k in json.loads(fh.read(n)) if k != "__metadata__"]
+
+
 # ---------------------------------------------------------------------------------- conversations
 CHAT_CONFIG = TrainingConfig(num_epochs=2, batch_size=3, seed=7, warmup_steps=1, max_grad_norm=1.0)
 
@@ -511,3 +546,23 @@ def test_torchrun_with_two_processes_continues_the_chat_fine_tune(chat_export, t
                  "--out", str(tmp_path / "trained")], tmp_path)
     diffs = _compare(result.step_losses, json.loads(losses.read_text()), 3)
     print(f"Ember vs torchrun --nproc_per_node 2 on conversations, 3 steps: {['%.1e' % d for d in diffs]}")
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_the_script_trains_a_gemma_as_ember_does(name, tmp_path):
+    """Gemma 2 (soft-capped attention and logits, a sliding layer) and Gemma 3 (q/k norms, two rope bases):
+    rows of 16 positions, past the fixtures' window of 4 (issue 47)."""
+    python = _torch_side()
+    Device("cpu").seed(0)
+    model = from_pretrained(FIXTURES / "hf" / name).apply_lora(Lora(8, 16.0, param_group=QV))
+    data = text_data_for_model(model, corpus(tmp_path / "corpus.txt"), load_tokenizer(FIXTURE), block_size=16,
+                               per_line=True)
+    out = export_training_script(model, tmp_path / "export", data=data, training_config=CONFIG, optimizer=ADAMW,
+                                 lr=1e-2)
+    result = Learner(out.model, ADAMW.init(), lr=1e-2, train=data, kind="causal-lm", config=CONFIG).run()
+    assert result.status == "finished", result.error
+    losses = tmp_path / "losses.json"
+    _run_script([python, str(out.script), "--steps", "5", "--losses", str(losses), "--out",
+                 str(tmp_path / "trained")], tmp_path)
+    diffs = _compare(result.step_losses, json.loads(losses.read_text()), 5)
+    print(f"{name}: Ember vs the exported script, 5 steps: |loss difference| {['%.1e' % d for d in diffs]}")

@@ -1,0 +1,307 @@
+"""`from_pretrained("model.gguf")`: a Llama-family model from a GGUF file, lazily, kept quantized.
+
+1. `engine.store.gguf_file.open_gguf` reads the header (metadata and tensor table) and nothing else;
+2. the architecture (`general.architecture`) picks the family: llama.cpp's "llama" (Llama and
+   Mistral files) and "qwen2" build Ember's Llama family; any other is refused, naming it;
+3. the sizes, rope and norm settings come from the metadata under the architecture's prefix
+   (`llama.block_count`, `llama.embedding_length`, `llama.attention.head_count(_kv)`,
+   `llama.rope.freq_base`, `llama.attention.layer_norm_rms_epsilon`, `llama.context_length`, ...)
+   as a config.json would give them, and the family's own config reader checks them;
+4. llama.cpp's tensor names (`token_embd`, `blk.N.attn_q`, ..., `output_norm`, `output`) map onto
+   Ember's parameters (`gguf_weight_map`). llama.cpp stores the q/k rows of a "llama" file
+   permuted from Hugging Face's order into interleaved rotary pairs (its converter's `permute`),
+   which is Ember's order: those rows are taken as they are. A "qwen2" file keeps Hugging Face's
+   order (NEOX rotary), which Ember permutes as it does a Hugging Face folder's;
+5. every shape is checked before anything is read; each parameter becomes lazy: a float tensor
+   (F32, F16, BF16) is read and widened at first use, a quantized one becomes a `GGUFWeight`
+   (its blocks read at first use, kept, and dequantized each time a computation needs the weight).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..module import Module, Param
+from ..module.tree import params as tree_params
+from ..store.burnpack import bf16_to_float32
+from ..store.errors import RecordError
+from ..store.gguf_file import GGUFFile, GGUFTensor, open_gguf
+from ..tensor import Tensor
+from ..tensor.dtype import as_dtype
+from .gguf_weight import GGUFBlocks, GGUFWeight
+from .hf_folder import PretrainedError
+from .mapping import RopePermute, Rule, Transpose, WeightMap
+from .pretrained import FAMILIES, PretrainedInfo, _Attach, _check_layers, _no_check, pretrained_info
+
+__all__ = ["ARCHITECTURES", "from_gguf", "gguf_config", "gguf_storage", "gguf_weight_map"]
+
+# llama.cpp's architecture name -> Ember's model_type (Mistral files are written as "llama")
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
+# llama.cpp permutes the q/k rows of these architectures into interleaved pairs (rope NORM)
+_PERMUTED = {"llama"}
+
+
+def _meta(file: GGUFFile, key: str, kind, default=None, required=True):
+    value = file.metadata.get(key)
+    if value is None:
+        if required and default is None:
+            raise PretrainedError(f"metadata {key!r} is missing (a {file.architecture} model needs it)",
+                                  where=str(file.path))
+        return default
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if not ok:
+        raise PretrainedError(f"metadata {key!r}: expected {kind.__name__ if isinstance(kind, type) else 'a number'},"
+                              f" found {value!r}", where=str(file.path))
+    return value
+
+
+def gguf_config(file: GGUFFile) -> dict:
+    """The config.json a Hugging Face folder of this model would hold, from the GGUF metadata."""
+    arch = file.architecture
+    if arch not in ARCHITECTURES:
+        raise PretrainedError(f"unsupported GGUF architecture {arch!r}; Ember reads {', '.join(sorted(ARCHITECTURES))}"
+                              f" (Llama, Mistral, Qwen2)", where=str(file.path))
+    model_type = ARCHITECTURES[arch]
+    where = str(file.path)
+    kind = file.metadata.get("general.type")
+    if kind not in (None, "model"):
+        raise PretrainedError(f"the file is a GGUF {kind!r} (general.type), not a model; a LoRA adapter is applied "
+                              f"over its base model", where=where)
+    experts = file.metadata.get(f"{arch}.expert_count")
+    if isinstance(experts, int) and experts > 0:
+        raise PretrainedError(f"a mixture of {experts} experts ({arch}.expert_count; Mixtral-style), which Ember's "
+                              f"{arch} family does not build", where=where)
+    num = (int, float)
+    heads = _meta(file, f"{arch}.attention.head_count", int)
+    hidden = _meta(file, f"{arch}.embedding_length", int)
+    tokens = file.metadata.get("tokenizer.ggml.tokens")
+    embd = file.tensors.get("token_embd.weight")
+    vocab = file.metadata.get(f"{arch}.vocab_size")
+    if vocab is None:
+        vocab = len(tokens) if isinstance(tokens, list) else (embd.shape[0] if embd is not None else None)
+    if vocab is None:
+        raise PretrainedError(f"no vocabulary size: no {arch}.vocab_size, tokenizer.ggml.tokens or token_embd",
+                              where=str(file.path))
+    config = {
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]],
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": _meta(file, f"{arch}.feed_forward_length", int),
+        "num_hidden_layers": _meta(file, f"{arch}.block_count", int),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _meta(file, f"{arch}.attention.head_count_kv", int, heads),
+        "rms_norm_eps": float(_meta(file, f"{arch}.attention.layer_norm_rms_epsilon", num)),
+        "rope_theta": float(_meta(file, f"{arch}.rope.freq_base", num, 10000.0)),
+        "max_position_embeddings": _meta(file, f"{arch}.context_length", int),
+        "tie_word_embeddings": "output.weight" not in file.tensors,
+        "hidden_act": "silu",
+    }
+    key_length = file.metadata.get(f"{arch}.attention.key_length")
+    if key_length is not None:
+        config["head_dim"] = _meta(file, f"{arch}.attention.key_length", int)
+    head_dim = config.get("head_dim") or (hidden // heads if heads > 0 else 0)
+    rotary = file.metadata.get(f"{arch}.rope.dimension_count")
+    if rotary is not None and rotary != head_dim:
+        raise PretrainedError(f"metadata '{arch}.rope.dimension_count' is {rotary!r}: the rotary encoding covers part "
+                              f"of each head of {head_dim}, which Ember's {arch} family does not build (it rotates "
+                              f"the whole head)", where=where)
+    scaling = file.metadata.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise PretrainedError(f"metadata '{arch}.rope.scaling.type' is {scaling!r}; Ember reads 'none' and "
+                                  f"'linear'", where=str(file.path))
+        config["rope_scaling"] = {"rope_type": "linear",
+                                  "factor": float(_meta(file, f"{arch}.rope.scaling.factor", num))}
+    if "rope_freqs.weight" in file.tensors:
+        raise PretrainedError("the file holds 'rope_freqs.weight' (per-frequency rope factors, Llama 3.1's scaling "
+                              "in llama.cpp's form), which Ember does not read", where=str(file.path))
+    biased = "blk.0.attn_q.bias" in file.tensors
+    config["attention_bias"] = biased
+    config["attention_output_bias"] = "blk.0.attn_output.bias" in file.tensors
+    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
+        value = file.metadata.get(f"tokenizer.ggml.{name}_token_id")
+        if isinstance(value, int) and not isinstance(value, bool):
+            config[key] = value
+    return config
+
+
+def gguf_weight_map(arch: str, cfg) -> WeightMap:
+    """llama.cpp's tensor names <-> Ember's Llama-family paths (see this file's doc, item 4)."""
+    hd, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    ours = "layers.{i}.self_attn"
+    q_rows = [] if arch in _PERMUTED else [RopePermute(heads, hd, axis=0)]
+    k_rows = [] if arch in _PERMUTED else [RopePermute(kv, hd, axis=0)]
+    rules = [
+        Rule("token_embd.weight", "embed_tokens.weight"),
+        Rule("blk.{i}.attn_q.weight", f"{ours}.query.weight", q_rows + [Transpose()]),
+        Rule("blk.{i}.attn_k.weight", f"{ours}.key.weight", k_rows + [Transpose()]),
+        Rule("blk.{i}.attn_v.weight", f"{ours}.value.weight", [Transpose()]),
+        Rule("blk.{i}.attn_output.weight", f"{ours}.output.weight", [Transpose()]),
+        Rule("blk.{i}.attn_norm.weight", "layers.{i}.input_layernorm.gamma"),
+        Rule("blk.{i}.ffn_norm.weight", "layers.{i}.post_attention_layernorm.gamma"),
+        Rule("blk.{i}.ffn_gate.weight", "layers.{i}.mlp.gate_proj.weight", [Transpose()]),
+        Rule("blk.{i}.ffn_up.weight", "layers.{i}.mlp.up_proj.weight", [Transpose()]),
+        Rule("blk.{i}.ffn_down.weight", "layers.{i}.mlp.down_proj.weight", [Transpose()]),
+        Rule("output_norm.weight", "norm.gamma"),
+    ]
+    if cfg.attention_bias:
+        rules += [Rule("blk.{i}.attn_q.bias", f"{ours}.query.bias", q_rows),
+                  Rule("blk.{i}.attn_k.bias", f"{ours}.key.bias", k_rows),
+                  Rule("blk.{i}.attn_v.bias", f"{ours}.value.bias")]
+    if cfg.output_bias:
+        rules.append(Rule("blk.{i}.attn_output.bias", f"{ours}.output.bias"))
+    if not cfg.tie_word_embeddings:
+        rules.append(Rule("output.weight", "lm_head.weight", [Transpose()]))
+    return WeightMap(rules, ignore=[r"^rope_freqs\.weight$"])
+
+
+def _read(file: GGUFFile, name: str) -> np.ndarray:
+    """The stored tensor; a file that changed or cannot be read is a PretrainedError naming it."""
+    try:
+        return file.read(name)
+    except RecordError as exc:
+        raise PretrainedError(f"tensor {name!r} could not be read: {exc.reason}", where=str(file.path)) from None
+    except OSError as exc:
+        raise PretrainedError(f"tensor {name!r} could not be read: {exc.strerror or exc}",
+                              where=str(file.path)) from None
+
+
+def _float_init(file: GGUFFile, t: GGUFTensor, rule: Rule, dtype):
+    target = as_dtype(dtype).np
+
+    def init(device, require_grad):
+        stored = _read(file, t.name)
+        if t.type == "BF16":
+            stored = bf16_to_float32(stored).reshape(t.shape)
+        value = Tensor.from_data(rule.load(stored, dtype=target), device=device, dtype=dtype)
+        return value.require_grad() if require_grad else value
+    return init
+
+
+def _rows_rule(rule: Rule) -> Rule | None:
+    """The rule's row permutations (applied to the stored blocks once, at reading)."""
+    rows = [t for t in rule.transforms if isinstance(t, RopePermute)]
+    return Rule(rule.hf, rule.ember, rows) if rows else None
+
+
+def _blocks_init(file: GGUFFile, t: GGUFTensor, rows: Rule | None):
+    def init(device, require_grad):
+        data = _read(file, t.name)
+        if rows is not None:
+            data = rows.load(data)
+        return Tensor.from_data(data, device=device, dtype="uint8")
+    return init
+
+
+def _placeholder(dtype: str, shape):
+    def init(device, require_grad):
+        zeros = device.xp.broadcast_to(device.xp.zeros((), dtype=np.dtype(dtype)), shape)
+        return Tensor.from_data(zeros, device=device, dtype=dtype)
+    return init
+
+
+def _quantized_param(file: GGUFFile, t: GGUFTensor, rule: Rule, param: Param, dtype: str) -> Param:
+    others = [x for x in rule.transforms if not isinstance(x, (RopePermute, Transpose))]
+    if others or t.type in ("F32", "F16", "BF16") or len(t.shape) != 2:
+        raise PretrainedError(f"tensor {t.name!r}: a {t.type} tensor of dims {list(t.shape)} cannot be kept "
+                              f"quantized for '{rule.ember}'", where=str(file.path))
+    rows, bytes_per_row = t.shape[0], t.nbytes // t.shape[0]
+    device = param.lazy_device()
+    data = Param.uninitialized(_blocks_init(file, t, _rows_rule(rule)), device, False, (rows, bytes_per_row),
+                               kind="int", itemsize=1)
+    transpose = any(isinstance(x, Transpose) for x in rule.transforms)
+    weight = GGUFWeight(GGUFBlocks(data, t.type), t.shape, transpose, dtype)
+    shape = tuple(param.lazy_shape())
+    base = Param.uninitialized(_placeholder(dtype, shape), device, False, shape, id=param.id)
+    return base.with_reparameterization(weight)
+
+
+def from_gguf(path, device=None, dtype="float32", check: Callable[[], None] | None = None) -> Module:
+    """Open a GGUF file as an Ember model (see this file's doc). Quantized weights stay quantized
+    (frozen: their values are the file's); float weights are lazy trainable parameters."""
+    try:
+        file = open_gguf(path)
+    except RecordError as exc:
+        raise PretrainedError(exc.reason, where=exc.where) from None
+    try:
+        return _build(file, device, as_dtype(dtype).name, check or _no_check)
+    except BaseException:
+        file.close()
+        raise
+
+
+def _build(file: GGUFFile, device, dtype: str, check) -> Module:
+    where = str(file.path)
+    config = gguf_config(file)
+    fam = next(f for f in FAMILIES if config["architectures"][0] in f.architectures)
+    try:
+        cfg = fam.config_from_json(config)
+    except PretrainedError as exc:
+        raise PretrainedError(f"{exc.reason} (from the GGUF metadata)", where=where) from None
+    wmap = gguf_weight_map(file.architecture, cfg)
+    tensors = file.tensors
+    _check_layers(fam, cfg, wmap, tensors, where)
+    model = fam.build(cfg, device)
+    plan: dict[str, Param] = {}
+    names: dict[str, str] = {}
+    used: set[str] = set()
+    by_id: dict = {}
+    missing: list[str] = []
+    for path, param in tree_params(model):
+        check()
+        if param.id in by_id:
+            plan[path] = by_id[param.id]
+            continue
+        hit = wmap.find(path)
+        if hit is None:
+            raise PretrainedError(f"no GGUF tensor name for parameter '{path}' (an Ember bug)", where=where)
+        rule, name = hit
+        t = tensors.get(name)
+        if t is None:
+            missing.append(f"'{name}' (for '{path}')")
+            continue
+        try:
+            shape = rule.ember_shape(t.shape)
+        except ValueError as exc:
+            raise PretrainedError(f"tensor {name!r} does not fit '{path}': {exc}", where=where) from None
+        expected = tuple(param.lazy_shape())
+        if shape != expected:
+            raise PretrainedError(f"tensor {name!r} has dims {list(t.shape)} ({list(shape)} as Ember lays it out); "
+                                  f"the metadata gives '{path}' dims {list(expected)}", where=where)
+        if t.quantized:
+            new = _quantized_param(file, t, rule, param, dtype)
+        else:
+            new = Param.uninitialized(_float_init(file, t, rule, dtype), param.lazy_device(),
+                                      param.lazy_is_require_grad(), expected, id=param.id)
+        plan[path] = by_id[param.id] = new
+        names[path] = name
+        used.add(name)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise PretrainedError(f"the file lacks tensors the metadata needs: {'; '.join(missing[:5])}{more}",
+                              where=where)
+    extra = [n for n in tensors if n not in used and not wmap.ignored(n)]
+    if extra:
+        shown = ", ".join(repr(n) for n in extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
+        raise PretrainedError(f"{len(extra)} tensor(s) fit no parameter of a {fam.name} model with this metadata: "
+                              f"{shown}", where=where)
+    out = model.map(_Attach(plan, check))
+    hf_map = fam.weight_map(cfg)  # the Hugging Face names (PEFT adapters, saving, displays use them)
+    hf_names = {path: hit[1] for path in names if (hit := hf_map.find(path)) is not None}
+    out._pretrained = PretrainedInfo(
+        family=fam, config=cfg, raw_config=config, folder=None, names=hf_names,
+        stored_dtypes={n: tensors[n].type for n in used}, gguf=file.path, gguf_names=names,
+        stored_bytes={n: tensors[n].nbytes for n in used})
+    return out
+
+
+def gguf_storage(model) -> dict[str, tuple[str, str, int]]:
+    """{Ember parameter path: (GGUF tensor name, ggml type such as "Q4_1", bytes in the file)} of a
+    model opened from a GGUF file (what a display shows of each weight's quantization); {} for any
+    other model."""
+    info = pretrained_info(model)
+    if info is None or info.gguf is None:
+        return {}
+    return {path: (name, info.stored_dtypes[name], info.stored_bytes[name]) for path, name in info.gguf_names.items()}

@@ -1,0 +1,162 @@
+"""A weight kept in llama.cpp's blocks: read from its GGUF file at first use, dequantized per use.
+
+`GGUFWeight` is a `Reparameterization` that stores its base (`STORES_BASE`, as QLoRA's NF4
+adapter does): the parameter's own base is a zero placeholder of the logical shape (a zero-stride
+view, no memory), and the value `Param.val()` returns is the dequantization of the stored blocks,
+computed each time a computation asks for it, as a constant (no gradient flows into it). The
+blocks are one `uint8` parameter, `[rows, bytes per row]` in the file's row order after the
+rule's row permutation (a permutation of whole rows moves whole blocks, so it is done once on the
+bytes), lazy: nothing is read until the weight is first used. In a record:
+
+    layers.0.mlp.up_proj.weight                    the placeholder (not in records)
+    layers.0.mlp.up_proj.weight.gguf.blocks.data   U8 [rows, bytes per row]
+
+Dequantization is `gguf.quants.dequantize`, llama.cpp's own reference: the values are its values,
+bit for bit. LoRA, rsLoRA and DoRA attach over a GGUF weight as QLoRA's factors over its NF4
+weight (`Module.apply_lora`: `TAKES_ADAPTER`): the adapter keeps the blocks (`….lora.gguf.blocks.data`)
+and its value is the dequantized weight with the adapter's change, the factors trained in float32
+and the blocks left as the file had them. A transposed rule (a Linear's `[in, out]` from the stored `[out, in]`) gives a
+transposed view of the dequantized rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..module import Module, Param
+from ..module.lora import DoraAdapter, LoraAdapter, RsLoraAdapter
+from ..module.reparam import Reparameterization, ReparameterizationError, iter_param_slots
+from ..tensor import Tensor
+from ..tensor.raw import array
+
+__all__ = ["GGUFBlocks", "GGUFDoraAdapter", "GGUFLoraAdapter", "GGUFRsLoraAdapter", "GGUFWeight",
+           "dequantize_blocks", "dequantized_bases"]
+
+
+def dequantize_blocks(blocks: np.ndarray, qtype: str) -> np.ndarray:
+    """float32 values of `blocks` (uint8 `[rows, bytes per row]`) of ggml type `qtype`, as
+    `gguf.quants.dequantize` computes them: `[rows, values per row]`."""
+    import gguf  # noqa: PLC0415 - imported with the first GGUF weight used
+
+    if not isinstance(blocks, np.ndarray) and hasattr(blocks, "get"):  # CuPy: gguf's reference runs on the host
+        blocks = blocks.get()
+    out = gguf.quants.dequantize(np.asarray(blocks), gguf.GGMLQuantizationType[qtype])
+    return out if out.dtype == np.float32 else out.astype(np.float32)
+
+
+class GGUFBlocks(Module):
+    """The stored blocks of one weight (`data`, uint8, never trainable) and their ggml type."""
+
+    # the bytes stand for the weight, which is counted already (engine.module.summary)
+    PACKED_STORAGE = True
+
+    def __init__(self, data: Param, qtype: str):
+        self.data = data
+        self.qtype = str(qtype)
+
+
+class GGUFWeight(Reparameterization):
+    """A weight kept quantized (see this file's doc): `blocks`, the stored `rows` x `cols` shape
+    (NumPy order), whether the parameter is its transpose, and the float dtype it computes in."""
+
+    NAME = "gguf"
+    STORES_BASE = True
+
+    def __init__(self, blocks: GGUFBlocks, stored_shape, transpose: bool, dtype: str = "float32"):
+        self.blocks = blocks
+        self.stored_shape = tuple(int(s) for s in stored_shape)
+        self.transpose = bool(transpose)
+        self.dtype = str(dtype)
+
+    @property
+    def qtype(self) -> str:
+        return self.blocks.qtype
+
+    def nbytes(self) -> int:
+        """The bytes the blocks take (what the weight holds in memory once read)."""
+        return self.blocks.data.numel()
+
+    def dequantized(self) -> np.ndarray:
+        """The weight's values as a NumPy array of the parameter's shape (float32)."""
+        values = dequantize_blocks(array(self.blocks.data.val()), self.qtype).reshape(self.stored_shape)
+        return values.T if self.transpose else values
+
+    def base(self) -> Tensor:
+        data = self.blocks.data.val()
+        return Tensor.from_data(self.dequantized(), device=data.device, dtype=self.dtype)
+
+    def apply(self, base: Tensor) -> Tensor:
+        dense = self.base()
+        if base is not None and tuple(base.shape) != tuple(dense.shape):
+            raise ValueError(f"GGUFWeight.apply: the parameter's base has dims {list(base.shape)}, the stored "
+                             f"weight {list(dense.shape)}")
+        return dense
+
+    # LoRA attaches over it (engine.module.reparam: the stored base takes an adapter)
+    TAKES_ADAPTER = True
+
+    def with_adapter(self, adapter) -> Reparameterization:
+        """The adapter (LoRA, rsLoRA or DoRA) over this weight, the blocks kept (see this file's doc)."""
+        cls = _OVER_GGUF.get(type(adapter))
+        if cls is None:
+            kind = "a QLoRA adapter (it would quantize the weight again)" if getattr(adapter, "STORES_BASE", False) \
+                else f"a {type(adapter).__name__}"
+            raise ReparameterizationError(f"a GGUF weight kept quantized ({self.qtype}) takes LoRA, rsLoRA or DoRA, "
+                                          f"not {kind}")
+        out = cls.__new__(cls)
+        out.__dict__.update(adapter.__dict__)
+        out.gguf = self
+        return out
+
+
+class _OverGGUF:
+    """An adapter whose base is a `GGUFWeight` it holds (`gguf`): the parameter's own base is the
+    placeholder, the value the dequantized weight with the adapter's change."""
+
+    STORES_BASE = True
+
+    def base(self) -> Tensor:
+        return self.gguf.base()
+
+    def apply(self, base: Tensor) -> Tensor:
+        return super().apply(self.gguf.base())
+
+
+class GGUFLoraAdapter(_OverGGUF, LoraAdapter):
+    """LoRA over a GGUF weight kept quantized."""
+
+    NAME = "lora"
+
+
+class GGUFRsLoraAdapter(_OverGGUF, RsLoraAdapter):
+    """rsLoRA over a GGUF weight kept quantized."""
+
+    NAME = "lora"
+
+
+class GGUFDoraAdapter(_OverGGUF, DoraAdapter):
+    """DoRA over a GGUF weight kept quantized (the magnitudes start at the dequantized weight's norms)."""
+
+    NAME = "lora"
+
+
+_OVER_GGUF = {LoraAdapter: GGUFLoraAdapter, RsLoraAdapter: GGUFRsLoraAdapter, DoraAdapter: GGUFDoraAdapter}
+
+
+def _dequantize_init(weight: GGUFWeight):
+    def init(device, require_grad):
+        value = Tensor.from_data(weight.dequantized(), device=device, dtype=weight.dtype)
+        return value.require_grad() if require_grad else value
+    return init
+
+
+def dequantized_bases(model: Module) -> Module:
+    """`model` with every weight kept in GGUF blocks (and no adapter over it) as a plain lazy
+    parameter whose value is its dequantization, computed when first used: what a Hugging Face
+    folder or a record of plain weights holds. Adapters over GGUF weights are left as they are."""
+    out = model
+    for path, p in list(iter_param_slots(model)):
+        r = p.reparameterization
+        if isinstance(r, GGUFWeight):
+            plain = Param.uninitialized(_dequantize_init(r), p.lazy_device(), False, tuple(p.shape), id=p.id)
+            out = out.with_child(path, plain)
+    return out

@@ -1,0 +1,167 @@
+"""Which weights of a model a PEFT LoRA adapts, by PEFT's rules (`target_modules`,
+`exclude_modules`, "all-linear"), with their Hugging Face module names and weight map rules; the
+names shared by the reading side (`peft_read`) and the writing side (`peft_write`). The file
+format is described in `engine.models.peft`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import regex as _regex  # a user's regex (adapter_config.json) matches with a timeout
+
+from .. import nn
+from ..module import Module, Param, ParamGroup
+from ..module.group import MATCH_TIMEOUT_S
+from ..module.lora import Lora
+from ..module.tree import FieldKind, walk
+from .hf_folder import PretrainedError
+from .mapping import Rule, Split, Transpose
+
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PREFIX", "PeftTarget", "peft_lora", "peft_targets", "target_group"]
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+
+
+# ---------------------------------------------------------------------------------- targets
+@dataclass
+class PeftTarget:
+    """One Ember weight a PEFT LoRA can adapt: its path, the PEFT module name, the layer kind
+    ("linear" or "embedding") and the weight map rule between the stored weight and Ember's."""
+
+    path: str            # Ember parameter path, `layers.0.self_attn.query.weight`
+    module: str          # PEFT / Hugging Face module name, `model.layers.0.self_attn.q_proj`
+    kind: str            # "linear" | "embedding"
+    rule: Rule
+    param: Param = field(repr=False)
+
+    @property
+    def torch_layout(self) -> bool:
+        """Whether the stored weight is torch's nn.Linear `[out, in]` (else `[in, out]`: GPT-2's
+        Conv1D, an Embedding)."""
+        return any(isinstance(t, Transpose) for t in self.rule.transforms)
+
+    @property
+    def split(self) -> Split | None:
+        return self.rule.split
+
+
+def _family_rules(model):
+    from .pretrained import family_of, pretrained_names  # noqa: PLC0415 - pretrained imports the families
+
+    fam, cfg = family_of(model)
+    if fam is None:
+        return None, {}
+    return fam.weight_map(cfg), pretrained_names(model)
+
+
+def peft_targets(model: Module) -> list[PeftTarget]:
+    """Every weight of a Linear or Embedding layer of `model`, with its PEFT module name."""
+    if not isinstance(model, Module):
+        raise TypeError(f"expected a Module, got {type(model).__name__}")
+    wmap, names = _family_rules(model)
+    out = []
+    seen = set()
+    for path, kind, value in walk(model):
+        if kind != FieldKind.MODULE or not isinstance(value, (nn.Linear, nn.Embedding)):
+            continue
+        p = value.weight
+        wpath = f"{path}.weight" if path else "weight"
+        if not isinstance(p, Param) or p.id in seen:
+            continue
+        seen.add(p.id)
+        layer = "embedding" if isinstance(value, nn.Embedding) else "linear"
+        if wmap is not None:
+            hit = wmap.find(wpath)
+            if hit is None or wpath not in names:
+                continue
+            rule, stored = hit
+            if not stored.endswith(".weight"):
+                continue
+            module = stored[: -len(".weight")]
+        else:
+            module = path
+            rule = Rule(wpath, wpath, [Transpose()] if layer == "linear" else [])
+        out.append(PeftTarget(wpath, module, layer, rule, p))
+    return out
+
+
+def _tied(model) -> bool:
+    """Whether the model's output head is its input embedding, transposed (tie_word_embeddings)."""
+    return bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+
+
+def _output_head(targets: list[PeftTarget]) -> set[str]:
+    return {t.module for t in targets if t.module.rpartition(".")[2] == "lm_head"}
+
+
+def _compiled(pattern: str, key: str, fail):
+    try:
+        return _regex.compile(pattern)
+    except (_regex.error, RecursionError, OverflowError, ValueError) as exc:
+        fail(f"{key} {pattern!r} is not a valid regex: {exc}")
+
+
+def _full(rx, name: str, fail) -> bool:
+    try:
+        return rx.fullmatch(name, timeout=MATCH_TIMEOUT_S) is not None
+    except TimeoutError:
+        fail(f"the regex {rx.pattern!r} took longer than {MATCH_TIMEOUT_S:g} s to match '{name}': expected a "
+             f"pattern without nested repetition such as (.*.*)*")
+
+
+def _select(targets: list[PeftTarget], target_modules, exclude_modules=None, where=None) -> list[PeftTarget]:
+    """The targets PEFT's rules select (`check_target_module_exists` in peft 0.21)."""
+    def fail(msg):
+        raise PretrainedError(msg, where=where) if where else ValueError(msg)
+
+    def suffix_match(names, key):
+        return key in names or any(key.endswith(f".{n}") for n in names)
+
+    if isinstance(target_modules, str):
+        if target_modules.lower() == "all-linear":
+            head = _output_head(targets)
+            chosen = [t for t in targets if t.kind == "linear" and t.module not in head]
+        else:
+            rx = _compiled(target_modules, "target_modules", fail)
+            chosen = [t for t in targets if _full(rx, t.module, fail)]
+    elif isinstance(target_modules, (list, tuple, set)) and all(isinstance(n, str) for n in target_modules):
+        names = set(target_modules)
+        if "all-linear" in names and len(names) == 1:
+            return _select(targets, "all-linear", exclude_modules, where)
+        chosen = [t for t in targets if suffix_match(names, t.module)]
+    else:
+        fail(f"target_modules must be a list of module names, a regex or 'all-linear', found {target_modules!r}")
+    if exclude_modules:
+        if isinstance(exclude_modules, str):
+            rx = _compiled(exclude_modules, "exclude_modules", fail)
+            chosen = [t for t in chosen if not _full(rx, t.module, fail)]
+        elif isinstance(exclude_modules, (list, tuple, set)) and all(isinstance(n, str) for n in exclude_modules):
+            ex = set(exclude_modules)
+            chosen = [t for t in chosen if not suffix_match(ex, t.module)]
+        else:
+            fail(f"exclude_modules must be a list of module names or a regex, found {exclude_modules!r}")
+    if not chosen:
+        known = sorted({t.module.rpartition(".")[2] for t in targets})
+        fail(f"target_modules {target_modules!r} match no Linear or Embedding module of this model; its module "
+             f"names end in {', '.join(known)}")
+    return chosen
+
+
+def target_group(model: Module, target_modules, exclude_modules=None) -> ParamGroup:
+    """The weights PEFT's `target_modules` select, as a `ParamGroup` of Ember paths. Names are
+    Hugging Face module names for a model of a known family, Ember module paths otherwise."""
+    return ParamGroup.from_paths([t.path for t in _select(peft_targets(model), target_modules, exclude_modules)])
+
+
+def peft_lora(model: Module, r: int = 8, lora_alpha: float = 8, target_modules="all-linear", *,
+              use_rslora: bool = False, use_dora: bool = False, rank_pattern: dict | None = None,
+              alpha_pattern: dict | None = None, exclude_modules=None, init_std: float | None = None) -> Lora:
+    """A `Lora` configured as peft's `LoraConfig` with these values would be, for `model`
+    (targets and pattern keys matched on its PEFT module names): `model.apply_lora(peft_lora(...))`."""
+    chosen = _select(peft_targets(model), target_modules, exclude_modules)
+    return Lora(r, lora_alpha, init_std, ParamGroup.from_paths([t.path for t in chosen]), use_rslora=use_rslora,
+                use_dora=use_dora, rank_pattern=rank_pattern, alpha_pattern=alpha_pattern,
+                module_names={t.path: t.module for t in chosen})
+
+
