@@ -32,7 +32,7 @@ SETTINGS = {"block_size": 256, "packing": True, "valid_fraction": 0.05}
 TRAINING = {"num_epochs": 6, "batch_size": 4, "checkpoint_every": 0}
 LR = 3e-3
 
-pytestmark = [pytest.mark.slow, pytest.mark.long]
+pytestmark = pytest.mark.slow
 
 
 def smollm2_folder() -> Path | None:
@@ -51,6 +51,8 @@ def smollm2():
     if folder is None:
         pytest.skip("SmolLM2-135M-Instruct is not converted here: run benchmarks/smollm2.py (with the oracle venv) "
                     "or set EMBER_SMOLLM2 to a converted folder")
+    if os.environ.get("EMBER_LONG_TESTS") != "1":
+        pytest.skip("a few minutes of LoRA training on SmolLM2-135M-Instruct: set EMBER_LONG_TESTS=1 to run it")
     return folder
 
 
