@@ -34,6 +34,12 @@ class Actions:
         make("open_pretrained", "Open Pre&trained…", "Ctrl+Shift+P",
              "Open a Hugging Face model folder (config.json + safetensors or pytorch_model.bin): Llama, Mistral, "
              "Qwen2, GPT-2, BERT, ViT; read lazily")
+        make("open_gguf", "Open &GGUF…", None,
+             "Open a .gguf file (llama.cpp, Ollama, LM Studio): Llama, Mistral, Qwen2; the weights kept in their "
+             "quantized blocks")
+        make("open_hub", "Open from the Hugging Face &Hub…", None,
+             "Download a model by its Hub id (org/name) into the Hugging Face cache, with progress and Cancel, "
+             "then open it as Open Pretrained does")
         make("open_onnx", "Open &ONNX…", None,
              "Import an .onnx file into the designer (editable, buildable, trainable), with a report of what "
              "each ONNX node became")
@@ -42,6 +48,9 @@ class Actions:
         make("import_checkpoint", "&Import Checkpoint…", "Ctrl+I",
              "Load weights from a checkpoint into the current model, with a report of missing, unused and "
              "mismatched tensors")
+        make("import_peft", "&PEFT Adapter…", None,
+             "Attach the LoRA adapters of a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) "
+             "to the open model, as one undoable edit")
         make("export_whole", "Export &Whole Model…", "Ctrl+E", "Every parameter, base weights and adapters")
         make("export_adapters", "Export &Adapters Only…", "Ctrl+Shift+E", "Only the LoRA factors (…lora.a, …lora.b)")
         make("export_materialized", "Export &Materialized…", None, "Adapters folded into plain weights")
@@ -50,6 +59,9 @@ class Actions:
         make("export_peft", "&PEFT Adapter…", None,
              "Write the LoRA / rsLoRA / DoRA adapters as a PEFT adapter folder (adapter_config.json + "
              "adapter_model.safetensors) that peft's PeftModel.from_pretrained loads on the same base")
+        make("export_gguf", "&GGUF…", None, "Write the model (LoRA merged) as a GGUF file llama.cpp and Ollama run")
+        make("export_gguf_lora", "GGUF &LoRA Adapter…", None,
+             "Write the LoRA adapters as a GGUF LoRA adapter llama.cpp applies over the original .gguf")
         make("export_onnx", "&ONNX…", None,
              "Trace the model with the Shape Contract dock's example input and write an .onnx file (LoRA / QLoRA "
              "materialized on a copy)")
@@ -94,12 +106,13 @@ class Actions:
         make("show_designer", "Show &Graph / Designer", "Ctrl+2")
 
         # Help
+        make("user_guide", "&User Guide", None, "Read Ember's user guide")
         make("shortcuts", "&Keyboard Shortcuts", "F1")
         make("about", "&About Ember")
 
         self.model_actions = [self.freeze, self.unfreeze, self.no_grad, self.param_group, self.attach_lora,
                               self.materialize, self.fork, self.transfer, self.check_contracts,
-                              self.import_checkpoint, self.export_whole, self.export_adapters,
+                              self.import_checkpoint, self.import_peft, self.export_whole, self.export_adapters,
                               self.export_materialized, self.save_project, self.save_project_as]
 
     def all(self) -> list[QAction]:

@@ -66,6 +66,8 @@ class CheckpointActions:
         if self.document.module is None:
             return None
         dialog = CheckpointDialog(self.host.dialog_parent(), examples=None, title="Import Checkpoint")
+        if self.host.settings is not None:
+            dialog.start_folder = self.host.settings.last_folder()
         dialog.chosen.connect(lambda c: self.import_checkpoint(c["path"], c["allow_partial"]))
         return self.host.open_dialog(dialog)
 

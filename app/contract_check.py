@@ -47,7 +47,20 @@ def default_example_input(contract_text: str | None, module: Any) -> str:
         _vocab, positions = model_limits(module)
         length = min(TOKEN_EXAMPLE_LENGTH, positions) if positions else TOKEN_EXAMPLE_LENGTH
         return f"int[2, {max(1, length)}]"
-    return contracts.example_input_text(contract_text, module)
+    return contracts.example_input_text(contract_text, module) or image_example_input(module)
+
+
+def image_example_input(module: Any) -> str:
+    """`[2, C, H, W]` for a model whose config gives its images (`num_channels`, `image_size`:
+    ViT), else ''."""
+    config = getattr(module, "config", None)
+    channels, size = getattr(config, "num_channels", None), getattr(config, "image_size", None)
+    if not isinstance(channels, int) or size is None:
+        return ""
+    sides = (size, size) if isinstance(size, int) else tuple(size)
+    if len(sides) != 2 or not all(isinstance(x, int) and x > 0 for x in sides):
+        return ""
+    return f"[2, {channels}, {sides[0]}, {sides[1]}]"
 
 
 class ContractCheck:

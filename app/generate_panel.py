@@ -207,7 +207,7 @@ class GeneratePanel(QWidget):
         columns = self.columns_for(settings)
         if columns is None:
             return None
-        v.set_columns(self.titles(columns, settings))
+        v.set_columns(self.titles(columns, settings), echo=settings["prompt"])  # the prompt, then what follows
         return self.start(columns, settings, v.append, "Stopped: the text so far is kept.")
 
     def ready(self) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
 from shiboken6 import isValid
 from PySide6.QtGui import QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QMessageBox, QSizePolicy, QTabWidget,
@@ -34,6 +34,7 @@ from engine.module.tree import find
 from widgets.contract_editor import ContractEditor
 from widgets.device_selector import DeviceSelector
 from widgets.display_panel import DisplayPanel
+from widgets.guide_view import GuideDialog
 from widgets.inspector import Inspector
 from widgets.module_tree import ModuleTree
 from widgets.task_progress import TaskProgress
@@ -47,7 +48,10 @@ from .document import Document
 from .core.opening import hugging_face_names
 from .edit_actions import EditActions
 from .generate_panel import GeneratePanel
+from .hub_open import HubOpen
 from .onnx_actions import OnnxActions
+from .gguf_actions import GGUFActions, quantized_summary
+from .peft_import import PeftImportActions
 from .pretrained_actions import PretrainedActions
 from .script_export_actions import ScriptExportActions
 from .project_io import ProjectIO
@@ -64,6 +68,7 @@ DEFAULT_TAB_DOCKS = {"display": ("dock.tree", "dock.inspector", "dock.contract")
 
 
 ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons" / "app"
+USER_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "user-guide.md"
 
 
 def app_icon() -> QIcon:
@@ -113,12 +118,17 @@ class MainWindow(QMainWindow):
         doc, a = self.document, self.actions
         self.edit_actions = EditActions(doc, self, current_path=self.current_path)
         self.checkpoints = CheckpointActions(doc, self)
+        self.peft_import = PeftImportActions(doc, self)  # File > Import > PEFT Adapter (issue 48)
         # File > Open ONNX, Export > ONNX, the Graph page (app/onnx_actions.py)
         self.onnx = OnnxActions(doc, self, designer=self.designer, contract_editor=self.contract_editor,
                                 contract_dock=self.contract_dock, selected_path=self.tree.selected_path,
                                 show_designer=lambda: self.tabs.setCurrentWidget(self.designer))
         self.pretrained = PretrainedActions(doc, self, export_action=a.export_pretrained, peft_action=a.export_peft,
                                             hf_names=lambda: self.hf_names, open_path=self.open_path)
+        # File > Open GGUF, Export > GGUF / GGUF LoRA adapter (issue 46)
+        self.gguf = GGUFActions(doc, self, open_path=lambda path: self.pretrained.open_folder(path),
+                                export_action=a.export_gguf, lora_action=a.export_gguf_lora)
+        self.hub_open = HubOpen(doc, self, open_folder=self.pretrained.open_folder)  # issue 48
         self.projects = ProjectIO(doc, self, examples_menu=self.examples_menu, recent_menu=self.recent_menu,
                                   pretrained=self.pretrained, onnx=self.onnx, open_design=self.open_design)
         # File > Export > Training script (issue 20)
@@ -238,6 +248,8 @@ class MainWindow(QMainWindow):
         m.addAction(a.open_checkpoint)
         m.addAction(a.open_project)
         m.addAction(a.open_pretrained)
+        m.addAction(a.open_gguf)
+        m.addAction(a.open_hub)
         m.addAction(a.open_onnx)
         self.recent_menu = m.addMenu("Open &Recent")
         self.recent_menu.aboutToShow.connect(lambda: self.projects.fill_recent_menu())
@@ -245,7 +257,10 @@ class MainWindow(QMainWindow):
         m.addAction(a.save_project)
         m.addAction(a.save_project_as)
         m.addSeparator()
-        m.addAction(a.import_checkpoint)
+        imports = m.addMenu("&Import")
+        imports.setObjectName("menu.import")
+        imports.addAction(a.import_checkpoint)
+        imports.addAction(a.import_peft)  # issue 48 (app/peft_import.py)
         export = m.addMenu("E&xport")
         export.setObjectName("menu.export")
         export.setToolTipsVisible(True)  # a disabled Hugging Face export says why
@@ -254,6 +269,8 @@ class MainWindow(QMainWindow):
         export.addSeparator()
         export.addAction(a.export_pretrained)
         export.addAction(a.export_peft)
+        export.addAction(a.export_gguf)
+        export.addAction(a.export_gguf_lora)
         export.addAction(a.export_onnx)
         export.addAction(a.export_training_script)
         m.addSeparator()
@@ -295,6 +312,7 @@ class MainWindow(QMainWindow):
             m.addAction(dock.toggleViewAction())
         m.addAction(self.toolbar.toggleViewAction())
         m = bar.addMenu("&Help")
+        m.addAction(a.user_guide)
         m.addAction(a.shortcuts)
         m.addAction(a.about)
 
@@ -325,6 +343,7 @@ class MainWindow(QMainWindow):
         a.generate_show.triggered.connect(lambda: self.tabs.setCurrentWidget(self.generate_panel))
         a.shortcuts.triggered.connect(self.show_shortcuts)
         a.about.triggered.connect(self.show_about)
+        a.user_guide.triggered.connect(self.show_user_guide)
         a.find.triggered.connect(self._focus_filter)
         a.expand_all.triggered.connect(self.tree.expand_all)
         a.collapse_all.triggered.connect(self.tree.view.collapseAll)
@@ -336,6 +355,9 @@ class MainWindow(QMainWindow):
         a.export_pretrained.triggered.connect(self.pretrained.ask_export)
         a.export_peft.triggered.connect(self.pretrained.ask_export_peft)
         a.open_onnx.triggered.connect(self.onnx.ask_open)
+        a.open_gguf.triggered.connect(self.gguf.ask_open)
+        a.export_gguf.triggered.connect(self.gguf.ask_export)
+        a.export_gguf_lora.triggered.connect(self.gguf.ask_export_lora)
         a.export_onnx.triggered.connect(self.onnx.ask_export)
         a.export_training_script.triggered.connect(self.script_export.ask_export)
         # the Training tab's data decide whether a training script can be exported
@@ -348,6 +370,8 @@ class MainWindow(QMainWindow):
         a.save_project.triggered.connect(projects.save_project)
         a.save_project_as.triggered.connect(projects.save_project_as)
         a.import_checkpoint.triggered.connect(checkpoints.ask_import)
+        a.import_peft.triggered.connect(self.peft_import.ask_import)
+        a.open_hub.triggered.connect(self.hub_open.ask)
         a.export_whole.triggered.connect(lambda: checkpoints.ask_export("whole"))
         a.export_adapters.triggered.connect(lambda: checkpoints.ask_export("adapters"))
         a.export_materialized.triggered.connect(lambda: checkpoints.ask_export("materialized"))
@@ -392,7 +416,9 @@ class MainWindow(QMainWindow):
         self.hf_names = hugging_face_names(doc.module)  # {} unless a Hugging Face family's model
         self.tree.set_module(doc.module, names=self.hf_names)
         has = doc.module is not None
-        self.summary_label.setText(str(doc.stats.total.counts) if has else "No model open.")
+        gguf = quantized_summary(doc.module) if has else ""
+        self.summary_label.setText((str(doc.stats.total.counts) + (f"  ·  {gguf}" if gguf else "")) if has
+                                   else "No model open.")
         self.device_selector.set_model_devices(doc.stats.total.devices if has else [])
         self._show_selection(self.tree.selected_path())
         self._update_actions()
@@ -418,6 +444,8 @@ class MainWindow(QMainWindow):
         self.actions.export_adapters.setEnabled(reparameterized)
         self.actions.detach_lora.setEnabled(reparameterized)
         self.pretrained.update_action()
+        if hasattr(self, "gguf"):
+            self.gguf.update_actions()
         if hasattr(self, "script_export"):
             self.script_export.update_action()
 
@@ -465,7 +493,19 @@ class MainWindow(QMainWindow):
     def status(self, text: str, ms: int = 8000) -> None:
         """A passing note on the right of the status bar (the trainable summary stays on the left)."""
         self.message_label.setText(text)
+        self._status_text = text
         self.message_timer.start(ms)
+
+    def event(self, event) -> bool:
+        """A hovered action's status tip goes where the passing notes go (QMainWindow would show it
+        as the status bar's temporary message, which hides the trainable summary); leaving it
+        brings back the note it covered, while that note lasts."""
+        label, timer = getattr(self, "message_label", None), getattr(self, "message_timer", None)
+        if event.type() == QEvent.Type.StatusTip and label is not None and timer is not None:
+            note = getattr(self, "_status_text", "") if timer.isActive() else ""
+            label.setText(event.tip() or note)
+            return True
+        return super().event(event)
 
     def dialog_parent(self) -> QMainWindow:
         """The parent of the controllers' file pickers, questions and dialogs (app/host.py)."""
@@ -553,6 +593,10 @@ class MainWindow(QMainWindow):
         rows = "".join(f"<tr><td>{name}</td><td><b>{keys}</b></td></tr>" for name, keys in self.shortcut_table())
         self.message(QMessageBox.Icon.Information, "Keyboard Shortcuts", f"<table cellspacing=6>{rows}</table>")
 
+    def show_user_guide(self) -> GuideDialog:
+        """Help > User Guide: docs/user-guide.md (beside the packages, in a checkout and in the bundle)."""
+        return self.open_dialog(GuideDialog(USER_GUIDE, self, title="Ember User Guide"))
+
     def show_about(self) -> None:
         self.message(QMessageBox.Icon.Information, "About Ember",
                      "<b>Ember</b><br>Design, inspect and fine-tune neural networks built on Burn's module "
@@ -563,6 +607,17 @@ class MainWindow(QMainWindow):
         if not self._layout_restored:  # first start: give the tree room for its columns
             self._layout_restored = True
             QTimer.singleShot(0, self.default_dock_sizes)
+
+    def resizeEvent(self, event) -> None:
+        """The docks keep their share of the width as the window grows or shrinks (Qt gives it
+        all to the central tabs: at 1600 px the inspector kept the 190 px of a smaller window)."""
+        super().resizeEvent(event)
+        old, new = event.oldSize().width(), event.size().width()
+        if old <= 0 or new == old or not self.isVisible():
+            return
+        docks = [d for d in (self.tree_dock, self.inspector_dock) if d.isVisible() and not d.isFloating()]
+        if docks:
+            self.resizeDocks(docks, [max(1, round(d.width() * new / old)) for d in docks], Qt.Orientation.Horizontal)
 
     def default_dock_sizes(self) -> None:
         """The first-start layout: wide docks around the display, narrow ones around the canvas."""
@@ -584,7 +639,16 @@ class MainWindow(QMainWindow):
         lost). True when the caller may go on; False (Cancel, or a save that did not happen) and
         the caller changes nothing. Every path that replaces either asks here, Quit included."""
         doc = self.document
-        if document and doc.module is not None and doc.is_dirty():
+        ask_document = document and doc.module is not None and doc.is_dirty()
+        if ask_document and design and self.designer.is_dirty():
+            # one question for both (Quit, Open ONNX, Open Design): Discard means all of it
+            model = ("The model built from a design" if isinstance(doc.source, DesignSource)
+                     else doc.title.rstrip(" *"))
+            return ask_save_discard(self, "Unsaved changes",
+                                    f"{model} and the design {self.designer.design.name!r} have unsaved changes. "
+                                    f"Save them first (the project, then the design)?",
+                                    lambda: self.projects.save_project() and self.designer.save_or_ask())
+        if ask_document:
             if not ask_save_discard(self, "Unsaved changes",
                                     f"{doc.title.rstrip(' *')} has unsaved changes. Save the project first?",
                                     self.projects.save_project):

@@ -4,7 +4,8 @@
 them (opening an example, a script, a project or a checkpoint, the designer's Build, New,
 Open and Samples, Quit); the designer panel asks it for its design when it has no window.
 
-`open_file` / `save_file`: the window's file dialogs, started in the last folder used.
+`open_file` / `save_file`: the window's file dialogs, started in the last folder used (a save in
+the folder last saved to: opening a model from its folder does not move where saves start).
 `ScriptFileDialog`: Open Model Script, where the typed name may carry a factory (`net.py:make_model`).
 """
 from __future__ import annotations
@@ -42,8 +43,13 @@ def ask_save_discard(parent: QWidget | None, title: str, text: str,
 
 
 # ---- file dialogs: they start in the folder of the last file chosen (`Settings.last_folder`) ----
-def _start(settings, name: str = "") -> str:
-    folder = settings.last_folder() if settings is not None else str(Path.home())
+def _start(settings, name: str = "", save: bool = False) -> str:
+    """Where a dialog starts: a save in the folder last saved to (not the open model's folder),
+    else the last folder used, else home."""
+    if settings is None:
+        folder = str(Path.home())
+    else:
+        folder = settings.last_save_folder() if save else settings.last_folder()
     return str(Path(folder) / name) if name else folder
 
 
@@ -57,9 +63,9 @@ def open_file(parent, settings, title: str, filters: str) -> str:
 
 def save_file(parent, settings, title: str, filters: str, name: str = "") -> str:
     """Ask for a file to write (suggesting `name`), starting in the last used folder; '' when cancelled."""
-    path, _ = QFileDialog.getSaveFileName(parent, title, _start(settings, name), filters)
+    path, _ = QFileDialog.getSaveFileName(parent, title, _start(settings, name, save=True), filters)
     if path and settings is not None:
-        settings.remember_folder(path)
+        settings.remember_save_folder(Path(path).parent)
     return path
 
 
@@ -78,14 +84,33 @@ class OutputFolderDialog(QFileDialog):
         self.setLabelText(QFileDialog.DialogLabel.Accept, "Choose")
         self.chosen = ""
         self.name_edit: QLineEdit | None = self.findChild(QLineEdit, "fileNameEdit")
+        self.problem = QLabel("")
+        self.problem.setObjectName("folder-problem")
+        self.problem.setWordWrap(True)
+        self.problem.setStyleSheet("color: #c62828;")
+        self.problem.hide()
+        grid = self.layout()
+        if grid is not None and hasattr(grid, "rowCount"):
+            grid.addWidget(self.problem, grid.rowCount(), 0, 1, -1)
+        if self.name_edit is not None:
+            self.name_edit.textEdited.connect(lambda _text: self.problem.hide())
 
     def accept(self) -> None:
         text = self.name_edit.text().strip() if self.name_edit is not None else ""
         if text:
             target = Path(self.directory().absolutePath()) / Path(text).expanduser()
-            if not target.exists() and target.parent.is_dir():
+            if not target.exists():
+                if not target.parent.is_dir():
+                    # said here, in the dialog: Qt's own check would open a modal "Directory not found"
+                    self.problem.setText(f"No folder {target.parent}: a new folder is made inside an existing one")
+                    self.problem.show()
+                    return
                 self.chosen = str(target)
                 QDialog.accept(self)  # past QFileDialog's own check, which wants an existing folder
+                return
+            if not target.is_dir():
+                self.problem.setText(f"{target} is a file: choose a folder, or type a new folder's name")
+                self.problem.show()
                 return
         super().accept()
         if self.result() == QDialog.DialogCode.Accepted and self.selectedFiles():
@@ -95,11 +120,11 @@ class OutputFolderDialog(QFileDialog):
     def choose(cls, parent: QWidget | None, settings, title: str) -> str:
         """Ask for a folder to write (starting in the last used folder); '' when cancelled. The
         folder chosen is remembered as the last used one's parent, so the next export starts beside it."""
-        dialog = cls(parent, title, _start(settings))
+        dialog = cls(parent, title, _start(settings, save=True))
         if dialog.exec() != QDialog.DialogCode.Accepted or not dialog.chosen:
             return ""
         if settings is not None:
-            settings.remember_folder(str(Path(dialog.chosen).parent))
+            settings.remember_save_folder(Path(dialog.chosen).parent)
         return dialog.chosen
 
 

@@ -84,6 +84,20 @@ class Settings:
         folder = p if p.is_dir() else p.parent
         self.q.setValue("files/last_folder", str(folder))
 
+    def last_save_folder(self) -> str:
+        """The folder last written to through a save dialog, while it exists; else the last folder
+        used (opening a model does not move where saves start)."""
+        value = self.q.value("files/last_save_folder", "")
+        folder = Path(str(value)) if value else None
+        if folder is not None and folder.is_dir():
+            return str(folder)
+        return self.last_folder()
+
+    def remember_save_folder(self, folder: str | os.PathLike) -> None:
+        """Remember `folder` as where saves start, and as the last folder used."""
+        self.q.setValue("files/last_save_folder", str(Path(folder).expanduser()))
+        self.q.setValue("files/last_folder", str(Path(folder).expanduser()))
+
     # ---- theme -------------------------------------------------------------------------------
     def theme(self) -> str:
         value = str(self.q.value("view/theme", "light"))

@@ -35,8 +35,11 @@ How a run goes:
   its `run.json`) from its newest checkpoint.
 - Runs belong to the document that made them: opening another model or project shows that
   document's runs only (a reopened project's runs are made again from their folders: settings,
-  curves, status), the axes start afresh, and the data settings are those of its last run (else
-  the example's own task, also for a checkpoint opened into an example's architecture).
+  curves, status), the axes start afresh, the status, progress, gradient norms and figures of the
+  model before go, and the settings are those of its last run, else the defaults with the
+  example's own task (also for a checkpoint opened into an example's architecture), or for a
+  language model causal-lm with its folder's tokenizer and a block size within its positions;
+  the metric plotted follows (perplexity for causal-lm).
 - A full disk does not throw a trained model away: when `trained.bpk` (or a checkpoint) cannot
   be written, the trained model still becomes the document's model and the panel says it was
   the disk.
@@ -64,6 +67,7 @@ from engine.train.run_folder import latest_checkpoint, new_run_folder, read_run,
 from engine.train.run_history import RunHistory
 from engine.train.run_spec import CAUSAL_LM_TASK, FILE_TASK, RunSpec
 from engine.train.tasks import TASKS
+from engine.train.text import model_limits
 from engine.train.worker import RunOutcome
 from widgets.common import ErrorLabel
 from widgets.training.config_form import FormError
@@ -73,6 +77,7 @@ from widgets.training.run_controls import RunControls
 from widgets.training.run_settings import RunSettings
 
 from .chat_row_dialog import ChatRowDialog, is_conversation_file
+from .run_overlay import RunOverlay
 from .core.schema import CheckpointSource, ExampleSource, LoadEdit, Source
 from .training_data_note import describe_text_file, missing_tokenizer, tokenizer_folder  # noqa: F401 - reached here
 from .training_run import GuiGate, TrainingRun
@@ -84,6 +89,12 @@ from .training_run import GuiGate, TrainingRun
 SWITCH_INTERVAL_S = None
 REFRESH_HZ = 4  # curves and progress redraw at most this often
 GUI_BUDGET = 0.05  # ... and less often when a redraw (with its paint) costs more than this share of the time
+GRAD_LABEL = "Gradient norms per module (sampled while training)"
+
+
+def is_language_model(module) -> bool:
+    """Whether `module` is a causal language model (a language-model head: the Llama family, GPT-2)."""
+    return module is not None and hasattr(module, "lm_head")
 
 
 def example_task(source: Source | None) -> str | None:
@@ -208,6 +219,8 @@ class TrainingPanel(QWidget):
         apply_row.addWidget(self.apply_button)
 
         self.curves = TrainingCurves()
+        # "Overlay run…": another run folder's curves beside these (app/run_overlay.py, issue 48)
+        self.overlay = RunOverlay(self.curves, start_folder=self.runs_dir, show_error=self._show_error)
         if self.wait_for_paint:
             self.curves.graphics.paint_began.connect(self.gui_gate.hold)
             self.curves.graphics.paint_ended.connect(self.gui_gate.release)
@@ -215,7 +228,7 @@ class TrainingPanel(QWidget):
         norms_box = QWidget()
         nl = QVBoxLayout(norms_box)
         nl.setContentsMargins(0, 0, 0, 0)
-        self.grad_label = QLabel("Gradient norms per module (sampled while training)")
+        self.grad_label = QLabel(GRAD_LABEL)
         nl.addWidget(self.grad_label)
         nl.addWidget(self.grad_table)
         right_split = QSplitter(Qt.Orientation.Vertical)
@@ -284,6 +297,17 @@ class TrainingPanel(QWidget):
             self.curves.add_run(run.history)
         self.curves.redraw()
         self._seen_source = object()  # the settings are defaulted for the new document
+        # the status, progress, norms and figures shown were the model's before
+        if self.active is None:
+            self.controls.set_state("idle", "Ready.")
+            self.controls.set_progress(0.0, None, None)
+        self.grad_table.set_norms({})
+        self.grad_label.setText(GRAD_LABEL)
+        self.lm_label.setText("")
+        self.lm_label.hide()
+        self._show_error("")
+        self.pending_apply = None
+        self.apply_button.setEnabled(False)
         self._update_checkpoint_button()
 
     def _record_folder(self, folder: str) -> Path:
@@ -299,18 +323,30 @@ class TrainingPanel(QWidget):
         source = getattr(self.document, "source", None)
         if module is not None and source != self._seen_source:  # another model was opened
             self._seen_source = source
-            saved = next((r.spec for r in reversed(self.runs) if r.spec is not None), None)
-            task = example_task(source)
-            if saved is not None:  # a reopened project trains as it last did
-                self.set_spec(saved)
-            elif task:
-                self.data_form.set_field("task", task)
-            devices = module.devices() if hasattr(module, "devices") else []
-            if devices:
-                self.run_settings.set_device(str(devices[0]))
-            self.run_settings.set_tokenizer_folder(tokenizer_folder(source), missing_tokenizer(source))
+            self._default_settings(module, source)
         self._update_can_start()
         self._update_checkpoint_button()
+
+    def _default_settings(self, module, source) -> None:
+        """The settings of a model just opened: those of its last run (a reopened project), else
+        the example's own task, else causal-lm for a language model (its folder's tokenizer, a
+        block size within its positions), else the defaults; the metric plotted to match."""
+        _vocab, positions = model_limits(module)
+        self.run_settings.reset(positions)
+        saved = next((r.spec for r in reversed(self.runs) if r.spec is not None), None)
+        task = example_task(source)
+        if saved is not None:  # a reopened project trains as it last did
+            self.set_spec(saved)
+        elif task:
+            self.data_form.set_field("task", task)
+        elif is_language_model(module):
+            self.data_form.set_field("task", CAUSAL_LM_TASK)
+        devices = module.devices() if hasattr(module, "devices") else []
+        if devices:
+            self.run_settings.set_device(str(devices[0]))
+        self.run_settings.set_tokenizer_folder(tokenizer_folder(source), missing_tokenizer(source))
+        lm = self.data_form.field_widget("task").currentText() == CAUSAL_LM_TASK
+        self.curves.reset_metric("perplexity" if lm else "accuracy")
 
     def _update_data_note(self) -> None:
         """Say what the chosen causal-lm data file holds (text, prompt/completion or conversations)."""
@@ -514,13 +550,16 @@ class TrainingPanel(QWidget):
     # ---- events from the worker -----------------------------------------------------------------
     def _on_events(self, run: TrainingRun, batch: list) -> None:
         """What the run's worker sent (the run's history has it already): the controls and tables."""
+        ours = run.generation == self.generation  # else a run of the model open before
         for event in batch:
+            if isinstance(event, ev.GradNorms) and not ours:
+                continue
             if isinstance(event, ev.GradNorms):
                 self.grad_table.set_norms(event.norms)
                 self.grad_label.setText(f"Gradient norms per module at step {event.global_step} "
                                         f"(frozen modules get none)")
                 self.grad_norms_changed.emit(dict(event.norms))
-            elif isinstance(event, ev.DataInfo) and run.spec is not None and run.spec.data.task == CAUSAL_LM_TASK:
+            elif isinstance(event, ev.DataInfo) and ours and run.spec is not None and run.spec.data.task == CAUSAL_LM_TASK:
                 self.run_settings.set_data_note(event.text)  # a conversation file, as the run read it
             elif isinstance(event, ev.Started):
                 self.controls.set_state("running", f"Training {run.name}: epoch {event.start_epoch} of "
@@ -535,7 +574,7 @@ class TrainingPanel(QWidget):
                                                    f"(epoch {event.epoch})")
             elif isinstance(event, ev.Failed):
                 self._show_error(f"{run.name} failed: {event.message}")
-        if run.generation != self.generation:
+        if not ours:
             return  # a run of the model open before: its curves are not this document's
         self._shown_run = run
         if not self.refresh_timer.isActive():

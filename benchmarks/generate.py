@@ -15,6 +15,13 @@ committed llama-gqa fixture.
 
     MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456 \\
     EMBER_ORACLE_PYTHON=/tmp/torchvenv/bin/python .venv/bin/python benchmarks/generate.py
+
+`--smollm2` (issue 45): greedy chat generation on SmolLM2-135M-Instruct (the folder benchmarks/smollm2.py
+makes in the cache): the ten questions of tests/engine/models/fixtures/smollm2_chat, each one user
+message rendered with the model's chat template and a generation prompt (Ember: `read_chat_template` +
+`encode_chat`; transformers: `apply_chat_template`), answered greedily up to 48 new tokens, the model's
+eos stopping it as in a chat; tokens/s = all the answers' new tokens over the time of all the `generate`
+calls, best of the alternating rounds (each a fresh process).
 """
 from __future__ import annotations
 
@@ -35,6 +42,8 @@ SIZES = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "
 PROMPT, NEW = 32, 64
 THREADS = (1, 2)
 ROUNDS, REPEATS = 3, 3
+CHAT_NEW, CHAT_ROUNDS = 48, 2
+QUESTIONS = ROOT / "tests" / "engine" / "models" / "fixtures" / "smollm2_chat" / "questions.json"
 
 MAKE_MODEL = textwrap.dedent("""
     import json, sys, torch, transformers
@@ -87,10 +96,109 @@ TORCH_SIDE = textwrap.dedent("""
 """)
 
 
+EMBER_CHAT = textwrap.dedent("""
+    import json, sys, time
+    import engine  # first, as users do: it configures OpenBLAS (its threads' spin) before NumPy loads it
+    from engine.models import from_pretrained, generate
+    from engine.train.chat_template import encode_chat, read_chat_template
+    from engine.train.tokenizer import load_tokenizer
+    folder, questions, new = sys.argv[1], json.load(open(sys.argv[2], encoding="utf-8")), int(sys.argv[3])
+    model, tok, template = from_pretrained(folder), load_tokenizer(folder), read_chat_template(folder)
+    prompts = [encode_chat(tok, template, [{"role": "user", "content": q}], add_generation_prompt=True)
+               for q in questions]
+    generate(model, None, prompts[0], 4, temperature=0)  # warm-up
+    seconds, ids = 0.0, []
+    for p in prompts:
+        t0 = time.perf_counter()
+        r = generate(model, None, p, new, temperature=0)
+        seconds += time.perf_counter() - t0
+        ids.append(r.token_ids)
+    print(json.dumps({"seconds": seconds, "ids": ids, "tokens": sum(map(len, ids)), "threads": engine.num_threads()}))
+""")
+
+TORCH_CHAT = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    import transformers
+    folder, questions, new, threads = sys.argv[1], json.load(open(sys.argv[2], encoding="utf-8")), \\
+        int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(threads)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                       return_tensors="pt", return_dict=True)["input_ids"] for q in questions]
+    seconds, ids = 0.0, []
+    with torch.no_grad():
+        model.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), do_sample=False, max_new_tokens=4)
+        for p in prompts:
+            t0 = time.perf_counter()
+            out = model.generate(p, attention_mask=torch.ones_like(p), do_sample=False, max_new_tokens=new)
+            seconds += time.perf_counter() - t0
+            ids.append(out[0, p.shape[1]:].tolist())
+    print(json.dumps({"seconds": seconds, "ids": ids, "tokens": sum(map(len, ids)), "threads": torch.get_num_threads()}))
+""")
+
+
+def chat_main(argv=None) -> int:
+    """`--smollm2`: greedy chat answers of SmolLM2-135M-Instruct, Ember against transformers."""
+    import argparse  # noqa: PLC0415
+
+    from benchmarks.smollm2 import smollm2_folder  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(description="greedy chat generation on SmolLM2-135M-Instruct")
+    ap.add_argument("--smollm2", action="store_true")
+    ap.add_argument("--threads", default=",".join(map(str, THREADS)))
+    ap.add_argument("--rounds", type=int, default=CHAT_ROUNDS, help="fresh processes per side and thread count")
+    ap.add_argument("--questions", type=int, default=10, help="the first N of the ten questions")
+    args = ap.parse_args(argv)
+    threads, rounds = [int(t) for t in args.threads.split(",")], args.rounds
+    print(machine_line())
+    oracle = oracle_python()
+    folder = smollm2_folder(oracle[0] if oracle is not None else None)
+    questions = json.loads(QUESTIONS.read_text(encoding="utf-8"))[:args.questions]
+    n_questions = len(questions)
+    tmp = Path(tempfile.mkdtemp(prefix="ember-chat-bench-"))
+    chosen = tmp / "questions.json"
+    chosen.write_text(json.dumps(questions), encoding="utf-8")
+    rows, agree = [], []
+    for n in threads:
+        sides = {"Ember, KV cache": (sys.executable, EMBER_CHAT, [str(folder), str(chosen), str(CHAT_NEW)])}
+        if oracle is not None:
+            sides[f"transformers generate (torch, transformers {oracle[1]})"] = (
+                oracle[0], TORCH_CHAT, [str(folder), str(chosen), str(CHAT_NEW), str(n)])
+        best: dict = {}
+        for _ in range(rounds):
+            for name, (python, code, args) in sides.items():
+                r = run_side(python, code, args, n, timeout=1800)
+                if name not in best or r["tokens"] / r["seconds"] > best[name]["tokens"] / best[name]["seconds"]:
+                    best[name] = r
+        peer = next((best[k] for k in best if k.startswith("transformers")), None)
+        for name, r in best.items():
+            rate = r["tokens"] / r["seconds"]
+            ratio = f"{rate / (peer['tokens'] / peer['seconds']):.2f}×" if peer is not None else "–"
+            rows.append([str(n), name, f"{rate:.1f}", f"{r['seconds'] / r['tokens'] * 1e3:.2f} ms", str(r["tokens"]),
+                         f"{r['seconds']:.2f} s", str(r["threads"]), ratio])
+        agree.append(all(r["ids"] == best["Ember, KV cache"]["ids"] for r in best.values()))
+    print_table(f"Greedy chat generation, tokens/s: SmolLM2-135M-Instruct (float32), {n_questions} questions, "
+                f"each a user message with the chat template's generation prompt, up to {CHAT_NEW} new tokens (the "
+                f"model's eos stops it), each side in a fresh process, best of {rounds} alternating rounds "
+                f"(CPU: {cpu_name()})",
+                ["threads", "side", "tokens/s", "per token", "new tokens", "generate() calls", "threads seen",
+                 "tokens/s vs transformers"], rows)
+    print()
+    print(f"- the sides' answers are {'identical, token for token' if all(agree) else 'NOT identical'} at every "
+          "thread count")
+    if oracle is None:
+        print("- transformers: not measured (no Python with torch and transformers: set EMBER_ORACLE_PYTHON)")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
 
 def main() -> int:
     import numpy as np
 
+    if "--smollm2" in sys.argv[1:]:
+        return chat_main()
     print(machine_line())
     tmp = Path(tempfile.mkdtemp(prefix="ember-generate-bench-"))
     try:

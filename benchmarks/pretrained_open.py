@@ -74,11 +74,12 @@ def llama_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def write_sparse_checkpoint(folder: Path, cfg: dict, dtype: str = "F16", itemsize: int = 2) -> dict:
-    """config.json, shards with real headers and holes for data, and the index. Returns figures."""
+def write_sparse_checkpoint(folder: Path, cfg: dict, dtype: str = "F16", itemsize: int = 2, tensors=None) -> dict:
+    """config.json, shards with real headers and holes for data, and the index. Returns figures.
+    `tensors`: [(name, shape)] in the file's order (default: a Llama's, from `cfg`)."""
     from engine.store.safetensors_io import header
 
-    tensors = llama_tensors(cfg)
+    tensors = llama_tensors(cfg) if tensors is None else tensors
     shards, current, size = [], [], 0
     for name, shape in tensors:
         nbytes = math.prod(shape) * itemsize

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC, blas_line, cpu_name, openblas_kernels, two_core_line  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
-           "pretrained_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
+           "pretrained_open", "families_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 # scripts that measure one thread count per process (OpenBLAS reads its thread count once, at
 # start-up): run once per thread count, their outputs one after the other
@@ -348,6 +348,19 @@ def _pretrained_7b(out, tables):
                   met=seconds_ < 1.0 and mb < 100 and read == 0)
 
 
+def _families_7b(out, tables):
+    """The slowest family's five steps, the most memory; met when every family's row is."""
+    t = find_table(tables, "Open a 7 B-sized sparse checkpoint of each issue 47 family")
+    total, mem, verdict = t.column("total"), t.column("resident memory"), t.column("stored tensors")
+    if not t.rows or any(r[total] == "" for r in t.rows):
+        raise LookupError("a family's checkpoint did not open")
+    slowest = max(t.rows, key=lambda r: seconds(r[total]))
+    most = max(number(r[mem]) for r in t.rows)
+    met = all(r[verdict].endswith("; met") for r in t.rows)
+    return Figure(f"slowest {slowest[0]}: {fmt_seconds(seconds(slowest[total]))}; at most {most:+.1f} MB; "
+                  f"{len(t.rows)} families", met=met)
+
+
 def _pretrained_first_forward(out, tables):
     t = find_table(tables, "First forward of a small real model")
     r = t.row("from_pretrained + first forward")
@@ -441,6 +454,8 @@ TARGETS = [
     Target("gui_training", "dashboard throughput", "≥ 0.90× headless", "issue 9", _gui_training("throughput")),
     Target("pretrained_open", "open a 7 B sharded HF folder: open, count, display, freeze, LoRA",
            "< 1 s, < 100 MB, none read", "issue 19", _pretrained_7b),
+    Target("families_open", "open a 7 B-sized sparse Qwen3 / Phi-3 / Gemma 1-3 checkpoint: open, count, display, "
+           "freeze, LoRA", "< 1 s, < 100 MB, none read (each family)", "issue 47", _families_7b),
     Target("pretrained_open", "small HF Llama: from_pretrained + first forward", "side by side (no target)",
            "issue 19", _pretrained_first_forward),
     Target("generate", "greedy generation with the KV cache, 64 tokens, 1 thread", "≥ 1.0× transformers tokens/s",

@@ -14,6 +14,30 @@ SCRIPT = "__script__"
 CHECKPOINT_FILTER = "Checkpoints (*.bpk *.safetensors);;All files (*)"
 
 
+WEIGHT_SUFFIXES = (".bpk", ".safetensors")
+TRAINING_STATE = ("optimizer.bpk", "scheduler.bpk")  # beside a training checkpoint's model.bpk
+
+
+def checkpoint_in(folder: Path) -> tuple[Path | None, str]:
+    """The checkpoint file a chosen folder stands for, else (None, why not): a training
+    checkpoint folder (`epoch-<e>/`) its `model.bpk`, a folder holding one .bpk or .safetensors
+    file that file; for any other folder what it holds and what is expected."""
+    expected = "expected a checkpoint file (.bpk, or .safetensors in the PyTorch layout)"
+    if (folder / "model.bpk").is_file():
+        return folder / "model.bpk", ""
+    if (folder / "adapter_config.json").is_file():
+        return None, (f"{folder} is a PEFT adapter folder (adapter_config.json), not a checkpoint file: "
+                      f"{expected}")
+    found = sorted(p for p in folder.iterdir() if p.suffix.lower() in WEIGHT_SUFFIXES and p.is_file()
+                   and p.name not in TRAINING_STATE)
+    if len(found) == 1:
+        return found[0], ""
+    if not found:
+        return None, f"{folder} is a folder holding no .bpk or .safetensors file: {expected}"
+    names = ", ".join(p.name for p in found[:4]) + (" …" if len(found) > 4 else "")
+    return None, f"{folder} is a folder holding {len(found)} checkpoint files ({names}): choose one of them"
+
+
 class CheckpointDialog(QDialog):
     """Emits `chosen(dict)`: `{"path", "allow_partial", "architecture"}`; the architecture is
     None when importing into the open model, else `{"kind": "example", "name"}` or
@@ -27,6 +51,7 @@ class CheckpointDialog(QDialog):
         self.setWindowTitle(title)
         self.setObjectName("checkpoint-dialog")
         self.with_architecture = examples is not None
+        self.start_folder = ""  # where Browse starts while no path is given (the window's last folder)
         form = QFormLayout()
         self.architecture = QComboBox()
         self.architecture.setObjectName("architecture")
@@ -86,7 +111,8 @@ class CheckpointDialog(QDialog):
         self.script.setEnabled(self.with_architecture and self.architecture.currentData() == SCRIPT)
 
     def _browse(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Checkpoint", self.path.text(), CHECKPOINT_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Checkpoint", self.path.text() or self.start_folder,
+                                              CHECKPOINT_FILTER)
         if path:
             self.path.setText(path)
 
@@ -97,8 +123,18 @@ class CheckpointDialog(QDialog):
         if not self.path.text().strip():
             self.path_error.show_error("choose a checkpoint file")
             ok = False
+        elif path.is_dir():  # a folder: the checkpoint it holds (a training checkpoint's model.bpk)
+            found, why = checkpoint_in(path)
+            if found is None:
+                self.path_error.show_error(why)
+                ok = False
+            else:
+                path = found
+                self.path.setText(str(found))
+                self.path_error.show_error(None)
         elif not path.is_file():
-            self.path_error.show_error(f"{path}: no such file")
+            self.path_error.show_error(f"{path}: no such file (expected a .bpk checkpoint file, or .safetensors "
+                                       f"in the PyTorch layout)")
             ok = False
         else:
             self.path_error.show_error(None)

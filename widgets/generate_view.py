@@ -13,7 +13,7 @@ the sampling boxes to a model's defaults (`DEFAULTS` where it gives none); the a
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QTextCursor
+from PySide6.QtGui import QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
                                QPlainTextEdit, QPushButton, QSizePolicy, QSpinBox, QSplitter, QVBoxLayout, QWidget)
 from PySide6.QtCore import Qt
@@ -218,22 +218,42 @@ class GenerateView(QWidget):
         self.generate_requested.emit(self.settings())
 
     # ---- what the app shows -------------------------------------------------------------------
-    def set_columns(self, titles: list[str]) -> None:
-        """One pane a title (one or two); the panes are cleared."""
+    def set_columns(self, titles: list[str], echo: str = "") -> None:
+        """One pane a title (one or two); the panes are cleared. `echo`: the prompt being
+        continued, shown first in each pane in its own format (dimmed, italic) so the
+        continuation that follows reads on from it and is told apart."""
+        self._echo_len = len(echo)
         for i, (title, out) in enumerate(zip(self.titles, self.outputs)):
             on = i < len(titles)
             title.setText(titles[i] if on else "")
             out.clear()
             title.parentWidget().setVisible(on)
+            if echo:
+                cursor = out.textCursor()
+                cursor.insertText(echo, self.echo_format())
+                out.setTextCursor(cursor)
+            out.setToolTip("The prompt (dimmed, italic), then the model's continuation" if echo else "")
+
+    def echo_format(self) -> QTextCharFormat:
+        """The prompt's format in the panes: the palette's placeholder colour, italic."""
+        f = QTextCharFormat()
+        f.setForeground(self.palette().color(QPalette.ColorRole.PlaceholderText))
+        f.setFontItalic(True)
+        return f
 
     def append(self, column: int, text: str) -> None:
         out = self.outputs[column]
         cursor = out.textCursor()
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(text)
+        cursor.insertText(text, QTextCharFormat())  # the continuation: the pane's own format
         out.setTextCursor(cursor)
 
     def text(self, column: int) -> str:
+        """The continuation the model gave in `column` (without the prompt shown before it)."""
+        return self.outputs[column].toPlainText()[self._echo_len:]
+
+    def shown_text(self, column: int) -> str:
+        """Everything the pane shows: the prompt, then the continuation."""
         return self.outputs[column].toPlainText()
 
     def set_running(self, running: bool) -> None:
@@ -242,6 +262,7 @@ class GenerateView(QWidget):
         self.chat.set_running(running)
 
     _can_generate = True
+    _echo_len = 0  # characters of the prompt echoed at the start of each pane
 
     def set_can_generate(self, ok: bool, why: str = "") -> None:
         self._can_generate = bool(ok)

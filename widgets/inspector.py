@@ -17,7 +17,7 @@ from engine.module.summary import ModelStats, param_trainable
 from engine.module.tree import FieldKind, children, find, join, params
 
 from .common import count, monospace_font
-from .module_tree import type_name
+from .module_tree import byte_text, quantization, type_name
 
 PARAM_COLUMNS = ["Path", "Id", "Shape", "DType", "Device", "State", "Require grad", "Reparameterized",
                  "Hugging Face name"]
@@ -34,11 +34,14 @@ def param_row(path: str, p: Param, hf_name: str = "") -> list[str]:
     if p.is_initialized():
         dtype = str(p.base().dtype)
         state = "initialized"
-    else:
-        dtype = p.kind
+    else:  # the dtype it will have when read: a float parameter its device's default
+        dtype = str(p.lazy_device().default_float_dtype) if p.kind == "float" else p.kind
         state = "lazy"
     r = p.reparameterization
     reparam = type(r).__name__ if r is not None else ""
+    q = quantization(p)
+    if q is not None:  # the type it is stored in, and its bytes
+        dtype = f"{q[0]} ({byte_text(q[1])}; {dtype})"
     return [path, str(p.id), _shape(p.shape), dtype, str(p.lazy_device()), state,
             "yes" if param_trainable(p) else "no", reparam, hf_name]
 
@@ -130,6 +133,8 @@ class Inspector(QWidget):
             parts.append(f"{count(st.numel)} values, none trainable")
         if st.reparameterized:
             parts.append(f"{st.reparameterized} reparameterized (LoRA)")
+        if st.quantized:
+            parts.append(f"{st.quantized} quantized (GGUF blocks, {byte_text(st.stored_bytes)} as stored)")
         lazy = st.tensors - st.initialized
         if lazy:
             parts.append(f"{lazy:,} of {st.tensors:,} parameters lazy (not allocated)")

@@ -34,6 +34,7 @@ from .group_dialog import GroupSelector, fill_preview, preview_table, shape_text
 
 VARIANTS = [("lora", "LoRA"), ("rslora", "rsLoRA (alpha / √rank)"), ("dora", "DoRA (+ magnitude per column)"),
             ("qlora", "QLoRA (4-bit NF4 base)")]
+ALL_LINEAR = "all-linear"
 GROUP_TARGETS = "group"  # the targets are the parameter group below
 CUSTOM_TARGETS = "custom"
 # the modules LLaMA-Factory trains whole for a resized vocabulary (input embedding, output head)
@@ -44,8 +45,10 @@ _NAME_LIST = re.compile(r"^\s*[\w.-]+(\s*,\s*[\w.-]+)*\s*$")
 
 def target_presets(module: Any) -> list[tuple[str, str]]:
     """(key, label) of the PEFT-style target presets that select something in `module`: the
-    family's usual ones (Llama's "q_proj, v_proj" and the four attention projections, GPT-2's
-    "c_attn"), "all-linear", a custom list or regex, and the parameter group."""
+    family's usual ones (Llama's, Qwen3's "q_proj, v_proj" and the four attention projections,
+    GPT-2's "c_attn", Phi-3's fused "qkv_proj" and "gate_up_proj", a mixture's router "gate" and
+    Mixtral's experts "w1, w2, w3"), "all-linear", a custom list or
+    regex, and the parameter group."""
     try:
         names = {t.module.rpartition(".")[2] for t in peft_targets(module)}
         linear = any(t.kind == "linear" for t in peft_targets(module))
@@ -58,8 +61,20 @@ def target_presets(module: Any) -> list[tuple[str, str]]:
         out.append(("q_proj, k_proj, v_proj, o_proj", "q_proj, k_proj, v_proj, o_proj"))
     if "c_attn" in names:
         out.append(("c_attn", "c_attn (GPT-2's attention)"))
+    if {"query", "value"} <= names:
+        out.append(("query, value", "query, value (PEFT's default for BERT and ViT)"))
+    if {"qkv_proj", "o_proj"} <= names:  # Phi-3: q, k, v fused in one Linear (one LoRA over its rows, as peft)
+        out.append(("qkv_proj", "qkv_proj (Phi-3's fused attention)"))
+        out.append(("qkv_proj, o_proj", "qkv_proj, o_proj"))
+    if {"gate_up_proj", "down_proj"} <= names:
+        out.append(("gate_up_proj, down_proj", "gate_up_proj, down_proj (Phi-3's MLP)"))
+    if {"q_proj", "k_proj", "v_proj", "o_proj", "gate"} <= names:  # a mixture of experts' router
+        out.append(("q_proj, k_proj, v_proj, o_proj, gate", "q_proj, k_proj, v_proj, o_proj, gate (the attention "
+                                                            "and the experts' router)"))
+    if {"w1", "w2", "w3"} <= names:
+        out.append(("w1, w2, w3", "w1, w2, w3 (Mixtral's experts)"))
     if linear:
-        out.append(("all-linear", "all-linear (every Linear but the output head)"))
+        out.append((ALL_LINEAR, "all-linear (every Linear but the output head)"))
     out.append((CUSTOM_TARGETS, "Custom: module names or a regex"))
     out.append((GROUP_TARGETS, "Parameter group (below)"))
     return out
@@ -108,8 +123,12 @@ class LoraDialog(QDialog):
         self.custom_targets.setFont(monospace_font())
         self.custom_targets.setPlaceholderText(r"q_proj, k_proj   or   .*\.layers\.0\..*_proj")
         self.targets_error = ErrorLabel()
-        # the dialog starts on the parameter group, as it always did (the tree's selection, or all)
-        self.targets.setCurrentIndex(self.targets.count() - 1)
+        # a subtree selected in the tree: the dialog starts on that parameter group; the whole
+        # model: on the family's preset (PEFT's default targets) where it has one, for the group
+        # "all" would adapt every rank-2 weight, the embeddings and the output head included
+        family = self.targets.itemData(0) not in (ALL_LINEAR, CUSTOM_TARGETS, GROUP_TARGETS)
+        whole = group_mode == "all" and not group_text.strip()
+        self.targets.setCurrentIndex(0 if family and whole else self.targets.count() - 1)
         self.rank = self._field("rank", "8", "the adapters' inner dimension, an integer ≥ 1")
         self.rank_error = ErrorLabel()
         # a rank that is not below a target's smaller side makes no low-rank update: warned, allowed

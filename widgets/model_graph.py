@@ -6,6 +6,9 @@ the model's direct children as boxes, top to bottom in the order they ran, joine
 carry the shape of the tensor passed. A box with a "+" expands (double-click it, or `expand(path)`)
 into its child modules, or, for a module with no children, into the ops it ran. Only what is
 visible is drawn, so a 7 B model's graph is a few dozen items until the user opens a box.
+A run of identical blocks called one after another (a decoder's 32 layers: `layers.0` to
+`layers.31`, one type, the same ops on the same shapes) is one box, "layers.0–31 · LlamaDecoderLayer
+× 32", that expands into the blocks, each expandable as before.
 `select_path(path)` highlights the box of the module tree's selection (or the box it lies in).
 The view decides nothing: `module_activated(path)` says which box was clicked.
 """
@@ -13,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import QPointF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainterPath, QPen
+from PySide6.QtCore import QEvent, QPointF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import (QGraphicsItem, QGraphicsPathItem, QGraphicsRectItem, QGraphicsScene,
                                QGraphicsSimpleTextItem, QGraphicsView)
 
@@ -39,6 +42,8 @@ class _Unit:
     end: int
     depth: int
     expandable: bool = False
+    covers: tuple = ()  # a folded run of blocks: the paths of its blocks
+    parent: str = ""  # a folded run: the path of the list holding its blocks (`layers`)
 
 
 class _Box(QGraphicsRectItem):
@@ -63,7 +68,9 @@ class _Box(QGraphicsRectItem):
 
     def mousePressEvent(self, event) -> None:
         super().mousePressEvent(event)
-        if self.unit.kind == "module":
+        if self.unit.covers:
+            self.view.module_activated.emit(self.unit.parent)  # the list of the folded blocks
+        elif self.unit.kind == "module":
             self.view.module_activated.emit(self.unit.key.split("@", 1)[0])  # a second call's box: its module
 
 
@@ -84,6 +91,18 @@ class ModelGraphView(QGraphicsView):
         self.boxes: dict[str, _Box] = {}
         self._message = ""
 
+    def text_color(self) -> QColor:
+        """The colour of what is drawn on the view's background (edge shapes, messages): slate on
+        a light background, the palette's text colour on a dark one."""
+        if self.palette().color(QPalette.ColorRole.Base).lightness() < 128:
+            return self.palette().color(QPalette.ColorRole.Text)
+        return QColor("#3b4a5e")
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:  # the theme changed: the labels follow it
+            self.redraw()
+
     # ---- what is shown ----------------------------------------------------------------------------
     def set_trace(self, trace, title: str = "") -> None:
         self.trace = trace
@@ -102,6 +121,7 @@ class ModelGraphView(QGraphicsView):
             self._children.setdefault(parent, []).append(c)
         for kids in self._children.values():
             kids.sort(key=lambda c: c.first)
+        self._signatures: dict[str, tuple] = {}
         self._message = title
         self.redraw()
         self.fit()
@@ -138,6 +158,9 @@ class ModelGraphView(QGraphicsView):
             self.fitInView(rect.adjusted(-20, -20, 20, 20), Qt.AspectRatioMode.KeepAspectRatio)
             if self.transform().m11() < 0.55:  # a long graph: readable at the top, scroll down
                 self.resetTransform()
+            elif self.transform().m11() > 1.0:  # a short graph (BERT's three boxes): never larger than life
+                self.resetTransform()
+                self.centerOn(rect.center())
                 self.scale(0.8, 0.8)
                 self.centerOn(rect.center().x(), rect.top() + self.viewport().height() / 1.6)
 
@@ -176,13 +199,28 @@ class ModelGraphView(QGraphicsView):
             i = first
             # a module called twice (one activation used after two layers) has two boxes
             kids = [c for c in kids if c.first >= first and c.end <= end and (c.end > c.first or first <= c.first)]
-            for c in sorted(kids, key=lambda c: c.first):
+            for run in self._runs(sorted(kids, key=lambda c: c.first), seen):
+                c = run[0]
                 if c.first > i:
                     add_ops(i, min(c.first, end), depth)
-                add_call(c, depth)
-                i = max(i, c.end)
+                if len(run) == 1:
+                    add_call(c, depth)
+                else:
+                    add_fold(run, depth)
+                i = max(i, run[-1].end)
             if end > i:
                 add_ops(i, end, depth)
+
+        def add_fold(run, depth):
+            parent, _, lo = run[0].path.rpartition(".")
+            hi = run[-1].path.rpartition(".")[2]
+            key = f"repeat:{run[0].path}"
+            units.append(_Unit(key, f"{parent}.{lo}–{hi} · {run[0].type_name} × {len(run)}", "module",
+                               run[0].first, run[-1].end, depth, expandable=True,
+                               covers=tuple(c.path for c in run), parent=parent))
+            if key in self.expanded:
+                for c in run:
+                    add_call(c, depth + 1)
 
         def add_call(c, depth):
             name = c.path.rsplit(".", 1)[-1]
@@ -202,12 +240,53 @@ class ModelGraphView(QGraphicsView):
         units.append(_Unit("output", "output", "io", len(tr.ops), len(tr.ops), 0))
         return units
 
+    def _runs(self, kids: list, seen: set) -> list[list]:
+        """`kids` (in call order) cut into runs: consecutive blocks of one list (`layers.0`,
+        `layers.1`, ...) that ran back to back with the same signature form one run; any other
+        call is a run of its own."""
+        out: list[list] = []
+        for c in kids:
+            prev = out[-1] if out else None
+            if prev is not None and c.path not in seen and self._continues(prev, c):
+                prev.append(c)
+            else:
+                out.append([c])
+        return out
+
+    def _continues(self, run: list, c) -> bool:
+        last = run[-1]
+        head, _, index = c.path.rpartition(".")
+        last_head, _, last_index = last.path.rpartition(".")
+        return (index.isdigit() and last_index.isdigit() and head == last_head and int(index) == int(last_index) + 1
+                and c.first == last.end and c.end > c.first and self._signature(c) == self._signature(run[0]))
+
+    def _signature(self, c) -> tuple:
+        """What makes two blocks the same for folding: the type, every op (name, input and output
+        shapes, the weights' among them) and every inner call (relative path, type, span)."""
+        sig = self._signatures.get(c.path)
+        if sig is None:
+            tr = self.trace
+
+            def shapes(ids):
+                return tuple(tuple(tr.tensors[t].shape) if t in tr.tensors else None for t in ids)
+
+            ops = tuple((o.op, shapes(o.inputs), shapes(o.outputs)) for o in tr.ops[c.first:c.end])
+            inner, stack = [], list(self._children.get(c.path, []))
+            while stack:
+                k = stack.pop()
+                inner.append((k.path[len(c.path):], k.type_name, k.first - c.first, k.end - c.first))
+                stack.extend(self._children.get(k.path, []))
+            sig = (c.type_name, ops, tuple(sorted(inner)))
+            self._signatures[c.path] = sig
+        return sig
+
     def redraw(self) -> None:
         scene = self.scene()
         scene.clear()
         self.boxes = {}
         if self.trace is None:
             item = scene.addSimpleText(self._message or "No model open.")
+            item.setBrush(QBrush(self.text_color()))
             item.setPos(0, 0)
             return
         tr = self.trace
@@ -277,7 +356,7 @@ class ModelGraphView(QGraphicsView):
         font = QFont()
         font.setPointSizeF(8.0)
         text.setFont(font)
-        text.setBrush(QBrush(QColor("#3b4a5e")))
+        text.setBrush(QBrush(self.text_color()))
         text.setPos(text_at)
 
     def _paint_selection(self) -> None:
@@ -287,9 +366,10 @@ class ModelGraphView(QGraphicsView):
             for key, box in self.boxes.items():
                 if box.unit.kind != "module":
                     continue
-                base = key.split("@", 1)[0]
-                if path == base or path.startswith(base + "."):
-                    if best is None or len(key) > len(best):
+                bases = box.unit.covers or (key.split("@", 1)[0],)
+                if any(path == base or path.startswith(base + ".") for base in bases):
+                    rank = (box.unit.depth, len(key))  # the innermost box; a second call's after the first
+                    if best is None or rank > (self.boxes[best].unit.depth, len(best)):
                         best = key
         for key, box in self.boxes.items():
             box.setBrush(QBrush(_SELECTED if key == best else _FILL[box.unit.kind]))

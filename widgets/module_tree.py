@@ -52,6 +52,17 @@ def has_tree_children(value: Any) -> bool:
     return any(k in TREE_KINDS for _, k, _ in children(value))
 
 
+GROUP_MIN = 8  # a list below the top level with more modules than this is a group (a layer's experts)
+
+
+def is_group(kind: FieldKind, value: Any, path: str) -> bool:
+    """A list of more than GROUP_MIN modules below the model's own fields (`layers.0.mlp.experts` of a
+    mixture of experts): named with its count ("experts (64)") and left collapsed when the tree is
+    expanded to a depth or in full (a filter still opens it to show what matches)."""
+    return (kind == FieldKind.CONTAINER and "." in path and isinstance(value, (list, tuple))
+            and len(value) > GROUP_MIN and all(k == FieldKind.MODULE for _, k, _ in children(value)))
+
+
 def type_name(kind: FieldKind, value: Any) -> str:
     """The Type column: the class name, `Param float[4, 3]`, `Vec[2]`, `Tensor int[4]`."""
     if kind in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION):
@@ -65,6 +76,20 @@ def type_name(kind: FieldKind, value: Any) -> str:
         return f"Tensor {value.kind}{list(value.shape)}"
     return type(value).__name__
 
+
+
+def quantization(p) -> tuple[str, int] | None:
+    """(the stored type such as "Q4_1", its bytes) of a parameter kept in quantized blocks (a GGUF
+    weight, or an adapter over one); None for any other."""
+    r = getattr(p, "reparameterization", None)
+    stored = r if getattr(r, "TAKES_ADAPTER", False) else getattr(r, "gguf", None)
+    if stored is None or not hasattr(stored, "qtype"):
+        return None
+    return str(stored.qtype), int(stored.nbytes())
+
+
+def byte_text(n: int) -> str:
+    return f"{n / 2 ** 20:.1f} MiB" if n >= 2 ** 20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
 def lora_badge() -> QIcon:
@@ -116,7 +141,7 @@ class ModuleTreeModel(QAbstractItemModel):
         self._visible: set[str] | None = None  # paths shown while filtering
         self._contracts: ContractProvider | None = None
         self._grad_norms: dict | None = None  # module path -> live gradient norm (None: frozen)
-        self._names: dict[str, str] = {}  # path -> the Hugging Face name, where it differs
+        self._names: dict[str, str] = {}  # path -> the Hugging Face name
         self._mono = monospace_font()
 
     # ---- content -------------------------------------------------------------------------
@@ -133,7 +158,7 @@ class ModuleTreeModel(QAbstractItemModel):
     def set_names(self, names: dict[str, str] | None) -> None:
         """Other names of the nodes ({path: Hugging Face name}), shown in their own column and in
         the name's tooltip, and matched by the filter; takes effect at the next `set_module`."""
-        self._names = {k: v for k, v in (names or {}).items() if v and v != k}
+        self._names = {k: v for k, v in (names or {}).items() if v}  # the same name too (lm_head)
 
     def names(self) -> dict[str, str]:
         return dict(self._names)
@@ -321,8 +346,15 @@ class ModuleTreeModel(QAbstractItemModel):
             return st.state
         if role == Qt.ItemDataRole.DisplayRole:
             if col == NAME:
+                if is_group(node.kind, node.value, node.path):
+                    return f"{node.seg} ({len(node.value)})"
                 return node.seg or type(node.value).__name__
             if col == TYPE:
+                q = quantization(node.value if node.kind is FieldKind.PARAM else getattr(node.value, "weight", None))
+                if q is not None:
+                    return f"{type_name(node.kind, node.value)} · {q[0]}, {byte_text(q[1])}"
+                if st.quantized and node.kind is not FieldKind.PARAM:
+                    return f"{type_name(node.kind, node.value)} · {st.quantized} quantized"
                 return type_name(node.kind, node.value)
             if col == PARAMS:
                 return count(st.numel)
@@ -386,6 +418,9 @@ class ModuleTreeModel(QAbstractItemModel):
                 lines.append(message)
         elif col == NAME and st.reparameterized:
             lines.append(f"LoRA: {st.reparameterized} reparameterized parameter(s) below")
+        if st.quantized:
+            lines.append(f"quantized: {st.quantized} weight(s) kept in their GGUF blocks, "
+                         f"{byte_text(st.stored_bytes)} as stored")
         return "\n".join(lines)
 
     def setData(self, index: QModelIndex, value, role=Qt.ItemDataRole.EditRole) -> bool:
@@ -561,7 +596,7 @@ class ModuleTree(QWidget):
             for _ in range(depth + 1):
                 nxt = []
                 for index in level:
-                    if self.model.hasChildren(index):
+                    if self.model.hasChildren(index) and not self._is_group(index):
                         self._expand(index)
                         nxt.extend(self.model.index(r, 0, index) for r in range(self.model.rowCount(index)))
                 level = nxt
@@ -570,13 +605,17 @@ class ModuleTree(QWidget):
             self.depth_spin.setValue(depth)
             self.depth_spin.blockSignals(False)
 
+    def _is_group(self, index: QModelIndex) -> bool:
+        node = index.internalPointer()
+        return node is not None and is_group(node.kind, node.value, node.path)
+
     def expand_all(self) -> None:
         """Expand every branch (fetching all of it: meant for filtered or small trees)."""
         stack = [(self.model.index(0, 0), 0)] if self.model.rowCount() else []
         deepest = 0
         while stack:
             index, depth = stack.pop()
-            if self.model.hasChildren(index):
+            if self.model.hasChildren(index) and not (self._is_group(index) and not self.model.filter_text()):
                 self._expand(index)
                 deepest = max(deepest, depth)
                 stack.extend((self.model.index(r, 0, index), depth + 1) for r in range(self.model.rowCount(index)))

@@ -1,7 +1,7 @@
 """Model edits as data: what the user did, in a form the project file keeps and can replay.
 
 An edit is one of the typed values of `app.core.schema` (`GroupEdit`, `LoraEdit`,
-`MaterializeEdit`, `MoveEdit`, `LoadEdit`). `apply_edit(module, edit)` performs it with the
+`MaterializeEdit`, `MoveEdit`, `LoadEdit`, `PeftEdit`). `apply_edit(module, edit)` performs it with the
 engine's transitions and returns the new module; the receiver is unchanged. `replay` applies a
 project's edits in order.
 """
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from engine.module import Lora, QLora
 
-from .schema import DetachEdit, GroupEdit, GroupSpec, LoadEdit, LoraEdit, MaterializeEdit, MoveEdit, Edit
+from .schema import DetachEdit, GroupEdit, GroupSpec, LoadEdit, LoraEdit, MaterializeEdit, MoveEdit, PeftEdit, Edit
 
 OP_TEXT = {"freeze": "Freeze", "unfreeze": "Unfreeze", "no_grad": "No grad"}
 
@@ -45,6 +45,8 @@ def describe(edit: Edit) -> str:
         return f"{'Fork' if edit.fork else 'Transfer'} to {edit.device}"
     if isinstance(edit, LoadEdit):
         return f"Load weights from {Path(edit.path).name}"
+    if isinstance(edit, PeftEdit):
+        return f"Load PEFT adapter {Path(edit.path).name}"
     return str(edit)
 
 
@@ -76,8 +78,12 @@ def apply_edit(module: Any, edit: Edit) -> Any:
         from .checkpoints import load  # noqa: PLC0415
 
         return load(module, edit.path, edit.allow_partial)[0]
-    raise EditError(f"unknown edit {edit!r}: expected freeze, unfreeze, no_grad, lora, materialize, fork, to_device "
-                    f"or load")
+    if isinstance(edit, PeftEdit):
+        from engine.models.peft import load_peft_adapter  # noqa: PLC0415 - only a project with one reads it
+
+        return load_peft_adapter(module, edit.path)
+    raise EditError(f"unknown edit {edit!r}: expected freeze, unfreeze, no_grad, lora, materialize, fork, to_device, "
+                    f"load or peft")
 
 
 # An edit that copies or computes more than this runs on a worker thread (app.edit_actions).
@@ -95,9 +101,10 @@ def edit_cost_bytes(module: Any, edit: Edit) -> int:
         return sum(p.numel() * 4 for p in module.params() if p.rank == 2)
     if isinstance(edit, MaterializeEdit):
         return sum(p.numel() * 4 for p in module.params() if p.reparameterization is not None)
-    if isinstance(edit, LoadEdit):
+    if isinstance(edit, (LoadEdit, PeftEdit)):
         try:
-            return Path(edit.path).stat().st_size
+            path = Path(edit.path)
+            return (path / "adapter_model.safetensors" if isinstance(edit, PeftEdit) else path).stat().st_size
         except OSError:
             return 0
     return 0

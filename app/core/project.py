@@ -12,7 +12,8 @@ from engine.store.atomic import atomic_write_text
 
 from dataclasses import replace
 
-from .schema import CheckpointSource, LoadEdit, OnnxSource, PretrainedSource, Project, SchemaError, ScriptSource
+from .schema import (CheckpointSource, LoadEdit, OnnxSource, PeftEdit, PretrainedSource, Project, SchemaError,
+                     ScriptSource)
 
 PROJECT_SUFFIX = ".ember.json"
 
@@ -74,7 +75,8 @@ def with_paths(project: Project, convert) -> Project:
             return replace(s, path=convert(s.path), architecture=source(s.architecture))
         return s
 
-    edits = [replace(e, path=convert(e.path)) if isinstance(e, LoadEdit) else e for e in project.edits]
+    edits = [replace(e, path=convert(e.path)) if isinstance(e, (LoadEdit, PeftEdit)) else e
+             for e in project.edits]
     runs = [replace(r, folder=convert(r.folder)) for r in project.runs]
     return Project(source(project.source), edits, dict(project.contracts), runs)
 

@@ -231,7 +231,7 @@ class GroupSpec:
 
 # ---- edits ------------------------------------------------------------------------------------
 GROUP_OPS = ("freeze", "unfreeze", "no_grad")
-EDIT_OPS = GROUP_OPS + ("lora", "materialize", "detach", "fork", "to_device", "load")
+EDIT_OPS = GROUP_OPS + ("lora", "materialize", "detach", "fork", "to_device", "load", "peft")
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,19 @@ class LoadEdit:
         return {"op": "load", "path": self.path, "allow_partial": self.allow_partial}
 
 
-Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, DetachEdit, MoveEdit, LoadEdit]
+@dataclass(frozen=True)
+class PeftEdit:
+    """Attach the LoRA adapters of a PEFT adapter folder (adapter_config.json +
+    adapter_model.safetensors) to the model (`engine.models.peft.load_peft_adapter`)."""
+
+    op: ClassVar[str] = "peft"
+    path: str
+
+    def to_json(self) -> dict:
+        return {"op": "peft", "path": self.path}
+
+
+Edit = Union[GroupEdit, LoraEdit, MaterializeEdit, DetachEdit, MoveEdit, LoadEdit, PeftEdit]
 
 
 LORA_VARIANTS = ("lora", "rslora", "dora")
@@ -371,6 +383,8 @@ def edit_from_json(data: Any, where: str = "edit") -> Edit:
     if op == "load":
         return LoadEdit(_path(data, "path", where, "a checkpoint path (string)"),
                         _get(data, "allow_partial", bool, where, "true or false", False))
+    if op == "peft":
+        return PeftEdit(_path(data, "path", where, "a PEFT adapter folder (string)"))
     raise SchemaError(f"{where}.op", "one of " + ", ".join(EDIT_OPS), _kind_found(op))
 
 

@@ -36,7 +36,7 @@ _FILE_CATEGORY = {
     "linear": "General", "embedding": "General", "dropout": "General", "norm": "General",
     "activation": "General", "misc": "General", "conv": "Convolutions", "pool": "Pooling",
     "interpolate": "Interpolation", "rnn": "RNNs", "attention": "Transformer", "transformer": "Transformer",
-    "pos_encoding": "Transformer", "loss": "Loss",
+    "pos_encoding": "Transformer", "moe": "Transformer", "loss": "Loss",
 }
 
 # How a layer's forward is called with the tensors on its input ports (see `call_layer`): each layer declares

@@ -12,7 +12,10 @@ operand (`"in0,c0,in1"` for `Where(cond, <constant>, y)`). A run-time target of 
 `Reshape` (one a dynamic batch computes through Shape, Gather, Concat) is held as `shape` with a
 code for each run-time size: -2 - k is the size of axis k of the op's second operand, the
 reference tensor (`shape=[-2, 1, 32]`, operands `"c0,in0"`: the constant expanded to the input's
-batch). The constants are held by the node's
+batch). A Slice's run-time ends are held the same way in `shape` (one code an entry of `ends`; 0 keeps
+that entry of `ends`), its second operand the reference; `Range` with one operand is 0, 1, ... up to the
+size of axis `axis` of that operand (the sequence positions of a dynamic axis), of the dtype `to`;
+`GatherND` reads the leading axes of its data at each row of its last index axis. The constants are held by the node's
 module as parameters `c0`, `c1`, ... that never train (saved in the model's record like any
 weight); `constants` gives their dtypes and shapes (`"float32[1,1,6,8];int64[]"`), so the node is
 made lazily and its shape rule (`shape_rules.primitive_op_shape`, declared below) reads only shapes.
@@ -43,7 +46,7 @@ PRIMITIVE_OPS = (
     "Squeeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Softmax", "LogSoftmax", "ReduceMean",
     "ReduceSum", "ReduceMax", "ReduceMin", "Shape", "Clip", "Pad", "Tile", "Trilu", "Sum", "Mean", "Einsum",
     "GatherElements", "ArgMax", "ArgMin", "PRelu", "Shrink", "ReduceLogSumExp",
-    "ScatterND", "TopK", "CumSum",
+    "ScatterND", "TopK", "CumSum", "GatherND", "Range",
 )
 TOPK_MODES = ("values", "indices", "smallest_values", "smallest_indices")
 PAD_MODES = ("constant", "reflect", "edge")
@@ -339,7 +342,14 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
         parts = [t for t in ops if t is not None]
         return cat(parts, _axis_of(attrs["axis"], parts[0].rank, op))
     if op == "Slice":
+        if attrs.get("shape") and len(ops) > 1 and ops[1] is not None:
+            attrs = dict(attrs, ends=slice_ends(attrs, tuple(ops[1].shape)))
         return x[slice_key(x.shape, attrs)]
+    if op == "Range":  # the run-time form (the constant one is folded: `fold`)
+        n = _axis_of(attrs["axis"], x.rank, op)
+        return Tensor.from_data(np.arange(x.shape[n]).astype(attrs["to"]), x.device)
+    if op == "GatherND":
+        return _gather_nd(x, ops[1])
     if op == "Gather":
         idx = ops[1]
         a = _axis_of(attrs["axis"], x.rank, op)
@@ -559,6 +569,32 @@ def _scatter_nd(data: Tensor, indices: Tensor, updates: Tensor, reduction: str) 
     mask[rows] = True
     placed = d2.zeros_like().select_assign(0, r, u2)
     return _elementwise.where(Tensor.from_data(mask, data.device), placed, d2).reshape(shape)
+
+
+def _gather_nd(data: Tensor, indices: Tensor) -> Tensor:
+    """ONNX GatherND (batch_dims 0): the slices of `data` at the leading axes each row of `indices` names."""
+    idx = np.asarray(indices.numpy(), dtype=np.int64)
+    shape = tuple(data.shape)
+    q = idx.shape[-1] if idx.ndim else 0
+    if idx.ndim < 1 or not 1 <= q <= len(shape):
+        raise OpError(f"GatherND: indices of dims {list(idx.shape)} for data of dims {list(shape)} (expected a last "
+                      f"axis of 1 to {len(shape)})")
+    flat = idx.reshape(-1, q).copy()
+    for k, n in enumerate(shape[:q]):
+        col = flat[:, k]
+        if col.size and (col.min() < -n or col.max() >= n):
+            raise OpError(f"GatherND: index out of range for axis {k} of size {n}")
+        flat[:, k] = np.where(col < 0, col + n, col)
+    rows = np.ravel_multi_index(tuple(flat.T), shape[:q]) if flat.size else np.zeros((0,), np.int64)
+    p = int(np.prod(shape[:q], dtype=np.int64))
+    out = data.reshape((p,) + shape[q:]).select(0, Tensor.from_data(rows.astype(np.int64), data.device))
+    return out.reshape(tuple(idx.shape[:-1]) + shape[q:])
+
+
+def slice_ends(attrs, ref_shape) -> list:
+    """A Slice's `ends` with each run-time entry (code -2 - k in `shape`) replaced by axis k of the reference."""
+    codes = list(attrs["shape"]) + [0] * len(attrs["ends"])
+    return [e if c == 0 else resolve_shape([c], ref_shape)[0] for e, c in zip(attrs["ends"], codes)]
 
 
 def pad_widths(rank: int, attrs) -> list:

@@ -70,7 +70,7 @@ def primitive_op_shape(m, ins, ctx):
     x = ops[0] if ops else None
     if x is None:
         raise RuleError(f"{op}: the first operand is missing")
-    arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2, "GatherElements": 2, "PRelu": 2, "ScatterND": 3}
+    arity = {"Where": 3, "MatMul": 2, "Gather": 2, "Gemm": 2, "GatherElements": 2, "PRelu": 2, "ScatterND": 3, "GatherND": 2}
     arity.update({k: 2 for k in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual",
                                  "Greater", "GreaterOrEqual", "And", "Or", "Xor")})
     need = arity.get(op, 1)
@@ -275,14 +275,32 @@ def primitive_op_shape(m, ins, ctx):
             raise RuleError(f"Slice: starts, ends, axes and steps differ in length ({len(starts)}, {len(ends)}, "
                             f"{len(axes)}, {len(steps)})")
         dims = list(x.dims)
-        for s, e, ax, st in zip(starts, ends, axes, steps):
+        codes = list(a["shape"] or []) + [0] * len(ends)
+        for s, e, ax, st, c in zip(starts, ends, axes, steps, codes):
             k = _op_axis(ax, x.rank, op)
             if st == 0:
                 raise RuleError("Slice: a step of 0")
+            if c <= -2:  # a run-time end: axis -2 - c of the reference, from 0 by 1 (the first that many)
+                ref = ops[1] if len(ops) > 1 else None
+                if ref is None or -c - 2 >= ref.rank or s != 0 or st != 1:
+                    raise RuleError(f"Slice: the end code {c} names axis {-c - 2} of the reference operand "
+                                    f"({'absent' if ref is None else dims_text(ref.dims)}); expected a slice from 0 "
+                                    f"by 1")
+                dims[k] = ref.dims[-c - 2]
+                continue
             size = _const_int(dims[k], f"axis {k} of {dims_text(x.dims)}", op) if not (
                 s == 0 and st == 1 and e >= 1 << 31) else None
             dims[k] = dims[k] if size is None else as_dim(slice_length(size, s, e, st))
         return Shape(tuple(dims), x.dtype)
+    if op == "Range":  # the run-time form: 0 .. size of axis `axis` of the operand
+        return Shape((x.dims[_op_axis(a["axis"], x.rank, op)],), _OP_KIND[a["to"]])
+    if op == "GatherND":
+        idx = ops[1]
+        q = _const_int(idx.dims[-1], "the last axis of GatherND's indices", op) if idx.rank else 0
+        if idx.dtype != "int" or not 1 <= q <= x.rank:
+            raise RuleError(f"GatherND: expected int indices with a last axis of 1 to {x.rank}, got "
+                            f"{dims_text(idx.dims)} ({NP_DTYPE[idx.dtype]})")
+        return Shape(idx.dims[:-1] + x.dims[q:], x.dtype)
     if op == "Gather":
         idx = ops[1]
         if idx.dtype != "int":

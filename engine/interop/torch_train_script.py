@@ -197,7 +197,7 @@ def build_model(cfg, device):
                             rank_pattern=lora["rank_pattern"], alpha_pattern=lora["alpha_pattern"],
                             fan_in_fan_out=lora["fan_in_fan_out"], lora_dropout=0.0,
                             bias=lora.get("bias", "none"), modules_to_save=lora.get("modules_to_save"),
-                            task_type="CAUSAL_LM")
+                            target_parameters=lora.get("target_parameters"), task_type="CAUSAL_LM")
         model = get_peft_model(model, config)
         # start from the adapter Ember initialized, not peft's random one
         state = load_file(str(HERE / lora["initial_adapter"] / "adapter_model.safetensors"))

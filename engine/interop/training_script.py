@@ -111,6 +111,16 @@ def _adapter_names(model: Module) -> dict[str, str]:
         if r is None or path not in targets:
             continue
         t = targets[path]
+        if t.split is not None:
+            raise PretrainedError(f"'{path}' has a LoRA on one part of the fused module '{t.module}' (Phi-3's "
+                                  f"qkv_proj / gate_up_proj, GPT-2's c_attn): Ember trains one LoRA per part, peft "
+                                  f"one over the whole module, so the script cannot train it; leave the fused "
+                                  f"modules out of the targets (o_proj, down_proj train in the script)")
+        if t.optional:
+            raise PretrainedError(f"'{path}' has a LoRA on one expert of a mixture ('{t.module}'): transformers 5 "
+                                  f"fuses the experts, and peft trains one LoRA over them, so the script cannot "
+                                  f"train it as Ember does; leave the experts out of the targets (the attention, the "
+                                  f"router and a shared expert train in the script)")
         if t.kind == "embedding":
             out[f"{path}.lora.a"], out[f"{path}.lora.b"] = (f"{t.module}.lora_embedding_A",
                                                             f"{t.module}.lora_embedding_B")
@@ -125,7 +135,12 @@ def _trainability(model: Module) -> tuple[list[str], list[str], int]:
     """(frozen names, trainable names, trainable values) by Hugging Face / peft names."""
     from ..models.pretrained import pretrained_names  # noqa: PLC0415
 
+    from ..models.pretrained import family_of  # noqa: PLC0415
+
     base_names = pretrained_names(model)
+    fam, cfg = family_of(model)
+    if fam is not None and fam.torch_name is not None:
+        base_names = {path: fam.torch_name(cfg, name) for path, name in base_names.items()}
     adapter_names = _adapter_names(model)
     state: dict[str, set] = {}
     who: dict[str, list] = {}
@@ -462,6 +477,8 @@ def export_training_script(model: Module, folder, *, data, training_config, toke
             lora_json = {k: saved[k] for k in ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora",
                                                "rank_pattern", "alpha_pattern", "fan_in_fan_out", "bias",
                                                "modules_to_save")}
+            if saved.get("target_parameters"):  # a mixture's router
+                lora_json["target_parameters"] = saved["target_parameters"]
             config["lora"] = {**lora_json, "initial_adapter": ADAPTER_FOLDER}
         _write_tokens(staging / TOKENS_FILE, arrays)
         text = json.dumps(config, indent=2) + "\n"

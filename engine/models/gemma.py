@@ -34,10 +34,10 @@ from .. import nn
 from ..module import Module
 from ..tensor import Tensor
 from .hf_folder import PretrainedError
-from .llama import (LlamaForCausalLM, LlamaMlp, _bool, _check_rope_scaling, _number, _positive_int,
-                    _rope_scaling, weight_map as _llama_weight_map)
+from .llama import LlamaForCausalLM, LlamaMlp, _bool, _number, _positive_int, weight_map as _llama_weight_map
 from .mapping import RopePermute, Rule, WeightMap
 from .pretrained import Family, layer_range
+from .rope import check_rope_scaling, rope_length, rope_scaling
 
 __all__ = ["GemmaConfig", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GemmaDecoderLayer",
            "FAMILIES"]
@@ -116,8 +116,9 @@ class GemmaConfig:
     def rope(self, local: bool = False) -> nn.RotaryEncodingConfig:
         if local:
             return nn.RotaryEncodingConfig(self.max_position_embeddings, self.head_dim, self.rope_local_theta)
-        return nn.RotaryEncodingConfig(self.max_position_embeddings, self.head_dim, self.rope_theta,
-                                       scaling=_rope_scaling(self.rope_scaling))
+        return nn.RotaryEncodingConfig(rope_length(self.rope_scaling, self.max_position_embeddings), self.head_dim,
+                                       self.rope_theta, scaling=rope_scaling(self.rope_scaling, self.rope_theta,
+                                                                             self.max_position_embeddings))
 
     # ------------------------------------------------------------------ config.json
     @classmethod
@@ -168,7 +169,7 @@ class GemmaConfig:
             kw[key] = None if value is None else _number({key: value}, key, None)
             if isinstance(value, int) and not isinstance(value, bool):
                 kw[key] = value  # transformers' config declares query_pre_attn_scalar an int
-        kw.update(_rope(data, mt))
+        kw.update(_rope(data, mt, kw["head_dim"], kw["max_position_embeddings"]))
         if mt != "gemma":
             window = data.get("sliding_window", defaults["sliding_window"])
             if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
@@ -213,7 +214,7 @@ class GemmaConfig:
         return out
 
 
-def _rope(data: dict, mt: str) -> dict:
+def _rope(data: dict, mt: str, head_dim: int, max_position_embeddings: int) -> dict:
     """rope_theta, rope_scaling (and Gemma 3's rope_local_theta) of a config.json, either layout:
     transformers 5's `rope_parameters` (Gemma 3: one per layer type) or 4's `rope_theta` /
     `rope_scaling` / `rope_local_base_freq`."""
@@ -238,7 +239,8 @@ def _rope(data: dict, mt: str) -> dict:
         local_theta = None
         scaling = params if params.get("rope_type", "default") != "default" else data.get("rope_scaling")
     out = {"rope_theta": _number({"rope_theta": theta}, "rope_theta", None),
-           "rope_scaling": _check_rope_scaling(scaling)}
+           "rope_scaling": check_rope_scaling(scaling, head_dim=head_dim, max_position_embeddings=max_position_embeddings,
+                                              original_max_position_embeddings=data.get("original_max_position_embeddings"))}
     if local_theta is not None:
         out["rope_local_theta"] = _number({"rope_local_base_freq": local_theta}, "rope_local_base_freq", None)
     return out

@@ -229,8 +229,8 @@ def generation_defaults(model) -> dict:
 def _model_facts(model):
     """(layers, n_positions, vocab size) of a supported causal LM."""
     if hasattr(model, "layers") and hasattr(model, "rotary_emb"):  # the Llama family
-        cfg = model.config
-        return len(model.layers), int(cfg.max_position_embeddings), int(cfg.vocab_size)
+        cfg = model.config  # the rotary encoding's positions (dynamic NTK rope goes past max_position_embeddings)
+        return len(model.layers), int(model.rotary_emb.max_sequence_length), int(cfg.vocab_size)
     if hasattr(model, "h") and hasattr(model, "wpe"):  # GPT-2
         cfg = model.config
         return len(model.h), int(cfg.n_positions), int(cfg.vocab_size)
@@ -264,7 +264,8 @@ def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_t
     itemsize = 4
     for _path, p in tree_params(model):
         size = memory.param_bytes(p)
-        if p.reparameterization is not None and not isinstance(p.reparameterization, QLoraAdapter):
+        r = p.reparameterization
+        if r is not None and not isinstance(r, QLoraAdapter) and not getattr(r, "MULTIPLIES", False):
             folded += size
         if p.kind == "float" and p.numel():
             itemsize = size // p.numel()  # the activations' dtype is the weights'
@@ -283,14 +284,16 @@ def _inference_model(model):
     """The model generation runs: `valid()`, with every LoRA / DoRA adapter folded into its weight
     once (`materialized_param`), so that a step multiplies by one weight instead of merging the
     factors again; the same values as `val()` gives each step. QLoRA weights stay packed (folding
-    them in would hold a full-precision copy of each)."""
+    them in would hold a full-precision copy of each), and so do the weights whose
+    reparameterization multiplies by itself (`MULTIPLIES`: a GGUF weight kept in its blocks, and
+    LoRA over one), which the layers multiply in their blocks."""
     from ..module.lora import QLoraAdapter  # noqa: PLC0415
     from ..module.reparam import iter_param_slots, materialized_param  # noqa: PLC0415
 
     m = model.valid()
     for path, p in list(iter_param_slots(m)):
         r = p.reparameterization
-        if r is not None and not isinstance(r, QLoraAdapter):
+        if r is not None and not isinstance(r, QLoraAdapter) and not getattr(r, "MULTIPLIES", False):
             m = m.with_child(path, materialized_param(p))
     return m
 
@@ -313,10 +316,19 @@ class _Head:
         llama = hasattr(model, "rotary_emb")
         head = model.lm_head
         table = model.embed_tokens if llama else model.wte
-        value = head.weight.val() if head is not None else table.weight.val()
-        stored = _raw.array(value)
-        bias = head.bias.val() if head is not None and getattr(head, "bias", None) is not None else None
+        weight = head.weight if head is not None else table.weight
+        # a weight kept quantized multiplies in its blocks (a GGUF head or tied embedding): its
+        # value is read only if it has no kernel
+        self.quantized = weight.reparameterization if getattr(weight.reparameterization, "MULTIPLIES", False) else None
+        self.tied = head is None
+        self.quantized_param = weight
         self.weight = self.bias = None
+        bias = head.bias.val() if head is not None and getattr(head, "bias", None) is not None else None
+        if self.quantized is not None and bias is None:
+            return
+        self.quantized = None
+        value = weight.val()
+        stored = _raw.array(value)
         if isinstance(stored, np.ndarray):
             self.weight = stored if head is not None else stored.T
             if bias is not None:
@@ -327,14 +339,25 @@ class _Head:
             if bias is not None:
                 self.bias = bias.numpy()
 
-    def __call__(self, ids, mask, cache) -> np.ndarray:
+    def __call__(self, ids, mask, cache, positions=None) -> np.ndarray:
+        if self.quantized is not None:
+            h = self.model.hidden_states(ids, mask, cache, positions)
+            last = h.narrow(1, h.shape[1] - 1, 1)
+            out = self.quantized.matmul(last, self.tied)
+            if out is None:  # no kernel for its type: its dequantized value, each call
+                value = self.quantized_param.val()
+                out = last @ (value.transpose() if self.tied else value)
+            return self._capped(out.numpy()[:, 0, :])
         if self.weight is None:
-            return self.model.forward(ids, attention_mask=mask, cache=cache).numpy()[:, -1, :]
-        h = self.model.hidden_states(ids, mask, cache)
+            return self.model.forward(ids, attention_mask=mask, cache=cache, position_ids=positions).numpy()[:, -1, :]
+        h = self.model.hidden_states(ids, mask, cache, positions)
         last = h.narrow(1, h.shape[1] - 1, 1).numpy()[:, 0, :]
         w = self.weight if self.weight.dtype == last.dtype else self.weight.astype(last.dtype)
         out = cpu.matmul(last, w)
         out = out if self.bias is None else out + self.bias
+        return self._capped(out)
+
+    def _capped(self, out):
         cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2: forward's tanh(x / c) * c
         return out if cap is None else np.tanh(out / cap) * cap
 
@@ -531,11 +554,18 @@ class GenerationStream:
             mask[i, width - len(r):] = 1
         mask[:, width:] = 1
         model = _inference_model(self._model)
+        # a padded row's rotary positions count from its first real token, as transformers' generate
+        # numbers them (GPT-2 numbers its learned positions from the first column, as its forward does)
+        pos = None
+        if padded and hasattr(model, "rotary_emb"):
+            pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        recompute = getattr(model, "cache_recompute_length", None)
         with no_recording():
             head = _Head(model)
             cache = nn.KVCache.layers(self._n_layers, capacity=width + self._max_new) if self._use_cache else None
             seq = ids
-            last = head(Tensor.from_data(ids), mask[:, :width] if padded else None, cache)
+            last = head(Tensor.from_data(ids), mask[:, :width] if padded else None, cache,
+                        None if pos is None else pos[:, :width])
         for step in range(self._max_new):
             if self._cancel is not None and self._cancel():
                 self._reasons = ["cancelled" if r is None else r for r in self._reasons]
@@ -564,11 +594,18 @@ class GenerationStream:
             nxt = np.asarray(chosen, dtype=np.int64).reshape(b, 1)
             n = width + step + 1
             with no_recording():
-                if cache is not None:
-                    last = head(Tensor.from_data(nxt), mask[:, :n] if padded else None, cache)
+                seq = np.concatenate([seq, nxt], axis=1)
+                if cache is not None and n == recompute and width < n:
+                    for c in cache:  # transformers' Phi-3: the cache is rebuilt once the sequence passes the
+                        c.reset()    # original length, every key then rotated with longrope's long factors
+                    last = head(Tensor.from_data(seq), mask[:, :n] if padded else None, cache,
+                                None if pos is None else pos[:, :n])
+                elif cache is not None:
+                    last = head(Tensor.from_data(nxt), mask[:, :n] if padded else None, cache,
+                                None if pos is None else pos[:, n - 1:n])
                 else:
-                    seq = np.concatenate([seq, nxt], axis=1)
-                    last = head(Tensor.from_data(seq), mask[:, :n] if padded else None, None)
+                    last = head(Tensor.from_data(seq), mask[:, :n] if padded else None, None,
+                                None if pos is None else pos[:, :n])
         self._finish(self._reasons)
 
 

@@ -17,6 +17,15 @@ weight (`Module.apply_lora`: `TAKES_ADAPTER`): the adapter keeps the blocks (`â€
 and its value is the dequantized weight with the adapter's change, the factors trained in float32
 and the blocks left as the file had them. A transposed rule (a Linear's `[in, out]` from the stored `[out, in]`) gives a
 transposed view of the dequantized rows.
+
+Computing with it (`MULTIPLIES`): a Linear, the tied head and generation's head ask the weight
+for `matmul(x)` and an Embedding for `rows(indices)` (engine.nn's `multiplied`, `looked_up`)
+before they ask for its value, and the weight multiplies in its blocks with the CPU door's
+compiled kernels (`engine.tensor.cpu.quant`: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), equal to
+dequantize-then-multiply within float32 rounding; the input's gradient is the blocks' product too.
+LoRA and rsLoRA over it add the factors' product (`(x a) b scale`); DoRA, the other types and a
+GPU read the value (dequantized per use). Generation keeps these weights as they are (it folds
+the other adapters), so no float32 copy of a weight is held.
 """
 from __future__ import annotations
 
@@ -25,8 +34,8 @@ import numpy as np
 from ..module import Module, Param
 from ..module.lora import DoraAdapter, LoraAdapter, RsLoraAdapter
 from ..module.reparam import Reparameterization, ReparameterizationError, iter_param_slots
-from ..tensor import Tensor
-from ..tensor.raw import array
+from ..tensor import Tensor, cpu
+from ..tensor.raw import array, record, tracking, untracked
 
 __all__ = ["GGUFBlocks", "GGUFDoraAdapter", "GGUFLoraAdapter", "GGUFRsLoraAdapter", "GGUFWeight",
            "dequantize_blocks", "dequantized_bases"]
@@ -91,6 +100,72 @@ class GGUFWeight(Reparameterization):
                              f"weight {list(dense.shape)}")
         return dense
 
+    # ------------------------------------------------------------------ products (the compute path)
+    # A layer whose weight's reparameterization sets MULTIPLIES asks it for `matmul(x, transposed)`
+    # (Linear, the tied head) and `rows(indices)` (Embedding) before it asks for the value: the
+    # weight is multiplied in its blocks and never unpacked whole (engine.tensor.cpu.quant).
+    MULTIPLIES = True
+
+    def _stored(self):
+        data = array(self.blocks.data.val())
+        return data if isinstance(data, np.ndarray) else None
+
+    def matmul(self, x: Tensor, transposed: bool = False) -> Tensor | None:
+        """`x @ value` (`x @ value.T` when `transposed`) computed from the blocks, the weight a
+        constant (the gradient reaches `x` only); None where there is no kernel for it (the caller
+        then multiplies by the dequantized value)."""
+        if self.dtype != "float32" or x.dtype != "float32":
+            return None
+        blocks = self._stored()
+        rows, k = self.stored_shape
+        if blocks is None or not cpu.quant.supported(blocks, self.qtype, k):
+            return None
+        xd = array(x)
+        by_rows = self.transpose != bool(transposed)  # x @ V.T over the stored rows V, else x @ V
+        width = k if by_rows else rows
+        if xd.ndim == 0 or xd.shape[-1] != width:
+            return None
+        x2 = xd.reshape(-1, width)
+        out2 = (cpu.quant.rows_product(x2, blocks, self.qtype, k) if by_rows
+                else cpu.quant.product(x2, blocks, self.qtype, k))
+        out = out2.reshape(xd.shape[:-1] + (out2.shape[1],))
+        if not tracking(x):
+            return untracked(out, (x,))
+        xshape = xd.shape
+
+        def rule(g):
+            g2 = g.reshape(-1, g.shape[-1])
+            gx = (cpu.quant.product(g2, blocks, self.qtype, k) if by_rows
+                  else cpu.quant.rows_product(g2, blocks, self.qtype, k))
+            return (gx.reshape(xshape),)
+
+        return record(out, x.device, (x,), rule, "gguf_matmul")
+
+    def empty_value(self) -> Tensor:
+        """An empty tensor of the value's dtype and device (what a layer checks its input's dtype
+        against without unpacking the weight)."""
+        data = self.blocks.data.val()
+        return Tensor.from_data(np.zeros((0,), dtype=np.float32), device=data.device, dtype=self.dtype)
+
+    def rows(self, indices) -> Tensor | None:
+        """The value's rows at the int array `indices` (`[..., cols]`, an embedding's lookup),
+        dequantized alone, bit for bit gguf's; None for a transposed weight or on a GPU."""
+        blocks = self._stored()
+        if self.transpose or blocks is None:
+            return None
+        rows, k = self.stored_shape
+        idx = np.asarray(indices)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= rows):
+            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+            raise IndexError(f"embedding: index {bad} is out of range for {rows} embeddings "
+                             f"(expected 0 <= index < {rows})")
+        flat = idx.reshape(-1).astype(np.int64)
+        values = cpu.quant.dequantize(blocks, self.qtype, k, flat)
+        if values is None:
+            values = dequantize_blocks(blocks[flat], self.qtype)
+        data = self.blocks.data.val()
+        return Tensor.from_data(values.reshape(idx.shape + (k,)), device=data.device, dtype=self.dtype)
+
     # LoRA attaches over it (engine.module.reparam: the stored base takes an adapter)
     TAKES_ADAPTER = True
 
@@ -121,13 +196,34 @@ class _OverGGUF:
         return super().apply(self.gguf.base())
 
 
-class GGUFLoraAdapter(_OverGGUF, LoraAdapter):
+class _LowRankOverGGUF(_OverGGUF):
+    """LoRA / rsLoRA over a GGUF weight: `x @ (W + scale a b)` as the blocks' product plus the
+    factors' (`(x a) b scale`), W never unpacked whole."""
+
+    MULTIPLIES = True
+
+    def matmul(self, x: Tensor, transposed: bool = False) -> Tensor | None:
+        base = self.gguf.matmul(x, transposed)
+        if base is None:
+            return None
+        a, b = self.a.val(), self.b.val()
+        low = (x @ b.transpose()) @ a.transpose() if transposed else (x @ a) @ b
+        return base + low * self.scale
+
+    def empty_value(self) -> Tensor:
+        return self.gguf.empty_value()
+
+    def rows(self, indices) -> Tensor | None:
+        return None  # an embedding's adapter: its value is read whole (LoraAdapter.apply)
+
+
+class GGUFLoraAdapter(_LowRankOverGGUF, LoraAdapter):
     """LoRA over a GGUF weight kept quantized."""
 
     NAME = "lora"
 
 
-class GGUFRsLoraAdapter(_OverGGUF, RsLoraAdapter):
+class GGUFRsLoraAdapter(_LowRankOverGGUF, RsLoraAdapter):
     """rsLoRA over a GGUF weight kept quantized."""
 
     NAME = "lora"

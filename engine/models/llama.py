@@ -30,6 +30,7 @@ from ..tensor import Tensor
 from .hf_folder import MAX_SIZE, PretrainedError
 from .mapping import RopePermute, Rule, Transpose, WeightMap
 from .pretrained import Family, layer_range
+from .rope import check_rope_scaling, rope_length, rope_scaling
 
 __all__ = [
     "LlamaConfig", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "LlamaDecoderLayer", "LlamaMlp",
@@ -58,8 +59,8 @@ class LlamaConfig:
 
     `num_key_value_heads` defaults to `num_attention_heads`, `head_dim` to
     `hidden_size // num_attention_heads`. `rope_scaling` is None or a dict with `rope_type`
-    "linear" (`factor`) or "llama3" (`factor`, `low_freq_factor`, `high_freq_factor`,
-    `original_max_position_embeddings`). `attention_bias` is the bias of q/k/v (and of o_proj unless
+    "linear", "llama3", "yarn", "dynamic" or "longrope" and its values (engine.models.rope).
+    `attention_bias` is the bias of q/k/v (and of o_proj unless
     `attention_output_bias` says otherwise: Qwen2 has q/k/v biases and none on o_proj).
     `sliding_window` (Mistral; Qwen2 with `use_sliding_window`) is the attention window of the layers
     `layer_types` marks "sliding_attention" (None: every layer when there is a window; Qwen2's are the
@@ -104,14 +105,20 @@ class LlamaConfig:
             return None
         return self.sliding_window
 
+    def qk_norm(self):
+        """The per-head q/k norm before the rotary encoding (an `nn` norm config over head_dim), or
+        None: none (Qwen3 has RMS norms there)."""
+        return None
+
     @property
     def output_bias(self) -> bool:
         return self.attention_bias if self.attention_output_bias is None else self.attention_output_bias
 
     def rope(self) -> nn.RotaryEncodingConfig:
         """The rotary encoding over `head_dim`, with the frequency scaling of `rope_scaling`."""
-        return nn.RotaryEncodingConfig(self.max_position_embeddings, self.head_dim, self.rope_theta,
-                                       scaling=_rope_scaling(self.rope_scaling))
+        return nn.RotaryEncodingConfig(rope_length(self.rope_scaling, self.max_position_embeddings), self.head_dim,
+                                       self.rope_theta, scaling=rope_scaling(self.rope_scaling, self.rope_theta,
+                                                                             self.max_position_embeddings))
 
     # ------------------------------------------------------------------ config.json
     @classmethod
@@ -155,7 +162,12 @@ class LlamaConfig:
             raise PretrainedError(f"'rope_theta' must be a positive number, found {theta!r}", where=_WHERE)
         kw["rope_theta"] = float(theta)
         scaling = rope if rope else data.get("rope_scaling")
-        kw["rope_scaling"] = _check_rope_scaling(scaling)
+        original = data.get("original_max_position_embeddings")
+        if original is not None:
+            original = _positive_int(data, "original_max_position_embeddings")
+        kw["rope_scaling"] = check_rope_scaling(scaling, head_dim=kw["head_dim"],
+                                                max_position_embeddings=kw["max_position_embeddings"],
+                                                original_max_position_embeddings=original)
         kw["tie_word_embeddings"] = _bool(data, "tie_word_embeddings", defaults["tie_word_embeddings"])
         for key in ("attention_bias", "mlp_bias"):  # Mistral and Qwen2 fix their biases (transformers ignores the keys)
             kw[key] = _bool(data, key, defaults[key]) if mt == "llama" else defaults[key]
@@ -250,44 +262,6 @@ def _bool(data, key, default):
     return value
 
 
-_ROPE_KEYS = {"linear": ("factor",),
-              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-
-
-def _check_rope_scaling(scaling):
-    """The rope scaling of a config (None for plain rope): a dict with `rope_type` and its numbers."""
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        raise PretrainedError(f"'rope_scaling' must be an object, found {scaling!r}", where=_WHERE)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return None
-    if kind not in _ROPE_KEYS:
-        raise PretrainedError(f"rope_type {kind!r} is not supported: expected one of default, "
-                              f"{', '.join(_ROPE_KEYS)}", where=_WHERE)
-    out = {"rope_type": kind}
-    for key in _ROPE_KEYS[kind]:
-        value = scaling.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise PretrainedError(f"rope scaling {kind!r}: {key!r} must be a positive number, found {value!r}",
-                                  where=_WHERE)
-        out[key] = value
-    if kind == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
-        raise PretrainedError(f"rope scaling 'llama3': 'high_freq_factor' ({out['high_freq_factor']}) must exceed "
-                              f"'low_freq_factor' ({out['low_freq_factor']})", where=_WHERE)
-    return out
-
-
-def _rope_scaling(scaling):
-    if not scaling:
-        return None
-    if scaling["rope_type"] == "linear":
-        return nn.LinearRopeScaling(float(scaling["factor"]))
-    return nn.Llama3RopeScaling(float(scaling["factor"]), float(scaling["low_freq_factor"]),
-                                float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
-
-
 # ---------------------------------------------------------------------------------- the model
 class LlamaMlp(Module):
     """The gated feed-forward block: `down_proj(silu(gate_proj(x)) * up_proj(x))`."""
@@ -319,7 +293,7 @@ class LlamaDecoderLayer(Module):
         self.self_attn = nn.MultiHeadAttentionConfig(
             d, config.num_attention_heads, dropout=0.0, n_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim, bias=config.attention_bias, output_bias=config.output_bias, causal=True,
-            window=window,
+            window=window, qk_norm=config.qk_norm(),
         ).init(device)
         self.post_attention_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
         self.mlp = LlamaMlp(config, device)
@@ -380,7 +354,9 @@ class LlamaForCausalLM(Module):
         positions of its own (a block-diagonal causal mask); `position_ids` (int `[batch_size,
         seq_length]`, default: restarting at 0 with each run of equal segment ids, as TRL's
         padding-free packing numbers them) are the rotary positions. Each sequence's logits are
-        then those it has alone.
+        then those it has alone. With a cache, `position_ids` alone (the new positions' rotary
+        positions) number a left-padded row's tokens from its first real one, as transformers'
+        `generate` does (it matters only for rope whose frequencies change with the length).
 
         # Shapes
 
@@ -389,7 +365,9 @@ class LlamaForCausalLM(Module):
         """
         x = self.hidden_states(input_ids, attention_mask, cache, position_ids, segment_ids)
         if self.lm_head is None:
-            return x @ self.embed_tokens.weight.val().transpose()
+            r = self.embed_tokens.weight.reparameterization
+            out = r.matmul(x, True) if getattr(r, "MULTIPLIES", False) else None  # a GGUF table kept quantized
+            return out if out is not None else x @ self.embed_tokens.weight.val().transpose()
         return self.lm_head.forward(x)
 
     def hidden_states(self, input_ids, attention_mask=None, cache=None, position_ids=None,
@@ -411,9 +389,9 @@ class LlamaForCausalLM(Module):
             mask_pad = attention_mask.equal(0) if attention_mask.kind != "bool" else attention_mask.bool_not()
         mask_attn = positions = None
         if segment_ids is not None or position_ids is not None:
-            if cache is not None:
-                raise ValueError(f"{type(self).__name__}: position_ids / segment_ids are for training on packed "
-                                 f"sequences, not with a cache")
+            if cache is not None and segment_ids is not None:
+                raise ValueError(f"{type(self).__name__}: segment_ids are for training on packed sequences, not "
+                                 f"with a cache")
             mask_attn, positions = nn.packed_attention(input_ids.dims(), position_ids, segment_ids, input_ids.device)
         x = self.embed(input_ids)
         if cache is None:
@@ -421,7 +399,7 @@ class LlamaForCausalLM(Module):
                 x = layer.forward(x, self.layer_rotary(i), mask_pad, mask_attn=mask_attn, positions=positions)
         else:
             for i, (layer, layer_cache) in enumerate(zip(self.layers, cache)):
-                x = layer.forward(x, self.layer_rotary(i), mask_pad, past, layer_cache)
+                x = layer.forward(x, self.layer_rotary(i), mask_pad, past, layer_cache, positions=positions)
         return self.norm.forward(x)
 
     def embed(self, input_ids) -> Tensor:

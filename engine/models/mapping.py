@@ -16,7 +16,8 @@ check every size from the file's header before it reads anything.
   halves of each head (`i`, `i + head_dim/2`), Ember's (Burn's) interleaved pairs (`2i`, `2i+1`).
   Rows of `q_proj` / `k_proj` (and their biases) are permuted per head: viewed as
   `[n_heads, 2, head_dim/2]`, the last two axes swapped. Applied to the stored layout.
-- `Split(axis, index, parts)`: one of `parts` equal slices (GPT-2's fused `c_attn` holds q, k, v);
+- `Split(axis, index, parts, sizes=None)`: one of `parts` equal slices (GPT-2's fused `c_attn` holds
+  q, k, v), or of slices of `sizes` (Phi-3's `qkv_proj` with fewer key/value heads);
   on saving, the rules that share one stored name are concatenated in `index` order. A `Split`
   comes first in its rule's transforms.
 - `Reshape(stored, ember)`: the same values in another shape (ViT's `cls_token` `[1, 1, d]`).
@@ -116,24 +117,42 @@ class Split(Transform):
     axis: int
     index: int
     parts: int
+    sizes: tuple[int, ...] | None = None  # the parts' sizes when they differ (Phi-3's q, k, v); None: equal
+
+    def __post_init__(self):
+        if self.sizes is not None and (len(self.sizes) != self.parts or any(int(n) < 1 for n in self.sizes)):
+            raise ValueError(f"a split into {self.parts} parts needs {self.parts} positive sizes, found "
+                             f"{list(self.sizes)}")
+
+    def _bounds(self, total: int) -> tuple[int, int]:
+        if self.sizes is None:
+            n = total // self.parts
+            return self.index * n, (self.index + 1) * n
+        start = sum(int(n) for n in self.sizes[:self.index])
+        return start, start + int(self.sizes[self.index])
 
     def shape(self, stored):
         if self.axis >= len(stored):
             raise ValueError(f"a split along axis {self.axis} needs rank > {self.axis}, found dims {list(stored)}")
-        if stored[self.axis] % self.parts:
+        if self.sizes is not None:
+            if stored[self.axis] != sum(self.sizes):
+                raise ValueError(f"a split into parts of {list(self.sizes)} along axis {self.axis} needs "
+                                 f"{sum(self.sizes)} there, found dims {list(stored)}")
+        elif stored[self.axis] % self.parts:
             raise ValueError(f"a split into {self.parts} along axis {self.axis} needs a multiple of {self.parts}, "
                              f"found dims {list(stored)}")
         out = list(stored)
-        out[self.axis] //= self.parts
+        lo, hi = self._bounds(stored[self.axis])
+        out[self.axis] = hi - lo
         return tuple(out)
 
     def stored_shape(self, ember):  # one part's shape: the saver concatenates the parts
         return tuple(ember)
 
     def forward(self, array):
-        n = array.shape[self.axis] // self.parts
+        lo, hi = self._bounds(array.shape[self.axis])
         index = [slice(None)] * array.ndim
-        index[self.axis] = slice(self.index * n, (self.index + 1) * n)
+        index[self.axis] = slice(lo, hi)
         return np.ascontiguousarray(array[tuple(index)])
 
     def inverse(self, array):  # the concatenation is done by the saver, over the rules of one name

@@ -57,7 +57,7 @@ def full_params(model: Module) -> dict[str, list[FullParam]]:
     """{stored name: its Ember parameters} for every float parameter of `model` (a LoRA's frozen
     base included, its factors not): the family's weight map for a model of a known family, Ember
     paths otherwise (a Linear weight in torch's [out, in] layout, as peft_targets stores it)."""
-    wmap, names = _family_rules(model)
+    wmap, names, _ = _family_rules(model)
     tied_head = _tied(model)
     linear = {f"{p}.weight" if p else "weight" for p, kind, v in walk(model)
               if kind == FieldKind.MODULE and isinstance(v, nn.Linear)}

@@ -20,7 +20,8 @@ from ..store.filesource import FileSource
 from ..tensor import Tensor
 from .hf_folder import MAX_CONFIG_BYTES, PretrainedError, read_json
 from .peft_full import check_full_tensor, expected_full_tensors, full_params
-from .peft_targets import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, _select, _tied, peft_targets
+from .peft_targets import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, _select, _tied, peft_targets,
+                           select_with_parameters)
 
 __all__ = ["MAX_ALPHA", "MAX_RANK", "load_peft_adapter"]
 
@@ -36,7 +37,6 @@ _UNSUPPORTED = [
     ("lora_bias", (False, None), "a LoRA bias (lora_bias)"),
     ("layers_to_transform", (None, []), "layers_to_transform"),
     ("layers_pattern", (None, [], ""), "layers_pattern"),
-    ("target_parameters", (None, []), "LoRA on parameters (target_parameters)"),
     ("trainable_token_indices", (None, {}, []), "trainable tokens (trainable_token_indices)"),
     ("layer_replication", (None, []), "layer_replication"),
     ("use_qalora", (False, None), "QA-LoRA (use_qalora)"),
@@ -113,7 +113,7 @@ def _read_config(folder: Path) -> tuple[dict, str]:
     for key in ("use_rslora", "use_dora"):
         if config.get(key) not in (None, True, False):  # bool("false") is True: a silently other scale
             raise PretrainedError(f"'{key}' must be true or false, found {_short(config[key])}", where=where)
-    if config.get("target_modules") is None:
+    if config.get("target_modules") is None and not config.get("target_parameters"):
         raise PretrainedError("'target_modules' is missing: expected a list of module names, a regex or "
                               "'all-linear'", where=where)
     return config, where
@@ -273,8 +273,8 @@ def _load(model: Module, config: dict, config_where: str, tensors: dict, where: 
             raise PretrainedError(f"tensor '{name}' holds {t.dtype} values, expected floats", where=where)
         found.setdefault(module, {})[suffix] = t
 
-    wanted = {t.module for t in _select(targets, config["target_modules"], config.get("exclude_modules"),
-                                        config_where)}
+    wanted = {t.module for t in select_with_parameters(targets, config, config_where)
+              if not (t.optional and t.module not in found)}
     full = _plan_full(model, config, config_where, wanted, tensors, others, where)
     missing = sorted(wanted - set(found))
     if missing:

@@ -16,7 +16,8 @@ from ..module.tree import FieldKind, walk
 from .hf_folder import PretrainedError
 from .mapping import Rule, Split, Transpose
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PREFIX", "PeftTarget", "peft_lora", "peft_targets", "target_group"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PREFIX", "PeftTarget", "peft_lora", "peft_targets",
+           "select_with_parameters", "target_group"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -34,6 +35,8 @@ class PeftTarget:
     kind: str            # "linear" | "embedding"
     rule: Rule
     param: Param = field(repr=False)
+    by_parameter: bool = False  # peft adapts it as a parameter (`target_parameters`: a mixture's router)
+    optional: bool = False  # an adapter selecting it may hold nothing for it (a mixture's expert)
 
     @property
     def torch_layout(self) -> bool:
@@ -51,15 +54,16 @@ def _family_rules(model):
 
     fam, cfg = family_of(model)
     if fam is None:
-        return None, {}
-    return fam.weight_map(cfg), pretrained_names(model)
+        return None, {}, None
+    peft_name = None if fam.peft_name is None else (lambda module: fam.peft_name(cfg, module))
+    return fam.weight_map(cfg), pretrained_names(model), peft_name
 
 
 def peft_targets(model: Module) -> list[PeftTarget]:
     """Every weight of a Linear or Embedding layer of `model`, with its PEFT module name."""
     if not isinstance(model, Module):
         raise TypeError(f"expected a Module, got {type(model).__name__}")
-    wmap, names = _family_rules(model)
+    wmap, names, peft_name = _family_rules(model)
     out = []
     seen = set()
     for path, kind, value in walk(model):
@@ -79,6 +83,10 @@ def peft_targets(model: Module) -> list[PeftTarget]:
             if not stored.endswith(".weight"):
                 continue
             module = stored[: -len(".weight")]
+            if peft_name is not None:
+                module, by_parameter, optional = peft_name(module)
+                out.append(PeftTarget(wpath, module, layer, rule, p, by_parameter, optional))
+                continue
         else:
             module = path
             rule = Rule(wpath, wpath, [Transpose()] if layer == "linear" else [])
@@ -108,6 +116,30 @@ def _full(rx, name: str, fail) -> bool:
     except TimeoutError:
         fail(f"the regex {rx.pattern!r} took longer than {MATCH_TIMEOUT_S:g} s to match '{name}': expected a "
              f"pattern without nested repetition such as (.*.*)*")
+
+
+def select_with_parameters(targets: list[PeftTarget], config: dict, where=None) -> list[PeftTarget]:
+    """The targets of an adapter_config.json: those its `target_modules` select, and the weights its
+    `target_parameters` name (peft 0.21's LoRA on a parameter; a 2-D weight's is a Linear's LoRA: a
+    mixture's router). A parameter no Linear weight of the model answers to (the fused experts of
+    transformers 5, `mlp.experts.gate_up_proj`) is refused, naming it."""
+    params = config.get("target_parameters") or []
+    modules = config.get("target_modules")
+    chosen = [] if modules in ([], None) and params else _select(targets, modules, config.get("exclude_modules"),
+                                                                     where)
+    if not params:
+        return chosen
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        raise PretrainedError(f"target_parameters must be a list of parameter names, found {params!r}", where=where)
+    by_name = {f"{t.module}.weight": t for t in targets if t.kind == "linear"}
+    for p in params:
+        hits = [t for name, t in by_name.items() if name == p or name.endswith(f".{p}")]
+        if not hits:
+            raise PretrainedError(f"LoRA on parameter {p!r} (target_parameters) is not supported: Ember adapts the "
+                                  f"2-D weights of Linear layers (a router's 'gate.weight'), not fused experts' "
+                                  f"3-D tensors; the experts take LoRA one by one ('experts.0.gate_proj')", where=where)
+        chosen += [t for t in hits if t not in chosen]
+    return chosen
 
 
 def _select(targets: list[PeftTarget], target_modules, exclude_modules=None, where=None) -> list[PeftTarget]:

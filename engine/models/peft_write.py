@@ -47,6 +47,11 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
             raise PretrainedError(f"'{path}' carries a {type(r).__name__}: a PEFT adapter holds LoRA factors only")
         if path not in targets:
             raise PretrainedError(f"'{path}' is not the weight of a Linear or Embedding layer: peft has no LoRA for it")
+    from .pretrained import family_of  # noqa: PLC0415
+
+    fam, cfg = family_of(model)
+    if fam is not None and fam.check_peft_adapter is not None:
+        fam.check_peft_adapter(cfg, {targets[p].module for p in adapters})
     tied = [p for p in adapters if targets[p].kind == "embedding" and _tied(model)]
     if tied:
         raise PretrainedError(f"'{tied[0]}' carries a LoRA, but this {type(model).__name__}'s output head is tied to "
@@ -116,6 +121,7 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
         modules[module] = (rank, _tidy(alpha))
 
     whole, bias, modules_to_save = full_tensors_to_save(model, set(modules))
+    by_parameter = {t.module for t in targets.values() if t.by_parameter and t.module in modules}
     tensors += whole
     (r0, alpha0), _ = Counter(modules.values()).most_common(1)[0]
     rank_pattern = {re.escape(m): r for m, (r, _) in modules.items() if r != r0}
@@ -129,7 +135,8 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
 
     config = {
         "peft_type": "LORA", "task_type": peft_task_type(model), "base_model_name_or_path": base_model_name_or_path,
-        "r": r0, "lora_alpha": alpha0, "lora_dropout": 0.0, "target_modules": sorted(modules),
+        "r": r0, "lora_alpha": alpha0, "lora_dropout": 0.0,
+        "target_modules": sorted(m for m in modules if m not in by_parameter),
         "use_rslora": rslora, "use_dora": dora, "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "bias": bias, "fan_in_fan_out": any(not targets[p].torch_layout and targets[p].kind == "linear"
                                               for p in adapters),
@@ -137,6 +144,8 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
         "exclude_modules": None,
         "layers_to_transform": None, "layers_pattern": None, "lora_bias": False, "revision": None,
     }
+    if by_parameter:  # peft 0.21 adapts a mixture's router as a parameter
+        config["target_parameters"] = sorted(f"{m}.weight" for m in by_parameter)
     folder = Path(os.fspath(folder))
     if folder.exists() and not folder.is_dir():
         raise PretrainedError("expected a folder to save the adapter into, found a file", where=str(folder))

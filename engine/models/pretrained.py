@@ -62,9 +62,21 @@ class Family:
     # (config.json key, count) of the layer stack: checked against the layers the folder holds
     # tensors of before anything is built (the build is linear in the count)
     layers: Callable[[Any], tuple[str, int]] | None = None
+    # (config, stored tensor names) -> the weight map to load with, where a family reads more than one
+    # layout (the experts of a mixture, fused or one per expert); saving uses `weight_map`
+    stored_weight_map: Callable[[Any, Any], WeightMap] | None = None
+    # (config, stored module name) -> (the name peft gives that module, whether peft adapts it as a
+    # parameter, `target_parameters`): where transformers' modules are not its checkpoint's names (a router)
+    peft_name: Callable[[Any, str], tuple[str, bool, bool]] | None = None
+    # (config, the peft module names a LoRA adapts) -> None, or a PretrainedError where transformers and
+    # peft would not load the adapter as Ember computes it
+    check_peft_adapter: Callable[[Any, set], None] | None = None
+    # (config, stored tensor name) -> the parameter's name in transformers' module (the fused experts of a
+    # mixture, `mlp.experts.gate_up_proj`), where it is not the stored name (the PyTorch training script)
+    torch_name: Callable[[Any, str], str] | None = None
 
 
-_FAMILY_MODULES = ("llama", "gemma", "gpt2", "bert", "vit")
+_FAMILY_MODULES = ("llama", "qwen3", "phi3", "gemma", "moe", "gpt2", "bert", "vit")
 _families: list[Family] | None = None
 
 
@@ -288,13 +300,14 @@ def _resolve(source, *, revision=None, token=None, cache_dir=None, local_files_o
         return p
     if exists:
         raise PretrainedError("expected a model folder (config.json plus weights), found a file", where=text)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*", text) or ".." in text:
+    from . import hub  # noqa: PLC0415
+
+    if not hub.is_hub_id(text):
         raise PretrainedError("no such folder (and not a Hugging Face Hub model id like 'org/name')", where=text)
     try:
         from huggingface_hub import snapshot_download  # noqa: PLC0415
     except ImportError:  # pragma: no cover - a dependency
         raise PretrainedError("downloading from the Hub needs the huggingface_hub package", where=text) from None
-    from . import hub  # noqa: PLC0415
 
     return hub.download(snapshot_download, text, revision=revision, token=token, cache_dir=cache_dir,
                         local_files_only=local_files_only)
@@ -414,7 +427,7 @@ def _open(ckpt: Checkpoint, device, dtype, check: Callable[[], None]) -> Module:
         if exc.where in (None, "config.json"):
             raise PretrainedError(exc.reason, where=config_where) from None
         raise
-    wmap = fam.weight_map(cfg)
+    wmap = fam.weight_map(cfg) if fam.stored_weight_map is None else fam.stored_weight_map(cfg, list(ckpt.tensors))
     try:
         canonical = wmap.canonical(list(ckpt.tensors))
     except RecordError as exc:

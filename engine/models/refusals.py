@@ -96,7 +96,8 @@ _CLOSEST = {
                                   "GeLU MLP"),
     "gemma2": ("LlamaForCausalLM", "Gemma 2 adds logit soft-capping, four norms per layer and alternating sliding / "
                                    "global attention"),
-    "gemma3": ("LlamaForCausalLM", "Gemma 3 adds q/k norms, local and global rope bases and a vision tower"),
+    "gemma3": ("Gemma3ForCausalLM", "the multimodal Gemma 3 adds a vision tower and keeps the text model's "
+                                    "weights under model.language_model"),
     "gemma3_text": ("LlamaForCausalLM", "Gemma 3 adds q/k norms, local and global rope bases and sliding windows"),
     "phi3": ("LlamaForCausalLM", "Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj"),
     "phi": ("GPT2LMHeadModel", "Phi-1/2 use parallel attention and MLP blocks with partial rotary embeddings"),

@@ -138,12 +138,14 @@ def _plan_save(model, dtype) -> tuple[list[_Out], PretrainedInfo | None, Family,
     return outs, info, fam, cfg
 
 
-def _untouched(p: Param, info: PretrainedInfo | None):
+def _untouched(p: Param, info: PretrainedInfo | None, rule=None):
     """The StoredTensor a parameter still equals (never initialized since it was opened), or None."""
     if info is None or p.is_initialized():
         return None
     src = info.sources.get(p.id)
     if src is None or src[0] is not p.lazy_state():
+        return None
+    if rule is not None and src[2] != rule:  # read in another layout (fused experts): saved from its values
         return None
     return src
 
@@ -152,7 +154,7 @@ def _out_for(name, members, info, stored_dtype, dtype) -> _Out:
     split = members[0][0].split
     if split is None:
         rule, p, path = members[0]
-        src = _untouched(p, info)
+        src = _untouched(p, info, rule)
         if src is not None:  # never read since it was opened: from the file, without initializing it
             stored = src[1]
             if dtype is None or _NP_TO_DTYPE.get(str(dtype)) == stored.dtype:

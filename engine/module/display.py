@@ -31,6 +31,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from .tree import FieldKind, fields, kind_of
+from .tree import params as tree_params
 
 __all__ = [
     "DisplaySettings",
@@ -232,7 +233,7 @@ def format_module(module, passed: DisplaySettings) -> str:
         else:
             parts.append(f", {a.name}: {a.value}")
     if settings.show_num_parameters():
-        n = module.num_params()
+        n = _shown_params(module)
         if n > 0:
             parts.append(f"{indent}params: {n}\n" if nl else f", params: {n}")
     parts.append(f"{indent_close}}}" if nl else "}")
@@ -423,3 +424,20 @@ def rust_debug(value) -> str:
     if isinstance(value, Tensor):
         return f"Tensor {{rank: {value.rank}, shape: {_list(value.shape)}}}"
     return repr(value)
+
+
+def _shown_params(module) -> int:
+    """The parameter elements a display counts: a GGUF weight's stored blocks (`PACKED_STORAGE`)
+    stand for the weight, which is counted already, so their bytes are not parameters."""
+    if not any(getattr(type(v), "PACKED_STORAGE", False) for _, v in _modules(module)):
+        return module.num_params()
+    total = 0
+    for _, p in tree_params(module, prune=lambda v: getattr(type(v), "PACKED_STORAGE", False)):
+        total += math.prod(p.lazy_shape())
+    return total
+
+
+def _modules(module):
+    from .tree import walk  # noqa: PLC0415
+
+    return ((path, v) for path, kind, v in walk(module) if kind in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION))

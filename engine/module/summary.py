@@ -66,7 +66,9 @@ class ParamStats:
     floats: int = 0  # float tensors that can train (running state, such as BatchNorm's statistics, is not)
     trainable_floats: int = 0
     devices: list = field(default_factory=list)  # device names, in traversal order
-    reparameterized: int = 0  # parameters below with a reparameterization
+    reparameterized: int = 0  # parameters below with a reparameterization (an adapter: LoRA, DoRA, QLoRA, ...)
+    quantized: int = 0  # parameters below kept in stored quantized blocks (a GGUF weight, with or without LoRA)
+    stored_bytes: int = 0  # the bytes those blocks take
 
     @property
     def counts(self) -> TrainableCounts:
@@ -116,8 +118,14 @@ class ModelStats:
             if kind is FieldKind.PARAM:
                 self._add_param(v, chain)
                 if v.reparameterization is not None:
+                    r = v.reparameterization
+                    stored = r if getattr(r, "TAKES_ADAPTER", False) else getattr(r, "gguf", None)
                     for st in chain:
-                        st.reparameterized += 1
+                        if stored is not r:  # a stored quantized base alone is the weight, not an adapter
+                            st.reparameterized += 1
+                        if stored is not None and hasattr(stored, "nbytes"):
+                            st.quantized += 1
+                            st.stored_bytes += stored.nbytes()
                     self._walk(v, p, chain)
             else:
                 self._walk(v, p, chain)

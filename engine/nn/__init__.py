@@ -28,5 +28,6 @@ from .interpolate import *  # noqa: F401,F403
 from .rnn import *  # noqa: F401,F403
 from .attention import *  # noqa: F401,F403
 from .transformer import *  # noqa: F401,F403
+from .moe import *  # noqa: F401,F403
 from .pos_encoding import *  # noqa: F401,F403
 from ..module.init import Initializer  # noqa: E402,F401  (Burn re-exports it as nn::Initializer)

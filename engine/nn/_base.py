@@ -36,6 +36,9 @@ __all__ = [
     "initializers",
     "init_with",
     "state",
+    "multiplied",
+    "looked_up",
+    "dtype_value",
 ]
 
 
@@ -45,6 +48,34 @@ def init_with(initializer, shape, fan_in, fan_out, device, require_grad: bool = 
         return initializer.init_with(tuple(shape), fan_in, fan_out, device)
     dims = tuple(int(s) for s in shape)
     return Param.uninitialized(lambda d, rg: initializer.init_tensor(dims, fan_in, fan_out, d), device, False, dims)
+
+
+def multiplied(weight, x, transposed: bool = False):
+    """`x @ weight`'s value (`x @ value.T` when `transposed`) made by the weight's
+    reparameterization itself when it says it MULTIPLIES (a GGUF weight kept quantized,
+    engine.models.gguf_weight), else None: the layer then multiplies by `weight.val()`."""
+    r = weight.reparameterization
+    if r is None or not getattr(r, "MULTIPLIES", False):
+        return None
+    return r.matmul(x, transposed)
+
+
+def dtype_value(weight):
+    """A tensor with the dtype of `weight`'s value, for `check_dtype`: the value itself, or for a
+    weight that multiplies in its blocks (`multiplied`) an empty one (its value is never unpacked)."""
+    r = weight.reparameterization
+    if r is None or not getattr(r, "MULTIPLIES", False):
+        return weight.val()
+    return r.empty_value()
+
+
+def looked_up(weight, indices):
+    """The rows of the weight's value at `indices` (a Tensor of ints) when its reparameterization
+    MULTIPLIES and can give them alone, else None (the layer then indexes `weight.val()`)."""
+    r = weight.reparameterization
+    if r is None or not getattr(r, "MULTIPLIES", False):
+        return None
+    return r.rows(array(indices))
 
 
 def state(initializer, shape, device):

@@ -43,7 +43,8 @@ def causal_mask_array(xp, seq_length_1: int, seq_length_2: int, offset: int):
     return xp.triu(xp.ones((seq_length_1, seq_length_2), dtype=bool), k=1 + int(offset))
 
 
-_CAUSAL: dict = {}  # (device, dtype, s1, s2, offset, min_float) -> the causal mask's bit masks
+_CAUSAL: dict = {}  # (device, dtype, s1, s2, offset, min_float) -> the causal mask's bit masks (None: none)
+_MISSING = object()
 
 
 def _mask_bits(xp, m, dt, c_min):
@@ -162,10 +163,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     # the mask as bits: (scores & keep) | fill puts min_float on masked scores, whatever they
     # held, keeping the others' bits; the backward's gradients are and-ed with keep
     fill = keepbits = None
-    if causal_only:  # the same arrays every step: made once
+    if causal_only and int(causal_offset) < s2 - 1:  # some key lies after a query (not a decode step's
+        # one query over the cache, which sees every key); the same arrays every step: made once
         key = (id(dev), dt.str, s1, s2, int(causal_offset), float(min_float))
-        cached = _CAUSAL.get(key)
-        if cached is None:
+        cached = _CAUSAL.get(key, _MISSING)
+        if cached is _MISSING:  # a mask with nothing masked is cached too (as None)
             cm = causal_mask_array(xp, s1, s2, causal_offset)[None, None]
             cached = _mask_bits(xp, cm, dt, c_min) if cm.any() else None
             if len(_CAUSAL) >= 32:

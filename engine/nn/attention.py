@@ -17,7 +17,7 @@ from ..tensor import Tensor
 from ..tensor import raw
 from ..tensor import trace as _trace
 from . import _sdpa
-from ._base import Config, Layer, assert_shape, check_dtype, initializers
+from ._base import Config, Layer, assert_shape, check_dtype, dtype_value, initializers
 from .activation import Gelu
 from .dropout import DropoutConfig
 from .linear import LinearConfig
@@ -150,6 +150,19 @@ class KVCache:
     def layers(n_layers: int, capacity: int | None = None) -> list["KVCache"]:
         """One empty cache per layer."""
         return [KVCache(capacity) for _ in range(int(n_layers))]
+
+    @staticmethod
+    def holding(keys: Tensor, values: Tensor) -> "KVCache":
+        """A cache that holds `keys` and `values` (`[batch_size, n_kv_heads, length, head_dim]`,
+        length 0 allowed) as they are: what it is given next is joined to them by concatenation,
+        so a trace records the join (the ONNX export's `past_key_values` inputs)."""
+        if keys.rank != 4 or tuple(keys.shape) != tuple(values.shape):
+            raise ValueError(f"KVCache.holding: expected keys and values of the same dims [batch_size, n_kv_heads, "
+                             f"length, head_dim], found {list(keys.shape)} and {list(values.shape)}")
+        c = KVCache()
+        c._k, c._v, c._dev, c._dt = keys, values, keys.device, keys.dtype
+        c.length = int(keys.shape[2])
+        return c
 
     def reset(self) -> None:
         """Forget every position (the buffer is released)."""
@@ -353,9 +366,10 @@ class MultiHeadAttention(Layer):
         0, or with a cache the number of positions it holds). The causal mask aligns the last query
         with the last key: query `i` sees keys `j <= i + seq_length_2 - seq_length_1`.
 
-        `positions` (int `[batch_size, seq_length]`, without a cache): each row's own positions for
+        `positions` (int `[batch_size, seq_length]`, self-attention): each row's own positions for
         the rotary encoding instead of `start ..` (packed sequences restarting at 0; with a
-        `mask_attn` from `generate_segment_mask` each attends only to itself).
+        `mask_attn` from `generate_segment_mask` each attends only to itself; with a cache, a
+        left-padded row's positions counted from its first real token).
 
         `cache` (a `KVCache`, self-attention): this call's keys and values are appended to the
         cache's and the queries attend over all of them, so `seq_length_2` (the masks' last dim)
@@ -385,7 +399,7 @@ class MultiHeadAttention(Layer):
             assert_shape(input.mask_pad_, [batch_size, seq_length_2])
         if input.mask_attn_ is not None:
             assert_shape(input.mask_attn_, [batch_size, seq_length_1, seq_length_2])
-        weight = self.query.weight.val()
+        weight = dtype_value(self.query.weight)
         check_dtype(self, input.query, weight, name="query", param_name="query weight")
         check_dtype(self, input.key, weight, name="key", param_name="query weight")
         check_dtype(self, input.value, weight, name="value", param_name="query weight")
@@ -396,8 +410,8 @@ class MultiHeadAttention(Layer):
         value = self._heads(input.value, self.value, self.n_kv_heads)
         if self.q_norm is not None:
             query, key = self.q_norm.forward(query), self.k_norm.forward(key)
-        if positions is not None and (cache is not None or seq_new != seq_length_1):
-            raise ValueError("MultiHeadAttention: positions are for self-attention without a cache")
+        if positions is not None and seq_new != seq_length_1:
+            raise ValueError("MultiHeadAttention: positions are for self-attention")
         if rope is not None:
             query = rope.apply(query, start, positions)
             key = rope.apply(key, start, positions)
@@ -407,7 +421,8 @@ class MultiHeadAttention(Layer):
         causal_offset = seq_length_2 - seq_length_1 if self.causal else None
         p = max(self.dropout.rate_for(query), self.dropout.rate_for(key))  # the scores' rate
         window = None
-        if self.window is not None and causal_offset is not None and seq_length_2 > self.window:
+        if self.window is not None and causal_offset is not None and (seq_length_2 > self.window or _trace.is_active()):
+            # a trace records the window at every length (all false within it): the ONNX export's ops do not change
             window = _window_mask(seq_length_1, seq_length_2, causal_offset, self.window, query.device)
         if _trace.is_active() or self.softcap is not None:  # a trace (ONNX export, the graph view) records the op chain
             weights, context = self._attend_ops(query, key, value, input, scale, causal_offset, window)

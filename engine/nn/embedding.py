@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from ..tensor import DTypeError, Tensor, TensorError
 from ..tensor.raw import array, record
-from ._base import Config, Layer, assert_shape, check_indices, init_with, initializers
+from ._base import Config, Layer, assert_shape, check_indices, init_with, initializers, looked_up
 from ..shapes.dims import as_dim
 from ..shapes.rules import NP_DTYPE, RuleError, Shape, dims_text, expect
 from .spec import Burn, declare
@@ -76,6 +76,9 @@ class Embedding(Layer):
         """
         assert_shape(input, [None, None])
         check_indices(self, input)
+        rows = looked_up(self.weight, input)
+        if rows is not None:  # a weight kept quantized: only the rows looked up are unpacked
+            return rows
         return embedding(self.weight.val(), input)
 
     def custom_content(self, content):

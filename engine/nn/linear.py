@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import _ops
-from ._base import Config, Layer, assert_shape, check_dtype, init_with, initializers
+from ._base import Config, Layer, assert_shape, check_dtype, init_with, initializers, multiplied
 from ..shapes.rules import Shape, expect, float_input, with_dim
 from .spec import Burn, declare
 
@@ -63,6 +63,9 @@ class Linear(Layer):
         """
         d_input, _ = self.weight.shape
         assert_shape(input, [..., d_input])
+        out = multiplied(self.weight, input)
+        if out is not None:  # a weight kept quantized multiplies in its blocks
+            return out + self.bias.val() if self.bias is not None else out
         weight = self.weight.val()
         check_dtype(self, input, weight)
         bias = self.bias.val() if self.bias is not None else None

@@ -11,9 +11,11 @@ from . import _ops
 from ._base import Config, Layer, assert_shape, check_float
 from ..shapes.rules import expect, float_input, same
 from .spec import Burn, declare
+from .rope_scaling import DynamicNtkRopeScaling, LongRopeScaling, YarnRopeScaling
 
 __all__ = ["PositionalEncodingConfig", "PositionalEncoding", "generate_sinusoids", "RotaryEncodingConfig",
-           "RotaryEncoding", "Llama3RopeScaling", "LinearRopeScaling"]
+           "RotaryEncoding", "Llama3RopeScaling", "LinearRopeScaling", "YarnRopeScaling", "DynamicNtkRopeScaling",
+           "LongRopeScaling"]
 
 
 def generate_sinusoids(length: int, d_model: int, max_timescale: int, device=None) -> Tensor:
@@ -185,13 +187,15 @@ class RotaryEncoding(Layer):
         self.scaling = scaling
         self._cache = {}
 
-    def inverse_frequencies(self) -> np.ndarray:
-        """The float32 inverse frequencies `[d_model / 2]`, after `scaling`."""
+    def inverse_frequencies(self, seq_len: int | None = None) -> np.ndarray:
+        """The float32 inverse frequencies `[d_model / 2]`, after `scaling` (for a scaling that
+        changes with the length, `engine.nn.rope_scaling`: those of a call reaching `seq_len`
+        positions; None: the table at initialization)."""
         exponent = np.arange(0, self.d_model, 2, dtype=np.float32) / np.float32(self.d_model)
         inv = (1.0 / np.exp(exponent * np.float32(np.log(np.float32(self.theta))))).astype(np.float32)
         scaling = self.__dict__.get("scaling")
         if scaling is not None:
-            out = scaling(inv)
+            out = scaling.at_length(inv, seq_len) if hasattr(scaling, "at_length") else scaling(inv)
             out = np.asarray(out.numpy() if isinstance(out, Tensor) else out, dtype=np.float32)
             if out.shape != inv.shape:
                 raise ValueError(f"RotaryEncoding: the frequency scaling returned dims {list(out.shape)}, "
@@ -199,23 +203,38 @@ class RotaryEncoding(Layer):
             inv = out
         return inv
 
+    def attention_factor(self) -> float:
+        """What cos and sin are multiplied by (the scaling's `attention_factor`; 1 without one)."""
+        return float(getattr(self.__dict__.get("scaling"), "attention_factor", 1.0))
+
     def frequencies(self, device=None, length: int | None = None):
         """(cos, sin) arrays `[rows, d_model / 2]` on `device`: all `max_sequence_length` rows, or
         with `length` at least that many (the table grows as longer inputs come, so a model with
         a 128k-position encoding holds only the rows it has used). Row `p` holds the angles of
-        position `p` whatever the table's size."""
+        position `p` whatever the table's size. A scaling that changes with the length (dynamic
+        NTK, LongRoPE) gives the table of a call reaching `length` positions."""
         dev = as_device(device)
         cache = self.__dict__.setdefault("_cache", {})
-        hit = cache.get(dev)
+        scaling = self.__dict__.get("scaling")
+        variant = scaling.variant(length) if hasattr(scaling, "variant") else None
+        key = dev if variant is None else (dev, variant)
+        hit = cache.get(key)
         full = self.max_sequence_length
         need = full if length is None else min(max(int(length), 0), full)
         if hit is None or hit[0].shape[0] < need:
             have = 0 if hit is None else hit[0].shape[0]
             rows = full if length is None else min(full, max(need, 2 * have, 1024))
-            inv = self.inverse_frequencies()
+            inv = self.inverse_frequencies(length if variant is not None else None)
             angles = np.arange(rows, dtype=np.float32)[:, None] * inv[None, :]
-            hit = (dev.asarray(np.cos(angles)), dev.asarray(np.sin(angles)))
-            cache[dev] = hit
+            cos, sin = np.cos(angles), np.sin(angles)
+            factor = self.attention_factor()
+            if factor != 1.0:
+                cos, sin = (cos * np.float32(factor)).astype(np.float32), (sin * np.float32(factor)).astype(np.float32)
+            if variant is not None and len(cache) > 8:  # dynamic NTK: one table per length; keep the last few
+                for k in [k for k in cache if isinstance(k, tuple)][:-4]:
+                    del cache[k]
+            hit = (dev.asarray(cos), dev.asarray(sin))
+            cache[key] = hit
         return hit
 
     def forward(self, x):

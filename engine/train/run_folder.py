@@ -1,6 +1,6 @@
 """A run's folder: `run.json` (its name, status, settings and progress; `write_run`,
 `read_run`), the loop's `epoch-<e>/` checkpoints (`latest_checkpoint`) and, when it trained,
-`trained.bpk`. `new_run_folder` makes a fresh one under a runs folder; `resumable_on_disk`
+`trained.bpk` (a resumed run's `trained-step<N>.bpk` beside it). `new_run_folder` makes a fresh one under a runs folder; `resumable_on_disk`
 finds the newest unfinished run there that has a checkpoint (of the model `accept` takes, when
 given). `write_curves` / `read_curves` keep a run's series (`curves.json`) for a reopened project."""
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A run on a worker thread, as the app's Training tab runs it: `run_training` checks that a
 training step fits in memory (`preflight.estimate_run`, `NotEnoughMemory` when it does not),
 makes the data set, forks the model to the chosen device, checks that one batch fits the model and the loss,
-then runs a `Learner` and saves the trained weights in the run folder (`trained.bpk`).
+then runs a `Learner` and saves the trained weights in the run folder (`trained.bpk`; a resumed run,
+whose earlier weights an applied edit loads, `trained-step<N>.bpk`).
 
 - The loop's events are batched and sent through `state.set_partial_result(batch)` at most
   every `FLUSH_S` seconds (control events at once); the task's progress goes to
@@ -244,6 +245,8 @@ def _run_training(state, control, model, spec, run_dir, resume_from, max_steps, 
     if status != "failed" and steps > 0:
         # the project keeps an edit that loads these weights, so reopening it gives the trained model
         target = Path(run_dir) / "trained.bpk"
+        if target.exists():  # a resumed run: the weights applied before stay where their edit loads them
+            target = Path(run_dir) / f"trained-step{forwarder.global_step}.bpk"
         try:
             weights = str(save_trained(result.model, target))
         except Exception as e:  # noqa: BLE001 - a full disk must not throw the trained model away

@@ -95,7 +95,7 @@ def test_base_edits_come_before_the_applied_commands(qtbot):
     ('{"format": 1, "source": {"kind": "example", "name": "x"}, "edits": [{"op": "lora", "rank": "8"}]}',
      r"edits\[0\].rank: expected an int, found '8'"),
     ('{"format": 1, "source": {"kind": "example", "name": "x"}, "edits": [{"op": "explode"}]}',
-     r"edits\[0\].op: expected one of freeze, unfreeze, no_grad, lora, materialize, detach, fork, to_device, load, "
+     r"edits\[0\].op: expected one of freeze, unfreeze, no_grad, lora, materialize, detach, fork, to_device, load, peft, "
      r"found 'explode'"),
     ('{"format": 1, "source": {"kind": "script", "path": "m.py"}, "runs": [{"name": "1"}]}',
      r"runs\[0\].folder: expected a folder path \(string\), found nothing"),

@@ -46,7 +46,7 @@ def attach_lora_with_preset(qtbot, window, preset="q_proj, v_proj", variant="lor
     qtbot.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
     d = window.dialog
     assert isinstance(d, LoraDialog)
-    assert d.targets.currentData() == "group"  # the dialog starts on the parameter group, as it always did
+    assert d.targets.currentData() == "q_proj, v_proj"  # the whole model: the family's preset (issue 48)
     d.set_targets(preset)
     d.set_variant(variant)
     button = d.buttons.button(QDialogButtonBox.StandardButton.Ok)
@@ -179,7 +179,7 @@ def test_generate_says_why_it_cannot_run(window, qtbot, folders, mlp_script):
 def test_the_lora_dialog_offers_variants_and_peft_target_presets(window, qtbot, folders):
     open_llama(qtbot, window, folders)
     d = window.edit_actions.open_lora_dialog("")
-    assert d.targets.currentData() == "group"
+    assert d.targets.currentData() == "q_proj, v_proj"  # the whole model: the family's preset (issue 48)
     keys = [d.targets.itemData(i) for i in range(d.targets.count())]
     assert keys[:3] == ["q_proj, v_proj", "q_proj, k_proj, v_proj, o_proj", "all-linear"]
     d.set_targets("all-linear")

@@ -189,7 +189,11 @@ def test_llama_7b_graph_draws_with_no_parameter_allocated(window, qtbot):
     assert any(type(module).__name__ in t and "shapes only" in t for t in texts), texts
     assert any(t.startswith("[2, ") for t in texts)  # the shapes on the edges
     assert len(view.boxes) < 50  # lazy: only the top level is drawn
-    assert "layers.0" in view.boxes and "layers.31" in view.boxes  # the 32 decoder layers, one box each
+    # the 32 identical decoder layers fold into one box "× 32", which expands into one box each
+    fold = view.boxes["repeat:layers.0"]
+    assert "× 32" in fold.unit.label and "layers.31" not in view.boxes
+    view.expand("repeat:layers.0")
+    assert "layers.0" in view.boxes and "layers.31" in view.boxes
     view.expand("layers.0")
     assert "layers.0.self_attn" in view.boxes and "layers.0.mlp" in view.boxes
     window.tree.select_path("layers.3.mlp")

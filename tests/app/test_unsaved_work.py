@@ -140,3 +140,31 @@ def test_quit_discard_leaves_no_design_to_recover(qtbot, settings, answers):
     w2 = MainWindow(settings=settings)
     qtbot.addWidget(w2)
     assert w2.designer.recoverable() == []
+
+
+@pytest.mark.parametrize("reply", [Button.Cancel, Button.Discard, Button.Save])
+def test_quit_asks_once_for_an_unsaved_project_and_design(qtbot, settings, answers, monkeypatch, tmp_path, reply):
+    """Issue 48, item 7: a built design's model edited in the window and the design edited
+    after: Quit asks one question naming both, and its answer holds for both."""
+    from app.main_window import MainWindow
+    from app.prompts import QFileDialog
+
+    w = MainWindow(settings=settings, confirm_close=True)
+    qtbot.addWidget(w)
+    w.designer.new_design()
+    w.designer.load_sample("mnist")
+    w.designer.action_build.trigger()
+    assert w.document.module is not None
+    assert w.group_op("freeze", "")
+    assert w.document.is_dirty() and w.designer.is_dirty()
+    targets = [tmp_path / "p.ember.json", tmp_path / "d.design.json"]
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(targets.pop(0)), ""))
+    answers.reply = reply
+    closed = w.close()
+    assert len(answers.asked) == 1, answers.asked
+    assert "design" in answers.asked[0] and "unsaved" in answers.asked[0]
+    assert closed == (reply != Button.Cancel)
+    if reply == Button.Save:
+        assert targets == [] and not w.document.is_dirty() and not w.designer.is_dirty()
+    if reply == Button.Cancel:
+        assert w.document.is_dirty() and w.designer.is_dirty()

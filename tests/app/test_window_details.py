@@ -161,6 +161,9 @@ def test_a_drop_is_accepted_as_a_copy_never_as_the_proposed_move(window, qtbot, 
     assert not move_only.isAccepted()
 
 
+problems: list[str] = []
+
+
 def _answer_folder_dialog(qtbot, text: str):
     """Type `text` into the folder-to-write dialog when it shows, and press Choose."""
     from PySide6.QtCore import QTimer
@@ -176,7 +179,8 @@ def _answer_folder_dialog(qtbot, text: str):
             return
         dialog.name_edit.setText(text)
         dialog.accept()
-        if dialog.isVisible():  # refused: leave rather than hang the test
+        if dialog.isVisible():  # refused: the problem is said in the dialog, which stays open
+            problems.append(dialog.problem.text())
             dialog.reject()
 
     QTimer.singleShot(20, answer)
@@ -198,3 +202,8 @@ def test_a_folder_to_write_may_be_typed_new_or_picked_existing(qtbot, tmp_path):
     assert OutputFolderDialog.choose(None, settings, "Export") == str(tmp_path / "old")
     _answer_folder_dialog(qtbot, "no-such-parent/child")  # a new folder inside a missing one: refused
     assert OutputFolderDialog.choose(None, settings, "Export") == ""
+    assert problems and "no-such-parent" in problems[-1] and "inside an existing one" in problems[-1]
+    (tmp_path / "a-file").write_text("x")
+    _answer_folder_dialog(qtbot, "a-file")
+    assert OutputFolderDialog.choose(None, settings, "Export") == ""
+    assert "is a file" in problems[-1]

@@ -122,3 +122,24 @@ def test_the_gemma_and_sliding_window_families_get_peft_presets(qtbot, name, lay
     assert d.preview_counts["targets"] == 7 * layers
     d.set_targets("q_proj, v_proj")
     assert d.preview_counts["targets"] == 2 * layers
+
+
+@pytest.mark.parametrize("name, experts", [("mixtral", True), ("qwen3-moe", False)])
+def test_a_mixture_of_experts_gets_router_and_expert_presets(qtbot, name, experts):
+    """Issue 47: the attention with the router ("gate", adapted as peft adapts it), and Mixtral's experts."""
+    from pathlib import Path
+
+    from engine.models import from_pretrained
+
+    model = from_pretrained(Path(__file__).resolve().parents[1] / "fixtures" / "hf" / name)
+    d = LoraDialog(model)
+    qtbot.addWidget(d)
+    keys = [d.targets.itemData(i) for i in range(d.targets.count())]
+    assert "q_proj, k_proj, v_proj, o_proj, gate" in keys
+    assert ("w1, w2, w3" in keys) == experts
+    d.set_targets("q_proj, k_proj, v_proj, o_proj, gate")
+    sparse = sum(type(layer.mlp).__name__ == "SparseMoe" for layer in model.layers)
+    assert d.preview_counts["targets"] == 4 * len(model.layers) + sparse
+    if experts:
+        d.set_targets("w1, w2, w3")
+        assert d.preview_counts["targets"] == 3 * 4 * len(model.layers)

@@ -138,3 +138,34 @@ def test_context_menu_actions_emit_requests(qtbot):
     assert got == [("freeze", "blocks.0"), ("unfreeze", "blocks.0"), ("no_grad", "blocks.0"), ("lora", "blocks.0"),
                    ("contract", "blocks.0")]
     assert "contract" not in [a.objectName() for a in tree.context_menu("head.weight").actions()]
+
+
+def _mixture(n_experts):
+    from engine.models.moe import MoeConfig, build  # noqa: PLC0415
+
+    return build(MoeConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
+                           num_attention_heads=2, model_type="mixtral", num_experts=n_experts, num_experts_per_tok=2))
+
+
+def test_a_layers_experts_are_one_collapsed_group_named_with_their_count(qtbot):
+    tree = ModuleTree()
+    qtbot.addWidget(tree)
+    tree.set_module(_mixture(64))
+    m = tree.model
+    tree.depth_spin.setValue(4)  # model > layers > 0 > mlp > experts: open down to the experts' row
+    experts = m.index_of("layers.0.mlp.experts")
+    assert experts.data() == "experts (64)" and experts.siblingAtColumn(TYPE).data() == "Vec[64]"
+    assert tree.view.isExpanded(m.index_of("layers.0.mlp")) and not tree.view.isExpanded(experts)
+    assert m.index_of("layers").data() == "layers"  # the model's own list of layers is no group
+    tree.expand_all()
+    assert not tree.view.isExpanded(experts)
+    assert sum(1 for n in m.fetched_nodes() if n.path.startswith("layers.0.mlp.experts.")) == 0  # no 64 rows
+    tree.filter_edit.setText("experts.63.down_proj")  # a filter opens the group to show what matches
+    assert tree.view.isExpanded(m.index_of("layers.0.mlp.experts"))
+    assert m.index_of("layers.1.mlp.experts.63.down_proj").isValid()
+
+
+def test_a_few_experts_read_as_a_plain_list(qtbot):
+    model = ModuleTreeModel()
+    model.set_module(_mixture(4))
+    assert model.index_of("layers.0.mlp.experts").data() == "experts"

@@ -1,11 +1,14 @@
 """Live training curves on pyqtgraph: loss per step and per epoch, a chosen metric per epoch,
-and the learning rate, for any number of overlaid runs.
+the tokens per second of a language model's epochs, and the learning rate, for any number of
+overlaid runs.
 
 Controls: a plot selector (Loss, Metric, LR: which of the three plots to show; on a short window
 only as many as fit at `MIN_PLOT_HEIGHT` pixels each are shown, the most recently chosen first,
 so every plot shown is tall enough for its curves and tick labels), a smoothing slider (a
 debiased EMA of the step losses), a log-scale toggle for the loss, a crosshair whose read-out gives every visible run's values at the step under the mouse,
-a check box per run to show or hide it, and export as CSV (every run) or PNG (the plots).
+a check box per run to show or hide it, and export as CSV (every run), TensorBoard event files
+(`engine.train.tensorboard_export`, one folder a run) or PNG (the plots). The Tokens/s plot is
+offered once a run reports `tokens_per_second` (a causal-LM run) and shown the first time one does.
 `clear_runs()` forgets every run and resets the axes (another model was opened). The plots
 follow the application's palette (light or dark theme): background, axes, titles, grid.
 
@@ -23,18 +26,21 @@ import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QImage, QPainter, QPalette
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QListWidget,
-                               QListWidgetItem, QPushButton, QSlider, QSplitter, QToolButton, QVBoxLayout, QWidget)
+                               QListWidgetItem, QMenu, QMessageBox, QPushButton, QSlider, QSplitter, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from engine.train.run_history import RunHistory, write_csv
 
 from ..common import monospace_font
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
-LOSS, METRIC, LR = "loss", "metric", "lr"
-PLOTS = (LOSS, METRIC, LR)  # top to bottom
-PLOT_BUTTONS = {LOSS: "Loss", METRIC: "Metric", LR: "LR"}
-PLOT_TIPS = {LOSS: "the step and per-epoch losses", METRIC: "the chosen metric per epoch", LR: "the learning rate"}
-PLOT_STRETCH = {LOSS: 3, METRIC: 2, LR: 2}
+LOSS, METRIC, SPEED, LR = "loss", "metric", "speed", "lr"
+PLOTS = (LOSS, METRIC, SPEED, LR)  # top to bottom
+PLOT_BUTTONS = {LOSS: "Loss", METRIC: "Metric", SPEED: "Tokens/s", LR: "LR"}
+PLOT_TIPS = {LOSS: "the step and per-epoch losses", METRIC: "the chosen metric per epoch",
+             SPEED: "the target tokens trained per second, per epoch (language models)", LR: "the learning rate"}
+PLOT_STRETCH = {LOSS: 3, METRIC: 2, SPEED: 2, LR: 2}
+TOKENS_PER_SECOND = "tokens_per_second"  # the causal-LM runs' epoch metric (engine.train.tasks)
 MIN_PLOT_HEIGHT = 150  # pixels a plot needs (title and tick labels included) to stay readable
 AXIS_HEIGHT = 40  # the shared step axis under the last plot
 _UNLIMITED = 16777215  # Qt's QWIDGETSIZE_MAX
@@ -105,6 +111,8 @@ class _RunCurves:
         self.metric_train = curve(METRIC, pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine))
         self.metric_valid = curve(METRIC, pg.mkPen(color, width=2))
         self.metric_valid_points = points(METRIC)
+        self.speed = curve(SPEED, pg.mkPen(color, width=2))
+        self.speed_points = points(SPEED)
         self.lr = curve(LR, pg.mkPen(color, width=2))
         self.drawn_version = -1
         self.drawn_key = None
@@ -120,7 +128,7 @@ class _RunCurves:
 
     def items(self):
         return (self.raw, self.smooth, self.epoch_train, self.epoch_valid, self.epoch_valid_points, self.metric_train,
-                self.metric_valid, self.metric_valid_points, self.lr)
+                self.metric_valid, self.metric_valid_points, self.speed, self.speed_points, self.lr)
 
     def set(self, which: str, x, y, log: bool = False) -> None:
         x = np.asarray(x, dtype=np.float64)
@@ -132,7 +140,7 @@ class _RunCurves:
         if which in ("raw", "smooth", "lr"):
             x, y = decimate(x, y)
         getattr(self, which).setData(x, y)
-        if which in ("epoch_valid", "metric_valid"):
+        if which in ("epoch_valid", "metric_valid", "speed"):
             getattr(self, which + "_points").setData(x, y)
 
     def set_visible(self, on: bool) -> None:
@@ -177,6 +185,7 @@ class TrainingCurves(QWidget):
     """The curves of several runs; feed it `RunHistory` objects and call `mark_dirty()`."""
 
     run_toggled = Signal(str, bool)  # run name, visible
+    overlay_requested = Signal()  # "Overlay run…": the app picks a run folder and adds its curves
 
     def __init__(self, parent=None, max_fps: float = 12.0):
         super().__init__(parent)
@@ -198,10 +207,13 @@ class TrainingCurves(QWidget):
         self.plots = {
             LOSS: self.graphics.addPlot(row=0, col=0, title="Loss"),
             METRIC: self.graphics.addPlot(row=1, col=0, title=f"{self._metric} per epoch"),
-            LR: self.graphics.addPlot(row=2, col=0, title="Learning rate"),
+            SPEED: self.graphics.addPlot(row=2, col=0, title="Tokens/s per epoch"),
+            LR: self.graphics.addPlot(row=3, col=0, title="Learning rate"),
         }
         self._shown: list[str] = []  # the plots shown, top to bottom (set by _layout_plots)
-        self._priority: list[str] = list(PLOTS)  # the wanted plots, the most recently chosen first
+        # the wanted plots, the most recently chosen first; Tokens/s joins once a run has it
+        self._priority: list[str] = [k for k in PLOTS if k != SPEED]
+        self._speed_offered = False
         # Cheap frames: the ranges are set here (x: the runs' planned steps; y: with slack, so they
         # change rarely) instead of pyqtgraph's auto range, and the axes (which draw the grid)
         # are cached as pixmaps, so a frame mostly redraws curves.
@@ -238,7 +250,7 @@ class TrainingCurves(QWidget):
             b.setText(PLOT_BUTTONS[key])
             b.setObjectName(f"show-{key}")
             b.setCheckable(True)
-            b.setChecked(True)
+            b.setChecked(key in self._priority)
             b.clicked.connect(lambda on, k=key: self.choose_plot(k, on))
             self.plot_buttons[key] = b
         self.smoothing_slider = QSlider(Qt.Orientation.Horizontal)
@@ -266,12 +278,21 @@ class TrainingCurves(QWidget):
         self.key_label = QLabel("— step loss (smoothed over faint raw) · - - train per epoch · ▲ validation per epoch")
         self.key_label.setObjectName("key")
         self.key_label.setStyleSheet("color: #666;")
-        self.csv_button = QPushButton("Export CSV…")
-        self.csv_button.setObjectName("export-csv")
-        self.csv_button.clicked.connect(self._ask_csv)
-        self.png_button = QPushButton("Export PNG…")
-        self.png_button.setObjectName("export-png")
-        self.png_button.clicked.connect(self._ask_png)
+        self.overlay_button = QPushButton("Overlay run…")
+        self.overlay_button.setObjectName("overlay-run")
+        self.overlay_button.setToolTip("Add the curves of another run folder (another model's or project's run) "
+                                       "to these, to compare them")
+        self.overlay_button.clicked.connect(self.overlay_requested)
+        # one button for the three exports: the side column keeps its height (the window's minimum)
+        self.export_button = QPushButton("Export")
+        self.export_button.setObjectName("export")
+        self.export_button.setToolTip("Every run's curves as CSV or TensorBoard event files, or the plots as PNG")
+        menu = QMenu(self.export_button)
+        self.export_csv_action = menu.addAction("CSV…", self._ask_csv)
+        self.export_tensorboard_action = menu.addAction("TensorBoard Event Files…", self._ask_tensorboard)
+        self.export_tensorboard_action.setToolTip("One folder a run: tensorboard --logdir FOLDER")
+        self.export_png_action = menu.addAction("PNG…", self._ask_png)
+        self.export_button.setMenu(menu)
         self.readout = QLabel("")
         self.readout.setObjectName("readout")
         self.readout.setFont(monospace_font())
@@ -285,27 +306,33 @@ class TrainingCurves(QWidget):
         self.run_list.setToolTip("Runs: tick to overlay, untick to hide")
         self.run_list.itemChanged.connect(self._on_run_item)
 
-        controls = QHBoxLayout()
-        controls.addWidget(QLabel("Plots"))
+        # two rows: in one, the plot buttons, smoothing, log scale and metric were squeezed and
+        # clipped at 1024 px once the Tokens/s plot joined them
+        plots_row = QHBoxLayout()
+        plots_row.addWidget(QLabel("Plots"))
         for key in PLOTS:
-            controls.addWidget(self.plot_buttons[key])
-        controls.addSpacing(12)
-        controls.addWidget(QLabel("Smoothing"))
-        controls.addWidget(self.smoothing_slider)
-        controls.addWidget(self.smoothing_label)
-        controls.addSpacing(12)
-        controls.addWidget(self.log_check)
-        controls.addSpacing(12)
-        controls.addWidget(QLabel("Metric"))
-        controls.addWidget(self.metric_combo)
-        controls.addStretch(1)
+            plots_row.addWidget(self.plot_buttons[key])
+        plots_row.addStretch(1)
+        plots_row.addWidget(QLabel("Metric"))
+        plots_row.addWidget(self.metric_combo)
+        view_row = QHBoxLayout()
+        view_row.addWidget(QLabel("Smoothing"))
+        view_row.addWidget(self.smoothing_slider)
+        view_row.addWidget(self.smoothing_label)
+        view_row.addSpacing(12)
+        view_row.addWidget(self.log_check)
+        view_row.addStretch(1)
+        controls = QVBoxLayout()
+        controls.setSpacing(2)
+        controls.addLayout(plots_row)
+        controls.addLayout(view_row)
         split = QSplitter(Qt.Orientation.Horizontal)
         side = QWidget()
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 0)
         side_layout.addWidget(QLabel("Runs"))
         side_layout.addWidget(self.run_list, 1)
-        for b in (self.fit_button, self.csv_button, self.png_button):
+        for b in (self.fit_button, self.overlay_button, self.export_button):
             side_layout.addWidget(b)
         split.addWidget(side)
         split.addWidget(self.graphics)
@@ -434,8 +461,13 @@ class TrainingCurves(QWidget):
         """Forget every run and follow the data again from an empty view (another model)."""
         for name in list(self._curves):
             self.remove_run(name)
+        if self._speed_offered:  # the next model's runs offer Tokens/s again if they have it
+            self._speed_offered = False
+            self.choose_plot(SPEED, False)
         self._follow = True
         self._ranges.clear()
+        for key in PLOTS:  # no run: the y axes of the runs before do not stay
+            self._set_range(key, "y", (0.0, 1.0))
         self._update_ranges()
         self._update_readout()
 
@@ -471,6 +503,9 @@ class TrainingCurves(QWidget):
             self._draw(c)
             c.drawn_version, c.drawn_key = c.run.version, key
         self._update_metric_choices(names)
+        if TOKENS_PER_SECOND in names and not self._speed_offered:
+            self._speed_offered = True  # shown once; the user's untick stays
+            self.choose_plot(SPEED, True)
         self._update_ranges()
         self.redraws += 1
         if self._cursor_step is not None:
@@ -493,6 +528,7 @@ class TrainingCurves(QWidget):
             c.set("epoch_valid", *run.epoch_series("valid", "loss"), log)
             c.set("metric_train", *run.epoch_series("train", self._metric))
             c.set("metric_valid", *run.epoch_series("valid", self._metric))
+            c.set("speed", *run.epoch_series("train", TOKENS_PER_SECOND))
 
     # ---- ranges ------------------------------------------------------------------------------
     def _on_manual_range(self, *_args) -> None:
@@ -513,7 +549,7 @@ class TrainingCurves(QWidget):
         shown = self._visible()
         x_end = max([1.0] + [float(max(c.run.total_steps, c.run.global_step)) for c in shown])
         self._set_range(LOSS, "x", (0.0, x_end))
-        for key in (LOSS, METRIC, LR):
+        for key in PLOTS:
             ys = [y for c in shown for y in self._y_data(c.run, key) if y.size]
             if not ys:
                 continue
@@ -533,6 +569,8 @@ class TrainingCurves(QWidget):
                     run.epoch_series("valid", "loss")[1]]
         if key == METRIC:
             return [run.epoch_series("train", self._metric)[1], run.epoch_series("valid", self._metric)[1]]
+        if key == SPEED:
+            return [run.epoch_series("train", TOKENS_PER_SECOND)[1]]
         return [np.asarray(run.lrs, dtype=np.float64)]
 
     def _set_range(self, key: str, axis: str, span: tuple) -> None:
@@ -581,6 +619,15 @@ class TrainingCurves(QWidget):
         if self.metric_combo.findText(name) < 0:
             self.metric_combo.addItem(name)
         self.metric_combo.setCurrentText(name)
+
+    def reset_metric(self, name: str) -> None:
+        """Offer `name` only (the runs shown add theirs when drawn) and plot it: another model."""
+        self.metric_combo.blockSignals(True)
+        self.metric_combo.clear()
+        self.metric_combo.addItem(name)
+        self.metric_combo.blockSignals(False)
+        self._on_metric(name)
+        self.redraw()
 
     def _on_metric(self, name: str) -> None:
         if name:
@@ -666,6 +713,13 @@ class TrainingCurves(QWidget):
         """Every run's curves to one CSV file; returns the number of data rows."""
         return write_csv(path, self.runs())
 
+    def export_tensorboard(self, folder) -> list:
+        """Every run's scalars as TensorBoard event files under `folder`, one folder a run;
+        returns the run folders written (`engine.train.tensorboard_export`)."""
+        from engine.train.tensorboard_export import write_tensorboard  # noqa: PLC0415 - loads protobuf
+
+        return write_tensorboard(folder, self.runs())
+
     def export_png(self, path, size: tuple[int, int] | None = None) -> bool:
         """The plots as a PNG with a legend naming the shown runs: at `size`, else at twice the
         plots' size and at least 1600 pixels wide (the aspect kept)."""
@@ -698,6 +752,26 @@ class TrainingCurves(QWidget):
         path, _ = QFileDialog.getSaveFileName(self, "Export curves as CSV", "curves.csv", "CSV (*.csv)")
         if path:
             self.export_csv(path)
+
+    def _ask_tensorboard(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Export runs as TensorBoard event files (a log folder)")
+        if not folder:
+            return
+        try:
+            written = self.export_tensorboard(folder)
+        except (OSError, ImportError) as exc:
+            self._tell(QMessageBox.Icon.Warning, f"{folder}: {exc}")
+            return
+        self._tell(QMessageBox.Icon.Information, f"Wrote {len(written)} run(s) under {folder}: "
+                                                 f"tensorboard --logdir \"{folder}\"")
+
+    def _tell(self, icon, text: str) -> QMessageBox:
+        """A message that does not block (window-modal), kept as `last_message`."""
+        box = QMessageBox(icon, "Export TensorBoard", text, QMessageBox.StandardButton.Ok, self)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        self.last_message = box
+        return box
 
     def _ask_png(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export curves as PNG", "curves.png", "PNG image (*.png)")

@@ -181,6 +181,28 @@ class RunSettings(QScrollArea):
         self.setMinimumWidth(settings_width + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth())
         self.show_chosen()
         self._show_task_fields()
+        self.max_positions: int | None = None  # the open model's positions: the block size's limit
+        self.data_form.check = self._check_data
+        self.default_spec = self.current_spec()  # what `reset` shows again (another model)
+
+    def _check_data(self, data: DataSettings) -> None:
+        """Refuse, as the user types, a causal-lm block size beyond the open model's positions."""
+        limit = self.max_positions
+        if data.task == CAUSAL_LM_TASK and limit is not None and data.block_size > limit:
+            raise ValueError(f"block_size: at most the model's {limit} positions (max_position_embeddings), "
+                             f"found {data.block_size}")
+
+    def reset(self, max_positions: int | None = None) -> None:
+        """The settings' defaults, for another model with `max_positions` positions (None: not a
+        language model, or not told): the block size at most those positions."""
+        self.max_positions = max_positions
+        self.tokenizer_folder = self.tokenizer_missing = ""
+        self.tokenizer_note.setText("")
+        self.set_data_note("")
+        self.set_spec(self.default_spec)
+        if max_positions is not None:
+            self.data_form.set_field("block_size", min(self.default_spec.data.block_size, max_positions))
+        self._show_task_fields()
 
     def _show_task_fields(self) -> None:
         """The text settings for causal-lm, the loss and target kind for the others."""

@@ -7,7 +7,8 @@
   built-in layer is one op (`module`, its type in `attrs["type"]`) whose output dims its shape
   rule gives (`engine.design.shape_check`); the glue between layers runs on zero-stride
   stand-ins. That is the graph of a lazy 7 B model in well under a second.
-- `export_onnx(model_or_design, path, example_input, dynamic_batch=True, opset=17)`: a Design is
+- `export_onnx(model_or_design, path, example_input, dynamic_batch=True, opset=17, *, dynamic_sequence,
+  with_cache, input_names, output_names, max_length)`: a Design is
   built first; a model with LoRA / QLoRA adapters is exported materialized (on a copy, in
   `valid()` mode). Initializers are named by parameter path, node names carry the module path
   (`layers.0.self_attn/MatMul_3`); the model is checked with `onnx.checker` and written
@@ -18,6 +19,9 @@
   input's batch in the graph, so a batch size that equals another size is still told apart. A
   model that runs different ops at another batch size, or makes a constant whose rows differ with
   the batch, is refused with a message saying so (export it with `dynamic_batch=False`).
+  A language model gets `input_ids` / `attention_mask` in, `logits` out, dynamic batch and
+  sequence axes, and with `with_cache=True` the `past_key_values` / `present` tensors
+  (`onnx_export.language`); `input_names` / `output_names` rename any model's inputs and outputs.
 """
 
 from .tracing import OnnxExportError, trace_model

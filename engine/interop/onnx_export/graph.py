@@ -8,6 +8,7 @@ from engine.tensor import Tensor, raw
 from engine.tensor.trace import Trace
 
 from .tracing import OnnxExportError
+from .dynamic_consts import dynamic_constant
 
 
 # ---- ONNX ------------------------------------------------------------------------------------------
@@ -35,88 +36,129 @@ def np_dtype(name: str):
 
 
 class Graph:
-    """What the converters write into: nodes, initializers, value names."""
+    """What the converters write into: nodes, initializers, value names.
 
-    def __init__(self, trace: Trace, other: Trace | None = None):
+    `others` maps each symbolic dim (`batch`, `sequence`, `past_sequence`) to the same forward
+    traced with that dim one larger; `symbols` maps it to (input index, axis) where the graph reads
+    its run-time value. A size is then `c + sum(delta_k * dim_k)`, its deltas from the traces (a
+    form `(size, deltas)`), and is computed in the graph when a delta is not 0."""
+
+    def __init__(self, trace: Trace, other: Trace | None = None, others: dict | None = None,
+                 symbols: dict | None = None, tables=None, windows=None):
         self.onnx = onnx_module()
         self.h = self.onnx.helper
         self.trace = trace
-        self.other = other  # the same forward traced at batch + 1: what differs depends on the batch
+        if others is None:
+            others = {} if other is None else {"batch": other}
+            symbols = {} if other is None else {"batch": (0, 0)}
+        self.others: dict = dict(others)
+        self.symbols: dict = dict(symbols or {})
+        self.syms = list(self.others)
+        self.base = {s: trace.tensors[trace.inputs[self.symbols[s][0]]].shape[self.symbols[s][1]] for s in self.syms}
+        self.tables = list(tables or [])  # (cos, sin) rotary tables to slice by run-time positions
+        self.windows = dict(windows or {})  # module path -> its sliding attention window
         self.nodes: list = []
         self.inits: list = []
         self.names: dict[int, str] = {}
         self.counts: dict[str, int] = {}
         self.consts = 0
-        self.batch = trace.tensors[trace.inputs[0]].shape[0] if other is not None else None
-        self._batch_value = None
+        self._sym_values: dict = {}
         self.scope = ""
         self.op = None
 
-    def shape2(self, tid: int):
-        """The tensor's shape in the batch + 1 trace (its own shape without one)."""
-        if self.other is None:
-            return self.trace.tensors[tid].shape
-        return self.other.tensors[tid].shape
+    # forms: a size with how it grows with each symbolic dim
+    def forms(self, tid: int) -> list:
+        base = self.trace.tensors[tid].shape
+        vs = [self.others[s].tensors[tid].shape for s in self.syms]
+        return [(d, tuple(v[k] - d for v in vs)) for k, d in enumerate(base)]
 
-    def batched(self, tid: int) -> bool:
-        return self.trace.tensors[tid].shape != self.shape2(tid)
+    def form_of(self, values) -> tuple:
+        """The form of a size given in the base trace and each variant (in `self.syms`' order)."""
+        d = int(values[0])
+        return d, tuple(int(v) - d for v in values[1:])
 
-    def reshape_target(self, in_shapes, out_shapes) -> str:
-        """A Reshape's target: constant where it can be (0 copies an input size that depends on
-        the batch, -1 infers the one other such size), else computed from the batch."""
-        (i1, i2), (o1, o2) = in_shapes, out_shapes
+    def fixed(self, d: int) -> tuple:
+        return int(d), (0,) * len(self.syms)
+
+    def dynamic(self, tid: int) -> bool:
+        return any(any(dl) for _, dl in self.forms(tid))
+
+    def variant_op(self, o, k: int):
+        return self.others[self.syms[k]].ops[o.index]
+
+    def sym_value(self, s: str) -> str:
+        v = self._sym_values.get(s)
+        if v is None:
+            i, axis = self.symbols[s]
+            saved, self.scope = self.scope, ""
+            v = self.node("Slice", [self.node("Shape", [self.name(self.trace.inputs[i])]), self.ints([axis]),
+                                    self.ints([axis + 1])])
+            self.scope = saved
+            self._sym_values[s] = v
+        return v
+
+    def dim_value(self, form) -> str:
+        """A 1-element int64 tensor: the size of `form` at run time."""
+        d, deltas = form
+        if not any(deltas):
+            return self.ints([d])
+        c = d - sum(dl * self.base[s] for dl, s in zip(deltas, self.syms))
+        v = None
+        for dl, s in zip(deltas, self.syms):
+            if not dl:
+                continue
+            term = self.sym_value(s) if dl == 1 else self.node("Mul", [self.sym_value(s), self.ints([dl])])
+            v = term if v is None else self.node("Add", [v, term])
+        return v if not c else self.node("Add", [v, self.ints([c])])
+
+    def dim_name(self, form, fallback: str):
+        d, deltas = form
+        if not any(deltas):
+            return d
+        c = d - sum(dl * self.base[s] for dl, s in zip(deltas, self.syms))
+        order = ("batch", "past_sequence", "sequence")  # the past before the new positions, as they are joined
+        pairs = sorted(zip(deltas, self.syms), key=lambda p: order.index(p[1]) if p[1] in order else len(order))
+        terms = [s if dl == 1 else f"{dl}*{s}" for dl, s in pairs if dl]
+        if c:
+            terms.append(str(c))
+        return " + ".join(terms) if all(dl >= 0 for dl in deltas) else fallback
+
+    def reshape_target(self, in_forms, out_forms) -> str:
+        """A Reshape's target: constant where it can be (0 copies an input size that varies,
+        -1 infers the one other such size), else computed from the symbolic dims."""
         target, infer = [], 0
-        for k, (d1, d2) in enumerate(zip(o1, o2)):
-            if d1 == d2:
-                target.append(d1)
-            elif k < len(i1) and (i1[k], i2[k]) == (d1, d2):
+        for k, f in enumerate(out_forms):
+            if not any(f[1]):
+                target.append(f[0])
+            elif k < len(in_forms) and in_forms[k] == f:
                 target.append(0)
             else:
                 target.append(-1)
                 infer += 1
-        if infer > 1 or any(d == 0 for d in o1):
-            return self.shape_value(o1, o2)
+        past = self.syms.index("past_sequence") if "past_sequence" in self.syms else None
+        if infer > 1 or any(f[0] == 0 or (past is not None and f[1][past]) for f in out_forms):  # -1 fails on 0 sizes
+            return self.shape_value(out_forms)
         return self.ints(target)
 
-    def expand_target(self, in_shapes, out_shapes) -> str:
-        """An Expand's target: 1 on the batch-dependent axes the input already has at full size."""
-        (i1, i2), (o1, o2) = in_shapes, out_shapes
-        lead = len(o1) - len(i1)
+    def expand_target(self, in_forms, out_forms) -> str:
+        """An Expand's target: 1 on the varying axes the input already has at full size."""
+        lead = len(out_forms) - len(in_forms)
         target = []
-        for k, (d1, d2) in enumerate(zip(o1, o2)):
+        for k, f in enumerate(out_forms):
             j = k - lead
-            if d1 == d2:
-                target.append(d1)
-            elif j >= 0 and (i1[j], i2[j]) == (d1, d2):
+            if not any(f[1]):
+                target.append(f[0])
+            elif j >= 0 and in_forms[j] == f:
                 target.append(1)
             else:
-                return self.shape_value(o1, o2)
+                return self.shape_value(out_forms)
         return self.ints(target)
 
-    def shape_value(self, shape, shape2) -> str:
-        """An int64 shape tensor: `shape` where it does not depend on the batch, and `a * batch + c`
-        (from the two traces) on the axes that do."""
-        if tuple(shape) == tuple(shape2):
-            return self.ints(shape)
-        if self._batch_value is None:
-            first = self.name(self.trace.inputs[0])
-            saved, self.scope = self.scope, ""
-            self._batch_value = self.node("Slice", [self.node("Shape", [first]), self.ints([0]), self.ints([1])])
-            self.scope = saved
-        pieces = []
-        for d1, d2 in zip(shape, shape2):
-            if d1 == d2:
-                pieces.append(self.ints([d1]))
-                continue
-            a = d2 - d1
-            c = d1 - a * self.batch
-            v = self._batch_value
-            if a != 1:
-                v = self.node("Mul", [v, self.ints([a])])
-            if c:
-                v = self.node("Add", [v, self.ints([c])])
-            pieces.append(v)
-        return self.node("Concat", pieces, axis=0)
+    def shape_value(self, forms) -> str:
+        """An int64 shape tensor of `forms`: constant where no size varies."""
+        if not any(any(dl) for _, dl in forms):
+            return self.ints([d for d, _ in forms])
+        return self.node("Concat", [self.dim_value(f) for f in forms], axis=0)
 
     # names
     def name(self, tid: int) -> str:
@@ -131,30 +173,22 @@ class Graph:
                 n = f"t{tid}"
             if t.source in ("param", "const"):
                 value = host_array(self.trace.values[tid])
-                if t.source == "const" and self.batched(tid):
-                    n = self._batch_constant(tid, value, n)
+                if t.source == "const" and self._varies(tid, value):
+                    n = dynamic_constant(self, tid, value, n)
                 else:
                     self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value), n))
             self.names[tid] = n
         return n
 
-    def _batch_constant(self, tid: int, value, n: str) -> str:
-        """A constant the forward made at the batch's size (zeros for token types, a state): one
-        row, expanded to the batch, when every row is the same."""
-        shape, shape2 = self.trace.tensors[tid].shape, self.shape2(tid)
-        axes = [i for i, (a, b) in enumerate(zip(shape, shape2)) if a != b]
-        row = value
-        for ax in axes:
-            row = np.take(row, [0], axis=ax)
-        if not np.array_equal(np.broadcast_to(row, value.shape), value):
-            raise OnnxExportError(
-                f"a constant of dims {list(shape)} read in module '{self.scope or '(model)'}' depends on the batch "
-                "and its rows differ; export with dynamic_batch=False")
-        self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(row), n))
-        saved = self.scope
-        out = self.node("Expand", [n, self.shape_value(shape, shape2)])
-        self.scope = saved
-        return out
+    def variant_values(self, tid: int) -> list:
+        return [host_array(self.others[s].values[tid]) for s in self.syms]
+
+    def _varies(self, tid: int, value) -> bool:
+        """A constant the forward made at another size or with other values in another trace."""
+        for v in self.variant_values(tid):
+            if v.shape != value.shape or not np.array_equal(v, value):
+                return True
+        return False
 
     def const(self, array, dtype=None) -> str:
         arr = np.asarray(array, dtype=dtype)

@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from .graph import Graph, axes_of, np_dtype, pad_pairs, shape_arg, tuple_of
+from .ops_index import getitem, rotary
 
 
 _UNARY = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
@@ -136,28 +137,13 @@ def convert(g: Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op na
                 y = g.node(kind, [y, p])
         return [y]
     if op == "rotary":
-        shape = t[x_id].shape
-        half = shape[-1] // 2
-        shape2 = g.shape2(x_id)
-        pairs = g.node("Reshape", [x, g.reshape_target((shape, shape2), (shape[:-1] + (half, 2), shape2[:-1] + (half, 2)))])
-        first = g.node("Slice", [pairs, g.ints([0]), g.ints([1]), g.ints([-1])])
-        second = g.node("Slice", [pairs, g.ints([1]), g.ints([2]), g.ints([-1])])
-        dt = np_dtype(t[x_id].dtype)
-        c = g.const(np.asarray(a["cos"].get() if hasattr(a["cos"], "get") else a["cos"], dtype=dt)[..., None])
-        s = g.const(np.asarray(a["sin"].get() if hasattr(a["sin"], "get") else a["sin"], dtype=dt)[..., None])
-        out0 = g.node("Sub", [g.node("Mul", [first, c]), g.node("Mul", [second, s])])
-        out1 = g.node("Add", [g.node("Mul", [first, s]), g.node("Mul", [second, c])])
-        joined = g.node("Concat", [out0, out1], axis=-1)
-        return [g.node("Reshape", [joined, g.reshape_target((shape[:-1] + (half, 2), shape2[:-1] + (half, 2)),
-                                                            (shape, shape2))])]
+        return [rotary(g, o, x, x_id)]
     if op in ("reshape", "flatten", "squeeze", "unsqueeze") and not (op == "unsqueeze" and len(out_shape) == 0):
         if op == "unsqueeze":
             return [g.node("Unsqueeze", [x, g.ints([int(a.get("dim", 0)) % len(out_shape)])])]
-        return [g.node("Reshape", [x, g.reshape_target((t[x_id].shape, g.shape2(x_id)),
-                                                       (out_shape, g.shape2(o.outputs[0])))])]
+        return [g.node("Reshape", [x, g.reshape_target(g.forms(x_id), g.forms(o.outputs[0]))])]
     if op == "expand":
-        return [g.node("Expand", [x, g.expand_target((t[x_id].shape, g.shape2(x_id)),
-                                                     (out_shape, g.shape2(o.outputs[0])))])]
+        return [g.node("Expand", [x, g.expand_target(g.forms(x_id), g.forms(o.outputs[0]))])]
     if op in ("swap_dims", "transpose", "permute"):
         rank = len(t[x_id].shape)
         perm = list(range(rank))
@@ -210,7 +196,7 @@ def convert(g: Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op na
         s = int(a["start"])
         return [g.node("Slice", [x, g.ints([s]), g.ints([s + int(a["length"])]), g.ints([d])])]
     if op == "getitem":
-        return [_getitem(g, o, x, x_id, a["key"])]
+        return [getitem(g, o, x, x_id)]
     if op in ("conv1d", "conv2d", "conv3d"):
         n = int(op[4])
         w = ins["weight"]
@@ -309,52 +295,8 @@ def convert(g: Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op na
     g.fail("no converter for this op")
 
 
-def _getitem(g: Graph, o, x: str, x_id: int, key) -> str:
-    shape = g.trace.tensors[x_id].shape
-    key = key if isinstance(key, tuple) else (key,)
-    if any(isinstance(k, tuple) and k and k[0] == "tensor" for k in key):
-        g.fail("indexing with a tensor")
-    if Ellipsis in key:
-        i = key.index(Ellipsis)
-        key = key[:i] + (slice(None),) * (len(shape) - (len(key) - 1 - sum(k is None for k in key))) + key[i + 1:]
-    starts, ends, axes, steps, squeeze = [], [], [], [], []
-    axis = 0
-    new_axes, out_axis = [], 0  # None: a new axis at that place of the result
-    for k in key:
-        if k is None:
-            new_axes.append(out_axis)
-            out_axis += 1
-            continue
-        if isinstance(k, slice):
-            out_axis += 1
-        if isinstance(k, (int, np.integer)):
-            s = int(k) % shape[axis]
-            starts.append(s), ends.append(s + 1), axes.append(axis), steps.append(1)
-            squeeze.append(axis)
-        elif isinstance(k, slice):
-            s0, e0, st = k.indices(shape[axis])
-            if (s0, e0, st) != (0, shape[axis], 1):
-                if st < 0:
-                    g.fail("a negative slice step")
-                starts.append(s0), ends.append(e0), axes.append(axis), steps.append(st)
-        else:
-            g.fail(f"index {k!r}")
-        axis += 1
-    y = x
-    if axes:
-        y = g.node("Slice", [x, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(steps)])
-    if squeeze:
-        y = g.node("Squeeze", [y, g.ints(squeeze)])
-    if new_axes:
-        y = g.node("Unsqueeze", [y, g.ints(new_axes)])
-    if y is x:
-        y = g.node("Identity", [x])
-    return y
-
-
 def value_info(g: Graph, tid: int, name: str):
     t = g.trace.tensors[tid]
-    dims = [d1 if d1 == d2 else ("batch" if (d1, d2) == (g.batch, g.batch + 1) else f"{name}_dim{i}")
-            for i, (d1, d2) in enumerate(zip(t.shape, g.shape2(tid)))]
+    dims = [g.dim_name(f, f"{name}_dim{i}") for i, f in enumerate(g.forms(tid))]
     elem = g.onnx.helper.np_dtype_to_tensor_dtype(np_dtype(t.dtype))
     return g.onnx.helper.make_tensor_value_info(name, elem, dims)

@@ -77,9 +77,12 @@ def input_names(n: int) -> list[str]:
     return ["input"] if n == 1 else [f"input_{i}" for i in range(n)]
 
 
-def trace_model(model, inputs, shape_only: bool = False) -> Trace:
-    """The trace of `model.forward(*inputs)` (see the module docstring)."""
+def trace_model(model, inputs, shape_only: bool = False, names=None, call=None) -> Trace:
+    """The trace of `model.forward(*inputs)` (see the module docstring); `names`: the inputs'
+    names (default `input` / `input_<i>`); `call(model, *inputs)`: what runs instead of the forward
+    (its result is the traced output)."""
     inputs = as_inputs(inputs)
+    names = list(names) if names is not None else input_names(len(inputs))
     modules = list(model.named_modules())
     paths: dict[int, str] = {}
     for path, m in modules:
@@ -93,12 +96,12 @@ def trace_model(model, inputs, shape_only: bool = False) -> Trace:
     tracer = Tracer(param_names(model, params=True))
     run = _ScopeRun(tracer, paths)
     with contracts.forwards_through(classes, run), tracer:
-        for t, name in zip(inputs, input_names(len(inputs))):
+        for t, name in zip(inputs, names):
             if isinstance(t, Tensor):
                 tracer.input(t, name)
         tracer.push_scope("", type(model).__name__)
         try:
-            out = model.forward(*inputs)
+            out = model.forward(*inputs) if call is None else call(model, *inputs)
         finally:
             tracer.pop_scope()
         tracer.module_call("", type(model).__name__, inputs, out, 0)

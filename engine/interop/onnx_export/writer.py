@@ -10,38 +10,71 @@ from engine.tensor.trace import Trace
 
 from .graph import Graph
 from .ops import convert, value_info
+from .language import is_language_model, trace_language_model
 from .tracing import OnnxExportError, as_inputs, trace_model
 
 
-def _aligned(a: Trace, b: Trace) -> str | None:
-    """Why two traces of one forward at batch sizes B and B + 1 cannot be read together (None: they can)."""
+def _aligned(a: Trace, b: Trace, leading_batch: bool) -> str | None:
+    """Why two traces of one forward at two sizes cannot be read together (None: they can)."""
     if a.op_names() != b.op_names():
-        return "it runs different ops at another batch size"
+        return "it runs different ops at another size"
     if len(a.tensors) != len(b.tensors):
-        return "it reads different tensors at another batch size"
+        return "it reads different tensors at another size"
     for tid, t in a.tensors.items():
         u = b.tensors[tid]
         if len(t.shape) != len(u.shape) or t.source != u.source:
-            return f"a tensor of dims {list(t.shape)} has another rank or role at another batch size"
-    for tid in a.inputs:
-        t, u = a.tensors[tid].shape, b.tensors[tid].shape
-        if not t or u[0] != t[0] + 1 or t[1:] != u[1:]:
-            return "its inputs do not share a leading batch axis"
+            return f"a tensor of dims {list(t.shape)} has another rank or role at another size"
+    if leading_batch:
+        for tid in a.inputs:
+            t, u = a.tensors[tid].shape, b.tensors[tid].shape
+            if not t or u[0] != t[0] + 1 or t[1:] != u[1:]:
+                return "its inputs do not share a leading batch axis"
     return None
 
 
-def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, graph_name: str = "ember"):
+# ops whose size arguments the converters take from the traced tensors' shapes (or follow at run time)
+_SIZED = {"reshape", "flatten", "squeeze", "unsqueeze", "expand", "rotary", "getitem"}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if hasattr(a, "shape") or hasattr(b, "shape"):
+        try:
+            return bool(np.array_equal(np.asarray(a.get() if hasattr(a, "get") else a),
+                                       np.asarray(b.get() if hasattr(b, "get") else b)))
+        except (TypeError, ValueError):
+            return False
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, graph_name: str = "ember", *,
+                  others: dict | None = None, symbols: dict | None = None, tables=None, windows=None,
+                  output_names=None):
     """The ONNX `ModelProto` of a trace (checked by `onnx.checker`). `other`, the same forward
     traced at batch + 1, makes the batch axis dynamic: every size that differs between the two
-    traces is computed from the input's batch in the graph."""
-    if other is not None:
-        why = _aligned(trace, other)
+    traces is computed from the input's batch in the graph. `others` / `symbols` generalize it
+    (`engine.interop.onnx_export.graph.Graph`): one trace per symbolic dim, each at that dim + 1;
+    `tables`: the rotary (cos, sin) tables that run-time positions slice; `windows`: the sliding
+    attention window of each module path that has one; `output_names`: the
+    outputs' names (default `output` / `output_<k>`)."""
+    for name, o in ({"batch": other} if others is None and other is not None else (others or {})).items():
+        why = _aligned(trace, o, leading_batch=others is None)
         if why is not None:
-            raise OnnxExportError(f"dynamic_batch: the model cannot be exported with a dynamic batch ({why}); "
-                                  "export with dynamic_batch=False")
-    g = Graph(trace, other)
+            flag = "dynamic_batch" if name == "batch" else "dynamic_sequence"
+            raise OnnxExportError(f"{flag}: the model cannot be exported with a dynamic {name} ({why}); "
+                                  f"export with {flag}=False")
+    g = Graph(trace, other, others, symbols, tables, windows)
     for o in trace.ops:
         g.scope, g.op = o.scope, o
+        if o.op not in _SIZED and any(not _same(o.attrs, v.ops[o.index].attrs) for v in g.others.values()):
+            g.fail("its arguments change with the input's size (export with fixed sizes: dynamic_batch=False, "
+                   "dynamic_sequence=False)")
         results = convert(g, o)
         if len(results) != len(o.outputs):
             g.fail(f"{len(o.outputs)} outputs traced, {len(results)} written")
@@ -50,8 +83,10 @@ def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, gra
     inputs = [value_info(g, i, g.name(i)) for i in trace.inputs]
     outputs = []
     g.scope = ""
+    if output_names is not None and len(output_names) != len(trace.outputs):
+        raise OnnxExportError(f"output_names: {len(output_names)} names given for {len(trace.outputs)} outputs")
     for k, tid in enumerate(trace.outputs):
-        name = "output" if len(trace.outputs) == 1 else f"output_{k}"
+        name = output_names[k] if output_names is not None else "output" if len(trace.outputs) == 1 else f"output_{k}"
         g.nodes.append(g.h.make_node("Identity", [g.name(tid)], [name], name=f"{name}/Identity"))
         outputs.append(value_info(g, tid, name))
     graph = g.h.make_graph(g.nodes, graph_name, inputs, outputs, initializer=g.inits)
@@ -74,9 +109,32 @@ def _is_design(value) -> bool:
     return type(value).__name__ == "Design" and hasattr(value, "add_node")
 
 
-def export_onnx(model_or_design, path, example_input, dynamic_batch: bool = True, opset: int = 17) -> Path:
+def _refuse_mixtures(model) -> None:
+    """A mixture of experts chooses its experts per token on the host: a trace would fix the
+    example's choice in the graph, so the export refuses it by name."""
+    from engine.module.tree import FieldKind, walk  # noqa: PLC0415
+    from engine.nn import SparseMoe  # noqa: PLC0415
+
+    for path, kind, value in walk(model):
+        if kind == FieldKind.MODULE and isinstance(value, SparseMoe):
+            raise OnnxExportError(f"'{path}' is a mixture of experts (SparseMoe): its top-k choice of experts per "
+                                  f"token is not exported to ONNX (a trace would fix the example's choice); "
+                                  f"export a model without one")
+
+
+def export_onnx(model_or_design, path, example_input=None, dynamic_batch: bool = True, opset: int = 17, *,
+                dynamic_sequence: bool | None = None, with_cache: bool = False, input_names=None, output_names=None,
+                max_length: int | None = None) -> Path:
     """Trace `model_or_design` on `example_input` (a tensor, an array, or a list of them) and
-    write the ONNX model to `path` atomically; returns the path (see the module docstring)."""
+    write the ONNX model to `path` atomically; returns the path (see the module docstring).
+
+    A language model (`forward(input_ids, attention_mask, cache)`: Llama and its families, GPT-2)
+    is exported with `input_ids` / `attention_mask` in and `logits` out, dynamic batch and
+    `dynamic_sequence` (default on) axes, and with `with_cache` the `past_key_values` / `present`
+    tensors (`engine.interop.onnx_export.language`); `example_input` is then optional (its
+    `input_ids` dims are the traced sizes). With `dynamic_sequence=False` a language model is traced on
+    `input_ids` alone at the example's length (the form Ember's ONNX import reads back); `max_length`: the rotary table's rows (default 4096,
+    at most the model's positions). `input_names` / `output_names` rename the graph's inputs and outputs."""
     from engine.module import Module  # noqa: PLC0415
     from engine.store.atomic import atomic_write  # noqa: PLC0415
 
@@ -88,13 +146,31 @@ def export_onnx(model_or_design, path, example_input, dynamic_batch: bool = True
         model = model_or_design
     else:
         raise OnnxExportError(f"export_onnx expects a Module or a Design, got {type(model_or_design).__name__}")
+    _refuse_mixtures(model)
     for _, prm in model.named_params():
         if not prm.is_initialized():
             prm.base()  # a lazy parameter is allocated as a forward would (in place, once)
     model = model.materialize().valid()  # a copy: adapters folded in, eval mode
-    inputs = as_inputs(example_input)
-    trace = trace_model(model, inputs)
-    other = trace_model(model, [_one_more(x) for x in inputs]) if dynamic_batch else None
-    proto = trace_to_onnx(trace, other, opset, graph_name=type(model).__name__)
+    if is_language_model(model) and not (dynamic_sequence is False and not with_cache):
+        if with_cache and dynamic_sequence is False:
+            raise OnnxExportError("with_cache: the cache variant needs dynamic_sequence (the past grows each step)")
+        parts = trace_language_model(model, example_input, dynamic_batch, dynamic_sequence is not False, with_cache,
+                                     input_names, output_names, max_length)
+        proto = trace_to_onnx(parts["trace"], None, opset, graph_name=type(model).__name__, others=parts["others"],
+                              symbols=parts["symbols"], tables=parts["tables"], windows=parts["windows"],
+                              output_names=parts["output_names"])
+    else:
+        if is_language_model(model):  # a fixed sequence length: the forward of input_ids alone
+            input_names = input_names or ["input_ids"]
+            output_names = output_names or ["logits"]
+        elif with_cache or dynamic_sequence:
+            raise OnnxExportError(f"with_cache / dynamic_sequence are for language models (a forward taking input_ids, "
+                                  f"attention_mask and a cache); {type(model).__name__} is not one")
+        if example_input is None:
+            raise OnnxExportError(f"export_onnx: {type(model).__name__} needs an example_input to trace")
+        inputs = as_inputs(example_input)
+        trace = trace_model(model, inputs, names=input_names)
+        other = trace_model(model, [_one_more(x) for x in inputs], names=input_names) if dynamic_batch else None
+        proto = trace_to_onnx(trace, other, opset, graph_name=type(model).__name__, output_names=output_names)
     data = proto.SerializeToString()
     return atomic_write(path, lambda fp: fp.write(data), error=OnnxExportError)

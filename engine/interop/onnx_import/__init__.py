@@ -24,7 +24,11 @@ of a tensor whose dims vary is a run-time shape: its entries (sizes, or (tensor,
 through Gather / Slice / Unsqueeze / Squeeze / Concat / Cast / Identity symbolically, and a Reshape
 or Expand target made of them becomes an Op node whose `shape` holds -2 - k for axis k of a
 reference operand (or 0 / -1 for Reshape where that says the same). The Shape nodes are made as Op
-nodes only where some node reads them as a tensor.
+nodes only where some node reads them as a tensor. As PyTorch's exporters write a dynamic sequence: Shape with
+start / end, Reshape to [-1], Equal and Where on those entries (`expand(n, -1)`), Range(0, <a size>, 1) (an Op
+`Range` counting along that axis), a Slice to a run-time end (its ends held as codes too), an Expand whose
+target reads several tensors' sizes (one Expand a tensor), and a Reshape size that shape inference names as the
+data's own axis (copied, 0). GatherND is an Op node.
 
 Bad input raises `OnnxImportError` naming the file, the node and what was expected: a protobuf
 that does not parse, a model `onnx.checker` refuses, an opset outside 13..`MAX_OPSET`, an input

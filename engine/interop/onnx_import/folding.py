@@ -202,7 +202,10 @@ class Folding:
                 raise Unsupported("an Expand without a shape of sizes >= 0")
         if op == "Slice":
             attrs["starts"] = self.ints(node, 1, "starts")
-            attrs["ends"] = self.ints(node, 2, "ends")
+            if len(node.input) > 2 and node.input[2] in self.sym and not fold:
+                attrs["ends"], attrs["shape"], attrs["_ref"] = self.runtime_ends(node)
+            else:
+                attrs["ends"] = self.ints(node, 2, "ends")
             attrs["axes"] = self.ints(node, 3, "axes")
             attrs["steps"] = self.ints(node, 4, "steps")
             if attrs["starts"] is None or attrs["ends"] is None:

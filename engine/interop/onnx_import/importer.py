@@ -12,7 +12,7 @@ from ...design.catalog import snake_name
 from ...design.fields import is_axis_name
 from ...design.graph import Design, DesignError, check_node_name
 from ...design.layout import auto_layout
-from ...design.primitive import FOLD_ONLY_OPS, PRIMITIVE_OPS
+from ...design.primitive import FOLD_ONLY_OPS, PRIMITIVE_OPS, constants_text
 from ...design.shapes import analyze
 
 from . import ops_activation, ops_conv_pool, ops_matmul, ops_norm, ops_shape  # noqa: F401 - they fill HANDLERS
@@ -345,6 +345,8 @@ class Importer(Folding, Fusions):
             self.src[node.output[0]] = self.src[ins[0]]
             self.report.mapping[name] = "passes its input through (no node)"
             return
+        if op == "Expand" and len(ins) > 1 and ins[1] in self.sym and self._expand_in_steps(node, name):
+            return
         handler = HANDLERS.get(op)
         if handler is not None:
             made = handler(self, node, name)
@@ -373,6 +375,8 @@ class Importer(Folding, Fusions):
         """Evaluates Gather / Slice / Concat / Unsqueeze / Squeeze / Cast / Identity of a run-time shape on its
         entries (the named axes flow through); False where the op is not one of those forms."""
         op, ins, at = node.op_type, list(node.input), node_attrs(node)
+        if op == "Range":
+            return self._runtime_range(node, name)
         got = self._sym_of(ins[0]) if ins and ins[0] else None
         out = None
         if op in ("Identity", "Cast") and got is not None and (op == "Identity" or TO_DTYPE.get(int(at.get("to", 1)))
@@ -402,8 +406,12 @@ class Importer(Folding, Fusions):
                 out = (got[0], 1)
         elif op == "Squeeze" and got is not None and got[1] == 1 and len(got[0]) == 1:
             out = (got[0], 0)
+        elif op in ("Reshape", "Shape", "Equal", "Where"):
+            out = self._symbolic_more(node, got)
         if out is None:
             return False
+        if out == "done":
+            return True
         entries, rank = out
         if all(isinstance(e, int) for e in entries):
             arr = np.asarray(entries, np.int64)
@@ -429,6 +437,143 @@ class Importer(Folding, Fusions):
             name = self.node_name(i, node)
             self.report.mapping[name] = f"{self._primitive(node, name)} (Op {node.op_type})"
 
+    def _symbolic_more(self, node, got):
+        """Reshape to [-1], Shape, Equal and Where on the entries of run-time shapes (the TorchScript exporter's
+        `expand(n, -1)`: Where(Equal(shape, -1), 1, shape)); None where the result is not known at import."""
+        op, ins, at = node.op_type, list(node.input), node_attrs(node)
+        if op == "Reshape" and got is not None and got[1] == 1:
+            target = self.consts.get(ins[1]) if len(ins) > 1 else None
+            if target is not None and [int(v) for v in target.reshape(-1)] in ([-1], [len(got[0])]):
+                return got[0], 1
+        if op == "Shape" and got is not None and "start" not in at and "end" not in at:
+            return ([len(got[0])] if got[1] == 1 else []), 1
+        if op == "Equal" and len(ins) == 2:
+            a, b = self._sym_of(ins[0]), self._sym_of(ins[1])
+            if a is None or b is None or a[1] + b[1] == 2 and len(a[0]) != len(b[0]) and 1 not in (len(a[0]), len(b[0])):
+                return None
+            n = max(len(a[0]), len(b[0]))
+            pairs = zip(a[0] * (n if len(a[0]) == 1 else 1), b[0] * (n if len(b[0]) == 1 else 1))
+            same = []
+            for x, y in pairs:
+                if isinstance(x, int) and isinstance(y, int):
+                    same.append(x == y)
+                elif x == y:
+                    same.append(True)
+                elif isinstance(x, int) or isinstance(y, int):  # a run-time size (>= 1) against a constant < 1
+                    if (x if isinstance(x, int) else y) >= 1:
+                        return None
+                    same.append(False)
+                else:
+                    return None
+            arr = np.asarray(same, bool)
+            self.consts[node.output[0]] = arr.reshape(()) if max(a[1], b[1]) == 0 else arr
+            self.report.mapping[self.node_name(0, node)] = "folded into a constant (sizes compared at import)"
+            return "done"
+        if op == "Where" and len(ins) == 3 and ins[0] in self.consts:
+            c = self.consts[ins[0]]
+            x, y = self._sym_of(ins[1]), self._sym_of(ins[2])
+            if x is None or y is None or c.ndim > 1 or max(x[1], y[1], c.ndim) != 1:
+                return None
+            n = max(len(x[0]), len(y[0]), c.size)
+            if any(k not in (1, n) for k in (len(x[0]), len(y[0]), c.size)):
+                return None
+            pick = [bool(v) for v in np.broadcast_to(c.reshape(-1), (n,))]
+            xs, ys = x[0] * (n if len(x[0]) == 1 else 1), y[0] * (n if len(y[0]) == 1 else 1)
+            return [p if k else q for k, p, q in zip(pick, xs, ys)], 1
+        return None
+
+    def _axis_name(self, e):
+        """The name shape inference gives axis e[1] of tensor e[0] (a `dim_param`, or its own symbol), or None."""
+        dims = self.dims_of(e[0]) or []
+        return dims[e[1]] if e[1] < len(dims) and isinstance(dims[e[1]], str) else None
+
+    def _one_reference(self, entries: list, refs: set) -> tuple:
+        """Entries that read the sizes of several tensors, rewritten to read one of them where each size is a named
+        axis (a graph input's `dim_param`, or shape inference's symbol) that tensor also has: (entries, {that
+        tensor}); unchanged otherwise."""
+        axis_name = self._axis_name
+
+        for ref in sorted(refs):
+            names = self.dims_of(ref) or []
+            out = []
+            for e in entries:
+                n = None if isinstance(e, int) or e[0] == ref else axis_name(e)
+                if n is not None and n in names:
+                    e = (ref, names.index(n))
+                elif not isinstance(e, int) and e[0] != ref:
+                    break
+                out.append(e)
+            else:
+                return out, {ref}
+        return entries, refs
+
+    def _expand_in_steps(self, node, name: str) -> bool:
+        """An Expand whose run-time target reads the sizes of several tensors (a mask's [batch, 1, queries, keys]
+        from the ids and the mask) as one Expand per tensor, the other tensors' sizes 1 in each (broadcasting by
+        1 changes nothing, so the chain is the one Expand); False where the target reads one tensor."""
+        entries, rank = self.sym[node.input[1]]
+        refs = {e[0] for e in entries if not isinstance(e, int)}
+        if len(refs) > 1:
+            entries, refs = self._one_reference(entries, refs)
+        if rank != 1 or len(refs) < 2:
+            return False
+        for ref in refs:
+            if ref in self.deferred:
+                self._materialize(ref)
+            if self.src.get(ref) is None:
+                raise Unsupported(f"its target shape reads the sizes of {ref!r}, which is not imported")
+        data = node.input[0]
+        for k, ref in enumerate(sorted(refs)):
+            shape = [(e if k == 0 else 1) if isinstance(e, int) else (-2 - e[1] if e[0] == ref else 1)
+                     for e in entries]
+            last = k == len(refs) - 1
+            config = {"op": "Expand", "shape": shape}
+            if data in self.consts:
+                config.update(inputs=1, operands="c0,in0", constants=constants_text([self.consts[data]]))
+                made = self.add("Op", name, "Expand", config, [ref], node.output[0] if last else None,
+                                {"c0": self.consts[data]})
+            else:
+                config.update(inputs=2, operands="in0,in1")
+                made = self.add("Op", name, "Expand", config, [data, ref], node.output[0] if last else None)
+            data = f"{node.output[0]}#step{k}"
+            self.src[data] = (made, "output")
+        self.report.mapping[name] = f"{made} (Op Expand, one step a tensor whose sizes it reads)"
+        return True
+
+    def _runtime_range(self, node, name: str) -> bool:
+        """Range(0, <a run-time size>, 1): an Op node counting along that axis of the tensor it was read from
+        (the positions of a dynamic sequence); other run-time Ranges are refused."""
+        start, limit, delta = (list(node.input) + ["", "", ""])[:3]
+        got = self._sym_of(limit)
+        s, d = self.scalar(start), self.scalar(delta)
+        if got is None or len(got[0]) != 1 or got[1] != 0 or isinstance(got[0][0], int) or s != 0 or d != 1 or \
+                self.consts[start].dtype.kind not in "iu":
+            raise Unsupported("a Range computed at run time other than Range(0, <an axis's size>, 1) of integers")
+        ref, axis = got[0][0]
+        if ref in self.deferred:
+            self._materialize(ref)
+        if self.src.get(ref) is None:
+            raise Unsupported(f"its limit reads the sizes of {ref!r}, which is not imported")
+        dtype = str(self.consts[start].dtype)
+        made = self.add("Op", name, "Range", {"op": "Range", "inputs": 1, "operands": "in0", "axis": axis,
+                                              "to": dtype}, [ref], node.output[0])
+        self.report.mapping[name] = f"{made} (Op Range along axis {axis} of {ref!r})"
+        return True
+
+    def runtime_ends(self, node) -> tuple:
+        """A Slice's run-time ends as (ends, codes, reference value): each entry an axis's size of one tensor."""
+        entries, rank = self.sym[node.input[2]]
+        refs = {e[0] for e in entries if not isinstance(e, int)}
+        if rank != 1 or len(refs) != 1:
+            raise Unsupported(f"its ends read the sizes of {len(refs)} tensors (expected one)")
+        ref = refs.pop()
+        if ref in self.deferred:
+            self._materialize(ref)
+        if self.src.get(ref) is None:
+            raise Unsupported(f"its ends read the sizes of {ref!r}, which is not imported")
+        ends = [e if isinstance(e, int) else 0 for e in entries]
+        return ends, [0 if isinstance(e, int) else -2 - e[1] for e in entries], ref
+
     def _runtime_target(self, node, pos: int):
         """A run-time Reshape / Expand target as (shape with codes, reference value) (see primitive.py)."""
         entries, rank = self.sym[node.input[pos]]
@@ -436,13 +581,20 @@ class Importer(Folding, Fusions):
             raise Unsupported("its target shape is not a 1-d list of sizes")
         refs = {e[0] for e in entries if not isinstance(e, int)}
         data = node.input[0]
-        if node.op_type == "Reshape":
-            free = [k for k, e in enumerate(entries) if not isinstance(e, int) and e != (data, k)]
-            if len(free) <= 1 and -1 not in entries or not free:
-                return [e if isinstance(e, int) else (0 if e == (data, k) else -1)
-                        for k, e in enumerate(entries)], None
+        if node.op_type == "Reshape":  # a size the data has at that axis (by its name too) is 0: copied
+            own = self.dims_of(data) or []
+            entries = [0 if not isinstance(e, int) and (e == (data, k) or k < len(own) and isinstance(own[k], str)
+                                                         and self._axis_name(e) == own[k]) else e
+                       for k, e in enumerate(entries)]
+            free = [k for k, e in enumerate(entries) if not isinstance(e, int)]
+            if len(free) == 1 and -1 not in entries or not free:
+                return [e if isinstance(e, int) else -1 for e in entries], None
+            refs = {e[0] for e in entries if not isinstance(e, int)}
+        if len(refs) > 1:
+            entries, refs = self._one_reference(entries, refs)
         if len(refs) != 1:
-            raise Unsupported(f"its target shape reads the sizes of {len(refs)} tensors (expected one)")
+            raise Unsupported(f"its target shape reads the sizes of {len(refs)} tensors (expected one, or "
+                              f"axes of one name in one of them)")
         ref = refs.pop()
         if ref in self.deferred:
             self._materialize(ref)

@@ -22,7 +22,8 @@ The public surface (`__all__`):
   run (the benchmarks print it).
 - the named kernels, by family: `activation` (gelu, silu), `norm` (the reductions, batch norm,
   layer / RMS norm), `rows` (softmax cross entropy's row passes), `attention` (how attention's
-  blocks are cut and shared), `conv` (the channels-last and Winograd convolutions). Each takes
+  blocks are cut and shared), `conv` (the channels-last and Winograd convolutions), `quant`
+  (products with weights kept in GGUF's quantized blocks). Each takes
   arrays and returns arrays, or None where it has no CPU kernel for them: the caller then runs
   its generic NumPy / CuPy code, which is also the reference the tests compare against.
 
@@ -53,7 +54,7 @@ from . import mkl, jit  # noqa: E402
 from .threads import (  # noqa: E402
     copy_into, elementwise, matmul, min_blocks, num_threads, run_blocks, run_chunks, set_num_threads, split)
 from .jit import warm_up  # noqa: E402
-from . import activation, attention, conv, norm, rows  # noqa: E402
+from . import activation, attention, conv, norm, quant, rows  # noqa: E402
 
 __all__ = [
     "num_threads", "set_num_threads",
@@ -61,7 +62,7 @@ __all__ = [
     "run_blocks", "run_chunks", "split", "min_blocks", "copy_into", "elementwise",
     "kernels", "warm_up",
     "describe",
-    "activation", "attention", "conv", "norm", "rows",
+    "activation", "attention", "conv", "norm", "quant", "rows",
 ]
 
 

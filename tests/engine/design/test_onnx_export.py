@@ -36,14 +36,23 @@ def _ort():
     return onnxruntime
 
 
+def _feed(path, x) -> dict:
+    """The graph's inputs for `x`: a language model's export takes `input_ids` and an all-ones `attention_mask`."""
+    names = [i.name for i in onnx.load(str(path)).graph.input]
+    if names == ["input_ids", "attention_mask"]:
+        ids = x.numpy().astype(np.int64)
+        return {"input_ids": ids, "attention_mask": np.ones(ids.shape, dtype=np.int64)}
+    return {"input": x.numpy()}
+
+
 def _run_reference(path, x):
-    return ReferenceEvaluator(str(path)).run(None, {"input": x.numpy()})
+    return ReferenceEvaluator(str(path)).run(None, _feed(path, x))
 
 
 def _run_ort(path, x):
     ort = _ort()
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return sess.run(None, {"input": x.numpy()})
+    return sess.run(None, _feed(path, x))
 
 
 def _agree(model, path, inputs, run, tol=1e-4):
@@ -302,18 +311,32 @@ def test_a_qlora_model_is_exported_dequantized(llama, tmp_path):
 
 
 class _RowIds(Module):
-    """Adds each row's index: a constant that depends on the batch and differs between rows."""
+    """Adds each row's index squared: a constant that depends on the batch and differs between rows."""
+
+    def forward(self, x):
+        n = x.shape[0]
+        return x + Tensor.from_data((np.arange(n) ** 2).astype(np.float32)).reshape(n, 1)
+
+
+class _RowCount(Module):
+    """Adds each row's index (`Tensor.arange`): positions counting up, computed in the graph at any batch."""
 
     def forward(self, x):
         return x + Tensor.arange(x.shape[0]).cast("float32").reshape(x.shape[0], 1)
 
 
 def test_a_constant_that_differs_between_rows_refuses_a_dynamic_batch(tmp_path):
-    with pytest.raises(OnnxExportError, match=r"depends on the batch and its rows differ.*dynamic_batch=False"):
+    with pytest.raises(OnnxExportError, match=r"depends on the batch.*rows that are all the same.*dynamic_batch=False"):
         export_onnx(_RowIds(), tmp_path / "rows.onnx", Tensor.zeros([2, 3]))
     path = export_onnx(_RowIds(), tmp_path / "rows.onnx", Tensor.zeros([2, 3]), dynamic_batch=False)
     (got,) = _run_reference(path, Tensor.zeros([2, 3]))
     np.testing.assert_array_equal(got, [[0, 0, 0], [1, 1, 1]])
+
+
+def test_positions_counting_up_follow_the_run_time_batch(tmp_path):
+    path = export_onnx(_RowCount(), tmp_path / "count.onnx", Tensor.zeros([2, 3]))
+    (got,) = _run_reference(path, Tensor.zeros([4, 3]))
+    np.testing.assert_array_equal(got, np.repeat(np.arange(4.0)[:, None], 3, axis=1))
 
 
 @pytest.mark.parametrize("which", ["mnist", "llama", "lora"])
@@ -327,7 +350,7 @@ def test_an_exported_model_imports_back_with_the_same_outputs(which, mnist, llam
         model, x, xs = llama, _tokens(2), [_tokens(1), _tokens(3)]
     else:
         model, x, xs = llama.apply_lora(Lora(2, 4.0)).map(_Perturb()).valid(), _tokens(2), [_tokens(1), _tokens(3)]
-    path = export_onnx(model, tmp_path / f"{which}.onnx", x)
+    path = export_onnx(model, tmp_path / f"{which}.onnx", x, dynamic_sequence=False)  # the form import reads
     imported = import_onnx(path)
     back = build_model(imported.design).load_record(imported.record).valid()
     for xi in xs:

@@ -132,6 +132,9 @@ def test_a_float_checkpoint_still_opens():
     ("RobertaModel", "roberta", r"closest supported family is BertModel \(RoBERTa offsets its positions"),
     ("GPTNeoXForCausalLM", "gpt_neox", r"closest supported family is GPT2LMHeadModel \(GPT-NeoX uses rotary"),
     ("DeiTForImageClassification", "deit", r"closest supported family is ViTForImageClassification"),
+    ("Gemma3ForConditionalGeneration", "gemma3", r"closest supported family is Gemma3ForCausalLM \(the multimodal "
+                                                 r"Gemma 3 adds a vision tower and keeps the text model's weights under "
+                                                 r"model\.language_model, so its weights do not fit\)"),
     ("T5ForConditionalGeneration", "t5", r"t5 is an encoder-decoder, and no supported family is close to it"),
     ("BrandNewForCausalLM", "brand_new", r"found BrandNewForCausalLM; the closest supported kind of model is "
                                          r"LlamaForCausalLM \(the same task; the layers may differ\)"),

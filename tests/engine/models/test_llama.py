@@ -160,7 +160,12 @@ def test_config_json_round_trip_and_older_layouts():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, r"rope_type 'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "mystery", "factor": 4.0, "rope_theta": 1e4}},
+     r"rope_type 'mystery' is not supported: expected one of default, linear, llama3, yarn, dynamic, longrope"),
+    ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [2.0] * 4}},
+     r"'short_factor' must be a list of 4 numbers \(one per frequency of head_dim 8\)"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": -2.0}}, r"rope scaling 'yarn': 'factor' must be a positive"),
+    ({"rope_parameters": {"rope_type": "dynamic"}}, r"rope scaling 'dynamic': 'factor' must be a positive number, found None"),
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
      r"'low_freq_factor' must be a positive number, found None"),
     ({"num_key_value_heads": 4}, r"'num_attention_heads' \(6\) must be a multiple of 'num_key_value_heads' \(4\)"),

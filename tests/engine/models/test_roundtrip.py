@@ -31,7 +31,9 @@ from engine.models import from_pretrained, pretrained_names, save_pretrained
 from engine.module import Lora
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
-FOLDERS = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file())
+# mixtral-fused (transformers 5's fused experts) saves in the per-expert layout transformers writes:
+# test_moe checks it against the mixtral folder's bits
+FOLDERS = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file() and p.name != "mixtral-fused")
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
 
 

@@ -93,3 +93,20 @@ def test_no_cache_path_unchanged_and_mismatch_refused():
     with pytest.raises(ValueError, match="capacity"):
         nn.KVCache(capacity=0)
     assert len(nn.KVCache.layers(3)) == 3
+
+
+def test_a_cache_holding_given_tensors_joins_the_next_ones_to_them():
+    KVCache = nn.KVCache
+    k = Tensor.from_data(np.arange(12, dtype=np.float32).reshape(1, 2, 2, 3))
+    c = KVCache.holding(k, k * 2.0)
+    assert c.length == 2
+    new = Tensor.from_data(np.ones((1, 2, 1, 3), dtype=np.float32))
+    keys, values = c.append(new, new)
+    assert c.length == 3 and keys.shape == (1, 2, 3, 3)
+    np.testing.assert_array_equal(keys.numpy()[:, :, :2], k.numpy())
+    np.testing.assert_array_equal(values.numpy()[:, :, 2], np.ones((1, 2, 3)))
+    empty = KVCache.holding(Tensor.from_data(np.zeros((1, 2, 0, 3), dtype=np.float32)),
+                            Tensor.from_data(np.zeros((1, 2, 0, 3), dtype=np.float32)))
+    assert empty.length == 0 and empty.append(new, new)[0].shape == (1, 2, 1, 3)
+    with pytest.raises(ValueError, match=r"KVCache.holding: expected keys and values of the same dims"):
+        KVCache.holding(k, new)

@@ -86,6 +86,26 @@ def test_forward_matches_the_numpy_reference(name, dtype):
     np.testing.assert_allclose(c.numpy(), rc, **tol)
 
 
+@pytest.mark.parametrize("s1, s2, off", [(1, 9, 8), (1, 9, 12), (3, 5, 4), (4, 6, 2)])
+def test_a_causal_mask_is_built_once_and_not_at_all_where_no_key_is_in_the_future(s1, s2, off, monkeypatch):
+    """A decode step's one query over the cache sees every key: no mask is built for it (the
+    generation profile found one built in every layer of every step); a mask that masks something
+    is built once for its shape and reused."""
+    from engine.nn import _sdpa
+
+    built = []
+    real = _sdpa.causal_mask_array
+    monkeypatch.setattr(_sdpa, "causal_mask_array", lambda *a: built.append(a[1:]) or real(*a))
+    monkeypatch.setattr(_sdpa, "_CAUSAL", {})
+    q, k, v = _qkv(2, 4, 2, s1, s2, 3)
+    rw, rc = _ref(q, k, v, 0.5, None, off)
+    for _ in range(3):  # three layers of one step
+        w, c = scaled_dot_product_attention(_t(q), _t(k), _t(v), 0.5, causal_offset=off)
+        np.testing.assert_allclose(w.numpy(), rw, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(c.numpy(), rc, rtol=1e-10, atol=1e-12)
+    assert built == ([] if off >= s2 - 1 else [(s1, s2, off)])
+
+
 def test_a_row_with_every_key_masked_is_uniform_as_before():
     q, k, v = _qkv(2, 2, 2, 3, 4, 3)
     mask = np.zeros((2, 1, 3, 4), dtype=bool)

@@ -1,0 +1,292 @@
+"""`save_gguf`: a model written as a GGUF file llama.cpp (and Ollama, LM Studio) loads and runs.
+
+The model is the merged one: every parameter's value as the model computes it (a LoRA, rsLoRA or
+DoRA over a weight is folded into it; a weight kept in GGUF blocks is dequantized, unless it is
+written back in its own type unchanged, when its blocks are copied as they are). Each tensor is
+written under llama.cpp's name and in its layout by `gguf_weight_map`'s rules inverted: a "llama"
+file's q/k rows in llama.cpp's interleaved rotary order (Ember's own order), a "qwen2" file's in
+Hugging Face's order (NEOX rotary).
+
+`qtype` picks the type of the matrices: "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
+"Q5_1" (the types the `gguf` package, llama.cpp's own Python writer, quantizes), or "source":
+each weight in the type it had in the source file (an unchanged quantized weight's blocks copied
+bit for bit; a changed one quantized again when `gguf` can write its type, else Q8_0). Vectors
+(norms, biases) are F32, as llama.cpp's quantizer keeps them; a matrix whose row length is not a
+multiple of the type's block is F16 (llama.cpp's quantizer falls back likewise).
+
+The metadata: the architecture's sizes, rope and norm settings from the model's config, typed as
+llama.cpp's loader checks them (the `GGUFWriter` methods), and the tokenizer (`tokenizer.ggml.*`,
+the chat template `tokenizer.chat_template`) copied from the GGUF file the model was opened from.
+A model of another family, or one opened from a folder (whose tokenizer would need converting), is
+refused before anything is written. The file is written beside the target and moved into place
+(`engine.store.atomic.atomic_write`): a cancelled or failed export leaves the old file, if any.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..module.reparam import iter_param_slots
+from ..store.atomic import atomic_write, os_error_reason
+from ..store.errors import RecordError
+from ..store.gguf_file import GGUFFile, open_gguf
+from ..tensor.raw import array
+from .gguf_model import gguf_weight_map
+from .gguf_weight import GGUFWeight
+from .hf_folder import PretrainedError
+from .llama import LlamaConfig
+from .mapping import RopePermute, Rule
+from .pretrained import PretrainedInfo, pretrained_info
+
+__all__ = ["EXPORT_TYPES", "QUANTIZE_TYPES", "Planned", "gguf_architecture", "gguf_source", "save_gguf",
+           "write_gguf_file"]
+
+QUANTIZE_TYPES = ("BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # what gguf.quants.quantize writes
+EXPORT_TYPES = ("F32", "F16") + QUANTIZE_TYPES + ("source",)
+# Ember's model_type -> llama.cpp's architecture (Mistral is written as "llama", as llama.cpp's converter does)
+_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+_FILE_TYPE = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0",
+              "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1"}
+
+
+def gguf_architecture(model) -> tuple[str, PretrainedInfo]:
+    """llama.cpp's architecture name for `model` and its pretrained info; a PretrainedError for a
+    model llama.cpp's names do not cover."""
+    info = pretrained_info(model)
+    if info is None:
+        raise PretrainedError(f"this {type(model).__name__} was not opened from a pretrained model: GGUF export "
+                              f"writes a Llama, Mistral or Qwen2 model opened with Open Pretrained or Open GGUF")
+    model_type = getattr(info.config, "model_type", None)
+    arch = _ARCH.get(model_type) if isinstance(info.config, LlamaConfig) else None
+    if arch is None:
+        raise PretrainedError(f"a {info.family.name} model ({model_type}) has no GGUF export in Ember; it writes "
+                              f"Llama, Mistral and Qwen2 models")
+    return arch, info
+
+
+def gguf_source(info: PretrainedInfo) -> GGUFFile:
+    """The (header of the) GGUF file the model was opened from; a PretrainedError when it was opened
+    from a folder or the file can no longer be read."""
+    if info.gguf is None:
+        raise PretrainedError("this model was opened from a folder: its tokenizer is not in GGUF form, so Ember "
+                              "cannot write a GGUF llama.cpp would tokenize for; open the model's .gguf file "
+                              "(File > Open GGUF) to export it as GGUF")
+    try:
+        return open_gguf(info.gguf)
+    except RecordError as exc:
+        raise PretrainedError(f"the source GGUF cannot be read again: {exc.reason}", where=exc.where) from None
+
+
+def _kv(writer, key: str, value) -> None:
+    """Copy one metadata value (a tokenizer or general key) with the type llama.cpp expects."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, int):
+        (writer.add_uint32 if value >= 0 else writer.add_int32)(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, (list, tuple)) and value:
+        writer.add_array(key, list(value))
+
+
+def _metadata(writer, arch: str, cfg, source: GGUFFile, file_type: int | None) -> None:
+    import gguf  # noqa: PLC0415
+
+    name = source.metadata.get("general.name")
+    if isinstance(name, str):
+        writer.add_name(name)
+    writer.add_context_length(int(cfg.max_position_embeddings))
+    writer.add_embedding_length(int(cfg.hidden_size))
+    writer.add_block_count(int(cfg.num_hidden_layers))
+    writer.add_feed_forward_length(int(cfg.intermediate_size))
+    writer.add_head_count(int(cfg.num_attention_heads))
+    writer.add_head_count_kv(int(cfg.num_key_value_heads))
+    writer.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    writer.add_rope_freq_base(float(cfg.rope_theta))
+    writer.add_rope_dimension_count(int(cfg.head_dim))
+    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+        writer.add_key_length(int(cfg.head_dim))
+        writer.add_value_length(int(cfg.head_dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+    elif kind is not None:
+        raise PretrainedError(f"rope scaling {kind!r} has no GGUF form in Ember's export (it writes 'linear')")
+    writer.add_vocab_size(int(cfg.vocab_size))
+    if file_type is not None:
+        writer.add_file_type(int(file_type))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tokenizer = [k for k in source.metadata if k.startswith("tokenizer.")]
+    if "tokenizer.ggml.model" not in tokenizer:
+        raise PretrainedError("the source GGUF has no tokenizer (tokenizer.ggml.model): llama.cpp could not "
+                              "run the exported file", where=str(source.path))
+    for key in tokenizer:
+        _kv(writer, key, source.metadata[key])
+
+
+class Planned:
+    """One tensor to write: its GGUF name, ggml type, NumPy shape, bytes, and how to get its data."""
+
+    def __init__(self, name: str, qtype: str, shape: tuple, nbytes: int, data: Callable[[], np.ndarray]):
+        self.name, self.qtype, self.shape, self.nbytes, self.data = name, qtype, shape, nbytes, data
+
+
+def _nbytes(qtype: str, shape: tuple) -> int:
+    import gguf  # noqa: PLC0415
+
+    if qtype == "F32":
+        return 4 * math.prod(shape)
+    if qtype == "F16":
+        return 2 * math.prod(shape)
+    return math.prod(gguf.quants.quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType[qtype]))
+
+
+def _block(qtype: str) -> int:
+    import gguf  # noqa: PLC0415
+
+    return 1 if qtype in ("F32", "F16") else gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
+
+
+def _encode(values: np.ndarray, qtype: str) -> np.ndarray:
+    import gguf  # noqa: PLC0415
+
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if qtype == "F32":
+        return values
+    if qtype == "F16":
+        return values.astype(np.float16)
+    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[qtype])
+
+
+def _choose(qtype: str, p, stored_shape: tuple, source_type: str | None) -> tuple[str, bool]:
+    """(the type to write, whether the stored blocks are copied as they are)."""
+    r = p.reparameterization
+    if len(stored_shape) < 2:
+        return "F32", False
+    if qtype == "source":
+        want = source_type or "F32"
+        if isinstance(r, GGUFWeight):
+            return want, True
+        if want not in ("F32", "F16") + QUANTIZE_TYPES:
+            want = "Q8_0"  # a changed K-quant weight: gguf does not write K-quants
+    else:
+        want = qtype
+        if isinstance(r, GGUFWeight) and r.qtype == want:
+            return want, True
+    if stored_shape[-1] % _block(want):
+        want = "F16"
+    return want, False
+
+
+def _plan(model, arch: str, info: PretrainedInfo, qtype: str) -> list[Planned]:
+    cfg = info.config
+    wmap = gguf_weight_map(arch, cfg)
+    out: list[Planned] = []
+    seen = set()
+    inner: list[str] = []  # the parameters of a reparameterization (its factors, its blocks) are in its value
+    for path, p in iter_param_slots(model):
+        if p.id in seen or any(path.startswith(prefix) for prefix in inner):
+            continue
+        seen.add(p.id)
+        if p.reparameterization is not None:
+            inner.append(path + ".")
+        hit = wmap.find(path)
+        if hit is None:
+            raise PretrainedError(f"parameter '{path}' has no GGUF tensor name (llama.cpp's {arch} has none for it)")
+        rule, name = hit
+        stored_shape = rule.stored_shape(tuple(p.lazy_shape()))
+        want, copy = _choose(qtype, p, stored_shape, info.stored_dtypes.get(info.gguf_names.get(path, "")))
+        out.append(Planned(name, want, stored_shape, _nbytes(want, stored_shape), _data(p, rule, want, copy)))
+    return out
+
+
+def _data(p, rule: Rule, qtype: str, copy: bool):
+    def blocks() -> np.ndarray:
+        r = p.reparameterization
+        data = np.asarray(array(r.blocks.data.val()))
+        rows = [t for t in rule.transforms if isinstance(t, RopePermute)]
+        return Rule(rule.hf, rule.ember, rows).save(data) if rows else np.ascontiguousarray(data)
+
+    def values() -> np.ndarray:
+        value = np.asarray(array(p.val()), dtype=np.float32)
+        return _encode(rule.save(value), qtype)
+    return blocks if copy else values
+
+
+def save_gguf(model, path, qtype: str = "F16", *, check: Callable[[], None] | None = None,
+              progress: Callable[[int, int], None] | None = None) -> Path:
+    """Write `model` merged as a GGUF file at `path` (see this file's doc); returns the path.
+    `check()` is called between tensors (it raises to cancel: the target is left as it was);
+    `progress(done, total)` after each tensor."""
+    import gguf  # noqa: PLC0415
+
+    if qtype not in EXPORT_TYPES:
+        raise ValueError(f"save_gguf: qtype must be one of {', '.join(EXPORT_TYPES)}, got {qtype!r}")
+    arch, info = gguf_architecture(model)
+    source = gguf_source(info)
+    try:
+        plan = _plan(model, arch, info, qtype)
+        if qtype == "source":
+            file_type = source.metadata.get("general.file_type")
+            file_type = file_type if isinstance(file_type, int) and not isinstance(file_type, bool) else None
+        else:
+            file_type = gguf.LlamaFileType[_FILE_TYPE[qtype]].value
+        target = Path(os.fspath(path))
+
+        def metadata(writer) -> None:
+            _metadata(writer, arch, info.config, source, file_type)
+        return write_gguf_file(target, arch, metadata, plan, check, progress)
+    finally:
+        source.close()
+
+
+def write_gguf_file(target: Path, arch: str, metadata: Callable, plan: list, check=None, progress=None) -> Path:
+    """Write a GGUF file at `target` atomically with `gguf.GGUFWriter`: `metadata(writer)` adds the
+    keys, `plan` lists the tensors (`Planned`: name, ggml type, NumPy shape, bytes, `data()`),
+    whose data are computed one at a time as they are written (`check()` between them cancels)."""
+    import gguf  # noqa: PLC0415
+
+    def write(fp) -> None:
+        writer = gguf.GGUFWriter(None, arch)
+        metadata(writer)
+        for t in plan:
+            raw = None if t.qtype in ("F32", "F16") else gguf.GGMLQuantizationType[t.qtype]
+            if raw is None:
+                writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32 if t.qtype == "F32" else np.float16),
+                                       t.nbytes)
+            else:
+                byte_shape = gguf.quants.quant_shape_to_byte_shape(t.shape, raw)
+                writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), t.nbytes, raw_dtype=raw)
+        writer.fout = [fp]
+        writer.state = gguf.gguf_writer.WriterState.EMPTY
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, t in enumerate(plan):
+            if check is not None:
+                check()
+            data = t.data()
+            if data.nbytes != t.nbytes:
+                raise PretrainedError(f"tensor {t.name!r}: {data.nbytes} bytes computed, {t.nbytes} planned "
+                                      f"(an Ember bug)")
+            writer.write_tensor_data(data)
+            if progress is not None:
+                progress(i + 1, len(plan))
+
+    if target.is_dir():
+        raise PretrainedError("expected a file name to write the GGUF to, found a folder", where=str(target))
+    try:
+        atomic_write(target, write, error=PretrainedError)
+    except OSError as exc:
+        raise PretrainedError(f"cannot write: {os_error_reason(exc)}", where=exc.filename or str(target)) from None
+    return target

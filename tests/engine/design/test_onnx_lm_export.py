@@ -1,0 +1,132 @@
+"""Ember's ONNX export of language models (issue 47, must-show 2's second half): dynamic batch and
+sequence axes, `input_ids` / `attention_mask` in and `logits` out, and the key/value-cache variant
+run step by step by onnxruntime for greedy generation.
+
+onnxruntime runs in this interpreter when installed, else in the oracle venv (a subprocess); the
+tests that need it skip, saying so, without either."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from engine import Tensor
+from engine.interop import OnnxExportError, export_onnx
+from engine.models import from_pretrained
+from engine.models.generate import generate
+
+ROOT = Path(__file__).resolve().parents[3]
+HF = ROOT / "tests" / "fixtures" / "hf"
+RUNNER = Path(__file__).with_name("ort_runner.py")
+ORACLE = Path("/work/oracle-venv/bin/python")
+
+
+def _oracle_has_ort() -> bool:
+    if not ORACLE.exists():
+        return False
+    return subprocess.run([str(ORACLE), "-c", "import onnxruntime"], capture_output=True).returncode == 0
+
+
+def _ort_run(model_path, feeds: dict, tmp_path) -> dict:
+    """The runner's outputs for `feeds` (see ort_runner.py), in this interpreter or the oracle venv's."""
+    if importlib.util.find_spec("onnxruntime") is not None:
+        spec = importlib.util.spec_from_file_location("ort_runner", RUNNER)
+        runner = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(runner)
+        return runner.run(str(model_path), feeds)
+    if not _oracle_has_ort():
+        pytest.skip("onnxruntime is not installed here nor in /work/oracle-venv: the exports are not run")
+    fin, fout = tmp_path / "feeds.npz", tmp_path / "out.npz"
+    np.savez(fin, **feeds)
+    r = subprocess.run([str(ORACLE), str(RUNNER), str(model_path), str(fin), str(fout)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dict(np.load(fout))
+
+
+def _model(name):
+    return from_pretrained(HF / name).valid()
+
+
+def _dims(path) -> dict:
+    graph = onnx.load(str(path)).graph
+    def dims(v):
+        return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+    return {v.name: dims(v) for v in list(graph.input) + list(graph.output)}
+
+
+# two sequence lengths and two batch sizes, the first row left-padded
+SIZES = [(1, 5), (3, 11)]
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "qwen2", "mistral-swa", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_the_export_runs_at_other_lengths_and_batches_with_embers_logits(name, tmp_path):
+    model = _model(name)
+    path = export_onnx(model, tmp_path / f"{name}.onnx")  # traced at batch 2, length 3 (and one more of each)
+    dims = _dims(path)
+    assert dims["input_ids"] == ["batch", "sequence"] and dims["attention_mask"] == ["batch", "sequence"]
+    assert dims["logits"][:2] == ["batch", "sequence"] and list(dims) == ["input_ids", "attention_mask", "logits"]
+    rng = np.random.default_rng(7)
+    feeds, want = {}, {}
+    for k, (b, s) in enumerate(SIZES):
+        ids = rng.integers(0, 100, size=(b, s)).astype(np.int64)
+        mask = np.ones((b, s), dtype=np.int64)
+        mask[0, :2] = 0
+        feeds[f"run{k}/input_ids"], feeds[f"run{k}/attention_mask"] = ids, mask
+        want[k] = model.forward(Tensor.from_data(ids), Tensor.from_data(mask)).numpy()
+    got = _ort_run(path, feeds, tmp_path)
+    for k in want:
+        logits = got[f"run{k}/logits"]
+        assert logits.shape == want[k].shape
+        np.testing.assert_allclose(logits, want[k], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "mistral-swa"])
+def test_the_cache_variant_generates_embers_greedy_tokens(name, tmp_path):
+    model = _model(name)
+    path = export_onnx(model, tmp_path / f"{name}-cache.onnx", with_cache=True)
+    dims = _dims(path)
+    assert dims["past_key_values.0.key"][0] == "batch" and dims["past_key_values.0.key"][2] == "past_sequence"
+    assert dims["present.0.value"][2] == "past_sequence + sequence"
+    assert dims["attention_mask"] == ["batch", "past_sequence + sequence"]
+    prompt = [[3, 17, 42, 8, 99, 5, 23]]
+    got = _ort_run(path, {"generate/prompt": np.asarray(prompt, dtype=np.int64), "generate/steps": np.asarray(20)},
+                   tmp_path)  # the first step with a past of length 0, then one token at a time
+    want = generate(model, None, prompt[0], 20, temperature=0, eos_token_id=[])
+    assert got["generate/tokens"][0].tolist() == list(want.ids[0] if hasattr(want, "ids") else want)
+    assert len(set(got["generate/tokens"][0].tolist())) > 1  # not one repeated token: the cache matters
+
+
+def test_names_are_an_option_and_other_models_keep_theirs(tmp_path):
+    model = _model("llama-gqa")
+    path = export_onnx(model, tmp_path / "named.onnx", input_names=["ids", "mask"], output_names=["scores"])
+    assert list(_dims(path)) == ["ids", "mask", "scores"]
+    with pytest.raises(OnnxExportError, match=r"input_names: 2 inputs \(input_ids, attention_mask\), 1 names"):
+        export_onnx(model, tmp_path / "bad.onnx", input_names=["ids"])
+    fixed = export_onnx(model, tmp_path / "fixed.onnx", Tensor.zeros([1, 4], dtype="int64"), dynamic_sequence=False)
+    assert _dims(fixed)["input_ids"] == ["batch", 4]
+
+
+def test_a_rope_whose_frequencies_change_with_the_length_is_refused_by_name(tmp_path):
+    model = _model("llama-dynamic")
+    with pytest.raises(OnnxExportError, match=r"rotary.*changes with the sequence length.*dynamic_sequence=False"):
+        export_onnx(model, tmp_path / "dyn.onnx")
+    assert not (tmp_path / "dyn.onnx").exists()
+
+
+def test_the_cache_variant_needs_a_dynamic_sequence_and_a_language_model(tmp_path):
+    with pytest.raises(OnnxExportError, match="needs dynamic_sequence"):
+        export_onnx(_model("gpt2"), tmp_path / "x.onnx", with_cache=True, dynamic_sequence=False)
+    from engine.nn import LinearConfig  # noqa: PLC0415
+
+    with pytest.raises(OnnxExportError, match="for language models"):
+        export_onnx(LinearConfig(2, 2).init(), tmp_path / "y.onnx", Tensor.zeros([1, 2]), with_cache=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
