@@ -52,7 +52,8 @@ TOL = 1e-5
 PHI3_TARGETS = ["o_proj", "down_proj"]
 # the mixtures: attention and the router (peft's target_parameters) everywhere, Qwen2-MoE's shared expert and
 # dense layer too; not Qwen3-MoE's dense layer (mlp_only_layers), whose gate_proj / up_proj / down_proj adapter
-# transformers 5 + peft turn into target_parameters on the experts' fused parameters when they load it
+# transformers 5 + peft turn into target_parameters on the experts' fused parameters when they load it (so
+# Ember refuses to write it, test_moe.py)
 EXPERTS_OUT = {"target_modules": "all-linear", "exclude_modules": r".*experts\..*"}
 ATTENTION_AND_ROUTER = {"target_modules": "all-linear", "exclude_modules": r".*\.mlp\.(?!gate$).*|.*experts\..*"}
 FAMILIES = {"qwen3": "all-linear", "qwen3-bias": "all-linear", "phi3": PHI3_TARGETS, "phi3-longrope": PHI3_TARGETS,
