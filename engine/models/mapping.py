@@ -203,6 +203,9 @@ class Rule:
         self.transforms = list(self.transforms)
         self._hf_re, hf_names = _compile(self.hf)
         self._ember_re, ember_names = _compile(self.ember)
+        # the text after the last placeholder, which every path the rule covers ends with: `find`
+        # tries each rule on each parameter, and most fail on it without a regex match
+        self._ember_tail = _PLACEHOLDER.split(self.ember)[-1]
         if sorted(hf_names) != sorted(ember_names):
             raise ValueError(f"rule {self.hf!r} -> {self.ember!r}: both templates must use the same placeholders")
         for i, t in enumerate(self.transforms):
@@ -217,6 +220,8 @@ class Rule:
 
     def match_ember(self, path: str) -> str | None:
         """The stored name for Ember path `path`, or None when the rule does not cover it."""
+        if not path.endswith(self._ember_tail):
+            return None
         m = self._ember_re.match(path)
         if m is None:
             return None

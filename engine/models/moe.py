@@ -311,10 +311,21 @@ def peft_name(config: MoeConfig, module: str) -> tuple[str, bool, bool]:
     return module, False, bool(_EXPERT.search(module))
 
 
+_DENSE_MLP = re.compile(r"\.mlp\.(gate_proj|up_proj|down_proj)\Z")
+
+
 def check_peft_adapter(config: MoeConfig, modules: set) -> None:
     """Refuse a LoRA on experts that transformers 5.25 + peft 0.21 would not load as Ember computes it
     (checked against them): Mixtral's per-expert LoRA loads exactly (transformers fuses it) when every
-    adapted expert has w1, w2 and w3 adapted; a Qwen mixture's per-expert LoRA does not load right."""
+    adapted expert has w1, w2 and w3 adapted; a Qwen mixture's per-expert LoRA does not load right, nor
+    a Qwen3-MoE dense layer's (transformers takes its gate_proj / up_proj / down_proj for the experts')."""
+    if config.model_type == "qwen3_moe":
+        dense = sorted(m for m in modules if _DENSE_MLP.search(m))
+        if dense:
+            raise PretrainedError(f"LoRA on '{dense[0]}' (a layer of mlp_only_layers) cannot be written for a "
+                                  f"{config.architecture}: transformers 5.25 + peft 0.21 load a Qwen3-MoE's "
+                                  f"gate_proj / up_proj / down_proj adapter onto the experts' fused parameters "
+                                  f"(measured); adapt the attention and the router")
     experts: dict[str, set] = {}
     for m in modules:
         hit = _EXPERT.search(m)

@@ -25,6 +25,7 @@ Saving is `engine.models.save` (`save_pretrained`).
 from __future__ import annotations
 
 import contextvars
+import gc
 import importlib
 import os
 import re
@@ -326,6 +327,18 @@ def from_pretrained(source, device=None, dtype="float32", *, revision=None, toke
     anything is built, so a config that claims 10**12 layers is refused in the time its header
     takes to read.
     """
+    # the open makes a few objects per parameter and no garbage: the cyclic collector's passes over
+    # them took more than half of opening Qwen3-30B-A3B's 18,867 tensors (benchmarks/moe_open.py)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _from_pretrained(source, device, dtype, revision, token, cache_dir, local_files_only, check)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _from_pretrained(source, device, dtype, revision, token, cache_dir, local_files_only, check) -> Module:
     if _is_gguf(source):
         from .gguf_model import from_gguf  # noqa: PLC0415 - gguf_model imports this module
 

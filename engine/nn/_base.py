@@ -98,15 +98,25 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+# {config class: ((field name, positive, optional), ...)}: its size and count fields, in field order
+_SIZE_FIELDS: dict[type, tuple[tuple[str, bool, bool], ...]] = {}
+
+
+def _size_fields(cls) -> tuple[tuple[str, bool, bool], ...]:
+    found = _SIZE_FIELDS.get(cls)
+    if found is None:
+        found = _SIZE_FIELDS[cls] = tuple(
+            (f.name, f.name in POSITIVE_FIELDS, f.default is None) for f in dataclasses.fields(cls)
+            if f.name in POSITIVE_FIELDS or f.name in NON_NEGATIVE_FIELDS)
+    return found
+
+
 def check_sizes(config) -> None:
     """Raise a ValueError naming the config, the field and the value when a size or count field
     of `config` is not a positive int (>= 0 for a padding)."""
-    for f in dataclasses.fields(config):
-        positive = f.name in POSITIVE_FIELDS
-        if not positive and f.name not in NON_NEGATIVE_FIELDS:
-            continue
-        value = getattr(config, f.name)
-        if value is None and f.default is None:
+    for name, positive, optional in _size_fields(type(config)):
+        value = getattr(config, name)
+        if value is None and optional:
             continue  # optional: the layer picks it
         if not positive and not (_is_int(value) or isinstance(value, (tuple, list))):
             continue  # a padding config object (Same / Valid / Explicit) checks itself
@@ -117,7 +127,7 @@ def check_sizes(config) -> None:
             want = "a positive int" if positive else "an int >= 0"
             if isinstance(value, (tuple, list)):
                 want = f"a tuple of {'positive ints' if positive else 'ints >= 0'}"
-            raise ValueError(f"{type(config).__name__}.{f.name} must be {want}, got {value!r}")
+            raise ValueError(f"{type(config).__name__}.{name} must be {want}, got {value!r}")
 
 
 class Config:

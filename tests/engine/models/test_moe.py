@@ -363,6 +363,27 @@ def test_expert_loras_transformers_would_load_wrongly_are_refused(name, targets,
     assert not (tmp_path / "a").exists()
 
 
+def test_a_lora_on_a_qwen3_moe_dense_layer_is_refused(tmp_path):
+    """transformers 5.25 + peft 0.21 load a Qwen3-MoE adapter's mlp.gate_proj / up_proj / down_proj (a layer of
+    mlp_only_layers) as LoRAs on the experts' fused parameters (seen in test_families47_steps.py's runs)."""
+    from engine.models import save_peft_adapter  # noqa: PLC0415
+    from engine.models.peft import peft_lora  # noqa: PLC0415
+
+    model = from_pretrained(HF / "qwen3-moe")
+    assert _config("qwen3-moe")["mlp_only_layers"] == [1]
+    tuned = model.apply_reparameterization(peft_lora(model, 2, 4.0, target_modules="all-linear",
+                                                     exclude_modules=r".*experts\..*"))
+    with pytest.raises(PretrainedError, match=r"LoRA on 'model.layers.1.mlp.down_proj' \(a layer of mlp_only_layers\) "
+                                              r"cannot be written for a Qwen3MoeForCausalLM"):
+        save_peft_adapter(tuned, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    router = model.apply_reparameterization(peft_lora(model, 2, 4.0, target_modules="all-linear",
+                                                      exclude_modules=r".*\.mlp\.(?!gate$).*|.*experts\..*"))
+    assert "layers.0.mlp.gate.weight" in _adapted(router)
+    cfg = json.loads((save_peft_adapter(router, tmp_path / "b") / "adapter_config.json").read_text())
+    assert cfg["target_parameters"] == ["model.layers.0.mlp.gate.weight", "model.layers.2.mlp.gate.weight"]
+
+
 def test_a_qwen_router_and_shared_expert_lora_round_trips(tmp_path):
     from engine.models import load_peft_adapter, save_peft_adapter  # noqa: PLC0415
     from engine.models.peft import peft_lora  # noqa: PLC0415
