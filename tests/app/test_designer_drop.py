@@ -22,7 +22,7 @@ def panel(qtbot, tmp_path):
 
 
 def _palette_item(panel, kind):
-    item = panel.palette._items[kind]  # noqa: SLF001 -- the tree item a user would grab
+    item = panel.palette.item_for(kind)
     item.parent().setExpanded(True)
     panel.palette.tree.scrollToItem(item)
     return item

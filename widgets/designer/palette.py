@@ -138,6 +138,10 @@ class Palette(QWidget):
                     out.append(item.data(0, KIND_ROLE))
         return out
 
+    def item_for(self, kind: str) -> QTreeWidgetItem | None:
+        """The tree item that shows `kind` (to scroll to, drag or click)."""
+        return self._items.get(kind)
+
     def current_kind(self) -> str | None:
         item = self.tree.currentItem()
         return None if item is None or item.isHidden() else item.data(0, KIND_ROLE)
