@@ -42,7 +42,7 @@ def chat_template_note(tokenizer: str) -> str:
     if not str(tokenizer or "").strip():
         return "choose a tokenizer folder with a chat template"
     folder = Path(tokenizer).expanduser()
-    folder = folder.parent if folder.is_file() else folder
+    folder = folder.parent if folder.is_file() and folder.suffix.lower() != ".gguf" else folder  # a GGUF holds its own
     try:
         template = read_chat_template(folder)
     except (ChatTemplateError, OSError) as e:

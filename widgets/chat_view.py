@@ -101,6 +101,18 @@ def _turn_html(role: str, text: str, note: str = "") -> str:
     return f'<div style="{style}"><b>{who}</b>{extra}<br>{body}</div>'
 
 
+class Transcript(QTextBrowser):
+    """A column's transcript; one showing its end keeps showing it when resized (the latest answer
+    stays in view when the window gets smaller)."""
+
+    def resizeEvent(self, event):  # noqa: N802 (Qt's name)
+        bar = self.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum()
+        super().resizeEvent(event)
+        if at_end:
+            bar.setValue(bar.maximum())
+
+
 class ChatView(QWidget):
     send_requested = Signal(str)
     regenerate_requested = Signal()
@@ -113,7 +125,7 @@ class ChatView(QWidget):
         self.system = QPlainTextEdit()
         self.system.setObjectName("system-prompt")
         self.system.setPlaceholderText("System prompt (optional): how the assistant should behave…")
-        self.system.setMaximumHeight(64)
+        self.system.setMaximumHeight(2 * self.system.fontMetrics().lineSpacing() + 14)  # two lines: room for the chat
         self.system.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
         self.titles: list[QLabel] = []
@@ -126,7 +138,7 @@ class ChatView(QWidget):
             col.setContentsMargins(0, 0, 0, 0)
             title = QLabel("")
             title.setObjectName(f"chat-title-{i}")
-            transcript = QTextBrowser()
+            transcript = Transcript()
             transcript.setObjectName(f"chat-transcript-{i}")
             transcript.setOpenLinks(False)
             transcript.setMinimumHeight(80)
@@ -140,7 +152,7 @@ class ChatView(QWidget):
         self.input = QPlainTextEdit()
         self.input.setObjectName("chat-input")
         self.input.setPlaceholderText("A message… (Ctrl+Enter sends)")
-        self.input.setMaximumHeight(80)
+        self.input.setMaximumHeight(3 * self.input.fontMetrics().lineSpacing() + 14)
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("chat-send")
         self.send_button.setShortcut("Ctrl+Return")

@@ -209,6 +209,10 @@ class GenerateView(QWidget):
         for w in (self.prompt_label, self.prompt, self.generate_button, self.output_split):
             w.setVisible(not chat)
         self.chat.setVisible(chat)
+        # without the prompt the settings need only their own height: the transcript gets the rest
+        total = max(sum(self.split.sizes()), self.height(), 600)
+        top = self.split.widget(0).minimumSizeHint().height() if chat else 240
+        self.split.setSizes([top, 0, total - top] if chat else [top, total - top, 0])
 
     def _on_generate(self) -> None:
         self.generate_requested.emit(self.settings())

@@ -24,7 +24,8 @@ before they ask for its value, and the weight multiplies in its blocks with the 
 compiled kernels (`engine.tensor.cpu.quant`: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), equal to
 dequantize-then-multiply within float32 rounding; the input's gradient is the blocks' product too.
 LoRA and rsLoRA over it add the factors' product (`(x a) b scale`); DoRA, the other types and a
-GPU read the value (dequantized per use). Generation keeps these weights as they are (it folds
+GPU read the value (dequantized per use, in slices of rows; the graph keeps the blocks, not the
+value: the backward computes it again, `engine.tensor.recompute`). Generation keeps these weights as they are (it folds
 the other adapters), so no float32 copy of a weight is held.
 """
 from __future__ import annotations
@@ -34,8 +35,9 @@ import numpy as np
 from ..module import Module, Param
 from ..module.lora import DoraAdapter, LoraAdapter, RsLoraAdapter
 from ..module.reparam import Reparameterization, ReparameterizationError, iter_param_slots
+from ..autodiff import no_recording
 from ..tensor import Tensor, cpu
-from ..tensor.raw import array, record, tracking, untracked
+from ..tensor.raw import array, recomputable, record, tracking, untracked
 
 __all__ = ["GGUFBlocks", "GGUFDoraAdapter", "GGUFLoraAdapter", "GGUFRsLoraAdapter", "GGUFWeight",
            "dequantize_blocks", "dequantized_bases"]
@@ -48,8 +50,21 @@ def dequantize_blocks(blocks: np.ndarray, qtype: str) -> np.ndarray:
 
     if not isinstance(blocks, np.ndarray) and hasattr(blocks, "get"):  # CuPy: gguf's reference runs on the host
         blocks = blocks.get()
-    out = gguf.quants.dequantize(np.asarray(blocks), gguf.GGMLQuantizationType[qtype])
-    return out if out.dtype == np.float32 else out.astype(np.float32)
+    blocks, kind = np.asarray(blocks), gguf.GGMLQuantizationType[qtype]
+    if blocks.ndim != 2 or blocks.shape[0] * blocks.shape[1] <= _CHUNK_BYTES:
+        out = gguf.quants.dequantize(blocks, kind)
+        return out if out.dtype == np.float32 else out.astype(np.float32)
+    # in slices of rows: the reference's temporaries (several arrays of the values' size) stay small
+    step = max(1, _CHUNK_BYTES // blocks.shape[1])
+    first = gguf.quants.dequantize(blocks[:step], kind)
+    out = np.empty((blocks.shape[0],) + first.shape[1:], np.float32)
+    out[:step] = first
+    for start in range(step, blocks.shape[0], step):
+        out[start:start + step] = gguf.quants.dequantize(blocks[start:start + step], kind)
+    return out
+
+
+_CHUNK_BYTES = 1 << 20  # bytes of blocks dequantized at once
 
 
 class GGUFBlocks(Module):
@@ -94,11 +109,20 @@ class GGUFWeight(Reparameterization):
         return Tensor.from_data(self.dequantized(), device=data.device, dtype=self.dtype)
 
     def apply(self, base: Tensor) -> Tensor:
-        dense = self.base()
+        dense = self._recomputed(self.base)
         if base is not None and tuple(base.shape) != tuple(dense.shape):
             raise ValueError(f"GGUFWeight.apply: the parameter's base has dims {list(base.shape)}, the stored "
                              f"weight {list(dense.shape)}")
         return dense
+
+    @staticmethod
+    def _recomputed(value) -> Tensor:
+        """`value()`, marked as computed again from the blocks in the backward rather than kept by the
+        graph until then (engine.tensor.recompute): the tape holds the blocks, not a float copy."""
+        def again():
+            with no_recording():
+                return array(value())
+        return recomputable(value(), again)
 
     # ------------------------------------------------------------------ products (the compute path)
     # A layer whose weight's reparameterization sets MULTIPLIES asks it for `matmul(x, transposed)`
@@ -193,7 +217,8 @@ class _OverGGUF:
         return self.gguf.base()
 
     def apply(self, base: Tensor) -> Tensor:
-        return super().apply(self.gguf.base())
+        # the adapted weight is computed again (the blocks dequantized, the factors' change added)
+        return self.gguf._recomputed(lambda: super(_OverGGUF, self).apply(self.gguf.base()))
 
 
 class _LowRankOverGGUF(_OverGGUF):

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..tensor import Tensor, TensorError
-from ..tensor.raw import array, check_same_device, record, sum_leading, tracking, unbroadcast, untracked
+from ..tensor.raw import array, check_same_device, recompute_of, record, sum_leading, tracking, unbroadcast, untracked
 from ..tensor import cpu
 
 _SQRT_2 = math.sqrt(2.0)
@@ -338,12 +338,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         return untracked(out, inputs)
     need_x, need_w = _needs(x), _needs(weight)
     need_b = bias is not None and _needs(bias)
-    xshape = xd.shape
+    xshape, d_output = xd.shape, wd.shape[1]
+    # the weight for the input's gradient: kept, or computed again (GGUF blocks: engine.tensor.recompute)
+    again = recompute_of(wd) if need_x else None
+    kept_w = wd if need_x and again is None else None
+    kept_x = x2 if need_w else None
 
     def rule(g):
-        g2 = g.reshape(-1, wd.shape[1]) if g.ndim != 2 else g
-        gx = cpu.matmul(g2, wd.T).reshape(xshape) if need_x else None
-        gw = cpu.matmul(x2.T, g2) if need_w else None
+        g2 = g.reshape(-1, d_output) if g.ndim != 2 else g
+        gx = cpu.matmul(g2, (kept_w if again is None else again()).T).reshape(xshape) if need_x else None
+        gw = cpu.matmul(kept_x.T, g2) if need_w else None
         if bias is None:
             return gx, gw
         gb = sum_leading(g2) if need_b else None

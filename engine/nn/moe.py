@@ -156,7 +156,7 @@ class SparseMoe(Layer):
 
 
 def _moe_shape(m, ins, ctx):
-    d_model = m.gate.weight.shape[0]
+    d_model = (m.gate if isinstance(m, SparseMoe) else m.gate_proj).weight.shape[0]
     expect("assert_shape(input, [..., d_model])", ins[0], [..., d_model])
     float_input(type(m).__name__, ins[0])
     return same(ins[0])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..autodiff.tape import Node, is_recording
 from .cpu import matmul as _product
+from .recompute import recompute_of
 from .tensor import DTypeError, Tensor, TensorError, check_same_device, tensor_method, unbroadcast
 
 
@@ -39,10 +40,22 @@ def matmul(self, other):
         return Tensor._wrap(out, self._device, self._ad or other._ad)
     need_a = self._node is not None
     need_b = other._node is not None
+    a_shape, b_shape = a.shape, b.shape
+    # each operand is kept only for the other's gradient, or computed again where it was marked
+    # so (a GGUF weight's blocks: engine.tensor.recompute)
+    again_a = recompute_of(a) if need_b else None
+    again_b = recompute_of(b) if need_a else None
+    kept_a = a if need_b and again_a is None else None
+    kept_b = b if need_a and again_b is None else None
 
     def rule(g):
-        ga = unbroadcast(_product(g, b.swapaxes(-1, -2)), a.shape) if need_a else None
-        gb = unbroadcast(_product(a.swapaxes(-1, -2), g), b.shape) if need_b else None
+        ga = gb = None
+        if need_a:
+            bb = kept_b if again_b is None else again_b()
+            ga = unbroadcast(_product(g, bb.swapaxes(-1, -2)), a_shape)
+        if need_b:
+            aa = kept_a if again_a is None else again_a()
+            gb = unbroadcast(_product(aa.swapaxes(-1, -2), g), b_shape)
         return ga, gb
 
     return Tensor._wrap(out, self._device, True, Node((self._node, other._node), rule, "matmul"))

@@ -19,6 +19,8 @@ other tensors share it); compute a new array and `wrap` or `record` it.
 - `unbroadcast(g, shape)`: a broadcast gradient summed back to an operand's shape;
   `sum_leading(g, k)`: a sum over the leading k axes (a bias's gradient).
 - `check_same_device(op, a, b)`: raise `DeviceError` unless `a` and `b` share a device.
+- `recomputable(t, again)`, `recompute_of(arr)`: an array a backward rule computes again instead of
+  keeping (engine.tensor.recompute).
 
 Each is one attribute read or one call deep, so that the kernels pay no more than they did
 reading the slots themselves.
@@ -27,9 +29,11 @@ from __future__ import annotations
 
 from ..autodiff.tape import is_recording
 from .device import Device
+from .recompute import recompute_of, recomputable
 from .tensor import Tensor, check_same_device, record, sum_leading, unbroadcast
 
-__all__ = ["array", "wrap", "tracking", "untracked", "record", "op_of", "unbroadcast", "sum_leading", "check_same_device"]
+__all__ = ["array", "wrap", "tracking", "untracked", "record", "op_of", "unbroadcast", "sum_leading", "check_same_device",
+           "recomputable", "recompute_of"]
 
 _wrap = Tensor._wrap
 

@@ -202,7 +202,7 @@ def _conversation_data(path: Path, chat: str, settings: DataSettings, tokenizer,
     from .text import TextDataError
 
     folder = Path(settings.tokenizer).expanduser()
-    folder = folder.parent if folder.is_file() else folder
+    folder = folder.parent if folder.is_file() and folder.suffix.lower() != ".gguf" else folder  # a GGUF holds its own
     try:
         template = read_chat_template(folder)
     except ChatTemplateError as e:

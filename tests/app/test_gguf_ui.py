@@ -111,3 +111,9 @@ def test_export_gguf_from_the_menu_asks_the_type_then_the_file(window, qtbot, fi
         assert f.tensors["blk.0.ffn_up.weight"].type == "Q4_0" and f.tensors["output_norm.weight"].type == "F32"
         assert f.metadata["tokenizer.chat_template"]
     assert (tmp_path / "out.Modelfile").read_text().startswith(f"FROM {(tmp_path / 'out.gguf').resolve()}\nTEMPLATE")
+
+
+def test_the_training_note_names_the_gguf_files_own_chat_template():
+    from app.training_data_note import chat_template_note
+
+    assert chat_template_note(str(GGUF)) == f"rendered with the chat template of {GGUF.name} (tokenizer.chat_template)"

@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from engine import Tensor
-from tests.app.window_helpers import open_onnx, wait_idle
+from tests.app.window_helpers import display_env, open_onnx, wait_idle, xvfb_display
 from tests.widgets.qt_helpers import type_into
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "onnx"
@@ -326,40 +326,22 @@ def _shots_child(folder: str) -> int:
 
 def test_screenshots_of_the_onnx_design_and_the_graph_tab_in_a_real_window(tmp_path):
     import os
-    import shutil
     import subprocess
     import sys
-    import time
 
     shots = Path(os.environ.get("EMBER_UI_SHOTS") or tmp_path / "shots")
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYQTGRAPH_QT_LIB="PySide6", PYTEST_QT_API="pyside6",
                PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    xvfb, proc = shutil.which("Xvfb"), None
-    if xvfb is not None:
-        number = next(n for n in range(160, 200) if not Path(f"/tmp/.X{n}-lock").exists()
-                      and not Path(f"/tmp/.X11-unix/X{n}").exists())
-        proc = subprocess.Popen([xvfb, f":{number}", "-screen", "0", "1920x1200x24", "-nolisten", "tcp"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not Path(f"/tmp/.X11-unix/X{number}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        env.update(DISPLAY=f":{number}", QT_QPA_PLATFORM="xcb")
-        env.pop("WAYLAND_DISPLAY", None)
-    else:
-        env["QT_QPA_PLATFORM"] = "offscreen"
-    try:
+    with xvfb_display() as display:
+        env = display_env(display, env)
         run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--shots", str(shots)],
                              cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
                              timeout=300)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(5)
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
     assert (shots / "onnx-design.png").stat().st_size > 10_000
     assert (shots / "graph-burn-mnist.png").stat().st_size > 10_000
-    if xvfb is None:
+    if display is None:
         print("screenshots taken on the offscreen platform: Xvfb is not installed")
 
 

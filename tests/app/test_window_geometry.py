@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -402,28 +401,10 @@ def grab_window(app, window):
 @pytest.fixture(scope="module")
 def x_display():
     """A fresh Xvfb display (its name), or None when Xvfb is not installed."""
-    xvfb = shutil.which("Xvfb")
-    if xvfb is None:
-        yield None
-        return
-    for number in range(120, 160):
-        if not Path(f"/tmp/.X{number}-lock").exists() and not Path(f"/tmp/.X11-unix/X{number}").exists():
-            break
-    proc = subprocess.Popen([xvfb, f":{number}", "-screen", "0", "1920x1200x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not Path(f"/tmp/.X11-unix/X{number}").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    if proc.poll() is not None or not Path(f"/tmp/.X11-unix/X{number}").exists():
-        proc.kill()
-        yield None
-        return
-    yield f":{number}"
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    from tests.app.window_helpers import xvfb_display  # noqa: PLC0415 (the child runs this file without the root on its path)
+
+    with xvfb_display() as display:
+        yield display
 
 
 def test_every_widget_is_visible_unclipped_and_not_overlapped(x_display, tmp_path, capsys):

@@ -51,3 +51,25 @@ def test_the_transcripts_and_buttons_follow_the_conversation(qtbot):
     assert "stopped" in view.transcript(0) and view.regenerate_button.isEnabled() and view.clear_button.isEnabled()
     view.set_can_send(False, "no tokenizer")
     assert not view.send_button.isEnabled() and view.send_button.toolTip() == "no tokenizer"
+
+
+def test_a_transcript_showing_its_end_keeps_the_latest_answer_in_view_when_made_smaller(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 700)
+    view.show()
+    qtbot.waitExposed(view)
+    for i in range(6):
+        view.conversation.add_user(f"question {i}")
+        view.conversation.begin_answer(1)
+        view.conversation.end_answer([f"answer {i}"])
+    view.refresh()
+    bar = view.transcripts[0].verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() == 0)  # all of it fits: shown from the top, which is its end
+    view.resize(600, 260)
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
+    assert bar.value() == bar.maximum()  # the latest answer, not the first question
+    bar.setValue(0)  # a user who scrolled up stays where they are
+    view.resize(600, 240)
+    qtbot.wait(50)
+    assert bar.value() == 0

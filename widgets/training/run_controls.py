@@ -113,8 +113,10 @@ class RunControls(QWidget):
         parts = []
         if where:
             parts.append(where)
-        if steps_per_second:
+        if steps_per_second and steps_per_second >= 0.1:
             parts.append(f"{steps_per_second:,.1f} steps/s")
+        elif steps_per_second:  # a big model on a CPU: "0.0 steps/s" would say nothing
+            parts.append(f"{1.0 / steps_per_second:,.0f} s/step")
         if seconds_left is not None:
             parts.append(f"{format_duration(seconds_left)} left")
         self.rate_label.setText(" · ".join(parts))

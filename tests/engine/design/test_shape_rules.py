@@ -163,6 +163,13 @@ def _gen(kind: str, rng: random.Random):
         if kind == "TransformerEncoder":
             vals.update(d_ff=r(2, 6), n_layers=1)
         return [(g.axes(2) + [dm], "float")], [0], vals
+    if kind in ("GatedMlp", "SparseMoe"):
+        dm = r(1, 4)
+        vals = {"d_model": dm, "d_ff": r(1, 5)}
+        if kind == "SparseMoe":
+            n = r(1, 4)
+            vals.update(n_experts=n, top_k=r(1, n))
+        return [(g.axes(r(2, 3)) + [dm], "float")], [0], vals
     if kind == "TransformerDecoder":
         names = g.axes(3)
         return ([([names[0], names[1], 4], "float"), ([names[0], names[2], 4], "float")], [0, 1],

@@ -350,7 +350,9 @@ def test_onnx_export_gives_embers_logits(name, tmp_path):
 
     path = export_onnx(model, tmp_path / "m.onnx", tokens(2))
     for b in (1, 3):
-        (got,) = onnx_reference.ReferenceEvaluator(str(path)).run(None, {"input": tokens(b).numpy()})
+        ids = tokens(b).numpy()
+        (got,) = onnx_reference.ReferenceEvaluator(str(path)).run(None, {"input_ids": ids,
+                                                                          "attention_mask": np.ones_like(ids)})
         np.testing.assert_allclose(got, model.forward(tokens(b)).numpy(), rtol=0, atol=ATOL)
 
 

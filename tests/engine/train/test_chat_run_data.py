@@ -108,3 +108,16 @@ def test_the_causal_lm_step_on_a_packed_batch_gives_the_padded_loss(folder):
     batch.segment_ids = batch.position_ids = None
     assert abs(float(step(model, batch).loss.numpy()) - losses[0]) > 1e-4
     assert isinstance(batch.inputs, Tensor) and np.isfinite(losses).all()
+
+
+def test_a_gguf_file_as_the_tokenizer_renders_with_its_own_template():
+    """A model opened from a .gguf has its tokenizer and chat template in the file (issue 46): the run
+    reads the file's, not a template in the folder beside it."""
+    pytest.importorskip("gguf")
+    gguf_file = FIXTURES / "gguf" / "tiny-qwen2-q8.gguf"
+    settings = DataSettings(task="causal-lm", file=str(CONVERSATIONS / "messages.jsonl"), tokenizer=str(gguf_file),
+                            block_size=512, packing=True, valid_fraction=0.5)
+    train, valid, _kind, _name = make_data(settings, seed=0)
+    whole = load_conversation_data(CONVERSATIONS / "messages.jsonl", read_chat_template(gguf_file),
+                                   load_tokenizer(gguf_file), 512, packing=True)
+    assert train.target_tokens + (valid.target_tokens if valid is not None else 0) == whole.target_tokens > 0

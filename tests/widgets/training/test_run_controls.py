@@ -56,6 +56,8 @@ def test_progress_shows_rate_and_time_left(controls):
     controls.set_progress(0.25, 123.45, 75.0, "epoch 1/4")
     assert controls.bar.value() == 250
     assert controls.rate_label.text() == "epoch 1/4 · 123.5 steps/s · 1:15 left"
+    controls.set_progress(0.5, 0.04, 300.0, "epoch 3/6")  # slow steps: seconds per step, not "0.0 steps/s"
+    assert controls.rate_label.text() == "epoch 3/6 · 25 s/step · 5:00 left"
     controls.set_progress(1.5, None, None)
     assert controls.bar.value() == 1000 and controls.rate_label.text() == ""
 
