@@ -147,6 +147,7 @@ class DesignerPanel(QWidget):
         layout.addWidget(self.status)
 
         self.palette.kind_activated.connect(self.add_node)
+        self.canvas.kind_dropped.connect(self.drop_node)
         self.canvas.connect_requested.connect(self.connect_ports)
         self.canvas.nodes_moved.connect(self.move_nodes)
         self.canvas.selection_changed.connect(self._selection_changed)
@@ -314,6 +315,14 @@ class DesignerPanel(QWidget):
             if after is not None and after in d and d.output_ports(after) and d.input_ports(new):
                 d.connect(after, d.output_ports(after)[0], new, d.input_ports(new)[0])
             return new
+
+        return self.edit(f"Add {kind}", fn, select_after=lambda new: [new])
+
+    def drop_node(self, kind: str, x: float, y: float) -> str | None:
+        """A kind dragged from the palette and dropped on the canvas: a new node, unconnected, where
+        it was dropped (its top-left corner at (x, y))."""
+        def fn(d: Design):
+            return d.add_node(kind, None, None, (x, y))
 
         return self.edit(f"Add {kind}", fn, select_after=lambda new: [new])
 

@@ -142,6 +142,10 @@ class MainWindow(QMainWindow):
         data_dir = self.settings.data_dir()
         self.tabs = QTabWidget()
         self.tabs.setObjectName("center-tabs")
+        # every tab's name stays in view at 1024 px (shortened with an ellipsis, the full name in the
+        # tab's tooltip) rather than the last tabs hidden behind scroll arrows
+        self.tabs.tabBar().setUsesScrollButtons(False)
+        self.tabs.tabBar().setElideMode(Qt.TextElideMode.ElideRight)
         self.display = DisplayPanel()
         self.tabs.addTab(self.display, "Display")
         # a build in the designer becomes the document's model (the tree, inspector and training see it)
@@ -156,6 +160,8 @@ class MainWindow(QMainWindow):
         self.generate_panel = GeneratePanel(self.document, self, self.training_panel)  # a language model continues a prompt (app/generate_panel.py)
         self.generate_panel.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.tabs.addTab(self.generate_panel, "Generate")
+        for i in range(self.tabs.count()):
+            self.tabs.setTabToolTip(i, self.tabs.tabText(i))
         self.setCentralWidget(self.tabs)
 
     def _dock(self, name: str, title: str, widget, area) -> QDockWidget:

@@ -5,7 +5,9 @@ configuration is bad) is outlined in red with the message under it. Edges run fr
 port (bottom of a node) to an input port (top) and are labelled with the dims that flow along
 them. The canvas only shows and reports: connecting (click an output port, then an input port,
 or drag from one to the other), moving, deleting, and key commands are emitted as signals and
-the app turns them into undoable edits.
+the app turns them into undoable edits. A kind dragged from the palette and dropped on the canvas
+is emitted as `kind_dropped(kind, x, y)`, the node's top-left corner in scene coordinates (the node
+centred where it was dropped).
 
 Keys (handled while the canvas has focus, ahead of window shortcuts): Delete / Backspace,
 Ctrl+Z, Ctrl+Shift+Z / Ctrl+Y, Ctrl+C, Ctrl+X, Ctrl+V, Ctrl+D (duplicate), Ctrl+A,
@@ -22,6 +24,7 @@ from PySide6.QtWidgets import (QGraphicsEllipseItem, QGraphicsItem, QGraphicsPat
 from engine.design import Analysis, Design
 
 from ..common import monospace_font
+from .palette import kind_from_mime
 
 NODE_W, NODE_H = 190.0, 58.0
 PORT_R = 6.0
@@ -198,6 +201,7 @@ class DesignCanvas(QGraphicsView):
     selection_changed = Signal(list)  # node names
     command_requested = Signal(str)  # see KEYS
     connection_refused = Signal(str)  # a connection the canvas cannot even ask for (input to input, ...)
+    kind_dropped = Signal(str, float, float)  # a palette kind dropped: its top-left corner in the scene
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -208,6 +212,7 @@ class DesignCanvas(QGraphicsView):
         self.setViewportUpdateMode(QGraphicsView.ViewportUpdateMode.FullViewportUpdate)
         self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setAcceptDrops(True)
         self.viewport().setMouseTracking(True)
         self.nodes: dict[str, NodeItem] = {}
         self.edge_items: list[EdgeItem] = []
@@ -301,13 +306,41 @@ class DesignCanvas(QGraphicsView):
         raise KeyError(f"no edge {edge}")
 
     def new_node_position(self) -> tuple[float, float]:
-        """Where a node added from the palette goes: below the selection, or the view's centre."""
+        """Where a node added from the palette goes: below the selection, or the view's centre --
+        moved to the nearest place where it covers no node and no port (`free_position`)."""
         sel = self.selected_nodes()
         if sel:
             item = self.nodes[sel[-1]]
-            return item.x(), item.y() + 90.0
+            return self.free_position(item.x(), item.y() + 90.0)
         c = self.mapToScene(self.viewport().rect().center())
-        return round(c.x() - NODE_W / 2), round(c.y() - NODE_H / 2)
+        return self.free_position(round(c.x() - NODE_W / 2), round(c.y() - NODE_H / 2))
+
+    GAP = 24.0  # the free margin kept around a placed node (its ports stick out PORT_R)
+
+    def _occupied(self) -> list[QRectF]:
+        g = self.GAP
+        return [item.sceneBoundingRect().adjusted(-g, -g, g, g) for item in self.nodes.values()]
+
+    def is_free(self, x: float, y: float) -> bool:
+        """Whether a node at (x, y) would cover no node, no port and no error text."""
+        rect = QRectF(x, y, NODE_W, NODE_H).adjusted(-PORT_R, -PORT_R, PORT_R, PORT_R)
+        return not any(rect.intersects(r) for r in self._occupied())
+
+    def free_position(self, x: float, y: float) -> tuple[float, float]:
+        """(x, y) if a node there covers nothing, else the nearest free place on a grid of node-sized
+        steps around it (rings outward; nearer rings first, then straight below, then right)."""
+        if self.is_free(x, y):
+            return float(x), float(y)
+        dx, dy = NODE_W + self.GAP + 2 * PORT_R, NODE_H + self.GAP + 2 * PORT_R
+        for ring in range(1, 60):
+            cells = [(i, j) for i in range(-ring, ring + 1) for j in range(-ring, ring + 1)
+                     if max(abs(i), abs(j)) == ring]
+            cells.sort(key=lambda c: (c[0] * c[0] * dx * dx + c[1] * c[1] * dy * dy, c[1] < 0, c[0] < 0, c))
+            for i, j in cells:
+                if self.is_free(x + i * dx, y + j * dy):
+                    return float(x + i * dx), float(y + j * dy)
+        box = self.scene().itemsBoundingRect()
+        return float(x), float(box.bottom() + self.GAP + PORT_R)
 
     # ------------------------------------------------------------------ connecting
     def _port_at(self, pos) -> PortItem | None:
@@ -387,6 +420,31 @@ class DesignCanvas(QGraphicsView):
         if moved:
             self._positions.update(moved)
             self.nodes_moved.emit(moved)
+
+    # a kind dragged from the palette
+    def dragEnterEvent(self, event):
+        if kind_from_mime(event.mimeData()) is None:
+            super().dragEnterEvent(event)
+            return
+        event.setDropAction(Qt.DropAction.CopyAction)
+        event.accept()
+
+    def dragMoveEvent(self, event):
+        if kind_from_mime(event.mimeData()) is None:
+            super().dragMoveEvent(event)
+            return
+        event.setDropAction(Qt.DropAction.CopyAction)
+        event.accept()
+
+    def dropEvent(self, event):
+        kind = kind_from_mime(event.mimeData())
+        if kind is None:
+            super().dropEvent(event)
+            return
+        event.setDropAction(Qt.DropAction.CopyAction)
+        event.accept()
+        at = self.mapToScene(event.position().toPoint())
+        self.kind_dropped.emit(kind, float(round(at.x() - NODE_W / 2)), float(round(at.y() - NODE_H / 2)))
 
     def wheelEvent(self, event):
         if event.modifiers() & Qt.KeyboardModifier.ControlModifier:

@@ -1,16 +1,49 @@
 """The palette: every node kind, grouped as Burn's book groups its modules, with a search box.
 
 Typing filters the kinds (by name, group or summary); Enter in the search box, a double click,
-or Enter on a kind emits `kind_activated(kind)`. The palette changes nothing itself.
+or Enter on a kind emits `kind_activated(kind)`. A kind can also be dragged onto the canvas: the
+drag carries `KIND_MIME` (the kind's name) and is offered as a copy. The palette changes nothing
+itself.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QMimeData, Qt, Signal
 from PySide6.QtWidgets import QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
 from engine.design import CATEGORIES, catalog, kinds
 
 KIND_ROLE = Qt.ItemDataRole.UserRole + 1
+KIND_MIME = "application/x-ember-layer-kind"
+
+
+def kind_mime(kind: str) -> QMimeData:
+    """What a drag from the palette carries: the kind's name under `KIND_MIME` (and as text)."""
+    data = QMimeData()
+    data.setData(KIND_MIME, kind.encode("utf-8"))
+    data.setText(kind)
+    return data
+
+
+def kind_from_mime(data: QMimeData | None) -> str | None:
+    """The kind a palette drag carries, or None for anything else."""
+    if data is None or not data.hasFormat(KIND_MIME):
+        return None
+    kind = bytes(data.data(KIND_MIME)).decode("utf-8", "replace").strip()
+    return kind or None
+
+
+class _KindTree(QTreeWidget):
+    """The palette's tree: dragging a kind carries `KIND_MIME`; group headers do not drag."""
+
+    def mimeTypes(self) -> list[str]:
+        return [KIND_MIME, "text/plain"]
+
+    def mimeData(self, items) -> QMimeData | None:
+        found = [it.data(0, KIND_ROLE) for it in items if it.data(0, KIND_ROLE)]
+        return kind_mime(found[0]) if found else None
+
+    def supportedDropActions(self):
+        return Qt.DropAction.CopyAction
 
 
 class Palette(QWidget):
@@ -22,8 +55,11 @@ class Palette(QWidget):
         self.search.setObjectName("palette-search")
         self.search.setPlaceholderText("Search layers (Ctrl+F)…")
         self.search.setClearButtonEnabled(True)
-        self.tree = QTreeWidget()
+        self.tree = _KindTree()
         self.tree.setObjectName("palette-tree")
+        self.tree.setDragEnabled(True)
+        self.tree.setDragDropMode(QTreeWidget.DragDropMode.DragOnly)
+        self.tree.setDefaultDropAction(Qt.DropAction.CopyAction)
         self.tree.setHeaderHidden(True)
         self.tree.setRootIsDecorated(True)
         self._items: dict[str, QTreeWidgetItem] = {}
@@ -40,6 +76,7 @@ class Palette(QWidget):
             for kind in kinds(cat):
                 item = QTreeWidgetItem([kind])
                 item.setData(0, KIND_ROLE, kind)
+                item.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsDragEnabled)
                 item.setToolTip(0, specs[kind].summary or kind)
                 group.addChild(item)
                 self._items[kind] = item
@@ -100,6 +137,10 @@ class Palette(QWidget):
                 if not item.isHidden():
                     out.append(item.data(0, KIND_ROLE))
         return out
+
+    def item_for(self, kind: str) -> QTreeWidgetItem | None:
+        """The tree item that shows `kind` (to scroll to, drag or click)."""
+        return self._items.get(kind)
 
     def current_kind(self) -> str | None:
         item = self.tree.currentItem()
