@@ -11,35 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
 SIZES = ("1024x640", "1366x768", "1600x1000")
 THEMES = ("light", "dark")
-
-
-def start_xvfb():
-    """(process, display name) of a fresh Xvfb, or (None, None) when Xvfb is missing or fails."""
-    xvfb = shutil.which("Xvfb")
-    if xvfb is None:
-        return None, None
-    number = next(n for n in range(170, 230) if not Path(f"/tmp/.X{n}-lock").exists()
-                  and not Path(f"/tmp/.X11-unix/X{n}").exists())
-    proc = subprocess.Popen([xvfb, f":{number}", "-screen", "0", "1920x1200x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sock = Path(f"/tmp/.X11-unix/X{number}")
-    deadline = time.monotonic() + 10
-    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if proc.poll() is not None or not sock.exists():
-        proc.kill()
-        return None, None
-    return proc, f":{number}"
 
 
 def shoot(display: str, out: Path, example: str, size: str, theme: str) -> tuple[Path, str]:
@@ -68,23 +47,27 @@ def main(argv=None) -> int:
     p.add_argument("--example", default="digits")
     p.add_argument("--display", help="use this X display instead of starting Xvfb")
     args = p.parse_args(argv)
-    proc, display = (None, args.display) if args.display else start_xvfb()
+    if args.display:
+        return _shoot_all(args, args.display)
+    sys.path.insert(0, str(ROOT))
+    from tests.app.window_helpers import xvfb_display  # noqa: PLC0415 - the project's one Xvfb start-up
+
+    with xvfb_display() as display:
+        return _shoot_all(args, display)
+
+
+def _shoot_all(args, display) -> int:
     if display is None:
         print("make_window_shots: Xvfb is not installed (or did not start) and no --display was given: "
               "no real-window pictures made", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
-    try:
-        for size in SIZES:
-            for theme in THEMES:
-                png, problem = shoot(display, args.out, args.example, size, theme)
-                print(f"{png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}: {problem or 'ok'}")
-                failed += bool(problem)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(5)
+    for size in SIZES:
+        for theme in THEMES:
+            png, problem = shoot(display, args.out, args.example, size, theme)
+            print(f"{png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}: {problem or 'ok'}")
+            failed += bool(problem)
     return 1 if failed else 0
 
 

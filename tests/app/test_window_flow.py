@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -225,37 +224,15 @@ def child_main(report_path: str) -> int:
 
 
 # ---- the test ----------------------------------------------------------------------------------------------
-def start_xvfb():
-    xvfb = shutil.which("Xvfb")
-    if xvfb is None:
-        return None, None
-    number = next(n for n in range(240, 300) if not Path(f"/tmp/.X{n}-lock").exists()
-                  and not Path(f"/tmp/.X11-unix/X{n}").exists())
-    proc = subprocess.Popen([xvfb, f":{number}", "-screen", "0", "1920x1200x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sock = Path(f"/tmp/.X11-unix/X{number}")
-    deadline = time.monotonic() + 10
-    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if proc.poll() is not None or not sock.exists():
-        proc.kill()
-        return None, None
-    return proc, f":{number}"
-
-
 def test_a_users_flow_in_a_real_window_keeps_the_toolbar_and_controls_in_view(tmp_path):
-    proc, display = start_xvfb()
-    if display is None:
-        pytest.skip("Xvfb is not installed (or did not start): the real-window flow needs an X server")
-    try:
-        env = dict(os.environ, DISPLAY=display, QT_QPA_PLATFORM="xcb", PYQTGRAPH_QT_LIB="PySide6")
-        env.pop("WAYLAND_DISPLAY", None)
+    from tests.app.window_helpers import display_env, xvfb_display
+
+    with xvfb_display() as display:
+        if display is None:
+            pytest.skip("Xvfb is not installed (or did not start): the real-window flow needs an X server")
         out = tmp_path / "report.json"
-        run = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(out)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
-    finally:
-        proc.terminate()
-        proc.wait(5)
+        run = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(out)], cwd=ROOT,
+                             env=display_env(display), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and out.exists(), f"the window's child process failed:\n{run.stdout}\n{run.stderr}"
     report = json.loads(out.read_text())
     assert report["platform"] == "xcb"
