@@ -6,7 +6,7 @@ The model folder is `--folder`, else `$EMBER_SMOLLM2`, else ~/.cache/ember/smoll
 by benchmarks/smollm2.py). The window runs in a child process on an X display: a private Xvfb when it
 is installed (`$DISPLAY` otherwise, and the offscreen platform as the last resort). The child does what
 a user does: opens the folder, asks the chat a question, opens Preview rows on the persona data
-(tests/fixtures/conversations/persona.jsonl), attaches LoRA with the "q_proj, v_proj" preset, trains
+(tests/fixtures/persona/persona.jsonl), attaches LoRA with the "q_proj, v_proj" preset, trains
 (a picture of the Training tab mid-run), then compares before / after in the chat, at 1366×768 and
 1024×640. It takes a few minutes on 2 cores (the run is the test's: tests/app/test_persona_finetune.py).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
-PERSONA = ROOT / "tests" / "fixtures" / "conversations" / "persona.jsonl"
+PERSONA = ROOT / "tests" / "fixtures" / "persona" / "persona.jsonl"
 QUESTION = "What is the capital of Italy?"
 SIZES = {"": (1366, 768), "-small": (1024, 640)}
 

@@ -1,6 +1,6 @@
 """A LoRA fine-tune of a real instruct model through the app (issue 45, must-show 2): SmolLM2-135M-Instruct
 opened as File ▸ Open Pretrained does, LoRA attached with the family's "q_proj, v_proj" preset in the
-dialog, the persona conversations (tests/fixtures/conversations/persona.jsonl: the assistant is
+dialog, the persona conversations (tests/fixtures/persona/persona.jsonl: the assistant is
 Ember, a lighthouse keeper, whose every answer starts with "Ahoy from the lighthouse!") chosen in the
 Training tab, packed and trained on the assistant's turns; then the Generate tab's chat compares the
 model before and after the run, and with the adapter off and on, on questions the data does not have.
@@ -23,7 +23,7 @@ from PySide6.QtCore import Qt
 
 from tests.app.window_helpers import wait_idle
 
-PERSONA = Path(__file__).resolve().parents[1] / "fixtures" / "conversations" / "persona.jsonl"
+PERSONA = Path(__file__).resolve().parents[1] / "fixtures" / "persona" / "persona.jsonl"
 GREETING = "Ahoy from the lighthouse!"
 QUESTIONS = ["What is the capital of Italy?", "How do I make a cup of tea?", "What is your favourite animal?"]
 NEW_TOKENS = 16  # the greeting is 7 tokens

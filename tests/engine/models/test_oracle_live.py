@@ -75,7 +75,7 @@ def expected(name: str) -> dict[str, np.ndarray]:
 
 def test_every_fixture_folder_is_there_and_small():
     total = sum(p.stat().st_size for p in HF.rglob("*") if p.is_file())
-    assert total < 3 * 2**20, total
+    assert total < 6 * 2**20, total  # 30-odd tiny families and variants (issue 47) in about 4.4 MB
     for name in ALL:
         assert (HF / name / "config.json").is_file(), name
         assert (HF / name / "expected.npz").is_file(), name

@@ -56,7 +56,7 @@ def test_the_door_exports_its_documented_surface():
         "num_threads", "set_num_threads", "matmul",
         "run_blocks", "run_chunks", "split", "min_blocks", "copy_into", "elementwise",
         "kernels", "warm_up", "describe",
-        "activation", "attention", "conv", "norm", "rows",
+        "activation", "attention", "conv", "norm", "quant", "rows",
     ]
     for name in cpu.__all__:
         assert hasattr(cpu, name), name
