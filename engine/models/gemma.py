@@ -36,7 +36,7 @@ from ..tensor import Tensor
 from .hf_folder import PretrainedError
 from .llama import LlamaForCausalLM, LlamaMlp, _bool, _number, _positive_int, weight_map as _llama_weight_map
 from .mapping import RopePermute, Rule, WeightMap
-from .pretrained import Family, layer_range
+from .pretrained import Family, decoder_family, layer_range
 from .rope import check_rope_scaling, rope_length, rope_scaling
 
 __all__ = ["GemmaConfig", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GemmaDecoderLayer",
@@ -380,16 +380,8 @@ def weight_map(config: GemmaConfig) -> WeightMap:
 
 
 def _family(name: str) -> Family:
-    return Family(
-        name=name,
-        architectures=(_ARCHITECTURE[name],),
-        model_types=(name,),
-        config_from_json=lambda data, _mt=name: GemmaConfig.from_json(data, _mt),
-        config_to_json=lambda cfg: cfg.to_json(),
-        build=build,
-        weight_map=weight_map,
-        layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
-    )
+    return decoder_family(name, _ARCHITECTURE[name], lambda data, _mt=name: GemmaConfig.from_json(data, _mt), build,
+                          weight_map)
 
 
 FAMILIES = [_family("gemma"), _family("gemma2"), _family("gemma3_text")]

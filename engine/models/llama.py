@@ -29,7 +29,7 @@ from ..module.shape import assert_shape
 from ..tensor import Tensor
 from .hf_folder import MAX_SIZE, PretrainedError
 from .mapping import RopePermute, Rule, Transpose, WeightMap
-from .pretrained import Family, layer_range
+from .pretrained import Family, decoder_family, layer_range
 from .rope import check_rope_scaling, rope_length, rope_scaling
 
 __all__ = [
@@ -480,16 +480,8 @@ def weight_map(config: LlamaConfig) -> WeightMap:
 
 
 def _family(name: str) -> Family:
-    return Family(
-        name=name,
-        architectures=(_ARCHITECTURE[name],),
-        model_types=(name,),
-        config_from_json=lambda data, _mt=name: LlamaConfig.from_json(data, _mt),
-        config_to_json=lambda cfg: cfg.to_json(),
-        build=build,
-        weight_map=weight_map,
-        layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
-    )
+    return decoder_family(name, _ARCHITECTURE[name], lambda data, _mt=name: LlamaConfig.from_json(data, _mt), build,
+                          weight_map)
 
 
 FAMILIES = [_family("llama"), _family("mistral"), _family("qwen2")]

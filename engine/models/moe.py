@@ -33,7 +33,7 @@ from .hf_folder import PretrainedError
 from .llama import (LlamaConfig, LlamaDecoderLayer, LlamaForCausalLM, LlamaMlp, _bool, _positive_int,
                     weight_map as _llama_weight_map)
 from .mapping import RopePermute, Rule, Transform, Transpose, WeightMap
-from .pretrained import Family, layer_range
+from .pretrained import Family, decoder_family, layer_range
 
 __all__ = ["MoeConfig", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MoeDecoderLayer", "ExpertPart", "FAMILIES"]
 
@@ -364,15 +364,8 @@ def torch_name(config: MoeConfig, stored: str) -> str:
 
 
 def _family(name: str) -> Family:
-    return Family(
-        name=name,
-        architectures=(_ARCHITECTURE[name],),
-        model_types=(name,),
-        config_from_json=lambda data, _mt=name: MoeConfig.from_json(data, _mt),
-        config_to_json=lambda cfg: cfg.to_json(),
-        build=build,
-        weight_map=weight_map,
-        layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
+    return decoder_family(
+        name, _ARCHITECTURE[name], lambda data, _mt=name: MoeConfig.from_json(data, _mt), build, weight_map,
         stored_weight_map=stored_weight_map,
         peft_name=peft_name,
         check_peft_adapter=check_peft_adapter,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .hf_folder import PretrainedError
 from .llama import LlamaConfig, LlamaForCausalLM
 from .mapping import RopePermute, Rule, Split, Transpose, WeightMap
-from .pretrained import Family
+from .pretrained import decoder_family
 
 __all__ = ["Phi3Config", "Phi3ForCausalLM", "build", "weight_map", "FAMILIES"]
 
@@ -132,13 +132,4 @@ def weight_map(config: Phi3Config) -> WeightMap:
     return WeightMap(rules, ignore=ignore)
 
 
-FAMILIES = [Family(
-    name="phi3",
-    architectures=("Phi3ForCausalLM",),
-    model_types=("phi3",),
-    config_from_json=Phi3Config.from_json,
-    config_to_json=lambda cfg: cfg.to_json(),
-    build=build,
-    weight_map=weight_map,
-    layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
-)]
+FAMILIES = [decoder_family("phi3", "Phi3ForCausalLM", Phi3Config.from_json, build, weight_map)]

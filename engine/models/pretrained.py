@@ -45,7 +45,7 @@ from .mapping import Rule, WeightMap
 from .refusals import closest_family, refuse_quantized
 
 __all__ = [
-    "FAMILIES", "Family", "PretrainedInfo", "from_pretrained", "layer_range", "peft_task_type", "pretrained_info",
+    "FAMILIES", "Family", "PretrainedInfo", "decoder_family", "from_pretrained", "layer_range", "peft_task_type", "pretrained_info",
     "pretrained_names", "supported_architectures",
 ]
 
@@ -75,6 +75,15 @@ class Family:
     # (config, stored tensor name) -> the parameter's name in transformers' module (the fused experts of a
     # mixture, `mlp.experts.gate_up_proj`), where it is not the stored name (the PyTorch training script)
     torch_name: Callable[[Any, str], str] | None = None
+
+
+def decoder_family(name: str, architecture: str, config_from_json: Callable[[dict], Any], build, weight_map,
+                   model_type: str | None = None, **hooks) -> Family:
+    """The `Family` of a decoder whose config counts `num_hidden_layers` and writes itself back with
+    `to_json()` (the Llama-like families); `hooks`: `Family`'s optional fields."""
+    return Family(name=name, architectures=(architecture,), model_types=(model_type or name,),
+                  config_from_json=config_from_json, config_to_json=lambda cfg: cfg.to_json(), build=build,
+                  weight_map=weight_map, layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers), **hooks)
 
 
 _FAMILY_MODULES = ("llama", "qwen3", "phi3", "gemma", "moe", "gpt2", "bert", "vit")

@@ -21,7 +21,7 @@ from .hf_folder import PretrainedError
 from .llama import LlamaConfig, LlamaForCausalLM, _qwen2_layer_types
 from .llama import weight_map as llama_weight_map
 from .mapping import RopePermute, Rule, WeightMap
-from .pretrained import Family
+from .pretrained import decoder_family
 
 __all__ = ["Qwen3Config", "Qwen3ForCausalLM", "build", "weight_map", "FAMILIES"]
 
@@ -93,13 +93,4 @@ def weight_map(config: Qwen3Config) -> WeightMap:
     return WeightMap(rules, ignore=[p.pattern for p in base.ignore])
 
 
-FAMILIES = [Family(
-    name="qwen3",
-    architectures=("Qwen3ForCausalLM",),
-    model_types=("qwen3",),
-    config_from_json=Qwen3Config.from_json,
-    config_to_json=lambda cfg: cfg.to_json(),
-    build=build,
-    weight_map=weight_map,
-    layers=lambda cfg: ("num_hidden_layers", cfg.num_hidden_layers),
-)]
+FAMILIES = [decoder_family("qwen3", "Qwen3ForCausalLM", Qwen3Config.from_json, build, weight_map)]
