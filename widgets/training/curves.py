@@ -269,6 +269,8 @@ class TrainingCurves(QWidget):
         self.metric_combo = QComboBox()
         self.metric_combo.setObjectName("metric")
         self.metric_combo.setToolTip("The per-epoch metric in the middle plot")
+        # its items change with the model (accuracy, perplexity, ...): sized to them, not to the first shown
+        self.metric_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.metric_combo.addItem(self._metric)
         self.metric_combo.currentTextChanged.connect(self._on_metric)
         self.fit_button = QPushButton("Fit")

@@ -172,3 +172,21 @@ def test_a_run_folder_of_another_model_is_overlaid(curves, tmp_path):
     assert overlay.overlay(empty) is None
     assert "expected a run folder with curves.json" in errors[-1] and str(empty) in errors[-1]
     assert len(curves.runs()) == 3
+
+
+def test_the_metric_box_grows_to_a_longer_metric_name_set_after_it_was_shown(qtbot):
+    """Seen in a real window: "perplexity" was cut in a box sized for "accuracy" when it was first shown."""
+    from widgets.training.curves import TrainingCurves
+
+    curves = TrainingCurves()
+    qtbot.addWidget(curves)
+    curves.show()
+    combo = curves.metric_combo
+    combo.clear()
+    combo.addItem("accuracy")
+    qtbot.wait(10)
+    short = combo.sizeHint().width()
+    combo.addItem("perplexity of the validation set")
+    combo.setCurrentIndex(1)
+    assert combo.sizeHint().width() > short
+    assert combo.sizeHint().width() >= combo.fontMetrics().horizontalAdvance("perplexity of the validation set")
