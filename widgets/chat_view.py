@@ -18,8 +18,10 @@ import html
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QSplitter, QTextBrowser,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QTextBrowser, QVBoxLayout,
+                               QWidget)
+
+from .common import titled_columns
 
 COLUMNS = 2  # the most models compared side by side
 
@@ -128,26 +130,15 @@ class ChatView(QWidget):
         self.system.setMaximumHeight(2 * self.system.fontMetrics().lineSpacing() + 14)  # two lines: room for the chat
         self.system.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
-        self.titles: list[QLabel] = []
-        self.transcripts: list[QTextBrowser] = []
-        self.columns = QSplitter(Qt.Orientation.Horizontal)
+        def transcript(i: int) -> Transcript:
+            t = Transcript()
+            t.setObjectName(f"chat-transcript-{i}")
+            t.setOpenLinks(False)
+            t.setMinimumHeight(80)
+            return t
+
+        self.columns, self.titles, self.transcripts = titled_columns(COLUMNS, transcript, "chat")
         self.columns.setObjectName("chat-columns")
-        for i in range(COLUMNS):
-            box = QWidget()
-            col = QVBoxLayout(box)
-            col.setContentsMargins(0, 0, 0, 0)
-            title = QLabel("")
-            title.setObjectName(f"chat-title-{i}")
-            transcript = Transcript()
-            transcript.setObjectName(f"chat-transcript-{i}")
-            transcript.setOpenLinks(False)
-            transcript.setMinimumHeight(80)
-            col.addWidget(title)
-            col.addWidget(transcript, 1)
-            self.titles.append(title)
-            self.transcripts.append(transcript)
-            self.columns.addWidget(box)
-            self.columns.setCollapsible(i, False)
 
         self.input = QPlainTextEdit()
         self.input.setObjectName("chat-input")

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from PySide6.QtGui import QFont, QFontDatabase
-from PySide6.QtWidgets import QLabel
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 
 def monospace_font(point_size: int | None = None) -> QFont:
@@ -39,3 +40,25 @@ class ErrorLabel(QLabel):
 def count(n: int) -> str:
     """An integer with thousands separators: 36618 -> '36,618'."""
     return f"{int(n):,}"
+
+
+def titled_columns(n: int, make, name: str) -> tuple[QSplitter, list[QLabel], list]:
+    """`n` side-by-side columns, each a title over the widget `make(i)` returns (the Generate tab's
+    compared outputs and chat transcripts); no column can be collapsed away. Object names
+    `<name>-title-<i>`. Returns the splitter, the titles and the widgets."""
+    split = QSplitter(Qt.Orientation.Horizontal)
+    titles, widgets = [], []
+    for i in range(n):
+        box = QWidget()
+        col = QVBoxLayout(box)
+        col.setContentsMargins(0, 0, 0, 0)
+        title = QLabel("")
+        title.setObjectName(f"{name}-title-{i}")
+        widget = make(i)
+        col.addWidget(title)
+        col.addWidget(widget, 1)
+        titles.append(title)
+        widgets.append(widget)
+        split.addWidget(box)
+        split.setCollapsible(i, False)
+    return split, titles, widgets

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayo
 from PySide6.QtCore import Qt
 
 from .chat_view import ChatView
-from .common import ErrorLabel, monospace_font
+from .common import ErrorLabel, monospace_font, titled_columns
 
 # the sampling boxes' values when the model gives none (greedy, 32 new tokens)
 DEFAULTS = {"max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
@@ -121,28 +121,16 @@ class GenerateView(QWidget):
         buttons.addWidget(self.stop_button)
         buttons.addStretch(1)
 
-        self.titles: list[QLabel] = []
-        self.outputs: list[QPlainTextEdit] = []
-        self.output_split = QSplitter(Qt.Orientation.Horizontal)
-        self.output_split.setObjectName("generate-outputs")
-        for i in range(2):
-            box = QWidget()
-            col = QVBoxLayout(box)
-            col.setContentsMargins(0, 0, 0, 0)
-            title = QLabel("")
-            title.setObjectName(f"output-title-{i}")
+        def output(i: int) -> QPlainTextEdit:
             out = QPlainTextEdit()
             out.setObjectName(f"output-{i}")
             out.setReadOnly(True)
             out.setFont(monospace_font())
             out.setMinimumHeight(60)
-            col.addWidget(title)
-            col.addWidget(out, 1)
-            self.titles.append(title)
-            self.outputs.append(out)
-            self.output_split.addWidget(box)
-        self.output_split.setCollapsible(0, False)
-        self.output_split.setCollapsible(1, False)
+            return out
+
+        self.output_split, self.titles, self.outputs = titled_columns(2, output, "output")
+        self.output_split.setObjectName("generate-outputs")
 
         top = QWidget()
         tl = QVBoxLayout(top)
