@@ -222,8 +222,7 @@ def arch_config(file, config: dict) -> None:
         theta = config.pop("rope_theta")
         rope = {"rope_type": "default", **(scaling or {}), "rope_theta": theta}
         if arch != "gemma":
-            n = _SWA_PATTERN[arch]
-            config["layer_types"] = ["sliding_attention" if i % n < n - 1 else "full_attention" for i in range(layers)]
+            config["layer_types"] = _layer_types(file, arch, layers)
             config["sliding_window"] = _int(file, f"{arch}.attention.sliding_window", 4096 if arch == "gemma2" else None)
             config["query_pre_attn_scalar"] = hidden // heads if layers == _BIG[arch] else config["head_dim"]
         if arch == "gemma2":
@@ -236,6 +235,24 @@ def arch_config(file, config: dict) -> None:
                                          "sliding_attention": {"rope_type": "default", "rope_theta": local}}
         else:
             config["rope_parameters"] = rope
+
+
+def _layer_types(file, arch: str, layers: int) -> list[str]:
+    """Each layer's kind: `{arch}.attention.sliding_window_pattern` as a period (layer i slides when
+    i % n < n - 1) or one flag per layer (true: sliding), else llama.cpp's period for the architecture."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    value = file.metadata.get(key, _SWA_PATTERN[arch])
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list):
+        if len(value) != layers or not all(isinstance(v, (bool, int)) for v in value):
+            raise PretrainedError(f"metadata {key!r}: expected {layers} flags (one per layer), found {value!r}",
+                                  where=str(file.path))
+        return ["sliding_attention" if v else "full_attention" for v in value]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PretrainedError(f"metadata {key!r}: expected a positive period or one flag per layer, found {value!r}",
+                              where=str(file.path))
+    return ["sliding_attention" if i % value < value - 1 else "full_attention" for i in range(layers)]
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -256,7 +273,9 @@ def arch_metadata(writer, arch: str, cfg) -> None:
     if arch in ("gemma2", "gemma3"):
         n, layers = _SWA_PATTERN[arch], cfg.num_hidden_layers
         want = ["sliding_attention" if i % n < n - 1 else "full_attention" for i in range(layers)]
-        if list(cfg.layer_types or []) != want:
+        if arch == "gemma3":  # llama.cpp's gemma3 reads the layers' kinds (else five of six slide)
+            writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        elif list(cfg.layer_types or []) != want:
             _refuse(cfg, f"its layer types {cfg.layer_types} are not llama.cpp's {arch} pattern (every layer slides "
                          f"except each {n}th)")
         scale = cfg.hidden_size // cfg.num_attention_heads if layers == _BIG[arch] else cfg.head_dim
