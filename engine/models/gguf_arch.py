@@ -301,7 +301,7 @@ def arch_metadata(writer, arch: str, cfg) -> None:
         if scaling.get("rope_type") == "longrope":
             _refuse(cfg, "Ember does not write Phi-3's longrope factors (rope_factors_long / short)")
         writer.add_rope_scaling_orig_ctx_len(int(cfg.original_max_position_embeddings or cfg.max_position_embeddings))
-        if cfg.sliding_window is not None:
+        if cfg.sliding_window is not None:  # llama.cpp's converter writes it; llama.cpp (0.3.36) attends to all
             writer.add_sliding_window(int(cfg.sliding_window))
     elif arch not in _GEMMA and getattr(cfg, "sliding_window", None) is not None:
         _refuse(cfg, f"llama.cpp's {arch} has no sliding window ('sliding_window' is {cfg.sliding_window})")
