@@ -21,13 +21,23 @@ layout: a "llama" file's q/k rows are already in Ember's order (no permutation);
 `1 + w` (`Offset`); the experts of a layer are one tensor `[experts, rows, cols]` (`ExpertPart`);
 Qwen2-MoE's shared expert gate is a vector.
 
+Metadata beyond the Llama keys: Gemma 2's `attention.sliding_window`, `attn_logit_softcapping`,
+`final_logit_softcapping`; Gemma 3's `attention.sliding_window`, `rope.freq_base_swa` (the sliding
+layers' rope base) and `attention.sliding_window_pattern` written as one flag per layer (llama.cpp
+reads it; a file without it slides five layers of six; a period is read too); the mixtures'
+`expert_count`, `expert_used_count`, `expert_feed_forward_length`, `expert_shared_feed_forward_length`;
+Phi-3's `rope.scaling.original_context_length` and `attention.sliding_window` (which llama.cpp
+0.3.36 does not apply: it attends to the whole context, measured).
+
 What llama.cpp computes that a config could say otherwise, and Ember's export refuses rather than
 write a file llama.cpp would run differently: Gemma 2 / 3's attention scale is `head_dim ** -0.5`
 (`hidden / heads` for the 27 B models: 46 layers of Gemma 2, 62 of Gemma 3), whatever
-`query_pre_attn_scalar` says; Gemma 2 always soft-caps (its defaults 50 and 30), Gemma 3 never does;
-the sliding layers are every other one (Gemma 2) or five of six (Gemma 3); Qwen2-MoE never
-renormalises the chosen experts' weights and Qwen3-MoE / Mixtral always do; every layer of a mixture
-is sparse. (Facts from llama.cpp's llama-model.cpp and src/models/*.cpp, and gguf-py's constants.py.)
+`query_pre_attn_scalar` says (the reader takes that rule too); Gemma 2 always soft-caps (its
+defaults 50 and 30), Gemma 3 never does; Gemma 2's sliding layers are every other one; Qwen2-MoE
+never renormalises the chosen experts' weights and Qwen3-MoE / Mixtral always do (measured against
+llama.cpp); every layer of a mixture is sparse; only Phi-3 and the Gemmas have a sliding window.
+(Facts from llama.cpp's llama-model.cpp and src/models/*.cpp, gguf-py's constants.py, and
+llama-cpp-python 0.3.36 run on Ember's exports.)
 """
 from __future__ import annotations
 
@@ -124,7 +134,7 @@ def _translate(hf: str, arch: str) -> str:
     for pattern, new in (_SANDWICH if arch in ("gemma2", "gemma3") else []) + _NAMES:
         name, n = re.subn(pattern, new, hf)
         if n:
-            return name.replace("{i}", "{i}")
+            return name
     raise PretrainedError(f"the Hugging Face tensor {hf!r} has no llama.cpp name in Ember's {arch} map (an Ember bug)")
 
 
@@ -156,7 +166,8 @@ def gguf_weight_map(arch: str, cfg, hf_map: WeightMap) -> WeightMap:
 def _int(file, key: str, default=None):
     value = file.metadata.get(key, default)
     if value is None:
-        raise PretrainedError(f"metadata {key!r} is missing (a {file.architecture} model needs it)", where=str(file.path))
+        raise PretrainedError(f"metadata {key!r} is missing (a {file.architecture} model needs it)",
+                              where=str(file.path))
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise PretrainedError(f"metadata {key!r}: expected an integer, found {value!r}", where=str(file.path))
     return int(value)
@@ -223,7 +234,8 @@ def arch_config(file, config: dict) -> None:
         rope = {"rope_type": "default", **(scaling or {}), "rope_theta": theta}
         if arch != "gemma":
             config["layer_types"] = _layer_types(file, arch, layers)
-            config["sliding_window"] = _int(file, f"{arch}.attention.sliding_window", 4096 if arch == "gemma2" else None)
+            default = 4096 if arch == "gemma2" else None  # llama.cpp's gemma2 default; its gemma3 needs the key
+            config["sliding_window"] = _int(file, f"{arch}.attention.sliding_window", default)
             config["query_pre_attn_scalar"] = hidden // heads if layers == _BIG[arch] else config["head_dim"]
         if arch == "gemma2":
             config["attn_logit_softcapping"] = _float(file, f"{arch}.attn_logit_softcapping", 50.0)

@@ -4,8 +4,12 @@ The model is the merged one: every parameter's value as the model computes it (a
 DoRA over a weight is folded into it; a weight kept in GGUF blocks is dequantized, unless it is
 written back in its own type unchanged, when its blocks are copied as they are). Each tensor is
 written under llama.cpp's name and in its layout by `gguf_weight_map`'s rules inverted: a "llama"
-file's q/k rows in llama.cpp's interleaved rotary order (Ember's own order), a "qwen2" file's in
-Hugging Face's order (NEOX rotary).
+file's q/k rows in llama.cpp's interleaved rotary order (Ember's own order), the other architectures'
+in Hugging Face's order (NEOX rotary); Gemma's norms as `1 + w`. The parameters of one tensor are
+joined: Phi-3's q, k, v rows into `attn_qkv` and gate, up rows into `ffn_up`; a layer's experts
+stacked into `ffn_{gate,up,down}_exps` `[experts, rows, cols]` (their blocks copied as they are when
+every expert is unchanged in its source type). The architectures and what each refuses:
+engine.models.gguf_arch.
 
 `qtype` picks the type of the matrices: "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
 "Q5_1" (the types the `gguf` package, llama.cpp's own Python writer, quantizes), or "source":
@@ -16,9 +20,10 @@ multiple of the type's block is F16 (llama.cpp's quantizer falls back likewise).
 
 The metadata: the architecture's sizes, rope and norm settings from the model's config, typed as
 llama.cpp's loader checks them (the `GGUFWriter` methods), and the tokenizer (`tokenizer.ggml.*`,
-the chat template `tokenizer.chat_template`) copied from the GGUF file the model was opened from.
-A model of another family, or one opened from a folder (whose tokenizer would need converting), is
-refused before anything is written. The file is written beside the target and moved into place
+the chat template `tokenizer.chat_template`) copied from the GGUF file the model was opened from, or
+the `tokenizer.*` keys given (`tokenizer=`). A model of another family, or one opened from a folder
+without tokenizer keys given (its tokenizer would need converting), is refused before anything is
+written. The file is written beside the target and moved into place
 (`engine.store.atomic.atomic_write`): a cancelled or failed export leaves the old file, if any.
 """
 from __future__ import annotations

@@ -1,20 +1,26 @@
-"""`from_pretrained("model.gguf")`: a Llama-family model from a GGUF file, lazily, kept quantized.
+"""`from_pretrained("model.gguf")`: a decoder model from a GGUF file, lazily, kept quantized.
 
 1. `engine.store.gguf_file.open_gguf` reads the header (metadata and tensor table) and nothing else;
-2. the architecture (`general.architecture`) picks the family: llama.cpp's "llama" (Llama and
-   Mistral files) and "qwen2" build Ember's Llama family; any other is refused, naming it;
+2. the architecture (`general.architecture`) picks the family (engine.models.gguf_arch): llama.cpp's
+   "llama" (Llama and Mistral files; Mixtral with `llama.expert_count`), "qwen2", "qwen3", "phi3",
+   "gemma", "gemma2", "gemma3", "qwen2moe" and "qwen3moe"; any other is refused, naming it;
 3. the sizes, rope and norm settings come from the metadata under the architecture's prefix
    (`llama.block_count`, `llama.embedding_length`, `llama.attention.head_count(_kv)`,
-   `llama.rope.freq_base`, `llama.attention.layer_norm_rms_epsilon`, `llama.context_length`, ...)
-   as a config.json would give them, and the family's own config reader checks them;
+   `llama.rope.freq_base`, `llama.attention.layer_norm_rms_epsilon`, `llama.context_length`, ...,
+   and the architecture's own: experts, soft-caps, windows) as a config.json would give them, and the
+   family's own config reader checks them;
 4. llama.cpp's tensor names (`token_embd`, `blk.N.attn_q`, ..., `output_norm`, `output`) map onto
-   Ember's parameters (`gguf_weight_map`). llama.cpp stores the q/k rows of a "llama" file
-   permuted from Hugging Face's order into interleaved rotary pairs (its converter's `permute`),
-   which is Ember's order: those rows are taken as they are. A "qwen2" file keeps Hugging Face's
-   order (NEOX rotary), which Ember permutes as it does a Hugging Face folder's;
+   Ember's parameters (`gguf_weight_map`: the family's Hugging Face map with llama.cpp's names).
+   llama.cpp stores the q/k rows of a "llama" file permuted from Hugging Face's order into
+   interleaved rotary pairs (its converter's `permute`), which is Ember's order: those rows are taken
+   as they are. The other architectures keep Hugging Face's order (NEOX rotary), which Ember
+   permutes as it does a Hugging Face folder's;
 5. every shape is checked before anything is read; each parameter becomes lazy: a float tensor
    (F32, F16, BF16) is read and widened at first use, a quantized one becomes a `GGUFWeight`
    (its blocks read at first use, kept, and dequantized each time a computation needs the weight).
+   One expert of a stacked experts tensor (`blk.N.ffn_gate_exps` `[experts, rows, cols]`) and one
+   part of a fused one (Phi-3's `attn_qkv`, `ffn_up`) are their own rows of the file, read alone and,
+   when quantized, kept in their blocks like any other weight.
 """
 from __future__ import annotations
 

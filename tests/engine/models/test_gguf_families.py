@@ -312,7 +312,8 @@ def _rewritten(src: Path, dst: Path, drop_tensor: str | None = None, drop_key: s
     for name, field in raw.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture" or name == drop_key:
             continue
-        w.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None)
+        sub = field.types[-1] if len(field.types) > 1 else None
+        w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
     for t in raw.tensors:
         if t.name != drop_tensor:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
