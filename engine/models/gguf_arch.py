@@ -35,7 +35,9 @@ write a file llama.cpp would run differently: Gemma 2 / 3's attention scale is `
 `query_pre_attn_scalar` says (the reader takes that rule too); Gemma 2 always soft-caps (its
 defaults 50 and 30), Gemma 3 never does; Gemma 2's sliding layers are every other one; Qwen2-MoE
 never renormalises the chosen experts' weights and Qwen3-MoE / Mixtral always do (measured against
-llama.cpp); every layer of a mixture is sparse; only Phi-3 and the Gemmas have a sliding window.
+llama.cpp); every layer of a mixture is sparse; the Qwens have no sliding window (a Mistral's is
+left out, as llama.cpp's converter leaves it: llama.cpp attends to the whole context) and biases on
+q, k and v only (llama.cpp refuses a qwen3 file with `attn_output.bias`).
 (Facts from llama.cpp's llama-model.cpp and src/models/*.cpp, gguf-py's constants.py, and
 llama-cpp-python 0.3.36 run on Ember's exports.)
 """
@@ -280,6 +282,10 @@ def _refuse(cfg, what: str) -> None:
 def arch_metadata(writer, arch: str, cfg) -> None:
     """Write the architecture's own metadata keys, after refusing a config llama.cpp would run otherwise."""
     mt = cfg.model_type
+    if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe") and cfg.output_bias:  # llama.cpp: q/k/v biases only
+        _refuse(cfg, f"llama.cpp's {arch} has no bias on the attention output (o_proj), which this model has")
+    if arch != "llama" and getattr(cfg, "mlp_bias", False):
+        _refuse(cfg, f"llama.cpp's {arch} has no biases in the feed-forward block ('mlp_bias' is true)")
     if arch in _GEMMA and cfg.attention_bias:
         _refuse(cfg, "llama.cpp's Gemma has no attention biases ('attention_bias' is true)")
     if arch in ("gemma2", "gemma3"):
@@ -315,7 +321,8 @@ def arch_metadata(writer, arch: str, cfg) -> None:
         writer.add_rope_scaling_orig_ctx_len(int(cfg.original_max_position_embeddings or cfg.max_position_embeddings))
         if cfg.sliding_window is not None:  # llama.cpp's converter writes it; llama.cpp (0.3.36) attends to all
             writer.add_sliding_window(int(cfg.sliding_window))
-    elif arch not in _GEMMA and getattr(cfg, "sliding_window", None) is not None:
+    elif arch not in _GEMMA and arch != "llama" and getattr(cfg, "sliding_window", None) is not None:
+        # (a Mistral's window is left out as llama.cpp's converter leaves it: llama.cpp attends to all)
         _refuse(cfg, f"llama.cpp's {arch} has no sliding window ('sliding_window' is {cfg.sliding_window})")
     if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
         dense = [i for i in range(cfg.num_hidden_layers) if not cfg.is_sparse(i)]

@@ -358,6 +358,7 @@ def _edited(tmp_path: Path, src: Path, **edits) -> Path:
     ("gemma3", {"query_pre_attn_scalar": 8, "final_logit_softcapping": 2.0}, "llama.cpp's gemma3 does not soft-cap"),
     ("qwen2-moe", {}, r"layers \[1\] have a dense feed-forward block"),
     ("qwen3", {"use_sliding_window": True, "sliding_window": 4}, "llama.cpp's qwen3 has no sliding window"),
+    ("qwen3-bias", {}, r"llama.cpp's qwen3 has no bias on the attention output \(o_proj\)"),
 ])
 def test_what_llama_cpp_would_compute_otherwise_is_refused_before_writing(tmp_path, fixture, edits, message):
     model = from_pretrained(_edited(tmp_path, HF / fixture, **edits))
