@@ -18,7 +18,8 @@ The tensor names come from the family's Hugging Face weight map with its names t
 (`_NAMES`), so that each family's layout facts (the fused q/k/v split of Phi-3, the rotary permutation
 of the q/k rows and of the q/k norms' weights) are written once. What differs from the Hugging Face
 layout: a "llama" file's q/k rows are already in Ember's order (no permutation); Gemma's norms hold
-`1 + w` (`Offset`); the experts of a layer are one tensor `[experts, rows, cols]` (`ExpertPart`);
+`1 + w` (`Offset`); the experts of a layer are one tensor `[experts, rows, cols]` (`ExpertPart`; older Mixtral files
+hold one tensor per expert, `blk.N.ffn_gate.E.weight`, which is read too and written stacked);
 Qwen2-MoE's shared expert gate is a vector.
 
 Metadata beyond the Llama keys: Gemma 2's `attention.sliding_window`, `attn_logit_softcapping`,
@@ -53,7 +54,8 @@ from .hf_folder import PretrainedError
 from .mapping import Reshape, RopePermute, Rule, Transform, Transpose, WeightMap
 from .moe import ExpertPart
 
-__all__ = ["ARCHITECTURES", "Offset", "arch_config", "arch_metadata", "export_architecture", "gguf_weight_map"]
+__all__ = ["ARCHITECTURES", "Offset", "arch_config", "arch_metadata", "export_architecture", "gguf_weight_map",
+           "hf_architecture", "per_expert_names"]
 
 # llama.cpp's architecture -> (Ember's model_type, the Hugging Face architecture); a "llama" file with
 # experts is Mixtral (llama.cpp's converter writes Mixtral as "llama")
@@ -140,9 +142,19 @@ def _translate(hf: str, arch: str) -> str:
     raise PretrainedError(f"the Hugging Face tensor {hf!r} has no llama.cpp name in Ember's {arch} map (an Ember bug)")
 
 
-def gguf_weight_map(arch: str, cfg, hf_map: WeightMap) -> WeightMap:
+def per_expert_names(names) -> bool:
+    """Whether a file's tensor names hold its experts one tensor each (`blk.N.ffn_gate.E.weight`: the
+    Mixtral files llama.cpp's converter wrote before it stacked them; llama-cpp-python 0.3.36 no longer
+    loads them, Ember reads them and writes the experts stacked)."""
+    return any(_LEGACY_EXPERT.match(n) for n in names)
+
+
+_LEGACY_EXPERT = re.compile(r"^blk\.[0-9]+\.ffn_(gate|up|down)\.[0-9]+\.weight$")
+
+
+def gguf_weight_map(arch: str, cfg, hf_map: WeightMap, per_expert: bool = False) -> WeightMap:
     """llama.cpp's tensor names <-> Ember's paths for a model of `cfg` whose Hugging Face weight map is
-    `hf_map` (see this file's doc)."""
+    `hf_map` (see this file's doc); `per_expert`: the experts one tensor each (`per_expert_names`)."""
     rules = []
     for rule in hf_map.rules:
         if _EXPERT_RULE.search(rule.hf):
@@ -156,7 +168,11 @@ def gguf_weight_map(arch: str, cfg, hf_map: WeightMap) -> WeightMap:
             transforms = [Reshape((cfg.hidden_size,), (1, cfg.hidden_size))] + transforms
         rules.append(Rule(_translate(rule.hf, arch), rule.ember, transforms))
     n = getattr(cfg, "num_experts", 0) or 0
-    if n and any(_EXPERT_RULE.search(r.hf) for r in hf_map.rules):
+    if n and any(_EXPERT_RULE.search(r.hf) for r in hf_map.rules) and per_expert:
+        for ours, theirs in _EXPERTS.items():
+            rules.append(Rule(f"blk.{{i}}.{theirs.replace('_exps', '')}.{{e}}.weight",
+                              f"layers.{{i}}.mlp.experts.{{e}}.{ours}.weight", [Transpose()]))
+    elif n and any(_EXPERT_RULE.search(r.hf) for r in hf_map.rules):
         for e in range(n):
             for ours, theirs in _EXPERTS.items():
                 rules.append(Rule(f"blk.{{i}}.{theirs}.weight", f"layers.{{i}}.mlp.experts.{e}.{ours}.weight",

@@ -254,8 +254,8 @@ def _group(name: str, members: list, qtype: str, info: PretrainedInfo) -> Planne
             raise PretrainedError(f"tensor {name!r}: {len(members)} of its {first.n_experts * first.parts} experts' "
                                   f"parts found (an Ember bug)")
         shape = first.stored_shape(shapes[0])
-    source_type = info.stored_dtypes.get(name)
-    decisions = [_choose(qtype, p, shape, source_type) for _, p, _ in members]
+    decisions = [_choose(qtype, p, shape, info.stored_dtypes.get(info.gguf_names.get(path, "")))
+                 for _, p, path in members]
     want = decisions[0][0]
     copy = all(d == (want, True) for d in decisions) and (isinstance(first, ExpertPart) or first.axis == 0)
     if not copy:

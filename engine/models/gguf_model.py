@@ -35,7 +35,7 @@ from ..store.errors import RecordError
 from ..store.gguf_file import GGUFFile, GGUFTensor, open_gguf
 from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
-from .gguf_arch import ARCHITECTURES, arch_config, hf_architecture
+from .gguf_arch import ARCHITECTURES, arch_config, hf_architecture, per_expert_names
 from .gguf_arch import gguf_weight_map as arch_weight_map
 from .gguf_weight import GGUFBlocks, GGUFWeight
 from .hf_folder import PretrainedError
@@ -124,12 +124,13 @@ def gguf_config(file: GGUFFile) -> dict:
     return config
 
 
-def gguf_weight_map(arch: str, cfg) -> WeightMap:
-    """llama.cpp's tensor names <-> Ember's paths for a model of `cfg` (see engine.models.gguf_arch)."""
+def gguf_weight_map(arch: str, cfg, names=()) -> WeightMap:
+    """llama.cpp's tensor names <-> Ember's paths for a model of `cfg` (see engine.models.gguf_arch);
+    `names`: the file's tensor names, when reading (older Mixtral files store each expert alone)."""
     fam = next((f for f in FAMILIES if cfg.architecture in f.architectures), None)
     if fam is None:
         raise PretrainedError(f"no family builds a {cfg.architecture} (an Ember bug)")
-    return arch_weight_map(arch, cfg, fam.weight_map(cfg))
+    return arch_weight_map(arch, cfg, fam.weight_map(cfg), per_expert=per_expert_names(names))
 
 
 def _read(file: GGUFFile, name: str) -> np.ndarray:
@@ -247,7 +248,7 @@ def _build(file: GGUFFile, device, dtype: str, check) -> Module:
         cfg = fam.config_from_json(config)
     except PretrainedError as exc:
         raise PretrainedError(f"{exc.reason} (from the GGUF metadata)", where=where) from None
-    wmap = gguf_weight_map(file.architecture, cfg)
+    wmap = gguf_weight_map(file.architecture, cfg, file.tensors)
     tensors = file.tensors
     _check_layers(fam, cfg, wmap, tensors, where)
     model = fam.build(cfg, device)

@@ -378,3 +378,40 @@ def test_a_folder_model_without_tokenizer_metadata_is_refused():
     model = from_pretrained(HF / "qwen3")
     with pytest.raises(PretrainedError, match="opened from a folder"):
         save_gguf(model, "/nonexistent/never.gguf", "F32")
+
+
+def _per_expert(src: Path, dst: Path) -> Path:
+    """The file with its stacked experts written one tensor per expert (`blk.N.ffn_gate.E.weight`), as
+    llama.cpp's converter wrote Mixtral files before it stacked them."""
+    raw = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), raw.fields["general.architecture"].contents())
+    for name, field in raw.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            sub = field.types[-1] if len(field.types) > 1 else None
+            w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for t in raw.tensors:
+        data = np.asarray(t.data)
+        if "_exps." in t.name:
+            for e in range(data.shape[0]):
+                w.add_tensor(t.name.replace("_exps.", f".{e}."), np.ascontiguousarray(data[e]), raw_dtype=t.tensor_type)
+        else:
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_a_mixtral_file_of_one_tensor_per_expert_reads_as_the_stacked_one(built, qtype, tmp_path):
+    stacked = built[1]("mixtral", qtype)
+    legacy = _per_expert(stacked, tmp_path / "legacy.gguf")
+    assert "blk.1.ffn_down.3.weight" in {t.name for t in gguf.GGUFReader(str(legacy)).tensors}
+    a, b = from_pretrained(stacked), from_pretrained(legacy)
+    assert np.array_equal(_logits(a), _logits(b))
+    again = save_gguf(b, tmp_path / "again.gguf", "source", tokenizer=_tokenizer(b.config.vocab_size))
+    with open_gguf(stacked) as x, open_gguf(again) as y:  # written back stacked, the blocks as they were
+        assert sorted(x.tensors) == sorted(y.tensors)
+        for name in x.tensors:
+            assert x.tensors[name].type == y.tensors[name].type and np.array_equal(x.read(name), y.read(name)), name
