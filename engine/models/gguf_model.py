@@ -24,6 +24,7 @@
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -306,10 +307,20 @@ def _build(file: GGUFFile, device, dtype: str, check) -> Module:
 
 
 def gguf_storage(model) -> dict[str, tuple[str, str, int]]:
-    """{Ember parameter path: (GGUF tensor name, ggml type such as "Q4_1", bytes in the file)} of a
+    """{Ember parameter path: (GGUF tensor name, ggml type such as "Q4_1", its bytes in the file)} of a
     model opened from a GGUF file (what a display shows of each weight's quantization); {} for any
-    other model."""
+    other model. A parameter that is part of a tensor (one expert of a stacked experts tensor, one of
+    Phi-3's fused projections) counts its own rows' bytes, so that the bytes add up to the file's."""
     info = pretrained_info(model)
     if info is None or info.gguf is None:
         return {}
-    return {path: (name, info.stored_dtypes[name], info.stored_bytes[name]) for path, name in info.gguf_names.items()}
+    sizes = {path: math.prod(p.lazy_shape()) for path, p in tree_params(model)}
+    shared: dict[str, int] = {}  # tensor name -> the values of the parameters read from it
+    for path, name in info.gguf_names.items():
+        shared[name] = shared.get(name, 0) + sizes.get(path, 0)
+    out = {}
+    for path, name in info.gguf_names.items():
+        total = info.stored_bytes[name]
+        part = total if shared[name] == sizes.get(path) else total * sizes.get(path, 0) // max(shared[name], 1)
+        out[path] = (name, info.stored_dtypes[name], part)
+    return out

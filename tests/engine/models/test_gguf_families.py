@@ -34,7 +34,7 @@ from engine.models import from_pretrained  # noqa: E402
 from engine.models.generate import generate  # noqa: E402
 from engine.models.gguf_export import save_gguf  # noqa: E402
 from engine.models.gguf_lora import save_gguf_lora  # noqa: E402
-from engine.models.gguf_model import gguf_weight_map  # noqa: E402
+from engine.models.gguf_model import gguf_storage, gguf_weight_map  # noqa: E402
 from engine.models.gguf_weight import GGUFWeight  # noqa: E402
 from engine.models.hf_folder import PretrainedError  # noqa: E402
 from engine.module import Lora, Param, ParamGroup  # noqa: E402
@@ -250,6 +250,17 @@ def test_quantized_experts_and_fused_rows_stay_in_blocks_equal_to_gguf_dequantiz
             kept += isinstance(p.reparameterization, GGUFWeight)
         assert np.array_equal(p.val().numpy(), rule.load(full.astype(np.float32))), p_path
     assert kept > 0  # the experts (or Phi-3's fused parts) are kept in their blocks
+    storage = gguf_storage(model)  # each part counts its own rows: the bytes add up to the file's
+    assert sum(nbytes for _, _, nbytes in storage.values()) == sum(int(t.n_bytes) for t in reader.tensors)
+    cfg = model.config
+    if family == "phi3":  # the key rows' share of attn_qkv
+        name, _, nbytes = storage["layers.0.self_attn.key.weight"]
+        rows = cfg.num_key_value_heads, cfg.num_attention_heads + 2 * cfg.num_key_value_heads
+    else:  # one expert of ffn_up_exps
+        name, _, nbytes = storage["layers.0.mlp.experts.1.up_proj.weight"]
+        rows = 1, cfg.num_experts
+    assert name in ("blk.0.attn_qkv.weight", "blk.0.ffn_up_exps.weight")
+    assert nbytes * rows[1] == int(stored[name].n_bytes) * rows[0]
 
 
 @pytest.mark.parametrize("family", ["phi3", "qwen2moe"])
