@@ -5,7 +5,8 @@
 
 `generate` feeds the prompt once, then one token a step, with a key/value cache per layer
 (`nn.KVCache`): each step computes the new position only and attends to the cached keys and
-values of the earlier ones. It runs on the model's `valid()` form with nothing recorded, so it
+values of the earlier ones (a sliding-window layer's cache keeps only its window, so its memory stays
+bounded however many tokens are made). It runs on the model's `valid()` form with nothing recorded, so it
 needs no autodiff and can run on a worker thread (recording is per thread); LoRA and DoRA
 adapters are folded into their weights once per call (the model itself is unchanged).
 

@@ -1,7 +1,8 @@
 """nn.KVCache with nn.MultiHeadAttention: feeding a sequence in pieces through a cache gives the
 context of the whole sequence at once (GQA, rotary, causal, padding mask over the cached
 prefix), the cache holds [batch, n_kv_heads, length, head_dim], grows past its capacity,
-keeps gradients flowing when recording, and refuses keys that do not fit."""
+keeps gradients flowing when recording, and refuses keys that do not fit; a sliding-window layer's
+cache holds only its last window - 1 positions and stays exact."""
 import numpy as np
 import pytest
 
