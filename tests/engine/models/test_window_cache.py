@@ -3,9 +3,10 @@ Mistral, Qwen2 (`use_sliding_window`), Gemma 2 and Gemma 3 keep only their last 
 positions, the global layers every position, and generation stays exact far past the window.
 
 The fixtures are tests/fixtures/hf/{gemma2,gemma3,mistral-swa,qwen2-swa} (window 4, made with
-transformers: see test_gemma.py). The references are transformers' greedy tokens of the fixture's
-prompt and Ember's forward without a cache (every position recomputed, checked against
-transformers' logits with a left-padded mask in test_gemma.py)."""
+transformers by make_window_fixtures.py). The references are transformers' greedy tokens of a
+left-padded batch 50 tokens past its prompts (greedy_batch.npz, `--batch-greedy`) and Ember's
+forward without a cache (every position recomputed, checked against transformers' logits with a
+left-padded mask in test_gemma.py)."""
 from __future__ import annotations
 
 import json
@@ -29,12 +30,12 @@ def _exp(name):
         return {k: data[k] for k in data.files}
 
 
-def _rows(name):
-    """Three prompts of 5, 3 and 1 tokens: one left-padded batch whose first row is the fixture's
-    prompt, unpadded (transformers' greedy continuation of it is in expected.npz)."""
-    e = _exp(name)
-    prompt = e["prompt"][0].tolist()
-    return [prompt, e["input_ids"][0, 5:8].tolist(), e["input_ids"][0, 9:10].tolist()], e["greedy"][0, 5:].tolist()
+def _batch(name):
+    """greedy_batch.npz: three prompts of 5, 3 and 1 tokens (one left-padded batch whose first row is
+    expected.npz's prompt) and transformers' greedy continuation of each, 50 new tokens with its cache."""
+    with np.load(HF / name / "greedy_batch.npz") as d:
+        rows = [r[m.astype(bool)].tolist() for r, m in zip(d["input_ids"], d["attention_mask"])]
+        return rows, d["greedy"][:, d["input_ids"].shape[1]:].tolist()
 
 
 def _longer(name, tmp_path, positions):
@@ -80,22 +81,23 @@ def _step_by_step(model, rows, steps):
 # ---------------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("name", WINDOWED)
 def test_cached_greedy_equals_transformers_and_the_uncached_for_a_left_padded_batch(name):
-    """50 new tokens (55 positions, the window 4): with the bounded cache every row equals the
-    generation without a cache, and the unpadded row's first 10 equal transformers' greedy tokens."""
-    rows, want = _rows(name)
+    """50 new tokens (55 positions, the window 4) of a left-padded batch: with the bounded cache every
+    row equals transformers' greedy tokens and Ember's generation without a cache."""
+    rows, want = _batch(name)
+    assert [len(r) for r in rows] == [5, 3, 1] and [len(w) for w in want] == [50, 50, 50]
+    assert want[0][:10] == _exp(name)["greedy"][0, 5:].tolist()  # the unpadded row: expected.npz's greedy
     model = from_pretrained(HF / name)
     cached = generate(model, None, rows, 50, temperature=0.0, eos_token_id=[])
     full = generate(model, None, rows, 50, temperature=0.0, eos_token_id=[], use_cache=False)
-    assert cached.ids == full.ids
-    assert cached.ids[0][:10] == want
-    assert [len(r) for r in cached.ids] == [50, 50, 50]
+    assert cached.ids == want
+    assert full.ids == want
 
 
 @pytest.mark.parametrize("name", WINDOWED)
 def test_every_step_s_logits_equal_the_forward_without_a_cache(name):
     """The last position's logits of each of 40 steps of a left-padded batch, with the caches and
     from the whole sequence without one, agree within 1e-5."""
-    rows, _ = _rows(name)
+    rows, _ = _batch(name)
     for step, (cached, full, _held) in enumerate(_step_by_step(from_pretrained(HF / name), rows, 40)):
         np.testing.assert_allclose(cached, full, atol=1e-5, rtol=0, err_msg=f"step {step}")
 
@@ -106,7 +108,7 @@ def test_windowed_layers_hold_at_most_the_window_while_global_layers_grow(name):
     """Counted in elements: after every step a windowed layer holds min(length, window - 1)
     positions (rows x kv heads x positions x head_dim key elements) and its buffer stops growing;
     a global layer holds every position."""
-    rows, _ = _rows(name)
+    rows, _ = _batch(name)
     model = from_pretrained(HF / name)
     windows = [layer.self_attn.window for layer in model.layers]
     cfg = model.config
@@ -131,10 +133,10 @@ def test_two_hundred_tokens_with_a_bounded_cache(tmp_path):
     200 greedy tokens of a left-padded batch equal the generation without a cache, and after 200
     steps its local layers hold 3 positions each where its global layer holds 204."""
     model = _longer("gemma3", tmp_path, 256)
-    rows, want = _rows("gemma3")
+    rows, want = _batch("gemma3")
     cached = generate(model, None, rows[:2], 200, temperature=0.0, eos_token_id=[])
     full = generate(model, None, rows[:2], 200, temperature=0.0, eos_token_id=[], use_cache=False)
-    assert cached.ids == full.ids and cached.ids[0][:10] == want
+    assert cached.ids == full.ids and cached.ids[0][:50] == want[0]
     held = _step_by_step(model, rows[:2], 200)[-1][2]
     assert [(length, n) for length, n, _e, _b in held] == [(204, 3), (204, 204), (204, 3)]
 
