@@ -28,7 +28,9 @@ layers' rope base) and `attention.sliding_window_pattern` written as one flag pe
 reads it; a file without it slides five layers of six; a period is read too); the mixtures'
 `expert_count`, `expert_used_count`, `expert_feed_forward_length`, `expert_shared_feed_forward_length`;
 Phi-3's `rope.scaling.original_context_length` and `attention.sliding_window` (which llama.cpp
-0.3.36 does not apply: it attends to the whole context, measured).
+0.3.36 does not apply: it attends to the whole context, measured); Phi-3's longrope as the tensors
+`rope_factors_long` / `rope_factors_short` and `rope.scaling.attn_factor` (llama.cpp takes the long
+factors when its context exceeds the original one, transformers when the sequence does).
 
 What llama.cpp computes that a config could say otherwise, and Ember's export refuses rather than
 write a file llama.cpp would run differently: Gemma 2 / 3's attention scale is `head_dim ** -0.5`
@@ -54,7 +56,8 @@ from .hf_folder import PretrainedError
 from .mapping import Reshape, RopePermute, Rule, Transform, Transpose, WeightMap
 from .moe import ExpertPart
 
-__all__ = ["ARCHITECTURES", "Offset", "arch_config", "arch_metadata", "export_architecture", "gguf_weight_map",
+__all__ = ["ARCHITECTURES", "Offset", "arch_config", "arch_metadata", "arch_tensors", "export_architecture",
+           "gguf_weight_map",
            "hf_architecture", "per_expert_names"]
 
 # llama.cpp's architecture -> (Ember's model_type, the Hugging Face architecture); a "llama" file with
@@ -177,7 +180,7 @@ def gguf_weight_map(arch: str, cfg, hf_map: WeightMap, per_expert: bool = False)
             for ours, theirs in _EXPERTS.items():
                 rules.append(Rule(f"blk.{{i}}.{theirs}.weight", f"layers.{{i}}.mlp.experts.{e}.{ours}.weight",
                                   [ExpertPart(e, n), Transpose()]))
-    return WeightMap(rules, ignore=[r"^rope_freqs\.weight$"])
+    return WeightMap(rules, ignore=[r"^rope_freqs\.weight$", r"^rope_factors_(long|short)\.weight$"])
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -232,12 +235,14 @@ def arch_config(file, config: dict) -> None:
             config["shared_expert_intermediate_size"] = _int(file, f"{arch}.expert_shared_feed_forward_length",
                                                              config["intermediate_size"])
     if arch == "phi3":
-        config["original_max_position_embeddings"] = _int(file, f"{arch}.rope.scaling.original_context_length",
-                                                          config["max_position_embeddings"])
-        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
-            if name in file.tensors:
-                raise PretrainedError(f"the file holds {name!r} (Phi-3's longrope factors), which Ember's GGUF "
-                                      f"reader does not read", where=str(file.path))
+        original = _int(file, f"{arch}.rope.scaling.original_context_length", config["max_position_embeddings"])
+        config["original_max_position_embeddings"] = original
+        factors = [name in file.tensors for name in _LONGROPE]
+        if any(factors):
+            if not all(factors):
+                raise PretrainedError(f"the file holds one of {list(_LONGROPE)} (Phi-3's longrope factors) without "
+                                      f"the other", where=str(file.path))
+            config["rope_scaling"] = _longrope(file, original)
         window = file.metadata.get(f"{arch}.attention.sliding_window")
         if window:
             config["sliding_window"] = _int(file, f"{arch}.attention.sliding_window")
@@ -265,6 +270,29 @@ def arch_config(file, config: dict) -> None:
                                          "sliding_attention": {"rope_type": "default", "rope_theta": local}}
         else:
             config["rope_parameters"] = rope
+
+
+_LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def _longrope(file, original: int) -> dict:
+    """Phi-3's longrope from the factor tensors (one per frequency) and `rope.scaling.attn_factor`."""
+    long, short = (np.asarray(file.read(name), dtype=np.float64).reshape(-1).tolist() for name in _LONGROPE)
+    out = {"rope_type": "longrope", "long_factor": long, "short_factor": short,
+           "original_max_position_embeddings": original}
+    attn = _float(file, f"{file.architecture}.rope.scaling.attn_factor")
+    if attn is not None:
+        out["attention_factor"] = attn
+    return out
+
+
+def arch_tensors(arch: str, cfg) -> dict[str, np.ndarray]:
+    """The tensors an architecture's file holds beyond the parameters: Phi-3's longrope factors."""
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    if arch == "phi3" and scaling.get("rope_type") == "longrope":
+        return {"rope_factors_long.weight": np.asarray(scaling["long_factor"], dtype=np.float32),
+                "rope_factors_short.weight": np.asarray(scaling["short_factor"], dtype=np.float32)}
+    return {}
 
 
 def _layer_types(file, arch: str, layers: int) -> list[str]:
@@ -332,8 +360,8 @@ def arch_metadata(writer, arch: str, cfg) -> None:
         writer.add_rope_freq_base_swa(float(cfg.rope_local_theta))
     if arch == "phi3":
         scaling = cfg.rope_scaling or {}
-        if scaling.get("rope_type") == "longrope":
-            _refuse(cfg, "Ember does not write Phi-3's longrope factors (rope_factors_long / short)")
+        if scaling.get("rope_type") == "longrope":  # the factors are tensors (arch_tensors)
+            writer.add_rope_scaling_attn_factors(float(cfg.rope().scaling.attention_factor))
         writer.add_rope_scaling_orig_ctx_len(int(cfg.original_max_position_embeddings or cfg.max_position_embeddings))
         if cfg.sliding_window is not None:  # llama.cpp's converter writes it; llama.cpp (0.3.36) attends to all
             writer.add_sliding_window(int(cfg.sliding_window))

@@ -40,7 +40,7 @@ from ..store.atomic import atomic_write, os_error_reason
 from ..store.errors import RecordError
 from ..store.gguf_file import GGUFFile, open_gguf
 from ..tensor.raw import array
-from .gguf_arch import arch_metadata, export_architecture
+from .gguf_arch import arch_metadata, arch_tensors, export_architecture
 from .gguf_model import gguf_weight_map
 from .gguf_weight import GGUFWeight
 from .hf_folder import PretrainedError
@@ -126,7 +126,7 @@ def _metadata(writer, arch: str, cfg, source: GGUFFile | None, file_type: int | 
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
-    elif kind is not None:
+    elif kind is not None and not (arch == "phi3" and kind == "longrope"):  # Phi-3's: gguf_arch writes it
         raise PretrainedError(f"rope scaling {kind!r} has no GGUF form in Ember's export (it writes 'linear')")
     writer.add_vocab_size(int(cfg.vocab_size))
     arch_metadata(writer, arch, cfg)
@@ -303,6 +303,8 @@ def save_gguf(model, path, qtype: str = "F16", *, check: Callable[[], None] | No
     source = gguf_source(info) if tokenizer is None or info.gguf is not None else None
     try:
         plan = _plan(model, arch, info, qtype)
+        for name, value in arch_tensors(arch, info.config).items():  # Phi-3's longrope factors
+            plan.append(Planned(name, "F32", value.shape, value.nbytes, lambda v=value: v))
         if qtype == "source":
             file_type = source.metadata.get("general.file_type") if source is not None else None
             file_type = file_type if isinstance(file_type, int) and not isinstance(file_type, bool) else None

@@ -75,8 +75,8 @@ needs_llama_cpp = pytest.mark.skipif(ORACLE is None, reason="llama-cpp-python no
                                                             "(set EMBER_ORACLE_PYTHON)")
 
 
-def _llama_cpp(path: Path, count: int = GREEDY, adapter: Path | None = None) -> tuple[np.ndarray, list[int]]:
-    args = [str(ORACLE), str(ORACLE_SCRIPT), str(path), json.dumps(IDS), str(count)]
+def _llama_cpp(path: Path, count: int = GREEDY, adapter: Path | None = None, ids=IDS) -> tuple[np.ndarray, list[int]]:
+    args = [str(ORACLE), str(ORACLE_SCRIPT), str(path), json.dumps(list(ids)), str(count)]
     run = subprocess.run(args + ([str(adapter)] if adapter is not None else []), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -138,8 +138,8 @@ def built(tmp_path_factory):
     return folder, export
 
 
-def _logits(model) -> np.ndarray:
-    return model.forward(Tensor.from_data(np.array([IDS]), dtype="int64")).numpy()[0]
+def _logits(model, ids=IDS) -> np.ndarray:
+    return model.forward(Tensor.from_data(np.array([list(ids)]), dtype="int64")).numpy()[0]
 
 
 def _greedy(model) -> list[int]:
@@ -223,6 +223,32 @@ def test_llama_cpp_computes_the_f16_export_as_ember_reads_it(built, family):
     rel = np.abs(logits - expected).max() / np.abs(expected).max()
     assert rel <= 1e-2, rel  # measured 6e-4 .. 4.2e-3 (Gemma 2)
     assert ids == _greedy(ours)
+
+
+def test_phi3_longrope_is_written_as_llama_cpps_factor_tensors_and_read_back(tmp_path):
+    model = from_pretrained(HF / "phi3-longrope")
+    path = save_gguf(model, tmp_path / "longrope.gguf", "F32", tokenizer=_tokenizer(model.config.vocab_size))
+    with open_gguf(path) as f:
+        scaling = model.config.rope_scaling
+        assert np.array_equal(f.read("rope_factors_long.weight"), np.float32(scaling["long_factor"]))
+        assert np.array_equal(f.read("rope_factors_short.weight"), np.float32(scaling["short_factor"]))
+        assert f.metadata["phi3.rope.scaling.original_context_length"] == scaling["original_max_position_embeddings"]
+    back = from_pretrained(path)
+    ids = list(range(3, 23))  # past original_max_position_embeddings (16): the long factors
+    for seq in (IDS, ids):
+        assert np.abs(_logits(back, seq) - _logits(model, seq)).max() <= 1e-5
+
+
+@needs_llama_cpp
+def test_llama_cpp_runs_phi3_longrope_as_ember_past_the_original_context(tmp_path):
+    # llama.cpp takes the long factors when its context (n_ctx 64) exceeds the original 16, transformers
+    # and Ember when the sequence does: they agree on sequences longer than 16
+    model = from_pretrained(HF / "phi3-longrope")
+    path = save_gguf(model, tmp_path / "longrope.gguf", "F32", tokenizer=_tokenizer(model.config.vocab_size))
+    ids = list(range(3, 23))
+    logits, _ = _llama_cpp(path, 0, ids=ids)
+    expected = _logits(model, ids)
+    assert np.abs(logits - expected).max() / np.abs(expected).max() <= 1e-5
 
 
 # ---------------------------------------------------------------------------------- quantized
