@@ -225,8 +225,10 @@ def arch_config(file, config: dict) -> None:
         config["num_local_experts" if mt == "mixtral" else "num_experts"] = n
         config["num_experts_per_tok"] = _int(file, f"{arch}.expert_used_count")
         if mt != "mixtral":
+            stacked = file.tensors.get("blk.0.ffn_gate_exps.weight")  # without the key: the experts' rows
+            rows = stacked.shape[1] if stacked is not None and len(stacked.shape) == 3 else None
             config["moe_intermediate_size"] = _int(file, f"{arch}.expert_feed_forward_length",
-                                                   config["intermediate_size"])
+                                                   rows or config["intermediate_size"])
             config["norm_topk_prob"] = mt == "qwen3_moe"  # what llama.cpp computes (see the doc)
             config["mlp_only_layers"] = []
             config["decoder_sparse_step"] = 1

@@ -452,3 +452,11 @@ def test_a_mixtral_file_of_one_tensor_per_expert_reads_as_the_stacked_one(built,
         assert sorted(x.tensors) == sorted(y.tensors)
         for name in x.tensors:
             assert x.tensors[name].type == y.tensors[name].type and np.array_equal(x.read(name), y.read(name)), name
+
+
+def test_an_experts_size_left_out_of_the_metadata_is_the_stacked_tensors(built, tmp_path):
+    src = built[1]("qwen3moe")
+    path = _rewritten(src, tmp_path / "m.gguf", drop_key="qwen3moe.expert_feed_forward_length")
+    a, b = from_pretrained(src), from_pretrained(path)
+    assert b.config.moe_intermediate_size == a.config.moe_intermediate_size != a.config.intermediate_size
+    assert np.array_equal(_logits(a), _logits(b))
