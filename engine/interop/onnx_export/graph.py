@@ -44,7 +44,7 @@ class Graph:
     form `(size, deltas)`), and is computed in the graph when a delta is not 0."""
 
     def __init__(self, trace: Trace, other: Trace | None = None, others: dict | None = None,
-                 symbols: dict | None = None, tables=None, windows=None):
+                 symbols: dict | None = None, tables=None, windows=None, mask_input: int | None = None):
         self.onnx = onnx_module()
         self.h = self.onnx.helper
         self.trace = trace
@@ -57,6 +57,8 @@ class Graph:
         self.base = {s: trace.tensors[trace.inputs[self.symbols[s][0]]].shape[self.symbols[s][1]] for s in self.syms}
         self.tables = list(tables or [])  # (cos, sin) rotary tables to slice by run-time positions
         self.windows = dict(windows or {})  # module path -> its sliding attention window
+        self.mask_input = mask_input  # a language model's attention_mask input: positions read from it
+        self.positions: str | None = None  # their graph value, once made (onnx_export.positions)
         self.nodes: list = []
         self.inits: list = []
         self.names: dict[int, str] = {}
@@ -194,7 +196,7 @@ class Graph:
         arr = np.asarray(array, dtype=dtype)
         self.consts += 1
         n = f"{self.scope}/const_{self.consts}" if self.scope else f"const_{self.consts}"
-        self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(arr), n))
+        self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(arr).reshape(arr.shape), n))  # 0-d kept
         return n
 
     def ints(self, values) -> str:

@@ -55,21 +55,22 @@ def _same(a, b) -> bool:
 
 def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, graph_name: str = "ember", *,
                   others: dict | None = None, symbols: dict | None = None, tables=None, windows=None,
-                  output_names=None):
+                  output_names=None, mask_input: int | None = None):
     """The ONNX `ModelProto` of a trace (checked by `onnx.checker`). `other`, the same forward
     traced at batch + 1, makes the batch axis dynamic: every size that differs between the two
     traces is computed from the input's batch in the graph. `others` / `symbols` generalize it
     (`engine.interop.onnx_export.graph.Graph`): one trace per symbolic dim, each at that dim + 1;
     `tables`: the rotary (cos, sin) tables that run-time positions slice; `windows`: the sliding
     attention window of each module path that has one; `output_names`: the
-    outputs' names (default `output` / `output_<k>`)."""
+    outputs' names (default `output` / `output_<k>`); `mask_input`: a language model's
+    attention-mask input, from which the token positions are computed (`onnx_export.positions`)."""
     for name, o in ({"batch": other} if others is None and other is not None else (others or {})).items():
         why = _aligned(trace, o, leading_batch=others is None)
         if why is not None:
             flag = "dynamic_batch" if name == "batch" else "dynamic_sequence"
             raise OnnxExportError(f"{flag}: the model cannot be exported with a dynamic {name} ({why}); "
                                   f"export with {flag}=False")
-    g = Graph(trace, other, others, symbols, tables, windows)
+    g = Graph(trace, other, others, symbols, tables, windows, mask_input)
     for o in trace.ops:
         g.scope, g.op = o.scope, o
         if o.op not in _SIZED and any(not _same(o.attrs, v.ops[o.index].attrs) for v in g.others.values()):
@@ -158,7 +159,7 @@ def export_onnx(model_or_design, path, example_input=None, dynamic_batch: bool =
                                      input_names, output_names, max_length)
         proto = trace_to_onnx(parts["trace"], None, opset, graph_name=type(model).__name__, others=parts["others"],
                               symbols=parts["symbols"], tables=parts["tables"], windows=parts["windows"],
-                              output_names=parts["output_names"])
+                              output_names=parts["output_names"], mask_input=1)
     else:
         if is_language_model(model):  # a fixed sequence length: the forward of input_ids alone
             input_names = input_names or ["input_ids"]

@@ -72,18 +72,20 @@ def test_the_export_runs_at_other_lengths_and_batches_with_embers_logits(name, t
     assert dims["input_ids"] == ["batch", "sequence"] and dims["attention_mask"] == ["batch", "sequence"]
     assert dims["logits"][:2] == ["batch", "sequence"] and list(dims) == ["input_ids", "attention_mask", "logits"]
     rng = np.random.default_rng(7)
-    feeds, want = {}, {}
+    feeds = {}
     for k, (b, s) in enumerate(SIZES):
         ids = rng.integers(0, 100, size=(b, s)).astype(np.int64)
         mask = np.ones((b, s), dtype=np.int64)
         mask[0, :2] = 0
         feeds[f"run{k}/input_ids"], feeds[f"run{k}/attention_mask"] = ids, mask
-        want[k] = model.forward(Tensor.from_data(ids), Tensor.from_data(mask)).numpy()
     got = _ort_run(path, feeds, tmp_path)
-    for k in want:
-        logits = got[f"run{k}/logits"]
-        assert logits.shape == want[k].shape
-        np.testing.assert_allclose(logits, want[k], atol=1e-4, rtol=0)
+    for k, (b, s) in enumerate(SIZES):
+        logits, ids, mask = got[f"run{k}/logits"], feeds[f"run{k}/input_ids"], feeds[f"run{k}/attention_mask"]
+        assert logits.shape[:2] == (b, s)
+        for r in range(b):  # a left-padded row's real positions: the logits the row has alone
+            real = mask[r] == 1
+            np.testing.assert_allclose(logits[r, real], _alone(model, ids[r, real].tolist()), atol=1e-4, rtol=0,
+                                       err_msg=f"{name} batch {b} length {s} row {r}")
 
 
 @pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "mistral-swa"])
@@ -100,6 +102,60 @@ def test_the_cache_variant_generates_embers_greedy_tokens(name, tmp_path):
     want = generate(model, None, prompt[0], 20, temperature=0, eos_token_id=[])
     assert got["generate/tokens"][0].tolist() == list(want.ids[0] if hasattr(want, "ids") else want)
     assert len(set(got["generate/tokens"][0].tolist())) > 1  # not one repeated token: the cache matters
+
+
+def _left_padded(prompts, pad):
+    width = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), width), pad, dtype=np.int64)
+    mask = np.zeros((len(prompts), width), dtype=np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    return ids, mask
+
+
+def _alone(model, tokens) -> np.ndarray:
+    """Ember's logits `[n, vocab]` of one row of tokens fed alone, unpadded."""
+    return model.forward(Tensor.from_data(np.asarray([tokens], dtype=np.int64))).numpy()[0]
+
+
+def _until_eos(row, eos):
+    row = list(row)
+    return row[:row.index(eos) + 1] if eos in row else row
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "qwen3", "gemma3"])
+def test_left_padded_rows_generate_step_by_step_as_each_does_alone(name, tmp_path):
+    """The cache variant numbers a left-padded row's positions from its first real token (from the
+    attention mask, as transformers' generate): each row's logits at every step are those it has
+    alone, its greedy tokens Ember's and, where the fixture has them, transformers'."""
+    import json  # noqa: PLC0415
+
+    model = _model(name)
+    path = export_onnx(model, tmp_path / f"{name}-cache.onnx", with_cache=True)
+    fixture = HF / name / "generate_expected.json"
+    expected = json.loads(fixture.read_text()) if fixture.exists() else None
+    batch = next((c for c in expected["cases"] if len(c["prompt_ids"]) > 1), None) if expected else None
+    prompts = batch["prompt_ids"] if batch else [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3]]
+    steps = 12
+    ids, mask = _left_padded(prompts, pad=0)
+    got = _ort_run(path, {"generate/prompt": ids, "generate/mask": mask, "generate/steps": np.asarray(steps)},
+                   tmp_path)
+    tokens, logits = got["generate/tokens"], got["generate/logits"]
+    assert logits.shape[1] == ids.shape[1] + steps - 1
+    width = ids.shape[1]
+    for r, p in enumerate(prompts):
+        want = _alone(model, list(p) + tokens[r, :-1].tolist())
+        real = logits[r, width - len(p):]
+        assert real.shape == want.shape
+        np.testing.assert_allclose(real, want, atol=1e-4, rtol=0, err_msg=f"{name} row {r}")
+    ember = generate(model, None, [list(p) for p in prompts], steps, temperature=0, eos_token_id=[])
+    assert tokens.tolist() == [list(r) for r in ember.ids]
+    if batch is not None:  # transformers' greedy tokens of the same left-padded batch, to its stop token
+        eos = expected["eos_token_id"]
+        for r, new in enumerate(batch["new_ids"]):
+            mine = _until_eos(tokens[r].tolist(), eos)
+            theirs = _until_eos(new, eos)[:steps]
+            assert mine == theirs, (name, r, mine, theirs)
 
 
 def test_names_are_an_option_and_other_models_keep_theirs(tmp_path):
