@@ -59,6 +59,7 @@ class Graph:
         self.windows = dict(windows or {})  # module path -> its sliding attention window
         self.mask_input = mask_input  # a language model's attention_mask input: positions read from it
         self.positions: str | None = None  # their graph value, once made (onnx_export.positions)
+        self.reshaped: set = set()  # values whose run-time dims are not the traced ones (no value_info)
         self.nodes: list = []
         self.inits: list = []
         self.names: dict[int, str] = {}
@@ -100,10 +101,14 @@ class Graph:
         return v
 
     def dim_value(self, form) -> str:
-        """A 1-element int64 tensor: the size of `form` at run time."""
+        """A 1-element int64 tensor: the size of `form` at run time (an input's axis of that form read
+        directly, as `past_sequence + sequence` is the attention mask's length, else computed)."""
         d, deltas = form
         if not any(deltas):
             return self.ints([d])
+        axis = self._input_axis(form)
+        if axis is not None:
+            return axis
         c = d - sum(dl * self.base[s] for dl, s in zip(deltas, self.syms))
         v = None
         for dl, s in zip(deltas, self.syms):
@@ -112,6 +117,22 @@ class Graph:
             term = self.sym_value(s) if dl == 1 else self.node("Mul", [self.sym_value(s), self.ints([dl])])
             v = term if v is None else self.node("Add", [v, term])
         return v if not c else self.node("Add", [v, self.ints([c])])
+
+    def _input_axis(self, form):
+        """The run-time size of the first input axis whose form is `form` (None when no input has one)."""
+        for i, tid in enumerate(self.trace.inputs):
+            for k, f in enumerate(self.forms(tid)):
+                if f == form:
+                    key = ("input", i, k)
+                    v = self._sym_values.get(key)
+                    if v is None:
+                        saved, self.scope = self.scope, ""
+                        v = self.node("Slice", [self.node("Shape", [self.name(tid)]), self.ints([k]),
+                                                self.ints([k + 1])])
+                        self.scope = saved
+                        self._sym_values[key] = v
+                    return v
+        return None
 
     def dim_name(self, form, fallback: str):
         d, deltas = form

@@ -117,8 +117,10 @@ def convert(g: Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op na
         return [y]
     if op == "embedding":
         idx = ins["indices"]
-        rows = mask_positions(g) if is_position_index(g, idx) else g.name(idx)
-        return [g.node("Gather", [g.name(ins["weight"]), rows], axis=0)]
+        if is_position_index(g, idx):  # each row's own positions: [batch, ...] where the trace had [1, ...]
+            g.reshaped.add(o.outputs[0])
+            return [g.node("Gather", [g.name(ins["weight"]), mask_positions(g)], axis=0)]
+        return [g.node("Gather", [g.name(ins["weight"]), g.name(idx)], axis=0)]
     if op == "rms_norm":
         ms = _reduce(g, "ReduceMean", g.node("Mul", [x, x]), [len(t[x_id].shape) - 1], True)
         r = g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [ms, g.scalar(a["eps"], x_id)])])])

@@ -23,13 +23,18 @@ def mask_positions(g: Graph) -> str:
     if g.positions is not None:
         return g.positions
     saved, g.scope = g.scope, "positions"
-    ids, mask = (g.name(g.trace.inputs[i]) for i in (0, g.mask_input))
+    mask = g.name(g.trace.inputs[g.mask_input])
     m = g.node("Cast", [mask], to=int(g.onnx.TensorProto.INT64))
-    counted = g.node("Sub", [g.node("CumSum", [m, g.const(np.int64(1))]), g.const(np.int64(1))])
+    f = g.node("Cast", [m], to=int(g.onnx.TensorProto.FLOAT))  # a float count: exact to 2 ** 24 positions
+    summed = g.node("Cast", [g.node("CumSum", [f, g.const(np.int64(1))])], to=int(g.onnx.TensorProto.INT64))
+    counted = g.node("Sub", [summed, g.const(np.int64(1))])
     real = g.node("Not", [g.node("Equal", [m, g.const(np.int64(0))])])
-    every = g.node("Where", [real, counted, g.const(np.int64(0))])
-    seq = g.node("Slice", [g.node("Shape", [ids]), g.ints([1]), g.ints([2])])
-    out = g.node("Slice", [every, g.node("Neg", [seq]), g.ints([np.iinfo(np.int64).max]), g.ints([1])])
+    out = g.node("Where", [real, counted, g.const(np.int64(0))])
+    if "past_sequence" in g.syms:  # the new tokens' columns: Range(0, sequence) + past, gathered
+        seq = g.node("Squeeze", [g.dim_value(g.forms(g.trace.inputs[0])[1]), g.ints([0])])
+        past = g.node("Squeeze", [g.dim_value(_start_form(g)), g.ints([0])])
+        cols = g.node("Add", [g.node("Range", [g.const(np.int64(0)), seq, g.const(np.int64(1))]), past])
+        out = g.node("Gather", [out, cols], axis=1)
     g.scope = saved
     g.positions = out
     return out

@@ -90,11 +90,26 @@ def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, gra
         name = output_names[k] if output_names is not None else "output" if len(trace.outputs) == 1 else f"output_{k}"
         g.nodes.append(g.h.make_node("Identity", [g.name(tid)], [name], name=f"{name}/Identity"))
         outputs.append(value_info(g, tid, name))
-    graph = g.h.make_graph(g.nodes, graph_name, inputs, outputs, initializer=g.inits)
+    nodes, inits = _used(g.nodes, g.inits, [o.name for o in outputs])
+    made = {o for n in nodes for o in n.output}
+    infos = [value_info(g, tid, n) for tid, n in g.names.items() if n in made and tid not in g.reshaped
+             and g.dynamic(tid)] if g.syms else []  # the named dims of every run-time-sized value
+    graph = g.h.make_graph(nodes, graph_name, inputs, outputs, initializer=inits, value_info=infos)
     model = g.h.make_model(graph, opset_imports=[g.h.make_opsetid("", int(opset))], producer_name="ember")
     model.ir_version = min(model.ir_version, 8 if opset <= 17 else model.ir_version)
     g.onnx.checker.check_model(model)
     return model
+
+
+def _used(nodes: list, inits: list, outputs: list) -> tuple:
+    """The nodes and initializers the outputs read (a constant a converter replaced, as the traced
+    positions a language model now reads from its mask, leaves nodes nothing reads)."""
+    need, kept = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output):
+            kept.append(n)
+            need.update(v for v in n.input if v)
+    return kept[::-1], [t for t in inits if t.name in need]
 
 
 def _one_more(x):
