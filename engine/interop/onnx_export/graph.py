@@ -217,7 +217,8 @@ class Graph:
         arr = np.asarray(array, dtype=dtype)
         self.consts += 1
         n = f"{self.scope}/const_{self.consts}" if self.scope else f"const_{self.consts}"
-        self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(arr).reshape(arr.shape), n))  # 0-d kept
+        held = np.ascontiguousarray(arr).reshape(arr.shape)  # a 0-d constant stays 0-d (CumSum's axis)
+        self.inits.append(self.onnx.numpy_helper.from_array(held, n))
         return n
 
     def ints(self, values) -> str:

@@ -50,8 +50,9 @@ def run(model_path: str, feeds: dict) -> dict:
         for o, v in zip(sess.get_outputs(), sess.run(None, feed)):
             out[f"{r}/{o.name}"] = v
     if "generate/prompt" in feeds:
-        out["generate/tokens"], out["generate/logits"] = _greedy(sess, feeds["generate/prompt"],
-                                                                 int(feeds["generate/steps"]), feeds.get("generate/mask"))
+        steps = int(feeds["generate/steps"])
+        out["generate/tokens"], out["generate/logits"] = _greedy(sess, feeds["generate/prompt"], steps,
+                                                                 feeds.get("generate/mask"))
     out["inputs"] = np.asarray([f"{i.name}:{i.shape}" for i in sess.get_inputs()])
     out["outputs"] = np.asarray([f"{o.name}:{o.shape}" for o in sess.get_outputs()])
     return out

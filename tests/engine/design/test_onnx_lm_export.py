@@ -158,6 +158,66 @@ def test_left_padded_rows_generate_step_by_step_as_each_does_alone(name, tmp_pat
             assert mine == theirs, (name, r, mine, theirs)
 
 
+def _cache_positions(mask: np.ndarray, seq: int) -> np.ndarray:
+    """The new tokens' positions as Ember's generate numbers them: each row's real tokens counted."""
+    return np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 0)[:, mask.shape[1] - seq:]
+
+
+# (batch, sequence, past) of each run: two batch sizes, two lengths; with the cache, an empty past and a past
+# whose first row begins with padding
+IMPORT_SIZES = {False: [(1, 4, 0), (3, 7, 0)], True: [(1, 4, 0), (3, 7, 0), (1, 4, 5), (3, 7, 2)]}
+
+
+@pytest.mark.parametrize("with_cache", [False, True], ids=["no-cache", "cache"])
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "mistral-swa", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_embers_own_export_imports_and_gives_onnxruntimes_and_embers_logits(name, with_cache, tmp_path):
+    """`import_onnx` reads back Ember's language-model export (dynamic batch and sequence, run-time Slice,
+    Range, Gather of positions, the mask's `past_sequence + sequence` axis); the imported module's outputs equal
+    onnxruntime's and the model's own (with the cache: the same past, the positions counted from the mask)."""
+    from engine.design import build_model  # noqa: PLC0415
+    from engine.interop import import_onnx  # noqa: PLC0415
+    from engine.nn import KVCache  # noqa: PLC0415
+
+    model = _model(name)
+    n_layers = len(model.layers) if hasattr(model, "layers") else len(model.h)
+    path = export_onnx(model, tmp_path / f"{name}.onnx", with_cache=with_cache)
+    imported = import_onnx(path)
+    assert imported.report.ok and not imported.report.unsupported
+    module = build_model(imported.design).load_record(imported.record).valid()
+    graph = onnx.load(str(path)).graph
+    assert set(imported.report.mapping) == {n.name for n in graph.node}  # every node said, none skipped
+    rng = np.random.default_rng(3)
+    feeds, runs = {}, []
+    for k, (b, s, past) in enumerate(IMPORT_SIZES[with_cache]):
+        mask = np.ones((b, past + s), dtype=np.int64)
+        mask[0, :2] = 0  # the first row left-padded
+        run = {"input_ids": rng.integers(0, 100, size=(b, s)).astype(np.int64), "attention_mask": mask}
+        for v in graph.input[2:]:
+            dims = v.type.tensor_type.shape.dim
+            run[v.name] = rng.standard_normal((b, dims[1].dim_value, past, dims[3].dim_value)).astype(np.float32)
+        feeds.update({f"run{k}/{key}": value for key, value in run.items()})
+        runs.append(run)
+    got_ort = _ort_run(path, feeds, tmp_path)
+    # float32 noise between two runtimes; Gemma 3's larger logits (scaled embeddings, four norms) give 2.6e-5
+    # between onnxruntime and Ember, the imported module in between
+    tol_ember = 5e-5 if name == "gemma3" else 1e-5
+    for k, run in enumerate(runs):
+        y = module.forward(*[Tensor.from_data(run[v.name]) for v in graph.input])
+        got = [t.numpy() for t in (y if isinstance(y, (tuple, list)) else (y,))]
+        assert len(got) == len(graph.output)
+        for v, g in zip(graph.output, got):
+            want = got_ort[f"run{k}/{v.name}"]
+            assert g.shape == want.shape, (v.name, g.shape, want.shape)
+            np.testing.assert_allclose(g, want, atol=1e-5, rtol=0, err_msg=f"{name} run {k} {v.name}")
+        pasts = [run[v.name] for v in graph.input[2:]]
+        caches = [KVCache.holding(Tensor.from_data(pasts[2 * i]), Tensor.from_data(pasts[2 * i + 1]))
+                  for i in range(n_layers)] if with_cache else KVCache.layers(n_layers)
+        ids, mask = run["input_ids"], run["attention_mask"]
+        extra = {} if name == "gpt2" else {"position_ids": Tensor.from_data(_cache_positions(mask, ids.shape[1]))}
+        want = model.forward(Tensor.from_data(ids), Tensor.from_data(mask), caches, **extra).numpy()
+        np.testing.assert_allclose(got[0], want, atol=tol_ember, rtol=0, err_msg=f"{name} run {k} against Ember")
+
+
 def test_names_are_an_option_and_other_models_keep_theirs(tmp_path):
     model = _model("llama-gqa")
     path = export_onnx(model, tmp_path / "named.onnx", input_names=["ids", "mask"], output_names=["scores"])
