@@ -104,58 +104,37 @@ def test_the_cache_variant_generates_embers_greedy_tokens(name, tmp_path):
     assert len(set(got["generate/tokens"][0].tolist())) > 1  # not one repeated token: the cache matters
 
 
-def _left_padded(prompts, pad):
-    width = max(len(p) for p in prompts)
-    ids = np.full((len(prompts), width), pad, dtype=np.int64)
-    mask = np.zeros((len(prompts), width), dtype=np.int64)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    return ids, mask
-
-
 def _alone(model, tokens) -> np.ndarray:
     """Ember's logits `[n, vocab]` of one row of tokens fed alone, unpadded."""
     return model.forward(Tensor.from_data(np.asarray([tokens], dtype=np.int64))).numpy()[0]
 
 
-def _until_eos(row, eos):
-    row = list(row)
-    return row[:row.index(eos) + 1] if eos in row else row
-
-
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "qwen3", "gemma3"])
 def test_left_padded_rows_generate_step_by_step_as_each_does_alone(name, tmp_path):
     """The cache variant numbers a left-padded row's positions from its first real token (from the
-    attention mask, as transformers' generate): each row's logits at every step are those it has
-    alone, its greedy tokens Ember's and, where the fixture has them, transformers'."""
-    import json  # noqa: PLC0415
-
+    attention mask, as transformers' generate): run step by step by onnxruntime on a left-padded batch of
+    prompts of different lengths, each row's logits at every position are those Ember gives the row alone,
+    each step's last logits transformers' generate's (padded_logits.npz, make_padded_logits_fixtures.py),
+    and the greedy tokens Ember's and transformers'."""
     model = _model(name)
     path = export_onnx(model, tmp_path / f"{name}-cache.onnx", with_cache=True)
-    fixture = HF / name / "generate_expected.json"
-    expected = json.loads(fixture.read_text()) if fixture.exists() else None
-    batch = next((c for c in expected["cases"] if len(c["prompt_ids"]) > 1), None) if expected else None
-    prompts = batch["prompt_ids"] if batch else [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3]]
-    steps = 12
-    ids, mask = _left_padded(prompts, pad=0)
+    fixture = np.load(HF / name / "padded_logits.npz")
+    ids, mask, steps = fixture["input_ids"].astype(np.int64), fixture["attention_mask"].astype(np.int64), 12
+    assert fixture["new_ids"].shape == (ids.shape[0], steps) and len(set(mask.sum(axis=1).tolist())) > 1
     got = _ort_run(path, {"generate/prompt": ids, "generate/mask": mask, "generate/steps": np.asarray(steps)},
                    tmp_path)
     tokens, logits = got["generate/tokens"], got["generate/logits"]
-    assert logits.shape[1] == ids.shape[1] + steps - 1
     width = ids.shape[1]
+    assert logits.shape[1] == width + steps - 1
+    np.testing.assert_allclose(logits[:, width - 1:], fixture["logits"], atol=1e-4, rtol=0,
+                               err_msg=f"{name}: each step's last logits against transformers' generate")
+    assert tokens.tolist() == fixture["new_ids"].tolist()
+    prompts = [ids[r, mask[r] == 1].tolist() for r in range(ids.shape[0])]
     for r, p in enumerate(prompts):
-        want = _alone(model, list(p) + tokens[r, :-1].tolist())
-        real = logits[r, width - len(p):]
-        assert real.shape == want.shape
-        np.testing.assert_allclose(real, want, atol=1e-4, rtol=0, err_msg=f"{name} row {r}")
-    ember = generate(model, None, [list(p) for p in prompts], steps, temperature=0, eos_token_id=[])
+        want = _alone(model, p + tokens[r, :-1].tolist())
+        np.testing.assert_allclose(logits[r, width - len(p):], want, atol=1e-4, rtol=0, err_msg=f"{name} row {r}")
+    ember = generate(model, None, prompts, steps, temperature=0, eos_token_id=[])
     assert tokens.tolist() == [list(r) for r in ember.ids]
-    if batch is not None:  # transformers' greedy tokens of the same left-padded batch, to its stop token
-        eos = expected["eos_token_id"]
-        for r, new in enumerate(batch["new_ids"]):
-            mine = _until_eos(tokens[r].tolist(), eos)
-            theirs = _until_eos(new, eos)[:steps]
-            assert mine == theirs, (name, r, mine, theirs)
 
 
 def _cache_positions(mask: np.ndarray, seq: int) -> np.ndarray:
