@@ -90,14 +90,17 @@ class Graph:
         return self.others[self.syms[k]].ops[o.index]
 
     def sym_value(self, s: str) -> str:
-        v = self._sym_values.get(s)
+        return self.input_size(*self.symbols[s])
+
+    def input_size(self, i: int, axis: int) -> str:
+        """A 1-element int64 tensor: axis `axis` of input `i` at run time (one Shape and Slice each)."""
+        v = self._sym_values.get((i, axis))
         if v is None:
-            i, axis = self.symbols[s]
             saved, self.scope = self.scope, ""
             v = self.node("Slice", [self.node("Shape", [self.name(self.trace.inputs[i])]), self.ints([axis]),
                                     self.ints([axis + 1])])
             self.scope = saved
-            self._sym_values[s] = v
+            self._sym_values[(i, axis)] = v
         return v
 
     def dim_value(self, form) -> str:
@@ -123,15 +126,7 @@ class Graph:
         for i, tid in enumerate(self.trace.inputs):
             for k, f in enumerate(self.forms(tid)):
                 if f == form:
-                    key = ("input", i, k)
-                    v = self._sym_values.get(key)
-                    if v is None:
-                        saved, self.scope = self.scope, ""
-                        v = self.node("Slice", [self.node("Shape", [self.name(tid)]), self.ints([k]),
-                                                self.ints([k + 1])])
-                        self.scope = saved
-                        self._sym_values[key] = v
-                    return v
+                    return self.input_size(i, k)
         return None
 
     def dim_name(self, form, fallback: str):

@@ -6,7 +6,8 @@ The design's Input node names each axis on its own, so the mask's length would b
 tensor has, and the attention scores' keys (the past joined to the new positions, `past_sequence +
 sequence`) would not broadcast with it. Each such input is read through a Slice to its own length
 whose end is the sum's size, taken at run time from one Range per named axis joined end to end:
-the same tensor, its axis now the sum of the named axes."""
+the same tensor, its axis now the sum of the named axes. The file's sum is taken at its word, as a
+`dim_param` is: an input longer than the sum is cut to it (onnxruntime would refuse it where it broadcasts)."""
 from __future__ import annotations
 
 import re
