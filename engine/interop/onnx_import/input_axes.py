@@ -6,8 +6,9 @@ The design's Input node names each axis on its own, so the mask's length would b
 tensor has, and the attention scores' keys (the past joined to the new positions, `past_sequence +
 sequence`) would not broadcast with it. Each such input is read through a Slice to its own length
 whose end is the sum's size, taken at run time from one Range per named axis joined end to end:
-the same tensor, its axis now the sum of the named axes. The file's sum is taken at its word, as a
-`dim_param` is: an input longer than the sum is cut to it (onnxruntime would refuse it where it broadcasts)."""
+the same tensor, its axis now the sum of the named axes. An input whose axis is longer than the sum is refused
+when the model runs (the Slice is `exact`: it checks the axis is the sum), as onnxruntime
+refuses it where it broadcasts; so is a shorter one."""
 from __future__ import annotations
 
 import re
@@ -53,4 +54,5 @@ def relabel_sums(imp, graph_inputs) -> None:
                                                         "axis": 0}, parts, joined)
             imp.add("Op", f"{name}_as_sum", "Slice", {"op": "Slice", "inputs": 2, "operands": "in0,in1",
                                                       "constants": "", "starts": [0], "ends": [0], "axes": [k],
-                                                      "steps": [1], "shape": [-2]}, [name, joined], name)
+                                                      "steps": [1], "shape": [-2], "mode": "exact"},
+                    [name, joined], name)

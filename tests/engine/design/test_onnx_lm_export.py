@@ -197,6 +197,32 @@ def test_embers_own_export_imports_and_gives_onnxruntimes_and_embers_logits(name
         np.testing.assert_allclose(got[0], want, atol=tol_ember, rtol=0, err_msg=f"{name} run {k} against Ember")
 
 
+def test_an_imported_cache_export_refuses_a_mask_longer_than_the_past_and_the_new_tokens(tmp_path):
+    """The mask's axis is `past_sequence + sequence` in the file: a longer mask is refused naming both sizes
+    (onnxruntime refuses it too), never cut silently to the sum."""
+    from engine.design import build_model  # noqa: PLC0415
+    from engine.interop import import_onnx  # noqa: PLC0415
+
+    model = _model("llama-gqa")
+    path = export_onnx(model, tmp_path / "llama.onnx", with_cache=True)
+    imported = import_onnx(path)
+    module = build_model(imported.design).load_record(imported.record).valid()
+    graph = onnx.load(str(path)).graph
+    b, s, past = 2, 3, 4
+
+    def run(mask_length):
+        feeds = [Tensor.from_data(np.ones((b, s), dtype=np.int64)),
+                 Tensor.from_data(np.ones((b, mask_length), dtype=np.int64))]
+        for v in graph.input[2:]:
+            dims = v.type.tensor_type.shape.dim
+            feeds.append(Tensor.from_data(np.zeros((b, dims[1].dim_value, past, dims[3].dim_value), np.float32)))
+        return module.forward(*feeds)
+
+    run(past + s)  # the sum: runs
+    with pytest.raises(Exception, match=r"must be 7, found 9"):
+        run(past + s + 2)
+
+
 def test_names_are_an_option_and_other_models_keep_theirs(tmp_path):
     model = _model("llama-gqa")
     path = export_onnx(model, tmp_path / "named.onnx", input_names=["ids", "mask"], output_names=["scores"])
