@@ -85,6 +85,17 @@ class Phi3Config(LlamaConfig):
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3: the Llama architecture, its q/k/v and gate/up projections fused in the files."""
 
+    def lora_shared_a(self) -> dict[str, str]:
+        """The parts of each fused module share one LoRA `a` factor, as peft's one LoRA over
+        `qkv_proj` / `gate_up_proj` has one A (engine.module.lora)."""
+        out = {}
+        for i in range(len(self.layers)):
+            for part in ("query", "key", "value"):
+                out[f"layers.{i}.self_attn.{part}.weight"] = f"layers.{i}.self_attn.qkv_proj"
+            for part in ("gate_proj", "up_proj"):
+                out[f"layers.{i}.mlp.{part}.weight"] = f"layers.{i}.mlp.gate_up_proj"
+        return out
+
     @property
     def cache_recompute_length(self) -> int | None:
         """With longrope: the sequence length at which generation rebuilds its key/value cache from

@@ -94,6 +94,7 @@ class ModelStats:
 
     def __init__(self, module: Any):
         self.by_path: dict[str, ParamStats] = {}
+        self._seen: set = set()  # parameter ids counted: a tied parameter (held at several places) counts once
         if module is not None:
             self._walk(module, "", [self._get("")])
 
@@ -109,6 +110,10 @@ class ModelStats:
                 continue  # flags and constants hold no parameters
             p = join(path, seg)
             s = self._get(p)
+            if kind is FieldKind.PARAM:
+                if v.id in self._seen:
+                    continue  # tied: counted at its first path (its other places show no parameters)
+                self._seen.add(v.id)
             if isinstance(v, NF4Weight) or getattr(type(v), "PACKED_STORAGE", False):
                 # QLoRA's packed bytes (or a GGUF weight's blocks) stand for the base weight, which
                 # is counted already: their numbers stay on their own nodes

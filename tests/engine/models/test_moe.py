@@ -316,8 +316,8 @@ def test_a_peft_adapter_made_on_transformers_5_loads_with_peft_logits(name):
 
 
 def test_an_ember_lora_on_mixtrals_experts_and_router_saves_and_loads_in_peft(tmp_path):
-    """all-linear: attention, the router (written as target_parameters, as peft names it) and every expert's
-    w1 / w2 / w3 (which transformers 5 fuses when it loads the adapter). Optional part: peft's logits."""
+    """all-linear: attention, the router and every expert's w1 / w2 / w3, written as peft's LoRA on transformers 5's
+    fused experts (target_parameters mlp.experts.gate_up_proj / down_proj). Optional part: peft's logits."""
     from engine.models import load_peft_adapter, save_peft_adapter  # noqa: PLC0415
     from engine.models.peft import peft_lora  # noqa: PLC0415
 
@@ -329,8 +329,9 @@ def test_an_ember_lora_on_mixtrals_experts_and_router_saves_and_loads_in_peft(tm
     assert np.abs(ours - e["logits"]).max() > 0.05
     out = save_peft_adapter(tuned, tmp_path / "a")
     cfg = json.loads((out / "adapter_config.json").read_text())
-    assert cfg["target_parameters"] == ["model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"]
-    assert "model.layers.0.block_sparse_moe.experts.2.w3" in cfg["target_modules"]
+    assert cfg["target_parameters"] == [f"model.layers.{i}.mlp.{p}" for i in (0, 1) for p in
+                                        ("experts.down_proj", "experts.gate_up_proj", "gate.weight")]
+    assert not any("experts" in m for m in cfg["target_modules"])
     np.testing.assert_allclose(_logits(load_peft_adapter(model, out), e), ours, rtol=0, atol=ATOL)
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -346,13 +347,10 @@ def test_an_ember_lora_on_mixtrals_experts_and_router_saves_and_loads_in_peft(tm
 
 
 @pytest.mark.parametrize("name, targets, message", [
-    ("qwen2-moe", "all-linear", r"LoRA on the experts \('model.layers.0.mlp.experts.0.down_proj', ...\) cannot be "
-                                r"written for a Qwen2MoeForCausalLM"),
-    ("qwen3-moe", ["gate_proj"], r"cannot be written for a Qwen3MoeForCausalLM"),
-    ("mixtral", ["w1", "w3"], r"'model.layers.0.block_sparse_moe.experts.0.' adapts w1, w3: a Mixtral expert's "
-                              r"adapter is written with w1, w2 and w3"),
+    ("qwen3-moe", ["gate_proj"], r"'model.layers.1.mlp.gate_proj' \(a layer of mlp_only_layers\) cannot be written "
+                                 r"for a Qwen3MoeForCausalLM"),
 ])
-def test_expert_loras_transformers_would_load_wrongly_are_refused(name, targets, message, tmp_path):
+def test_loras_transformers_would_load_wrongly_are_refused(name, targets, message, tmp_path):
     from engine.models import save_peft_adapter  # noqa: PLC0415
     from engine.models.peft import peft_lora  # noqa: PLC0415
 
@@ -398,7 +396,7 @@ def test_a_qwen_router_and_shared_expert_lora_round_trips(tmp_path):
     np.testing.assert_allclose(_logits(load_peft_adapter(model, out), e), _logits(tuned, e), rtol=0, atol=ATOL)
 
 
-def test_lora_on_fused_expert_parameters_is_refused_by_name(tmp_path):
+def test_a_target_parameter_no_weight_answers_to_is_refused_by_name(tmp_path):
     import shutil  # noqa: PLC0415
 
     from engine.models import load_peft_adapter  # noqa: PLC0415
@@ -406,10 +404,10 @@ def test_lora_on_fused_expert_parameters_is_refused_by_name(tmp_path):
     folder = tmp_path / "a"
     shutil.copytree(PEFT / "mixtral-lora-moe", folder)
     cfg = json.loads((folder / "adapter_config.json").read_text())
-    cfg["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    cfg["target_parameters"] = ["gate.weight", "mlp.experts.gate_proj"]
     (folder / "adapter_config.json").write_text(json.dumps(cfg))
-    with pytest.raises(PretrainedError, match=r"LoRA on parameter 'mlp.experts.gate_up_proj' \(target_parameters\) "
-                                              r"is not supported"):
+    with pytest.raises(PretrainedError, match=r"LoRA on parameter 'mlp.experts.gate_proj' \(target_parameters\) "
+                                              r"is not supported: no weight of this model answers to it \(.*gate_up_proj"):
         load_peft_adapter(from_pretrained(HF / "mixtral"), folder)
 
 
