@@ -49,20 +49,22 @@ from tests.engine.models.test_training_script import _find_torch_python
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 STEPS, LR, WEIGHT_DECAY, EPS = 20, 5e-3, 0.01, 1e-8
 TOL = 1e-5
-PHI3_TARGETS = ["o_proj", "down_proj"]
 # the mixtures: attention and the router (peft's target_parameters) everywhere, Qwen2-MoE's shared expert and
 # dense layer too; not Qwen3-MoE's dense layer (mlp_only_layers), whose gate_proj / up_proj / down_proj adapter
 # transformers 5 + peft turn into target_parameters on the experts' fused parameters when they load it (so
 # Ember refuses to write it, test_moe.py)
 EXPERTS_OUT = {"target_modules": "all-linear", "exclude_modules": r".*experts\..*"}
 ATTENTION_AND_ROUTER = {"target_modules": "all-linear", "exclude_modules": r".*\.mlp\.(?!gate$).*|.*experts\..*"}
-FAMILIES = {"qwen3": "all-linear", "qwen3-bias": "all-linear", "phi3": PHI3_TARGETS, "phi3-longrope": PHI3_TARGETS,
+FAMILIES = {"qwen3": "all-linear", "qwen3-bias": "all-linear", "phi3": "all-linear", "phi3-longrope": "all-linear",
             "llama-yarn": "all-linear", "llama-dynamic": "all-linear", "llama-longrope": "all-linear",
             "gemma": "all-linear", "gemma2": "all-linear", "gemma3": "all-linear", "mistral-swa": "all-linear",
             "qwen2-swa": "all-linear", "mixtral": EXPERTS_OUT, "qwen2-moe": EXPERTS_OUT,
             "qwen3-moe": ATTENTION_AND_ROUTER}
 # runs on another run's fixture with other targets: {run: (base fixture, targets)}
-VARIANTS = {"mixtral-experts": ("mixtral", "all-linear")}
+VARIANTS = {"mixtral-experts": ("mixtral", "all-linear"), "qwen2-moe-experts": ("qwen2-moe", "all-linear"),
+            "qwen3-moe-experts": ("qwen3-moe", {"target_modules": "all-linear",
+                                                "exclude_modules": r".*\.mlp\.(gate_proj|up_proj|down_proj)"}),
+            "phi3-fused-parts": ("phi3", ["qkv_proj", "gate_up_proj"])}
 # runs that start from a peft-written adapter: {run: (base fixture, adapter folder)}
 FROM_PEFT = {"phi3-fused": ("phi3", HF.parent / "peft" / "phi3-all-linear")}
 
@@ -125,8 +127,11 @@ def _ember_run(name: str, targets, folder: Path, adapter: Path | None = None) ->
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """{family: (Ember's losses, folder)}, with PyTorch + peft's run beside Ember's in each folder."""
+def runs(tmp_path_factory, request):
+    """{family: (Ember's losses, folder)}, with PyTorch + peft's run beside Ember's in each folder: the runs
+    of the tests selected (`-k phi3`), in one PyTorch subprocess."""
+    chosen = {item.callspec.params["name"] for item in request.session.items
+              if item.originalname == "test_twenty_lora_adamw_steps_match_pytorch_and_peft"}
     python = _find_torch_python()
     if python is None:
         pytest.skip("no Python with torch + transformers + peft (this one, $EMBER_ORACLE_PYTHON or "
@@ -137,6 +142,8 @@ def runs(tmp_path_factory):
     runs += [(run, base, targets, None) for run, (base, targets) in VARIANTS.items()]
     runs += [(run, base, None, adapter) for run, (base, adapter) in FROM_PEFT.items()]
     for run, name, targets, adapter in runs:
+        if run not in chosen:
+            continue
         folder = root / run
         folder.mkdir()
         out[run] = (_ember_run(name, targets, folder, adapter), folder)
@@ -150,11 +157,7 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, pytest.param("phi3-fused", marks=pytest.mark.xfail(
-    strict=True, reason="Ember gives q, k, v (gate, up) each its own copy of a fused module's A; peft trains one")),
-    pytest.param("mixtral-experts", marks=pytest.mark.xfail(
-        strict=True, reason="transformers 5 + peft load Ember's per-expert w1 / w2 / w3 adapter onto the fused expert "
-                            "parameters (target_parameters gate_up_proj, down_proj): the same first loss, other steps"))])
+@pytest.mark.parametrize("name", [*FAMILIES, *VARIANTS, *FROM_PEFT])
 def test_twenty_lora_adamw_steps_match_pytorch_and_peft(runs, name):
     ember, folder = runs[name]
     theirs = json.loads((folder / "torch_losses.json").read_text())
