@@ -52,9 +52,10 @@ from __future__ import annotations
 
 from .peft_full import full_candidates, peft_full_paths, peft_train_fully
 from .peft_read import MAX_ALPHA, MAX_RANK, load_peft_adapter
-from .peft_targets import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, peft_lora, peft_targets, target_group
+from .peft_targets import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, FusedExpert, PeftTarget, fused_tensor_prefixes,
+                           peft_lora, peft_targets, target_group)
 from .peft_write import save_peft_adapter
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "MAX_ALPHA", "MAX_RANK", "PREFIX", "PeftTarget", "full_candidates",
-           "load_peft_adapter",
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "MAX_ALPHA", "MAX_RANK", "PREFIX", "FusedExpert", "PeftTarget",
+           "full_candidates", "fused_tensor_prefixes", "load_peft_adapter",
            "peft_full_paths", "peft_lora", "peft_targets", "peft_train_fully", "save_peft_adapter", "target_group"]

@@ -10,6 +10,7 @@ tests/engine/models/test_moe.py` with a Python that has torch, transformers and 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -418,3 +419,78 @@ def test_onnx_export_refuses_the_routing_by_name(tmp_path):
     with pytest.raises(OnnxExportError, match=r"'layers\.0\.mlp' is a mixture of experts \(SparseMoe\)"):
         export_onnx(model, tmp_path / "m.onnx", Tensor.from_data(np.zeros((1, 4), dtype=np.int64)))
     assert not (tmp_path / "m.onnx").exists()
+
+
+# ---------------------------------------------------------------------------------- LoRA on the fused experts
+PEFT_SIDE = """
+import json, sys
+import numpy as np, torch, transformers, peft
+base = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, attn_implementation="eager")
+model = peft.PeftModel.from_pretrained(base, sys.argv[2]).eval()
+e = np.load(sys.argv[3])
+with torch.no_grad():
+    logits = model(input_ids=torch.from_numpy(e["input_ids"]), attention_mask=torch.from_numpy(e["attention_mask"]))
+np.save(sys.argv[4], logits.logits.numpy())
+"""
+
+
+@pytest.mark.parametrize("name, base", [("qwen3-moe-experts", "qwen3-moe"), ("qwen2-moe-experts", "qwen2-moe")])
+def test_peft_lora_on_the_fused_experts_loads_with_peft_logits_and_saves_back(name, base, tmp_path):
+    """peft's LoRA on transformers 5's fused experts (target_parameters mlp.experts.gate_up_proj / down_proj, a
+    ParamWrapper each: lora_A [r * experts, in], lora_B [out, r * experts]) loads as per-expert LoRAs whose gate
+    and up share one A, with peft's logits; Ember's save holds the same tensors under the same names and config."""
+    from engine.models import load_peft_adapter, save_peft_adapter  # noqa: PLC0415
+    from tests.engine.models.test_peft import _tensors  # noqa: PLC0415
+
+    adapter = PEFT / name
+    tuned = load_peft_adapter(from_pretrained(HF / base), adapter)
+    e = np.load(adapter / "expected.npz")
+    rows = e["attention_mask"].astype(bool)  # padded positions: transformers and Ember differ there
+    ours = _logits(tuned, e)
+    diff = float(np.abs(ours - e["logits"])[rows].max())
+    print(f"{name}: |Ember - peft| logits {diff:.1e}")
+    assert diff <= 1e-5
+    assert np.abs(e["logits"] - _exp(base)["logits"])[rows].max() > 0.5  # the experts' LoRA moves the logits
+    expert = tuned.layers[0].mlp.experts[1]
+    a = expert.gate_proj.weight.reparameterization.a
+    assert a is expert.up_proj.weight.reparameterization.a
+    assert a is not expert.down_proj.weight.reparameterization.a
+    assert a is not tuned.layers[0].mlp.experts[0].gate_proj.weight.reparameterization.a
+    out = save_peft_adapter(tuned, tmp_path / "a")
+    mine, theirs = _tensors(out / "adapter_model.safetensors"), _tensors(adapter / "adapter_model.safetensors")
+    assert sorted(mine) == sorted(theirs)
+    assert max(float(np.abs(mine[k] - theirs[k]).max()) for k in theirs) == 0.0
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["target_parameters"] == [f"model.layers.{i}.mlp.experts.{p}" for i in (0, 2)
+                                        for p in ("down_proj", "gate_up_proj")]
+    assert not any("experts" in m for m in cfg["target_modules"])
+    np.testing.assert_allclose(_logits(load_peft_adapter(from_pretrained(HF / base), out), e), ours, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, base", [("qwen3-moe-experts", "qwen3-moe"), ("qwen2-moe-experts", "qwen2-moe")])
+def test_embers_save_of_a_fused_experts_lora_loads_in_peft_with_embers_logits(name, base, tmp_path):
+    """Ember's save of an experts LoRA it trained a step (B no longer peft's) loaded by transformers 5 + peft 0.21 (the
+    oracle Python in a subprocess; skipped visibly without one): the logits agree to 1e-5."""
+    import subprocess  # noqa: PLC0415
+
+    from engine import optim  # noqa: PLC0415
+    from engine.models import load_peft_adapter, save_peft_adapter  # noqa: PLC0415
+    from tests.engine.models.test_training_script import _torch_side  # noqa: PLC0415
+
+    python = _torch_side()
+    tuned = load_peft_adapter(from_pretrained(HF / base), PEFT / name).train()
+    e = np.load(PEFT / name / "expected.npz")
+    d = tuned.forward(Tensor.from_data(e["input_ids"])) - 1.0
+    tuned = optim.AdamConfig().init().step(0.05, tuned, optim.GradientsParams.from_grads((d * d).mean().backward(),
+                                                                                         tuned))
+    ours = _logits(tuned, e)
+    assert np.abs(ours - e["logits"]).max() > 0.05
+    out = save_peft_adapter(tuned, tmp_path / "a")
+    proc = subprocess.run([python, "-c", PEFT_SIDE, str(HF / base), str(out), str(PEFT / name / "expected.npz"),
+                           str(tmp_path / "theirs.npy")], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=""))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = e["attention_mask"].astype(bool)
+    diff = float(np.abs(np.load(tmp_path / "theirs.npy") - ours)[rows].max())
+    print(f"{name}: Ember's save in peft, |peft - Ember| logits {diff:.1e}")
+    assert diff <= 1e-5
