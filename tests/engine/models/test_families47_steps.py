@@ -14,19 +14,23 @@ same 20 steps with `torch.optim.AdamW` in a plain loop (not through the exported
 losses and `save_pretrained`s the final adapter. Every loss and every tensor of the two final adapters
 (peft's names and layouts: Ember's save undoes its rope permutation and transposes) agree to 1e-5.
 
-Phi-3's fused `qkv_proj` / `gate_up_proj` take a LoRA on `o_proj` / `down_proj` only in the main runs:
-Ember trains one LoRA per part of a fused module (q, k, v each with its own copy of A), peft one over
-the fused module (one A), so the two trainings part after the first step (the exported script refuses
-that case for the same reason, see test_families47_script.py). `phi3-fused` starts both sides from
-peft's own all-linear adapter (tests/fixtures/peft/phi3-all-linear): the first loss agrees, the later
-ones do not (0.06 at step 2, 0.2 by step 20, measured): a strict xfail, so that tying the parts' A
-shows up here.
+Phi-3 (its fused `qkv_proj` / `gate_up_proj` included) takes an all-linear LoRA: Ember's LoRA gives the parts
+of a fused module one shared A (one parameter: its gradient the sum over the parts, one optimizer state) and
+their own rows of B, so it saves as peft's one LoRA over the fused module and trains as peft trains it.
+`phi3-fused-parts` adapts the fused modules alone (`qkv_proj`, `gate_up_proj`) and `phi3-fused` starts both
+sides from peft's own all-linear adapter (tests/fixtures/peft/phi3-all-linear), loaded with one A per fused
+module. (Before the A was shared, the two trainings parted after the first step: 0.06 at step 2, 0.2 by
+step 20, measured.)
 
 The mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE) adapt attention and the router (written as peft's
-target_parameters) and Qwen2-MoE's shared expert and dense layer. `mixtral-experts` adds every expert's
-w1 / w2 / w3: transformers 5 + peft load that adapter onto the fused expert parameters (gate_up_proj,
-down_proj), the first loss agrees (5e-7) and the later ones do not (0.11 at step 2, 0.39 by step 20,
-measured): a strict xfail.
+target_parameters) and Qwen2-MoE's shared expert and dense layer. `mixtral-experts`, `qwen2-moe-experts` and
+`qwen3-moe-experts` add every expert's gate / up / down projections: Ember writes them as peft's LoRA on
+transformers 5's fused expert parameters (target_parameters `mlp.experts.gate_up_proj`, `down_proj`: one A per
+expert, shared by its gate and up rows), which transformers 5 + peft load and train as Ember does. (Written
+per expert, w1 / w2 / w3, transformers 5 fused them into a rank-2r LoRA with a block-diagonal B: the same
+first loss, then 0.11 apart at step 2 and 0.39 by step 20, measured.) Qwen3-MoE's dense layer
+(mlp_only_layers) stays out: transformers 5 + peft load its gate_proj / up_proj / down_proj adapter onto the
+experts' fused parameters, so Ember refuses to write it (test_moe.py).
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import numpy as np
 from engine import Device, Tensor, nn, optim
 from engine.module import Module, ModuleMapper
 from engine.module.lora import Lora
-from engine.module.summary import trainable_counts
+from engine.module.summary import ModelStats, trainable_counts
 from engine.store import ModuleRecord
 
 D_IN, D_Q, D_K, RANK = 5, 4, 3, 2
@@ -86,6 +86,9 @@ def test_the_parts_share_one_a_parameter_and_keep_their_own_b():
     assert "q.weight.lora.a" in paths and "k.weight.lora.a" not in paths and "k.weight.lora.b" in paths
     added = D_IN * RANK + RANK * D_Q + RANK * D_K + D_IN * RANK + RANK * 2
     assert trainable_counts(model).trainable == added
+    stats = ModelStats(model)
+    assert stats.shared == {"k.weight.lora.a": "q.weight.lora.a"}
+    assert stats.get("k.weight.lora.a").numel == 0 and stats.get("q.weight.lora.a").numel == D_IN * RANK
     assert Lora(RANK, 4.0).bound_to(TiedFused()).preview(TiedFused()).added == added
     names = model.into_record().names()
     assert "q.weight.lora.a" in names and "k.weight.lora.a" not in names
