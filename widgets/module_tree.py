@@ -355,6 +355,8 @@ class ModuleTreeModel(QAbstractItemModel):
                     return f"{type_name(node.kind, node.value)} · {q[0]}, {byte_text(q[1])}"
                 if st.quantized and node.kind is not FieldKind.PARAM:
                     return f"{type_name(node.kind, node.value)} · {st.quantized} quantized"
+                if node.path in self.stats.shared:  # one parameter at several places: counted at the first
+                    return f"{type_name(node.kind, node.value)} · shared with {self.stats.shared[node.path]}"
                 return type_name(node.kind, node.value)
             if col == PARAMS:
                 return count(st.numel)

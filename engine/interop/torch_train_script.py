@@ -220,7 +220,9 @@ def plain_name(name):
     X.lora_A.default.weight -> X.lora_A.weight, X.modules_to_save.default.weight -> X.weight."""
     if name.startswith("base_model.model."):
         name = name[len("base_model.model."):]
-    name = name.replace(".base_layer.", ".").replace(".default.", ".").removesuffix(".default")
+    while ".base_layer." in name:  # peft nests a ParamWrapper per targeted parameter (a mixture's fused experts)
+        name = name.replace(".base_layer.", ".")
+    name = name.replace(".default.", ".").removesuffix(".default")
     return name.replace(".modules_to_save.", ".")
 
 

@@ -105,22 +105,16 @@ def _adapter_names(model: Module) -> dict[str, str]:
     from ..models.peft import peft_targets  # noqa: PLC0415
 
     targets = {t.path: t for t in peft_targets(model)}
+    adapters = {path: p.reparameterization for path, p in iter_param_slots(model)
+                if p.reparameterization is not None and path in targets}
+    _check_fused(targets, adapters)
     out = {}
-    for path, p in iter_param_slots(model):
-        r = p.reparameterization
-        if r is None or path not in targets:
-            continue
+    for path, r in adapters.items():
         t = targets[path]
-        if t.split is not None:
-            raise PretrainedError(f"'{path}' has a LoRA on one part of the fused module '{t.module}' (Phi-3's "
-                                  f"qkv_proj / gate_up_proj, GPT-2's c_attn): Ember trains one LoRA per part, peft "
-                                  f"one over the whole module, so the script cannot train it; leave the fused "
-                                  f"modules out of the targets (o_proj, down_proj train in the script)")
-        if t.optional:
-            raise PretrainedError(f"'{path}' has a LoRA on one expert of a mixture ('{t.module}'): transformers 5 "
-                                  f"fuses the experts, and peft trains one LoRA over them, so the script cannot "
-                                  f"train it as Ember does; leave the experts out of the targets (the attention, the "
-                                  f"router and a shared expert train in the script)")
+        if t.fused is not None:  # peft's LoRA on transformers 5's fused experts parameter (target_parameters): its
+            experts = t.fused.name.rpartition(".")[0]  # ParamWrappers nest, the script's names drop `base_layer`
+            out[f"{path}.lora.a"], out[f"{path}.lora.b"] = f"{experts}.lora_A.weight", f"{experts}.lora_B.weight"
+            continue
         if t.kind == "embedding":
             out[f"{path}.lora.a"], out[f"{path}.lora.b"] = (f"{t.module}.lora_embedding_A",
                                                             f"{t.module}.lora_embedding_B")
@@ -129,6 +123,38 @@ def _adapter_names(model: Module) -> dict[str, str]:
         if isinstance(r, DoraAdapter):
             out[f"{path}.lora.magnitude"] = f"{t.module}.lora_magnitude_vector.weight"
     return out
+
+
+def _check_fused(targets: dict, adapters: dict) -> None:
+    """Refuse LoRAs on the parts of a fused module (Phi-3's qkv_proj / gate_up_proj, GPT-2's c_attn, a
+    mixture's experts in transformers 5's fused parameters) that peft's one LoRA over the module cannot
+    train as Ember does: every part adapted, sharing one A (as Ember's LoRA on Phi-3 and on a mixture
+    makes them), one rank for every expert."""
+    groups: dict[str, list] = {}
+    for path, t in targets.items():
+        if t.split is not None:
+            groups.setdefault(t.module, []).append(path)
+        elif t.fused is not None:
+            groups.setdefault(f"{t.fused.name}/{t.fused.expert}", []).append(path)
+    for key, paths in sorted(groups.items()):
+        live = [p for p in paths if p in adapters]
+        if not live:
+            continue
+        name = key.partition("/")[0]
+        if len(live) < len(paths) or len({adapters[p].a.id for p in live}) > 1:
+            raise PretrainedError(f"'{live[0]}' has a LoRA on a part of the fused module '{name}' that peft's one "
+                                  f"LoRA over it cannot train as Ember does ({len(live)} of its {len(paths)} parts "
+                                  f"adapted, with {len({adapters[p].a.id for p in live})} A factor(s); peft trains "
+                                  f"one A over every part): adapt every part with one LoRA (Ember's LoRA on Phi-3 "
+                                  f"and on a mixture's experts shares their A), or leave the fused module out")
+    ranks: dict[str, set] = {}
+    for path, r in adapters.items():
+        if targets[path].fused is not None:
+            ranks.setdefault(targets[path].fused.name, set()).add(r.a.shape[1])
+    for name, rs in sorted(ranks.items()):
+        if len(rs) > 1:
+            raise PretrainedError(f"the experts of '{name}' have LoRAs of ranks {sorted(rs)}: peft's LoRA on a fused "
+                                  f"experts parameter gives every expert one rank")
 
 
 def _trainability(model: Module) -> tuple[list[str], list[str], int]:

@@ -33,6 +33,7 @@ from .hf_folder import PretrainedError
 from .llama import (LlamaConfig, LlamaDecoderLayer, LlamaForCausalLM, LlamaMlp, _bool, _positive_int,
                     weight_map as _llama_weight_map)
 from .mapping import RopePermute, Rule, Transform, Transpose, WeightMap
+from .peft_targets import FusedExpert
 from .pretrained import Family, decoder_family, layer_range
 
 __all__ = ["MoeConfig", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MoeDecoderLayer", "ExpertPart", "FAMILIES"]
@@ -187,6 +188,18 @@ class _MoeForCausalLM(LlamaForCausalLM):
                         else nn.LinearConfig(config.hidden_size, config.vocab_size, bias=False).init(device))
 
 
+    def lora_shared_a(self) -> dict[str, str]:
+        """Each expert's gate and up projections share one LoRA `a` factor, as peft's LoRA on
+        transformers 5's fused `mlp.experts.gate_up_proj` (target_parameters) has one A per expert
+        (engine.module.lora)."""
+        out = {}
+        for i, layer in enumerate(self.layers):
+            for e in range(len(getattr(layer.mlp, "experts", None) or [])):
+                for part in ("gate_proj", "up_proj"):
+                    out[f"layers.{i}.mlp.experts.{e}.{part}.weight"] = f"layers.{i}.mlp.experts.{e}.gate_up"
+        return out
+
+
 class MixtralForCausalLM(_MoeForCausalLM):
     """Mixtral: Mistral's attention, a sparse mixture of SwiGLU experts in every layer."""
 
@@ -297,55 +310,44 @@ def stored_weight_map(config: MoeConfig, names) -> WeightMap:
 _ROUTER = re.compile(r"\.(block_sparse_moe|mlp)\.gate\Z")
 
 
-_EXPERT = re.compile(r"\.experts\.[0-9]+\.")
+_EXPERT_PART = re.compile(r"\.(block_sparse_moe|mlp)\.experts\.([0-9]+)\.(w1|w3|w2|gate_proj|up_proj|down_proj)\Z")
+_PART = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": 0, "down_proj": 0}
 
 
-def peft_name(config: MoeConfig, module: str) -> tuple[str, bool, bool]:
+def peft_name(config: MoeConfig, module: str) -> tuple:
     """peft's name of a stored module (transformers 5's modules: Mixtral's router is `mlp.gate`),
-    whether peft adapts it as a parameter (the router: `target_parameters` "...gate.weight"), and whether
+    whether peft adapts it as a parameter (the router: `target_parameters` "...gate.weight"), whether
     an adapter whose `target_modules` select it may hold nothing for it (an expert: peft on transformers 5
-    has no per-expert modules). The experts keep their per-expert names, which transformers 5 converts
-    to its fused experts when it loads an adapter."""
+    has no per-expert modules), and for an expert its place in transformers 5's fused experts parameter
+    (`peft_targets.FusedExpert`: `mlp.experts.gate_up_proj`, gate rows then up rows, or `down_proj`),
+    which peft adapts with `target_parameters`. The experts keep their per-expert names (an adapter of
+    transformers 4 names them so)."""
     if _ROUTER.search(module):
         return _ROUTER.sub(".mlp.gate", module), True, False
-    return module, False, bool(_EXPERT.search(module))
+    m = _EXPERT_PART.search(module)
+    if m is None:
+        return module, False, False
+    kind = _FUSED[m.group(3)]
+    fused = FusedExpert(f"{module[:m.start()]}.mlp.experts.{kind}", int(m.group(2)), config.num_experts,
+                        _PART[m.group(3)], 2 if kind == "gate_up_proj" else 1)
+    return module, False, True, fused
 
 
 _DENSE_MLP = re.compile(r"\.mlp\.(gate_proj|up_proj|down_proj)\Z")
 
 
 def check_peft_adapter(config: MoeConfig, modules: set) -> None:
-    """Refuse a LoRA on experts that transformers 5.25 + peft 0.21 would not load as Ember computes it
-    (checked against them): Mixtral's per-expert LoRA loads exactly (transformers fuses it) when every
-    adapted expert has w1, w2 and w3 adapted; a Qwen mixture's per-expert LoRA does not load right, nor
-    a Qwen3-MoE dense layer's (transformers takes its gate_proj / up_proj / down_proj for the experts')."""
+    """Refuse a LoRA that transformers 5.25 + peft 0.21 would not load as Ember computes it (checked
+    against them): a Qwen3-MoE dense layer's (transformers takes its gate_proj / up_proj / down_proj
+    adapter for the experts'). The experts' LoRAs are written as peft's LoRA on the fused experts
+    parameters (target_parameters), which loads as computed and trains as Ember trains."""
     if config.model_type == "qwen3_moe":
         dense = sorted(m for m in modules if _DENSE_MLP.search(m))
         if dense:
             raise PretrainedError(f"LoRA on '{dense[0]}' (a layer of mlp_only_layers) cannot be written for a "
                                   f"{config.architecture}: transformers 5.25 + peft 0.21 load a Qwen3-MoE's "
                                   f"gate_proj / up_proj / down_proj adapter onto the experts' fused parameters "
-                                  f"(measured); adapt the attention and the router")
-    experts: dict[str, set] = {}
-    for m in modules:
-        hit = _EXPERT.search(m)
-        if hit:
-            experts.setdefault(m[:hit.end()], set()).add(m[hit.end():])
-    if not experts:
-        return
-    first = sorted(experts)[0]
-    first += sorted(experts[first])[0]
-    if config.model_type != "mixtral":
-        raise PretrainedError(f"LoRA on the experts ('{first}', ...) cannot be written for a {config.architecture}: "
-                              f"transformers 5.25 does not load a per-expert adapter of this family as it is "
-                              f"computed, and peft's LoRA on the fused experts (target_parameters) is not written "
-                              f"yet; adapt the attention, the shared expert and the router (exclude "
-                              f"'experts')")
-    for prefix, names in sorted(experts.items()):
-        if names != {"w1", "w2", "w3"}:
-            raise PretrainedError(f"LoRA on '{prefix}' adapts {', '.join(sorted(names))}: a Mixtral expert's "
-                                  f"adapter is written with w1, w2 and w3 all adapted (transformers 5.25 fuses "
-                                  f"w1 and w3 into gate_up_proj and loads the parts alone wrongly)")
+                                  f"(measured); adapt the attention, the router and the experts")
 
 
 _STORED_EXPERT = re.compile(r"\.(block_sparse_moe|mlp)\.experts\.[0-9]+\.(w1|w3|w2|gate_proj|up_proj|down_proj)"

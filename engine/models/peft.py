@@ -18,9 +18,22 @@ any other model it is the Ember module path. The factors go through the same lay
 the weight they adapt (`engine.models.mapping`): the B factor's rows (and a DoRA magnitude) of
 Llama's q_proj / k_proj are permuted like the weight's rows (rotary convention), and GPT-2's fused
 `c_attn` LoRA (one A, one B of 3·d rows) becomes three LoRAs on Ember's query / key / value with
-the same A and B's three row blocks: the same function exactly. Saving three LoRAs that differ
-writes one c_attn LoRA of their summed rank whose B is block diagonal (again exact), with its rank
-and alpha in `rank_pattern` / `alpha_pattern`.
+one A (the same parameter, so they train as peft trains the fused module; Phi-3's `qkv_proj` /
+`gate_up_proj` likewise) and B's three row blocks: the same function exactly. Saving parts that
+share an A writes one LoRA; three LoRAs with their own A write one c_attn LoRA of their summed rank
+whose B is block diagonal (again exact), with its rank and alpha in `rank_pattern` / `alpha_pattern`.
+
+A mixture's experts (transformers 5 fuses them: `mlp.experts.gate_up_proj` [E, 2I, H], `down_proj`
+[E, H, I]) take peft's LoRA on a parameter (`target_parameters`, a ParamWrapper per fused parameter):
+
+    base_model.model.<layer>.mlp.experts[.base_layer].lora_A.weight   [r · E, d_in]   expert e: rows e·r … (e+1)·r
+    base_model.model.<layer>.mlp.experts[.base_layer].lora_B.weight   [parts · d_out, r · E]   expert e: columns e, e+E, …
+
+(`.base_layer` on gate_up_proj's when both are targeted: peft nests its wrappers). Each expert's
+gate_proj and up_proj (gate rows first) get one LoRA each with that expert's A, shared, and down_proj
+its own: the same function, trained as peft trains it. Ember writes expert LoRAs in this form
+(`peft_targets.FusedExpert`); an adapter of transformers 4's per-expert modules (`experts.0.w1`)
+still loads.
 
 The scale of a module's adapter is `alpha / r` (`alpha / sqrt(r)` with `use_rslora`), `r` and
 `alpha` from `rank_pattern` / `alpha_pattern` where a key matches the module (peft's rule), else
@@ -52,9 +65,10 @@ from __future__ import annotations
 
 from .peft_full import full_candidates, peft_full_paths, peft_train_fully
 from .peft_read import MAX_ALPHA, MAX_RANK, load_peft_adapter
-from .peft_targets import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, peft_lora, peft_targets, target_group
+from .peft_targets import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, FusedExpert, PeftTarget, fused_tensor_prefixes,
+                           peft_lora, peft_targets, target_group)
 from .peft_write import save_peft_adapter
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "MAX_ALPHA", "MAX_RANK", "PREFIX", "PeftTarget", "full_candidates",
-           "load_peft_adapter",
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "MAX_ALPHA", "MAX_RANK", "PREFIX", "FusedExpert", "PeftTarget",
+           "full_candidates", "fused_tensor_prefixes", "load_peft_adapter",
            "peft_full_paths", "peft_lora", "peft_targets", "peft_train_fully", "save_peft_adapter", "target_group"]

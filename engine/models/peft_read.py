@@ -20,8 +20,8 @@ from ..store.filesource import FileSource
 from ..tensor import Tensor
 from .hf_folder import MAX_CONFIG_BYTES, PretrainedError, read_json
 from .peft_full import check_full_tensor, expected_full_tensors, full_params
-from .peft_targets import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, _select, _tied, peft_targets,
-                           select_with_parameters)
+from .peft_targets import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, _select, _tied, fused_parameters,
+                           fused_tensor_prefixes, peft_targets, select_with_parameters)
 
 __all__ = ["MAX_ALPHA", "MAX_RANK", "load_peft_adapter"]
 
@@ -200,6 +200,7 @@ class _AttachPlanned(Reparameterizer):
     def __init__(self, plan: dict[str, _Planned], full: dict[str, np.ndarray] | None = None):
         self.plan = plan
         self.full = full or {}  # Ember path -> the value of a parameter the adapter trains whole
+        self.shared: dict[int, Param] = {}  # id of an `a` array the plan gives several weights -> their one A
 
     def reparameterize(self, path, param):
         base = param.set_require_grad(False)
@@ -220,7 +221,10 @@ class _AttachPlanned(Reparameterizer):
         def trainable(array):
             return Param(Tensor.from_data(np.ascontiguousarray(array), device=device, dtype=dtype))
 
-        a, b = trainable(item.a), trainable(item.b)
+        a = self.shared.get(id(item.a))  # the parts of a fused module share one A, as peft's one LoRA over it
+        if a is None:
+            a = self.shared[id(item.a)] = trainable(item.a)
+        b = trainable(item.b)
         if item.magnitude is not None:
             adapter = DoraAdapter(a, b, item.scale, trainable(item.magnitude), item.rslora)
         else:
@@ -253,6 +257,14 @@ def _load(model: Module, config: dict, config_where: str, tensors: dict, where: 
     rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
     model_name = type(model).__name__
 
+    try:  # a config that selects nothing is refused after the tensors' names are checked
+        selected, refused = select_with_parameters(targets, config, config_where), None
+    except PretrainedError as exc:
+        selected, refused = [], exc
+    fused = fused_parameters(selected, config)  # {fused experts parameter: its weights}, target_parameters
+    fused_at = fused_tensor_prefixes(fused)
+    fused_found: dict[str, dict[str, object]] = {}
+
     # names -> (module, suffix), every tensor accounted for
     found: dict[str, dict[str, object]] = {}
     others = []  # names that are no LoRA tensor: a module of modules_to_save or a bias, else refused
@@ -266,6 +278,13 @@ def _load(model: Module, config: dict, config_where: str, tensors: dict, where: 
             others.append(name)
             continue
         module = rest[: -len(suffix)]
+        if module in fused_at:
+            if suffix not in (".lora_A.weight", ".lora_B.weight") or t.dtype not in _FLOATS:
+                raise PretrainedError(f"tensor '{name}' ({t.dtype}): peft's LoRA on the fused experts parameter "
+                                      f"'{fused_at[module]}' holds float lora_A.weight and lora_B.weight only",
+                                      where=where)
+            fused_found.setdefault(fused_at[module], {})[suffix] = t
+            continue
         if module not in by_module:
             raise PretrainedError(f"tensor '{name}': this {model_name} has no Linear or Embedding module "
                                   f"'{module}' (an adapter for another base model?)", where=where)
@@ -273,8 +292,10 @@ def _load(model: Module, config: dict, config_where: str, tensors: dict, where: 
             raise PretrainedError(f"tensor '{name}' holds {t.dtype} values, expected floats", where=where)
         found.setdefault(module, {})[suffix] = t
 
-    wanted = {t.module for t in select_with_parameters(targets, config, config_where)
-              if not (t.optional and t.module not in found)}
+    if refused is not None:
+        raise refused
+    wanted = {t.module for t in selected if not (t.optional and t.module not in found)
+              and not (t.fused is not None and t.fused.name in fused)}
     full = _plan_full(model, config, config_where, wanted, tensors, others, where)
     missing = sorted(wanted - set(found))
     if missing:
@@ -363,6 +384,7 @@ def _load(model: Module, config: dict, config_where: str, tensors: dict, where: 
             raise PretrainedError(f"tensors '{ta.name}' and '{tb.name}': the update {scale:g} * B @ A can reach "
                                   f"{bound:.3g}, beyond float32's range ({_FLOAT32_MAX:.3g})", where=where)
         M = None if mag is None else _array(src, mag)
+        a = np.ascontiguousarray(A.T)  # one array: the parts of a fused module get one A (_AttachPlanned)
         for m in members:
             b = m.rule.load(_factor_layout(m, B))
             mm = None
@@ -370,13 +392,53 @@ def _load(model: Module, config: dict, config_where: str, tensors: dict, where: 
                 col = M[:, None] if m.torch_layout else M[None, :]
                 mm = np.ascontiguousarray(m.rule.load(col)).reshape(-1)
             base_arr = None if base is None else m.rule.load(_array(src, base))
-            plan[m.path] = _Planned(np.ascontiguousarray(A.T), np.ascontiguousarray(b), scale, mm, base_arr, rslora)
+            plan[m.path] = _Planned(a, np.ascontiguousarray(b), scale, mm, base_arr, rslora)
+    plan.update(_plan_fused(fused, fused_found, config, src, where))
     values = {}
     for t, parts in full:
         arr = _array(src, t)
         for f in parts:
             values[f.path] = f.rule.load(arr)
     return apply_reparameterization(model, _AttachPlanned(plan, values))
+
+
+def _plan_fused(fused: dict, found: dict, config: dict, src: FileSource, where: str) -> dict[str, _Planned]:
+    """The per-expert LoRAs of peft's LoRAs on fused experts parameters (`peft_targets.FusedExpert`
+    says where each expert's factors are): one A per expert, shared by its gate and up weights."""
+    plan: dict[str, _Planned] = {}
+    if fused and config.get("use_dora"):
+        raise PretrainedError(f"DoRA on the fused experts parameter '{sorted(fused)[0]}' is not supported (peft 0.21 "
+                              f"refuses it too)", where=where)
+    rslora = bool(config.get("use_rslora"))
+    for name, members in sorted(fused.items()):
+        parts = found.get(name, {})
+        for suffix in (".lora_A.weight", ".lora_B.weight"):
+            if suffix not in parts:
+                raise PretrainedError(f"the LoRA of target_parameters '{name}' has no {suffix[1:]} (peft writes it as "
+                                      f"'{PREFIX}{name.rpartition('.')[0]}[.base_layer].{suffix[1:]}')", where=where)
+        ta, tb = parts[".lora_A.weight"], parts[".lora_B.weight"]
+        try:
+            key = pattern_key(config.get("rank_pattern") or {}, name)
+            rank = int(config["rank_pattern"][key]) if key is not None else int(config["r"])
+            key = pattern_key(config.get("alpha_pattern") or {}, name)
+            alpha = float(config["alpha_pattern"][key]) if key is not None else float(config["lora_alpha"])
+        except (ValueError, _regex.error, RecursionError, OverflowError) as exc:
+            raise PretrainedError(f"rank_pattern / alpha_pattern: {exc}", where=where) from None
+        first = members[0]
+        experts, n_parts = first.fused.experts, first.fused.parts
+        d_in, d_out = first.param.lazy_shape()
+        if tuple(ta.shape) != (rank * experts, d_in) or tuple(tb.shape) != (n_parts * d_out, rank * experts):
+            raise PretrainedError(f"tensors '{ta.name}' {list(ta.shape)} and '{tb.name}' {list(tb.shape)}: the LoRA of "
+                                  f"'{name}' ({experts} experts, r = {rank}) needs lora_A [{rank * experts}, {d_in}] "
+                                  f"and lora_B [{n_parts * d_out}, {rank * experts}]", where=where)
+        A, B = _array(src, ta), _array(src, tb)
+        scale = _scale(rank, alpha, rslora)
+        a_of = {e: np.ascontiguousarray(A[e * rank:(e + 1) * rank].T) for e in range(experts)}
+        for m in members:
+            f = m.fused
+            b = B[f.part * d_out:(f.part + 1) * d_out, f.expert::experts]  # [d_out, rank]
+            plan[m.path] = _Planned(a_of[f.expert], np.ascontiguousarray(b.T), scale, rslora=rslora)
+    return plan
 
 
 def _plan_full(model, config, config_where, lora_modules, tensors, others, where):

@@ -16,8 +16,8 @@ from ..module.tree import FieldKind, walk
 from .hf_folder import PretrainedError
 from .mapping import Rule, Split, Transpose
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PREFIX", "PeftTarget", "peft_lora", "peft_targets",
-           "select_with_parameters", "target_group"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "PREFIX", "FusedExpert", "PeftTarget", "fused_parameters",
+           "fused_tensor_prefixes", "peft_lora", "peft_targets", "select_with_parameters", "target_group"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -37,6 +37,7 @@ class PeftTarget:
     param: Param = field(repr=False)
     by_parameter: bool = False  # peft adapts it as a parameter (`target_parameters`: a mixture's router)
     optional: bool = False  # an adapter selecting it may hold nothing for it (a mixture's expert)
+    fused: "FusedExpert | None" = None  # its place in transformers 5's fused experts parameter (a mixture's expert)
 
     @property
     def torch_layout(self) -> bool:
@@ -47,6 +48,20 @@ class PeftTarget:
     @property
     def split(self) -> Split | None:
         return self.rule.split
+
+
+@dataclass(frozen=True)
+class FusedExpert:
+    """Where an expert's weight sits in transformers 5's fused experts parameter, which peft adapts
+    with `target_parameters` (one ParamWrapper LoRA: lora_A `[rank · experts, in]`, expert e's A its
+    rows `e·rank … (e+1)·rank`; lora_B `[parts · out, rank · experts]`, expert e's B its columns
+    `e, e + experts, …`; part `part` of `parts` its row block: gate 0 and up 1 of `gate_up_proj`)."""
+
+    name: str        # the fused parameter, `model.layers.0.mlp.experts.gate_up_proj`
+    expert: int
+    experts: int
+    part: int = 0
+    parts: int = 1
 
 
 def _family_rules(model):
@@ -84,8 +99,9 @@ def peft_targets(model: Module) -> list[PeftTarget]:
                 continue
             module = stored[: -len(".weight")]
             if peft_name is not None:
-                module, by_parameter, optional = peft_name(module)
-                out.append(PeftTarget(wpath, module, layer, rule, p, by_parameter, optional))
+                module, by_parameter, optional, *fused = peft_name(module)
+                out.append(PeftTarget(wpath, module, layer, rule, p, by_parameter, optional,
+                                      fused[0] if fused else None))
                 continue
         else:
             module = path
@@ -121,8 +137,9 @@ def _full(rx, name: str, fail) -> bool:
 def select_with_parameters(targets: list[PeftTarget], config: dict, where=None) -> list[PeftTarget]:
     """The targets of an adapter_config.json: those its `target_modules` select, and the weights its
     `target_parameters` name (peft 0.21's LoRA on a parameter; a 2-D weight's is a Linear's LoRA: a
-    mixture's router). A parameter no Linear weight of the model answers to (the fused experts of
-    transformers 5, `mlp.experts.gate_up_proj`) is refused, naming it."""
+    mixture's router; transformers 5's fused experts `mlp.experts.gate_up_proj` / `down_proj` select
+    every expert's weights in them, `FusedExpert`). A parameter no weight of the model answers to is
+    refused, naming it."""
     params = config.get("target_parameters") or []
     modules = config.get("target_modules")
     chosen = [] if modules in ([], None) and params else _select(targets, modules, config.get("exclude_modules"),
@@ -131,15 +148,50 @@ def select_with_parameters(targets: list[PeftTarget], config: dict, where=None) 
         return chosen
     if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
         raise PretrainedError(f"target_parameters must be a list of parameter names, found {params!r}", where=where)
-    by_name = {f"{t.module}.weight": t for t in targets if t.kind == "linear"}
+    by_name: dict[str, list[PeftTarget]] = {}
+    for t in targets:
+        if t.kind == "linear":
+            by_name.setdefault(t.fused.name if t.fused is not None else f"{t.module}.weight", []).append(t)
     for p in params:
-        hits = [t for name, t in by_name.items() if name == p or name.endswith(f".{p}")]
+        hits = [t for name, ts in by_name.items() if name == p or name.endswith(f".{p}") for t in ts]
         if not hits:
-            raise PretrainedError(f"LoRA on parameter {p!r} (target_parameters) is not supported: Ember adapts the "
-                                  f"2-D weights of Linear layers (a router's 'gate.weight'), not fused experts' "
-                                  f"3-D tensors; the experts take LoRA one by one ('experts.0.gate_proj')", where=where)
+            known = sorted({n.rpartition(".")[2] for n in by_name})
+            raise PretrainedError(f"LoRA on parameter {p!r} (target_parameters) is not supported: no weight of this "
+                                  f"model answers to it (its Linear weights and fused experts end in "
+                                  f"{', '.join(known)})", where=where)
         chosen += [t for t in hits if t not in chosen]
     return chosen
+
+
+def fused_parameters(selected: list[PeftTarget], config: dict) -> dict[str, list[PeftTarget]]:
+    """{fused experts parameter named by the config's `target_parameters`: its selected weights, by
+    expert and part}: the experts an adapter holds in peft's fused form."""
+    params = config.get("target_parameters") or []
+    out: dict[str, list[PeftTarget]] = {}
+    for t in selected:
+        f = t.fused
+        if f is not None and any(f.name == p or f.name.endswith(f".{p}") for p in params):
+            out.setdefault(f.name, []).append(t)
+    for members in out.values():
+        members.sort(key=lambda t: (t.fused.expert, t.fused.part))
+    return out
+
+
+_FUSED_ORDER = ("gate_up_proj", "down_proj")  # transformers 5's fused experts parameters, in order of definition
+
+
+def fused_tensor_prefixes(names) -> dict[str, str]:
+    """{the module name peft's tensors of a fused experts parameter carry: the parameter} for the
+    fused parameters `names` an adapter targets. peft nests one ParamWrapper per targeted parameter
+    of the experts module, the first defined innermost: with both targeted, gate_up_proj's tensors are
+    `…mlp.experts.base_layer.lora_A.weight` and down_proj's `…mlp.experts.lora_A.weight`."""
+    names = set(names)
+    out = {}
+    for container in {n.rpartition(".")[0] for n in names}:
+        mine = [n for n in _FUSED_ORDER if f"{container}.{n}" in names]
+        for i, n in enumerate(mine):
+            out[container + ".base_layer" * (len(mine) - 1 - i)] = f"{container}.{n}"
+    return out
 
 
 def _select(targets: list[PeftTarget], target_modules, exclude_modules=None, where=None) -> list[PeftTarget]:

@@ -18,7 +18,8 @@ from ..store import safetensors_io
 from ..store.atomic import os_error_reason, save_folder, write_new_file
 from .hf_folder import PretrainedError
 from .peft_full import full_tensors_to_save
-from .peft_targets import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, _tied, peft_targets
+from .peft_targets import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PREFIX, PeftTarget, _tied, fused_tensor_prefixes,
+                           peft_targets)
 
 __all__ = ["save_peft_adapter"]
 
@@ -67,9 +68,8 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
     by_module: dict[str, list[PeftTarget]] = {}
     for t in targets.values():
         by_module.setdefault(t.module, []).append(t)
-    tensors: list[tuple[str, np.ndarray]] = []
-    modules: dict[str, tuple[int, float]] = {}  # module -> (rank, alpha)
-    for module in sorted({targets[p].module for p in adapters}):
+    tensors, modules = _fused_experts(adapters, targets, dora, rslora)  # module -> (rank, alpha)
+    for module in sorted({targets[p].module for p in adapters if targets[p].fused is None}):
         members = by_module[module]
         kind = members[0].kind
         if members[0].split is not None:
@@ -122,6 +122,7 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
 
     whole, bias, modules_to_save = full_tensors_to_save(model, set(modules))
     by_parameter = {t.module for t in targets.values() if t.by_parameter and t.module in modules}
+    fused = {t.fused.name for t in targets.values() if t.fused is not None and t.fused.name in modules}
     tensors += whole
     (r0, alpha0), _ = Counter(modules.values()).most_common(1)[0]
     rank_pattern = {re.escape(m): r for m, (r, _) in modules.items() if r != r0}
@@ -136,7 +137,7 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
     config = {
         "peft_type": "LORA", "task_type": peft_task_type(model), "base_model_name_or_path": base_model_name_or_path,
         "r": r0, "lora_alpha": alpha0, "lora_dropout": 0.0,
-        "target_modules": sorted(m for m in modules if m not in by_parameter),
+        "target_modules": sorted(m for m in modules if m not in by_parameter and m not in fused),
         "use_rslora": rslora, "use_dora": dora, "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "bias": bias, "fan_in_fan_out": any(not targets[p].torch_layout and targets[p].kind == "linear"
                                               for p in adapters),
@@ -144,8 +145,8 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
         "exclude_modules": None,
         "layers_to_transform": None, "layers_pattern": None, "lora_bias": False, "revision": None,
     }
-    if by_parameter:  # peft 0.21 adapts a mixture's router as a parameter
-        config["target_parameters"] = sorted(f"{m}.weight" for m in by_parameter)
+    if by_parameter or fused:  # peft 0.21 adapts a mixture's router and its fused experts as parameters
+        config["target_parameters"] = sorted([f"{m}.weight" for m in by_parameter] + list(fused))
     folder = Path(os.fspath(folder))
     if folder.exists() and not folder.is_dir():
         raise PretrainedError("expected a folder to save the adapter into, found a file", where=str(folder))
@@ -170,3 +171,62 @@ def save_peft_adapter(model: Module, folder, *, base_model_name_or_path: str | N
     except OSError as exc:
         raise PretrainedError(f"cannot save: {os_error_reason(exc)}", where=exc.filename or str(folder)) from None
     return folder
+
+
+def _fused_experts(adapters: dict, targets: dict, dora: bool, rslora: bool):
+    """The tensors and {parameter: (rank, alpha)} of the experts' LoRAs, written as peft's LoRA on
+    transformers 5's fused experts parameters (target_parameters; `peft_targets.FusedExpert`): expert
+    e's A the rows `e·r …` of lora_A, its B the columns `e, e + experts, …` of lora_B (gate rows, then
+    up rows). An expert whose gate and up share their `a` (Ember's LoRA on a mixture ties them, as peft's
+    one A) gives rank r and trains in peft as in Ember; parts with their own `a` are written with the
+    summed rank and a block-diagonal B (the same function; peft then trains the off-diagonal blocks
+    too), an expert without a LoRA with zero factors (the same function, and zeros stay zero)."""
+    groups: dict[str, list[PeftTarget]] = {}
+    for path in adapters:
+        f = targets[path].fused
+        if f is not None:
+            groups.setdefault(f.name, [])
+    if not groups:
+        return [], {}
+    if dora:
+        raise PretrainedError(f"DoRA on the experts ('{sorted(groups)[0]}') cannot be written: peft 0.21 adapts "
+                              f"transformers 5's fused experts with target_parameters, which refuse DoRA")
+    for t in targets.values():
+        if t.fused is not None and t.fused.name in groups:
+            groups[t.fused.name].append(t)
+    prefix = {name: module for module, name in fused_tensor_prefixes(groups).items()}
+    tensors, modules = [], {}
+    for name, members in sorted(groups.items()):
+        members.sort(key=lambda t: (t.fused.expert, t.fused.part))
+        experts, parts = members[0].fused.experts, members[0].fused.parts
+        d_in, d_out = members[0].param.lazy_shape()
+        scale = next(adapters[m.path].scale for m in members if m.path in adapters)
+        blocks = {}  # expert -> (A_e [k, d_in], B_e [parts * d_out, k])
+        for e in range(experts):
+            live = [(m, adapters[m.path]) for m in members if m.fused.expert == e and m.path in adapters]
+            if not live:
+                continue
+            factors = list({r.a.id: r.a for _, r in live}.values())  # one `a` when gate and up share it
+            offsets, k = {}, 0
+            for a in factors:
+                offsets[a.id], k = k, k + a.shape[1]
+            A_e = np.concatenate([_np(a).T for a in factors], axis=0)
+            B_e = np.zeros((parts * d_out, k), dtype=np.float32)
+            for m, r in live:
+                col = offsets[r.a.id]
+                B_e[m.fused.part * d_out:(m.fused.part + 1) * d_out, col:col + r.a.shape[1]] = \
+                    _np(r.b).T * np.float32(r.scale / scale)
+            blocks[e] = (A_e, B_e)
+        ranks = {e: a.shape[0] for e, (a, _) in blocks.items()}
+        rank = max(ranks.values())
+        if len(set(ranks.values())) > 1:
+            raise PretrainedError(f"the experts of '{name}' have LoRAs of ranks {sorted(set(ranks.values()))}: peft's "
+                                  f"LoRA on a fused experts parameter gives every expert one rank")
+        A = np.zeros((rank * experts, d_in), dtype=np.float32)
+        B = np.zeros((parts * d_out, rank * experts), dtype=np.float32)
+        for e, (A_e, B_e) in blocks.items():
+            A[e * rank:(e + 1) * rank] = A_e
+            B[:, e::experts] = B_e
+        tensors += [(f"{PREFIX}{prefix[name]}.lora_A.weight", A), (f"{PREFIX}{prefix[name]}.lora_B.weight", B)]
+        modules[name] = (rank, _tidy(scale * (math.sqrt(rank) if rslora else rank)))
+    return tensors, modules

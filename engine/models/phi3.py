@@ -8,7 +8,10 @@ Ember keeps Llama's separate layers (`self_attn.query` / `key` / `value`, `mlp.g
 `up_proj`): the weight map splits the fused tensors on loading (`mapping.Split` with the parts'
 sizes; the q/k rows rotary-permuted as Llama's) and concatenates them again on saving. A peft LoRA
 on `qkv_proj` or `gate_up_proj` (what peft targets, one A and one B over the fused rows) becomes
-LoRAs on the parts with one shared A and B's row blocks, and saves back as one (engine.models.peft).
+LoRAs on the parts with one shared A (the same parameter: its gradient the sum over the parts, one
+optimizer state, saved and counted once) and B's row blocks, and saves back as one
+(engine.models.peft); a LoRA Ember attaches to the parts shares its A the same way
+(`lora_shared_a`), so both train step for step as peft trains the fused module.
 
 Phi-3's rope: default, or `longrope` (`rope_scaling` types "su" and "yarn" are longrope in Phi-3,
 as transformers reads them), with `original_max_position_embeddings` at the config's top level.
@@ -84,6 +87,17 @@ class Phi3Config(LlamaConfig):
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3: the Llama architecture, its q/k/v and gate/up projections fused in the files."""
+
+    def lora_shared_a(self) -> dict[str, str]:
+        """The parts of each fused module share one LoRA `a` factor, as peft's one LoRA over
+        `qkv_proj` / `gate_up_proj` has one A (engine.module.lora)."""
+        out = {}
+        for i in range(len(self.layers)):
+            for part in ("query", "key", "value"):
+                out[f"layers.{i}.self_attn.{part}.weight"] = f"layers.{i}.self_attn.qkv_proj"
+            for part in ("gate_proj", "up_proj"):
+                out[f"layers.{i}.mlp.{part}.weight"] = f"layers.{i}.mlp.gate_up_proj"
+        return out
 
     @property
     def cache_recompute_length(self) -> int | None:

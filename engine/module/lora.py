@@ -48,6 +48,15 @@ Variants (PEFT's, as options of `Lora`; keyword-only):
   `(.*\\.)?(key)$`, the first key in order that matches wins). The module name is
   `module_names[path]` when `module_names` (`{param path: module name}`, e.g. Hugging Face's) is
   given, else the parameter's path less its last segment (`layers.0.fc1` for `layers.0.fc1.weight`).
+
+Shared A factors (the parts of a fused module). A model whose layers are the parts of one fused
+module elsewhere (Phi-3's q / k / v of the files' `qkv_proj`, a mixture's gate and up projections of
+one expert in transformers 5's `gate_up_proj`) answers `lora_shared_a() -> {weight path: key}`; when
+such a model gets a LoRA, the adapted weights of one key share ONE `a` (the same `Param`: one id, one
+gradient, the sum over the parts, one optimizer state, saved once, counted once, see
+`engine.module.tree.params`) and keep their own `b` (the row blocks of the fused module's B), so the
+parts train exactly as peft's one LoRA over the fused module. The parts must have the same rank
+(they share a module name); a part whose rank differs keeps its own `a`.
 """
 from __future__ import annotations
 
@@ -318,13 +327,36 @@ class Lora(Reparameterizer):
             raise ValueError(f"Lora: module_names must be a dict {{param path: module name}}, got "
                              f"{type(module_names).__name__}")
         self.module_names = None if module_names is None else dict(module_names)
+        self.shared_a: dict = {}  # weight path -> key: the weights whose adapters share one `a` (bound_to)
+        self._made_a: dict = {}  # (key, d_in, rank) -> the shared `a` made by this application
 
     def _replace(self, **changes) -> "Lora":
         kw = dict(init_std=self.init_std, param_group=self.param_group, dtype=self.dtype, use_rslora=self.use_rslora,
                   use_dora=self.use_dora, rank_pattern=self.rank_pattern or None,
                   alpha_pattern=self.alpha_pattern or None, module_names=self.module_names)
         kw.update(changes)
-        return Lora(self.rank, self.alpha, **kw)
+        out = Lora(self.rank, self.alpha, **kw)
+        out.shared_a, out._made_a = self.shared_a, self._made_a  # one application's (QLoRA sets the dtype per weight)
+        return out
+
+    def bound_to(self, module) -> "Lora":
+        """This LoRA for one application to `module`: a copy that knows which of its weights share an
+        `a` factor (`module.lora_shared_a()`, see this file's doc), with no factor made yet.
+        `apply_reparameterization` calls it."""
+        out = self._replace()
+        ask = getattr(module, "lora_shared_a", None)
+        shared = ask() if callable(ask) else None
+        out.shared_a, out._made_a = dict(shared or {}), {}
+        return out
+
+    def _shared_groups(self, targets) -> list[list[str]]:
+        """The groups of more than one of `targets` ((path, param)) that share an `a`."""
+        groups: dict = {}
+        for path, p in targets:
+            key = self.shared_a.get(path)
+            if key is not None:
+                groups.setdefault((key, p.shape[0], self.rank_for(path)), []).append(path)
+        return [paths for paths in groups.values() if len(paths) > 1]
 
     @property
     def scale(self) -> float:
@@ -414,7 +446,9 @@ class Lora(Reparameterizer):
                     if p.kind == "float" and not below_owner(path) and self.adapts(path, p)]
         targets = [(path, p) for path, p in selected if path not in owners or path in stored]
         nested = [(path, p) for path, p in selected if path in owners and path not in stored]
+        shapes = dict(targets)
         added = sum(self.factor_count(p, path) for path, p in targets)
+        added -= self.shared_savings(shapes)
         if stats is not None:
             total = stats.total.numel
             kept = sum(stats.get(owner).trainable for owner in owners)
@@ -423,6 +457,12 @@ class Lora(Reparameterizer):
             kept = sum(p.numel() for path, p in params
                        if (path in owners or below_owner(path)) and param_trainable(p))
         return LoraPreview(targets, added, TrainableCounts(added + kept, total + added), nested)
+
+    def shared_savings(self, targets: dict) -> int:
+        """How many values fewer the factors of `targets` ({path: param}) hold because some share an
+        `a` (every part after the first of a group adds no `a` of its own)."""
+        return sum((len(paths) - 1) * targets[paths[0]].shape[0] * self.rank_for(paths[0])
+                   for paths in self._shared_groups(targets.items()))
 
     def factors(self, param: Param, rank: int | None = None) -> tuple[Param, Param]:
         """Fresh trainable `a` ~ N(0, std) `[d_in, rank]` and `b` = 0 `[rank, d_out]` for `param`."""
@@ -435,11 +475,21 @@ class Lora(Reparameterizer):
         b = Tensor.zeros((rank, d_out), device=device, dtype=dtype)
         return Param(a), Param(b)
 
+    def shared_factors(self, path: str, param: Param) -> tuple[Param, Param]:
+        """Fresh factors for the weight at `path`; its `a` is the one made for an earlier part of the
+        same fused module in this application, if any (see this file's doc)."""
+        rank = self.rank_for(path)
+        a, b = self.factors(param, rank)
+        key = self.shared_a.get(path)
+        if key is None:
+            return a, b
+        return self._made_a.setdefault((key, param.shape[0], rank), a), b
+
     def reparameterize(self, path: str, param: Param):
         base = param.set_require_grad(False)
         if not self.adapts(path, param):
             return base, None
-        a, b = self.factors(param, self.rank_for(path))
+        a, b = self.shared_factors(path, param)
         scale = self.scale_for(path)
         if self.use_dora:  # the magnitude starts at the base's column norms (b = 0: the value is unchanged)
             weight = param.base()
@@ -487,6 +537,10 @@ class QLora(Reparameterizer):
     def __repr__(self) -> str:
         return f"QLora({self.lora!r}, block_size={self.block_size}, double_quant={self.double_quant})"
 
+    def bound_to(self, module) -> "QLora":
+        """This QLoRA for one application to `module` (its LoRA's `bound_to`)."""
+        return QLora(self.lora.bound_to(module), self.block_size, self.double_quant)
+
     def reparameterize(self, path: str, param: Param):
         if not self.lora.adapts(path, param):
             return param.set_require_grad(False), None
@@ -495,7 +549,7 @@ class QLora(Reparameterizer):
         device = weight.device
         nf4 = NF4Weight.from_packed(packed, device)
         lora = self.lora if self.lora.dtype is not None else self.lora.set_dtype(weight.dtype)
-        a, b = lora.factors(param, lora.rank_for(path))
+        a, b = lora.shared_factors(path, param)
         adapter = QLoraAdapter(a, b, lora.scale_for(path), nf4)
         dtype = np.dtype(packed.dtype).name
         placeholder = Param.uninitialized(_zeros_placeholder(dtype, packed.shape), device, False, packed.shape,

@@ -83,6 +83,7 @@ class _Walker:
 
     def __init__(self):
         self.path: list[str] = []
+        self.tied: dict = {}  # param id -> what this walk made of it (see _walk_param)
 
     def enter(self, name: str, container_type: str) -> None:
         self.path.append(name)
@@ -154,6 +155,17 @@ def _walk_value(v, name: str, ct: str, w: _Walker):
 
 
 def _walk_param(p: Param, w: _Walker):
+    # a parameter held at several places (tied: the same id, as the shared A factor of a fused module's
+    # parts) is one parameter: walked at its first place only, every other place gets that result (a
+    # mapper maps it once, an optimizer steps it once, a visitor and a record see it once)
+    if p.id in w.tied:
+        return w.tied[p.id]
+    out = _walk_param_once(p, w)
+    w.tied[p.id] = out
+    return out
+
+
+def _walk_param_once(p: Param, w: _Walker):
     r = p.reparameterization
     if r is not None and w.skips_stored_base and getattr(r, "STORES_BASE", False):
         # the reparameterization holds the real base (QLoRA's packed weight); the param's own

@@ -189,6 +189,9 @@ def apply_reparameterization(module: Module, reparameterizer) -> Module:
             f"apply_reparameterization expects a Reparameterizer (an object with reparameterize(path, param)), "
             f"got {type(reparameterizer).__name__}"
         )
+    bind = getattr(reparameterizer, "bound_to", None)
+    if callable(bind):  # a LoRA learns which weights of this model share an `a` factor (engine.module.lora)
+        reparameterizer = bind(module)
     attached = dict(_reparameterized(module))  # nesting is refused per parameter, in map_float
     adapted = _adapt_stored_bases(module, reparameterizer, attached)
     if adapted is not module:

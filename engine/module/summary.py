@@ -94,6 +94,8 @@ class ModelStats:
 
     def __init__(self, module: Any):
         self.by_path: dict[str, ParamStats] = {}
+        self._seen: dict = {}  # param id -> the path it is counted at (one held at several places counts once)
+        self.shared: dict[str, str] = {}  # the other places of such a parameter -> the path it is counted at
         if module is not None:
             self._walk(module, "", [self._get("")])
 
@@ -109,6 +111,11 @@ class ModelStats:
                 continue  # flags and constants hold no parameters
             p = join(path, seg)
             s = self._get(p)
+            if kind is FieldKind.PARAM:
+                if v.id in self._seen:  # shared (a fused module's LoRA A): counted at its first path only
+                    self.shared[p] = self._seen[v.id]
+                    continue
+                self._seen[v.id] = p
             if isinstance(v, NF4Weight) or getattr(type(v), "PACKED_STORAGE", False):
                 # QLoRA's packed bytes (or a GGUF weight's blocks) stand for the base weight, which
                 # is counted already: their numbers stay on their own nodes

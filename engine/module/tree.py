@@ -209,11 +209,16 @@ def params(node, path: str = "", prune: Callable[[object], bool] | None = None
            ) -> Iterator[tuple[str, Param]]:
     """`(path, param)` for `node` itself when it is a Param and for every Param below it, in
     traversal order, each as stored (its reparameterization attached) and followed by the
-    parameters of that reparameterization. `path` and `prune` are those of `walk`."""
+    parameters of that reparameterization. `path` and `prune` are those of `walk`. A parameter held
+    at several places (tied: the same id, as the A factor the parts of a fused module share) is
+    yielded once, at its first path."""
+    seen = set()
     if isinstance(node, Param):
+        seen.add(node.id)
         yield path, node
     for p, k, v in walk(node, path, prune):
-        if k is _PARAM:
+        if k is _PARAM and v.id not in seen:
+            seen.add(v.id)
             yield p, v
 
 

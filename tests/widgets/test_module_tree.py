@@ -169,3 +169,20 @@ def test_a_few_experts_read_as_a_plain_list(qtbot):
     model = ModuleTreeModel()
     model.set_module(_mixture(4))
     assert model.index_of("layers.0.mlp.experts").data() == "experts"
+
+
+def test_a_parameter_shared_by_a_fused_modules_parts_is_counted_once_and_named_at_its_other_places(qtbot):
+    """A LoRA on parts of one fused module (engine.module.lora's shared A): the `a` both parts hold is counted
+    at its first path, and its other place says whose it is."""
+    from tests.engine.module.test_lora_shared_a import D_IN, D_K, D_Q, RANK, _tied  # noqa: PLC0415
+
+    model = ModuleTreeModel()
+    tuned = _tied()
+    model.set_module(tuned)
+    first, other = model.index_of("q.weight.lora.a"), model.index_of("k.weight.lora.a")
+    assert first.siblingAtColumn(PARAMS).data() == f"{D_IN * RANK}"
+    assert other.siblingAtColumn(PARAMS).data() == "0"
+    assert other.siblingAtColumn(TYPE).data() == f"Param float[{D_IN}, {RANK}] · shared with q.weight.lora.a"
+    assert first.siblingAtColumn(TYPE).data() == f"Param float[{D_IN}, {RANK}]"
+    added = D_IN * RANK + RANK * D_Q + RANK * D_K + D_IN * RANK + RANK * 2
+    assert model.index(0, 0).siblingAtColumn(TRAINABLE).data() == f"{added:,}"

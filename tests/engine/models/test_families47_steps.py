@@ -14,19 +14,23 @@ same 20 steps with `torch.optim.AdamW` in a plain loop (not through the exported
 losses and `save_pretrained`s the final adapter. Every loss and every tensor of the two final adapters
 (peft's names and layouts: Ember's save undoes its rope permutation and transposes) agree to 1e-5.
 
-Phi-3's fused `qkv_proj` / `gate_up_proj` take a LoRA on `o_proj` / `down_proj` only in the main runs:
-Ember trains one LoRA per part of a fused module (q, k, v each with its own copy of A), peft one over
-the fused module (one A), so the two trainings part after the first step (the exported script refuses
-that case for the same reason, see test_families47_script.py). `phi3-fused` starts both sides from
-peft's own all-linear adapter (tests/fixtures/peft/phi3-all-linear): the first loss agrees, the later
-ones do not (0.06 at step 2, 0.2 by step 20, measured): a strict xfail, so that tying the parts' A
-shows up here.
+Phi-3 (its fused `qkv_proj` / `gate_up_proj` included) takes an all-linear LoRA: Ember's LoRA gives the parts
+of a fused module one shared A (one parameter: its gradient the sum over the parts, one optimizer state) and
+their own rows of B, so it saves as peft's one LoRA over the fused module and trains as peft trains it.
+`phi3-fused-parts` adapts the fused modules alone (`qkv_proj`, `gate_up_proj`) and `phi3-fused` starts both
+sides from peft's own all-linear adapter (tests/fixtures/peft/phi3-all-linear), loaded with one A per fused
+module. (Before the A was shared, the two trainings parted after the first step: 0.06 at step 2, 0.2 by
+step 20, measured.)
 
 The mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE) adapt attention and the router (written as peft's
-target_parameters) and Qwen2-MoE's shared expert and dense layer. `mixtral-experts` adds every expert's
-w1 / w2 / w3: transformers 5 + peft load that adapter onto the fused expert parameters (gate_up_proj,
-down_proj), the first loss agrees (5e-7) and the later ones do not (0.11 at step 2, 0.39 by step 20,
-measured): a strict xfail.
+target_parameters) and Qwen2-MoE's shared expert and dense layer. `mixtral-experts`, `qwen2-moe-experts` and
+`qwen3-moe-experts` add every expert's gate / up / down projections: Ember writes them as peft's LoRA on
+transformers 5's fused expert parameters (target_parameters `mlp.experts.gate_up_proj`, `down_proj`: one A per
+expert, shared by its gate and up rows), which transformers 5 + peft load and train as Ember does. (Written
+per expert, w1 / w2 / w3, transformers 5 fused them into a rank-2r LoRA with a block-diagonal B: the same
+first loss, then 0.11 apart at step 2 and 0.39 by step 20, measured.) Qwen3-MoE's dense layer
+(mlp_only_layers) stays out: transformers 5 + peft load its gate_proj / up_proj / down_proj adapter onto the
+experts' fused parameters, so Ember refuses to write it (test_moe.py).
 """
 from __future__ import annotations
 
@@ -49,20 +53,22 @@ from tests.engine.models.test_training_script import _find_torch_python
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 STEPS, LR, WEIGHT_DECAY, EPS = 20, 5e-3, 0.01, 1e-8
 TOL = 1e-5
-PHI3_TARGETS = ["o_proj", "down_proj"]
 # the mixtures: attention and the router (peft's target_parameters) everywhere, Qwen2-MoE's shared expert and
 # dense layer too; not Qwen3-MoE's dense layer (mlp_only_layers), whose gate_proj / up_proj / down_proj adapter
 # transformers 5 + peft turn into target_parameters on the experts' fused parameters when they load it (so
 # Ember refuses to write it, test_moe.py)
 EXPERTS_OUT = {"target_modules": "all-linear", "exclude_modules": r".*experts\..*"}
 ATTENTION_AND_ROUTER = {"target_modules": "all-linear", "exclude_modules": r".*\.mlp\.(?!gate$).*|.*experts\..*"}
-FAMILIES = {"qwen3": "all-linear", "qwen3-bias": "all-linear", "phi3": PHI3_TARGETS, "phi3-longrope": PHI3_TARGETS,
+FAMILIES = {"qwen3": "all-linear", "qwen3-bias": "all-linear", "phi3": "all-linear", "phi3-longrope": "all-linear",
             "llama-yarn": "all-linear", "llama-dynamic": "all-linear", "llama-longrope": "all-linear",
             "gemma": "all-linear", "gemma2": "all-linear", "gemma3": "all-linear", "mistral-swa": "all-linear",
             "qwen2-swa": "all-linear", "mixtral": EXPERTS_OUT, "qwen2-moe": EXPERTS_OUT,
             "qwen3-moe": ATTENTION_AND_ROUTER}
 # runs on another run's fixture with other targets: {run: (base fixture, targets)}
-VARIANTS = {"mixtral-experts": ("mixtral", "all-linear")}
+VARIANTS = {"mixtral-experts": ("mixtral", "all-linear"), "qwen2-moe-experts": ("qwen2-moe", "all-linear"),
+            "qwen3-moe-experts": ("qwen3-moe", {"target_modules": "all-linear",
+                                                "exclude_modules": r".*\.mlp\.(gate_proj|up_proj|down_proj)"}),
+            "phi3-fused-parts": ("phi3", ["qkv_proj", "gate_up_proj"])}
 # runs that start from a peft-written adapter: {run: (base fixture, adapter folder)}
 FROM_PEFT = {"phi3-fused": ("phi3", HF.parent / "peft" / "phi3-all-linear")}
 
@@ -125,8 +131,11 @@ def _ember_run(name: str, targets, folder: Path, adapter: Path | None = None) ->
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """{family: (Ember's losses, folder)}, with PyTorch + peft's run beside Ember's in each folder."""
+def runs(tmp_path_factory, request):
+    """{family: (Ember's losses, folder)}, with PyTorch + peft's run beside Ember's in each folder: the runs
+    of the tests selected (`-k phi3`), in one PyTorch subprocess."""
+    chosen = {item.callspec.params["name"] for item in request.session.items
+              if item.originalname == "test_twenty_lora_adamw_steps_match_pytorch_and_peft"}
     python = _find_torch_python()
     if python is None:
         pytest.skip("no Python with torch + transformers + peft (this one, $EMBER_ORACLE_PYTHON or "
@@ -137,6 +146,8 @@ def runs(tmp_path_factory):
     runs += [(run, base, targets, None) for run, (base, targets) in VARIANTS.items()]
     runs += [(run, base, None, adapter) for run, (base, adapter) in FROM_PEFT.items()]
     for run, name, targets, adapter in runs:
+        if run not in chosen:
+            continue
         folder = root / run
         folder.mkdir()
         out[run] = (_ember_run(name, targets, folder, adapter), folder)
@@ -150,11 +161,7 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, pytest.param("phi3-fused", marks=pytest.mark.xfail(
-    strict=True, reason="Ember gives q, k, v (gate, up) each its own copy of a fused module's A; peft trains one")),
-    pytest.param("mixtral-experts", marks=pytest.mark.xfail(
-        strict=True, reason="transformers 5 + peft load Ember's per-expert w1 / w2 / w3 adapter onto the fused expert "
-                            "parameters (target_parameters gate_up_proj, down_proj): the same first loss, other steps"))])
+@pytest.mark.parametrize("name", [*FAMILIES, *VARIANTS, *FROM_PEFT])
 def test_twenty_lora_adamw_steps_match_pytorch_and_peft(runs, name):
     ember, folder = runs[name]
     theirs = json.loads((folder / "torch_losses.json").read_text())
