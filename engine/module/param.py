@@ -263,7 +263,7 @@ class Param:
         if kind not in ("float", "int", "bool"):
             raise ValueError(f"Param.uninitialized: kind must be 'float', 'int' or 'bool', got {kind!r}")
         try:
-            dims = tuple(int(s) for s in shape)
+            dims = tuple(map(int, shape))
         except TypeError:
             raise TypeError(f"Param.uninitialized: shape must be a sequence of ints, got {shape!r}") from None
         active = bool(require_grad) and kind == "float"

@@ -116,6 +116,8 @@ def check_sizes(config) -> None:
     of `config` is not a positive int (>= 0 for a padding)."""
     for name, positive, optional in _size_fields(type(config)):
         value = getattr(config, name)
+        if type(value) is int and value >= positive:  # a plain int in range (>= 1 when positive; a bool is no int here)
+            continue
         if value is None and optional:
             continue  # optional: the layer picks it
         if not positive and not (_is_int(value) or isinstance(value, (tuple, list))):
