@@ -250,7 +250,7 @@ class Rule:
         return "".join(out)
 
     def ember_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        shape = tuple(int(d) for d in stored)
+        shape = tuple(map(int, stored))
         for t in self.transforms:
             shape = t.shape(shape)
         return shape
