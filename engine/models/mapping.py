@@ -305,7 +305,10 @@ class WeightMap:
     def canonical(self, stored_names) -> dict[str, str]:
         """{name the rules use: name in the file} for a checkpoint's tensor names (through the
         aliases; two file names with one meaning raise RecordError naming both)."""
-        return {new: old for old, new in self.aliases.mapping(stored_names).items()}
+        names = list(stored_names)
+        if not len(self.aliases) and "" not in names and len(set(names)) == len(names):
+            return dict(zip(names, names))  # no aliases: each name is its own (what mapping() would check holds)
+        return {new: old for old, new in self.aliases.mapping(names).items()}
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -342,7 +345,13 @@ class WeightMap:
         return made
 
     def ignored(self, stored_name: str) -> bool:
-        for p in self.ignore:
-            if p.search(stored_name):
-                return True
-        return False
+        return any(p.search(stored_name) for p in self.ignore)
+
+    def kept(self, stored_names) -> list[str]:
+        """The names `ignored` does not skip, in order (one regex pass over each name)."""
+        if not self.ignore:
+            return list(stored_names)
+        if len(self.ignore) == 1:
+            search = self.ignore[0].search
+            return [n for n in stored_names if not search(n)]
+        return [n for n in stored_names if not self.ignored(n)]

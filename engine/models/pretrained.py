@@ -500,7 +500,7 @@ def _check_layers(fam: Family, cfg, wmap: WeightMap, tensors: dict, where: str) 
     if fam.layers is None:
         return
     key, count = fam.layers(cfg)
-    held = sorted(_layers_held(wmap, (n for n in tensors if not wmap.ignored(n))))
+    held = sorted(_layers_held(wmap, wmap.kept(tensors)))
     if held == list(range(count)):
         return
     holds = f"the tensors of {len(held)} layer(s) (layers {_spans(held)})" if held else "no per-layer tensors"
