@@ -116,7 +116,7 @@ def _walk_module(m: "Module", w: _Walker):
     nd = new.__dict__ if rebuild else None
     ct = container_type(m)
     for name, v in list(m.__dict__.items()):
-        if name[:1] == "_":
+        if name[:1] == "_" or v is None:  # private, or an absent child (a Linear without bias): kept as is
             if rebuild:
                 nd[name] = v
             continue
