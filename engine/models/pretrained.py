@@ -270,7 +270,7 @@ class _Load(ModuleMapper):
         self.family, self.wmap, self.tensors, self.dtype = family, wmap, tensors, dtype
         self.target = as_dtype(dtype).np if dtype is not None else np.dtype(np.float32)
         self.config_where = config_where
-        self.check = check
+        self.check = None if check is _no_check else check
         self.path: list[str] = []
         self.by_id: dict = {}
         self.names: dict[str, str] = {}  # Ember path -> stored (canonical) name
@@ -279,7 +279,8 @@ class _Load(ModuleMapper):
         self.problems: list[str] = []
 
     def enter_module(self, name, container_type):
-        self.check()
+        if self.check is not None:
+            self.check()
         self.path.append(name)
 
     def exit_module(self, name, container_type):
@@ -315,7 +316,7 @@ class _Load(ModuleMapper):
             raise PretrainedError(f"tensor '{name}' holds {stored.dtype} values, '{path}' is a {param.kind} "
                                   f"parameter", where=str(stored.file))
         new = Param.uninitialized(_initializer(stored, rule, self.dtype, self.target), param.lazy_device(),
-                                  param.lazy_is_require_grad(), expected, kind=kind, id=param.id)
+                                  param.is_require_grad(), expected, kind=kind, id=param.id)
         if param.is_running_state():
             new = new.as_running_state()
         self.by_id[param.id] = new
