@@ -320,10 +320,13 @@ class WeightMap:
         """(rule, stored name) for an Ember parameter path; None when no rule covers it. The first
         rule (in order) whose Ember template matches wins: all the rules' templates are one regex
         of alternatives tried in order (one match per path, not one per rule)."""
-        m = self._matcher_of_rules()[1].match(ember_path)
+        made = self._matcher
+        if made is None or made[0] != self.rules:
+            made = self._matcher_of_rules()
+        m = made[1].match(ember_path)
         if m is None:
             return None
-        rule, form, groups = self._matcher[2][m.lastindex]  # rule k's outer group closes last
+        rule, form, groups = made[2][m.lastindex]  # rule k's outer group closes last
         if not groups:
             return rule, form
         return rule, form % ((m.group(groups[0]),) if len(groups) == 1 else m.group(*groups))
