@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import STABLE_MALLOC, blas_line, cpu_name, openblas_kernels, two_core_line  # noqa: E402
 
 SCRIPTS = ["ops", "mlp", "lazy_params", "conv", "layers", "store", "train", "gui_open", "gui_training",
-           "pretrained_open", "families_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
+           "pretrained_open", "families_open", "moe_open", "generate", "lora_step", "gpt", "onnx_export", "onnx_io"]
 NOT_BENCHMARKS = {"run_all", "_common"}
 # scripts that measure one thread count per process (OpenBLAS reads its thread count once, at
 # start-up): run once per thread count, their outputs one after the other
@@ -361,6 +361,20 @@ def _families_7b(out, tables):
                   f"{len(t.rows)} families", met=met)
 
 
+def _moe_open(out, tables):
+    """The slowest mixture checkpoint's open (the best of its opens), the most memory; met when every
+    checkpoint's row is."""
+    t = find_table(tables, "Open a sparse mixture-of-experts checkpoint lazily")
+    best, mem, verdict = t.column("from_pretrained + num_params"), t.column("resident memory"), t.column("stored tensors")
+    if not t.rows or any(r[verdict] == "" for r in t.rows):
+        raise LookupError("a mixture checkpoint did not open")
+    slowest = max(t.rows, key=lambda r: seconds(r[best]))
+    most = max(number(r[mem]) for r in t.rows)
+    met = all(r[verdict].endswith("; met") for r in t.rows)
+    return Figure(f"slowest {slowest[0]} ({slowest[t.column('tensors')]} tensors): {fmt_seconds(seconds(slowest[best]))}; "
+                  f"at most {most:+.1f} MB; {len(t.rows)} checkpoints", met=met)
+
+
 def _pretrained_first_forward(out, tables):
     t = find_table(tables, "First forward of a small real model")
     r = t.row("from_pretrained + first forward")
@@ -456,6 +470,8 @@ TARGETS = [
            "< 1 s, < 100 MB, none read", "issue 19", _pretrained_7b),
     Target("families_open", "open a 7 B-sized sparse Qwen3 / Phi-3 / Gemma 1-3 checkpoint: open, count, display, "
            "freeze, LoRA", "< 1 s, < 100 MB, none read (each family)", "issue 47", _families_7b),
+    Target("moe_open", "open a sparse Mixtral-8x7B / Qwen1.5-MoE-A2.7B / Qwen3-30B-A3B checkpoint: from_pretrained "
+           "+ num_params", "< 1 s, < 100 MB, none read (each checkpoint)", "issue 47", _moe_open),
     Target("pretrained_open", "small HF Llama: from_pretrained + first forward", "side by side (no target)",
            "issue 19", _pretrained_first_forward),
     Target("generate", "greedy generation with the KV cache, 64 tokens, 1 thread", "≥ 1.0× transformers tokens/s",

@@ -38,6 +38,8 @@ pickle is walked, before it is loaded).
 """
 from __future__ import annotations
 
+import math
+import operator
 import os
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -225,10 +227,13 @@ def _open_safetensors(path: Path, sources: list) -> dict[str, StoredTensor]:
     head = src.read_bytes(0, safetensors_io.head_length(first, src.size, where))
     plan = safetensors_io.plan(head, src.size, where)
     out = {}
-    for t in sorted(plan.tensors, key=lambda t: t.offset):
+    for t in sorted(plan.tensors, key=_BY_OFFSET):  # the plan checked nbytes = count * itemsize
         out[t.name] = StoredTensor(t.name, t.dtype, t.shape, path, t.nbytes,
-                                   _safetensors_reader(src, t.offset, t.dtype, t.count, t.shape))
+                                   _safetensors_reader(src, t.offset, t.dtype, math.prod(t.shape), t.shape))
     return out
+
+
+_BY_OFFSET = operator.attrgetter("offset")
 
 
 def _safetensors_reader(src: FileSource, offset: int, dtype: str, count: int, shape):

@@ -180,15 +180,26 @@ class Reshape(Transform):
         return np.ascontiguousarray(array.reshape(self.stored))
 
 
-def _compile(template: str) -> tuple[re.Pattern, tuple[str, ...]]:
-    names = tuple(_PLACEHOLDER.findall(template))
+def _pattern(template: str, prefix: str = "") -> str:
+    """The regex text of `template`: its placeholders as groups `prefix + name` of digits."""
     pieces, last = [], 0
     for m in _PLACEHOLDER.finditer(template):
         pieces.append(re.escape(template[last:m.start()]))
-        pieces.append(f"(?P<{m.group(1)}>[0-9]+)")
+        pieces.append(f"(?P<{prefix}{m.group(1)}>[0-9]+)")
         last = m.end()
     pieces.append(re.escape(template[last:]))
-    return re.compile("".join(pieces) + r"\Z"), names
+    return "".join(pieces) + r"\Z"
+
+
+def _compile(template: str) -> tuple[re.Pattern, tuple[str, ...]]:
+    return re.compile(_pattern(template)), tuple(_PLACEHOLDER.findall(template))
+
+
+def _filler(template: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(literal texts, placeholder names) of `template`: literals[0] + value of names[0] + literals[1]
+    + ... fills it (one more literal than names)."""
+    parts = _PLACEHOLDER.split(template)
+    return tuple(parts[0::2]), tuple(parts[1::2])
 
 
 @dataclass
@@ -206,6 +217,7 @@ class Rule:
         # the text after the last placeholder, which every path the rule covers ends with: `find`
         # tries each rule on each parameter, and most fail on it without a regex match
         self._ember_tail = _PLACEHOLDER.split(self.ember)[-1]
+        self._hf_fill = _filler(self.hf)
         if sorted(hf_names) != sorted(ember_names):
             raise ValueError(f"rule {self.hf!r} -> {self.ember!r}: both templates must use the same placeholders")
         for i, t in enumerate(self.transforms):
@@ -225,10 +237,20 @@ class Rule:
         m = self._ember_re.match(path)
         if m is None:
             return None
-        return _PLACEHOLDER.sub(lambda g: m.group(g.group(1)), self.hf)
+        return self.hf_name(m.group)
+
+    def hf_name(self, value) -> str:
+        """The stored name with each placeholder `name` filled by `value(name)`."""
+        literals, names = self._hf_fill
+        if not names:
+            return literals[0]
+        out = [literals[0]]
+        for name, literal in zip(names, literals[1:]):
+            out += (value(name), literal)
+        return "".join(out)
 
     def ember_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        shape = tuple(int(d) for d in stored)
+        shape = tuple(map(int, stored))
         for t in self.transforms:
             shape = t.shape(shape)
         return shape
@@ -278,11 +300,15 @@ class WeightMap:
                 raise TypeError(f"WeightMap expects Rules, got {type(r).__name__}")
         self.ignore = [re.compile(p) for p in ignore]
         self.aliases = aliases if isinstance(aliases, KeyRemapper) else KeyRemapper(aliases)
+        self._matcher: tuple[list, re.Pattern] | None = None  # (the rules it was made of, their one regex)
 
     def canonical(self, stored_names) -> dict[str, str]:
         """{name the rules use: name in the file} for a checkpoint's tensor names (through the
         aliases; two file names with one meaning raise RecordError naming both)."""
-        return {new: old for old, new in self.aliases.mapping(stored_names).items()}
+        names = list(stored_names)
+        if not len(self.aliases) and "" not in names and len(set(names)) == len(names):
+            return dict(zip(names, names))  # no aliases: each name is its own (what mapping() would check holds)
+        return {new: old for old, new in self.aliases.mapping(names).items()}
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -291,12 +317,44 @@ class WeightMap:
         return f"WeightMap({len(self.rules)} rules, {len(self.ignore)} ignored patterns)"
 
     def find(self, ember_path: str) -> tuple[Rule, str] | None:
-        """(rule, stored name) for an Ember parameter path; None when no rule covers it."""
-        for r in self.rules:
-            name = r.match_ember(ember_path)
-            if name is not None:
-                return r, name
-        return None
+        """(rule, stored name) for an Ember parameter path; None when no rule covers it. The first
+        rule (in order) whose Ember template matches wins: all the rules' templates are one regex
+        of alternatives tried in order (one match per path, not one per rule)."""
+        made = self._matcher
+        if made is None or made[0] != self.rules:
+            made = self._matcher_of_rules()
+        m = made[1].match(ember_path)
+        if m is None:
+            return None
+        rule, form, groups = made[2][m.lastindex]  # rule k's outer group closes last
+        if not groups:
+            return rule, form
+        return rule, form % ((m.group(groups[0]),) if len(groups) == 1 else m.group(*groups))
+
+    def _matcher_of_rules(self) -> tuple:
+        """(the rules, their one regex, {outer group index: (rule, stored name as a %-format,
+        the groups of its placeholders in that order)}), made again when the rules list changed."""
+        made = self._matcher
+        if made is None or made[0] != self.rules:
+            rules, texts, table, index = list(self.rules), [], {}, 1
+            for k, r in enumerate(rules):
+                names = _PLACEHOLDER.findall(r.ember)  # the groups, numbered in the template's order
+                texts.append(f"(?P<r{k}>{_pattern(r.ember, f'r{k}_')})")
+                literals, hf_names = r._hf_fill
+                form = "%s".join(t.replace("%", "%%") for t in literals)
+                table[index] = (r, form, tuple(index + 1 + names.index(n) for n in hf_names))
+                index += 1 + len(names)
+            made = self._matcher = (rules, re.compile("|".join(texts) or r"(?!)"), table)
+        return made
 
     def ignored(self, stored_name: str) -> bool:
         return any(p.search(stored_name) for p in self.ignore)
+
+    def kept(self, stored_names) -> list[str]:
+        """The names `ignored` does not skip, in order (one regex pass over each name)."""
+        if not self.ignore:
+            return list(stored_names)
+        if len(self.ignore) == 1:
+            search = self.ignore[0].search
+            return [n for n in stored_names if not search(n)]
+        return [n for n in stored_names if not self.ignored(n)]

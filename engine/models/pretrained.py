@@ -36,7 +36,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ..module import Module, ModuleMapper, Param
-from ..module.tree import params as tree_params
 from ..store.errors import RecordError
 from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
@@ -259,11 +258,82 @@ class _Attach(ModuleMapper):
     map_float = map_int = map_bool = _map
 
 
+class _Load(ModuleMapper):
+    """Replaces each parameter of a new model (no reparameterization) with a lazy one reading its
+    stored tensor, in one walk: the weight map's rule for its path, the stored tensor's dims after
+    the rule's transforms checked against the parameter's, the stored dtype's kind against its kind.
+    A tensor that does not fit raises; missing ones are collected in `problems` (the parameter is
+    kept) for the caller to raise after the walk. A parameter used twice (a tied weight) gets the
+    one new parameter. `check()` runs as each module and parameter is entered."""
+
+    def __init__(self, family: str, wmap: WeightMap, tensors: dict, dtype, config_where: str, check):
+        self.family, self.wmap, self.tensors, self.dtype = family, wmap, tensors, dtype
+        self.target = as_dtype(dtype).np if dtype is not None else np.dtype(np.float32)
+        self.config_where = config_where
+        self.check = None if check is _no_check else check
+        self.path: list[str] = []
+        self.by_id: dict = {}
+        self.names: dict[str, str] = {}  # Ember path -> stored (canonical) name
+        self.used: set[str] = set()
+        self.sources: dict = {}  # param id -> (lazy state, StoredTensor, Rule)
+        self.problems: list[str] = []
+
+    def enter_module(self, name, container_type):
+        if self.check is not None:
+            self.check()
+        self.path.append(name)
+
+    def exit_module(self, name, container_type):
+        self.path.pop()
+
+    def _map(self, param):
+        new = self.by_id.get(param.id)
+        if new is not None:
+            return new
+        path = ".".join(self.path)
+        hit = self.wmap.find(path)
+        if hit is None:
+            raise PretrainedError(f"the {self.family} weight map has no rule for parameter '{path}' "
+                                  f"(an Ember bug: every parameter needs one)", where=self.config_where)
+        rule, name = hit
+        stored = self.tensors.get(name)
+        if stored is None:
+            self.problems.append(f"tensor '{name}' (for '{path}') is missing")
+            return param
+        try:
+            shape = rule.ember_shape(stored.shape)
+        except ValueError as exc:
+            raise PretrainedError(f"tensor '{name}' does not fit '{path}': {exc}", where=str(stored.file)) from None
+        expected = param.lazy_shape()
+        if shape != expected:
+            dims = f"dims {list(stored.shape)}" + (f" (dims {list(shape)} after {_describe(rule)})"
+                                                   if shape != tuple(stored.shape) else "")
+            raise PretrainedError(
+                f"tensor '{name}' has {dims}; the config ({Path(self.config_where).name}) gives '{path}' dims "
+                f"{list(expected)}", where=str(stored.file))
+        kind = _stored_kind(stored.dtype)
+        if kind != param.kind:
+            raise PretrainedError(f"tensor '{name}' holds {stored.dtype} values, '{path}' is a {param.kind} "
+                                  f"parameter", where=str(stored.file))
+        new = Param.uninitialized(_initializer(stored, rule, self.dtype, self.target), param.lazy_device(),
+                                  param.is_require_grad(), expected, kind=kind, id=param.id)
+        if param.is_running_state():
+            new = new.as_running_state()
+        self.by_id[param.id] = new
+        self.names[path] = name
+        self.used.add(name)
+        self.sources[param.id] = (new.lazy_state(), stored, rule)
+        return new
+
+    map_float = map_int = map_bool = _map
+
+
 _WIDE_AS_STORED = {"F32", "F16", "F64"}  # read as stored: the transforms' one pass converts them
 
 
-def _initializer(stored, rule: Rule, dtype):
-    target = as_dtype(dtype).np if dtype is not None else np.dtype(np.float32)
+def _initializer(stored, rule: Rule, dtype, target=None):
+    if target is None:
+        target = as_dtype(dtype).np if dtype is not None else np.dtype(np.float32)
 
     def init(device, require_grad):
         try:
@@ -431,7 +501,7 @@ def _check_layers(fam: Family, cfg, wmap: WeightMap, tensors: dict, where: str) 
     if fam.layers is None:
         return
     key, count = fam.layers(cfg)
-    held = sorted(_layers_held(wmap, (n for n in tensors if not wmap.ignored(n))))
+    held = sorted(_layers_held(wmap, wmap.kept(tensors)))
     if held == list(range(count)):
         return
     holds = f"the tensors of {len(held)} layer(s) (layers {_spans(held)})" if held else "no per-layer tensors"
@@ -457,55 +527,14 @@ def _open(ckpt: Checkpoint, device, dtype, check: Callable[[], None]) -> Module:
     tensors = {name: ckpt.tensors[stored] for name, stored in canonical.items()}
     _check_layers(fam, cfg, wmap, tensors, config_where)
     model = fam.build(cfg, device)
-    plan: dict[str, Param] = {}
-    names: dict[str, str] = {}
-    used: set[str] = set()
-    sources = {}
-    by_id: dict = {}
-    problems: list[str] = []
-    for path, param in tree_params(model):  # a new model: no reparameterization
-        check()
-        if param.id in by_id:  # one parameter used twice (a tied weight): one value, one entry
-            plan[path] = by_id[param.id]
-            continue
-        hit = wmap.find(path)
-        if hit is None:
-            raise PretrainedError(f"the {fam.name} weight map has no rule for parameter '{path}' "
-                                  f"(an Ember bug: every parameter needs one)", where=config_where)
-        rule, name = hit
-        stored = tensors.get(name)
-        if stored is None:
-            problems.append(f"tensor '{name}' (for '{path}') is missing")
-            continue
-        where = str(stored.file)
-        try:
-            shape = rule.ember_shape(stored.shape)
-        except ValueError as exc:
-            raise PretrainedError(f"tensor '{name}' does not fit '{path}': {exc}", where=where) from None
-        expected = tuple(param.lazy_shape())
-        if shape != expected:
-            dims = f"dims {list(stored.shape)}" + (f" (dims {list(shape)} after {_describe(rule)})"
-                                                   if shape != tuple(stored.shape) else "")
-            raise PretrainedError(
-                f"tensor '{name}' has {dims}; the config ({Path(config_where).name}) gives '{path}' dims "
-                f"{list(expected)}", where=where)
-        kind = _stored_kind(stored.dtype)
-        if kind != param.kind:
-            raise PretrainedError(f"tensor '{name}' holds {stored.dtype} values, '{path}' is a {param.kind} "
-                                  f"parameter", where=where)
-        new = Param.uninitialized(_initializer(stored, rule, dtype), param.lazy_device(),
-                                  param.lazy_is_require_grad(), expected, kind=kind, id=param.id)
-        if param.is_running_state():
-            new = new.as_running_state()
-        plan[path] = by_id[param.id] = new
-        names[path] = name
-        used.add(name)
-        sources[param.id] = (new.lazy_state(), stored, rule)
-    if problems:
-        first = problems[:5]
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    load = _Load(fam.name, wmap, tensors, dtype, config_where, check)
+    out = model.map(load)  # one walk: each parameter matched, checked and replaced as it is reached
+    if load.problems:
+        first = load.problems[:5]
+        more = f" (and {len(load.problems) - 5} more)" if len(load.problems) > 5 else ""
         raise PretrainedError(f"the checkpoint lacks tensors the config needs: {'; '.join(first)}{more}",
                               where=str(ckpt.folder))
+    used = load.used
     extra = [n for n in tensors if n not in used and not wmap.ignored(n)]
     if extra:
         where = str(tensors[extra[0]].file)
@@ -513,11 +542,10 @@ def _open(ckpt: Checkpoint, device, dtype, check: Callable[[], None]) -> Module:
         raise PretrainedError(f"{len(extra)} tensor(s) fit no parameter of a {fam.name} model with this config: "
                               f"{shown}", where=where)
     generation = _generation_config(Path(ckpt.folder))
-    out = model.map(_Attach(plan, check))
     out._pretrained = PretrainedInfo(
-        family=fam, config=cfg, raw_config=dict(ckpt.config), folder=Path(ckpt.folder), names=names,
+        family=fam, config=cfg, raw_config=dict(ckpt.config), folder=Path(ckpt.folder), names=load.names,
         stored_dtypes={n: tensors[n].dtype for n in used}, order=[n for n in tensors if n in used],
-        sources=sources, generation_config=generation)
+        sources=load.sources, generation_config=generation)
     return out
 
 

@@ -45,7 +45,7 @@ def _shape(shape) -> tuple[int, ...]:
     if isinstance(shape, int):
         return (shape,)
     try:
-        return tuple(int(s) for s in shape)
+        return tuple(map(int, shape))
     except TypeError:
         raise TypeError(f"initializer: expected a shape (a sequence of ints), got {shape!r}") from None
 

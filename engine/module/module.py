@@ -43,6 +43,7 @@ Display: `str(module)` renders as Burn does; override `custom_settings(self)` an
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from ..tensor import Device, Tensor
@@ -111,13 +112,20 @@ _PLAIN, _NONE, _MODULE, _PARAM = FieldKind.PLAIN, FieldKind.NONE, FieldKind.MODU
 _FLAG, _CONSTANT, _CONTAINER = FieldKind.FLAG, FieldKind.CONSTANT, FieldKind.CONTAINER
 
 
+_STRUCT_OF_TYPE: dict[type, str] = {}  # a module class -> its container_type ("Struct:<ClassName>")
+
+
 def _walk_module(m: "Module", w: _Walker):
     rebuild = w.rebuild
     new = object.__new__(type(m)) if rebuild else None
     nd = new.__dict__ if rebuild else None
-    ct = container_type(m)
+    ct = _STRUCT_OF_TYPE.get(type(m))
+    if ct is None:
+        ct = container_type(m)
+        if isinstance(m, ModuleBase):
+            _STRUCT_OF_TYPE[type(m)] = ct
     for name, v in list(m.__dict__.items()):
-        if name[:1] == "_":
+        if name[:1] == "_" or v is None:  # private, or an absent child (a Linear without bias): kept as is
             if rebuild:
                 nd[name] = v
             continue
@@ -331,6 +339,22 @@ class _Collect(_Walker):
             self.fc(t)
 
 
+class _Count(_Walker):
+    """Sums the parameters' element counts (no paths made, no rebuild, nothing initialized)."""
+
+    rebuild = False
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+
+    def on_param(self, p):
+        self.total += math.prod(p.lazy_shape())
+
+    def on_flag(self, f):
+        pass
+
+
 # ---------------------------------------------------------------------------------- Module
 class Module(ModuleBase):
     """Base class of every module; see this file's docstring for fields, paths and flags."""
@@ -443,17 +467,9 @@ class Module(ModuleBase):
 
     def num_params(self) -> int:
         """The number of parameter elements (never initializes a lazy parameter)."""
-        total = 0
-
-        def add(_, p):
-            nonlocal total
-            n = 1
-            for s in p.lazy_shape():
-                n *= s
-            total += n
-
-        _walk_module(self, _Collect(params=add))
-        return total
+        counter = _Count()
+        _walk_module(self, counter)
+        return counter.total
 
     def devices(self) -> list[Device]:
         """The devices of the parameters and constants, in traversal order, without repeats

@@ -263,12 +263,15 @@ class Param:
         if kind not in ("float", "int", "bool"):
             raise ValueError(f"Param.uninitialized: kind must be 'float', 'int' or 'bool', got {kind!r}")
         try:
-            dims = tuple(int(s) for s in shape)
+            dims = tuple(map(int, shape))
         except TypeError:
             raise TypeError(f"Param.uninitialized: shape must be a sequence of ints, got {shape!r}") from None
         active = bool(require_grad) and kind == "float"
-        lazy = _Lazy(init, as_device(device), dims, kind, None if itemsize is None else int(itemsize))
-        return cls._make(ParamId() if id is None else ParamId(id), None, lazy, active, True, None)
+        dev = device if type(device) is Device else as_device(device)
+        lazy = _Lazy(init, dev, dims, kind, None if itemsize is None else int(itemsize))
+        # a ParamId is immutable (copies are itself): one given is shared, not wrapped again
+        pid = ParamId() if id is None else (id if type(id) is ParamId else ParamId(id))
+        return cls._make(pid, None, lazy, active, True, None)
 
     # ------------------------------------------------------------------ values
     def val(self) -> Tensor:

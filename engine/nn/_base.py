@@ -114,8 +114,10 @@ def _size_fields(cls) -> tuple[tuple[str, bool, bool], ...]:
 def check_sizes(config) -> None:
     """Raise a ValueError naming the config, the field and the value when a size or count field
     of `config` is not a positive int (>= 0 for a padding)."""
-    for name, positive, optional in _size_fields(type(config)):
+    for name, positive, optional in _SIZE_FIELDS.get(type(config)) or _size_fields(type(config)):
         value = getattr(config, name)
+        if type(value) is int and value >= positive:  # a plain int in range (>= 1 when positive; a bool is no int here)
+            continue
         if value is None and optional:
             continue  # optional: the layer picks it
         if not positive and not (_is_int(value) or isinstance(value, (tuple, list))):
@@ -144,7 +146,7 @@ class Config:
         init = cls.__dict__.get("init")
         if init is not None and not getattr(init, "_checks_sizes", False):
             def checked_init(self, *args, __init=init, **kw):
-                if dataclasses.is_dataclass(self):
+                if hasattr(type(self), "__dataclass_fields__"):  # dataclasses.is_dataclass, without a call
                     check_sizes(self)
                 return __init(self, *args, **kw)
 

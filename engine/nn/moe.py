@@ -21,7 +21,7 @@ import numpy as np
 from ..shapes.rules import expect, float_input, same
 from ..tensor import Tensor
 from . import _ops
-from ._base import Config, Layer, assert_shape, check_dtype
+from ._base import Config, Layer, assert_shape, check_dtype, check_sizes
 from .linear import LinearConfig
 from .spec import declare
 
@@ -37,9 +37,14 @@ class GatedMlpConfig(Config):
     bias: bool = False
 
     def init(self, device=None) -> "GatedMlp":
-        return GatedMlp(LinearConfig(self.d_model, self.d_ff, bias=self.bias).init(device),
-                        LinearConfig(self.d_model, self.d_ff, bias=self.bias).init(device),
-                        LinearConfig(self.d_ff, self.d_model, bias=self.bias).init(device))
+        return self.init_many(1, device)[0]
+
+    def init_many(self, n: int, device=None) -> list["GatedMlp"]:
+        """`n` experts of this config (a layer's 128 experts share their two Linear configs)."""
+        check_sizes(self)
+        into = LinearConfig(self.d_model, self.d_ff, bias=self.bias)
+        out = LinearConfig(self.d_ff, self.d_model, bias=self.bias)
+        return [GatedMlp(into.init(device), into.init(device), out.init(device)) for _ in range(n)]
 
 
 class GatedMlp(Layer):
@@ -90,7 +95,7 @@ class SparseMoeConfig(Config):
             shared = GatedMlpConfig(self.d_model, self.d_shared).init(device)
             shared_gate = LinearConfig(self.d_model, 1, bias=False).init(device)
         return SparseMoe(LinearConfig(self.d_model, self.n_experts, bias=False).init(device),
-                         [expert.init(device) for _ in range(self.n_experts)], self.top_k,
+                         expert.init_many(self.n_experts, device), self.top_k,
                          self.normalize_top_k, shared, shared_gate)
 
 

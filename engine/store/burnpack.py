@@ -29,6 +29,7 @@ The entry's `array` is what NumPy can hold:
 from __future__ import annotations
 
 import math
+import operator
 import struct
 from dataclasses import dataclass, field
 
@@ -431,10 +432,13 @@ def check_shape(shape, dtype: str, name: str, where: str) -> None:
                      f"{MAX_DIMS} axes whose size fits NumPy expected, found {problem}")
 
 
+_BY_RANGE = operator.attrgetter("offset", "nbytes")
+
+
 def check_ranges(planned: list[Planned], data_start: int, where: str) -> None:
     """Sort by offset and refuse overlapping non-empty ranges (reported as data_offsets,
     relative to `data_start`)."""
-    planned.sort(key=lambda p: (p.offset, p.nbytes))
+    planned.sort(key=_BY_RANGE)
     prev_end, prev_name = 0, None
     for p in planned:
         if p.nbytes:

@@ -34,6 +34,8 @@ _TO_BURN = {
     "BOOL": "Bool(Native)",
 }
 _FROM_BURN = {v: k for k, v in _TO_BURN.items()}
+_ITEMSIZE = {b: storage_dtype(b).itemsize for b in _TO_BURN.values()}  # bytes per stored element
+_INT = {int}  # the set of a header list's item types when each is an int (a bool's type is bool)
 _FROM_BURN["Flex32"] = "F32"
 
 
@@ -100,11 +102,13 @@ def plan(buf, size: int | None = None, where: str = "bytes") -> Plan:
         shape = desc.get("shape")
         if isinstance(shape, list) and len(shape) > MAX_DIMS:
             check_shape(shape, dtype, name, where)
-        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2 ** 64 for d in shape):
+        # every dim an int (no bool, no float) in [0, 2**64), checked without a Python call per dim
+        if not isinstance(shape, list) or (shape and not ({*map(type, shape)} == _INT
+                                                          and min(shape) >= 0 and max(shape) < 2 ** 64)):
             _fail(where, f"tensor {name!r}: shape must be a list of unsigned integers, found {shape!r}")
         offsets = desc.get("data_offsets")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(type(o) is int and 0 <= o < 2 ** 64 for o in offsets)):
+        if (not isinstance(offsets, list) or len(offsets) != 2 or {*map(type, offsets)} != _INT
+                or min(offsets) < 0 or max(offsets) >= 2 ** 64):
             _fail(where, f"tensor {name!r}: data_offsets must be [start, end], found {offsets!r}")
         start, end = offsets
         if start > end:
@@ -113,7 +117,7 @@ def plan(buf, size: int | None = None, where: str = "bytes") -> Plan:
             _fail(where, f"tensor {name!r}: {end - start} bytes exceed the per-tensor limit of {MAX_TENSOR_BYTES}")
         if end > available:
             _fail(where, f"truncated: tensor {name!r} ends at data byte {end}, only {available} data bytes exist")
-        expected = math.prod(shape) * storage_dtype(dtype).itemsize
+        expected = math.prod(shape) * _ITEMSIZE[dtype]
         if expected != end - start:
             _fail(where, f"tensor {name!r}: shape {shape} of {st_dtype} needs {expected} bytes, "
                          f"data_offsets [{start}, {end}] hold {end - start}")

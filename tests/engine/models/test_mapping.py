@@ -78,3 +78,34 @@ def test_split_parts_and_bad_rules():
     wm = WeightMap([Rule("x.{i}", "y.{i}")], ignore=[r"inv_freq$"])
     assert wm.find("y.3")[1] == "x.3" and wm.find("z") is None
     assert wm.ignored("model.rotary_emb.inv_freq") and not wm.ignored("x.3")
+
+
+def test_find_takes_the_first_rule_that_covers_a_path_as_each_rule_alone_would():
+    rules = [Rule("a.{i}.b%x.{e}", "l.{e}.experts.{i}.w"),  # placeholders in the other order, a literal %
+             Rule("first.{i}", "layers.{i}.w"),
+             Rule("second.{i}", "layers.{i}.w"),  # never reached: the rule before covers the same paths
+             Rule("plain.weight", "norm.gamma"),
+             Rule("h.{i}.q.{j}", "h.{i}.{j}.q")]
+    wmap = WeightMap(rules)
+    paths = ["l.7.experts.12.w", "layers.3.w", "norm.gamma", "h.0.10.q", "layers.x.w", "layers.3.w.extra",
+             "xlayers.3.w", "norm.gammas", "h.1.2.q.r"]
+    for path in paths:
+        alone = next(((r, r.match_ember(path)) for r in rules if r.match_ember(path) is not None), None)
+        assert wmap.find(path) == alone, path
+    assert wmap.find("l.7.experts.12.w")[1] == "a.12.b%x.7"
+    assert wmap.find("layers.3.w") == (rules[1], "first.3")
+    assert wmap.find("layers.x.w") is None and wmap.find("norm.gammas") is None
+    wmap.rules.insert(0, Rule("zero.{i}", "layers.{i}.w"))  # a changed rules list is matched as it now is
+    assert wmap.find("layers.3.w")[1] == "zero.3"
+    assert WeightMap([]).find("anything") is None
+
+
+def test_canonical_without_aliases_keeps_the_names_and_their_refusals():
+    wmap = WeightMap([Rule("a.{i}", "b.{i}")])
+    assert wmap.canonical(["a.1", "a.2"]) == {"a.1": "a.1", "a.2": "a.2"}
+    with pytest.raises(Exception, match="empty name"):
+        wmap.canonical(["a.1", ""])
+    with pytest.raises(Exception, match="maps both"):
+        wmap.canonical(["a.1", "a.1"])
+    kept = WeightMap([Rule("a.{i}", "b.{i}")], ignore=[r"inv_freq$"]).kept(["a.1", "x.inv_freq", "a.2"])
+    assert kept == ["a.1", "a.2"]
