@@ -28,23 +28,13 @@ from __future__ import annotations
 
 from ..store.errors import RecordError
 from ..store.gguf_file import GGUFFile, open_gguf
+from ..store.gguf_pre import PRE_TOKENIZER_SPLITS
 from .chat_template import ChatTemplate
 from .tokenizer import TextTokenizer, TokenizerError
 
 __all__ = ["PRE_TOKENIZER_SPLITS", "gguf_chat_template", "load_gguf_tokenizer", "merges_from_scores"]
 
 CONTROL, USER_DEFINED = 3, 4
-
-# the split of each pre-tokenizer name whose merges were learned over another split than GPT-2's
-# (the regexes of the models' own tokenizer.json files)
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZER_SPLITS = {
-    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
-    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
-}
 
 
 def _byte_alphabet() -> dict[int, str]:

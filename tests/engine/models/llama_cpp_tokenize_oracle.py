@@ -1,0 +1,22 @@
+"""Run by the oracle venv's Python (tests/engine/models/test_gguf_hf_tokenizer.py): llama.cpp's and
+transformers' tokenization of the same lines, a GGUF file's against the Hugging Face folder it was
+exported from.
+
+    python llama_cpp_tokenize_oracle.py MODEL.gguf FOLDER TEXTS.json
+
+prints one JSON object: {"llama_cpp": [ids of each line], "transformers": [ids of each line]}, each
+line tokenized as the model's users do: special tokens in the text recognised, the bos / eos
+tokens added as the tokenizer says (llama.cpp: `add_special`, `parse_special`; transformers: the
+tokenizer called on the text).
+"""
+import json
+import sys
+
+from llama_cpp import Llama
+from transformers import AutoTokenizer
+
+model, folder, texts = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3], encoding="utf-8"))
+llm = Llama(model_path=model, vocab_only=True, verbose=False)
+tok = AutoTokenizer.from_pretrained(folder)
+print(json.dumps({"llama_cpp": [llm.tokenize(t.encode("utf-8"), add_bos=True, special=True) for t in texts],
+                  "transformers": [tok(t)["input_ids"] for t in texts]}))
