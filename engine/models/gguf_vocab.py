@@ -160,6 +160,9 @@ def _check_model(doc: dict, where: str) -> dict:
             raise PretrainedError(f"tokenizer.json's BPE has a {key} ({model[key]!r}): llama.cpp's byte-level BPE "
                                   f"has none", where=where)
     decoder = doc.get("decoder") or {}
+    pre = doc.get("pre_tokenizer") or {}
+    if "Metaspace" in (decoder.get("type"), pre.get("type")):
+        raise _sentencepiece(where, "a Metaspace pre-tokenizer ('▁' for spaces)")
     if decoder.get("type") != "ByteLevel":
         raise PretrainedError(f"expected a ByteLevel decoder in tokenizer.json (a byte-level BPE), found "
                               f"{decoder.get('type')!r}", where=where)

@@ -4,7 +4,8 @@ exported from.
 
     python llama_cpp_tokenize_oracle.py MODEL.gguf FOLDER TEXTS.json
 
-prints one JSON object: {"llama_cpp": [ids of each line], "transformers": [ids of each line]}, each
+prints one JSON object: {"llama_cpp": [ids of each line], "transformers": [ids of each line],
+"chat": transformers' chat template rendered for one question with the generation prompt}, each
 line tokenized as the model's users do: special tokens in the text recognised, the bos / eos
 tokens added as the tokenizer says (llama.cpp: `add_special`, `parse_special`; transformers: the
 tokenizer called on the text).
@@ -19,4 +20,6 @@ model, folder, texts = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3], enc
 llm = Llama(model_path=model, vocab_only=True, verbose=False)
 tok = AutoTokenizer.from_pretrained(folder)
 print(json.dumps({"llama_cpp": [llm.tokenize(t.encode("utf-8"), add_bos=True, special=True) for t in texts],
-                  "transformers": [tok(t)["input_ids"] for t in texts]}))
+                  "transformers": [tok(t)["input_ids"] for t in texts],
+                  "chat": tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                                  tokenize=False, add_generation_prompt=True)}))
