@@ -76,6 +76,12 @@ def looks_special(text: str) -> bool:
         (text.startswith("<unused") and text.endswith(">"))
 
 
+def _obj(value) -> dict:
+    """`value` when it is a JSON object, else an empty one (a missing or malformed part, refused where
+    what it lacks is needed)."""
+    return value if isinstance(value, dict) else {}
+
+
 def _optional_json(path: Path, limit: int) -> dict:
     if not path.is_file():
         return {}
@@ -90,9 +96,9 @@ def _steps(node, where: str) -> tuple:
     if node is None:
         return ()
     kind = node.get("type") if isinstance(node, dict) else None
-    if kind == "Sequence":
+    if kind == "Sequence" and isinstance(node.get("pretokenizers"), list):
         out = ()
-        for sub in node.get("pretokenizers") or []:
+        for sub in node["pretokenizers"]:
             out += _steps(sub, where)
         return out
     if kind == "ByteLevel":
@@ -103,7 +109,7 @@ def _steps(node, where: str) -> tuple:
     if kind == "Digits" and node.get("individual_digits"):
         return (("digits",),)
     if kind == "Split":
-        pattern = node.get("pattern") or {}
+        pattern = _obj(node.get("pattern"))
         if node.get("behavior") == "Isolated" and not node.get("invert") and isinstance(pattern.get("Regex"), str):
             return (("split", pattern["Regex"]),)
     if kind == "Metaspace":
@@ -159,8 +165,7 @@ def _check_model(doc: dict, where: str) -> dict:
         if model.get(key):
             raise PretrainedError(f"tokenizer.json's BPE has a {key} ({model[key]!r}): llama.cpp's byte-level BPE "
                                   f"has none", where=where)
-    decoder = doc.get("decoder") or {}
-    pre = doc.get("pre_tokenizer") or {}
+    decoder, pre = _obj(doc.get("decoder")), _obj(doc.get("pre_tokenizer"))
     if "Metaspace" in (decoder.get("type"), pre.get("type")):
         raise _sentencepiece(where, "a Metaspace pre-tokenizer ('▁' for spaces)")
     if decoder.get("type") != "ByteLevel":
@@ -236,16 +241,18 @@ def _special_ids(config: dict, model_config: dict, generation: dict, added: list
 def _adds(doc: dict, config: dict, ids: dict, tokens: list, where: str) -> tuple[bool, bool]:
     """(add_bos, add_eos): tokenizer_config.json's, else what the post-processor's template adds."""
     add_bos = add_eos = False
-    post = doc.get("post_processor") or {}
-    for proc in post.get("processors", [post]) if isinstance(post, dict) else []:
-        kind = proc.get("type") if isinstance(proc, dict) else None
-        if kind in (None, "ByteLevel"):
+    post = _obj(doc.get("post_processor"))
+    procs = post.get("processors", [post])
+    for proc in procs if isinstance(procs, list) else [procs]:
+        kind = _obj(proc).get("type")
+        if proc in (None, {}) or kind == "ByteLevel":
             continue
         if kind != "TemplateProcessing":
             raise PretrainedError(f"tokenizer.json's post-processor {kind!r} has no llama.cpp form (it adds "
                                   f"bos / eos only)", where=where)
-        single = proc.get("single") or []
-        specials = [(n, item["SpecialToken"]["id"]) for n, item in enumerate(single) if "SpecialToken" in item]
+        single = proc.get("single") if isinstance(proc.get("single"), list) else []
+        specials = [(n, _obj(_obj(item).get("SpecialToken")).get("id")) for n, item in enumerate(single)
+                    if "SpecialToken" in _obj(item)]
         for n, text in specials:
             if n == 0 and "bos" in ids and tokens[ids["bos"]] == text:
                 add_bos = True

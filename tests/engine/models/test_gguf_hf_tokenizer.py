@@ -223,3 +223,39 @@ def test_llama_cpp_tokenizes_and_answers_the_exported_fixture_as_transformers_an
 @pytest.mark.parametrize("qtype", ["F16", "Q8_0"])
 def test_llama_cpp_tokenizes_and_answers_the_exported_smollm2_folder_as_transformers_and_ember(tmp_path, qtype):
     _check_with_llama_cpp(SMOLLM2, qtype, tmp_path, 12)
+
+
+def test_a_malformed_tokenizer_json_is_a_pretrained_error_never_a_crash(tmp_path):
+    import copy
+    import random
+
+    base = json.loads((BPE / "tokenizer.json").read_text(encoding="utf-8"))
+    base["post_processor"] = {"type": "TemplateProcessing", "special_tokens": {}, "pair": [],
+                              "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                         {"Sequence": {"id": "A", "type_id": 0}}]}
+
+    def places(node, at=()):
+        yield at
+        items = node.items() if isinstance(node, dict) else enumerate(node[:3]) if isinstance(node, list) else ()
+        for k, v in items:
+            if k != "vocab":
+                yield from places(v, at + (k,))
+    where = [p for p in places(base) if p]
+    junk = [None, 1, -1, "x", [], {}, [1, 2], {"a": 1}, True, 1.5]
+    rng = random.Random(47)
+    folder = _copy(tmp_path)
+    refused = 0
+    for _ in range(300):
+        doc = copy.deepcopy(base)
+        at = rng.choice(where)
+        node = doc
+        for k in at[:-1]:
+            node = node[k]
+        node[at[-1]] = rng.choice(junk)
+        (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
+        try:
+            folder_gguf_tokenizer(folder, 384)
+        except PretrainedError as exc:
+            assert exc.where in (str(folder / "tokenizer.json"), str(folder))
+            refused += 1
+    assert refused > 100  # most mutations break something llama.cpp needs
