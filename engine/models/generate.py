@@ -5,7 +5,8 @@
 
 `generate` feeds the prompt once, then one token a step, with a key/value cache per layer
 (`nn.KVCache`): each step computes the new position only and attends to the cached keys and
-values of the earlier ones. It runs on the model's `valid()` form with nothing recorded, so it
+values of the earlier ones (a sliding-window layer's cache keeps only its window, so its memory stays
+bounded however many tokens are made). It runs on the model's `valid()` form with nothing recorded, so it
 needs no autodiff and can run on a worker thread (recording is per thread); LoRA and DoRA
 adapters are folded into their weights once per call (the model itself is unchanged).
 
@@ -253,7 +254,8 @@ def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_t
     every lazy parameter initialized (each is used, and the largest one's initializer works on
     `memory.INIT_WORKING_COPIES` more copies of it: `memory.estimate_initialize`), one plain weight per LoRA / DoRA adapted
     parameter (folded once per call), the key/value cache of `batch` rows of `prompt_length +
-    max_new_tokens` positions in every layer, and the largest step's working arrays (the prompt
+    max_new_tokens` positions in every layer (a sliding-window layer's: at most its window's
+    bounded buffer, `2 * (window - 1) + prompt_length`), and the largest step's working arrays (the prompt
     pass: the layer's activations, the attention scores, the last position's logits).
     `GenerationStream` checks it against `memory.available_memory()` before it starts."""
     from ..module.lora import QLoraAdapter  # noqa: PLC0415
@@ -271,13 +273,28 @@ def estimate_generation(model, batch: int = 1, prompt_length: int = 1, max_new_t
             itemsize = size // p.numel()  # the activations' dtype is the weights'
     b, total = int(batch), int(prompt_length) + int(max_new_tokens)
     width = int(prompt_length) if use_cache else total  # the longest pass
-    cache = 2 * n_layers * b * kv_heads * head_dim * total * itemsize if use_cache else 0
+    held = sum(_cache_positions(w, int(prompt_length), total) for w in _layer_windows(model, n_layers))
+    cache = 2 * b * kv_heads * head_dim * held * itemsize if use_cache else 0
     layer = b * width * (4 * hidden + 2 * kv_heads * head_dim + 3 * inner) + 2 * b * heads * width * width
     logits = b * vocab * (itemsize + 16)  # the last position's logits, and their float64 warp and draw
     return memory.MemoryEstimate("Generation", {
         **memory.estimate_initialize(model).parts,
         "adapters folded into their weights": folded, "key/value cache": cache,
         "working arrays": layer * itemsize + logits})
+
+
+def _layer_windows(model, n_layers: int) -> list:
+    """Each layer's sliding attention window (None: the layer attends to every earlier position)."""
+    layers = getattr(model, "layers", None)
+    if layers is None:  # GPT-2
+        return [None] * n_layers
+    return [getattr(getattr(layer, "self_attn", None), "window", None) for layer in layers]
+
+
+def _cache_positions(window, prompt_length: int, total: int) -> int:
+    """The positions a layer's `nn.KVCache` buffer holds at most in a generation of `total`
+    positions: every one, or with a window the `window - 1` it keeps, the prompt and room to move."""
+    return total if window is None else min(total, 2 * (window - 1) + prompt_length)
 
 
 def _inference_model(model):

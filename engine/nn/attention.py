@@ -126,19 +126,28 @@ class MhaInput:
 class KVCache:
     """The keys and values one self-attention layer has computed so far, for generation.
 
-    `keys` and `values` are `[batch_size, n_kv_heads, length, head_dim]` (after the rotary
-    encoding), `length` the number of positions held. `MultiHeadAttention.forward(..., cache=c)`
-    appends the new positions' keys and values and attends over all of them; the next call
-    starts at position `length`. One cache serves one layer (`KVCache.layers(n)` makes one per
-    layer of a model).
+    `keys` and `values` are `[batch_size, n_kv_heads, held, head_dim]` (after the rotary
+    encoding): the last `held` of the `length` positions fed so far. `MultiHeadAttention.forward(...,
+    cache=c)` appends the new positions' keys and values and attends over them and the held ones;
+    the next call starts at position `length`. One cache serves one layer (`KVCache.layers(n)`
+    makes one per layer of a model).
+
+    A layer with a sliding `window` appends with `keep=window - 1`: after the call the cache
+    holds only the last `window - 1` positions (the most a later query can see besides its own
+    key), so its memory stays bounded however long the generation; `length` still counts every
+    position fed (the rotary positions and the masks' columns), and the attention drops the
+    masks' first `length - held` columns. A layer without a window holds every position.
 
     Outside a graph the keys and values are written into a buffer the cache owns, grown by
-    doubling (or sized once by `capacity`, the most positions it will hold), so a step copies
-    only its own positions. When the inputs take part in a graph (recording, autodiff) the
-    cache concatenates tensors instead, so gradients flow through it.
+    doubling (or sized once by `capacity`, the most positions it will hold); a bounded cache
+    moves its held positions to a fresh buffer of about twice `keep` when it runs out of room,
+    so a step copies only its own positions, and `window - 1` of them once per about `window`
+    steps. When the inputs take part in a graph (recording, autodiff, a trace) the cache
+    concatenates tensors instead, so gradients flow through it, and holds every position (the
+    ONNX export's `present` outputs are the whole past).
     """
 
-    __slots__ = ("_k", "_v", "_dev", "_dt", "length", "capacity")
+    __slots__ = ("_k", "_v", "_dev", "_dt", "_at", "length", "held", "capacity")
 
     def __init__(self, capacity: int | None = None):
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
@@ -161,38 +170,52 @@ class KVCache:
                              f"length, head_dim], found {list(keys.shape)} and {list(values.shape)}")
         c = KVCache()
         c._k, c._v, c._dev, c._dt = keys, values, keys.device, keys.dtype
-        c.length = int(keys.shape[2])
+        c.length = c.held = int(keys.shape[2])
         return c
 
     def reset(self) -> None:
         """Forget every position (the buffer is released)."""
         self._k = self._v = None
         self._dev = self._dt = None
-        self.length = 0
+        self._at = 0  # the buffer index of the first held position
+        self.length = self.held = 0
 
     @property
     def keys(self) -> Tensor | None:
-        """`[batch_size, n_kv_heads, length, head_dim]`, or None while empty."""
+        """`[batch_size, n_kv_heads, held, head_dim]`, or None while empty."""
         return self._view(self._k)
 
     @property
     def values(self) -> Tensor | None:
-        """`[batch_size, n_kv_heads, length, head_dim]`, or None while empty."""
+        """`[batch_size, n_kv_heads, held, head_dim]`, or None while empty."""
         return self._view(self._v)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the keys and values the cache owns (its buffers, room to grow included)."""
+        if self._k is None:
+            return 0
+        if isinstance(self._k, Tensor):
+            return 2 * int(raw.array(self._k).nbytes)
+        return int(self._k.nbytes + self._v.nbytes)
 
     def _view(self, buf):
         if buf is None:
             return None
         if isinstance(buf, Tensor):
             return buf
-        return raw.wrap(buf[:, :, :self.length], self._dev)
+        return raw.wrap(buf[:, :, self._at:self._at + self.held], self._dev)
 
-    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    def append(self, key: Tensor, value: Tensor, keep: int | None = None) -> tuple[Tensor, Tensor]:
         """Add the keys and values of new positions (`[batch_size, n_kv_heads, seq_length, head_dim]`
-        each) and return all of them so far."""
+        each) and return the held ones and the new ones (`held + seq_length` positions). `keep`
+        (a sliding window's `window - 1`): afterwards hold only the last `keep` positions (outside
+        a graph; the returned tensors stay valid)."""
         if key.rank != 4 or tuple(key.shape) != tuple(value.shape):
             raise ValueError(f"KVCache.append: expected keys and values of the same dims [batch_size, n_kv_heads, "
                              f"seq_length, head_dim], found {list(key.shape)} and {list(value.shape)}")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            raise ValueError(f"KVCache.append: keep must be an int >= 0 or None, got {keep!r}")
         b, h, s, d = key.shape
         if self._k is not None:
             held = self._k.shape
@@ -201,35 +224,47 @@ class KVCache:
                     f"KVCache.append: the cache holds keys [batch_size {held[0]}, n_kv_heads {held[1]}, head_dim "
                     f"{held[3]}] {self._dt} on {self._dev}, the new ones are [{b}, {h}, {d}] {key.dtype} on "
                     f"{key.device} (one cache per layer and per batch; reset() it for another)")
-        need = self.length + s
+        need = self.held + s
         if raw.tracking(key, value) or isinstance(self._k, Tensor):
             if self._k is None:
                 self._k, self._v = key, value
             else:
                 if not isinstance(self._k, Tensor):  # a graph joins a buffered cache: continue with tensors
                     self._k, self._v = self.keys, self.values
+                    self._at = 0
                 self._k, self._v = Tensor.cat([self._k, key], 2), Tensor.cat([self._v, value], 2)
             self._dev, self._dt = key.device, key.dtype
-            self.length = need
+            self.length += s
+            self.held = need
             return self._k, self._v
         kd, vd = raw.array(key), raw.array(value)
-        if self._k is None or self._k.shape[2] < need:
+        if self._k is None or self._at + need > self._k.shape[2]:
             old = 0 if self._k is None else self._k.shape[2]
-            cap = max(need, 2 * old, self.capacity or 0)
+            if keep is None:
+                cap = max(need, 2 * old, self.capacity or 0)
+            else:  # room for `keep` held positions and about `keep` more steps before the next move
+                room = 2 * keep + s
+                cap = max(need, room if self.capacity is None else min(room, self.capacity))
             xp = key.device.xp
             k_buf, v_buf = xp.empty((b, h, cap, d), dtype=kd.dtype), xp.empty((b, h, cap, d), dtype=vd.dtype)
-            if self.length:
-                k_buf[:, :, :self.length] = self._k[:, :, :self.length]
-                v_buf[:, :, :self.length] = self._v[:, :, :self.length]
-            self._k, self._v, self._dev, self._dt = k_buf, v_buf, key.device, key.dtype
-        # positions before `length` are never written again: the views handed out stay valid
-        self._k[:, :, self.length:need] = kd
-        self._v[:, :, self.length:need] = vd
-        self.length = need
-        return self.keys, self.values
+            if self.held:  # a fresh buffer: the views handed out keep the old one
+                k_buf[:, :, :self.held] = self._k[:, :, self._at:self._at + self.held]
+                v_buf[:, :, :self.held] = self._v[:, :, self._at:self._at + self.held]
+            self._k, self._v, self._dev, self._dt, self._at = k_buf, v_buf, key.device, key.dtype, 0
+        # positions already in the buffer are never written again: the views handed out stay valid
+        end = self._at + self.held
+        self._k[:, :, end:end + s] = kd
+        self._v[:, :, end:end + s] = vd
+        self.held, self.length = need, self.length + s
+        out = self.keys, self.values
+        if keep is not None and self.held > keep:
+            self._at += self.held - keep
+            self.held = keep
+        return out
 
     def __repr__(self) -> str:
-        return f"KVCache(length {self.length})"
+        held = "" if self.held == self.length else f", holding the last {self.held}"
+        return f"KVCache(length {self.length}{held})"
 
 
 class MhaOutput:
@@ -373,8 +408,10 @@ class MultiHeadAttention(Layer):
 
         `cache` (a `KVCache`, self-attention): this call's keys and values are appended to the
         cache's and the queries attend over all of them, so `seq_length_2` (the masks' last dim)
-        is the cache's length before the call plus this call's key positions; the weights cover
-        every key too.
+        is the cache's length before the call plus this call's key positions. With a `window`
+        the cache keeps only the last `window - 1` positions after each call (all a later query
+        can see): the masks' columns of the positions it no longer holds are left out, and the
+        weights cover the held keys and the new ones (without a window, every key).
 
         # Shapes
 
@@ -416,7 +453,10 @@ class MultiHeadAttention(Layer):
             query = rope.apply(query, start, positions)
             key = rope.apply(key, start, positions)
         if cache is not None:
-            key, value = cache.append(key, value)
+            dropped = cache.length - cache.held  # a windowed layer's cache no longer holds its first positions
+            key, value = cache.append(key, value, None if self.window is None else self.window - 1)
+            if dropped:  # the masks' columns of the positions held and new (each aligned with its last key)
+                input, seq_length_2 = _masks_from(input, dropped), seq_length_2 - dropped
         scale = 1.0 / math.sqrt(self.d_k) if self.scale is None else self.scale
         causal_offset = seq_length_2 - seq_length_1 if self.causal else None
         p = max(self.dropout.rate_for(query), self.dropout.rate_for(key))  # the scores' rate
@@ -504,6 +544,16 @@ def _one_mask(input: MhaInput, batch_size: int, seq_length_1: int, seq_length_2:
         a = raw.array(attn).reshape(batch_size, 1, seq_length_1, seq_length_2)
         m = a if m is None else (m | a)
     return m
+
+
+def _masks_from(input: MhaInput, dropped: int) -> MhaInput:
+    """`input` with its masks' first `dropped` key columns left out."""
+    pad, attn = input.mask_pad_, input.mask_attn_
+    if pad is not None:
+        pad = pad.narrow(1, dropped, pad.shape[1] - dropped)
+    if attn is not None:
+        attn = attn.narrow(2, dropped, attn.shape[2] - dropped)
+    return MhaInput(input.query, input.key, input.value, pad, attn)
 
 
 def _causal_mask(seq_length_1: int, seq_length_2: int, device) -> Tensor:
