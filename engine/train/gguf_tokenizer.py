@@ -9,7 +9,9 @@ that ids and text agree with it:
 - `tokenizer.ggml.model` "gpt2" (byte-level BPE: GPT-2, Llama 3, Qwen2, SmolLM, ...): a BPE
   model over the vocabulary (a token spelled outside the byte-level alphabet is respelled
   through it) and the merges; the pre-tokenizer is byte-level with GPT-2's split, or, for the
-  pre-tokenizer names whose split is known (`PRE_TOKENIZER_SPLITS`), that split then byte-level;
+  pre-tokenizer names whose split is known (`PRE_TOKENIZER_SPLITS`), that split then byte-level,
+  or for those that split digits one by one first ("smollm", "starcoder", ...: `DIGITS_FIRST`),
+  that then GPT-2's;
   the decoder byte-level;
 - control tokens (type 3) are special tokens (kept whole, skipped when decoding; in a byte-level
   vocabulary only those spelled in its alphabet), user-defined ones (type 4) plain added tokens;
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from ..store.errors import RecordError
 from ..store.gguf_file import GGUFFile, open_gguf
-from ..store.gguf_pre import PRE_TOKENIZER_SPLITS
+from ..store.gguf_pre import DIGITS_FIRST, PRE_TOKENIZER_SPLITS
 from .chat_template import ChatTemplate
 from .tokenizer import TextTokenizer, TokenizerError
 
@@ -177,8 +179,12 @@ def _byte_level(file: GGUFFile, tokens: list, where: str):
         vocab[key] = i  # a later duplicate wins, as in a dict comprehension
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
                                end_of_word_suffix="", fuse_unk=False))
-    split = PRE_TOKENIZER_SPLITS.get(file.metadata.get("tokenizer.ggml.pre"))
-    if split is None:
+    pre = file.metadata.get("tokenizer.ggml.pre")
+    split = PRE_TOKENIZER_SPLITS.get(pre)
+    if pre in DIGITS_FIRST:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    elif split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),

@@ -169,10 +169,11 @@ def test_folders_without_a_convertible_tokenizer_are_refused_naming_it(tmp_path)
 
 
 # ---------------------------------------------------------------------------------- llama.cpp
-def _llama_cpp_tokens(gguf: Path, folder: Path, texts: list[str], tmp_path: Path) -> dict:
+def _llama_cpp_tokens(gguf: Path, folder: Path, texts: list[str], tmp_path: Path, as_file: bool = False) -> dict:
     (tmp_path / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
     run = subprocess.run([str(ORACLE), str(HERE / "llama_cpp_tokenize_oracle.py"), str(gguf), str(folder),
-                          str(tmp_path / "texts.json")], capture_output=True, text=True, timeout=600)
+                          str(tmp_path / "texts.json")] + (["file"] if as_file else []),
+                         capture_output=True, text=True, timeout=600)
     if run.returncode != 0 and "No module named" in run.stderr:
         pytest.skip(f"the oracle venv lacks a package: {run.stderr.strip().splitlines()[-1]}")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -215,6 +216,52 @@ def _check_with_llama_cpp(folder: Path, qtype: str, tmp_path: Path, count: int) 
 @pytest.mark.parametrize("qtype", ["F16", "Q8_0"])
 def test_llama_cpp_tokenizes_and_answers_the_exported_fixture_as_transformers_and_ember(tmp_path, qtype):
     _check_with_llama_cpp(BPE, qtype, tmp_path, 16)
+
+
+def _gpt2(doc):
+    doc["normalizer"] = None
+    doc["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+
+def _smollm(doc):
+    _gpt2(doc)
+    doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, doc["pre_tokenizer"]]}
+
+
+def _llama3_bos(doc):
+    doc["normalizer"] = None
+    doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = LLAMA3_SPLIT
+    doc["model"]["ignore_merges"] = True
+    doc["post_processor"] = {"type": "TemplateProcessing", "special_tokens": {"<|im_start|>": {
+        "id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}},
+        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}]}
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("edit, pre", [(_gpt2, "gpt-2"), (_smollm, "smollm"), (_llama3_bos, "llama-bpe")])
+def test_llama_cpp_tokenizes_each_recognised_design_as_transformers(tmp_path, edit, pre):
+    """The fixture's vocabulary and merges under each other pre-tokenizer Ember recognises (and a
+    post-processor adding a bos token): llama.cpp, given the name Ember chose, splits as transformers
+    running that tokenizer.json (not AutoTokenizer, which gives a Qwen2 folder Qwen2's pre-tokenizer
+    whatever its file says)."""
+    folder = _copy(tmp_path, edit)
+    if pre == "llama-bpe":
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<|im_start|>"}))
+    out = save_gguf(from_pretrained(folder), tmp_path / "t.gguf", "F16")
+    with open_gguf(out) as f:
+        assert f.metadata["tokenizer.ggml.pre"] == pre
+        assert f.metadata["tokenizer.ggml.add_bos_token"] is (pre == "llama-bpe")
+    texts = _texts()
+    ref = _llama_cpp_tokens(out, folder, texts, tmp_path, as_file=True)
+    assert all(ids[0] == 1 for ids in ref["transformers"]) is (pre == "llama-bpe")
+    same = sum(a == b for a, b in zip(ref["llama_cpp"], ref["transformers"]))
+    print(f"\n{pre}: llama.cpp tokenizes {same} of {len(texts)} lines as transformers")
+    assert ref["llama_cpp"] == ref["transformers"]
+    assert [load_gguf_tokenizer(out).encode(t) for t in texts] == ref["transformers"]
 
 
 @needs_llama_cpp
