@@ -2,7 +2,8 @@
 
 `--open` takes a project (`.ember.json`), a model script (`net.py` or `net.py:factory`), a Hugging
 Face model folder (config.json plus its weights: Llama, Mistral, Qwen2, GPT-2, BERT, ViT), a GGUF file
-(`.gguf`: Llama, Mistral, Qwen2, its quantized weights kept quantized), or a
+(`.gguf`: Llama, Mistral, Mixtral, Qwen2/3 and their mixtures, Phi-3, Gemma 1-3, its quantized weights
+kept quantized), or a
 checkpoint (`.bpk`, `.safetensors`) together with `--example NAME` as its architecture, or an
 ONNX file (`.onnx`, imported into the designer with its weights).
 With `--screenshot` the window renders once with default settings, is saved as PNG, and the

@@ -35,8 +35,8 @@ class Actions:
              "Open a Hugging Face model folder (config.json + safetensors or pytorch_model.bin): Llama, Mistral, "
              "Qwen2, GPT-2, BERT, ViT; read lazily")
         make("open_gguf", "Open &GGUF…", None,
-             "Open a .gguf file (llama.cpp, Ollama, LM Studio): Llama, Mistral, Qwen2; the weights kept in their "
-             "quantized blocks")
+             "Open a .gguf file (llama.cpp, Ollama, LM Studio): Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen2-MoE, "
+             "Qwen3-MoE, Phi-3, Gemma, Gemma 2, Gemma 3; the weights kept in their quantized blocks")
         make("open_hub", "Open from the Hugging Face &Hub…", None,
              "Download a model by its Hub id (org/name) into the Hugging Face cache, with progress and Cancel, "
              "then open it as Open Pretrained does")

@@ -355,7 +355,7 @@ def _op_spec() -> NodeSpec:
         FieldSpec(name="alpha", kind="float", default=1.0), FieldSpec(name="beta", kind="float", default=1.0),
         FieldSpec(name="to", kind="enum", choices=DTYPES, default="float32"),
         FieldSpec(name="trans_a", kind="bool", default=False), FieldSpec(name="trans_b", kind="bool", default=False),
-        FieldSpec(name="mode", kind="str", default="", help="Pad: constant, reflect or edge; Trilu: upper or lower"),
+        FieldSpec(name="mode", kind="str", default="", help="Pad: constant, reflect or edge; Trilu: upper or lower; Slice: exact"),
     )
     return NodeSpec("Op", "Structure", "One primitive tensor operation (ONNX semantics) with its attributes; "
                     "its constants are held by the node.", fields, module_class=PrimitiveOp, structural=True)

@@ -4,7 +4,8 @@ A design imported from ONNX maps nodes onto catalog layers where one exists (Con
 pooling, activations); everything else the engine can compute becomes an `Op` node: its `op`
 (`MatMul`, `Transpose`, `Gather`, `Slice`, `Where`, ...), its attributes as node fields (`axis`,
 `axes`, `perm`, `starts` / `ends` / `steps`, `shape`, `keepdims`, `alpha`, `beta`, `to`,
-`trans_a` / `trans_b`, `mode`: Pad's `constant` / `reflect` / `edge`, Trilu's `upper` / `lower`;
+`trans_a` / `trans_b`, `mode`: Pad's `constant` / `reflect` / `edge`, Trilu's `upper` / `lower`, Slice's `exact` (each sliced axis must
+already be its end: a check);
 Einsum's equation; Pad's pads before and after each axis are `starts` / `ends`, its constant value `alpha`; Tile's
 repeats are `shape`; Trilu's diagonal is `axis`), and how its operands are fed: `operands` names each operand in order,
 `inN` for the node's N-th input port, `cK` for its K-th constant, empty for an absent optional
@@ -131,6 +132,8 @@ def check_op_settings(op: str, mode, starts, ends) -> None:
         raise OpError(f"mode: expected one of {', '.join(TOPK_MODES)} for TopK, got {mode!r}")
     if op == "ScatterND" and mode not in ("", "none", "add"):
         raise OpError(f"mode: expected 'none' or 'add' for ScatterND, got {mode!r}")
+    if op == "Slice" and mode not in ("", "exact"):
+        raise OpError(f"mode: expected 'exact' or none for Slice, got {mode!r}")
     if op == "Trilu" and mode not in ("", "upper", "lower"):
         raise OpError(f"mode: expected 'upper' or 'lower' for Trilu, got {mode!r}")
 
@@ -344,6 +347,8 @@ def run_op(op: str, attrs: dict, ops: list) -> Tensor:
     if op == "Slice":
         if attrs.get("shape") and len(ops) > 1 and ops[1] is not None:
             attrs = dict(attrs, ends=slice_ends(attrs, tuple(ops[1].shape)))
+        if attrs.get("mode") == "exact":  # a check that each sliced axis already has its run-time end as size
+            _check_exact_slice(x.shape, attrs)
         return x[slice_key(x.shape, attrs)]
     if op == "Range":  # the run-time form (the constant one is folded: `fold`)
         n = _axis_of(attrs["axis"], x.rank, op)
@@ -595,6 +600,14 @@ def slice_ends(attrs, ref_shape) -> list:
     """A Slice's `ends` with each run-time entry (code -2 - k in `shape`) replaced by axis k of the reference."""
     codes = list(attrs["shape"]) + [0] * len(attrs["ends"])
     return [e if c == 0 else resolve_shape([c], ref_shape)[0] for e, c in zip(attrs["ends"], codes)]
+
+
+def _check_exact_slice(shape, attrs) -> None:
+    axes = attrs["axes"] if attrs["axes"] is not None else list(range(len(attrs["ends"])))
+    for a, e in zip(axes, attrs["ends"]):
+        k = _axis_of(a, len(shape), "Slice")
+        if shape[k] != e:
+            raise OpError(f"Slice (exact): axis {k} of dims {list(shape)} must be {e}, found {shape[k]}")
 
 
 def pad_widths(rank: int, attrs) -> list:

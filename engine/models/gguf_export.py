@@ -4,8 +4,12 @@ The model is the merged one: every parameter's value as the model computes it (a
 DoRA over a weight is folded into it; a weight kept in GGUF blocks is dequantized, unless it is
 written back in its own type unchanged, when its blocks are copied as they are). Each tensor is
 written under llama.cpp's name and in its layout by `gguf_weight_map`'s rules inverted: a "llama"
-file's q/k rows in llama.cpp's interleaved rotary order (Ember's own order), a "qwen2" file's in
-Hugging Face's order (NEOX rotary).
+file's q/k rows in llama.cpp's interleaved rotary order (Ember's own order), the other architectures'
+in Hugging Face's order (NEOX rotary); Gemma's norms as `1 + w`. The parameters of one tensor are
+joined: Phi-3's q, k, v rows into `attn_qkv` and gate, up rows into `ffn_up`; a layer's experts
+stacked into `ffn_{gate,up,down}_exps` `[experts, rows, cols]` (their blocks copied as they are when
+every expert is unchanged in its source type). The architectures and what each refuses:
+engine.models.gguf_arch.
 
 `qtype` picks the type of the matrices: "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
 "Q5_1" (the types the `gguf` package, llama.cpp's own Python writer, quantizes), or "source":
@@ -17,10 +21,11 @@ multiple of the type's block is F16 (llama.cpp's quantizer falls back likewise).
 The metadata: the architecture's sizes, rope and norm settings from the model's config, typed as
 llama.cpp's loader checks them (the `GGUFWriter` methods), and the tokenizer (`tokenizer.ggml.*`,
 the chat template `tokenizer.chat_template`) copied from the GGUF file the model was opened from,
-or, for a model opened from a Hugging Face folder, its tokenizer.json converted as llama.cpp's
-converter does (`gguf_vocab.folder_gguf_tokenizer`: byte-level BPE; a tokenizer llama.cpp would
-tokenize otherwise is refused, naming what it found). A model of another family is refused before
-anything is written. The file is written beside the target and moved into place
+or the `tokenizer.*` keys given (`tokenizer=`), or, for a model opened from a Hugging Face folder,
+its tokenizer.json converted as llama.cpp's converter does (`gguf_vocab.folder_gguf_tokenizer`:
+byte-level BPE; a tokenizer llama.cpp would tokenize otherwise is refused, naming what it found). A
+model of another family is refused before anything is written. The file is written beside the
+target and moved into place
 (`engine.store.atomic.atomic_write`): a cancelled or failed export leaves the old file, if any.
 """
 from __future__ import annotations
@@ -37,12 +42,13 @@ from ..store.atomic import atomic_write, os_error_reason
 from ..store.errors import RecordError
 from ..store.gguf_file import open_gguf
 from ..tensor.raw import array
+from .gguf_arch import arch_metadata, arch_tensors, export_architecture
 from .gguf_model import gguf_weight_map
 from .gguf_vocab import folder_gguf_tokenizer
 from .gguf_weight import GGUFWeight
 from .hf_folder import PretrainedError
-from .llama import LlamaConfig
-from .mapping import RopePermute, Rule
+from .mapping import RopePermute, Rule, Split
+from .moe import ExpertPart
 from .pretrained import PretrainedInfo, pretrained_info
 
 __all__ = ["EXPORT_TYPES", "QUANTIZE_TYPES", "Planned", "gguf_architecture", "gguf_source", "save_gguf",
@@ -50,8 +56,7 @@ __all__ = ["EXPORT_TYPES", "QUANTIZE_TYPES", "Planned", "gguf_architecture", "gg
 
 QUANTIZE_TYPES = ("BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # what gguf.quants.quantize writes
 EXPORT_TYPES = ("F32", "F16") + QUANTIZE_TYPES + ("source",)
-# Ember's model_type -> llama.cpp's architecture (Mistral is written as "llama", as llama.cpp's converter does)
-_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+WRITTEN = "Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma, Gemma 2 and Gemma 3 models"
 _FILE_TYPE = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0",
               "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1"}
 
@@ -62,12 +67,12 @@ def gguf_architecture(model) -> tuple[str, PretrainedInfo]:
     info = pretrained_info(model)
     if info is None:
         raise PretrainedError(f"this {type(model).__name__} was not opened from a pretrained model: GGUF export "
-                              f"writes a Llama, Mistral or Qwen2 model opened with Open Pretrained or Open GGUF")
-    model_type = getattr(info.config, "model_type", None)
-    arch = _ARCH.get(model_type) if isinstance(info.config, LlamaConfig) else None
+                              f"writes a model opened with Open Pretrained or Open GGUF")
+    arch = export_architecture(info.config)
     if arch is None:
+        model_type = getattr(info.config, "model_type", None)
         raise PretrainedError(f"a {info.family.name} model ({model_type}) has no GGUF export in Ember; it writes "
-                              f"Llama, Mistral and Qwen2 models")
+                              f"{WRITTEN}")
     return arch, info
 
 
@@ -101,10 +106,10 @@ def _kv(writer, key: str, value) -> None:
         writer.add_array(key, list(value))
 
 
-def _metadata(writer, arch: str, cfg, source, file_type: int | None) -> None:
+def _metadata(writer, arch: str, cfg, source, file_type: int | None, tokenizer: dict | None = None) -> None:
     import gguf  # noqa: PLC0415
 
-    name = source.metadata.get("general.name")
+    name = source.metadata.get("general.name") if source is not None else None
     if isinstance(name, str):
         writer.add_name(name)
     writer.add_context_length(int(cfg.max_position_embeddings))
@@ -124,18 +129,21 @@ def _metadata(writer, arch: str, cfg, source, file_type: int | None) -> None:
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
-    elif kind is not None:
+    elif kind is not None and not (arch == "phi3" and kind == "longrope"):  # Phi-3's: gguf_arch writes it
         raise PretrainedError(f"rope scaling {kind!r} has no GGUF form in Ember's export (it writes 'linear')")
     writer.add_vocab_size(int(cfg.vocab_size))
+    arch_metadata(writer, arch, cfg)
     if file_type is not None:
         writer.add_file_type(int(file_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tokenizer = [k for k in source.metadata if k.startswith("tokenizer.")]
-    if "tokenizer.ggml.model" not in tokenizer:
-        raise PretrainedError("the source GGUF has no tokenizer (tokenizer.ggml.model): llama.cpp could not "
-                              "run the exported file", where=str(source.path))
-    for key in tokenizer:
-        _kv(writer, key, source.metadata[key])
+    keys = tokenizer if tokenizer is not None else {k: v for k, v in source.metadata.items()
+                                                    if k.startswith("tokenizer.")}
+    if "tokenizer.ggml.model" not in keys:
+        where = str(source.path) if tokenizer is None else None
+        raise PretrainedError(f"{'the source GGUF' if where else 'the tokenizer metadata given'} has no tokenizer "
+                              f"(tokenizer.ggml.model): llama.cpp could not run the exported file", where=where)
+    for key, value in keys.items():
+        _kv(writer, key, value)
 
 
 class Planned:
@@ -192,10 +200,16 @@ def _choose(qtype: str, p, stored_shape: tuple, source_type: str | None) -> tupl
     return want, False
 
 
+def _joined(rule: Rule) -> bool:
+    """Whether the rule's tensor is one of several parameters' (a fused or a stacked experts tensor)."""
+    return rule.split is not None or bool(rule.transforms and isinstance(rule.transforms[0], ExpertPart))
+
+
 def _plan(model, arch: str, info: PretrainedInfo, qtype: str) -> list[Planned]:
     cfg = info.config
     wmap = gguf_weight_map(arch, cfg)
-    out: list[Planned] = []
+    out: list = []
+    groups: dict[str, list] = {}  # a fused / stacked tensor's name -> its parameters (rule, param, path)
     seen = set()
     inner: list[str] = []  # the parameters of a reparameterization (its factors, its blocks) are in its value
     for path, p in iter_param_slots(model):
@@ -208,13 +222,62 @@ def _plan(model, arch: str, info: PretrainedInfo, qtype: str) -> list[Planned]:
         if hit is None:
             raise PretrainedError(f"parameter '{path}' has no GGUF tensor name (llama.cpp's {arch} has none for it)")
         rule, name = hit
+        if _joined(rule):
+            if name not in groups:
+                groups[name] = []
+                out.append(name)
+            groups[name].append((rule, p, path))
+            continue
         stored_shape = rule.stored_shape(tuple(p.lazy_shape()))
         want, copy = _choose(qtype, p, stored_shape, info.stored_dtypes.get(info.gguf_names.get(path, "")))
         out.append(Planned(name, want, stored_shape, _nbytes(want, stored_shape), _data(p, rule, want, copy)))
-    return out
+    return [_group(name, groups[name], qtype, info) if isinstance(name, str) else name for name in out]
 
 
-def _data(p, rule: Rule, qtype: str, copy: bool):
+def _part_key(rule: Rule) -> tuple:
+    first = rule.transforms[0]
+    return (first.index,) if isinstance(first, Split) else (first.expert, first.part)
+
+
+def _group(name: str, members: list, qtype: str, info: PretrainedInfo) -> Planned:
+    """One tensor of several parameters: Phi-3's fused rows (a `Split`'s parts concatenated in order) or
+    a layer's experts stacked `[experts, rows, cols]` (`ExpertPart`)."""
+    members = sorted(members, key=lambda m: _part_key(m[0]))
+    rests = [Rule(r.hf, r.ember, r.transforms[1:]) for r, _, _ in members]
+    shapes = [rest.stored_shape(tuple(p.lazy_shape())) for rest, (_, p, _) in zip(rests, members)]
+    first = members[0][0].transforms[0]
+    if isinstance(first, Split):
+        if len(members) != first.parts:
+            raise PretrainedError(f"tensor {name!r}: {len(members)} of its {first.parts} parts found (an Ember bug)")
+        shape = list(shapes[0])
+        shape[first.axis] = sum(s[first.axis] for s in shapes)
+        shape = tuple(shape)
+    else:
+        if len(members) != first.n_experts * first.parts:
+            raise PretrainedError(f"tensor {name!r}: {len(members)} of its {first.n_experts * first.parts} experts' "
+                                  f"parts found (an Ember bug)")
+        shape = first.stored_shape(shapes[0])
+    decisions = [_choose(qtype, p, shape, info.stored_dtypes.get(info.gguf_names.get(path, "")))
+                 for _, p, path in members]
+    want = decisions[0][0]
+    copy = all(d == (want, True) for d in decisions) and (isinstance(first, ExpertPart) or first.axis == 0)
+    if not copy:
+        if want not in ("F32", "F16") + QUANTIZE_TYPES:
+            want = "Q8_0"  # a changed K-quant tensor: gguf does not write K-quants
+        if shape[-1] % _block(want):
+            want = "F16"
+    axis = first.axis if isinstance(first, Split) else 0
+
+    def data() -> np.ndarray:
+        parts = [_data(p, rest, want, copy, encode=False)() for rest, (_, p, _) in zip(rests, members)]
+        if copy:  # the blocks' rows, in order
+            return np.ascontiguousarray(np.concatenate(parts, axis=0))
+        joined = np.concatenate(parts, axis=axis).reshape(shape)
+        return _encode(joined, want)
+    return Planned(name, want, shape, _nbytes(want, shape), data)
+
+
+def _data(p, rule: Rule, qtype: str, copy: bool, encode: bool = True):
     def blocks() -> np.ndarray:
         r = p.reparameterization
         data = np.asarray(array(r.blocks.data.val()))
@@ -222,36 +285,42 @@ def _data(p, rule: Rule, qtype: str, copy: bool):
         return Rule(rule.hf, rule.ember, rows).save(data) if rows else np.ascontiguousarray(data)
 
     def values() -> np.ndarray:
-        value = np.asarray(array(p.val()), dtype=np.float32)
-        return _encode(rule.save(value), qtype)
+        value = rule.save(np.asarray(array(p.val()), dtype=np.float32))
+        return _encode(value, qtype) if encode else value
     return blocks if copy else values
 
 
 def save_gguf(model, path, qtype: str = "F16", *, check: Callable[[], None] | None = None,
-              progress: Callable[[int, int], None] | None = None) -> Path:
+              progress: Callable[[int, int], None] | None = None, tokenizer: dict | None = None) -> Path:
     """Write `model` merged as a GGUF file at `path` (see this file's doc); returns the path.
     `check()` is called between tensors (it raises to cancel: the target is left as it was);
-    `progress(done, total)` after each tensor."""
+    `progress(done, total)` after each tensor. `tokenizer`: the `tokenizer.*` metadata to write
+    instead of the source GGUF's or of a folder model's converted tokenizer.json."""
     import gguf  # noqa: PLC0415
 
     if qtype not in EXPORT_TYPES:
         raise ValueError(f"save_gguf: qtype must be one of {', '.join(EXPORT_TYPES)}, got {qtype!r}")
     arch, info = gguf_architecture(model)
-    source = gguf_source(info)
+    if tokenizer is not None and not all(isinstance(k, str) and k.startswith("tokenizer.") for k in tokenizer):
+        raise ValueError("save_gguf: tokenizer must map 'tokenizer.*' metadata keys to values")
+    source = gguf_source(info) if tokenizer is None or info.gguf is not None else None
     try:
         plan = _plan(model, arch, info, qtype)
+        for name, value in arch_tensors(arch, info.config).items():  # Phi-3's longrope factors
+            plan.append(Planned(name, "F32", value.shape, value.nbytes, lambda v=value: v))
         if qtype == "source":
-            file_type = source.metadata.get("general.file_type")
+            file_type = source.metadata.get("general.file_type") if source is not None else None
             file_type = file_type if isinstance(file_type, int) and not isinstance(file_type, bool) else None
         else:
             file_type = gguf.LlamaFileType[_FILE_TYPE[qtype]].value
         target = Path(os.fspath(path))
 
         def metadata(writer) -> None:
-            _metadata(writer, arch, info.config, source, file_type)
+            _metadata(writer, arch, info.config, source, file_type, tokenizer)
         return write_gguf_file(target, arch, metadata, plan, check, progress)
     finally:
-        source.close()
+        if source is not None:
+            source.close()
 
 
 def write_gguf_file(target: Path, arch: str, metadata: Callable, plan: list, check=None, progress=None) -> Path:

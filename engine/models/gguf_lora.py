@@ -41,6 +41,8 @@ from ..tensor.raw import array
 from .gguf_export import Planned, gguf_architecture, write_gguf_file
 from .gguf_model import gguf_weight_map
 from .hf_folder import PretrainedError
+from .mapping import Rule
+from .moe import ExpertPart
 
 __all__ = ["check_gguf_lora", "gguf_lora_tensors", "save_gguf_lora"]
 
@@ -82,18 +84,50 @@ def gguf_lora_tensors(model) -> tuple[str, float, dict[str, tuple[np.ndarray, np
             raise PretrainedError(f"'{path}' ({name}, {_NOT_ADAPTABLE[name]}) carries a LoRA: Ember does not export a "
                                   f"LoRA of {_NOT_ADAPTABLE[name]} for llama.cpp; leave it out of the LoRA group, or "
                                   f"export the merged model")
-        planned.append((name, rule, r))
+        planned.append((name, rule, r, path))
     first = planned[0][2]
     alpha = float(first.scale * first.a.shape[1])
     if not alpha > 0:
         raise PretrainedError(f"the adapters' scale is {first.scale!r}: llama.cpp reads alpha 0 as 'no scaling'")
-    out = {}
-    for name, rule, r in planned:
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    fused: dict[str, list] = {}  # a fused tensor's name -> its adapted parts (Phi-3's attn_qkv, ffn_up)
+    for name, rule, r, path in planned:
         a, b = _np(r.a), _np(r.b)  # [n_in, r], [r, n_out]
         fold = np.float32(r.scale * a.shape[1] / alpha)
-        B = rule.save(b * fold if fold != 1 else b)  # [n_out, r] in the base tensor's row order
+        b = b * fold if fold != 1 else b
+        if rule.transforms and isinstance(rule.transforms[0], ExpertPart):
+            raise PretrainedError(f"'{path}' (one expert of {name}) carries a LoRA: Ember does not write a "
+                                  f"GGUF LoRA of the stacked experts; export the merged model (File > Export > GGUF)")
+        if rule.split is not None:
+            fused.setdefault(name, []).append((rule, a, b))
+            continue
+        B = rule.save(b)  # [n_out, r] in the base tensor's row order
         out[name] = (np.ascontiguousarray(a.T), np.ascontiguousarray(B, dtype=np.float32))
+    for name, parts in fused.items():
+        out[name] = _fused_factors(parts)
     return arch, alpha, out
+
+
+def _fused_factors(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """One LoRA over a fused tensor equal to its parts' LoRAs: their ranks stacked (A `[sum r, n_in]`)
+    and B block-diagonal over the parts' rows (`[n_out, sum r]`, zero for a part without an adapter),
+    each block times `sum r / r` (llama.cpp scales a tensor's LoRA by alpha over that tensor's rank)."""
+    split = parts[0][0].split
+    by_index = {rule.split.index: (rule, a, Rule(rule.hf, rule.ember, rule.transforms[1:]).save(b))
+                for rule, a, b in parts}  # each part's B [part rows, r] in the base tensor's row order
+    sizes = split.sizes or (next(iter(by_index.values()))[2].shape[0],) * split.parts
+    ranks = [by_index[i][1].shape[1] if i in by_index else 0 for i in range(split.parts)]
+    n_in = parts[0][1].shape[0]
+    A = np.zeros((sum(ranks), n_in), dtype=np.float32)
+    B = np.zeros((sum(int(n) for n in sizes), sum(ranks)), dtype=np.float32)
+    row, col = 0, 0
+    for i in range(split.parts):
+        if i in by_index:
+            _, a, b = by_index[i]
+            A[col:col + ranks[i]] = a.T
+            B[row:row + int(sizes[i]), col:col + ranks[i]] = b * np.float32(sum(ranks) / ranks[i])
+        row, col = row + int(sizes[i]), col + ranks[i]
+    return A, B
 
 
 def check_gguf_lora(arch: str, tensors: dict, base) -> None:

@@ -1,23 +1,30 @@
-"""`from_pretrained("model.gguf")`: a Llama-family model from a GGUF file, lazily, kept quantized.
+"""`from_pretrained("model.gguf")`: a decoder model from a GGUF file, lazily, kept quantized.
 
 1. `engine.store.gguf_file.open_gguf` reads the header (metadata and tensor table) and nothing else;
-2. the architecture (`general.architecture`) picks the family: llama.cpp's "llama" (Llama and
-   Mistral files) and "qwen2" build Ember's Llama family; any other is refused, naming it;
+2. the architecture (`general.architecture`) picks the family (engine.models.gguf_arch): llama.cpp's
+   "llama" (Llama and Mistral files; Mixtral with `llama.expert_count`), "qwen2", "qwen3", "phi3",
+   "gemma", "gemma2", "gemma3", "qwen2moe" and "qwen3moe"; any other is refused, naming it;
 3. the sizes, rope and norm settings come from the metadata under the architecture's prefix
    (`llama.block_count`, `llama.embedding_length`, `llama.attention.head_count(_kv)`,
-   `llama.rope.freq_base`, `llama.attention.layer_norm_rms_epsilon`, `llama.context_length`, ...)
-   as a config.json would give them, and the family's own config reader checks them;
+   `llama.rope.freq_base`, `llama.attention.layer_norm_rms_epsilon`, `llama.context_length`, ...,
+   and the architecture's own: experts, soft-caps, windows) as a config.json would give them, and the
+   family's own config reader checks them;
 4. llama.cpp's tensor names (`token_embd`, `blk.N.attn_q`, ..., `output_norm`, `output`) map onto
-   Ember's parameters (`gguf_weight_map`). llama.cpp stores the q/k rows of a "llama" file
-   permuted from Hugging Face's order into interleaved rotary pairs (its converter's `permute`),
-   which is Ember's order: those rows are taken as they are. A "qwen2" file keeps Hugging Face's
-   order (NEOX rotary), which Ember permutes as it does a Hugging Face folder's;
+   Ember's parameters (`gguf_weight_map`: the family's Hugging Face map with llama.cpp's names).
+   llama.cpp stores the q/k rows of a "llama" file permuted from Hugging Face's order into
+   interleaved rotary pairs (its converter's `permute`), which is Ember's order: those rows are taken
+   as they are. The other architectures keep Hugging Face's order (NEOX rotary), which Ember
+   permutes as it does a Hugging Face folder's;
 5. every shape is checked before anything is read; each parameter becomes lazy: a float tensor
    (F32, F16, BF16) is read and widened at first use, a quantized one becomes a `GGUFWeight`
    (its blocks read at first use, kept, and dequantized each time a computation needs the weight).
+   One expert of a stacked experts tensor (`blk.N.ffn_gate_exps` `[experts, rows, cols]`) and one
+   part of a fused one (Phi-3's `attn_qkv`, `ffn_up`) are their own rows of the file, read alone and,
+   when quantized, kept in their blocks like any other weight.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -29,18 +36,15 @@ from ..store.errors import RecordError
 from ..store.gguf_file import GGUFFile, GGUFTensor, open_gguf
 from ..tensor import Tensor
 from ..tensor.dtype import as_dtype
+from .gguf_arch import ARCHITECTURES, arch_config, hf_architecture, per_expert_names
+from .gguf_arch import gguf_weight_map as arch_weight_map
 from .gguf_weight import GGUFBlocks, GGUFWeight
 from .hf_folder import PretrainedError
-from .mapping import RopePermute, Rule, Transpose, WeightMap
+from .mapping import RopePermute, Rule, Split, Transpose, WeightMap
+from .moe import ExpertPart
 from .pretrained import FAMILIES, PretrainedInfo, _Attach, _check_layers, _no_check, pretrained_info
 
 __all__ = ["ARCHITECTURES", "from_gguf", "gguf_config", "gguf_storage", "gguf_weight_map"]
-
-# llama.cpp's architecture name -> Ember's model_type (Mistral files are written as "llama")
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
-# llama.cpp permutes the q/k rows of these architectures into interleaved pairs (rope NORM)
-_PERMUTED = {"llama"}
-
 
 def _meta(file: GGUFFile, key: str, kind, default=None, required=True):
     value = file.metadata.get(key)
@@ -59,19 +63,12 @@ def _meta(file: GGUFFile, key: str, kind, default=None, required=True):
 def gguf_config(file: GGUFFile) -> dict:
     """The config.json a Hugging Face folder of this model would hold, from the GGUF metadata."""
     arch = file.architecture
-    if arch not in ARCHITECTURES:
-        raise PretrainedError(f"unsupported GGUF architecture {arch!r}; Ember reads {', '.join(sorted(ARCHITECTURES))}"
-                              f" (Llama, Mistral, Qwen2)", where=str(file.path))
-    model_type = ARCHITECTURES[arch]
+    model_type, architecture = hf_architecture(file)
     where = str(file.path)
     kind = file.metadata.get("general.type")
     if kind not in (None, "model"):
         raise PretrainedError(f"the file is a GGUF {kind!r} (general.type), not a model; a LoRA adapter is applied "
                               f"over its base model", where=where)
-    experts = file.metadata.get(f"{arch}.expert_count")
-    if isinstance(experts, int) and experts > 0:
-        raise PretrainedError(f"a mixture of {experts} experts ({arch}.expert_count; Mixtral-style), which Ember's "
-                              f"{arch} family does not build", where=where)
     num = (int, float)
     heads = _meta(file, f"{arch}.attention.head_count", int)
     hidden = _meta(file, f"{arch}.embedding_length", int)
@@ -84,7 +81,7 @@ def gguf_config(file: GGUFFile) -> dict:
         raise PretrainedError(f"no vocabulary size: no {arch}.vocab_size, tokenizer.ggml.tokens or token_embd",
                               where=str(file.path))
     config = {
-        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]],
+        "architectures": [architecture],
         "model_type": model_type,
         "vocab_size": vocab,
         "hidden_size": hidden,
@@ -124,37 +121,17 @@ def gguf_config(file: GGUFFile) -> dict:
         value = file.metadata.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(value, int) and not isinstance(value, bool):
             config[key] = value
+    arch_config(file, config)
     return config
 
 
-def gguf_weight_map(arch: str, cfg) -> WeightMap:
-    """llama.cpp's tensor names <-> Ember's Llama-family paths (see this file's doc, item 4)."""
-    hd, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    ours = "layers.{i}.self_attn"
-    q_rows = [] if arch in _PERMUTED else [RopePermute(heads, hd, axis=0)]
-    k_rows = [] if arch in _PERMUTED else [RopePermute(kv, hd, axis=0)]
-    rules = [
-        Rule("token_embd.weight", "embed_tokens.weight"),
-        Rule("blk.{i}.attn_q.weight", f"{ours}.query.weight", q_rows + [Transpose()]),
-        Rule("blk.{i}.attn_k.weight", f"{ours}.key.weight", k_rows + [Transpose()]),
-        Rule("blk.{i}.attn_v.weight", f"{ours}.value.weight", [Transpose()]),
-        Rule("blk.{i}.attn_output.weight", f"{ours}.output.weight", [Transpose()]),
-        Rule("blk.{i}.attn_norm.weight", "layers.{i}.input_layernorm.gamma"),
-        Rule("blk.{i}.ffn_norm.weight", "layers.{i}.post_attention_layernorm.gamma"),
-        Rule("blk.{i}.ffn_gate.weight", "layers.{i}.mlp.gate_proj.weight", [Transpose()]),
-        Rule("blk.{i}.ffn_up.weight", "layers.{i}.mlp.up_proj.weight", [Transpose()]),
-        Rule("blk.{i}.ffn_down.weight", "layers.{i}.mlp.down_proj.weight", [Transpose()]),
-        Rule("output_norm.weight", "norm.gamma"),
-    ]
-    if cfg.attention_bias:
-        rules += [Rule("blk.{i}.attn_q.bias", f"{ours}.query.bias", q_rows),
-                  Rule("blk.{i}.attn_k.bias", f"{ours}.key.bias", k_rows),
-                  Rule("blk.{i}.attn_v.bias", f"{ours}.value.bias")]
-    if cfg.output_bias:
-        rules.append(Rule("blk.{i}.attn_output.bias", f"{ours}.output.bias"))
-    if not cfg.tie_word_embeddings:
-        rules.append(Rule("output.weight", "lm_head.weight", [Transpose()]))
-    return WeightMap(rules, ignore=[r"^rope_freqs\.weight$"])
+def gguf_weight_map(arch: str, cfg, names=()) -> WeightMap:
+    """llama.cpp's tensor names <-> Ember's paths for a model of `cfg` (see engine.models.gguf_arch);
+    `names`: the file's tensor names, when reading (older Mixtral files store each expert alone)."""
+    fam = next((f for f in FAMILIES if cfg.architecture in f.architectures), None)
+    if fam is None:
+        raise PretrainedError(f"no family builds a {cfg.architecture} (an Ember bug)")
+    return arch_weight_map(arch, cfg, fam.weight_map(cfg), per_expert=per_expert_names(names))
 
 
 def _read(file: GGUFFile, name: str) -> np.ndarray:
@@ -168,29 +145,59 @@ def _read(file: GGUFFile, name: str) -> np.ndarray:
                               where=str(file.path)) from None
 
 
+def _row_part(rule: Rule, shape: tuple) -> tuple[int, int] | None:
+    """(first row, row count) of the stored tensor (viewed as `[rows, last dim]`) that the rule's first
+    transform takes: one expert of a stacked experts tensor (`ExpertPart`), or a slice of the rows of a
+    fused tensor (a `Split` along axis 0: Phi-3's attn_qkv, ffn_up); None when it takes the whole."""
+    first = rule.transforms[0] if rule.transforms else None
+    if isinstance(first, ExpertPart):
+        rows = first.shape(shape)[0]
+        return first.expert * shape[1] + first.part * rows, rows
+    if isinstance(first, Split) and first.axis == 0 and len(shape) == 2:
+        sizes = first.sizes or (shape[0] // first.parts,) * first.parts
+        return sum(int(n) for n in sizes[:first.index]), first.shape(shape)[0]
+    return None
+
+
+def _stored(file: GGUFFile, t: GGUFTensor, rule: Rule) -> tuple[np.ndarray, Rule]:
+    """(the stored array the rule reads, the rule's transforms left to apply): the rows of one expert
+    or one part of a fused tensor are read alone (`_row_part`), anything else whole."""
+    span = _row_part(rule, t.shape)
+    if span is None:
+        return _read(file, t.name), rule
+    try:
+        data = file.read_rows(t.name, *span)
+    except RecordError as exc:
+        raise PretrainedError(f"tensor {t.name!r} could not be read: {exc.reason}", where=str(file.path)) from None
+    except OSError as exc:
+        raise PretrainedError(f"tensor {t.name!r} could not be read: {exc.strerror or exc}",
+                              where=str(file.path)) from None
+    return data, Rule(rule.hf, rule.ember, rule.transforms[1:])
+
+
 def _float_init(file: GGUFFile, t: GGUFTensor, rule: Rule, dtype):
     target = as_dtype(dtype).np
 
     def init(device, require_grad):
-        stored = _read(file, t.name)
+        stored, rest = _stored(file, t, rule)
         if t.type == "BF16":
-            stored = bf16_to_float32(stored).reshape(t.shape)
-        value = Tensor.from_data(rule.load(stored, dtype=target), device=device, dtype=dtype)
+            stored = bf16_to_float32(stored).reshape(stored.shape)
+        value = Tensor.from_data(rest.load(stored, dtype=target), device=device, dtype=dtype)
         return value.require_grad() if require_grad else value
     return init
 
 
-def _rows_rule(rule: Rule) -> Rule | None:
-    """The rule's row permutations (applied to the stored blocks once, at reading)."""
-    rows = [t for t in rule.transforms if isinstance(t, RopePermute)]
-    return Rule(rule.hf, rule.ember, rows) if rows else None
+def _rows_rule(rule: Rule) -> Rule:
+    """The rule's expert slice and row permutations (applied to the stored blocks once, at reading)."""
+    keep = [t for t in rule.transforms if isinstance(t, (RopePermute, ExpertPart, Split))]
+    return Rule(rule.hf, rule.ember, keep)
 
 
-def _blocks_init(file: GGUFFile, t: GGUFTensor, rows: Rule | None):
+def _blocks_init(file: GGUFFile, t: GGUFTensor, rows: Rule):
     def init(device, require_grad):
-        data = _read(file, t.name)
-        if rows is not None:
-            data = rows.load(data)
+        data, rest = _stored(file, t, rows)
+        if rest.transforms:
+            data = rest.load(data)
         return Tensor.from_data(data, device=device, dtype="uint8")
     return init
 
@@ -203,16 +210,18 @@ def _placeholder(dtype: str, shape):
 
 
 def _quantized_param(file: GGUFFile, t: GGUFTensor, rule: Rule, param: Param, dtype: str) -> Param:
-    others = [x for x in rule.transforms if not isinstance(x, (RopePermute, Transpose))]
-    if others or t.type in ("F32", "F16", "BF16") or len(t.shape) != 2:
+    span = _row_part(rule, t.shape)  # one expert's rows, or a fused tensor's part
+    stored = (span[1], t.shape[-1]) if span is not None else tuple(t.shape)
+    others = [x for x in rule.transforms[1 if span is not None else 0:] if not isinstance(x, (RopePermute, Transpose))]
+    if others or t.type in ("F32", "F16", "BF16") or len(stored) != 2:
         raise PretrainedError(f"tensor {t.name!r}: a {t.type} tensor of dims {list(t.shape)} cannot be kept "
                               f"quantized for '{rule.ember}'", where=str(file.path))
-    rows, bytes_per_row = t.shape[0], t.nbytes // t.shape[0]
+    rows, bytes_per_row = stored[0], t.nbytes // (t.numel // t.shape[-1])
     device = param.lazy_device()
     data = Param.uninitialized(_blocks_init(file, t, _rows_rule(rule)), device, False, (rows, bytes_per_row),
                                kind="int", itemsize=1)
     transpose = any(isinstance(x, Transpose) for x in rule.transforms)
-    weight = GGUFWeight(GGUFBlocks(data, t.type), t.shape, transpose, dtype)
+    weight = GGUFWeight(GGUFBlocks(data, t.type), stored, transpose, dtype)
     shape = tuple(param.lazy_shape())
     base = Param.uninitialized(_placeholder(dtype, shape), device, False, shape, id=param.id)
     return base.with_reparameterization(weight)
@@ -240,7 +249,7 @@ def _build(file: GGUFFile, device, dtype: str, check) -> Module:
         cfg = fam.config_from_json(config)
     except PretrainedError as exc:
         raise PretrainedError(f"{exc.reason} (from the GGUF metadata)", where=where) from None
-    wmap = gguf_weight_map(file.architecture, cfg)
+    wmap = gguf_weight_map(file.architecture, cfg, file.tensors)
     tensors = file.tensors
     _check_layers(fam, cfg, wmap, tensors, where)
     model = fam.build(cfg, device)
@@ -298,10 +307,20 @@ def _build(file: GGUFFile, device, dtype: str, check) -> Module:
 
 
 def gguf_storage(model) -> dict[str, tuple[str, str, int]]:
-    """{Ember parameter path: (GGUF tensor name, ggml type such as "Q4_1", bytes in the file)} of a
+    """{Ember parameter path: (GGUF tensor name, ggml type such as "Q4_1", its bytes in the file)} of a
     model opened from a GGUF file (what a display shows of each weight's quantization); {} for any
-    other model."""
+    other model. A parameter that is part of a tensor (one expert of a stacked experts tensor, one of
+    Phi-3's fused projections) counts its own rows' bytes, so that the bytes add up to the file's."""
     info = pretrained_info(model)
     if info is None or info.gguf is None:
         return {}
-    return {path: (name, info.stored_dtypes[name], info.stored_bytes[name]) for path, name in info.gguf_names.items()}
+    sizes = {path: math.prod(p.lazy_shape()) for path, p in tree_params(model)}
+    shared: dict[str, int] = {}  # tensor name -> the values of the parameters read from it
+    for path, name in info.gguf_names.items():
+        shared[name] = shared.get(name, 0) + sizes.get(path, 0)
+    out = {}
+    for path, name in info.gguf_names.items():
+        total = info.stored_bytes[name]
+        part = total if shared[name] == sizes.get(path) else total * sizes.get(path, 0) // max(shared[name], 1)
+        out[path] = (name, info.stored_dtypes[name], part)
+    return out

@@ -95,6 +95,20 @@ class GGUFFile:
         rows = t.numel // t.shape[-1] if t.shape else 1
         return self._source.read_array(t.offset, np.uint8, t.nbytes).reshape(rows, t.nbytes // rows)
 
+    def read_rows(self, name: str, start: int, count: int) -> np.ndarray:
+        """Rows `start` .. `start + count` of the tensor viewed as `[rows, last dim]` (one expert of a
+        stacked experts tensor), read alone: float32 / float16 / uint16 (BF16) `[count, last dim]`, a
+        block type's uint8 `[count, bytes per row]`."""
+        t = self.tensors[name]
+        rows = t.numel // t.shape[-1] if t.shape else 1
+        if start < 0 or count < 0 or start + count > rows:
+            raise GGUFError(f"tensor {name!r}: rows {start}..{start + count} asked of {rows}", where=str(self.path))
+        row_bytes = t.nbytes // rows
+        dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}.get(t.type, np.uint8)
+        per_row = row_bytes // np.dtype(dtype).itemsize
+        data = self._source.read_array(t.offset + start * row_bytes, dtype, count * per_row)
+        return data.reshape(count, per_row)
+
     def close(self) -> None:
         self._source.close()
 

@@ -21,7 +21,10 @@
   the batch, is refused with a message saying so (export it with `dynamic_batch=False`).
   A language model gets `input_ids` / `attention_mask` in, `logits` out, dynamic batch and
   sequence axes, and with `with_cache=True` the `past_key_values` / `present` tensors
-  (`onnx_export.language`); `input_names` / `output_names` rename any model's inputs and outputs.
+  (`onnx_export.language`), its token positions read from the mask (`onnx_export.positions`);
+  `input_names` / `output_names` rename any model's inputs and outputs. Every run-time size is read
+  from an input axis of that form where one has it, and the run-time-sized values carry their
+  named dims (value_info), so `import_onnx` reads the file back.
 """
 
 from .tracing import OnnxExportError, trace_model

@@ -44,7 +44,7 @@ class Graph:
     form `(size, deltas)`), and is computed in the graph when a delta is not 0."""
 
     def __init__(self, trace: Trace, other: Trace | None = None, others: dict | None = None,
-                 symbols: dict | None = None, tables=None, windows=None):
+                 symbols: dict | None = None, tables=None, windows=None, mask_input: int | None = None):
         self.onnx = onnx_module()
         self.h = self.onnx.helper
         self.trace = trace
@@ -57,6 +57,9 @@ class Graph:
         self.base = {s: trace.tensors[trace.inputs[self.symbols[s][0]]].shape[self.symbols[s][1]] for s in self.syms}
         self.tables = list(tables or [])  # (cos, sin) rotary tables to slice by run-time positions
         self.windows = dict(windows or {})  # module path -> its sliding attention window
+        self.mask_input = mask_input  # a language model's attention_mask input: positions read from it
+        self.positions: str | None = None  # their graph value, once made (onnx_export.positions)
+        self.reshaped: set = set()  # values whose run-time dims are not the traced ones (no value_info)
         self.nodes: list = []
         self.inits: list = []
         self.names: dict[int, str] = {}
@@ -87,21 +90,28 @@ class Graph:
         return self.others[self.syms[k]].ops[o.index]
 
     def sym_value(self, s: str) -> str:
-        v = self._sym_values.get(s)
+        return self.input_size(*self.symbols[s])
+
+    def input_size(self, i: int, axis: int) -> str:
+        """A 1-element int64 tensor: axis `axis` of input `i` at run time (one Shape and Slice each)."""
+        v = self._sym_values.get((i, axis))
         if v is None:
-            i, axis = self.symbols[s]
             saved, self.scope = self.scope, ""
             v = self.node("Slice", [self.node("Shape", [self.name(self.trace.inputs[i])]), self.ints([axis]),
                                     self.ints([axis + 1])])
             self.scope = saved
-            self._sym_values[s] = v
+            self._sym_values[(i, axis)] = v
         return v
 
     def dim_value(self, form) -> str:
-        """A 1-element int64 tensor: the size of `form` at run time."""
+        """A 1-element int64 tensor: the size of `form` at run time (an input's axis of that form read
+        directly, as `past_sequence + sequence` is the attention mask's length, else computed)."""
         d, deltas = form
         if not any(deltas):
             return self.ints([d])
+        axis = self._input_axis(form)
+        if axis is not None:
+            return axis
         c = d - sum(dl * self.base[s] for dl, s in zip(deltas, self.syms))
         v = None
         for dl, s in zip(deltas, self.syms):
@@ -110,6 +120,14 @@ class Graph:
             term = self.sym_value(s) if dl == 1 else self.node("Mul", [self.sym_value(s), self.ints([dl])])
             v = term if v is None else self.node("Add", [v, term])
         return v if not c else self.node("Add", [v, self.ints([c])])
+
+    def _input_axis(self, form):
+        """The run-time size of the first input axis whose form is `form` (None when no input has one)."""
+        for i, tid in enumerate(self.trace.inputs):
+            for k, f in enumerate(self.forms(tid)):
+                if f == form:
+                    return self.input_size(i, k)
+        return None
 
     def dim_name(self, form, fallback: str):
         d, deltas = form
@@ -194,7 +212,8 @@ class Graph:
         arr = np.asarray(array, dtype=dtype)
         self.consts += 1
         n = f"{self.scope}/const_{self.consts}" if self.scope else f"const_{self.consts}"
-        self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(arr), n))
+        held = np.ascontiguousarray(arr).reshape(arr.shape)  # a 0-d constant stays 0-d (CumSum's axis)
+        self.inits.append(self.onnx.numpy_helper.from_array(held, n))
         return n
 
     def ints(self, values) -> str:

@@ -9,6 +9,9 @@ rotary row that differs between the traces is computed in the graph from the run
 1 for a real token); output `logits` `[batch, sequence, vocab]`. With the cache, inputs
 `past_key_values.N.key` / `.value` (`[batch, kv_heads, past_sequence, head_dim]`, past_sequence
 0 for the first step) and outputs `present.N.key` / `.value` (the past and the new positions).
+The token positions (rotary rows, GPT-2's learned positions) are computed in the graph from
+`attention_mask`, each row's real tokens counted (`onnx_export.positions`): a left-padded row gives
+what it gives alone, as transformers' `generate` numbers it.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import numpy as np
 
 from .graph import Graph, axes_of, np_dtype, pad_pairs, shape_arg, tuple_of
 from .ops_index import getitem, rotary
+from .positions import is_position_index, mask_positions
 
 
 _UNARY = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
@@ -115,7 +116,11 @@ def convert(g: Graph, o) -> list[str]:  # noqa: C901 - one dispatch on the op na
             y = g.node("Add", [y, g.name(ins["bias"])])
         return [y]
     if op == "embedding":
-        return [g.node("Gather", [g.name(ins["weight"]), g.name(ins["indices"])], axis=0)]
+        idx = ins["indices"]
+        if is_position_index(g, idx):  # each row's own positions: [batch, ...] where the trace had [1, ...]
+            g.reshaped.add(o.outputs[0])
+            return [g.node("Gather", [g.name(ins["weight"]), mask_positions(g)], axis=0)]
+        return [g.node("Gather", [g.name(ins["weight"]), g.name(idx)], axis=0)]
     if op == "rms_norm":
         ms = _reduce(g, "ReduceMean", g.node("Mul", [x, x]), [len(t[x_id].shape) - 1], True)
         r = g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [ms, g.scalar(a["eps"], x_id)])])])

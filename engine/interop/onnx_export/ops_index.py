@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph, np_dtype
+from .positions import rotary_rows
 
 
 def _parse(g: Graph, key, shape) -> tuple:
@@ -105,6 +106,9 @@ def _rotary_tables(g: Graph, o, x_id: int):
             saved, g.scope = g.scope, ""
             names[k] = (g.const(tc.astype(dt)[..., None]), g.const(ts.astype(dt)[..., None]))
             g.scope = saved
+        rows = rotary_rows(g, x_id, starts, names[k])
+        if rows is not None:  # a language model: each row's positions from its attention mask
+            return rows
         begin = g.dim_value(g.form_of(starts))
         end = g.node("Add", [begin, g.dim_value(g.forms(x_id)[-2])])
         return tuple(g.node("Slice", [tab, begin, end, g.ints([0])]) for tab in names[k])

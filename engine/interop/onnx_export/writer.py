@@ -55,21 +55,22 @@ def _same(a, b) -> bool:
 
 def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, graph_name: str = "ember", *,
                   others: dict | None = None, symbols: dict | None = None, tables=None, windows=None,
-                  output_names=None):
+                  output_names=None, mask_input: int | None = None):
     """The ONNX `ModelProto` of a trace (checked by `onnx.checker`). `other`, the same forward
     traced at batch + 1, makes the batch axis dynamic: every size that differs between the two
     traces is computed from the input's batch in the graph. `others` / `symbols` generalize it
     (`engine.interop.onnx_export.graph.Graph`): one trace per symbolic dim, each at that dim + 1;
     `tables`: the rotary (cos, sin) tables that run-time positions slice; `windows`: the sliding
     attention window of each module path that has one; `output_names`: the
-    outputs' names (default `output` / `output_<k>`)."""
+    outputs' names (default `output` / `output_<k>`); `mask_input`: a language model's
+    attention-mask input, from which the token positions are computed (`onnx_export.positions`)."""
     for name, o in ({"batch": other} if others is None and other is not None else (others or {})).items():
         why = _aligned(trace, o, leading_batch=others is None)
         if why is not None:
             flag = "dynamic_batch" if name == "batch" else "dynamic_sequence"
             raise OnnxExportError(f"{flag}: the model cannot be exported with a dynamic {name} ({why}); "
                                   f"export with {flag}=False")
-    g = Graph(trace, other, others, symbols, tables, windows)
+    g = Graph(trace, other, others, symbols, tables, windows, mask_input)
     for o in trace.ops:
         g.scope, g.op = o.scope, o
         if o.op not in _SIZED and any(not _same(o.attrs, v.ops[o.index].attrs) for v in g.others.values()):
@@ -89,11 +90,26 @@ def trace_to_onnx(trace: Trace, other: Trace | None = None, opset: int = 17, gra
         name = output_names[k] if output_names is not None else "output" if len(trace.outputs) == 1 else f"output_{k}"
         g.nodes.append(g.h.make_node("Identity", [g.name(tid)], [name], name=f"{name}/Identity"))
         outputs.append(value_info(g, tid, name))
-    graph = g.h.make_graph(g.nodes, graph_name, inputs, outputs, initializer=g.inits)
+    nodes, inits = _used(g.nodes, g.inits, [o.name for o in outputs])
+    made = {o for n in nodes for o in n.output}
+    infos = [value_info(g, tid, n) for tid, n in g.names.items() if n in made and tid not in g.reshaped
+             and g.dynamic(tid)] if g.syms else []  # the named dims of every run-time-sized value
+    graph = g.h.make_graph(nodes, graph_name, inputs, outputs, initializer=inits, value_info=infos)
     model = g.h.make_model(graph, opset_imports=[g.h.make_opsetid("", int(opset))], producer_name="ember")
     model.ir_version = min(model.ir_version, 8 if opset <= 17 else model.ir_version)
     g.onnx.checker.check_model(model)
     return model
+
+
+def _used(nodes: list, inits: list, outputs: list) -> tuple:
+    """The nodes and initializers the outputs read (a constant a converter replaced, as the traced
+    positions a language model now reads from its mask, leaves nodes nothing reads)."""
+    need, kept = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output):
+            kept.append(n)
+            need.update(v for v in n.input if v)
+    return kept[::-1], [t for t in inits if t.name in need]
 
 
 def _one_more(x):
@@ -158,7 +174,7 @@ def export_onnx(model_or_design, path, example_input=None, dynamic_batch: bool =
                                      input_names, output_names, max_length)
         proto = trace_to_onnx(parts["trace"], None, opset, graph_name=type(model).__name__, others=parts["others"],
                               symbols=parts["symbols"], tables=parts["tables"], windows=parts["windows"],
-                              output_names=parts["output_names"])
+                              output_names=parts["output_names"], mask_input=1)
     else:
         if is_language_model(model):  # a fixed sequence length: the forward of input_ids alone
             input_names = input_names or ["input_ids"]

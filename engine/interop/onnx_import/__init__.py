@@ -28,7 +28,9 @@ nodes only where some node reads them as a tensor. As PyTorch's exporters write 
 start / end, Reshape to [-1], Equal and Where on those entries (`expand(n, -1)`), Range(0, <a size>, 1) (an Op
 `Range` counting along that axis), a Slice to a run-time end (its ends held as codes too), an Expand whose
 target reads several tensors' sizes (one Expand a tensor), and a Reshape size that shape inference names as the
-data's own axis (copied, 0). GatherND is an Op node.
+data's own axis (copied, 0) or a target whose sizes are all named axes of the data (read from the data). An
+input axis named as a sum of other inputs' axes (`past_sequence + sequence`, a cache export's mask) is read as
+that sum (`input_axes`), so Ember's own language-model exports import. GatherND is an Op node.
 
 Bad input raises `OnnxImportError` naming the file, the node and what was expected: a protobuf
 that does not parse, a model `onnx.checker` refuses, an opset outside 13..`MAX_OPSET`, an input

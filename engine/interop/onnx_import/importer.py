@@ -17,6 +17,7 @@ from ...design.shapes import analyze
 
 from . import ops_activation, ops_conv_pool, ops_matmul, ops_norm, ops_shape  # noqa: F401 - they fill HANDLERS
 from .folding import Folding
+from .input_axes import relabel_sums
 from .fusions import Fusions
 from .registry import HANDLERS
 from .common import (EINSUM_TEXT, ImportReport, ImportedOnnx, KIND_OF_ELEM, MAX_NODES, MAX_SHAPE_ENTRIES,
@@ -132,6 +133,7 @@ class Importer(Folding, Fusions):
                 if v:
                     self.consumed.setdefault(v, []).append(i)
         self._inputs()
+        relabel_sums(self, self.g.input)
         self._defined_check()
         for i, n in enumerate(g.node):  # the Constant nodes first: the patterns below read their values
             if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1:
@@ -487,13 +489,13 @@ class Importer(Folding, Fusions):
         dims = self.dims_of(e[0]) or []
         return dims[e[1]] if e[1] < len(dims) and isinstance(dims[e[1]], str) else None
 
-    def _one_reference(self, entries: list, refs: set) -> tuple:
-        """Entries that read the sizes of several tensors, rewritten to read one of them where each size is a named
-        axis (a graph input's `dim_param`, or shape inference's symbol) that tensor also has: (entries, {that
-        tensor}); unchanged otherwise."""
+    def _one_reference(self, entries: list, refs: set, also: tuple = ()) -> tuple:
+        """Entries that read the sizes of several tensors, rewritten to read one of them (or of `also`, a Reshape's
+        own data) where each size is a named axis (a graph input's `dim_param`, shape inference's symbol, or the
+        file's value_info name) that tensor also has: (entries, {that tensor}); unchanged otherwise."""
         axis_name = self._axis_name
 
-        for ref in sorted(refs):
+        for ref in sorted(refs) + [v for v in also if v not in refs]:
             names = self.dims_of(ref) or []
             out = []
             for e in entries:
@@ -591,10 +593,10 @@ class Importer(Folding, Fusions):
                 return [e if isinstance(e, int) else -1 for e in entries], None
             refs = {e[0] for e in entries if not isinstance(e, int)}
         if len(refs) > 1:
-            entries, refs = self._one_reference(entries, refs)
+            entries, refs = self._one_reference(entries, refs, (data,) if node.op_type == "Reshape" else ())
         if len(refs) != 1:
-            raise Unsupported(f"its target shape reads the sizes of {len(refs)} tensors (expected one, or "
-                              f"axes of one name in one of them)")
+            raise Unsupported(f"its target shape reads the sizes of {len(refs)} tensors ({', '.join(sorted(refs))}; "
+                              f"expected one, or axes of one name in one of them or in the data)")
         ref = refs.pop()
         if ref in self.deferred:
             self._materialize(ref)

@@ -3,7 +3,10 @@
 
 feeds.npz holds `run<k>/<input name>` arrays: each run k's outputs are written as `run<k>/<output
 name>`. With `generate/prompt` (int64 [batch, n]) and `generate/steps`, the cache variant is run step by
-step from an empty past, greedily, and the new tokens are written as `generate/tokens`."""
+step from an empty past, greedily, and the new tokens are written as `generate/tokens`, the logits of
+every position fed (the prompt's, then each new token's but the last) as `generate/logits`;
+`generate/mask` (int64 [batch, n], 0 at a left-padded row's padding) is the prompt's attention mask
+(default all ones), each new token's column 1."""
 from __future__ import annotations
 
 import sys
@@ -11,7 +14,7 @@ import sys
 import numpy as np
 
 
-def _greedy(sess, prompt: np.ndarray, steps: int) -> np.ndarray:
+def _greedy(sess, prompt: np.ndarray, steps: int, mask: np.ndarray | None = None) -> tuple:
     names = [i.name for i in sess.get_inputs()]
     pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
     b = prompt.shape[0]
@@ -19,19 +22,21 @@ def _greedy(sess, prompt: np.ndarray, steps: int) -> np.ndarray:
     for i in pasts:
         heads, dim = i.shape[1], i.shape[3]
         feed[i.name] = np.zeros((b, heads, 0, dim), dtype=np.float32)
-    ids, length, out = prompt, 0, []
+    ids, out, logits = prompt, [], []
+    mask = np.ones(prompt.shape, dtype=np.int64) if mask is None else mask.astype(np.int64)
     for _ in range(steps):
-        length += ids.shape[1]
         feed["input_ids"] = ids
-        feed["attention_mask"] = np.ones((b, length), dtype=np.int64)
+        feed["attention_mask"] = mask
         results = sess.run(None, {n: feed[n] for n in names})
         outs = dict(zip([o.name for o in sess.get_outputs()], results))
+        logits.append(outs["logits"])
         nxt = outs["logits"][:, -1].argmax(-1).astype(np.int64)
         out.append(nxt)
         ids = nxt[:, None]
+        mask = np.concatenate([mask, np.ones((b, 1), dtype=np.int64)], axis=1)
         for i in pasts:
             feed[i.name] = outs["present." + i.name[len("past_key_values."):]]
-    return np.stack(out, axis=1)
+    return np.stack(out, axis=1), np.concatenate(logits, axis=1)
 
 
 def run(model_path: str, feeds: dict) -> dict:
@@ -45,7 +50,9 @@ def run(model_path: str, feeds: dict) -> dict:
         for o, v in zip(sess.get_outputs(), sess.run(None, feed)):
             out[f"{r}/{o.name}"] = v
     if "generate/prompt" in feeds:
-        out["generate/tokens"] = _greedy(sess, feeds["generate/prompt"], int(feeds["generate/steps"]))
+        steps = int(feeds["generate/steps"])
+        out["generate/tokens"], out["generate/logits"] = _greedy(sess, feeds["generate/prompt"], steps,
+                                                                 feeds.get("generate/mask"))
     out["inputs"] = np.asarray([f"{i.name}:{i.shape}" for i in sess.get_inputs()])
     out["outputs"] = np.asarray([f"{o.name}:{o.shape}" for o in sess.get_outputs()])
     return out

@@ -121,3 +121,26 @@ def test_gather_nd_out_of_range_says_which_axis():
     got = run_op("GatherND", {}, [Tensor.from_data(np.arange(6.0, dtype=np.float32).reshape(2, 3)),
                                   Tensor.from_data(np.asarray([[1], [0]], np.int64))]).numpy()
     np.testing.assert_array_equal(got, [[3, 4, 5], [0, 1, 2]])
+
+
+def test_a_reshape_reading_the_sizes_of_two_unrelated_tensors_is_refused_naming_the_node(tmp_path):
+    """A run-time Reshape target is read from one tensor's axes (or axes of one name in one of them or in the
+    data): sizes of two inputs whose axes share no name are refused, the node, its op and the tensors named."""
+    from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415
+
+    from engine.interop import OnnxImportError  # noqa: PLC0415
+
+    i64 = np.int64
+    nodes = [helper.make_node("Shape", ["x"], ["sx"]), helper.make_node("Shape", ["y"], ["sy"]),
+             helper.make_node("Slice", ["sx", "z", "o"], ["ax"]), helper.make_node("Slice", ["sy", "z", "o"], ["by"]),
+             helper.make_node("Concat", ["by", "ax", "m1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["out"], name="mixed")]
+    inits = [numpy_helper.from_array(np.asarray(v, i64), k) for k, v in (("z", [0]), ("o", [1]), ("m1", [-1]))]
+    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", 4, 5]),
+                                               helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None] * 3)], initializer=inits)
+    path = tmp_path / "mixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    with pytest.raises(OnnxImportError, match=r"Reshape \(mixed: its target shape reads the sizes of 2 tensors "
+                                              r"\(x, y; expected one"):
+        import_onnx(path)

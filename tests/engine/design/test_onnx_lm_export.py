@@ -72,18 +72,20 @@ def test_the_export_runs_at_other_lengths_and_batches_with_embers_logits(name, t
     assert dims["input_ids"] == ["batch", "sequence"] and dims["attention_mask"] == ["batch", "sequence"]
     assert dims["logits"][:2] == ["batch", "sequence"] and list(dims) == ["input_ids", "attention_mask", "logits"]
     rng = np.random.default_rng(7)
-    feeds, want = {}, {}
+    feeds = {}
     for k, (b, s) in enumerate(SIZES):
         ids = rng.integers(0, 100, size=(b, s)).astype(np.int64)
         mask = np.ones((b, s), dtype=np.int64)
         mask[0, :2] = 0
         feeds[f"run{k}/input_ids"], feeds[f"run{k}/attention_mask"] = ids, mask
-        want[k] = model.forward(Tensor.from_data(ids), Tensor.from_data(mask)).numpy()
     got = _ort_run(path, feeds, tmp_path)
-    for k in want:
-        logits = got[f"run{k}/logits"]
-        assert logits.shape == want[k].shape
-        np.testing.assert_allclose(logits, want[k], atol=1e-4, rtol=0)
+    for k, (b, s) in enumerate(SIZES):
+        logits, ids, mask = got[f"run{k}/logits"], feeds[f"run{k}/input_ids"], feeds[f"run{k}/attention_mask"]
+        assert logits.shape[:2] == (b, s)
+        for r in range(b):  # a left-padded row's real positions: the logits the row has alone
+            real = mask[r] == 1
+            np.testing.assert_allclose(logits[r, real], _alone(model, ids[r, real].tolist()), atol=1e-4, rtol=0,
+                                       err_msg=f"{name} batch {b} length {s} row {r}")
 
 
 @pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "mistral-swa"])
@@ -100,6 +102,125 @@ def test_the_cache_variant_generates_embers_greedy_tokens(name, tmp_path):
     want = generate(model, None, prompt[0], 20, temperature=0, eos_token_id=[])
     assert got["generate/tokens"][0].tolist() == list(want.ids[0] if hasattr(want, "ids") else want)
     assert len(set(got["generate/tokens"][0].tolist())) > 1  # not one repeated token: the cache matters
+
+
+def _alone(model, tokens) -> np.ndarray:
+    """Ember's logits `[n, vocab]` of one row of tokens fed alone, unpadded."""
+    return model.forward(Tensor.from_data(np.asarray([tokens], dtype=np.int64))).numpy()[0]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "qwen3", "gemma3"])
+def test_left_padded_rows_generate_step_by_step_as_each_does_alone(name, tmp_path):
+    """The cache variant numbers a left-padded row's positions from its first real token (from the
+    attention mask, as transformers' generate): run step by step by onnxruntime on a left-padded batch of
+    prompts of different lengths, each row's logits at every position are those Ember gives the row alone,
+    each step's last logits transformers' generate's (padded_logits.npz, make_padded_logits_fixtures.py),
+    and the greedy tokens Ember's and transformers'."""
+    model = _model(name)
+    path = export_onnx(model, tmp_path / f"{name}-cache.onnx", with_cache=True)
+    fixture = np.load(HF / name / "padded_logits.npz")
+    ids, mask, steps = fixture["input_ids"].astype(np.int64), fixture["attention_mask"].astype(np.int64), 12
+    assert fixture["new_ids"].shape == (ids.shape[0], steps) and len(set(mask.sum(axis=1).tolist())) > 1
+    got = _ort_run(path, {"generate/prompt": ids, "generate/mask": mask, "generate/steps": np.asarray(steps)},
+                   tmp_path)
+    tokens, logits = got["generate/tokens"], got["generate/logits"]
+    width = ids.shape[1]
+    assert logits.shape[1] == width + steps - 1
+    np.testing.assert_allclose(logits[:, width - 1:], fixture["logits"], atol=1e-4, rtol=0,
+                               err_msg=f"{name}: each step's last logits against transformers' generate")
+    assert tokens.tolist() == fixture["new_ids"].tolist()
+    prompts = [ids[r, mask[r] == 1].tolist() for r in range(ids.shape[0])]
+    for r, p in enumerate(prompts):
+        want = _alone(model, p + tokens[r, :-1].tolist())
+        np.testing.assert_allclose(logits[r, width - len(p):], want, atol=1e-4, rtol=0, err_msg=f"{name} row {r}")
+    ember = generate(model, None, prompts, steps, temperature=0, eos_token_id=[])
+    assert tokens.tolist() == [list(r) for r in ember.ids]
+
+
+def _cache_positions(mask: np.ndarray, seq: int) -> np.ndarray:
+    """The new tokens' positions as Ember's generate numbers them: each row's real tokens counted."""
+    return np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 0)[:, mask.shape[1] - seq:]
+
+
+# (batch, sequence, past) of each run: two batch sizes, two lengths; with the cache, an empty past and a past
+# whose first row begins with padding
+IMPORT_SIZES = {False: [(1, 4, 0), (3, 7, 0)], True: [(1, 4, 0), (3, 7, 0), (1, 4, 5), (3, 7, 2)]}
+
+
+@pytest.mark.parametrize("with_cache", [False, True], ids=["no-cache", "cache"])
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "mistral-swa", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_embers_own_export_imports_and_gives_onnxruntimes_and_embers_logits(name, with_cache, tmp_path):
+    """`import_onnx` reads back Ember's language-model export (dynamic batch and sequence, run-time Slice,
+    Range, Gather of positions, the mask's `past_sequence + sequence` axis); the imported module's outputs equal
+    onnxruntime's and the model's own (with the cache: the same past, the positions counted from the mask)."""
+    from engine.design import build_model  # noqa: PLC0415
+    from engine.interop import import_onnx  # noqa: PLC0415
+    from engine.nn import KVCache  # noqa: PLC0415
+
+    model = _model(name)
+    n_layers = len(model.layers) if hasattr(model, "layers") else len(model.h)
+    path = export_onnx(model, tmp_path / f"{name}.onnx", with_cache=with_cache)
+    imported = import_onnx(path)
+    assert imported.report.ok and not imported.report.unsupported
+    module = build_model(imported.design).load_record(imported.record).valid()
+    graph = onnx.load(str(path)).graph
+    assert set(imported.report.mapping) == {n.name for n in graph.node}  # every node said, none skipped
+    rng = np.random.default_rng(3)
+    feeds, runs = {}, []
+    for k, (b, s, past) in enumerate(IMPORT_SIZES[with_cache]):
+        mask = np.ones((b, past + s), dtype=np.int64)
+        mask[0, :2] = 0  # the first row left-padded
+        run = {"input_ids": rng.integers(0, 100, size=(b, s)).astype(np.int64), "attention_mask": mask}
+        for v in graph.input[2:]:
+            dims = v.type.tensor_type.shape.dim
+            run[v.name] = rng.standard_normal((b, dims[1].dim_value, past, dims[3].dim_value)).astype(np.float32)
+        feeds.update({f"run{k}/{key}": value for key, value in run.items()})
+        runs.append(run)
+    got_ort = _ort_run(path, feeds, tmp_path)
+    # float32 noise between two runtimes; Gemma 3's larger logits (scaled embeddings, four norms) give 2.6e-5
+    # between onnxruntime and Ember, the imported module in between
+    tol_ember = 5e-5 if name == "gemma3" else 1e-5
+    for k, run in enumerate(runs):
+        y = module.forward(*[Tensor.from_data(run[v.name]) for v in graph.input])
+        got = [t.numpy() for t in (y if isinstance(y, (tuple, list)) else (y,))]
+        assert len(got) == len(graph.output)
+        for v, g in zip(graph.output, got):
+            want = got_ort[f"run{k}/{v.name}"]
+            assert g.shape == want.shape, (v.name, g.shape, want.shape)
+            np.testing.assert_allclose(g, want, atol=1e-5, rtol=0, err_msg=f"{name} run {k} {v.name}")
+        pasts = [run[v.name] for v in graph.input[2:]]
+        caches = [KVCache.holding(Tensor.from_data(pasts[2 * i]), Tensor.from_data(pasts[2 * i + 1]))
+                  for i in range(n_layers)] if with_cache else KVCache.layers(n_layers)
+        ids, mask = run["input_ids"], run["attention_mask"]
+        extra = {} if name == "gpt2" else {"position_ids": Tensor.from_data(_cache_positions(mask, ids.shape[1]))}
+        want = model.forward(Tensor.from_data(ids), Tensor.from_data(mask), caches, **extra).numpy()
+        np.testing.assert_allclose(got[0], want, atol=tol_ember, rtol=0, err_msg=f"{name} run {k} against Ember")
+
+
+def test_an_imported_cache_export_refuses_a_mask_longer_than_the_past_and_the_new_tokens(tmp_path):
+    """The mask's axis is `past_sequence + sequence` in the file: a longer mask is refused naming both sizes
+    (onnxruntime refuses it too), never cut silently to the sum."""
+    from engine.design import build_model  # noqa: PLC0415
+    from engine.interop import import_onnx  # noqa: PLC0415
+
+    model = _model("llama-gqa")
+    path = export_onnx(model, tmp_path / "llama.onnx", with_cache=True)
+    imported = import_onnx(path)
+    module = build_model(imported.design).load_record(imported.record).valid()
+    graph = onnx.load(str(path)).graph
+    b, s, past = 2, 3, 4
+
+    def run(mask_length):
+        feeds = [Tensor.from_data(np.ones((b, s), dtype=np.int64)),
+                 Tensor.from_data(np.ones((b, mask_length), dtype=np.int64))]
+        for v in graph.input[2:]:
+            dims = v.type.tensor_type.shape.dim
+            feeds.append(Tensor.from_data(np.zeros((b, dims[1].dim_value, past, dims[3].dim_value), np.float32)))
+        return module.forward(*feeds)
+
+    run(past + s)  # the sum: runs
+    with pytest.raises(Exception, match=r"must be 7, found 9"):
+        run(past + s + 2)
 
 
 def test_names_are_an_option_and_other_models_keep_theirs(tmp_path):
