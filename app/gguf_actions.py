@@ -6,7 +6,9 @@
 - File ▸ Export ▸ GGUF… (`ask_export`, `export_gguf`): the model merged (LoRA folded in) as a GGUF
   file of a chosen type (`engine.models.gguf_export.save_gguf`: F16, BF16, Q8_0, Q4_0, …, or each
   weight's own type), written atomically on a worker, cancellable, with an Ollama Modelfile beside it
-  (`<name>.Modelfile`: FROM the file, its template).
+  (`<name>.Modelfile`: FROM the file, its template; a warning when its chat format is not recognised).
+  A model opened from a Hugging Face folder is exported with its tokenizer.json converted
+  (`engine.models.gguf_vocab`); one llama.cpp would tokenize otherwise keeps the action disabled, saying why.
 - File ▸ Export ▸ GGUF LoRA Adapter… (`ask_export_lora`, `export_lora`): the LoRA adapters as a GGUF
   LoRA adapter llama.cpp applies over the GGUF the model was opened from, checked against it first,
   with an Ollama Modelfile beside it (`<name>.Modelfile`: FROM the base, ADAPTER the adapter).
@@ -19,10 +21,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtWidgets import QInputDialog
+from PySide6.QtWidgets import QInputDialog, QMessageBox
 
 from engine.models.gguf_export import EXPORT_TYPES, gguf_architecture
-from engine.models.gguf_lora import save_gguf_lora, write_modelfile
+from engine.models.gguf_lora import save_gguf_lora
+from engine.models.ollama import template_warning, write_modelfile
 from engine.models.gguf_model import gguf_storage
 from engine.models.hf_folder import PretrainedError
 from engine.models.pretrained import pretrained_info
@@ -53,6 +56,7 @@ class GGUFActions:
         self.open_path = open_path
         self.export_action = export_action
         self.lora_action = lora_action
+        self._checked = None  # (folder, vocab size, file stamps) -> why its tokenizer has no GGUF form
 
     # ---- opening ----------------------------------------------------------------------------------
     def ask_open(self):
@@ -71,16 +75,40 @@ class GGUFActions:
             _, info = gguf_architecture(module)
         except PretrainedError as exc:
             return exc.reason
-        if info.gguf is None:
-            return "the model was opened from a folder: Ember writes a GGUF with the tokenizer of the .gguf it " \
-                   "opened (File ▸ Open GGUF…)"
+        if info.gguf is None and info.folder is not None:
+            return self._tokenizer_refusal(Path(info.folder), int(info.config.vocab_size))
         return ""
+
+    def _tokenizer_refusal(self, folder: Path, vocab_size: int) -> str:
+        """Why a folder's tokenizer has no GGUF form ('' when it has), kept while its files are unchanged
+        (the actions are updated often; tokenizer.json is read again only when it changed)."""
+        from engine.models.gguf_vocab import folder_gguf_tokenizer  # noqa: PLC0415
+
+        stamps = []
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            try:
+                st = (folder / name).stat()
+                stamps.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                stamps.append(None)
+        key = (str(folder), vocab_size, tuple(stamps))
+        if self._checked is None or self._checked[0] != key:
+            try:
+                folder_gguf_tokenizer(folder, vocab_size)
+                why = ""
+            except PretrainedError as exc:
+                why = exc.reason
+            self._checked = (key, why)
+        return self._checked[1]
 
     def lora_refusal(self) -> str:
         """Why File ▸ Export ▸ GGUF LoRA Adapter… cannot run now ('' when it can)."""
         why = self.refusal()
         if why:
             return why
+        if pretrained_info(self.document.module).gguf is None:
+            return "the model was opened from a folder: a GGUF LoRA adapter applies over the .gguf the model was " \
+                   "opened from (File ▸ Open GGUF…); export the merged model instead (File ▸ Export ▸ GGUF…)"
         if not adapters_of(self.document.module):
             return "the model has no LoRA adapters: attach them first (Model ▸ Attach LoRA…)"
         return ""
@@ -95,7 +123,8 @@ class GGUFActions:
 
     def _suggested(self, suffix: str) -> str:
         info = pretrained_info(self.document.module)
-        stem = Path(info.gguf).stem if info is not None and info.gguf is not None else "model"
+        stem = Path(info.gguf).stem if info is not None and info.gguf is not None else \
+            Path(info.folder).name if info is not None and info.folder is not None else "model"
         return f"{stem}{suffix}.gguf"
 
     # ---- merged -----------------------------------------------------------------------------------
@@ -128,13 +157,15 @@ class GGUFActions:
         def work(state):
             written = save_gguf(module, path, qtype, check=state.check_cancelled,
                                 progress=lambda done, total: state.set_progress(done / total))
-            return written, write_modelfile(written.with_suffix(".Modelfile"), written, None, _chat_template(written))
+            chat = _chat_template(written)
+            return written, write_modelfile(written.with_suffix(".Modelfile"), written, None, chat), chat
 
         def done(result) -> None:
-            written, modelfile = result
+            written, modelfile, chat = result
             w.status(f"Saved {written.name} ({qtype}, {written.stat().st_size / 2 ** 20:.1f} MiB, "
                      f"{time.perf_counter() - started:.1f} s) and {modelfile.name}: llama-cli -m {written.name}; "
                      f"ollama create NAME -f {modelfile.name}", 15000)
+            self._warn_template(modelfile, chat)
 
         w.status(f"Exporting GGUF ({qtype}) to {path}…")
         return w.tasks.start(BackgroundTask(work, title=f"Exporting {path.name}"), done,
@@ -165,18 +196,27 @@ class GGUFActions:
 
         def work(state):
             written = save_gguf_lora(module, path, check=state.check_cancelled)
-            return written, write_modelfile(path.with_suffix(".Modelfile"), base, written, _chat_template(base))
+            chat = _chat_template(base)
+            return written, write_modelfile(path.with_suffix(".Modelfile"), base, written, chat), chat
 
         def done(result) -> None:
-            written, modelfile = result
+            written, modelfile, chat = result
             w.status(f"Saved the GGUF LoRA adapter {written.name} and {modelfile.name}: llama-cli -m {base.name} "
                      f"--lora {written.name}; ollama create NAME -f {modelfile.name}", 15000)
+            self._warn_template(modelfile, chat)
 
         w.status(f"Exporting the GGUF LoRA adapter to {path}…")
         return w.tasks.start(BackgroundTask(work, title=f"Exporting {path.name}"), done,
                              lambda f: w.error("Export GGUF LoRA adapter failed",
                                                f"{path.name} was not written: {f.exception}", f.traceback),
                              kind="export-gguf-lora")
+
+    def _warn_template(self, modelfile: Path, chat_template: str | None) -> None:
+        """A warning when the Modelfile has no TEMPLATE (its chat format was not recognised)."""
+        why = template_warning(chat_template)
+        if why:
+            self.host.message(QMessageBox.Icon.Warning, "Ollama Modelfile without a template",
+                              f"{modelfile.name}: {why}.")
 
 
 def _chat_template(path) -> str | None:

@@ -17,7 +17,7 @@ _NAMES = {
     "save_pretrained": "save", "supported_architectures": "pretrained",
     "load_peft_adapter": "peft", "save_peft_adapter": "peft",
     "generate": "generate",
-    "save_gguf": "gguf_export", "save_gguf_lora": "gguf_lora", "write_modelfile": "gguf_lora",
+    "save_gguf": "gguf_export", "save_gguf_lora": "gguf_lora", "write_modelfile": "ollama",
 }
 
 __all__ = sorted(_NAMES)

@@ -20,10 +20,12 @@ multiple of the type's block is F16 (llama.cpp's quantizer falls back likewise).
 
 The metadata: the architecture's sizes, rope and norm settings from the model's config, typed as
 llama.cpp's loader checks them (the `GGUFWriter` methods), and the tokenizer (`tokenizer.ggml.*`,
-the chat template `tokenizer.chat_template`) copied from the GGUF file the model was opened from, or
-the `tokenizer.*` keys given (`tokenizer=`). A model of another family, or one opened from a folder
-without tokenizer keys given (its tokenizer would need converting), is refused before anything is
-written. The file is written beside the target and moved into place
+the chat template `tokenizer.chat_template`) copied from the GGUF file the model was opened from,
+or the `tokenizer.*` keys given (`tokenizer=`), or, for a model opened from a Hugging Face folder,
+its tokenizer.json converted as llama.cpp's converter does (`gguf_vocab.folder_gguf_tokenizer`:
+byte-level BPE; a tokenizer llama.cpp would tokenize otherwise is refused, naming what it found). A
+model of another family is refused before anything is written. The file is written beside the
+target and moved into place
 (`engine.store.atomic.atomic_write`): a cancelled or failed export leaves the old file, if any.
 """
 from __future__ import annotations
@@ -38,10 +40,11 @@ import numpy as np
 from ..module.reparam import iter_param_slots
 from ..store.atomic import atomic_write, os_error_reason
 from ..store.errors import RecordError
-from ..store.gguf_file import GGUFFile, open_gguf
+from ..store.gguf_file import open_gguf
 from ..tensor.raw import array
 from .gguf_arch import arch_metadata, arch_tensors, export_architecture
 from .gguf_model import gguf_weight_map
+from .gguf_vocab import folder_gguf_tokenizer
 from .gguf_weight import GGUFWeight
 from .hf_folder import PretrainedError
 from .mapping import RopePermute, Rule, Split
@@ -73,13 +76,14 @@ def gguf_architecture(model) -> tuple[str, PretrainedInfo]:
     return arch, info
 
 
-def gguf_source(info: PretrainedInfo) -> GGUFFile:
-    """The (header of the) GGUF file the model was opened from; a PretrainedError when it was opened
-    from a folder or the file can no longer be read."""
+def gguf_source(info: PretrainedInfo):
+    """Where the exported file's tokenizer keys come from: the (header of the) GGUF file the model was
+    opened from, or for a model opened from a folder its tokenizer converted (`gguf_vocab`); a
+    PretrainedError when the file can no longer be read or the tokenizer has no faithful GGUF form."""
     if info.gguf is None:
-        raise PretrainedError("this model was opened from a folder: its tokenizer is not in GGUF form, so Ember "
-                              "cannot write a GGUF llama.cpp would tokenize for; open the model's .gguf file "
-                              "(File > Open GGUF) to export it as GGUF")
+        if info.folder is None:
+            raise PretrainedError("the model remembers neither its GGUF file nor its folder: no tokenizer to write")
+        return folder_gguf_tokenizer(info.folder, int(info.config.vocab_size))
     try:
         return open_gguf(info.gguf)
     except RecordError as exc:
@@ -102,8 +106,7 @@ def _kv(writer, key: str, value) -> None:
         writer.add_array(key, list(value))
 
 
-def _metadata(writer, arch: str, cfg, source: GGUFFile | None, file_type: int | None,
-              tokenizer: dict | None = None) -> None:
+def _metadata(writer, arch: str, cfg, source, file_type: int | None, tokenizer: dict | None = None) -> None:
     import gguf  # noqa: PLC0415
 
     name = source.metadata.get("general.name") if source is not None else None
@@ -292,7 +295,7 @@ def save_gguf(model, path, qtype: str = "F16", *, check: Callable[[], None] | No
     """Write `model` merged as a GGUF file at `path` (see this file's doc); returns the path.
     `check()` is called between tensors (it raises to cancel: the target is left as it was);
     `progress(done, total)` after each tensor. `tokenizer`: the `tokenizer.*` metadata to write
-    instead of the source GGUF's (then a model opened from a folder is written too)."""
+    instead of the source GGUF's or of a folder model's converted tokenizer.json."""
     import gguf  # noqa: PLC0415
 
     if qtype not in EXPORT_TYPES:

@@ -1,6 +1,6 @@
 """`save_gguf_lora`: a model's LoRA adapters as a GGUF LoRA adapter llama.cpp applies over the base
-GGUF file (`llama-cli -m base.gguf --lora adapter.gguf`, `Llama(base, lora_path=adapter)`), and
-`write_modelfile`: an Ollama Modelfile (`FROM` the base, `ADAPTER` the adapter, the template).
+GGUF file (`llama-cli -m base.gguf --lora adapter.gguf`, `Llama(base, lora_path=adapter)`); the
+Ollama Modelfile that goes with it is `ollama.write_modelfile`.
 
 The file is what llama.cpp's `convert_lora_to_gguf.py` writes and its adapter loader reads:
 `general.type = "adapter"`, the base's `general.architecture`, `adapter.type = "lora"`,
@@ -28,7 +28,6 @@ opened from a Hugging Face folder of the same weights can target that folder's G
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +35,6 @@ import numpy as np
 
 from ..module.lora import DoraAdapter, LoraAdapter
 from ..module.reparam import adapters_of, iter_param_slots
-from ..store.atomic import atomic_write_text
 from ..store.errors import RecordError
 from ..store.gguf_file import open_gguf
 from ..tensor.raw import array
@@ -46,7 +44,7 @@ from .hf_folder import PretrainedError
 from .mapping import Rule
 from .moe import ExpertPart
 
-__all__ = ["check_gguf_lora", "gguf_lora_tensors", "ollama_template", "save_gguf_lora", "write_modelfile"]
+__all__ = ["check_gguf_lora", "gguf_lora_tensors", "save_gguf_lora"]
 
 _NOT_ADAPTABLE = {"token_embd.weight": "the token embedding", "output.weight": "the output head"}
 
@@ -175,41 +173,3 @@ def save_gguf_lora(model, path, *, base=None, check: Callable[[], None] | None =
         for suffix, value in ((".lora_a", A), (".lora_b", B)):
             plan.append(Planned(name + suffix, "F32", tuple(value.shape), value.nbytes, lambda v=value: v))
     return write_gguf_file(Path(os.fspath(path)), arch, metadata, plan, check)
-
-
-# ---------------------------------------------------------------------------------- Ollama
-_CHATML = ('{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}'
-           '<|im_start|>assistant\n')
-
-
-def ollama_template(chat_template: str | None) -> tuple[str, list[str]] | None:
-    """(an Ollama TEMPLATE, its stop strings) for a Jinja chat template of a known form (ChatML);
-    None for another (Ollama then takes the template from the GGUF's tokenizer.chat_template)."""
-    if isinstance(chat_template, str) and re.search(r"<\|im_start\|>", chat_template) \
-            and "<|im_end|>" in chat_template:
-        return _CHATML, ["<|im_start|>", "<|im_end|>"]
-    return None
-
-
-def write_modelfile(path, base, adapter=None, chat_template: str | None = None) -> Path:
-    """An Ollama Modelfile at `path`: `FROM base`, `ADAPTER adapter` when given, the TEMPLATE (see
-    `ollama_template`). Written atomically; returns the path."""
-    def quoted(p) -> str:
-        text = str(Path(os.fspath(p)).resolve())
-        return f'"{text}"' if any(c.isspace() for c in text) else text
-    lines = [f"FROM {quoted(base)}"]
-    if adapter is not None:
-        lines.append(f"ADAPTER {quoted(adapter)}")
-    template = ollama_template(chat_template)
-    if template is not None:
-        go, stops = template
-        lines.append(f'TEMPLATE """{go}"""')
-        lines += [f'PARAMETER stop "{s}"' for s in stops]
-    else:
-        lines.append("# no TEMPLATE: Ollama takes the chat template from the GGUF's tokenizer.chat_template")
-    target = Path(os.fspath(path))
-    try:
-        atomic_write_text(target, "\n".join(lines) + "\n", error=PretrainedError)
-    except OSError as exc:
-        raise PretrainedError(f"cannot write the Modelfile: {exc.strerror or exc}", where=str(target)) from None
-    return target

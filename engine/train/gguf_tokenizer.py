@@ -9,7 +9,9 @@ that ids and text agree with it:
 - `tokenizer.ggml.model` "gpt2" (byte-level BPE: GPT-2, Llama 3, Qwen2, SmolLM, ...): a BPE
   model over the vocabulary (a token spelled outside the byte-level alphabet is respelled
   through it) and the merges; the pre-tokenizer is byte-level with GPT-2's split, or, for the
-  pre-tokenizer names whose split is known (`PRE_TOKENIZER_SPLITS`), that split then byte-level;
+  pre-tokenizer names whose split is known (`PRE_TOKENIZER_SPLITS`), that split then byte-level,
+  or for those that split digits one by one first ("smollm", "starcoder", ...: `DIGITS_FIRST`),
+  that then GPT-2's;
   the decoder byte-level;
 - control tokens (type 3) are special tokens (kept whole, skipped when decoding; in a byte-level
   vocabulary only those spelled in its alphabet), user-defined ones (type 4) plain added tokens;
@@ -28,23 +30,13 @@ from __future__ import annotations
 
 from ..store.errors import RecordError
 from ..store.gguf_file import GGUFFile, open_gguf
+from ..store.gguf_pre import DIGITS_FIRST, PRE_TOKENIZER_SPLITS
 from .chat_template import ChatTemplate
 from .tokenizer import TextTokenizer, TokenizerError
 
 __all__ = ["PRE_TOKENIZER_SPLITS", "gguf_chat_template", "load_gguf_tokenizer", "merges_from_scores"]
 
 CONTROL, USER_DEFINED = 3, 4
-
-# the split of each pre-tokenizer name whose merges were learned over another split than GPT-2's
-# (the regexes of the models' own tokenizer.json files)
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZER_SPLITS = {
-    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
-    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
-}
 
 
 def _byte_alphabet() -> dict[int, str]:
@@ -187,8 +179,12 @@ def _byte_level(file: GGUFFile, tokens: list, where: str):
         vocab[key] = i  # a later duplicate wins, as in a dict comprehension
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
                                end_of_word_suffix="", fuse_unk=False))
-    split = PRE_TOKENIZER_SPLITS.get(file.metadata.get("tokenizer.ggml.pre"))
-    if split is None:
+    pre = file.metadata.get("tokenizer.ggml.pre")
+    split = PRE_TOKENIZER_SPLITS.get(pre)
+    if pre in DIGITS_FIRST:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    elif split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),

@@ -2,6 +2,7 @@
 on a worker (each refused, saying why, when it cannot run), and the quantization shown."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from tests.app.window_helpers import wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF = ROOT / "tests" / "fixtures" / "gguf" / "tiny-qwen2-q8.gguf"
+BPE = ROOT / "tests" / "fixtures" / "hf" / "qwen2-bpe"
+CHAT_TEMPLATES = ROOT / "tests" / "fixtures" / "chat_templates"
 
 
 def _open(qtbot, window, files):
@@ -36,9 +39,40 @@ def test_open_gguf_from_the_menu_and_the_exports_say_when_they_cannot_run(window
     assert not a.export_gguf_lora.isEnabled() and "no LoRA adapters" in a.export_gguf_lora.toolTip()
     window.document.set_model(from_pretrained(LLAMA), PretrainedSource(str(LLAMA.resolve())))
     window._update_actions()
-    assert not a.export_gguf.isEnabled() and "opened from a folder" in a.export_gguf.toolTip()
+    # llama-gqa's tokenizer is SentencePiece-style (Metaspace): no faithful GGUF form, the export says so
+    assert not a.export_gguf.isEnabled() and "SentencePiece-style" in a.export_gguf.toolTip()
     assert window.gguf.export_gguf(ROOT / "never.gguf") is None  # refused, nothing written
     assert not (ROOT / "never.gguf").exists()
+
+
+def test_a_model_opened_from_a_folder_exports_with_its_tokenizer_and_warns_of_an_unknown_chat_format(
+        window, qtbot, tmp_path):
+    from PySide6.QtWidgets import QMessageBox
+
+    folder = tmp_path / "chat-model"
+    shutil.copytree(BPE, folder)
+    window.document.set_model(from_pretrained(folder), PretrainedSource(str(folder)))
+    window._update_actions()
+    a = window.actions
+    assert a.export_gguf.isEnabled(), a.export_gguf.toolTip()
+    assert not a.export_gguf_lora.isEnabled() and "opened from a folder" in a.export_gguf_lora.toolTip()
+    window.gguf.export_gguf(tmp_path / "chat.gguf", "F16")
+    wait_idle(qtbot, window)
+    with open_gguf(tmp_path / "chat.gguf") as f:
+        assert f.metadata["tokenizer.ggml.pre"] == "qwen2" and f.metadata["general.name"] == "chat-model"
+    text = (tmp_path / "chat.Modelfile").read_text()
+    assert "# TEMPLATE: the ChatML chat format" in text and "{{ .Content }}<|im_end|>" in text
+    assert window.last_message is None or "template" not in window.last_message.windowTitle().lower()
+    # a chat format Ember has no Ollama template for: no TEMPLATE, a comment and a warning say so
+    (folder / "chat_template.jinja").write_text((CHAT_TEMPLATES / "zephyr-7b-beta.jinja").read_text())
+    window.document.set_model(from_pretrained(folder), PretrainedSource(str(folder)))
+    window.gguf.export_gguf(tmp_path / "zephyr.gguf", "F16")
+    wait_idle(qtbot, window)
+    text = (tmp_path / "zephyr.Modelfile").read_text()
+    assert "TEMPLATE \"\"\"" not in text and "# no TEMPLATE: the model's chat template is not one Ember" in text
+    box = window.last_message
+    assert box.icon() == QMessageBox.Icon.Warning and "zephyr.Modelfile" in box.text()
+    assert "not one Ember writes an Ollama TEMPLATE for" in box.text()
 
 
 def test_lora_from_the_dialog_exports_as_an_adapter_and_merged(window, qtbot, files, tmp_path):
@@ -110,7 +144,8 @@ def test_export_gguf_from_the_menu_asks_the_type_then_the_file(window, qtbot, fi
     with open_gguf(tmp_path / "out.gguf") as f:
         assert f.tensors["blk.0.ffn_up.weight"].type == "Q4_0" and f.tensors["output_norm.weight"].type == "F32"
         assert f.metadata["tokenizer.chat_template"]
-    assert (tmp_path / "out.Modelfile").read_text().startswith(f"FROM {(tmp_path / 'out.gguf').resolve()}\nTEMPLATE")
+    assert (tmp_path / "out.Modelfile").read_text().startswith(f"FROM {(tmp_path / 'out.gguf').resolve()}\n# TEMPLATE: "
+                                                               f"the ChatML chat format")
 
 
 def test_the_training_note_names_the_gguf_files_own_chat_template():

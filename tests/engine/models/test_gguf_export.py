@@ -22,7 +22,8 @@ gguf = pytest.importorskip("gguf")
 from engine.models import from_pretrained  # noqa: E402
 from engine.models.generate import generate  # noqa: E402
 from engine.models.gguf_export import save_gguf  # noqa: E402
-from engine.models.gguf_lora import check_gguf_lora, gguf_lora_tensors, save_gguf_lora, write_modelfile  # noqa: E402
+from engine.models.gguf_lora import check_gguf_lora, gguf_lora_tensors, save_gguf_lora  # noqa: E402
+from engine.models.ollama import write_modelfile  # noqa: E402
 from engine.models.gguf_weight import GGUFWeight  # noqa: E402
 from engine.models.hf_folder import PretrainedError  # noqa: E402
 from engine.module import Lora, Param, ParamGroup  # noqa: E402

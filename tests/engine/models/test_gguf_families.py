@@ -411,9 +411,9 @@ def test_a_qwen2_moe_renormalising_its_experts_is_refused(built, tmp_path):
         save_gguf(model, tmp_path / "out.gguf", "F32", tokenizer=_tokenizer(model.config.vocab_size))
 
 
-def test_a_folder_model_without_tokenizer_metadata_is_refused():
+def test_a_folder_model_without_a_tokenizer_json_or_tokenizer_metadata_is_refused():
     model = from_pretrained(HF / "qwen3")
-    with pytest.raises(PretrainedError, match="opened from a folder"):
+    with pytest.raises(PretrainedError, match="expected a tokenizer.json in the model's folder"):
         save_gguf(model, "/nonexistent/never.gguf", "F32")
 
 

