@@ -202,6 +202,8 @@ def estimate_lora(module, lora) -> MemoryEstimate:
     targets = _lora_targets(module, base_lora)
     rank_for = getattr(base_lora, "rank_for", lambda _path: base_lora.rank)
     factors = sum(base_lora.factor_count(p, path) * _float_itemsize(p, base_lora.dtype) for path, p in targets)
+    # the parts of a fused module share one `a` (lora_shared_a), which factor_count counts once per part
+    factors -= base_lora.bound_to(module).shared_savings(dict(targets), lambda p: _float_itemsize(p, base_lora.dtype))
     # the random draw of the largest `a` factor, in float64, before its cast
     draw = 8 * max((p.shape[0] * rank_for(path) for path, p in targets), default=0)
     dense = sum(param_bytes(p) for _, p in targets if not p.is_initialized())
