@@ -8,6 +8,7 @@ module shown (about 104 calls per parameter) and LoRA walked the model three tim
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,22 @@ def test_the_display_counts_a_shared_lora_a_once_and_every_module_alike():
     for name in ("q", "k", "out"):
         child = getattr(model, name)
         assert f"params: {child.num_params()}" in text
+
+
+def test_a_sparse_layer_builds_its_mixture_and_no_dense_block(monkeypatch):
+    """A mixture's layers build the SparseMoe in the dense block's place (not a LlamaMlp replaced after:
+    144 unused Linears on Qwen3-30B-A3B); a dense layer (`mlp_only_layers`) builds its LlamaMlp."""
+    from engine.models import llama
+
+    built = []
+    dense_init = llama.LlamaMlp.__init__
+
+    def counting(self, config, device=None):
+        built.append(self)
+        dense_init(self, config, device)
+
+    monkeypatch.setattr(llama.LlamaMlp, "__init__", counting)
+    model = from_pretrained(Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "qwen3-moe")
+    kinds = [type(layer.mlp).__name__ for layer in model.layers]
+    assert kinds.count("SparseMoe") >= 2 and kinds.count("LlamaMlp") >= 1, kinds
+    assert len(built) == kinds.count("LlamaMlp")
