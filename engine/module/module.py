@@ -130,18 +130,14 @@ def _walk_module(m: "Module", w: _Walker):
             if rebuild:
                 nd[name] = v
             continue
-        # the common kinds inline (as _walk_value does them): a plain int / float / str / bool (a type
-        # kind_of caches as PLAIN is immutable: kept as is), a child module, a parameter
+        # the common kinds inline, as _walk_value does them: a plain int / float / str (a type kind_of
+        # caches as PLAIN is immutable: kept as is), a child module, a parameter
         k = kind_of_type(type(v))
         if k is _PLAIN:
             r = v
-        elif k is _MODULE:
+        elif k is _MODULE or k is _PARAM:
             w.enter(name, ct)
-            r = _walk_module(v, w)
-            w.exit(name, ct)
-        elif k is _PARAM:
-            w.enter(name, ct)
-            r = _walk_param(v, w)
+            r = _walk_module(v, w) if k is _MODULE else _walk_param(v, w)
             w.exit(name, ct)
         else:
             r = _walk_value(v, name, ct, w)
