@@ -228,8 +228,10 @@ class _Apply(_Walker):
         return g is None or g.matches(item.id, self.path_str())
 
     def on_param(self, p):
-        fp = self.fp
-        if fp is None or (self.floats_only and p.kind != "float") or not self._selected(p):
+        fp, g = self.fp, self.group
+        if fp is None or (self.floats_only and p.kind != "float"):
+            return p.clone()
+        if g is not None and not g.matches(p.id, ".".join(self.path)):  # `_selected`, inline: once a parameter
             return p.clone()
         return fp(p)
 
