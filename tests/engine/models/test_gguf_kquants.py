@@ -226,3 +226,22 @@ def test_smollm2_each_type_s_error_is_llama_cpp_s(tmp_path, monkeypatch, mix):
           f"{np.linalg.norm(la - lb) / np.linalg.norm(lb):.4f} of their norm")
     if a["ids"] != b["ids"]:
         assert np.linalg.norm(la - lb) <= 0.1 * np.linalg.norm(lb), (a["ids"], b["ids"])
+
+
+def test_source_export_writes_a_changed_k_quant_weight_in_its_own_type(tmp_path):
+    from engine.module import Lora, ParamGroup  # noqa: PLC0415
+
+    model = export_tests._random_adapters(from_pretrained(MIXED).apply_lora(Lora(2, 4.0, param_group=ParamGroup.from_regex(
+        r"layers\."))), seed=7)
+    out = save_gguf(model, tmp_path / "source.gguf", "source")
+    with open_gguf(MIXED) as src, open_gguf(out) as dst:
+        changed = set()
+        for name, t in src.tensors.items():
+            if len(t.shape) < 2 or not name.startswith("blk."):
+                continue
+            want = t.type if t.type in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1") + KQUANT_TYPES \
+                else "Q8_0"  # Q2_K, Q3_K: not written by Ember
+            assert dst.tensors[name].type == want, (name, t.type)
+            if t.type in KQUANT_TYPES and not np.array_equal(dst.read(name), src.read(name)):
+                changed.add(t.type)
+    assert changed == set(KQUANT_TYPES)  # the adapted K-quant weights were quantized again, not copied
