@@ -12,12 +12,15 @@ The method is llama.cpp's (no importance matrix): for Q4_K/Q5_K each 32 values' 
 fitted by weighted least squares over a sweep of candidate scales (weights |x| + rms of the
 super-block), then the scales and mins are themselves quantized to 6 bits against the super-block's
 largest; for Q6_K each 16 values' scale is the best of a sweep of 19 (weighted by x^2), quantized to
-int8 against the largest. Vectorised over every sub-block of a tensor at once, a slab of rows at a
-time. Bit-identity with llama.cpp is not the aim; its error is (tests/engine/models/test_gguf_kquants.py).
+int8 against the largest. Vectorised NumPy over the sub-blocks of a slab of 256 super-blocks at a time,
+the slabs over the engine's kernel threads (`cpu.run_chunks`). Bit-identity with llama.cpp is not
+the aim; its error is (tests/engine/models/test_gguf_kquants.py).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from ..tensor import cpu
 
 __all__ = ["KQUANT_TYPES", "MIXES", "quantize_k", "mix_type"]
 
@@ -28,7 +31,7 @@ _BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 MIXES = {"Q4_K_M": ("Q4_K", "MOSTLY_Q4_K_M"), "Q5_K_M": ("Q5_K", "MOSTLY_Q5_K_M"), "Q6_K": ("Q6_K", "MOSTLY_Q6_K")}
 # llama.cpp's fallback for a tensor whose rows are not a multiple of 256 values
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-_SLAB = 1 << 16  # super-blocks quantized at a time (bounds the sweep's scratch memory)
+_SLAB = 4096  # super-blocks quantized at a time (bounds the sweep's scratch memory)
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
@@ -37,45 +40,52 @@ def _f16(v: np.ndarray) -> np.ndarray:
 
 def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     """Each row of `x` ([n, 32]) as scale * L - min, L in 0..nmax: the (scale, min >= 0) with the least
-    `w`-weighted squared error over a sweep of nstep + 1 candidate grids, each refined by least squares."""
+    `w`-weighted squared error over a sweep of nstep + 1 candidate grids, each refined by least squares.
+    The error of a fit is computed from the weighted sums (in float64), not value by value."""
     f = np.float32
     lo = np.minimum(x.min(axis=1), f(0))
-    hi = x.max(axis=1)
-    span = hi - lo
+    span = x.max(axis=1) - lo
     flat = span <= 0
     span = np.where(flat, f(1), span)
     shifted = x - lo[:, None]
-    sum_w = w.sum(axis=1)
-    sum_x = (w * x).sum(axis=1)
+    wx = w * x
+    sum_w, sum_x = w.sum(axis=1, dtype=np.float64), wx.sum(axis=1, dtype=np.float64)
+    sum_x2 = (wx * x).sum(axis=1, dtype=np.float64)
+    q = np.empty_like(x)
+    wq = np.empty_like(x)
 
-    def levels(iscale):
-        return np.clip(np.rint(iscale[:, None] * shifted), 0, nmax)
+    def sums(iscale):
+        np.multiply(iscale[:, None], shifted, out=q)
+        np.rint(q, out=q)
+        np.clip(q, 0, nmax, out=q)
+        np.multiply(w, q, out=wq)
+        sl = wq.sum(axis=1, dtype=np.float64)
+        sxl = np.einsum("ij,ij->i", wq, x, dtype=np.float64)
+        sl2 = np.einsum("ij,ij->i", wq, q, dtype=np.float64)
+        return sl, sl2, sxl
 
-    def error(scale, mn, q):
-        d = scale[:, None] * q + mn[:, None] - x
-        return (w * d * d).sum(axis=1)
+    def error(s, m, sl, sl2, sxl):  # sum w (s q + m - x)^2, expanded
+        return s * s * sl2 + 2 * s * m * sl - 2 * s * sxl + m * m * sum_w - 2 * m * sum_x + sum_x2
 
-    iscale = f(nmax) / span
-    scale = (f(1) / iscale).astype(f)
-    mn = lo.copy()
-    best = error(scale, mn, levels(iscale))
+    iscale = (f(nmax) / span).astype(f)
+    scale = (f(1) / iscale).astype(np.float64)
+    mn = lo.astype(np.float64)
+    best = error(scale, mn, *sums(iscale))
     with np.errstate(divide="ignore", invalid="ignore"):
         for step in range(nstep + 1):
-            q = levels(((f(rmin) + f(rdelta) * f(step) + f(nmax)) / span).astype(f))
-            wq = w * q
-            sl, sl2, sxl = wq.sum(axis=1), (wq * q).sum(axis=1), (wq * x).sum(axis=1)
+            sl, sl2, sxl = sums(((f(rmin) + f(rdelta) * f(step) + f(nmax)) / span).astype(f))
             det = sum_w * sl2 - sl * sl
             s = (sum_w * sxl - sum_x * sl) / det
             m = (sl2 * sum_x - sl * sxl) / det
             positive = m > 0
             s = np.where(positive, sxl / sl2, s)
-            m = np.where(positive, f(0), m)
-            e = error(s, m, q)
+            m = np.where(positive, 0.0, m)
+            e = error(s, m, sl, sl2, sxl)
             better = (det > 0) & (e < best)
             best = np.where(better, e, best)
             scale = np.where(better, s, scale)
             mn = np.where(better, m, mn)
-    scale = np.where(flat, f(0), scale).astype(f)
+    scale = np.where(flat, 0.0, scale).astype(f)
     mn = np.where(flat, lo, mn).astype(f)
     return scale, -mn
 
@@ -182,9 +192,11 @@ def quantize_k(values: np.ndarray, qtype: str) -> np.ndarray:
         raise ValueError(f"quantize_k: {qtype} needs rows of a multiple of {QK_K} values, got shape {values.shape}")
     flat = np.ascontiguousarray(values).reshape(-1, QK_K)
     out = np.empty((flat.shape[0], _BYTES[qtype]), dtype=np.uint8)
-    for i in range(0, flat.shape[0], _SLAB):
-        part = flat[i:i + _SLAB]
-        out[i:i + _SLAB] = _q6_k(part) if qtype == "Q6_K" else _q45_k(part, 4 if qtype == "Q4_K" else 5)
+
+    def chunk(slabs) -> None:  # each super-block on its own: the bits do not depend on the threads
+        for part in slabs:
+            out[part] = _q6_k(flat[part]) if qtype == "Q6_K" else _q45_k(flat[part], 4 if qtype == "Q4_K" else 5)
+    cpu.run_chunks(chunk, [slice(i, i + _SLAB) for i in range(0, flat.shape[0], _SLAB)])
     return out.reshape(*values.shape[:-1], values.shape[-1] // QK_K * _BYTES[qtype])
 
 
@@ -196,7 +208,7 @@ def _more_bits(i: int, n: int) -> bool:
 def mix_type(mix: str, name: str, row: int, *, n_layers: int, n_experts: int, has_output: bool,
              v_index: int | None = None, n_v: int = 0) -> str:
     """The type llama.cpp's quantizer gives tensor `name` (a matrix of rows of `row` values) in the
-    mix `mix`: output (or the tied token embedding) Q6_K, attn_v and ffn_down in the layers
+    mix `mix`: a router (ffn_gate_inp) F32, output (or the tied token embedding) Q6_K, attn_v and ffn_down in the layers
     `_more_bits` picks Q6_K in Q4_K_M / Q5_K_M, Phi-3's attn_qkv one step up, the 8-expert
     models' attn_k / attn_v Q8_0 and attn_output Q5_K; the rest the mix's type. `v_index`: this attn_v's
     place among the `n_v` attention-value tensors. A type whose block does not divide the row falls
@@ -204,6 +216,8 @@ def mix_type(mix: str, name: str, row: int, *, n_layers: int, n_experts: int, ha
     base = MIXES[mix][0]
     want = base
     layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+    if "ffn_gate_inp" in name:
+        return "F32"  # a mixture's router: llama.cpp's quantizer leaves it as it is
     if name == "output.weight" or (name == "token_embd.weight" and not has_output):
         return "Q8_0" if row % QK_K else "Q6_K"
     if name == "token_embd.weight":
