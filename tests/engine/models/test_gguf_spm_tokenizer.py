@@ -1,0 +1,179 @@
+"""GGUF export of a model opened from a Hugging Face folder with a SentencePiece-style tokenizer.json
+(Llama 2, Mistral v0.1, TinyLlama, Gemma: BPE with byte fallback, '▁' for spaces) as llama.cpp's
+"llama" tokenizer (engine/models/gguf_spm.py).
+
+Default suite: the committed tiny Llama chat model with a Llama-2-style tokenizer
+(tests/fixtures/hf/llama-spm, made by make_spm_fixture.py) exported; the keys read back (scores,
+byte / unknown / control types, add_space_prefix); Ember's tokenizer rebuilt from the written GGUF
+tokenizes the varied lines of test_gguf_smollm2.py (and lines with special tokens inside) as the
+folder's tokenizer.json does, for the Llama 2 layout and those putting no space before the text
+(Gemma's normalizer, a Metaspace); the tokenizers llama.cpp would tokenize otherwise refused, naming what was found, with
+nothing written. With llama-cpp-python and transformers in the oracle venv (skipped, saying so,
+without them): llama.cpp tokenizes those lines and the rendered chat prompt as transformers does,
+and its greedy tokens after the prompt are Ember's on the same F16 file.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gguf")
+
+from engine.models import from_pretrained  # noqa: E402
+from engine.models.gguf_export import save_gguf  # noqa: E402
+from engine.models.hf_folder import PretrainedError  # noqa: E402
+from engine.store.gguf_file import open_gguf  # noqa: E402
+from engine.train.gguf_tokenizer import load_gguf_tokenizer  # noqa: E402
+from engine.train.tokenizer import load_tokenizer  # noqa: E402
+from tests.engine.models.test_gguf_export import needs_llama_cpp  # noqa: E402
+from tests.engine.models.test_gguf_hf_tokenizer import _check_with_llama_cpp, _llama_cpp_tokens  # noqa: E402
+from tests.engine.models.test_gguf_smollm2 import _texts  # noqa: E402
+
+SPM = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-spm"
+SPACE = "\u2581"
+SPECIAL_LINES = ["<s>Hello</s> world <s> x", "a</s>b", " <s> leading", "</s>", "[INST] hi [/INST]"]
+
+
+def _copy(tmp_path: Path, edit=None, name: str = "m") -> Path:
+    folder = tmp_path / name
+    shutil.copytree(SPM, folder)
+    if edit is not None:
+        doc = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        edit(doc)
+        (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
+    return folder
+
+
+def _metaspace(doc):  # '▁' for spaces, none put before the text
+    doc["normalizer"] = None
+    doc["pre_tokenizer"] = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "never", "split": False}
+
+
+def _gemma(doc):  # spaces become '▁', none is put before the text
+    doc["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+
+
+def test_the_fixture_s_tokenizer_becomes_llama_cpp_s_sentencepiece_keys(tmp_path):
+    out = save_gguf(from_pretrained(SPM), tmp_path / "spm.gguf", "F16")
+    doc = json.loads((SPM / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab, merges = doc["model"]["vocab"], doc["model"]["merges"]
+    with open_gguf(out) as f:
+        meta = f.metadata
+    assert meta["tokenizer.ggml.model"] == "llama" and "tokenizer.ggml.merges" not in meta
+    tokens, types = list(meta["tokenizer.ggml.tokens"]), list(meta["tokenizer.ggml.token_type"])
+    scores = [float(s) for s in meta["tokenizer.ggml.scores"]]
+    assert len(tokens) == len(types) == len(scores) == 768 > len(vocab)
+    assert tokens[:3] == ["<unk>", "<s>", "</s>"] and types[:3] == [2, 3, 3]
+    assert tokens[3:259] == [f"<0x{b:02X}>" for b in range(256)] and set(types[3:259]) == {6}
+    assert set(types[259:len(vocab)]) == {1} and set(types[len(vocab):]) == {5}
+    # a token's score: minus the rank of the first merge making it; llama.cpp's best-score-first joins
+    # are then transformers' first-listed-first merges
+    first = {}
+    for rank, (a, b) in enumerate(merges):
+        first.setdefault(a + b, len(first) + 1)
+    assert all(scores[vocab[t]] == -r for t, r in first.items())
+    assert all(scores[i] == 0.0 for i, t in enumerate(tokens) if t not in first)
+    assert meta["tokenizer.ggml.add_space_prefix"] is True
+    assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"],
+            meta["tokenizer.ggml.unknown_token_id"]) == (1, 2, 0)
+    assert meta["tokenizer.ggml.add_bos_token"] is True and meta["tokenizer.ggml.add_eos_token"] is False
+    assert meta["tokenizer.chat_template"] == (SPM / "chat_template.jinja").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("edit, space", [(None, True), (_metaspace, False), (_gemma, False)])
+def test_ember_s_tokenizer_of_the_written_file_tokenizes_as_the_folder_s(tmp_path, edit, space):
+    folder = _copy(tmp_path, edit)
+    out = save_gguf(from_pretrained(folder), tmp_path / "spm.gguf", "F16")
+    with open_gguf(out) as f:
+        assert f.metadata["tokenizer.ggml.add_space_prefix"] is space
+    theirs, ours = load_tokenizer(folder), load_gguf_tokenizer(out)
+    texts = _texts() + SPECIAL_LINES
+    assert [ours.encode(t) for t in texts] == [theirs.encode(t) for t in texts]
+
+
+def _first(doc):
+    _metaspace(doc)
+    doc["pre_tokenizer"]["prepend_scheme"] = "first"
+
+
+def _always(doc):
+    _metaspace(doc)
+    doc["pre_tokenizer"]["prepend_scheme"] = "always"
+
+
+def _split(doc):
+    _metaspace(doc)
+    doc["pre_tokenizer"]["split"] = True
+
+
+def _one_merge_a_token(doc):  # what the tokenizers library's trainer writes: one merge a token
+    made = {}
+    for m in doc["model"]["merges"]:
+        made.setdefault(m[0] + m[1], m)
+    doc["model"]["merges"] = list(made.values())
+
+
+def _scattered(doc):
+    merges = doc["model"]["merges"]
+    twice = next(i for i in range(1, len(merges)) if merges[i][0] + merges[i][1] == merges[i - 1][0] + merges[i - 1][1])
+    merges.append(merges.pop(twice))
+
+
+def _no_byte(doc):
+    del doc["model"]["vocab"]["<0x0A>"]
+
+
+def _normalized(doc):
+    doc["added_tokens"][1]["normalized"] = True
+
+
+def _nfkc(doc):
+    doc["normalizer"]["normalizers"].insert(0, {"type": "NFKC"})
+
+
+def _no_fallback(doc):
+    doc["model"]["byte_fallback"] = False
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_first, "prepend_scheme 'first'.*llama.cpp puts one there and after every special token"),
+    (_always, "prepend_scheme 'always'\\) puts no '▁' before a text that starts with a space"),
+    (_split, "splits the text at spaces"),
+    (_one_merge_a_token, "merges lack .* which llama.cpp's SentencePiece tokenizer would join"),
+    (_scattered, "merges making .* are not listed together"),
+    (_no_byte, "lacks 1 of the 256 byte tokens \\(first <0x0A>\\)"),
+    (_normalized, "added token '<s>' is matched in the normalized text"),
+    (_nfkc, "normalizer step .*NFKC.* has no llama.cpp form"),
+    (_no_fallback, "SentencePiece-style BPE \\(a normalizer putting '▁' for spaces\\) without byte fallback"),
+])
+def test_a_sentencepiece_tokenizer_llama_cpp_would_tokenize_otherwise_is_refused(tmp_path, edit, message):
+    folder = _copy(tmp_path, edit)
+    model = from_pretrained(folder)
+    target = tmp_path / "keep.gguf"
+    target.write_bytes(b"old")
+    with pytest.raises(PretrainedError, match=message) as err:
+        save_gguf(model, target, "F16")
+    assert err.value.where == str(folder / "tokenizer.json")
+    assert target.read_bytes() == b"old"
+
+
+# ---------------------------------------------------------------------------------- llama.cpp
+@needs_llama_cpp
+def test_llama_cpp_tokenizes_and_answers_the_exported_fixture_as_transformers_and_ember(tmp_path):
+    _check_with_llama_cpp(SPM, "F16", tmp_path, 16, SPECIAL_LINES)
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("edit, space", [(_metaspace, False), (_gemma, False)])
+def test_llama_cpp_tokenizes_each_space_layout_as_transformers(tmp_path, edit, space):
+    folder = _copy(tmp_path, edit)
+    out = save_gguf(from_pretrained(folder), tmp_path / "t.gguf", "F16")
+    texts = _texts() + SPECIAL_LINES
+    ref = _llama_cpp_tokens(out, folder, texts, tmp_path, as_file=True)
+    same = sum(a == b for a, b in zip(ref["llama_cpp"], ref["transformers"]))
+    print(f"\nadd_space_prefix {space}: llama.cpp tokenizes {same} of {len(texts)} lines as transformers")
+    assert ref["llama_cpp"] == ref["transformers"]
+    assert [load_gguf_tokenizer(out).encode(t) for t in texts] == ref["transformers"]
