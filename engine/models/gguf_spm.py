@@ -21,8 +21,8 @@ their rank in transformers and by their place in the text in llama.cpp; transfor
 conversion lists them by the halves' ids. That case is not checked.
 
 Where the space goes: a normalizer `Prepend('▁')` + `Replace(' ', '▁')` (Llama 2) puts '▁' before the
-text and after every special token, as llama.cpp does with `add_space_prefix`; `Replace` alone (Gemma)
-or a Metaspace pre-tokenizer prepending never puts none. A Metaspace prepending ("always", or "first":
+text and after every special token, as llama.cpp does with `add_space_prefix`; `Replace` alone (Gemma,
+whose split at spaces then splits nothing) or a Metaspace pre-tokenizer prepending never puts none. A Metaspace prepending ("always", or "first":
 before the first piece only, what transformers writes for `legacy=False`) is refused: it puts no '▁'
 before a text that starts with a space, where llama.cpp puts one.
 """
@@ -75,6 +75,9 @@ def spm_space_prefix(doc: dict, model: dict, where: str) -> bool:
                               where=where)
     steps = _normalizer_steps(doc.get("normalizer"), where)
     pre = doc.get("pre_tokenizer")
+    if "replace" in steps and _obj(pre).get("type") == "Split" and _obj(pre.get("pattern")).get("String") == " " \
+            and not pre.get("invert"):
+        pre = None  # Gemma's split at spaces, which the normalizer has made '▁': it splits nothing
     if pre is None:
         if "replace" not in steps:
             raise PretrainedError("tokenizer.json's SentencePiece-style BPE puts no '▁' for spaces (neither a "

@@ -3,14 +3,15 @@
 "llama" tokenizer (engine/models/gguf_spm.py).
 
 Default suite: the committed tiny Llama chat model with a Llama-2-style tokenizer
-(tests/fixtures/hf/llama-spm, made by make_spm_fixture.py) exported; the keys read back (scores,
+(tests/fixtures/hf/llama-spm) and the tiny Gemma one with Gemma's layout (gemma-spm), both made by
+make_spm_fixture.py, exported; the keys read back (scores,
 byte / unknown / control types, add_space_prefix); Ember's tokenizer rebuilt from the written GGUF
 tokenizes the varied lines of test_gguf_smollm2.py (and lines with special tokens inside) as the
 folder's tokenizer.json does, for the Llama 2 layout and those putting no space before the text
 (Gemma's normalizer, a Metaspace); the tokenizers llama.cpp would tokenize otherwise refused, naming what was found, with
 nothing written. With llama-cpp-python and transformers in the oracle venv (skipped, saying so,
 without them): llama.cpp tokenizes those lines and the rendered chat prompt as transformers does,
-and its greedy tokens after the prompt are Ember's on the same F16 file.
+and its greedy tokens after the prompt are Ember's on the same F16 file (Llama and Gemma).
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ from tests.engine.models.test_gguf_hf_tokenizer import _check_with_llama_cpp, _l
 from tests.engine.models.test_gguf_smollm2 import _texts  # noqa: E402
 
 SPM = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-spm"
+GEMMA = SPM.parent / "gemma-spm"
 SPACE = "\u2581"
-SPECIAL_LINES = ["<s>Hello</s> world <s> x", "a</s>b", " <s> leading", "</s>", "[INST] hi [/INST]"]
+SPECIAL_LINES = ["<s>Hello</s> world <s> x", "a</s>b", " <s> leading", "</s>", "[INST] hi [/INST]",
+                 "<start_of_turn>user\n hi<end_of_turn>\n<bos> x", "<eos><pad><unk>"]
 
 
 def _copy(tmp_path: Path, edit=None, name: str = "m") -> Path:
@@ -83,9 +86,21 @@ def test_the_fixture_s_tokenizer_becomes_llama_cpp_s_sentencepiece_keys(tmp_path
     assert meta["tokenizer.chat_template"] == (SPM / "chat_template.jinja").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("edit, space", [(None, True), (_metaspace, False), (_gemma, False)])
+def test_the_gemma_fixture_s_tokenizer_puts_no_space_before_the_text(tmp_path):
+    out = save_gguf(from_pretrained(GEMMA), tmp_path / "gemma.gguf", "F16")
+    with open_gguf(out) as f:
+        meta = f.metadata
+    tokens, types = list(meta["tokenizer.ggml.tokens"]), list(meta["tokenizer.ggml.token_type"])
+    assert tokens[:6] == ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    assert types[:6] == [3, 3, 3, 2, 3, 3] and set(types[6:262]) == {6}
+    assert meta["tokenizer.ggml.add_space_prefix"] is False and meta["tokenizer.ggml.add_bos_token"] is True
+    assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"],
+            meta["tokenizer.ggml.padding_token_id"], meta["tokenizer.ggml.unknown_token_id"]) == (2, 1, 0, 3)
+
+
+@pytest.mark.parametrize("edit, space", [(None, True), (_metaspace, False), (_gemma, False), ("gemma", False)])
 def test_ember_s_tokenizer_of_the_written_file_tokenizes_as_the_folder_s(tmp_path, edit, space):
-    folder = _copy(tmp_path, edit)
+    folder = GEMMA if edit == "gemma" else _copy(tmp_path, edit)
     out = save_gguf(from_pretrained(folder), tmp_path / "spm.gguf", "F16")
     with open_gguf(out) as f:
         assert f.metadata["tokenizer.ggml.add_space_prefix"] is space
@@ -162,8 +177,9 @@ def test_a_sentencepiece_tokenizer_llama_cpp_would_tokenize_otherwise_is_refused
 
 # ---------------------------------------------------------------------------------- llama.cpp
 @needs_llama_cpp
-def test_llama_cpp_tokenizes_and_answers_the_exported_fixture_as_transformers_and_ember(tmp_path):
-    _check_with_llama_cpp(SPM, "F16", tmp_path, 16, SPECIAL_LINES)
+@pytest.mark.parametrize("folder", [SPM, GEMMA], ids=["llama", "gemma"])
+def test_llama_cpp_tokenizes_and_answers_the_exported_fixture_as_transformers_and_ember(tmp_path, folder):
+    _check_with_llama_cpp(folder, "F16", tmp_path, 16, SPECIAL_LINES)
 
 
 @needs_llama_cpp
