@@ -35,6 +35,7 @@ from tests.engine.models.test_gguf_smollm2 import _texts  # noqa: E402
 
 SPM = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-spm"
 GEMMA = SPM.parent / "gemma-spm"
+SP = SPM.parent / "llama-sp"
 SPACE = "\u2581"
 SPECIAL_LINES = ["<s>Hello</s> world <s> x", "a</s>b", " <s> leading", "</s>", "[INST] hi [/INST]",
                  "<start_of_turn>user\n hi<end_of_turn>\n<bos> x", "<eos><pad><unk>"]
@@ -107,6 +108,17 @@ def test_ember_s_tokenizer_of_the_written_file_tokenizes_as_the_folder_s(tmp_pat
     theirs, ours = load_tokenizer(folder), load_gguf_tokenizer(out)
     texts = _texts() + SPECIAL_LINES
     assert [ours.encode(t) for t in texts] == [theirs.encode(t) for t in texts]
+
+
+def test_a_real_sentencepiece_model_s_export_tokenizes_as_the_sentencepiece_library(tmp_path):
+    """llama-sp: a tokenizer.model trained by the sentencepiece library and transformers' conversion of it;
+    sentencepiece-expected.json holds the library's own ids for the lines."""
+    ref = json.loads((SP / "sentencepiece-expected.json").read_text(encoding="utf-8"))
+    assert ref["texts"] == _texts()
+    want = [[1] + ids for ids in ref["ids"]]
+    out = save_gguf(from_pretrained(SP), tmp_path / "sp.gguf", "F16")
+    assert [load_tokenizer(SP).encode(t) for t in ref["texts"]] == want  # the folder's tokenizer.json
+    assert [load_gguf_tokenizer(out).encode(t) for t in ref["texts"]] == want
 
 
 def _first(doc):
@@ -193,3 +205,15 @@ def test_llama_cpp_tokenizes_each_space_layout_as_transformers(tmp_path, edit, s
     print(f"\nadd_space_prefix {space}: llama.cpp tokenizes {same} of {len(texts)} lines as transformers")
     assert ref["llama_cpp"] == ref["transformers"]
     assert [load_gguf_tokenizer(out).encode(t) for t in texts] == ref["transformers"]
+
+
+@needs_llama_cpp
+def test_llama_cpp_tokenizes_a_real_sentencepiece_model_s_export_as_the_sentencepiece_library(tmp_path):
+    ref = json.loads((SP / "sentencepiece-expected.json").read_text(encoding="utf-8"))
+    want = [[1] + ids for ids in ref["ids"]]
+    out = save_gguf(from_pretrained(SP), tmp_path / "sp.gguf", "F16")
+    got = _llama_cpp_tokens(out, SP, ref["texts"], tmp_path, as_file=True)
+    same = sum(a == b for a, b in zip(got["llama_cpp"], want))
+    print(f"\nllama-sp: llama.cpp tokenizes {same} of {len(want)} lines ({sum(map(len, want))} tokens) as "
+          f"sentencepiece {ref['sentencepiece']}")
+    assert got["llama_cpp"] == want and got["transformers"] == want
