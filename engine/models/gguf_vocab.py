@@ -5,8 +5,11 @@ What it reads: `tokenizer.json` (the vocabulary, merges, added tokens, normalize
 post-processor), `tokenizer_config.json` (the special tokens' texts, `add_bos_token` /
 `add_eos_token`, the chat template), `chat_template.jinja` / `chat_template.json` (a chat template
 kept outside the config), `config.json` and `generation_config.json` (special ids the tokenizer
-files do not name). What it writes are the keys llama.cpp's `convert_hf_to_gguf.py` writes for a
-byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2"):
+files do not name). A SentencePiece-style BPE (byte fallback, '▁' for spaces: Llama 2, Mistral v0.1,
+TinyLlama, Gemma) becomes llama.cpp's "llama" tokenizer: the tokens, their scores and types (byte
+tokens, unknown, control, user-defined), `add_space_prefix`, the special ids and the chat template as
+below, checked and scored by `gguf_spm` (see there what is refused). A byte-level BPE gets the keys
+llama.cpp's `convert_hf_to_gguf.py` writes for it (`tokenizer.ggml.model` "gpt2"):
 
 - `tokens`: one per id up to the model's `vocab_size` (an id the tokenizer lacks is `[PAD<id>]`,
   type unused); `token_type`: 1 normal, 3 control (an added token marked special, or one that looks
@@ -29,9 +32,7 @@ byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2"):
     differently there).
 
 Anything else is refused before a byte is written, naming what was found: another model type
-(WordPiece, Unigram), a SentencePiece-style BPE (byte fallback and '▁' for spaces: Llama 2,
-Mistral v0.1, whose llama.cpp form needs the SentencePiece scores tokenizer.json does not hold),
-an unknown pre-tokenizer or normalizer, BPE dropout, an added token that strips its neighbours'
+(WordPiece, Unigram), a BPE with '▁' for spaces but no byte fallback, an unknown pre-tokenizer or normalizer, BPE dropout, an added token that strips its neighbours'
 spaces, a post-processor adding other tokens than bos / eos -- never a silently different tokenization.
 """
 from __future__ import annotations
