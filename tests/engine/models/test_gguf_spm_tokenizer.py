@@ -38,7 +38,7 @@ GEMMA = SPM.parent / "gemma-spm"
 SP = SPM.parent / "llama-sp"
 SPACE = "\u2581"
 SPECIAL_LINES = ["<s>Hello</s> world <s> x", "a</s>b", " <s> leading", "</s>", "[INST] hi [/INST]",
-                 "<start_of_turn>user\n hi<end_of_turn>\n<bos> x", "<eos><pad><unk>"]
+                 "<start_of_turn>user\n hi<end_of_turn>\n<bos> x", "<eos><pad><unk>", "call <tool> now<tool>x"]
 
 
 def _copy(tmp_path: Path, edit=None, name: str = "m") -> Path:
@@ -58,6 +58,11 @@ def _metaspace(doc):  # '▁' for spaces, none put before the text
 
 def _gemma(doc):  # spaces become '▁', none is put before the text
     doc["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+
+
+def _user_defined(doc):  # an added token not marked special (user-defined for llama.cpp), found in any text
+    doc["added_tokens"].append({"id": 739, "content": "<tool>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": False})
 
 
 def test_the_fixture_s_tokenizer_becomes_llama_cpp_s_sentencepiece_keys(tmp_path):
@@ -99,7 +104,8 @@ def test_the_gemma_fixture_s_tokenizer_puts_no_space_before_the_text(tmp_path):
             meta["tokenizer.ggml.padding_token_id"], meta["tokenizer.ggml.unknown_token_id"]) == (2, 1, 0, 3)
 
 
-@pytest.mark.parametrize("edit, space", [(None, True), (_metaspace, False), (_gemma, False), ("gemma", False)])
+@pytest.mark.parametrize("edit, space", [(None, True), (_metaspace, False), (_gemma, False), ("gemma", False),
+                                         (_user_defined, True)])
 def test_ember_s_tokenizer_of_the_written_file_tokenizes_as_the_folder_s(tmp_path, edit, space):
     folder = GEMMA if edit == "gemma" else _copy(tmp_path, edit)
     out = save_gguf(from_pretrained(folder), tmp_path / "spm.gguf", "F16")
@@ -108,6 +114,10 @@ def test_ember_s_tokenizer_of_the_written_file_tokenizes_as_the_folder_s(tmp_pat
     theirs, ours = load_tokenizer(folder), load_gguf_tokenizer(out)
     texts = _texts() + SPECIAL_LINES
     assert [ours.encode(t) for t in texts] == [theirs.encode(t) for t in texts]
+    if edit is _user_defined:
+        with open_gguf(out) as f:
+            assert f.metadata["tokenizer.ggml.token_type"][739] == 4
+        assert 739 in ours.encode("call <tool> now")
 
 
 def test_a_real_sentencepiece_model_s_export_tokenizes_as_the_sentencepiece_library(tmp_path):
@@ -195,14 +205,14 @@ def test_llama_cpp_tokenizes_and_answers_the_exported_fixture_as_transformers_an
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("edit, space", [(_metaspace, False), (_gemma, False)])
+@pytest.mark.parametrize("edit, space", [(_metaspace, False), (_gemma, False), (_user_defined, True)])
 def test_llama_cpp_tokenizes_each_space_layout_as_transformers(tmp_path, edit, space):
     folder = _copy(tmp_path, edit)
     out = save_gguf(from_pretrained(folder), tmp_path / "t.gguf", "F16")
     texts = _texts() + SPECIAL_LINES
     ref = _llama_cpp_tokens(out, folder, texts, tmp_path, as_file=True)
     same = sum(a == b for a, b in zip(ref["llama_cpp"], ref["transformers"]))
-    print(f"\nadd_space_prefix {space}: llama.cpp tokenizes {same} of {len(texts)} lines as transformers")
+    print(f"\n{edit.__name__}, add_space_prefix {space}: llama.cpp tokenizes {same} of {len(texts)} lines as transformers")
     assert ref["llama_cpp"] == ref["transformers"]
     assert [load_gguf_tokenizer(out).encode(t) for t in texts] == ref["transformers"]
 
