@@ -131,6 +131,58 @@ def test_a_real_sentencepiece_model_s_export_tokenizes_as_the_sentencepiece_libr
     assert [load_gguf_tokenizer(out).encode(t) for t in ref["texts"]] == want
 
 
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+
+
+def _fields(data: bytes):
+    """(field number, value) of a protobuf message: bytes for length-delimited fields, int or float else."""
+    import struct
+
+    at = 0
+    while at < len(data):
+        tag, at = _varint(data, at)
+        kind = tag & 7
+        if kind == 0:
+            value, at = _varint(data, at)
+        elif kind == 2:
+            size, at = _varint(data, at)
+            value, at = data[at:at + size], at + size
+        elif kind == 5:
+            value, at = struct.unpack("<f", data[at:at + 4])[0], at + 4
+        else:
+            assert kind == 1, f"wire type {kind}"
+            value, at = data[at:at + 8], at + 8
+        yield tag >> 3, value
+
+
+def test_the_export_s_tokens_types_and_score_order_are_the_sentencepiece_model_s(tmp_path):
+    """The tokenizer.model beside llama-sp's tokenizer.json (sentencepiece's ModelProto: pieces are field 1,
+    each with its text 1, score 2 and type 3), read here without the library: the export, made from
+    tokenizer.json alone, has its pieces, their types, and scores ordering the pieces llama.cpp joins
+    as sentencepiece's scores order them."""
+    pieces = []
+    for number, value in _fields((SP / "tokenizer.model").read_bytes()):
+        if number == 1:
+            fields = dict(_fields(value))
+            pieces.append((fields[1].decode("utf-8"), fields.get(2, 0.0), fields.get(3, 1)))
+    out = save_gguf(from_pretrained(SP), tmp_path / "sp.gguf", "F16")
+    with open_gguf(out) as f:
+        tokens, types = list(f.metadata["tokenizer.ggml.tokens"]), list(f.metadata["tokenizer.ggml.token_type"])
+        scores = [float(x) for x in f.metadata["tokenizer.ggml.scores"]]
+    assert len(pieces) == len(tokens) == 640
+    assert tokens == [p[0] for p in pieces] and types == [p[2] for p in pieces]
+    joined = [i for i, s in enumerate(scores) if s < 0]  # the tokens some merge makes
+    assert len(joined) > 300
+    assert sorted(joined, key=lambda i: -scores[i]) == sorted(joined, key=lambda i: -pieces[i][1])
+
+
 def _first(doc):
     _metaspace(doc)
     doc["pre_tokenizer"]["prepend_scheme"] = "first"
