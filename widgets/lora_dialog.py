@@ -40,20 +40,31 @@ CUSTOM_TARGETS = "custom"
 # the modules LLaMA-Factory trains whole for a resized vocabulary (input embedding, output head)
 FULL_MODULES = ("embed_tokens", "wte", "word_embeddings", "lm_head")
 BIAS_CHOICES = [("none", "none"), ("lora_only", "of the adapted modules (lora_only)"), ("all", "every bias (all)")]
+# the attention and the experts of a mixture: Mixtral's experts are w1 / w2 / w3; a Qwen mixture's experts
+# are gate_proj / up_proj / down_proj under `mlp.experts.<e>` (a regex, so that the dense layers' MLP and
+# Qwen2-MoE's shared expert, which have the same names, are left out; full match on module names, as peft)
+MIXTRAL_ATTENTION_EXPERTS = "q_proj, k_proj, v_proj, o_proj, w1, w2, w3"
+QWEN_EXPERTS = r".*\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)"
+QWEN_ATTENTION_EXPERTS = r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj))"
 _NAME_LIST = re.compile(r"^\s*[\w.-]+(\s*,\s*[\w.-]+)*\s*$")
 
 
 def target_presets(module: Any) -> list[tuple[str, str]]:
     """(key, label) of the PEFT-style target presets that select something in `module`: the
     family's usual ones (Llama's, Qwen3's "q_proj, v_proj" and the four attention projections,
-    GPT-2's "c_attn", Phi-3's fused "qkv_proj" and "gate_up_proj", a mixture's router "gate" and
-    Mixtral's experts "w1, w2, w3"), "all-linear", a custom list or
+    GPT-2's "c_attn", Phi-3's fused "qkv_proj" and "gate_up_proj", a mixture's router "gate",
+    Mixtral's experts "w1, w2, w3" and a Qwen mixture's routed experts, alone and with the attention),
+    "all-linear", a custom list or
     regex, and the parameter group."""
     try:
-        names = {t.module.rpartition(".")[2] for t in peft_targets(module)}
-        linear = any(t.kind == "linear" for t in peft_targets(module))
+        targets = peft_targets(module)
+        names = {t.module.rpartition(".")[2] for t in targets}
+        linear = any(t.kind == "linear" for t in targets)
+        # a Qwen mixture's routed experts: gate_proj / up_proj / down_proj under `experts.<e>` (its dense
+        # layers and Qwen2-MoE's shared expert have the same names outside it)
+        experts = any(t.module.endswith(".gate_proj") and ".experts." in t.module for t in targets)
     except Exception:  # noqa: BLE001 - a model the rules cannot read keeps the group
-        names, linear = set(), False
+        names, linear, experts = set(), False, False
     out = []
     if {"q_proj", "v_proj"} <= names:
         out.append(("q_proj, v_proj", "q_proj, v_proj (PEFT's default for Llama, Mistral, Qwen2, Gemma)"))
@@ -73,6 +84,13 @@ def target_presets(module: Any) -> list[tuple[str, str]]:
                                                             "and the experts' router)"))
     if {"w1", "w2", "w3"} <= names:
         out.append(("w1, w2, w3", "w1, w2, w3 (Mixtral's experts)"))
+        out.append((MIXTRAL_ATTENTION_EXPERTS, "q_proj, k_proj, v_proj, o_proj, w1, w2, w3 (the attention and "
+                                               "Mixtral's experts)"))
+    if experts and {"q_proj", "k_proj", "v_proj", "o_proj"} <= names:
+        out.append((QWEN_EXPERTS, "the routed experts' gate_proj, up_proj, down_proj (Qwen2-MoE's, Qwen3-MoE's "
+                                  "experts)"))
+        out.append((QWEN_ATTENTION_EXPERTS, "q_proj, k_proj, v_proj, o_proj and the routed experts' projections "
+                                            "(the attention and the experts)"))
     if linear:
         out.append((ALL_LINEAR, "all-linear (every Linear but the output head)"))
     out.append((CUSTOM_TARGETS, "Custom: module names or a regex"))

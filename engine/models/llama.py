@@ -287,7 +287,9 @@ class LlamaMlp(Module):
 class LlamaDecoderLayer(Module):
     """Pre-norm block: `h = x + attn(norm(x))`, `h + mlp(norm(h))`."""
 
-    def __init__(self, config: LlamaConfig, device=None, window: int | None = None):
+    def __init__(self, config: LlamaConfig, device=None, window: int | None = None, mlp=None):
+        """`mlp(config, device)`, when given, builds the feed-forward block in place of the dense
+        LlamaMlp (a mixture of experts' `SparseMoe`, engine.models.moe)."""
         d = config.hidden_size
         self.input_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
         self.self_attn = nn.MultiHeadAttentionConfig(
@@ -296,7 +298,7 @@ class LlamaDecoderLayer(Module):
             window=window, qk_norm=config.qk_norm(),
         ).init(device)
         self.post_attention_layernorm = nn.RmsNormConfig(d, epsilon=config.rms_norm_eps).init(device)
-        self.mlp = LlamaMlp(config, device)
+        self.mlp = LlamaMlp(config, device) if mlp is None else mlp(config, device)
 
     def forward(self, x, rotary, mask_pad=None, start: int | None = None, cache=None, mask_attn=None,
                 positions=None):

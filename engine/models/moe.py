@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import nn
 from .hf_folder import PretrainedError
-from .llama import (LlamaConfig, LlamaDecoderLayer, LlamaForCausalLM, LlamaMlp, _bool, _positive_int,
+from .llama import (LlamaConfig, LlamaDecoderLayer, LlamaForCausalLM, _bool, _positive_int,
                     weight_map as _llama_weight_map)
 from .mapping import RopePermute, Rule, Transform, Transpose, WeightMap
 from .peft_targets import FusedExpert
@@ -168,12 +168,17 @@ def _n_experts(data: dict, default: int) -> int:
 
 
 # ---------------------------------------------------------------------------------- the model
+def _sparse_moe(config: MoeConfig, device) -> nn.SparseMoe:
+    """A layer's mixture of experts (`MoeDecoderLayer`'s feed-forward block)."""
+    return config.moe().init(device)
+
+
 class MoeDecoderLayer(LlamaDecoderLayer):
     """A Llama decoder layer whose feed-forward block is an `nn.SparseMoe` (when `sparse`)."""
 
     def __init__(self, config: MoeConfig, device=None, window: int | None = None, sparse: bool = True):
-        super().__init__(config, device, window)
-        self.mlp = config.moe().init(device) if sparse else LlamaMlp(config, device)
+        # the mixture built in the dense block's place (not built, then replaced: 3 unused Linears a layer)
+        super().__init__(config, device, window, mlp=_sparse_moe if sparse else None)
 
 
 class _MoeForCausalLM(LlamaForCausalLM):

@@ -23,6 +23,7 @@ strings as they are); use `rust_debug(value)` / `option(value)` for Debug forms 
 """
 from __future__ import annotations
 
+import contextvars
 import enum
 import math
 import numbers
@@ -30,8 +31,7 @@ import numbers
 import numpy as np
 
 from ..tensor import Tensor
-from .tree import FieldKind, fields, kind_of
-from .tree import params as tree_params
+from .tree import FieldKind, children, fields, kind_of
 
 __all__ = [
     "DisplaySettings",
@@ -45,6 +45,11 @@ __all__ = [
     "rust_debug",
     "option",
 ]
+
+
+_PARAM_KIND, _MODULE_KIND, _REPARAM_KIND = FieldKind.PARAM, FieldKind.MODULE, FieldKind.REPARAMETERIZATION
+# {id(module): displayed parameter count} of the display being made (see _shown_params), None between displays
+_COUNTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("display_counts", default=None)
 
 
 class DisplaySettings:
@@ -199,6 +204,16 @@ class Content:
 # ---------------------------------------------------------------------------------- formatting
 def format_module(module, passed: DisplaySettings) -> str:
     """Burn's `ModuleDisplay::format`."""
+    if _COUNTS.get() is None and passed.show_num_parameters():  # the outermost module of this display
+        token = _COUNTS.set(_display_counts(module))
+        try:
+            return _format_module(module, passed)
+        finally:
+            _COUNTS.reset(token)
+    return _format_module(module, passed)
+
+
+def _format_module(module, passed: DisplaySettings) -> str:
     custom = module.custom_settings()
     settings = custom.inherit(passed) if custom is not None else passed
     size = settings.indentation_size()
@@ -427,17 +442,43 @@ def rust_debug(value) -> str:
 
 
 def _shown_params(module) -> int:
-    """The parameter elements a display counts: a GGUF weight's stored blocks (`PACKED_STORAGE`)
-    stand for the weight, which is counted already, so their bytes are not parameters."""
-    if not any(getattr(type(v), "PACKED_STORAGE", False) for _, v in _modules(module)):
-        return module.num_params()
-    total = 0
-    for _, p in tree_params(module, prune=lambda v: getattr(type(v), "PACKED_STORAGE", False)):
-        total += math.prod(p.lazy_shape())
-    return total
+    """The parameter elements a display counts: every parameter below `module` once (one held at
+    several places, as a fused module's shared LoRA `a`, counts once), its reparameterization's
+    (LoRA factors) included; a GGUF weight's stored blocks (`PACKED_STORAGE`) stand for the weight,
+    which is counted already, so their bytes are not parameters (of the modules above them).
+
+    While a display is made, the counts of every module in it come from one pass over its tree
+    (`_display_counts`), so that a model of 50,000 modules is not walked again for each module shown."""
+    counts = _COUNTS.get()
+    if counts is not None:
+        n = counts.get(id(module))
+        if n is not None:
+            return n
+    return _display_counts(module)[id(module)]
 
 
-def _modules(module):
-    from .tree import walk  # noqa: PLC0415
+def _display_counts(root) -> dict[int, int]:
+    """{id(module): its displayed parameter count} for `root` and every module (and reparameterization)
+    below it, in one pass: each module gathers its parameters' counts by id, then gives them to the
+    module above it (but a packed storage's, which stay its own)."""
+    counts: dict[int, int] = {}
 
-    return ((path, v) for path, kind, v in walk(module) if kind in (FieldKind.MODULE, FieldKind.REPARAMETERIZATION))
+    def gather(node, acc: dict) -> None:
+        for _, kind, v in children(node):
+            if kind is _PARAM_KIND:
+                acc[v.id] = math.prod(v.lazy_shape())
+                if v.reparameterization is not None:
+                    gather(v, acc)
+            elif kind is _MODULE_KIND or kind is _REPARAM_KIND:
+                own: dict = {}
+                gather(v, own)
+                counts[id(v)] = sum(own.values())
+                if not getattr(type(v), "PACKED_STORAGE", False):
+                    acc.update(own)
+            else:  # a list / tuple / dict of children
+                gather(v, acc)
+
+    top: dict = {}
+    gather(root, top)
+    counts[id(root)] = sum(top.values())
+    return counts

@@ -349,7 +349,7 @@ class Lora(Reparameterizer):
         out.shared_a, out._made_a = dict(shared or {}), {}
         return out
 
-    def _shared_groups(self, targets) -> list[list[str]]:
+    def shared_groups(self, targets) -> list[list[str]]:
         """The groups of more than one of `targets` ((path, param)) that share an `a`."""
         groups: dict = {}
         for path, p in targets:
@@ -458,11 +458,13 @@ class Lora(Reparameterizer):
                        if (path in owners or below_owner(path)) and param_trainable(p))
         return LoraPreview(targets, added, TrainableCounts(added + kept, total + added), nested)
 
-    def shared_savings(self, targets: dict) -> int:
+    def shared_savings(self, targets: dict, itemsize=None) -> int:
         """How many values fewer the factors of `targets` ({path: param}) hold because some share an
-        `a` (every part after the first of a group adds no `a` of its own)."""
+        `a` (every part after the first of a group adds no `a` of its own); bytes with `itemsize(param)`
+        (the bytes of one value of that weight's factors)."""
         return sum((len(paths) - 1) * targets[paths[0]].shape[0] * self.rank_for(paths[0])
-                   for paths in self._shared_groups(targets.items()))
+                   * (1 if itemsize is None else itemsize(targets[paths[0]]))
+                   for paths in self.shared_groups(targets.items()))
 
     def factors(self, param: Param, rank: int | None = None) -> tuple[Param, Param]:
         """Fresh trainable `a` ~ N(0, std) `[d_in, rank]` and `b` = 0 `[rank, d_out]` for `param`."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from .lora import QLora
 from .param import Param
-from .reparam import iter_param_slots
+from .reparam import _below, iter_param_slots
 from .tree import FieldKind, params, walk
 
 __all__ = ["MemoryEstimate", "NotEnoughMemory", "available_memory", "estimate_lora", "estimate_materialize",
@@ -182,12 +182,12 @@ def _lora_targets(module, lora) -> list[tuple[str, Param]]:
     """The parameters `apply_lora` / `apply_qlora` would adapt: float, without a
     reparameterization, not a factor of one, and accepted by `lora.adapts`."""
     slots = list(iter_param_slots(module))
-    owners = [path for path, p in slots if p.reparameterization is not None]
+    owners = {path for path, p in slots if p.reparameterization is not None}
     out = []
     for path, p in slots:
         if p.kind != "float" or p.reparameterization is not None:
             continue
-        if any(path.startswith(owner + ".") for owner in owners):
+        if owners and _below(path, owners):
             continue
         if lora.adapts(path, p):
             out.append((path, p))
@@ -202,6 +202,8 @@ def estimate_lora(module, lora) -> MemoryEstimate:
     targets = _lora_targets(module, base_lora)
     rank_for = getattr(base_lora, "rank_for", lambda _path: base_lora.rank)
     factors = sum(base_lora.factor_count(p, path) * _float_itemsize(p, base_lora.dtype) for path, p in targets)
+    # the parts of a fused module share one `a` (lora_shared_a), which factor_count counts once per part
+    factors -= base_lora.bound_to(module).shared_savings(dict(targets), lambda p: _float_itemsize(p, base_lora.dtype))
     # the random draw of the largest `a` factor, in float64, before its cast
     draw = 8 * max((p.shape[0] * rank_for(path) for path, p in targets), default=0)
     dense = sum(param_bytes(p) for _, p in targets if not p.is_initialized())

@@ -51,7 +51,7 @@ from .display import DisplaySettings, default_content, format_module
 from .flag import Flag
 from .group import ParamGroup
 from .param import Param
-from .tree import FieldKind, ModuleBase, children, container_type, fields, join, kind_of, reparameterization_name
+from .tree import _KIND_OF_TYPE, FieldKind, ModuleBase, children, container_type, fields, join, kind_of, reparameterization_name
 
 __all__ = ["Module"]
 
@@ -124,12 +124,23 @@ def _walk_module(m: "Module", w: _Walker):
         ct = container_type(m)
         if isinstance(m, ModuleBase):
             _STRUCT_OF_TYPE[type(m)] = ct
+    kind_of_type = _KIND_OF_TYPE.get
     for name, v in list(m.__dict__.items()):
         if name[:1] == "_" or v is None:  # private, or an absent child (a Linear without bias): kept as is
             if rebuild:
                 nd[name] = v
             continue
-        r = _walk_value(v, name, ct, w)
+        # the common kinds inline, as _walk_value does them: a plain int / float / str (a type kind_of
+        # caches as PLAIN is immutable: kept as is), a child module, a parameter
+        k = kind_of_type(type(v))
+        if k is _PLAIN:
+            r = v
+        elif k is _MODULE or k is _PARAM:
+            w.enter(name, ct)
+            r = _walk_module(v, w) if k is _MODULE else _walk_param(v, w)
+            w.exit(name, ct)
+        else:
+            r = _walk_value(v, name, ct, w)
         if rebuild:
             nd[name] = r
     return w.on_module(m, new) if rebuild else None
@@ -217,8 +228,10 @@ class _Apply(_Walker):
         return g is None or g.matches(item.id, self.path_str())
 
     def on_param(self, p):
-        fp = self.fp
-        if fp is None or (self.floats_only and p.kind != "float") or not self._selected(p):
+        fp, g = self.fp, self.group
+        if fp is None or (self.floats_only and p.kind != "float"):
+            return p.clone()
+        if g is not None and not g.matches(p.id, ".".join(self.path)):  # `_selected`, inline: once a parameter
             return p.clone()
         return fp(p)
 
@@ -651,7 +664,7 @@ def _group(group) -> ParamGroup:
 
 def _flags_on(module: Module):
     """Whether the module's own flags are on (None when it has none)."""
-    states = [bool(v) for _, kind, v in fields(module) if kind is _FLAG]
+    states = [bool(v) for name, v in module.__dict__.items() if name[:1] != "_" and isinstance(v, Flag)]
     return None if not states else any(states)
 
 

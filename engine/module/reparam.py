@@ -106,6 +106,16 @@ def _reparameterized(module: Module) -> list[tuple[str, Param]]:
     return [(path, p) for path, p in iter_param_slots(module) if p.reparameterization is not None]
 
 
+def _below(path: str, owners) -> bool:
+    """Whether `path` lies below one of `owners` (paths): one of its dot-prefixes is one of them."""
+    i = path.rfind(".")
+    while i > 0:
+        if path[:i] in owners:
+            return True
+        i = path.rfind(".", 0, i)
+    return False
+
+
 # ---------------------------------------------------------------------------------- applying
 class _ApplyReparameterization(ModuleMapper):
     """A module mapper that offers every float parameter, with its path, to a reparameterizer."""
@@ -130,9 +140,8 @@ class _ApplyReparameterization(ModuleMapper):
     def map_float(self, param: Param) -> Param:
         path = ".".join(self.path)
         name = type(self.reparameterizer).__name__
-        for owner in self.attached:  # a factor of an attached reparameterization: left as it is
-            if path.startswith(owner + "."):
-                return param
+        if self.attached and _below(path, self.attached):  # a factor of an attached reparameterization: as it is
+            return param
         out = self.reparameterizer.reparameterize(path, param)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise ReparameterizationError(
@@ -192,14 +201,16 @@ def apply_reparameterization(module: Module, reparameterizer) -> Module:
     bind = getattr(reparameterizer, "bound_to", None)
     if callable(bind):  # a LoRA learns which weights of this model share an `a` factor (engine.module.lora)
         reparameterizer = bind(module)
-    attached = dict(_reparameterized(module))  # nesting is refused per parameter, in map_float
+    slots = list(iter_param_slots(module))
+    attached = {path: p for path, p in slots if p.reparameterization is not None}  # nesting: refused in map_float
     adapted = _adapt_stored_bases(module, reparameterizer, attached)
     if adapted is not module:
         module = adapted
-        attached = dict(_reparameterized(module))
+        slots = list(iter_param_slots(module))
+        attached = {path: p for path, p in slots if p.reparameterization is not None}
     stateful = frozenset()
     if getattr(reparameterizer, "FREEZES_RUNNING_STATE", False):
-        stateful = frozenset(path.rpartition(".")[0] for path, p in module.named_params() if p.is_running_state())
+        stateful = frozenset(path.rpartition(".")[0] for path, p in slots if p.is_running_state())
     return module.map(_ApplyReparameterization(reparameterizer, stateful, attached))
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from .lora import NF4Weight
 from .module import Module
 from .param import Param
-from .tree import FieldKind, children, join
+from .tree import _KIND_OF_TYPE, FieldKind, children, kind_of
 
 __all__ = ["ModelStats", "ParamStats", "TrainableCounts", "param_trainable", "trainable_counts", "trainable_summary"]
 
@@ -86,7 +86,22 @@ class ParamStats:
         return "partly"
 
 
-_NODES = (FieldKind.MODULE, FieldKind.CONTAINER, FieldKind.REPARAMETERIZATION)
+_PARAM, _MODULE, _CONTAINER, _REPARAM = (FieldKind.PARAM, FieldKind.MODULE, FieldKind.CONTAINER,
+                                         FieldKind.REPARAMETERIZATION)
+
+
+def _children(value: Any):
+    """`tree.children`, a module's fields read inline (the common node: one call less per child)."""
+    if not isinstance(value, Module):
+        return children(value)
+    out = []
+    for name, v in value.__dict__.items():
+        if name[:1] == "_" or v is None:
+            continue
+        k = _KIND_OF_TYPE.get(type(v)) or kind_of(v)
+        if k is not FieldKind.PLAIN and k is not FieldKind.NONE:
+            out.append((name, k, v))
+    return out
 
 
 class ModelStats:
@@ -106,12 +121,15 @@ class ModelStats:
         return s
 
     def _walk(self, value: Any, path: str, chain: list[ParamStats]) -> None:
-        for seg, kind, v in children(value):
-            if kind is not FieldKind.PARAM and kind not in _NODES:
+        by_path = self.by_path
+        for seg, kind, v in _children(value):
+            if kind is not _PARAM and kind is not _MODULE and kind is not _CONTAINER and kind is not _REPARAM:
                 continue  # flags and constants hold no parameters
-            p = join(path, seg)
-            s = self._get(p)
-            if kind is FieldKind.PARAM:
+            p = f"{path}.{seg}" if path else seg
+            s = by_path.get(p)  # a path is met once: made here
+            if s is None:
+                s = by_path[p] = ParamStats()
+            if kind is _PARAM:
                 if v.id in self._seen:  # shared (a fused module's LoRA A): counted at its first path only
                     self.shared[p] = self._seen[v.id]
                     continue
@@ -122,7 +140,7 @@ class ModelStats:
                 self._walk(v, p, [s])
                 continue
             chain.append(s)
-            if kind is FieldKind.PARAM:
+            if kind is _PARAM:
                 self._add_param(v, chain)
                 if v.reparameterization is not None:
                     r = v.reparameterization

@@ -195,12 +195,29 @@ def walk(node, path: str = "", prune: Callable[[object], bool] | None = None
     leaves a node and everything below it out."""
     stack = [(join(path, n), k, v) for n, k, v in children(node)]
     stack.reverse()
+    kind_of_type = _KIND_OF_TYPE.get
     while stack:
         p, k, v = stack.pop()
         if prune is not None and prune(v):
             continue
         yield p, k, v
-        kids = [(join(p, n), k2, v2) for n, k2, v2 in children(v)]
+        if k is _MODULE or (k is _REPARAM and isinstance(v, ModuleBase)):  # `children` inline for the common node, a module
+            kids = []
+            for n, x in v.__dict__.items():
+                if n[:1] == "_" or x is None:
+                    continue
+                k2 = kind_of_type(type(x))
+                if k2 is None:
+                    k2 = kind_of(x)
+                if k2 is not _PLAIN and k2 is not _NONE:
+                    kids.append((p + "." + n, k2, x))
+        elif k is _PARAM:
+            r = v.reparameterization
+            if r is not None:
+                stack.append((p + "." + reparameterization_name(r), _REPARAM, r))
+            continue
+        else:
+            kids = [(join(p, n), k2, v2) for n, k2, v2 in children(v)]
         kids.reverse()
         stack.extend(kids)
 

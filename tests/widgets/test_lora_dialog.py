@@ -143,3 +143,33 @@ def test_a_mixture_of_experts_gets_router_and_expert_presets(qtbot, name, expert
     if experts:
         d.set_targets("w1, w2, w3")
         assert d.preview_counts["targets"] == 3 * 4 * len(model.layers)
+
+
+@pytest.mark.parametrize("name", ["qwen2-moe", "qwen3-moe", "mixtral"])
+def test_a_mixture_gets_an_experts_and_an_attention_and_experts_preset(qtbot, name):
+    """Issue 47: the routed experts alone and with the attention, for Qwen2-MoE and Qwen3-MoE (their experts'
+    gate_proj / up_proj / down_proj, never the dense layers' MLP or Qwen2-MoE's shared expert, which have the
+    same names) as for Mixtral (w1, w2, w3)."""
+    from pathlib import Path
+
+    from engine.models import from_pretrained
+    from widgets.lora_dialog import MIXTRAL_ATTENTION_EXPERTS, QWEN_ATTENTION_EXPERTS, QWEN_EXPERTS
+
+    model = from_pretrained(Path(__file__).resolve().parents[1] / "fixtures" / "hf" / name)
+    d = LoraDialog(model)
+    qtbot.addWidget(d)
+    keys = [d.targets.itemData(i) for i in range(d.targets.count())]
+    mixtral = name == "mixtral"
+    experts_key, both_key = ("w1, w2, w3", MIXTRAL_ATTENTION_EXPERTS) if mixtral else (QWEN_EXPERTS,
+                                                                                     QWEN_ATTENTION_EXPERTS)
+    assert {experts_key, both_key} <= set(keys) and (QWEN_EXPERTS in keys) != mixtral
+    assert keys.index(experts_key) + 1 == keys.index(both_key) < keys.index("all-linear")
+    sparse = [layer.mlp for layer in model.layers if type(layer.mlp).__name__ == "SparseMoe"]
+    experts = 3 * sum(len(m.experts) for m in sparse)
+    if not mixtral:  # the plain names would also take the dense layers' MLP and Qwen2-MoE's shared expert
+        d.set_targets("custom", custom="gate_proj, up_proj, down_proj")
+        assert d.preview_counts["targets"] > experts > 0
+    d.set_targets(experts_key)
+    assert d.preview_counts["targets"] == experts
+    d.set_targets(both_key)
+    assert d.preview_counts["targets"] == experts + 4 * len(model.layers)

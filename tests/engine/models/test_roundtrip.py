@@ -33,7 +33,9 @@ from engine.module import Lora
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 # mixtral-fused (transformers 5's fused experts) saves in the per-expert layout transformers writes:
 # test_moe checks it against the mixtral folder's bits
-FOLDERS = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file() and p.name != "mixtral-fused")
+# the model fixtures with expected logits (qwen2-bpe is a tokenizer fixture: no expected.npz)
+FOLDERS = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file() and (p / "expected.npz").is_file()
+                 and p.name != "mixtral-fused")
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
 
 

@@ -139,3 +139,17 @@ def test_one_optimizer_state_and_every_place_stepped_alike():
         assert m.q.weight.reparameterization.a is m.k.weight.reparameterization.a
     loaded = _tied(seed=5).load_record(ModuleRecord.from_bytes(model.valid().into_record().to_bytes()))
     assert np.array_equal(loaded.k.weight.reparameterization.a.val().numpy(), q.a.val().numpy())
+
+
+def test_the_memory_estimate_counts_a_shared_a_once():
+    from engine.module import memory
+
+    lora = Lora(RANK, 4.0)
+    for model in (TiedFused(), Fused()):
+        adapted = model.apply_lora(lora)
+        # the bytes of the factors made, each parameter once (the tied `a` is one Param at two places)
+        made = sum(p.numel() * p.base().dtype.itemsize for path, p in adapted.named_params() if ".lora." in path)
+        assert memory.estimate_lora(model, lora).parts["LoRA factors"] == made
+    # the shared `a` is D_IN x RANK float32 fewer than three separate adapters' factors
+    assert (memory.estimate_lora(Fused(), lora).parts["LoRA factors"]
+            - memory.estimate_lora(TiedFused(), lora).parts["LoRA factors"]) == D_IN * RANK * 4
