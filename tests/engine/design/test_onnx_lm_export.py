@@ -64,7 +64,13 @@ def _dims(path) -> dict:
 SIZES = [(1, 5), (3, 11)]
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "qwen2", "mistral-swa", "qwen3", "gemma2", "gemma3", "phi3"])
+# the mixtures of experts (Mixtral; Qwen2-MoE's sigmoid-gated shared expert; Qwen3-MoE's renormalised top-k),
+# exported in their dense form (every expert on every token, weighted zero outside the top-k)
+MIXTURES = ["mixtral", "qwen2-moe", "qwen3-moe"]
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "qwen2", "mistral-swa", "qwen3", "gemma2", "gemma3", "phi3",
+                                  *MIXTURES])
 def test_the_export_runs_at_other_lengths_and_batches_with_embers_logits(name, tmp_path):
     model = _model(name)
     path = export_onnx(model, tmp_path / f"{name}.onnx")  # traced at batch 2, length 3 (and one more of each)
@@ -88,7 +94,7 @@ def test_the_export_runs_at_other_lengths_and_batches_with_embers_logits(name, t
                                        err_msg=f"{name} batch {b} length {s} row {r}")
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "mistral-swa"])
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2", "mistral-swa", *MIXTURES])
 def test_the_cache_variant_generates_embers_greedy_tokens(name, tmp_path):
     model = _model(name)
     path = export_onnx(model, tmp_path / f"{name}-cache.onnx", with_cache=True)
@@ -148,7 +154,7 @@ IMPORT_SIZES = {False: [(1, 4, 0), (3, 7, 0)], True: [(1, 4, 0), (3, 7, 0), (1, 
 
 
 @pytest.mark.parametrize("with_cache", [False, True], ids=["no-cache", "cache"])
-@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "mistral-swa", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa", "mistral-swa", "qwen3", "gemma2", "gemma3", "phi3", *MIXTURES])
 def test_embers_own_export_imports_and_gives_onnxruntimes_and_embers_logits(name, with_cache, tmp_path):
     """`import_onnx` reads back Ember's language-model export (dynamic batch and sequence, run-time Slice,
     Range, Gather of positions, the mask's `past_sequence + sequence` axis); the imported module's outputs equal
