@@ -85,12 +85,13 @@ def test_the_export_runs_at_other_lengths_and_batches_with_embers_logits(name, t
         mask[0, :2] = 0
         feeds[f"run{k}/input_ids"], feeds[f"run{k}/attention_mask"] = ids, mask
     got = _ort_run(path, feeds, tmp_path)
+    tol = 1e-5 if name in MIXTURES else 1e-4  # the mixtures measured 4.0e-6 at most (the dense form, float32 sums)
     for k, (b, s) in enumerate(SIZES):
         logits, ids, mask = got[f"run{k}/logits"], feeds[f"run{k}/input_ids"], feeds[f"run{k}/attention_mask"]
         assert logits.shape[:2] == (b, s)
         for r in range(b):  # a left-padded row's real positions: the logits the row has alone
             real = mask[r] == 1
-            np.testing.assert_allclose(logits[r, real], _alone(model, ids[r, real].tolist()), atol=1e-4, rtol=0,
+            np.testing.assert_allclose(logits[r, real], _alone(model, ids[r, real].tolist()), atol=tol, rtol=0,
                                        err_msg=f"{name} batch {b} length {s} row {r}")
 
 
