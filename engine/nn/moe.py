@@ -171,9 +171,10 @@ class SparseMoe(Layer):
         as `route`'s stable sort."""
         probs = self.gate.forward(x).softmax(-1)
         n = self.n_experts
-        earlier = Tensor.from_data(np.tril(np.ones((n, n), dtype=np.float32), -1), device=x.device).cast(probs.dtype)
+        earlier = Tensor.from_data(np.tril(np.ones((n, n), dtype=np.float32), -1), device=x.device)
         p_e, p_j = probs.unsqueeze(-1), probs.unsqueeze(-2)  # [..., e, 1], [..., 1, j]
-        beaten = p_j.greater(p_e).cast(probs.dtype).sum(-1) + (p_j.equal(p_e).cast(probs.dtype) * earlier).sum(-1)
+        # counted in float32 (exact to 2**24 experts, whatever the model's dtype)
+        beaten = p_j.greater(p_e).cast("float32").sum(-1) + (p_j.equal(p_e).cast("float32") * earlier).sum(-1)
         weights = probs.mask_fill(beaten.greater_equal(float(self.top_k)), 0.0)
         if self.normalize_top_k:
             weights = weights / weights.sum(-1, keepdim=True)
