@@ -26,7 +26,7 @@ llama.cpp's loader checks them (the `GGUFWriter` methods), and the tokenizer (`t
 the chat template `tokenizer.chat_template`) copied from the GGUF file the model was opened from,
 or the `tokenizer.*` keys given (`tokenizer=`), or, for a model opened from a Hugging Face folder,
 its tokenizer.json converted as llama.cpp's converter does (`gguf_vocab.folder_gguf_tokenizer`:
-byte-level BPE; a tokenizer llama.cpp would tokenize otherwise is refused, naming what it found). A
+byte-level BPE, SentencePiece-style BPE; a tokenizer llama.cpp would tokenize otherwise is refused, naming what it found). A
 model of another family is refused before anything is written. The file is written beside the
 target and moved into place
 (`engine.store.atomic.atomic_write`): a cancelled or failed export leaves the old file, if any.

@@ -5,8 +5,11 @@ What it reads: `tokenizer.json` (the vocabulary, merges, added tokens, normalize
 post-processor), `tokenizer_config.json` (the special tokens' texts, `add_bos_token` /
 `add_eos_token`, the chat template), `chat_template.jinja` / `chat_template.json` (a chat template
 kept outside the config), `config.json` and `generation_config.json` (special ids the tokenizer
-files do not name). What it writes are the keys llama.cpp's `convert_hf_to_gguf.py` writes for a
-byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2"):
+files do not name). A SentencePiece-style BPE (byte fallback, '▁' for spaces: Llama 2, Mistral v0.1,
+TinyLlama, Gemma) becomes llama.cpp's "llama" tokenizer: the tokens, their scores and types (byte
+tokens, unknown, control, user-defined), `add_space_prefix`, the special ids and the chat template as
+below, checked and scored by `gguf_spm` (see there what is refused). A byte-level BPE gets the keys
+llama.cpp's `convert_hf_to_gguf.py` writes for it (`tokenizer.ggml.model` "gpt2"):
 
 - `tokens`: one per id up to the model's `vocab_size` (an id the tokenizer lacks is `[PAD<id>]`,
   type unused); `token_type`: 1 normal, 3 control (an added token marked special, or one that looks
@@ -29,9 +32,7 @@ byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2"):
     differently there).
 
 Anything else is refused before a byte is written, naming what was found: another model type
-(WordPiece, Unigram), a SentencePiece-style BPE (byte fallback and '▁' for spaces: Llama 2,
-Mistral v0.1, whose llama.cpp form needs the SentencePiece scores tokenizer.json does not hold),
-an unknown pre-tokenizer or normalizer, BPE dropout, an added token that strips its neighbours'
+(WordPiece, Unigram), a BPE with '▁' for spaces but no byte fallback, an unknown pre-tokenizer or normalizer, BPE dropout, an added token that strips its neighbours'
 spaces, a post-processor adding other tokens than bos / eos -- never a silently different tokenization.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..store.gguf_pre import LLAMA3_SPLIT, QWEN2_SPLIT
+from .gguf_spm import spm_scores, spm_space_prefix, spm_types
 from .hf_folder import PretrainedError, read_json
 
 __all__ = ["FolderTokenizer", "folder_gguf_tokenizer", "looks_special"]
@@ -113,17 +115,15 @@ def _steps(node, where: str) -> tuple:
         if node.get("behavior") == "Isolated" and not node.get("invert") and isinstance(pattern.get("Regex"), str):
             return (("split", pattern["Regex"]),)
     if kind == "Metaspace":
-        raise _sentencepiece(where, "a Metaspace pre-tokenizer ('▁' for spaces)")
+        raise _sentencepiece(where, "a Metaspace pre-tokenizer, '▁' for spaces")
     raise PretrainedError(f"tokenizer.json's pre-tokenizer step {str(node)[:200]} is not one llama.cpp's GGUF "
                           f"tokenizers apply; Ember recognises GPT-2's, SmolLM's, Llama 3's and Qwen2's", where=where)
 
 
 def _sentencepiece(where: str, found: str) -> PretrainedError:
-    return PretrainedError(f"the tokenizer is SentencePiece-style BPE ({found}; Llama 2, Mistral v0.1, TinyLlama): "
-                           f"llama.cpp's form of it ('llama') needs the SentencePiece scores, which tokenizer.json "
-                           f"does not hold; Ember's GGUF export converts byte-level BPE tokenizers ('gpt2': Llama 3, "
-                           f"Qwen2, SmolLM, GPT-2). Convert this folder with llama.cpp's convert_hf_to_gguf.py "
-                           f"(it reads tokenizer.model), or open a .gguf of the model", where=where)
+    return PretrainedError(f"the tokenizer is SentencePiece-style BPE ({found}) without byte "
+                           f"fallback: llama.cpp's SentencePiece tokenizer ('llama') falls back to byte tokens where "
+                           f"transformers gives the unknown token", where=where)
 
 
 def _pre_name(doc: dict, model: dict, where: str) -> str:
@@ -155,9 +155,8 @@ def _check_model(doc: dict, where: str) -> dict:
                               f"{kind!r}: Ember's GGUF export converts byte-level BPE tokenizers only", where=where)
     norm = doc.get("normalizer") or {}
     parts = norm.get("normalizers", [norm]) if isinstance(norm, dict) else []
-    if model.get("byte_fallback") or any(isinstance(p, dict) and p.get("type") in ("Prepend", "Replace")
-                                         for p in parts):
-        raise _sentencepiece(where, "byte fallback" if model.get("byte_fallback") else "'▁' put in for spaces")
+    if any(isinstance(p, dict) and p.get("type") in ("Prepend", "Replace") for p in parts):
+        raise _sentencepiece(where, "a normalizer putting '▁' for spaces")
     if model.get("dropout"):
         raise PretrainedError(f"tokenizer.json's BPE has dropout {model['dropout']} (random tokenizations): "
                               f"llama.cpp has none", where=where)
@@ -167,7 +166,7 @@ def _check_model(doc: dict, where: str) -> dict:
                                   f"has none", where=where)
     decoder, pre = _obj(doc.get("decoder")), _obj(doc.get("pre_tokenizer"))
     if "Metaspace" in (decoder.get("type"), pre.get("type")):
-        raise _sentencepiece(where, "a Metaspace pre-tokenizer ('▁' for spaces)")
+        raise _sentencepiece(where, "a Metaspace pre-tokenizer, '▁' for spaces")
     if decoder.get("type") != "ByteLevel":
         raise PretrainedError(f"expected a ByteLevel decoder in tokenizer.json (a byte-level BPE), found "
                               f"{decoder.get('type')!r}", where=where)
@@ -295,20 +294,36 @@ def folder_gguf_tokenizer(folder, vocab_size: int, name: str | None = None) -> F
     doc = read_json(path, MAX_TOKENIZER_BYTES, "tokenizer.json")
     if not isinstance(doc, dict):
         raise PretrainedError(f"expected a JSON object, found {type(doc).__name__}", where=where)
-    model = _check_model(doc, where)
-    pre = _pre_name(doc, model, where)
+    model = _obj(doc.get("model"))
+    spm = model.get("type") == "BPE" and model.get("byte_fallback") is True
+    if spm:  # SentencePiece-style: llama.cpp's "llama" tokenizer
+        space = spm_space_prefix(doc, model, where)
+    else:
+        model = _check_model(doc, where)
+        pre = _pre_name(doc, model, where)
     added = doc.get("added_tokens") or []
     if not isinstance(added, list) or not all(isinstance(a, dict) for a in added):
         raise PretrainedError("tokenizer.json's added_tokens: expected a list of objects", where=where)
+    for entry in added if spm and space else ():
+        if entry.get("normalized") is True:
+            raise PretrainedError(f"tokenizer.json's added token {str(entry.get('content'))[:60]!r} is matched in "
+                                  f"the normalized text (normalized: true), so transformers puts no '▁' after it; "
+                                  f"llama.cpp puts one after every added token", where=where)
     tokens, types = _tokens(model, added, int(vocab_size), where)
     config = _optional_json(folder / "tokenizer_config.json", MAX_CONFIG_BYTES)
     ids = _special_ids(config, _optional_json(folder / "config.json", MAX_CONFIG_BYTES),
                        _optional_json(folder / "generation_config.json", MAX_CONFIG_BYTES), added)
     ids = {k: v for k, v in ids.items() if v < len(tokens)}
     add_bos, add_eos = _adds(doc, config, ids, tokens, where)
-    meta = {"general.name": name or folder.name, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
-            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.merges": _merges(model, where)}
+    if spm:
+        meta = {"general.name": name or folder.name, "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+                "tokenizer.ggml.scores": spm_scores(model, tokens, where),
+                "tokenizer.ggml.token_type": spm_types(model, tokens, types, ids.get("unk")),
+                "tokenizer.ggml.add_space_prefix": space}
+    else:
+        meta = {"general.name": name or folder.name, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+                "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+                "tokenizer.ggml.merges": _merges(model, where)}
     meta.update({f"tokenizer.ggml.{_ID_KEYS[k]}": v for k, v in ids.items()})
     meta["tokenizer.ggml.add_bos_token"] = add_bos
     meta["tokenizer.ggml.add_eos_token"] = add_eos

@@ -11,6 +11,12 @@ Routing (as transformers' Mixtral / Qwen-MoE blocks): `p = softmax(gate(x))` ove
 sum of its chosen experts' outputs times their weights. The computation is sparse: each expert runs
 on the tokens routed to it only (gathered, then added back in expert order). The weights carry
 gradients to the router; the choice of experts does not (it is not differentiable).
+
+While a trace records the forward (ONNX export, the graph view: `engine.tensor.trace.is_active()`),
+`SparseMoe` computes `dense_forward` instead: the same outputs from ops a graph holds (no host
+choice of experts a trace would fix to the example's tokens). Every expert runs on every token and
+is weighted by a `[..., n_experts]` matrix that is zero outside each token's top-k, so the exported
+graph does `n_experts / top_k` times the experts' work of the sparse forward.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import numpy as np
 
 from ..shapes.rules import expect, float_input, same
 from ..tensor import Tensor
+from ..tensor import trace as _trace
 from . import _ops
 from ._base import Config, Layer, assert_shape, check_dtype, check_sizes
 from .linear import LinearConfig
@@ -137,6 +144,8 @@ class SparseMoe(Layer):
         d_model = self.gate.weight.shape[0]
         assert_shape(input, [..., d_model])
         check_dtype(self, input, self.gate.weight.val())
+        if _trace.is_active():  # a trace records ops a graph holds: the dense form (see the module docstring)
+            return self.dense_forward(input)
         dims = input.dims()
         x = input.reshape(-1, d_model)
         weights, chosen = self.route(x)
@@ -153,6 +162,42 @@ class SparseMoe(Layer):
         if self.shared_expert is not None:
             out = out + self.shared_expert.forward(x) * self.shared_expert_gate.forward(x).sigmoid()
         return out.reshape(dims)
+
+    def top_k_weights(self, x: Tensor) -> Tensor:
+        """The routing weights `[..., n_experts]` of the tokens `x` (`[..., d_model]`): each token's
+        `top_k` probabilities (renormalised when `normalize_top_k`), zero elsewhere, from comparisons
+        alone (no host choice, no TopK). Expert `e` is kept when fewer than `top_k` experts beat it,
+        `j` beating `e` when `p_j > p_e`, or `p_j == p_e` and `j < e`: ties keep the lowest index,
+        as `route`'s stable sort."""
+        probs = self.gate.forward(x).softmax(-1)
+        n = self.n_experts
+        earlier = Tensor.from_data(np.tril(np.ones((n, n), dtype=np.float32), -1), device=x.device)
+        p_e, p_j = probs.unsqueeze(-1), probs.unsqueeze(-2)  # [..., e, 1], [..., 1, j]
+        # counted in float32 (exact to 2**24 experts, whatever the model's dtype)
+        beaten = p_j.greater(p_e).cast("float32").sum(-1) + (p_j.equal(p_e).cast("float32") * earlier).sum(-1)
+        weights = probs.mask_fill(beaten.greater_equal(float(self.top_k)), 0.0)
+        if self.normalize_top_k:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights
+
+    def dense_forward(self, input):
+        """`forward`'s outputs computed densely: every expert on every token, weighted by
+        `top_k_weights` (zero outside the top-k), summed in expert order (as `forward` adds its
+        experts' outputs); `n_experts / top_k` times the experts' work. What a trace records.
+
+        # Shapes
+
+        - input: `[..., d_model]`
+        - output: `[..., d_model]`
+        """
+        weights = self.top_k_weights(input)
+        out = None
+        for e, expert in enumerate(self.experts):
+            term = expert.forward(input) * weights[..., e : e + 1]
+            out = term if out is None else out + term
+        if self.shared_expert is not None:
+            out = out + self.shared_expert.forward(input) * self.shared_expert_gate.forward(input).sigmoid()
+        return out
 
     def custom_content(self, content):
         d_model, n_experts = self.gate.weight.shape

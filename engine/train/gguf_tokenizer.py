@@ -17,8 +17,11 @@ that ids and text agree with it:
   vocabulary only those spelled in its alphabet), user-defined ones (type 4) plain added tokens;
 
 - `tokenizer.ggml.model` "llama" (SentencePiece BPE: Llama 2, Mistral, TinyLlama): a BPE with byte
-  fallback over the vocabulary, '▁' for spaces and one before the text (Metaspace), the merges
-  the file lists or, when it lists none, those the tokens' scores imply (`merges_from_scores`);
+  fallback over the vocabulary, '▁' for spaces, the merges the file lists or, when it lists none,
+  those the tokens' scores imply (`merges_from_scores`); a '▁' before the text as llama.cpp puts it
+  when the file says (`tokenizer.ggml.add_space_prefix`: true, before the text and after every
+  special token; false, none), else as transformers' GGUF reading does (Metaspace, before the text
+  unless it starts with a space);
 - the tokens the special ids name (bos, eos, unk, padding) are special tokens too; the text
   gets the BOS token before it when `tokenizer.ggml.add_bos_token` says so (default: yes for
   "llama", no for "gpt2"), the EOS after it likewise (`add_eos_token`, default no).
@@ -198,7 +201,7 @@ def _sentencepiece(file: GGUFFile, tokens: list, where: str):
     """SentencePiece BPE (Llama 2, Mistral, TinyLlama): byte fallback, '▁' for spaces, one
     prepended to the text's start; the merges from the file or, when it lists none, from the
     tokens' scores (`merges_from_scores`)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers  # noqa: PLC0415
 
     pairs = _merges(file, where)
     if pairs is None:
@@ -209,9 +212,15 @@ def _sentencepiece(file: GGUFFile, tokens: list, where: str):
         pairs = merges_from_scores(tokens, scores)
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(content=" ", left=1, right=0)])
+    space = file.metadata.get("tokenizer.ggml.add_space_prefix")
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if isinstance(space, bool):  # llama.cpp's own rule: '▁' before the text and after each special token
+        spaces = normalizers.Replace(" ", "\u2581")
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), spaces]) if space else spaces
+    else:  # transformers' reading of a file that does not say
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1, right=0)] if space is not False
+                                             else []))
     return tok
 
 

@@ -125,19 +125,6 @@ def _is_design(value) -> bool:
     return type(value).__name__ == "Design" and hasattr(value, "add_node")
 
 
-def _refuse_mixtures(model) -> None:
-    """A mixture of experts chooses its experts per token on the host: a trace would fix the
-    example's choice in the graph, so the export refuses it by name."""
-    from engine.module.tree import FieldKind, walk  # noqa: PLC0415
-    from engine.nn import SparseMoe  # noqa: PLC0415
-
-    for path, kind, value in walk(model):
-        if kind == FieldKind.MODULE and isinstance(value, SparseMoe):
-            raise OnnxExportError(f"'{path}' is a mixture of experts (SparseMoe): its top-k choice of experts per "
-                                  f"token is not exported to ONNX (a trace would fix the example's choice); "
-                                  f"export a model without one")
-
-
 def export_onnx(model_or_design, path, example_input=None, dynamic_batch: bool = True, opset: int = 17, *,
                 dynamic_sequence: bool | None = None, with_cache: bool = False, input_names=None, output_names=None,
                 max_length: int | None = None) -> Path:
@@ -162,7 +149,6 @@ def export_onnx(model_or_design, path, example_input=None, dynamic_batch: bool =
         model = model_or_design
     else:
         raise OnnxExportError(f"export_onnx expects a Module or a Design, got {type(model_or_design).__name__}")
-    _refuse_mixtures(model)
     for _, prm in model.named_params():
         if not prm.is_initialized():
             prm.base()  # a lazy parameter is allocated as a forward would (in place, once)

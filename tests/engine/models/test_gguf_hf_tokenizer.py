@@ -134,7 +134,7 @@ def _bert(doc):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (_sentencepiece, "SentencePiece-style BPE \\(byte fallback"),
+    (_sentencepiece, "byte-fallback BPE lacks 256 of the 256 byte tokens"),
     (_unknown_split, "pre-tokenizer \\(split\\(.*is not one whose llama.cpp name Ember knows"),
     (_ignore_merges, "ignore_merges=True, but llama.cpp's 'qwen2'"),
     (_lowercase, "normalizer .*Lowercase.* has no llama.cpp form"),
@@ -187,10 +187,10 @@ def _llama_cpp_greedy(gguf: Path, prompt: list[int], count: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _check_with_llama_cpp(folder: Path, qtype: str, tmp_path: Path, count: int) -> None:
+def _check_with_llama_cpp(folder: Path, qtype: str, tmp_path: Path, count: int, extra=()) -> None:
     out = save_gguf(from_pretrained(folder), tmp_path / f"{folder.name}-{qtype}.gguf", qtype)
     chat = gguf_chat_template(out).render(QUESTION, add_generation_prompt=True).text
-    texts = _texts() + [chat]
+    texts = _texts() + list(extra) + [chat]
     ref = _llama_cpp_tokens(out, folder, texts, tmp_path)
     same = sum(a == b for a, b in zip(ref["llama_cpp"], ref["transformers"]))
     print(f"\n{folder.name} {qtype}: llama.cpp tokenizes {same} of {len(texts)} lines "

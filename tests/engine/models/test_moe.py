@@ -412,13 +412,68 @@ def test_a_target_parameter_no_weight_answers_to_is_refused_by_name(tmp_path):
         load_peft_adapter(from_pretrained(HF / "mixtral"), folder)
 
 
-def test_onnx_export_refuses_the_routing_by_name(tmp_path):
-    from engine.interop.onnx_export import OnnxExportError, export_onnx  # noqa: PLC0415
+@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe", "qwen2-moe-norm", "qwen3-moe"])
+def test_the_onnx_export_routes_each_token_at_run_time(name, tmp_path, monkeypatch):
+    """The export (no refusal now) holds the routing, not the traced example's choice of experts: read back
+    by `import_onnx` (no onnxruntime needed), its logits at other batch sizes and lengths, whose tokens choose
+    other experts than the trace's, are Ember's; every expert's weights are in the file and no TopK."""
+    import onnx  # noqa: PLC0415
 
-    model = from_pretrained(HF / "mixtral")
-    with pytest.raises(OnnxExportError, match=r"'layers\.0\.mlp' is a mixture of experts \(SparseMoe\)"):
-        export_onnx(model, tmp_path / "m.onnx", Tensor.from_data(np.zeros((1, 4), dtype=np.int64)))
-    assert not (tmp_path / "m.onnx").exists()
+    from engine.design import build_model  # noqa: PLC0415
+    from engine.interop import export_onnx, import_onnx  # noqa: PLC0415
+
+    model = from_pretrained(HF / name).valid()
+    path = export_onnx(model, tmp_path / "m.onnx")
+    graph = onnx.load(str(path)).graph
+    assert "TopK" not in {n.op_type for n in graph.node}
+    stored = {i.name for i in graph.initializer}
+    at, moe = next((p, m) for p, m in model.named_modules() if isinstance(m, nn.SparseMoe))
+    assert all(f"{at}.experts.{e}.down_proj.weight" in stored for e in range(moe.n_experts)), sorted(stored)
+    imported = import_onnx(path)
+    assert imported.report.ok and not imported.report.unsupported
+    module = build_model(imported.design).load_record(imported.record).valid()
+    rng = np.random.default_rng(11)
+    chosen, route = set(), nn.SparseMoe.route
+
+    def spy(self, x):  # the experts Ember's forward chooses in the first mixture, token by token
+        weights, experts = route(self, x)
+        if self is moe:
+            chosen.update(tuple(sorted(c)) for c in experts.tolist())
+        return weights, experts
+
+    monkeypatch.setattr(nn.SparseMoe, "route", spy)
+    for b, s in [(1, 6), (3, 9)]:
+        ids = rng.integers(0, 100, size=(b, s)).astype(np.int64)
+        mask = np.ones((b, s), dtype=np.int64)
+        mask[0, :2] = 0
+        got = module.forward(Tensor.from_data(ids), Tensor.from_data(mask)).numpy()
+        for r in range(b):
+            real = mask[r] == 1
+            want = model.forward(Tensor.from_data(ids[r:r + 1, real])).numpy()[0]
+            np.testing.assert_allclose(got[r, real], want, atol=1e-5, rtol=0, err_msg=f"{name} batch {b} row {r}")
+    assert len(chosen) > 1  # the tokens chose different experts: one traced choice could not give these logits
+
+
+@pytest.mark.parametrize("shared, normalize", [(None, True), (6, False)])
+def test_the_dense_form_a_trace_records_is_the_sparse_forward_ties_included(shared, normalize):
+    """`dense_forward` (what ONNX export and the graph view trace) gives `forward`'s outputs, and its top-k
+    keeps the experts `route` chooses, ties to the lowest index: an all-zero router ties every expert
+    (experts 0 and 1 chosen); a router scoring expert 3 alone ties the rest (3 and 0, or 0 and 1)."""
+    Device("cpu").seed(3)
+    moe = nn.SparseMoeConfig(8, 12, n_experts=5, top_k=2, normalize_top_k=normalize, d_shared=shared).init()
+    x = Tensor.from_data(np.random.default_rng(4).standard_normal((2, 7, 8)).astype(np.float32))
+    np.testing.assert_allclose(moe.dense_forward(x).numpy(), moe.forward(x).numpy(), atol=1e-6, rtol=0)
+    one_expert = np.zeros((8, 5), dtype=np.float32)
+    one_expert[:, 3] = 1.0
+    for router in (np.zeros((8, 5), dtype=np.float32), one_expert):
+        moe.gate.weight = moe.gate.weight.map(lambda t, w=router: Tensor.from_data(w))
+        flat = x.reshape(-1, 8)
+        chosen = moe.route(flat)[1]
+        kept = moe.top_k_weights(flat).numpy() != 0
+        assert [sorted(np.nonzero(k)[0].tolist()) for k in kept] == [sorted(c) for c in chosen.tolist()]
+        assert {tuple(sorted(c)) for c in chosen.tolist()} <= {(0, 1), (0, 3)}
+        np.testing.assert_allclose(moe.dense_forward(x).numpy(), moe.forward(x).numpy(), atol=1e-6, rtol=0)
+    assert {tuple(sorted(c)) for c in chosen.tolist()} == {(0, 1), (0, 3)}  # x sums of both signs: both ties
 
 
 # ---------------------------------------------------------------------------------- LoRA on the fused experts
