@@ -212,13 +212,13 @@ def _more_bits(i: int, n: int) -> bool:
 def mix_type(mix: str, name: str, row: int, *, n_layers: int, n_experts: int, has_output: bool,
              v_index: int | None = None, n_v: int = 0) -> str:
     """The type llama.cpp's quantizer gives tensor `name` (a matrix of rows of `row` values) in the
-    mix `mix`: a router (ffn_gate_inp) F32, output (or the tied token embedding) Q6_K, attn_v and ffn_down in the layers
-    `_more_bits` picks Q6_K in Q4_K_M / Q5_K_M, Phi-3's attn_qkv one step up, the 8-expert
-    models' attn_k / attn_v Q8_0 and attn_output Q5_K; the rest the mix's type. `v_index`: this attn_v's
-    place among the `n_v` attention-value tensors. A type whose block does not divide the row falls
-    back as llama.cpp's does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16)."""
-    base = MIXES[mix][0]
-    want = base
+    mix `mix`: a router (ffn_gate_inp) F32; the output (or the tied token embedding) Q6_K; in Q4_K_M
+    and Q5_K_M attn_v (and Phi-3's fused attn_qkv, an attn_v to llama.cpp's quantizer) and ffn_down
+    Q6_K in the layers `_more_bits` picks; the 8-expert models' attn_k / attn_v Q8_0 and attn_output
+    Q5_K; the rest the mix's type. `v_index`: this attn_v's place among the `n_v` attention-value
+    tensors. A type whose block does not divide the row falls back as llama.cpp's does (Q4_K ->
+    Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16)."""
+    want = MIXES[mix][0]
     layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
     if "ffn_gate_inp" in name:
         return "F32"  # a mixture's router: llama.cpp's quantizer leaves it as it is
@@ -226,7 +226,7 @@ def mix_type(mix: str, name: str, row: int, *, n_layers: int, n_experts: int, ha
         return "Q8_0" if row % QK_K else "Q6_K"
     if name == "token_embd.weight":
         pass
-    elif "attn_v.weight" in name:
+    elif "attn_v.weight" in name or "attn_qkv.weight" in name:  # a fused qkv counts as attention values
         if mix in ("Q4_K_M", "Q5_K_M") and v_index is not None and _more_bits(v_index, n_v):
             want = "Q6_K"
         if n_experts == 8:
@@ -240,8 +240,6 @@ def mix_type(mix: str, name: str, row: int, *, n_layers: int, n_experts: int, ha
     elif "attn_output.weight" in name:
         if n_experts == 8 and mix == "Q4_K_M":
             want = "Q5_K"
-    elif "attn_qkv.weight" in name:
-        want = {"Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(mix, want)
     if want in KQUANT_TYPES and row % QK_K:
         want = _FALLBACK[want]
     if want != "F16" and row % 32:

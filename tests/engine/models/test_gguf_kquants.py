@@ -113,7 +113,7 @@ def test_the_mixes_pick_llama_cpp_s_types():
     assert mix_type("Q5_K_M", "blk.3.ffn_gate.weight", 576, **kw) == "Q5_1"
     assert mix_type("Q6_K", "blk.3.ffn_gate.weight", 576, **kw) == "Q8_0"
     assert mix_type("Q6_K", "blk.3.ffn_gate.weight", 100, **kw) == "F16"
-    assert mix_type("Q4_K_M", "blk.3.attn_qkv.weight", 512, **kw) == "Q5_K"
+    assert [mix_type("Q4_K_M", f"blk.{i}.attn_qkv.weight", 512, v_index=i, n_v=8, **kw) for i in range(8)] == v
     moe = {**kw, "n_experts": 8}
     assert mix_type("Q4_K_M", "blk.1.attn_v.weight", 512, v_index=1, n_v=8, **moe) == "Q8_0"
     assert mix_type("Q4_K_M", "blk.1.attn_output.weight", 512, **moe) == "Q5_K"
@@ -212,7 +212,8 @@ def test_llama_cpp_runs_ember_s_q4_k_m_as_close_to_the_floats_as_its_own(tmp_pat
     # blocks of large values, 0.88x on the tiny Qwen2)
     f32 = save_gguf(from_pretrained(source), tmp_path / "f32.gguf", "F32")
     got = _compare(f32, "Q4_K_M", tmp_path)
-    floats, ours, theirs = (np.array(export_tests._llama_cpp(p, 1)["logits"]) for p in (f32, got["ours"], got["theirs"]))
+    floats, ours, theirs = (np.array(export_tests._llama_cpp(path, 1)["logits"])
+                            for path in (f32, got["ours"], got["theirs"]))
     gap, own = np.linalg.norm(ours - floats), np.linalg.norm(theirs - floats)
     print(f"logits' distance from the F32 file's: Ember's Q4_K_M {gap / np.linalg.norm(floats):.3f}, "
           f"llama.cpp's {own / np.linalg.norm(floats):.3f} of their norm")
@@ -246,8 +247,8 @@ def test_smollm2_each_type_s_error_is_llama_cpp_s(tmp_path, monkeypatch, mix):
 def test_source_export_writes_a_changed_k_quant_weight_in_its_own_type(tmp_path):
     from engine.module import Lora, ParamGroup  # noqa: PLC0415
 
-    model = export_tests._random_adapters(from_pretrained(MIXED).apply_lora(Lora(2, 4.0, param_group=ParamGroup.from_regex(
-        r"layers\."))), seed=7)
+    lora = Lora(2, 4.0, param_group=ParamGroup.from_regex(r"layers\."))
+    model = export_tests._random_adapters(from_pretrained(MIXED).apply_lora(lora), seed=7)
     out = save_gguf(model, tmp_path / "source.gguf", "source")
     with open_gguf(MIXED) as src, open_gguf(out) as dst:
         changed = set()
