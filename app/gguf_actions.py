@@ -41,7 +41,9 @@ EXPORT_TIP = "Write the model (LoRA merged) as a GGUF file llama.cpp, Ollama and
 LORA_TIP = "Write the LoRA adapters as a GGUF LoRA adapter llama.cpp applies over the original .gguf " \
            "(--lora), with an Ollama Modelfile"
 # the choices of File ▸ Export ▸ GGUF…: label -> save_gguf's qtype
-TYPE_CHOICES = {"F16 (half precision)": "F16", "BF16": "BF16", "Q8_0 (8-bit)": "Q8_0", "Q5_1": "Q5_1",
+TYPE_CHOICES = {"F16 (half precision)": "F16", "BF16": "BF16", "Q8_0 (8-bit)": "Q8_0",
+                "Q6_K (6-bit K-quant)": "Q6_K", "Q5_K_M (5-bit K-quant mix)": "Q5_K_M",
+                "Q4_K_M (4-bit K-quant mix, llama.cpp's usual)": "Q4_K_M", "Q5_1": "Q5_1",
                 "Q5_0": "Q5_0", "Q4_1": "Q4_1", "Q4_0 (4-bit)": "Q4_0", "F32": "F32",
                 "Each weight's own type (unchanged blocks copied)": "source"}
 assert set(TYPE_CHOICES.values()) == set(EXPORT_TYPES)

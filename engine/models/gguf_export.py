@@ -12,11 +12,14 @@ every expert is unchanged in its source type). The architectures and what each r
 engine.models.gguf_arch.
 
 `qtype` picks the type of the matrices: "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
-"Q5_1" (the types the `gguf` package, llama.cpp's own Python writer, quantizes), or "source":
-each weight in the type it had in the source file (an unchanged quantized weight's blocks copied
-bit for bit; a changed one quantized again when `gguf` can write its type, else Q8_0). Vectors
-(norms, biases) are F32, as llama.cpp's quantizer keeps them; a matrix whose row length is not a
-multiple of the type's block is F16 (llama.cpp's quantizer falls back likewise).
+"Q5_1" (the types the `gguf` package, llama.cpp's own Python writer, quantizes), the K-quant mixes
+"Q4_K_M", "Q5_K_M", "Q6_K" (each tensor's type as llama.cpp's quantizer picks it, `gguf_kquants.mix_type`:
+attn_v and some ffn_down at Q6_K, the output Q6_K, the rest Q4_K / Q5_K; written by `gguf_kquants`),
+or "source": each weight in the type it had in the source file (an unchanged quantized weight's
+blocks copied bit for bit; a changed one quantized again in its type when Ember writes it, else
+Q8_0). Vectors (norms, biases) are F32, as llama.cpp's quantizer keeps them; a matrix whose row
+length is not a multiple of the type's block is F16 (llama.cpp's quantizer falls back likewise;
+in a K mix a K-quant falls back first to Q5_0, Q5_1 or Q8_0 as llama.cpp's does).
 
 The metadata: the architecture's sizes, rope and norm settings from the model's config, typed as
 llama.cpp's loader checks them (the `GGUFWriter` methods), and the tokenizer (`tokenizer.ggml.*`,
@@ -43,6 +46,7 @@ from ..store.errors import RecordError
 from ..store.gguf_file import open_gguf
 from ..tensor.raw import array
 from .gguf_arch import arch_metadata, arch_tensors, export_architecture
+from .gguf_kquants import KQUANT_TYPES, MIXES, mix_type, quantize_k
 from .gguf_model import gguf_weight_map
 from .gguf_vocab import folder_gguf_tokenizer
 from .gguf_weight import GGUFWeight
@@ -55,10 +59,12 @@ __all__ = ["EXPORT_TYPES", "QUANTIZE_TYPES", "Planned", "gguf_architecture", "gg
            "write_gguf_file"]
 
 QUANTIZE_TYPES = ("BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # what gguf.quants.quantize writes
-EXPORT_TYPES = ("F32", "F16") + QUANTIZE_TYPES + ("source",)
+EXPORT_TYPES = ("F32", "F16") + QUANTIZE_TYPES + tuple(MIXES) + ("source",)
+_WRITTEN_TYPES = ("F32", "F16") + QUANTIZE_TYPES + KQUANT_TYPES  # the ggml types Ember quantizes to
 WRITTEN = "Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma, Gemma 2 and Gemma 3 models"
 _FILE_TYPE = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0",
-              "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1"}
+              "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1",
+              **{mix: file_type for mix, (_, file_type) in MIXES.items()}}
 
 
 def gguf_architecture(model) -> tuple[str, PretrainedInfo]:
@@ -177,10 +183,27 @@ def _encode(values: np.ndarray, qtype: str) -> np.ndarray:
         return values
     if qtype == "F16":
         return values.astype(np.float16)
+    if qtype in KQUANT_TYPES:
+        return quantize_k(values, qtype)
     return gguf.quants.quantize(values, gguf.GGMLQuantizationType[qtype])
 
 
-def _choose(qtype: str, p, stored_shape: tuple, source_type: str | None) -> tuple[str, bool]:
+class _Mix:
+    """What a K mix's per-tensor choice needs to know of the model (llama.cpp's quantize state)."""
+
+    def __init__(self, mix: str, cfg, has_output: bool):
+        self.mix, self.has_output = mix, has_output
+        self.n_layers = int(cfg.num_hidden_layers)
+        self.n_experts = int(getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0) or 0)
+
+    def type_of(self, name: str, row: int) -> str:
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else None
+        return mix_type(self.mix, name, row, n_layers=self.n_layers, n_experts=self.n_experts,
+                        has_output=self.has_output, v_index=layer, n_v=self.n_layers)
+
+
+def _choose(qtype: str, p, stored_shape: tuple, source_type: str | None, name: str = "",
+            mix: _Mix | None = None) -> tuple[str, bool]:
     """(the type to write, whether the stored blocks are copied as they are)."""
     r = p.reparameterization
     if len(stored_shape) < 2:
@@ -189,8 +212,11 @@ def _choose(qtype: str, p, stored_shape: tuple, source_type: str | None) -> tupl
         want = source_type or "F32"
         if isinstance(r, GGUFWeight):
             return want, True
-        if want not in ("F32", "F16") + QUANTIZE_TYPES:
-            want = "Q8_0"  # a changed K-quant weight: gguf does not write K-quants
+        if want not in _WRITTEN_TYPES:
+            want = "Q8_0"  # a changed weight of a type Ember does not write
+    elif mix is not None:
+        want = mix.type_of(name, stored_shape[-1])
+        return want, isinstance(r, GGUFWeight) and r.qtype == want
     else:
         want = qtype
         if isinstance(r, GGUFWeight) and r.qtype == want:
@@ -208,6 +234,10 @@ def _joined(rule: Rule) -> bool:
 def _plan(model, arch: str, info: PretrainedInfo, qtype: str) -> list[Planned]:
     cfg = info.config
     wmap = gguf_weight_map(arch, cfg)
+    mix = None
+    if qtype in MIXES:
+        names = {hit[1] for path, _ in iter_param_slots(model) if (hit := wmap.find(path)) is not None}
+        mix = _Mix(qtype, cfg, "output.weight" in names)
     out: list = []
     groups: dict[str, list] = {}  # a fused / stacked tensor's name -> its parameters (rule, param, path)
     seen = set()
@@ -229,9 +259,9 @@ def _plan(model, arch: str, info: PretrainedInfo, qtype: str) -> list[Planned]:
             groups[name].append((rule, p, path))
             continue
         stored_shape = rule.stored_shape(tuple(p.lazy_shape()))
-        want, copy = _choose(qtype, p, stored_shape, info.stored_dtypes.get(info.gguf_names.get(path, "")))
+        want, copy = _choose(qtype, p, stored_shape, info.stored_dtypes.get(info.gguf_names.get(path, "")), name, mix)
         out.append(Planned(name, want, stored_shape, _nbytes(want, stored_shape), _data(p, rule, want, copy)))
-    return [_group(name, groups[name], qtype, info) if isinstance(name, str) else name for name in out]
+    return [_group(name, groups[name], qtype, info, mix) if isinstance(name, str) else name for name in out]
 
 
 def _part_key(rule: Rule) -> tuple:
@@ -239,7 +269,7 @@ def _part_key(rule: Rule) -> tuple:
     return (first.index,) if isinstance(first, Split) else (first.expert, first.part)
 
 
-def _group(name: str, members: list, qtype: str, info: PretrainedInfo) -> Planned:
+def _group(name: str, members: list, qtype: str, info: PretrainedInfo, mix: _Mix | None = None) -> Planned:
     """One tensor of several parameters: Phi-3's fused rows (a `Split`'s parts concatenated in order) or
     a layer's experts stacked `[experts, rows, cols]` (`ExpertPart`)."""
     members = sorted(members, key=lambda m: _part_key(m[0]))
@@ -257,13 +287,13 @@ def _group(name: str, members: list, qtype: str, info: PretrainedInfo) -> Planne
             raise PretrainedError(f"tensor {name!r}: {len(members)} of its {first.n_experts * first.parts} experts' "
                                   f"parts found (an Ember bug)")
         shape = first.stored_shape(shapes[0])
-    decisions = [_choose(qtype, p, shape, info.stored_dtypes.get(info.gguf_names.get(path, "")))
+    decisions = [_choose(qtype, p, shape, info.stored_dtypes.get(info.gguf_names.get(path, "")), name, mix)
                  for _, p, path in members]
     want = decisions[0][0]
     copy = all(d == (want, True) for d in decisions) and (isinstance(first, ExpertPart) or first.axis == 0)
     if not copy:
-        if want not in ("F32", "F16") + QUANTIZE_TYPES:
-            want = "Q8_0"  # a changed K-quant tensor: gguf does not write K-quants
+        if want not in _WRITTEN_TYPES:
+            want = "Q8_0"  # a changed tensor of a type Ember does not write
         if shape[-1] % _block(want):
             want = "F16"
     axis = first.axis if isinstance(first, Split) else 0

@@ -226,7 +226,7 @@ def test_llama_cpp_runs_the_exported_file_as_ember_does(tmp_path, source):
 
 @needs_llama_cpp
 @pytest.mark.parametrize("source", [MIXED, QWEN])
-@pytest.mark.parametrize("qtype", ["F32", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "source"])
+@pytest.mark.parametrize("qtype", ["F32", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "source"])
 def test_llama_cpp_reads_every_written_type_with_ember_s_logits(tmp_path, source, qtype):
     out = save_gguf(from_pretrained(source), tmp_path / f"{qtype}.gguf", qtype)
     theirs, ours = np.array(_llama_cpp(out, 1)["logits"]), _prompt_logits(from_pretrained(out))

@@ -460,3 +460,21 @@ def test_an_experts_size_left_out_of_the_metadata_is_the_stacked_tensors(built, 
     a, b = from_pretrained(src), from_pretrained(path)
     assert b.config.moe_intermediate_size == a.config.moe_intermediate_size != a.config.intermediate_size
     assert np.array_equal(_logits(a), _logits(b))
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_K_M"])
+@pytest.mark.parametrize("family", list(CASES))
+def test_a_k_quant_mix_gives_each_tensor_llama_cpps_type(built, family, mix, tmp_path):
+    # llama.cpp's own quantizer of the F32 export (tests/engine/models/llama_cpp_quantize.py) picks the
+    # types Ember's mix picks: Phi-3's fused qkv, the mixtures' routers and stacked experts, the rows
+    # that are no multiple of 256 (these fixtures' all) falling back
+    from tests.engine.models.test_gguf_kquants import _llama_cpp_quantize  # noqa: PLC0415
+
+    folder, export = built
+    model = from_pretrained(folder(family))
+    ours = save_gguf(model, tmp_path / "ours.gguf", mix, tokenizer=_tokenizer(model.config.vocab_size))
+    theirs = tmp_path / "theirs.gguf"
+    _llama_cpp_quantize(export(family), theirs, mix)
+    with open_gguf(ours) as a, open_gguf(theirs) as b:
+        assert {n: t.type for n, t in a.tensors.items()} == {n: t.type for n, t in b.tensors.items()}
