@@ -18,11 +18,13 @@ the aim; its error is (tests/engine/models/test_gguf_kquants.py).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..tensor import cpu
 
-__all__ = ["KQUANT_TYPES", "MIXES", "quantize_k", "mix_type"]
+__all__ = ["KQUANT_TYPES", "MIXES", "quantize_k", "mix_type", "is_router"]
 
 KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 QK_K = 256
@@ -186,9 +188,11 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, sc.view(np.uint8), d.reshape(n, 1).view(np.uint8)], axis=1)
 
 
-def quantize_k(values: np.ndarray, qtype: str) -> np.ndarray:
+def quantize_k(values: np.ndarray, qtype: str, check: Callable[[], None] | None = None) -> np.ndarray:
     """`values` (float32, last axis a multiple of 256) as `qtype` blocks: uint8 of shape
-    `values.shape[:-1] + (bytes per row,)`, as `gguf.quants.quantize` returns for its types."""
+    `values.shape[:-1] + (bytes per row,)`, as `gguf.quants.quantize` returns for its types.
+    `check()` is called before each slab of super-blocks (a few hundredths of a second of work;
+    it raises to cancel, and the exception is raised here once the threads stop)."""
     if qtype not in KQUANT_TYPES:
         raise ValueError(f"quantize_k: qtype must be one of {', '.join(KQUANT_TYPES)}, got {qtype!r}")
     values = np.asarray(values, dtype=np.float32)
@@ -199,9 +203,17 @@ def quantize_k(values: np.ndarray, qtype: str) -> np.ndarray:
 
     def chunk(slabs) -> None:  # each super-block on its own: the bits do not depend on the threads
         for part in slabs:
+            if check is not None:
+                check()
             out[part] = _q6_k(flat[part]) if qtype == "Q6_K" else _q45_k(flat[part], 4 if qtype == "Q4_K" else 5)
     cpu.run_chunks(chunk, [slice(i, i + _SLAB) for i in range(0, flat.shape[0], _SLAB)])
     return out.reshape(*values.shape[:-1], values.shape[-1] // QK_K * _BYTES[qtype])
+
+
+def is_router(name: str) -> bool:
+    """Whether GGUF tensor `name` is a mixture's router (or Qwen2-MoE's shared-expert gate), which
+    llama.cpp's quantizer keeps F32 whatever the file type."""
+    return "ffn_gate_inp" in name
 
 
 def _more_bits(i: int, n: int) -> bool:
@@ -220,7 +232,7 @@ def mix_type(mix: str, name: str, row: int, *, n_layers: int, n_experts: int, ha
     Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16)."""
     want = MIXES[mix][0]
     layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-    if "ffn_gate_inp" in name:
+    if is_router(name):
         return "F32"  # a mixture's router: llama.cpp's quantizer leaves it as it is
     if name == "output.weight" or (name == "token_embd.weight" and not has_output):
         return "Q8_0" if row % QK_K else "Q6_K"
