@@ -40,19 +40,61 @@ def _f16(v: np.ndarray) -> np.ndarray:
     return v.astype(np.float16)
 
 
+def _tree_sum(a: np.ndarray) -> np.ndarray:
+    """Each row of `a` ([n, 2^k] float32) summed in float32 by halves (a[:, :h] + a[:, h:], h = 16, 8,
+    ..., 1): an order of the additions the compiled kernels (`_kquant_jit`) repeat bit for bit."""
+    while a.shape[1] > 1:
+        h = a.shape[1] // 2
+        a = a[:, :h] + a[:, h:]
+    return a[:, 0]
+
+
+_compiled_module = None
+_compile_failed = False
+
+
+def _compiled():
+    """`_kquant_jit` (compiled or loaded on first use), or None when the engine's compiled kernels are
+    off (`EMBER_JIT=0`, `cpu.jit.set_enabled(False)`), numba is missing, or these failed to build."""
+    global _compiled_module, _compile_failed
+    if not cpu.jit.enabled() or _compile_failed:
+        return None
+    if _compiled_module is None:
+        try:
+            from . import _kquant_jit  # noqa: PLC0415 - numba is imported only when used
+        except Exception:  # noqa: BLE001 - numba too old, a compile failure: the NumPy path instead
+            _compile_failed = True
+            return None
+        _compiled_module = _kquant_jit
+    return _compiled_module
+
+
+def _weighted_sums(x: np.ndarray, w: np.ndarray):
+    wx = w * x
+    return w.sum(axis=1, dtype=np.float64), wx.sum(axis=1, dtype=np.float64), (wx * x).sum(axis=1, dtype=np.float64)
+
+
 def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     """Each row of `x` ([n, 32]) as scale * L - min, L in 0..nmax: the (scale, min >= 0) with the least
     `w`-weighted squared error over a sweep of nstep + 1 candidate grids, each refined by least squares.
-    The error of a fit is computed from the weighted sums (in float64), not value by value."""
+    The error of a fit is computed from the weighted sums (in float64), not value by value. The compiled
+    kernel when there is one, else NumPy: the same bits."""
+    jit = _compiled()
+    if jit is None:
+        return _fit_min_scale_numpy(x, w, nmax, rmin, rdelta, nstep)
+    scale, mins = np.empty(x.shape[0], np.float32), np.empty(x.shape[0], np.float32)
+    jit.fit_min_scale(x, w, *_weighted_sums(x, w), nmax, np.float32(rmin), np.float32(rdelta), nstep, scale, mins)
+    return scale, mins
+
+
+def _fit_min_scale_numpy(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     f = np.float32
     lo = np.minimum(x.min(axis=1), f(0))
     span = x.max(axis=1) - lo
     flat = span <= 0
     span = np.where(flat, f(1), span)
     shifted = x - lo[:, None]
-    wx = w * x
-    sum_w, sum_x = w.sum(axis=1, dtype=np.float64), wx.sum(axis=1, dtype=np.float64)
-    sum_x2 = (wx * x).sum(axis=1, dtype=np.float64)
+    sum_w, sum_x, sum_x2 = _weighted_sums(x, w)
     q = np.empty_like(x)
     wq = np.empty_like(x)
 
@@ -61,9 +103,9 @@ def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta:
         np.rint(q, out=q)
         np.clip(q, 0, nmax, out=q)
         np.multiply(w, q, out=wq)
-        sl = np.einsum("ij->i", wq).astype(np.float64)  # float32 sums of 32 terms, combined in float64
-        sxl = np.einsum("ij,ij->i", wq, x).astype(np.float64)
-        sl2 = np.einsum("ij,ij->i", wq, q).astype(np.float64)
+        sl = _tree_sum(wq).astype(np.float64)  # float32 sums of 32 terms, combined in float64
+        sxl = _tree_sum(wq * x).astype(np.float64)
+        sl2 = _tree_sum(wq * q).astype(np.float64)
         return sl, sl2, sxl
 
     def error(s, m, sl, sl2, sxl):  # sum w (s q + m - x)^2, expanded
@@ -138,7 +180,17 @@ def _q45_k(x: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _fit_scale(x: np.ndarray, nmax: int) -> np.ndarray:
-    """Each row of `x` ([n, 16]) as scale * L, L in -nmax..nmax-1: the best (x^2-weighted) of 19 grids."""
+    """Each row of `x` ([n, 16]) as scale * L, L in -nmax..nmax-1: the best (x^2-weighted) of 19 grids
+    (the compiled kernel when there is one, else NumPy: the same bits)."""
+    jit = _compiled()
+    if jit is None:
+        return _fit_scale_numpy(x, nmax)
+    scale = np.empty(x.shape[0], np.float32)
+    jit.fit_scale(x, nmax, scale)
+    return scale
+
+
+def _fit_scale_numpy(x: np.ndarray, nmax: int) -> np.ndarray:
     f = np.float32
     at = np.abs(x).argmax(axis=1)
     top = np.take_along_axis(x, at[:, None], axis=1)[:, 0]
@@ -153,7 +205,7 @@ def _fit_scale(x: np.ndarray, nmax: int) -> np.ndarray:
         np.rint(q, out=q)
         np.clip(q, -nmax, nmax - 1, out=q)
         np.multiply(w, q, out=wq)
-        return np.einsum("ij,ij->i", wq, x), np.einsum("ij,ij->i", wq, q)
+        return _tree_sum(wq * x), _tree_sum(wq * q)
 
     sxl, sl2 = fit(f(-nmax) / top)
     with np.errstate(divide="ignore", invalid="ignore"):
