@@ -324,3 +324,27 @@ def test_an_export_cancelled_inside_a_tensor_leaves_the_old_file(tmp_path, monke
     assert seen[-1] == seen[-2]  # cancelled between two chunks of one tensor
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f32.gguf", "keep.gguf", "whole.gguf"]
+
+
+# ---------------------------------------------------------------------------------- compiled = NumPy
+@pytest.mark.parametrize("qtype", KQUANT_TYPES)
+def test_the_compiled_searches_write_the_numpy_path_s_bits(qtype):
+    from engine.models import gguf_kquants  # noqa: PLC0415
+
+    if gguf_kquants._compiled() is None:
+        pytest.skip(f"the compiled kernels are off: {cpu.jit.unavailable_reason()}")
+    rng = np.random.default_rng(5)
+    x = np.concatenate([_hard_rows(rng)] + [rng.standard_normal((60, 512)).astype(np.float32) * s
+                                            for s in (1e-4, 1.0, 1e4)]
+                       + [rng.integers(-3, 4, (40, 512)).astype(np.float32),  # ties of the rounding
+                          (rng.standard_normal((40, 512)) ** 5).astype(np.float32),  # heavy tails
+                          np.where(rng.random((40, 512)) < 0.9, 0, rng.standard_normal((40, 512))).astype(np.float32)])
+    compiled = quantize_k(x, qtype)
+    old = cpu.jit.set_enabled(False)
+    try:
+        assert gguf_kquants._compiled() is None
+        numpy_path = quantize_k(x, qtype)
+    finally:
+        cpu.jit.set_enabled(old)
+    different = np.nonzero((compiled != numpy_path).any(axis=1))[0]
+    assert different.size == 0, f"{different.size} super-blocks differ, the first {different[:5]}"
