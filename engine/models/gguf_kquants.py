@@ -12,8 +12,10 @@ The method is llama.cpp's (no importance matrix): for Q4_K/Q5_K each 32 values' 
 fitted by weighted least squares over a sweep of candidate scales (weights |x| + rms of the
 super-block), then the scales and mins are themselves quantized to 6 bits against the super-block's
 largest; for Q6_K each 16 values' scale is the best of a sweep of 19 (weighted by x^2), quantized to
-int8 against the largest. Vectorised NumPy over the sub-blocks of a slab of 512 super-blocks at a time,
-the slabs over the engine's kernel threads (`cpu.run_chunks`). Bit-identity with llama.cpp is not
+int8 against the largest. The searches (the time) compiled when the engine's kernels run
+(`cpu.quant.kquant_kernels()`), else vectorised NumPy over the sub-blocks, with the same bits (their
+float32 sums by halves, `_tree_sum`); a slab of 512 super-blocks at a time, the slabs over the
+engine's kernel threads (`cpu.run_chunks`), `check()` before each. Bit-identity with llama.cpp is not
 the aim; its error is (tests/engine/models/test_gguf_kquants.py).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from ..tensor import cpu
+from ..tensor.cpu import quant
 
 __all__ = ["KQUANT_TYPES", "MIXES", "quantize_k", "mix_type", "is_router"]
 
@@ -49,24 +52,9 @@ def _tree_sum(a: np.ndarray) -> np.ndarray:
     return a[:, 0]
 
 
-_compiled_module = None
-_compile_failed = False
-
-
 def _compiled():
-    """`_kquant_jit` (compiled or loaded on first use), or None when the engine's compiled kernels are
-    off (`EMBER_JIT=0`, `cpu.jit.set_enabled(False)`), numba is missing, or these failed to build."""
-    global _compiled_module, _compile_failed
-    if not cpu.jit.enabled() or _compile_failed:
-        return None
-    if _compiled_module is None:
-        try:
-            from . import _kquant_jit  # noqa: PLC0415 - numba is imported only when used
-        except Exception:  # noqa: BLE001 - numba too old, a compile failure: the NumPy path instead
-            _compile_failed = True
-            return None
-        _compiled_module = _kquant_jit
-    return _compiled_module
+    """The compiled searches (`cpu.quant.kquant_kernels()`), or None: the NumPy path then."""
+    return quant.kquant_kernels()
 
 
 def _weighted_sums(x: np.ndarray, w: np.ndarray):

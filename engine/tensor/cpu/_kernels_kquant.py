@@ -1,7 +1,7 @@
-"""The numba kernels behind `gguf_kquants`' scale searches (imported only through
-`gguf_kquants._compiled`, after `engine.tensor.cpu.jit.enabled()` said the compiled kernels run).
+"""The numba kernels behind `engine.models.gguf_kquants`' scale searches (imported only through
+`quant.kquant_kernels()`, after `jit.kernels()` said the compiled kernels run).
 
-Each is its NumPy twin in `gguf_kquants` (`_fit_min_scale_numpy`, `_fit_scale_numpy`) one sub-block
+Each is its NumPy twin in `engine.models.gguf_kquants` (`_fit_min_scale_numpy`, `_fit_scale_numpy`) one sub-block
 at a time, with the same float32 / float64 operations in the same order: the float32 sums by halves
 (`_tree_sum`), the float64 error expanded as the twin writes it, no fastmath (no re-association, no
 fused multiply-adds), so that the blocks written are bit for bit the NumPy path's
