@@ -17,7 +17,8 @@ engine.models.gguf_arch.
 attn_v and some ffn_down at Q6_K, the output Q6_K, the rest Q4_K / Q5_K; written by `gguf_kquants`),
 or "source": each weight in the type it had in the source file (an unchanged quantized weight's
 blocks copied bit for bit; a changed one quantized again in its type when Ember writes it, else
-Q8_0). Vectors (norms, biases) are F32, as llama.cpp's quantizer keeps them; a matrix whose row
+Q8_0). Vectors (norms, biases) and a mixture's router (`ffn_gate_inp`) are F32 in every quantized
+type, as llama.cpp's quantizer keeps them; a matrix whose row
 length is not a multiple of the type's block is F16 (llama.cpp's quantizer falls back likewise;
 in a K mix a K-quant falls back first to Q5_0, Q5_1 or Q8_0 as llama.cpp's does).
 
@@ -46,7 +47,7 @@ from ..store.errors import RecordError
 from ..store.gguf_file import open_gguf
 from ..tensor.raw import array
 from .gguf_arch import arch_metadata, arch_tensors, export_architecture
-from .gguf_kquants import KQUANT_TYPES, MIXES, mix_type, quantize_k
+from .gguf_kquants import KQUANT_TYPES, MIXES, is_router, mix_type, quantize_k
 from .gguf_model import gguf_weight_map
 from .gguf_vocab import folder_gguf_tokenizer
 from .gguf_weight import GGUFWeight
@@ -175,7 +176,11 @@ def _block(qtype: str) -> int:
     return 1 if qtype in ("F32", "F16") else gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
 
 
-def _encode(values: np.ndarray, qtype: str) -> np.ndarray:
+_CHUNK_VALUES = 1 << 21  # values `gguf.quants.quantize` takes at a time between two `check()`s
+
+
+def _encode(values: np.ndarray, qtype: str, check: Callable[[], None] | None = None) -> np.ndarray:
+    """`values` in `qtype`; `check()` is called between chunks of rows (it raises to cancel)."""
     import gguf  # noqa: PLC0415
 
     values = np.ascontiguousarray(values, dtype=np.float32)
@@ -184,8 +189,17 @@ def _encode(values: np.ndarray, qtype: str) -> np.ndarray:
     if qtype == "F16":
         return values.astype(np.float16)
     if qtype in KQUANT_TYPES:
-        return quantize_k(values, qtype)
-    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[qtype])
+        return quantize_k(values, qtype, check)
+    kind = gguf.GGMLQuantizationType[qtype]
+    rows = values.reshape(-1, values.shape[-1]) if values.ndim > 1 else values.reshape(1, -1)
+    step = max(1, _CHUNK_VALUES // max(1, rows.shape[1]))
+    parts = []
+    for i in range(0, rows.shape[0], step):  # row by row the blocks are the whole tensor's
+        if check is not None:
+            check()
+        parts.append(gguf.quants.quantize(rows[i:i + step], kind))
+    blocks = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return blocks.reshape(*values.shape[:-1], blocks.shape[-1])
 
 
 class _Mix:
@@ -218,7 +232,7 @@ def _choose(qtype: str, p, stored_shape: tuple, source_type: str | None, name: s
         want = mix.type_of(name, stored_shape[-1])
         return want, isinstance(r, GGUFWeight) and r.qtype == want
     else:
-        want = qtype
+        want = "F32" if is_router(name) and qtype in QUANTIZE_TYPES else qtype  # llama.cpp's quantizer's too
         if isinstance(r, GGUFWeight) and r.qtype == want:
             return want, True
     if stored_shape[-1] % _block(want):
@@ -231,7 +245,7 @@ def _joined(rule: Rule) -> bool:
     return rule.split is not None or bool(rule.transforms and isinstance(rule.transforms[0], ExpertPart))
 
 
-def _plan(model, arch: str, info: PretrainedInfo, qtype: str) -> list[Planned]:
+def _plan(model, arch: str, info: PretrainedInfo, qtype: str, check: Callable[[], None] | None = None) -> list[Planned]:
     cfg = info.config
     wmap = gguf_weight_map(arch, cfg)
     mix = None
@@ -260,8 +274,8 @@ def _plan(model, arch: str, info: PretrainedInfo, qtype: str) -> list[Planned]:
             continue
         stored_shape = rule.stored_shape(tuple(p.lazy_shape()))
         want, copy = _choose(qtype, p, stored_shape, info.stored_dtypes.get(info.gguf_names.get(path, "")), name, mix)
-        out.append(Planned(name, want, stored_shape, _nbytes(want, stored_shape), _data(p, rule, want, copy)))
-    return [_group(name, groups[name], qtype, info, mix) if isinstance(name, str) else name for name in out]
+        out.append(Planned(name, want, stored_shape, _nbytes(want, stored_shape), _data(p, rule, want, copy, check)))
+    return [_group(name, groups[name], qtype, info, mix, check) if isinstance(name, str) else name for name in out]
 
 
 def _part_key(rule: Rule) -> tuple:
@@ -269,7 +283,8 @@ def _part_key(rule: Rule) -> tuple:
     return (first.index,) if isinstance(first, Split) else (first.expert, first.part)
 
 
-def _group(name: str, members: list, qtype: str, info: PretrainedInfo, mix: _Mix | None = None) -> Planned:
+def _group(name: str, members: list, qtype: str, info: PretrainedInfo, mix: _Mix | None = None,
+           check: Callable[[], None] | None = None) -> Planned:
     """One tensor of several parameters: Phi-3's fused rows (a `Split`'s parts concatenated in order) or
     a layer's experts stacked `[experts, rows, cols]` (`ExpertPart`)."""
     members = sorted(members, key=lambda m: _part_key(m[0]))
@@ -303,11 +318,11 @@ def _group(name: str, members: list, qtype: str, info: PretrainedInfo, mix: _Mix
         if copy:  # the blocks' rows, in order
             return np.ascontiguousarray(np.concatenate(parts, axis=0))
         joined = np.concatenate(parts, axis=axis).reshape(shape)
-        return _encode(joined, want)
+        return _encode(joined, want, check)
     return Planned(name, want, shape, _nbytes(want, shape), data)
 
 
-def _data(p, rule: Rule, qtype: str, copy: bool, encode: bool = True):
+def _data(p, rule: Rule, qtype: str, copy: bool, check=None, encode: bool = True):
     def blocks() -> np.ndarray:
         r = p.reparameterization
         data = np.asarray(array(r.blocks.data.val()))
@@ -316,14 +331,15 @@ def _data(p, rule: Rule, qtype: str, copy: bool, encode: bool = True):
 
     def values() -> np.ndarray:
         value = rule.save(np.asarray(array(p.val()), dtype=np.float32))
-        return _encode(value, qtype) if encode else value
+        return _encode(value, qtype, check) if encode else value
     return blocks if copy else values
 
 
 def save_gguf(model, path, qtype: str = "F16", *, check: Callable[[], None] | None = None,
               progress: Callable[[int, int], None] | None = None, tokenizer: dict | None = None) -> Path:
     """Write `model` merged as a GGUF file at `path` (see this file's doc); returns the path.
-    `check()` is called between tensors (it raises to cancel: the target is left as it was);
+    `check()` is called between tensors and, while one is quantized, between chunks of its rows (a
+    fraction of a second apart; it raises to cancel: the target is left as it was);
     `progress(done, total)` after each tensor. `tokenizer`: the `tokenizer.*` metadata to write
     instead of the source GGUF's or of a folder model's converted tokenizer.json."""
     import gguf  # noqa: PLC0415
@@ -335,7 +351,7 @@ def save_gguf(model, path, qtype: str = "F16", *, check: Callable[[], None] | No
         raise ValueError("save_gguf: tokenizer must map 'tokenizer.*' metadata keys to values")
     source = gguf_source(info) if tokenizer is None or info.gguf is not None else None
     try:
-        plan = _plan(model, arch, info, qtype)
+        plan = _plan(model, arch, info, qtype, check)
         for name, value in arch_tensors(arch, info.config).items():  # Phi-3's longrope factors
             plan.append(Planned(name, "F32", value.shape, value.nbytes, lambda v=value: v))
         if qtype == "source":

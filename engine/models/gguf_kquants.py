@@ -12,17 +12,22 @@ The method is llama.cpp's (no importance matrix): for Q4_K/Q5_K each 32 values' 
 fitted by weighted least squares over a sweep of candidate scales (weights |x| + rms of the
 super-block), then the scales and mins are themselves quantized to 6 bits against the super-block's
 largest; for Q6_K each 16 values' scale is the best of a sweep of 19 (weighted by x^2), quantized to
-int8 against the largest. Vectorised NumPy over the sub-blocks of a slab of 512 super-blocks at a time,
-the slabs over the engine's kernel threads (`cpu.run_chunks`). Bit-identity with llama.cpp is not
+int8 against the largest. The searches (the time) compiled when the engine's kernels run
+(`cpu.quant.kquant_kernels()`), else vectorised NumPy over the sub-blocks, with the same bits (their
+float32 sums by halves, `_tree_sum`); a slab of 512 super-blocks at a time, the slabs over the
+engine's kernel threads (`cpu.run_chunks`), `check()` before each. Bit-identity with llama.cpp is not
 the aim; its error is (tests/engine/models/test_gguf_kquants.py).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..tensor import cpu
+from ..tensor.cpu import quant
 
-__all__ = ["KQUANT_TYPES", "MIXES", "quantize_k", "mix_type"]
+__all__ = ["KQUANT_TYPES", "MIXES", "quantize_k", "mix_type", "is_router"]
 
 KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 QK_K = 256
@@ -38,19 +43,46 @@ def _f16(v: np.ndarray) -> np.ndarray:
     return v.astype(np.float16)
 
 
+def _tree_sum(a: np.ndarray) -> np.ndarray:
+    """Each row of `a` ([n, 2^k] float32) summed in float32 by halves (a[:, :h] + a[:, h:], h = 16, 8,
+    ..., 1): an order of the additions the compiled kernels (`_kquant_jit`) repeat bit for bit."""
+    while a.shape[1] > 1:
+        h = a.shape[1] // 2
+        a = a[:, :h] + a[:, h:]
+    return a[:, 0]
+
+
+def _compiled():
+    """The compiled searches (`cpu.quant.kquant_kernels()`), or None: the NumPy path then."""
+    return quant.kquant_kernels()
+
+
+def _weighted_sums(x: np.ndarray, w: np.ndarray):
+    wx = w * x
+    return w.sum(axis=1, dtype=np.float64), wx.sum(axis=1, dtype=np.float64), (wx * x).sum(axis=1, dtype=np.float64)
+
+
 def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     """Each row of `x` ([n, 32]) as scale * L - min, L in 0..nmax: the (scale, min >= 0) with the least
     `w`-weighted squared error over a sweep of nstep + 1 candidate grids, each refined by least squares.
-    The error of a fit is computed from the weighted sums (in float64), not value by value."""
+    The error of a fit is computed from the weighted sums (in float64), not value by value. The compiled
+    kernel when there is one, else NumPy: the same bits."""
+    jit = _compiled()
+    if jit is None:
+        return _fit_min_scale_numpy(x, w, nmax, rmin, rdelta, nstep)
+    scale, mins = np.empty(x.shape[0], np.float32), np.empty(x.shape[0], np.float32)
+    jit.fit_min_scale(x, w, *_weighted_sums(x, w), nmax, np.float32(rmin), np.float32(rdelta), nstep, scale, mins)
+    return scale, mins
+
+
+def _fit_min_scale_numpy(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     f = np.float32
     lo = np.minimum(x.min(axis=1), f(0))
     span = x.max(axis=1) - lo
     flat = span <= 0
     span = np.where(flat, f(1), span)
     shifted = x - lo[:, None]
-    wx = w * x
-    sum_w, sum_x = w.sum(axis=1, dtype=np.float64), wx.sum(axis=1, dtype=np.float64)
-    sum_x2 = (wx * x).sum(axis=1, dtype=np.float64)
+    sum_w, sum_x, sum_x2 = _weighted_sums(x, w)
     q = np.empty_like(x)
     wq = np.empty_like(x)
 
@@ -59,9 +91,9 @@ def _fit_min_scale(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta:
         np.rint(q, out=q)
         np.clip(q, 0, nmax, out=q)
         np.multiply(w, q, out=wq)
-        sl = np.einsum("ij->i", wq).astype(np.float64)  # float32 sums of 32 terms, combined in float64
-        sxl = np.einsum("ij,ij->i", wq, x).astype(np.float64)
-        sl2 = np.einsum("ij,ij->i", wq, q).astype(np.float64)
+        sl = _tree_sum(wq).astype(np.float64)  # float32 sums of 32 terms, combined in float64
+        sxl = _tree_sum(wq * x).astype(np.float64)
+        sl2 = _tree_sum(wq * q).astype(np.float64)
         return sl, sl2, sxl
 
     def error(s, m, sl, sl2, sxl):  # sum w (s q + m - x)^2, expanded
@@ -136,7 +168,17 @@ def _q45_k(x: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _fit_scale(x: np.ndarray, nmax: int) -> np.ndarray:
-    """Each row of `x` ([n, 16]) as scale * L, L in -nmax..nmax-1: the best (x^2-weighted) of 19 grids."""
+    """Each row of `x` ([n, 16]) as scale * L, L in -nmax..nmax-1: the best (x^2-weighted) of 19 grids
+    (the compiled kernel when there is one, else NumPy: the same bits)."""
+    jit = _compiled()
+    if jit is None:
+        return _fit_scale_numpy(x, nmax)
+    scale = np.empty(x.shape[0], np.float32)
+    jit.fit_scale(x, nmax, scale)
+    return scale
+
+
+def _fit_scale_numpy(x: np.ndarray, nmax: int) -> np.ndarray:
     f = np.float32
     at = np.abs(x).argmax(axis=1)
     top = np.take_along_axis(x, at[:, None], axis=1)[:, 0]
@@ -151,7 +193,7 @@ def _fit_scale(x: np.ndarray, nmax: int) -> np.ndarray:
         np.rint(q, out=q)
         np.clip(q, -nmax, nmax - 1, out=q)
         np.multiply(w, q, out=wq)
-        return np.einsum("ij,ij->i", wq, x), np.einsum("ij,ij->i", wq, q)
+        return _tree_sum(wq * x), _tree_sum(wq * q)
 
     sxl, sl2 = fit(f(-nmax) / top)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -186,9 +228,11 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, sc.view(np.uint8), d.reshape(n, 1).view(np.uint8)], axis=1)
 
 
-def quantize_k(values: np.ndarray, qtype: str) -> np.ndarray:
+def quantize_k(values: np.ndarray, qtype: str, check: Callable[[], None] | None = None) -> np.ndarray:
     """`values` (float32, last axis a multiple of 256) as `qtype` blocks: uint8 of shape
-    `values.shape[:-1] + (bytes per row,)`, as `gguf.quants.quantize` returns for its types."""
+    `values.shape[:-1] + (bytes per row,)`, as `gguf.quants.quantize` returns for its types.
+    `check()` is called before each slab of super-blocks (a few hundredths of a second of work;
+    it raises to cancel, and the exception is raised here once the threads stop)."""
     if qtype not in KQUANT_TYPES:
         raise ValueError(f"quantize_k: qtype must be one of {', '.join(KQUANT_TYPES)}, got {qtype!r}")
     values = np.asarray(values, dtype=np.float32)
@@ -199,9 +243,17 @@ def quantize_k(values: np.ndarray, qtype: str) -> np.ndarray:
 
     def chunk(slabs) -> None:  # each super-block on its own: the bits do not depend on the threads
         for part in slabs:
+            if check is not None:
+                check()
             out[part] = _q6_k(flat[part]) if qtype == "Q6_K" else _q45_k(flat[part], 4 if qtype == "Q4_K" else 5)
     cpu.run_chunks(chunk, [slice(i, i + _SLAB) for i in range(0, flat.shape[0], _SLAB)])
     return out.reshape(*values.shape[:-1], values.shape[-1] // QK_K * _BYTES[qtype])
+
+
+def is_router(name: str) -> bool:
+    """Whether GGUF tensor `name` is a mixture's router (or Qwen2-MoE's shared-expert gate), which
+    llama.cpp's quantizer keeps F32 whatever the file type."""
+    return "ffn_gate_inp" in name
 
 
 def _more_bits(i: int, n: int) -> bool:
@@ -220,7 +272,7 @@ def mix_type(mix: str, name: str, row: int, *, n_layers: int, n_experts: int, ha
     Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16)."""
     want = MIXES[mix][0]
     layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-    if "ffn_gate_inp" in name:
+    if is_router(name):
         return "F32"  # a mixture's router: llama.cpp's quantizer leaves it as it is
     if name == "output.weight" or (name == "token_embd.weight" and not has_output):
         return "Q8_0" if row % QK_K else "Q6_K"

@@ -26,7 +26,7 @@ import numpy as np
 from . import jit as _jit
 from .threads import matmul, min_blocks, num_threads, run_chunks
 
-__all__ = ["CODES", "supported", "rows_product", "product", "dequantize",
+__all__ = ["kquant_kernels", "CODES", "supported", "rows_product", "product", "dequantize",
            "ROW_BLOCK", "DOT_COST", "MANY_ROWS", "TILE_BYTES"]
 
 # the ggml types with a kernel and their codes in `_kernels_quant`
@@ -67,6 +67,27 @@ def _kernels():
     _lut_bits = _lut.view(np.uint32)
     _mod = _kernels_quant
     return _mod
+
+
+_kquant = None
+_kquant_failed = False
+
+
+def kquant_kernels():
+    """The K-quant writer's compiled scale searches (`_kernels_kquant`: `fit_min_scale`, `fit_scale`,
+    bit for bit `engine.models.gguf_kquants`' NumPy twins), or None when the compiled kernels are off
+    (`EMBER_JIT=0`, `jit.set_enabled(False)`), numba is missing, or these failed to build."""
+    global _kquant, _kquant_failed
+    if _jit.kernels() is None or _kquant_failed:
+        return None
+    if _kquant is None:
+        try:
+            from . import _kernels_kquant  # noqa: PLC0415 - compiled (or loaded) on first use
+        except Exception:  # noqa: BLE001 - a compile failure: the writer's NumPy path instead
+            _kquant_failed = True
+            return None
+        _kquant = _kernels_kquant
+    return _kquant
 
 
 def supported(blocks, qtype: str, k: int) -> bool:

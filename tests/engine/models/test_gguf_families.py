@@ -478,3 +478,25 @@ def test_a_k_quant_mix_gives_each_tensor_llama_cpps_type(built, family, mix, tmp
     _llama_cpp_quantize(export(family), theirs, mix)
     with open_gguf(ours) as a, open_gguf(theirs) as b:
         assert {n: t.type for n, t in a.tensors.items()} == {n: t.type for n, t in b.tensors.items()}
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_1"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2moe"])
+def test_a_mixture_s_router_stays_f32_in_every_quantized_type(built, family, qtype, tmp_path):
+    # llama.cpp's quantizer keeps ffn_gate_inp (and Qwen2-MoE's ffn_gate_inp_shexp) F32 whatever the
+    # file type; the K mixes did already, the gguf-package types too now
+    folder, export = built
+    model = from_pretrained(folder(family))
+    ours = save_gguf(model, tmp_path / "ours.gguf", qtype, tokenizer=_tokenizer(model.config.vocab_size))
+    with open_gguf(ours) as f:
+        types = {n: t.type for n, t in f.tensors.items()}
+    routers = {n: t for n, t in types.items() if "ffn_gate_inp" in n}
+    assert routers and set(routers.values()) == {"F32"}, routers
+    assert types["blk.0.ffn_up_exps.weight"] == qtype
+    if ORACLE is not None and qtype == "Q8_0":
+        from tests.engine.models.test_gguf_kquants import _llama_cpp_quantize  # noqa: PLC0415
+
+        theirs = tmp_path / "theirs.gguf"
+        _llama_cpp_quantize(export(family), theirs, qtype)
+        with open_gguf(theirs) as f:
+            assert {n: f.tensors[n].type for n in routers} == routers

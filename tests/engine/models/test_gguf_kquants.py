@@ -261,3 +261,90 @@ def test_source_export_writes_a_changed_k_quant_weight_in_its_own_type(tmp_path)
             if t.type in KQUANT_TYPES and not np.array_equal(dst.read(name), src.read(name)):
                 changed.add(t.type)
     assert changed == set(KQUANT_TYPES)  # the adapted K-quant weights were quantized again, not copied
+
+
+# ---------------------------------------------------------------------------------- cancelling
+class _Cancel(Exception):
+    pass
+
+
+@pytest.mark.parametrize("qtype", KQUANT_TYPES)
+def test_quantizing_checks_between_slabs_and_stops_when_cancelled(qtype):
+    from engine.models import gguf_kquants  # noqa: PLC0415
+
+    x = np.random.default_rng(3).standard_normal((3 * gguf_kquants._SLAB + 5, 256)).astype(np.float32)
+    calls = []
+
+    def count():
+        calls.append(1)
+    quantize_k(x, qtype, check=count)
+    assert len(calls) == 4  # one before each of the four slabs
+
+    def cancel_second():
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Cancel
+    calls.clear()
+    with pytest.raises(_Cancel):
+        quantize_k(x, qtype, check=cancel_second)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0", "Q4_0"])
+def test_an_export_cancelled_inside_a_tensor_leaves_the_old_file(tmp_path, monkeypatch, qtype):
+    # small slabs / chunks, so that the tiny Llama's matrices are several each: the export then checks
+    # inside a tensor (between two checks no tensor was finished) and a cancel there stops it
+    from engine.models import gguf_export, gguf_kquants  # noqa: PLC0415
+
+    monkeypatch.setattr(gguf_kquants, "_SLAB", 16)
+    monkeypatch.setattr(gguf_export, "_CHUNK_VALUES", 16 * 256)
+    model = from_pretrained(_float_copy(tmp_path))
+    done = [0]
+    checks: list[int] = []  # the tensors finished at each check
+
+    def progress(i, total):
+        done[0] = i
+
+    def watch():
+        checks.append(done[0])
+    save_gguf(model, tmp_path / "whole.gguf", qtype, check=watch, progress=progress)
+    inside = [i for i in range(1, len(checks)) if checks[i] == checks[i - 1]]  # checks with no tensor between
+    assert len(inside) >= 10, checks
+    target = tmp_path / "keep.gguf"
+    target.write_bytes(b"old")
+    at = inside[len(inside) // 2]
+    seen = []
+    done[0] = 0
+
+    def cancel():
+        seen.append(done[0])
+        if len(seen) == at + 1:
+            raise _Cancel
+    with pytest.raises(_Cancel):
+        save_gguf(model, target, qtype, check=cancel, progress=progress)
+    assert seen[-1] == seen[-2]  # cancelled between two chunks of one tensor
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f32.gguf", "keep.gguf", "whole.gguf"]
+
+
+# ---------------------------------------------------------------------------------- compiled = NumPy
+@pytest.mark.parametrize("qtype", KQUANT_TYPES)
+def test_the_compiled_searches_write_the_numpy_path_s_bits(qtype):
+    from engine.models import gguf_kquants  # noqa: PLC0415
+
+    if gguf_kquants._compiled() is None:
+        pytest.skip(f"the compiled kernels are off: {cpu.jit.unavailable_reason()}")
+    rng = np.random.default_rng(5)
+    x = np.concatenate([_hard_rows(rng)] + [rng.standard_normal((60, 512)).astype(np.float32) * s
+                                            for s in (1e-4, 1.0, 1e4)]
+                       + [rng.integers(-3, 4, (40, 512)).astype(np.float32),  # ties of the rounding
+                          (rng.standard_normal((40, 512)) ** 5).astype(np.float32),  # heavy tails
+                          np.where(rng.random((40, 512)) < 0.9, 0, rng.standard_normal((40, 512))).astype(np.float32)])
+    compiled = quantize_k(x, qtype)
+    old = cpu.jit.set_enabled(False)
+    try:
+        assert gguf_kquants._compiled() is None
+        numpy_path = quantize_k(x, qtype)
+    finally:
+        cpu.jit.set_enabled(old)
+    different = np.nonzero((compiled != numpy_path).any(axis=1))[0]
+    assert different.size == 0, f"{different.size} super-blocks differ, the first {different[:5]}"
