@@ -223,11 +223,17 @@ def test_llama_cpp_runs_ember_s_q4_k_m_as_close_to_the_floats_as_its_own(tmp_pat
 SMOLLM2_QUESTION = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.fixture(scope="module")
+def smollm2_f32(tmp_path_factory):
+    """SmolLM2's folder exported once as F32 GGUF (the common source of the three mixes)."""
+    return save_gguf(from_pretrained(SMOLLM2), tmp_path_factory.mktemp("smollm2") / "smollm2-f32.gguf", "F32")
+
+
 @needs_llama_cpp
 @needs_smollm2
 @pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_K_M", "Q6_K"])
-def test_smollm2_each_type_s_error_is_llama_cpp_s(tmp_path, monkeypatch, mix):
-    f32 = save_gguf(from_pretrained(SMOLLM2), tmp_path / "smollm2-f32.gguf", "F32")
+def test_smollm2_each_type_s_error_is_llama_cpp_s(tmp_path, monkeypatch, mix, smollm2_f32):
+    f32 = smollm2_f32
     got = _compare(f32, mix, tmp_path)
     assert all(r <= 1.03 for r in got["ratios"].values()), got["ratios"]
     if mix != "Q4_K_M":
