@@ -17,14 +17,15 @@ class Calls:
 
 
 @contextlib.contextmanager
-def counted_calls():
+def counted_calls(builtins: bool = True):
     """Count the calls made on this thread inside the block (`sys.setprofile`); yields a `Calls`
-    whose `n` is the count so far."""
+    whose `n` is the count so far. `builtins=False` counts Python functions only."""
     calls = Calls()
     previous = sys.getprofile()
+    events = ("call", "c_call") if builtins else ("call",)
 
     def profile(frame, event, arg):
-        if event == "call" or event == "c_call":
+        if event in events:
             calls.n += 1
 
     sys.setprofile(profile)

@@ -5,12 +5,12 @@ tensor, whether the experts or the layers grow, and no stored tensor is read. Th
 the benchmark's: real safetensors headers, data areas left as holes."""
 from __future__ import annotations
 
-import sys
 
 import pytest
 
 from benchmarks.moe_open import write_sparse
 from engine.models import from_pretrained, pretrained_names
+from tests.work import counted_calls
 
 # Python calls per stored tensor as the checkpoint grows: about 72 (experts) and 76 (layers) now,
 # 169 and 173 before the open matched the parameters in one walk (issue 47, must-show 3)
@@ -30,21 +30,11 @@ def _calls_to_open(folder) -> int:
     """The Python function calls of `from_pretrained(folder).num_params()` (after one warm-up open,
     so that imports and first-use caches are not counted)."""
     from_pretrained(folder).num_params()
-    calls = [0]
-
-    def count(frame, event, arg):
-        if event == "call":
-            calls[0] += 1
-
-    before = sys.getprofile()
-    sys.setprofile(count)
-    try:
+    with counted_calls(builtins=False) as calls:
         model = from_pretrained(folder)
         model.num_params()
-    finally:
-        sys.setprofile(before)
     assert not any(p.is_initialized() for _, p in model.named_params())  # nothing read
-    return calls[0]
+    return calls.n
 
 
 @pytest.mark.parametrize("grow", ["experts", "layers"])

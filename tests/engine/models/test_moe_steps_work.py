@@ -7,7 +7,6 @@ or the layers grow. Before issue 47's steps round the display walked each module
 module shown (about 104 calls per parameter) and LoRA walked the model three times (77)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,25 +17,16 @@ from engine.models import from_pretrained
 from engine.module import Lora
 from engine.module.summary import ModelStats
 from tests.engine.models.test_moe_open_work import _config
+from tests.work import counted_calls
 
 # Python calls per added parameter, now about: display 11, stats 19, freeze 23, LoRA 44 (before: 104, 29, 37, 77)
 MOST_CALLS_PER_PARAM = {"display": 20, "stats": 25, "freeze": 32, "lora": 55}
 
 
 def _calls(fn) -> int:
-    calls = [0]
-
-    def count(frame, event, arg):
-        if event == "call":
-            calls[0] += 1
-
-    before = sys.getprofile()
-    sys.setprofile(count)
-    try:
+    with counted_calls(builtins=False) as calls:
         fn()
-    finally:
-        sys.setprofile(before)
-    return calls[0]
+    return calls.n
 
 
 def _steps(model):
