@@ -46,14 +46,31 @@ HERE = Path(__file__).resolve().parent
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _copy(tmp_path: Path, edit=None, name: str = "m") -> Path:
+def copy_edited(source: Path, tmp_path: Path, edit=None, name: str = "m") -> Path:
+    """A copy of the fixture folder `source` whose tokenizer.json `edit(doc)` changed in place."""
     folder = tmp_path / name
-    shutil.copytree(BPE, folder)
+    shutil.copytree(source, folder)
     if edit is not None:
         doc = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
         edit(doc)
         (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
     return folder
+
+
+def _copy(tmp_path: Path, edit=None, name: str = "m") -> Path:
+    return copy_edited(BPE, tmp_path, edit, name)
+
+
+def export_is_refused_leaving_the_target(folder: Path, tmp_path: Path, message: str) -> None:
+    """Exporting the folder's model as GGUF over an existing file is refused with `message`,
+    naming its tokenizer.json, and the file is left as it was."""
+    model = from_pretrained(folder)
+    target = tmp_path / "keep.gguf"
+    target.write_bytes(b"old")
+    with pytest.raises(PretrainedError, match=message) as err:
+        save_gguf(model, target, "F16")
+    assert err.value.where == str(folder / "tokenizer.json")
+    assert target.read_bytes() == b"old"
 
 
 # ---------------------------------------------------------------------------------- the keys
@@ -143,14 +160,7 @@ def _bert(doc):
     (_bert, "post-processor 'BertProcessing' has no llama.cpp form"),
 ])
 def test_a_tokenizer_llama_cpp_would_tokenize_otherwise_is_refused_and_nothing_is_written(tmp_path, edit, message):
-    folder = _copy(tmp_path, edit)
-    model = from_pretrained(folder)
-    target = tmp_path / "keep.gguf"
-    target.write_bytes(b"old")
-    with pytest.raises(PretrainedError, match=message) as err:
-        save_gguf(model, target, "F16")
-    assert err.value.where == str(folder / "tokenizer.json")
-    assert target.read_bytes() == b"old"
+    export_is_refused_leaving_the_target(_copy(tmp_path, edit), tmp_path, message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.gguf", "m"]
 
 

@@ -16,7 +16,6 @@ and its greedy tokens after the prompt are Ember's on the same F16 file (Llama a
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,12 @@ pytest.importorskip("gguf")
 
 from engine.models import from_pretrained  # noqa: E402
 from engine.models.gguf_export import save_gguf  # noqa: E402
-from engine.models.hf_folder import PretrainedError  # noqa: E402
 from engine.store.gguf_file import open_gguf  # noqa: E402
 from engine.train.gguf_tokenizer import load_gguf_tokenizer  # noqa: E402
 from engine.train.tokenizer import load_tokenizer  # noqa: E402
 from tests.engine.models.test_gguf_export import needs_llama_cpp  # noqa: E402
-from tests.engine.models.test_gguf_hf_tokenizer import _check_with_llama_cpp, _llama_cpp_tokens  # noqa: E402
+from tests.engine.models.test_gguf_hf_tokenizer import (  # noqa: E402
+    _check_with_llama_cpp, _llama_cpp_tokens, copy_edited, export_is_refused_leaving_the_target)
 from tests.engine.models.test_gguf_smollm2 import _texts  # noqa: E402
 
 SPM = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-spm"
@@ -42,13 +41,7 @@ SPECIAL_LINES = ["<s>Hello</s> world <s> x", "a</s>b", " <s> leading", "</s>", "
 
 
 def _copy(tmp_path: Path, edit=None, name: str = "m") -> Path:
-    folder = tmp_path / name
-    shutil.copytree(SPM, folder)
-    if edit is not None:
-        doc = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-        edit(doc)
-        (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
-    return folder
+    return copy_edited(SPM, tmp_path, edit, name)
 
 
 def _metaspace(doc):  # '▁' for spaces, none put before the text
@@ -239,14 +232,7 @@ def _no_fallback(doc):
     (_no_fallback, "SentencePiece-style BPE \\(a normalizer putting '▁' for spaces\\) without byte fallback"),
 ])
 def test_a_sentencepiece_tokenizer_llama_cpp_would_tokenize_otherwise_is_refused(tmp_path, edit, message):
-    folder = _copy(tmp_path, edit)
-    model = from_pretrained(folder)
-    target = tmp_path / "keep.gguf"
-    target.write_bytes(b"old")
-    with pytest.raises(PretrainedError, match=message) as err:
-        save_gguf(model, target, "F16")
-    assert err.value.where == str(folder / "tokenizer.json")
-    assert target.read_bytes() == b"old"
+    export_is_refused_leaving_the_target(_copy(tmp_path, edit), tmp_path, message)
 
 
 # ---------------------------------------------------------------------------------- llama.cpp
