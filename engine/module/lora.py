@@ -448,7 +448,8 @@ class Lora(Reparameterizer):
         nested = [(path, p) for path, p in selected if path in owners and path not in stored]
         shapes = dict(targets)
         added = sum(self.factor_count(p, path) for path, p in targets)
-        added -= self.shared_savings(shapes)
+        # the module says which weights share an `a` (a LoRA not yet bound to it, as the dialog's, learns it here)
+        added -= (self.bound_to(model) if stats is not None else self).shared_savings(shapes)
         if stats is not None:
             total = stats.total.numel
             kept = sum(stats.get(owner).trainable for owner in owners)

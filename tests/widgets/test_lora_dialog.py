@@ -3,6 +3,7 @@ engine then does."""
 import pytest
 from PySide6.QtCore import Qt
 
+from engine.module import ParamGroup
 from engine.module.lora import Lora
 from engine.module.summary import trainable_counts
 from tests.widgets.models import Mlp
@@ -171,5 +172,12 @@ def test_a_mixture_gets_an_experts_and_an_attention_and_experts_preset(qtbot, na
         assert d.preview_counts["targets"] > experts > 0
     d.set_targets(experts_key)
     assert d.preview_counts["targets"] == experts
+    # each expert's gate and up share one `a`: the summary says what attaching adds, not one `a` a part
+    rank = int(d.rank.text())
+    chosen = [v.id for path, v in model.named_params() if ".experts." in path and path.endswith(".weight")]
+    attached = model.apply_lora(Lora(rank, 1.0, param_group=ParamGroup.from_ids(chosen)))
+    added = sum(v.numel() for path, v in attached.named_params() if ".lora." in path)  # a shared `a` listed once
+    assert d.preview_counts["added"] == added
+    assert f"adds {added:,} parameters" in d.summary.text()
     d.set_targets(both_key)
     assert d.preview_counts["targets"] == experts + 4 * len(model.layers)

@@ -90,6 +90,7 @@ def test_the_parts_share_one_a_parameter_and_keep_their_own_b():
     assert stats.shared == {"k.weight.lora.a": "q.weight.lora.a"}
     assert stats.get("k.weight.lora.a").numel == 0 and stats.get("q.weight.lora.a").numel == D_IN * RANK
     assert Lora(RANK, 4.0).bound_to(TiedFused()).preview(TiedFused()).added == added
+    assert Lora(RANK, 4.0).preview(TiedFused()).added == added  # unbound (the LoRA dialog's): bound by the preview
     names = model.into_record().names()
     assert "q.weight.lora.a" in names and "k.weight.lora.a" not in names
     # a model without lora_shared_a gets an `a` per part
