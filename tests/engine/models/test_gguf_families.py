@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -41,6 +40,7 @@ from engine.module import Lora, Param, ParamGroup  # noqa: E402
 from engine.module.reparam import adapters_of, iter_param_slots  # noqa: E402
 from engine.store.gguf_file import open_gguf  # noqa: E402
 from engine.tensor import Tensor  # noqa: E402
+from tests.engine.models.test_gguf_export import ORACLE, needs_llama_cpp  # noqa: E402
 
 HF = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 ORACLE_SCRIPT = Path(__file__).resolve().parent / "llama_cpp_logits.py"
@@ -59,20 +59,6 @@ CASES = {
     "qwen3moe": ("qwen3-moe", {}, True, "qwen3moe"),
 }
 GEMMA = ("gemma", "gemma2", "gemma3")
-
-
-def _oracle_python() -> Path | None:
-    given = os.environ.get("EMBER_ORACLE_PYTHON")
-    p = Path(given) if given else Path(os.environ.get("EMBER_ORACLE_VENV", "/work/oracle-venv")) / "bin" / "python"
-    if not p.is_file():
-        return None
-    ok = subprocess.run([str(p), "-c", "import llama_cpp"], capture_output=True, timeout=120)
-    return p if ok.returncode == 0 else None
-
-
-ORACLE = _oracle_python()
-needs_llama_cpp = pytest.mark.skipif(ORACLE is None, reason="llama-cpp-python not found in the oracle venv "
-                                                            "(set EMBER_ORACLE_PYTHON)")
 
 
 def _llama_cpp(path: Path, count: int = GREEDY, adapter: Path | None = None, ids=IDS) -> tuple[np.ndarray, list[int]]:
