@@ -403,9 +403,17 @@ class LoraDialog(QDialog):
                 text += (f". Trained fully beside the adapters: {len(full_spec['paths'])} parameter(s), "
                          f"{count(full_values)} values.")
             self.summary.setText(text)
-            fill_preview(self.preview, [(p, shape_text(v.shape), shape_text([v.shape[0], rank]),
-                                         shape_text([rank, v.shape[1]]), count(lora.factor_count(v, p)))
+            # a later part of a fused module shares the first part's `a`: it adds only its `b`
+            shared = preview.shared
+            fill_preview(self.preview, [(p, shape_text(v.shape),
+                                         f"{shared[p].rsplit('.', 2)[-2]}'s" if p in shared else shape_text([v.shape[0], rank]),
+                                         shape_text([rank, v.shape[1]]),
+                                         count(lora.factor_count(v, p) - (v.shape[0] * rank if p in shared else 0)))
                                         for p, v in targets])
+            for r in range(self.preview.rowCount()):
+                path = targets[r][0]
+                if path in shared:
+                    self.preview.item(r, 2).setToolTip(f"{path} shares the a factor of {shared[path]} (one parameter)")
             self.preview_counts = pv
         else:
             self.summary.setText("")

@@ -86,12 +86,14 @@ class LoraPreview:
     (DoRA's magnitudes included), and the trainable counts after attaching (every other parameter
     frozen, as `Lora` freezes them; adapters attached before keep their trainable factors).
     `nested`: selected parameters that have a reparameterization already, which attaching
-    refuses (reparameterizations do not nest); they are not in `targets`."""
+    refuses (reparameterizations do not nest); they are not in `targets`. `shared`: {target path: the
+    earlier target whose `a` it would share} (the later parts of a fused module; `added` counts that `a` once)."""
 
     targets: list
     added: int
     counts: "TrainableCounts"  # noqa: F821 - engine.module.summary.TrainableCounts
     nested: list = field(default_factory=list)
+    shared: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------- adapters
@@ -449,7 +451,9 @@ class Lora(Reparameterizer):
         shapes = dict(targets)
         added = sum(self.factor_count(p, path) for path, p in targets)
         # the module says which weights share an `a` (a LoRA not yet bound to it, as the dialog's, learns it here)
-        added -= (self.bound_to(model) if stats is not None else self).shared_savings(shapes)
+        bound = self.bound_to(model) if stats is not None else self
+        added -= bound.shared_savings(shapes)
+        shared = {path: paths[0] for paths in bound.shared_groups(targets) for path in paths[1:]}
         if stats is not None:
             total = stats.total.numel
             kept = sum(stats.get(owner).trainable for owner in owners)
@@ -457,7 +461,7 @@ class Lora(Reparameterizer):
             total = sum(p.numel() for _, p in params)
             kept = sum(p.numel() for path, p in params
                        if (path in owners or below_owner(path)) and param_trainable(p))
-        return LoraPreview(targets, added, TrainableCounts(added + kept, total + added), nested)
+        return LoraPreview(targets, added, TrainableCounts(added + kept, total + added), nested, shared)
 
     def shared_savings(self, targets: dict, itemsize=None) -> int:
         """How many values fewer the factors of `targets` ({path: param}) hold because some share an

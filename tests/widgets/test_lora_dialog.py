@@ -179,5 +179,11 @@ def test_a_mixture_gets_an_experts_and_an_attention_and_experts_preset(qtbot, na
     added = sum(v.numel() for path, v in attached.named_params() if ".lora." in path)  # a shared `a` listed once
     assert d.preview_counts["added"] == added
     assert f"adds {added:,} parameters" in d.summary.text()
+    rows = [[d.preview.item(r, c).text() for c in range(d.preview.columnCount())] for r in range(d.preview.rowCount())]
+    shared_rows = [r for r, row in enumerate(rows) if not row[2].startswith("[")]  # a shared `a`: no shape of its own
+    assert shared_rows and all(rows[r][2] == "gate_proj's" and ".up_proj." in rows[r][0]
+                               and "shares the a factor of" in d.preview.item(r, 2).toolTip() for r in shared_rows)
+    if len(rows) == experts:  # every row shown: the table adds up to the summary
+        assert sum(int(row[4].replace(",", "")) for row in rows) == added
     d.set_targets(both_key)
     assert d.preview_counts["targets"] == experts + 4 * len(model.layers)
